@@ -1,0 +1,12 @@
+"""The built-in plugins. Each is an ordinary plugin module using only the public hooks.
+
+``BUILTIN_PLUGINS`` maps plugin name -> module path; the host imports and
+registers them first, so entry-point plugins registered later run before them
+in pluggy's LIFO order unless they use ``tryfirst``/``trylast``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+BUILTIN_PLUGINS: Final[dict[str, str]] = {}

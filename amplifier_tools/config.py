@@ -1,0 +1,186 @@
+"""Host configuration: one mapping, validated against a published JSON Schema.
+
+Sources: a mapping passed to ``ToolHost(config=...)``, or a file — TOML
+(``amplifier-tools.toml``, or ``[tool.amplifier-tools]`` in ``pyproject.toml``)
+or the seed's mount-plan YAML (``tools:``/``hooks:`` lists of
+``{module, config}``; needs PyYAML). ``${VAR}`` in string values is replaced
+from the environment when loading a file; an unset variable is an error.
+
+Unknown keys and wrong types are errors naming the file and key path; nothing
+is silently ignored. Plugin sections are validated by their plugins, except
+for the host's reserved keys (``enabled``, ``on_error``, ``hook_timeout_ms``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import jsonschema
+
+from .errors import ConfigError
+from .schema import describe_errors
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - py310 only
+    import tomli as tomllib
+
+RESERVED_PLUGIN_KEYS: Final = ("enabled", "on_error", "hook_timeout_ms")
+
+_MODULE_ENTRY: Final = {
+    "type": "object",
+    "properties": {
+        "module": {"type": "string", "minLength": 1},
+        "config": {"type": "object"},
+        "source": {"type": "string"},
+    },
+    "required": ["module"],
+    "additionalProperties": False,
+}
+
+#: The JSON Schema of the host configuration (published as ``docs/config.schema.json``).
+CONFIG_SCHEMA: Final[dict[str, Any]] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "amplifier-tools host configuration",
+    "type": "object",
+    "properties": {
+        "working_dir": {"type": "string", "description": "Session working directory (default: cwd)."},
+        "default_timeout_ms": {
+            "type": "number", "exclusiveMinimum": 0,
+            "description": "Timeout of a tool without its own timeout_ms.",
+        },
+        "hook_timeout_ms": {
+            "type": "number", "exclusiveMinimum": 0, "description": "Default timeout of an async hook.",
+        },
+        "load_plugins": {
+            "type": "array", "items": {"type": "string"},
+            "description": "Allowlist of entry-point plugins and modules to load.",
+        },
+        "disable_plugins": {
+            "type": "array", "items": {"type": "string"}, "description": "Plugins never to load.",
+        },
+        "context": {
+            "type": "object",
+            "description": "Defaults for calls made without a ToolContext.",
+            "properties": {
+                "principal": {"type": "string"},
+                "role": {"type": "string"},
+                "environment": {"type": "string"},
+                "scopes": {"type": "array", "items": {"type": "string"}},
+            },
+            "additionalProperties": False,
+        },
+        "secrets": {
+            "type": "object",
+            "description": "Secret reference name -> environment variable that holds its value.",
+            "additionalProperties": {"type": "string"},
+        },
+        "plugins": {
+            "type": "object",
+            "description": "Per-plugin sections, passed to each plugin's mount.",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "on_error": {"enum": ["fail", "ignore"]},
+                    "hook_timeout_ms": {"type": "number", "exclusiveMinimum": 0},
+                },
+            },
+        },
+        "tools": {
+            "description": "Per-tool contract overrides (a table by tool name), "
+                           "or a mount-plan list of {module, config}.",
+            "oneOf": [
+                {"type": "object", "additionalProperties": {"type": "object"}},
+                {"type": "array", "items": _MODULE_ENTRY},
+            ],
+        },
+        "modules": {"type": "array", "items": _MODULE_ENTRY, "description": "Seed-style modules to mount."},
+        "hooks": {"type": "array", "items": _MODULE_ENTRY, "description": "Mount-plan hook modules."},
+    },
+    "additionalProperties": False,
+}
+
+_VALIDATOR: Final = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
+_ENV_REF: Final = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _dotted(pointer: str) -> str:
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.strip("/").split("/") if p]
+    return ".".join(parts) or "(top level)"
+
+
+def validate_config(data: Any, *, file: str | None = None) -> dict[str, Any]:
+    """A checked copy of ``data``; ``ConfigError`` naming the file and key path otherwise.
+
+    The mount-plan form (``tools`` as a list) is folded into ``modules``.
+    """
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"configuration must be a table/mapping, got {type(data).__name__}", file=file)
+    data = dict(data)
+    if not _VALIDATOR.is_valid(data):
+        pointer, message = describe_errors(_VALIDATOR, data, limit=3)
+        raise ConfigError(message, key=_dotted(pointer), file=file)
+    if isinstance(data.get("tools"), list):
+        data["modules"] = list(data.get("modules", [])) + data.pop("tools")
+    if "hooks" in data:
+        data["modules"] = list(data.get("modules", [])) + data.pop("hooks")
+    return data
+
+
+def plugin_section(config: Mapping[str, Any], plugin: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(own config, reserved settings)`` of one plugin's section."""
+    section = dict(config.get("plugins", {}).get(plugin, {}))
+    reserved = {key: section.pop(key) for key in RESERVED_PLUGIN_KEYS if key in section}
+    return section, reserved
+
+
+def _substitute(value: Any, file: str, path: str) -> Any:
+    if isinstance(value, str):
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"environment variable ${{{name}}} is not set", key=path or None, file=file)
+            return os.environ[name]
+
+        return _ENV_REF.sub(replace, value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, file, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, file, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a TOML, pyproject.toml or mount-plan YAML file."""
+    file = str(path)
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration: {exc.strerror}", file=file) from None
+    if p.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError("YAML configuration needs PyYAML (pip install amplifier-tools[yaml])",
+                              file=file) from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"not valid YAML: {exc}", file=file) from None
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"not valid TOML: {exc}", file=file) from None
+        if p.name == "pyproject.toml":
+            data = data.get("tool", {}).get("amplifier-tools", {})
+    return validate_config(_substitute(data, file, ""), file=file)

@@ -1,0 +1,57 @@
+"""The one converter between the attrs models and plain JSON data.
+
+``converter.unstructure(obj)`` gives JSON-ready data; ``converter.structure(data,
+cls)`` builds the attrs object back, rejecting unknown keys. Round trips are
+lossless for ``ToolCall``, ``ToolResult``, ``ToolSpec`` and ``Decision``.
+``ToolContext`` unstructures without its secret resolver, which is never data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cattrs
+from cattrs.v import format_exception
+
+from .models import ToolContext
+from .spec import Effect, IdempotencyKeyRequirement
+
+converter = cattrs.Converter(forbid_extra_keys=True)
+
+converter.register_unstructure_hook(frozenset, lambda value: sorted(value))
+for _enum in (Effect, IdempotencyKeyRequirement):
+    # str-valued enums would otherwise pass through as enum members.
+    converter.register_unstructure_hook(_enum, lambda value: value.value)
+converter.register_unstructure_hook(
+    ToolContext,
+    lambda ctx: {
+        "principal": ctx.principal,
+        "role": ctx.role,
+        "environment": ctx.environment,
+        "scopes": sorted(ctx.scopes),
+        "idempotency_key": ctx.idempotency_key,
+        "call_id": ctx.call_id,
+        "trace_id": ctx.trace_id,
+        "session_id": ctx.session_id,
+        "attributes": dict(ctx.attributes),
+    },
+)
+
+
+def describe_structure_error(exc: BaseException) -> str:
+    """One readable line per problem, each naming the field path (``$.policies.retry``)."""
+    if isinstance(exc, (cattrs.ClassValidationError, cattrs.IterableValidationError)):
+        return "; ".join(cattrs.transform_error(exc, format_exception=_format_exception))
+    return str(exc)
+
+
+def to_json_data(obj: Any) -> Any:
+    """Plain JSON data for an attrs model (shorthand for ``converter.unstructure``)."""
+    return converter.unstructure(obj)
+
+
+def _format_exception(exc: BaseException, type_: Any) -> str:
+    # Validators raise ValueError with a message that names the rule; keep it.
+    if type(exc) is ValueError and exc.args:
+        return str(exc.args[0])
+    return format_exception(exc, type_)

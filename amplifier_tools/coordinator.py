@@ -1,0 +1,130 @@
+"""The coordinator handed to ``mount``: the seed contract's surface, bound to one plugin.
+
+Seed-style modules (``async def mount(coordinator, config)``) run unchanged
+against it: ``mount``/``get``/``unmount`` for mount points (``"tools"`` goes to
+the host's tool registry, with every hook and policy applied), capabilities
+(the host provides ``session.working_dir``), contributors, cleanups, and
+``hooks.emit``/``hooks.register`` for events.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .host import ToolHost
+
+log = logging.getLogger("amplifier_tools")
+
+EventHandler = Callable[[str, dict[str, Any]], Any]
+
+
+class HookEvents:
+    """``coordinator.hooks``: emit events and register seed-style event handlers."""
+
+    def __init__(self, host: ToolHost) -> None:
+        self._host = host
+        self._handlers: dict[str, list[tuple[int, str, EventHandler]]] = {}
+
+    def register(
+        self, event: str, handler: EventHandler, priority: int = 0, name: str | None = None
+    ) -> Callable[[], None]:
+        """Call ``handler(event, data)`` on each ``event``; returns an unregister function."""
+        entry = (priority, name or getattr(handler, "__name__", "handler"), handler)
+        handlers = self._handlers.setdefault(event, [])
+        handlers.append(entry)
+        handlers.sort(key=lambda item: item[0])
+
+        def unregister() -> None:
+            if entry in handlers:
+                handlers.remove(entry)
+
+        return unregister
+
+    async def emit(self, event: str, data: dict[str, Any]) -> None:
+        """Deliver an event to registered handlers and to every ``tool_event`` hook.
+
+        A failing handler is logged and never stops the others.
+        """
+        for _, name, handler in list(self._handlers.get(event, ())):
+            try:
+                out = handler(event, data)
+                if inspect.isawaitable(out):
+                    await out
+            except Exception:
+                log.exception("event handler %r failed on %r", name, event)
+        await self._host.dispatcher.tool_event(event, data)
+
+
+class Coordinator:
+    """What a plugin's ``mount`` gets: the host's registries, seen from that plugin."""
+
+    def __init__(self, host: ToolHost, plugin: str) -> None:
+        self._host = host
+        self.plugin = plugin
+        self.hooks = host.events
+        self.session_id = host.session_id
+        self.config = host.config
+
+    async def mount(self, mount_point: str, obj: Any, name: str | None = None) -> None:
+        """Mount ``obj`` at ``mount_point``; ``"tools"`` registers a tool with the host."""
+        if mount_point == "tools":
+            self._host.tools.add(obj, plugin=self.plugin, name=name)
+            return
+        key = name or getattr(obj, "name", None) or type(obj).__name__
+        self._host.mounts.setdefault(mount_point, {})[key] = obj
+
+    def get(self, mount_point: str, name: str | None = None) -> Any:
+        """One mounted object by name, or all of a mount point as a dict."""
+        if mount_point == "tools":
+            if name is None:
+                return {m.spec.name: m.tool for m in self._host.tools}
+            mounted = self._host.tools.resolve(name)
+            return mounted.tool if mounted is not None else None
+        items = self._host.mounts.get(mount_point, {})
+        return dict(items) if name is None else items.get(name)
+
+    async def unmount(self, mount_point: str, name: str | None = None) -> None:
+        """Remove a mounted object (a tool by canonical or model name)."""
+        if mount_point == "tools":
+            if name is not None:
+                self._host.tools.remove(name)
+            return
+        if name is None:
+            self._host.mounts.pop(mount_point, None)
+        else:
+            self._host.mounts.get(mount_point, {}).pop(name, None)
+
+    def register_capability(self, name: str, value: Any) -> None:
+        """Offer a capability (a value or callable) to other plugins."""
+        self._host.capabilities[name] = value
+
+    def get_capability(self, name: str) -> Any:
+        """A registered capability, or None."""
+        return self._host.capabilities.get(name)
+
+    def register_contributor(self, channel: str, name: str, callback: Callable[[], Any]) -> None:
+        """Contribute to ``channel`` (e.g. ``observability.events``) under ``name``."""
+        self._host.contributors.setdefault(channel, []).append((name, callback))
+
+    async def collect_contributions(self, channel: str) -> list[Any]:
+        """Each contributor's value for ``channel``, in registration order (failures logged, skipped)."""
+        values = []
+        for name, callback in self._host.contributors.get(channel, []):
+            try:
+                value = callback()
+                if inspect.isawaitable(value):
+                    value = await value
+            except Exception:
+                log.exception("contributor %r to %r failed", name, channel)
+                continue
+            if value is not None:
+                values.append(value)
+        return values
+
+    def register_cleanup(self, cleanup: Callable[[], Any | Awaitable[Any]]) -> None:
+        """Run ``cleanup`` (sync or async) when the host closes, in reverse order."""
+        self._host.cleanups.append((self.plugin, cleanup))

@@ -1,0 +1,79 @@
+"""Tool definitions for model APIs, and the reversible model-facing names.
+
+Model APIs accept names matching ``^[a-zA-Z0-9_-]{1,64}$``; canonical names
+(``local::fs.write``, ``mcp::github::issues.create``) do not. ``model_name``
+derives the short name (``fs_write``, ``mcp__github__issues_create``); the
+host keeps the mapping both ways, refuses a mount whose short name collides
+with another tool's, and accepts either form in ``ToolHost.call``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from typing import Any, Final
+
+from .spec import Effect, ToolSpec
+
+MODEL_NAME_PATTERN: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+FORMATS: Final = ("openai", "anthropic", "mcp")
+_INVALID: Final = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def model_name(canonical: str) -> str:
+    """The API-safe short name of a canonical tool name.
+
+    The default ``local::`` origin is dropped, ``::`` becomes ``__`` and ``.``
+    becomes ``_``; names longer than 64 characters keep a prefix and a hash of
+    the full name, so different long names stay different.
+    """
+    name = canonical[len("local::"):] if canonical.startswith("local::") else canonical
+    name = _INVALID.sub("_", name.replace("::", "__"))
+    if len(name) > 64:
+        digest = hashlib.sha256(canonical.encode()).hexdigest()[:8]
+        name = f"{name[:55]}_{digest}"
+    return name
+
+
+def mcp_annotations(spec: ToolSpec) -> dict[str, Any]:
+    """MCP tool annotations derived from the tool's effect."""
+    effect = spec.effect
+    return {
+        "title": spec.title or spec.name,
+        "readOnlyHint": effect is Effect.Pure,
+        "idempotentHint": effect in (Effect.Pure, Effect.IdempotentWrite),
+        "destructiveHint": effect in (Effect.NonIdempotentWrite, Effect.ExternalSideEffects),
+        "openWorldHint": effect is Effect.ExternalSideEffects,
+    }
+
+
+def tool_definition(spec: ToolSpec, fmt: str) -> dict[str, Any]:
+    """One tool's definition for ``fmt`` (``"openai"``, ``"anthropic"`` or ``"mcp"``)."""
+    short = model_name(spec.name)
+    description = spec.description or spec.title or spec.name
+    if fmt == "openai":
+        return {
+            "type": "function",
+            "function": {"name": short, "description": description, "parameters": spec.input_schema},
+        }
+    if fmt == "anthropic":
+        return {"name": short, "description": description, "input_schema": spec.input_schema}
+    if fmt == "mcp":
+        definition: dict[str, Any] = {
+            "name": short,
+            "title": spec.title or spec.name,
+            "description": description,
+            "inputSchema": spec.input_schema,
+            "annotations": mcp_annotations(spec),
+            "_meta": {"amplifier_tools/name": spec.name, "amplifier_tools/version": spec.version},
+        }
+        if spec.output_schema is not None:
+            definition["outputSchema"] = spec.output_schema
+        return definition
+    raise ValueError(f"unknown tool definition format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def tool_definitions(specs: Iterable[ToolSpec], fmt: str) -> list[dict[str, Any]]:
+    """Definitions of all ``specs`` for ``fmt``, in the order given."""
+    return [tool_definition(spec, fmt) for spec in specs]

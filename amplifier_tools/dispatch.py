@@ -1,0 +1,349 @@
+"""The one narrow layer between the host and pluggy: typed, chained hook calls.
+
+pluggy calls every implementation with the same arguments; the call hooks
+here are *chained* (each ``tool_pre`` sees the call as rewritten by the one
+before it), so this module walks the implementations itself, in exactly the
+order pluggy would call them (LIFO registration, ``tryfirst``/``trylast``), and
+records who did what in the call's decision trail.
+
+The ordered implementation list is rebuilt only when the set of registered
+implementations changes, never per call. Sync implementations run inline;
+async ones are awaited under the plugin's hook timeout. A sync implementation
+cannot be interrupted: a blocking one blocks the event loop (documented limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+import pluggy
+
+from .errors import ContractError, PolicyError, ToolError, ToolSystemError
+from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
+
+log = logging.getLogger("amplifier_tools")
+
+CHAINED_HOOKS: Final = ("tool_pre", "tool_post", "tool_error", "tool_complete")
+
+if sys.version_info >= (3, 11):
+
+    async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``)."""
+        if seconds is None:
+            return await awaitable
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # pragma: no cover - exercised by the py310 tox env
+
+    async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``)."""
+        if seconds is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, seconds)
+        except asyncio.TimeoutError:
+            raise TimeoutError from None
+
+
+@attrs.frozen(slots=True)
+class PluginSettings:
+    """How the host treats one plugin's hook failures."""
+
+    fail_open: bool = False
+    hook_timeout: float | None = 10.0
+
+
+@attrs.frozen(slots=True)
+class Impl:
+    """One hook implementation, ready to call."""
+
+    plugin: str
+    function: Callable[..., Any]
+    argnames: tuple[str, ...]
+    is_async: bool
+    fail_open: bool
+    timeout: float | None
+
+
+class HookFailure(Exception):
+    """An implementation raised or timed out; carries the plugin and hook."""
+
+    def __init__(self, impl: Impl, hook: str, cause: BaseException) -> None:
+        kind = "timed out" if isinstance(cause, TimeoutError) else f"raised {type(cause).__name__}: {cause}"
+        super().__init__(f"plugin {impl.plugin!r} failed in {hook}: {kind}")
+        self.impl = impl
+        self.hook = hook
+        self.cause = cause
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, counting registrations so hook order is recomputed only on change."""
+
+    generation = 0
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        self.generation += 1
+        return super().register(plugin, name)
+
+    def unregister(self, plugin: Any | None = None, name: str | None = None) -> Any | None:
+        self.generation += 1
+        return super().unregister(plugin, name)
+
+
+class HookDispatcher:
+    """Calls the hooks of one plugin manager with chaining, attribution and fail-closed handling."""
+
+    def __init__(self, pm: PluginManager, settings: Mapping[str, PluginSettings] | None = None,
+                 *, default_timeout: float | None = 10.0, trace: bool = False) -> None:
+        self._pm = pm
+        self._settings = dict(settings or {})
+        self._default = PluginSettings(hook_timeout=default_timeout)
+        self._trace = trace
+        self._cache: dict[str, list[Impl]] = {}
+        self._generation = -1
+
+    def configure(self, plugin: str, settings: PluginSettings) -> None:
+        """Set how ``plugin``'s failures are treated; takes effect on the next call."""
+        self._settings[plugin] = settings
+        self._cache.clear()
+
+    def impls(self, hook: str) -> list[Impl]:
+        """Implementations of ``hook`` in call order (pluggy's order)."""
+        if self._generation != self._pm.generation:
+            self._cache.clear()
+            self._generation = self._pm.generation
+        cached = self._cache.get(hook)
+        if cached is not None:
+            return cached
+        ordered = []
+        for hookimpl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
+            if hookimpl.hookwrapper or hookimpl.wrapper:
+                raise ToolSystemError(
+                    f"plugin {hookimpl.plugin_name!r} implements {hook} as a hook wrapper; "
+                    "chained hooks take plain implementations (use tryfirst/trylast for order)",
+                    code="plugin_invalid",
+                    plugin=hookimpl.plugin_name,
+                )
+            settings = self._settings.get(hookimpl.plugin_name, self._default)
+            function = hookimpl.function
+            ordered.append(
+                Impl(
+                    plugin=hookimpl.plugin_name,
+                    function=function,
+                    argnames=tuple(hookimpl.argnames),
+                    is_async=inspect.iscoroutinefunction(function),
+                    fail_open=settings.fail_open,
+                    timeout=settings.hook_timeout,
+                )
+            )
+        self._cache[hook] = ordered
+        return ordered
+
+    def _start(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
+        """Call ``impl``; its result, or the awaitable an async implementation returned."""
+        if self._trace:
+            print(f"amplifier_tools: calling {hook} of plugin {impl.plugin!r}", file=sys.stderr)
+        try:
+            return impl.function(*[kwargs[name] for name in impl.argnames])
+        except Exception as exc:  # a plugin bug; the caller decides open/closed
+            raise self._failure(impl, hook, exc) from exc
+
+    async def _finish(self, impl: Impl, hook: str, awaitable: Any) -> Any:
+        """Await an async implementation's result under the plugin's hook timeout."""
+        try:
+            return await run_with_timeout(awaitable, impl.timeout)
+        except Exception as exc:
+            raise self._failure(impl, hook, exc) from exc
+
+    async def _invoke(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
+        """Call one implementation to completion; ``HookFailure`` if it raises or times out.
+
+        Sync implementations never create a coroutine here: this is the hot path.
+        """
+        out = self._start(impl, hook, kwargs)
+        if impl.is_async or (out is not None and inspect.isawaitable(out)):
+            out = await self._finish(impl, hook, out)
+        return out
+
+    def _failure(self, impl: Impl, hook: str, exc: Exception) -> HookFailure:
+        if self._trace:
+            print(f"amplifier_tools: {hook} {impl.plugin} raised {exc!r}", file=sys.stderr)
+        return HookFailure(impl, hook, exc)
+
+    def _failed(self, failure: HookFailure, context: ToolContext) -> ToolError | None:
+        """Record a hook failure; the error to fail the call with, or None when fail-open."""
+        impl, hook = failure.impl, failure.hook
+        timed_out = isinstance(failure.cause, TimeoutError)
+        if impl.fail_open:
+            log.warning("%s (ignored: plugin is configured on_error='ignore')", failure)
+            context.record(impl.plugin, hook, "ignored_failure", str(failure))
+            return None
+        log.error("%s", failure)
+        context.record(impl.plugin, hook, "failed", str(failure))
+        return ToolSystemError(
+            str(failure),
+            code="hook_timeout" if timed_out else "hook_failed",
+            cause=type(failure.cause).__name__,
+            plugin=impl.plugin,
+            hook=hook,
+        )
+
+    # -- the chained call hooks ------------------------------------------------
+
+    async def tool_pre(
+        self,
+        call: ToolCall,
+        spec: Any,
+        context: ToolContext,
+        revalidate: Callable[[Any, str], None],
+    ) -> ToolCall:
+        """Run the ``tool_pre`` chain; the call as rewritten, or raise the ``ToolError`` that stops it."""
+        kwargs = {"call": call, "spec": spec, "context": context}
+        for impl in self.impls("tool_pre"):
+            try:
+                out = self._start(impl, "tool_pre", kwargs)
+                if impl.is_async or (out is not None and inspect.isawaitable(out)):
+                    out = await self._finish(impl, "tool_pre", out)
+            except HookFailure as failure:
+                error = self._failed(failure, context)
+                if error is not None:
+                    raise error from None
+                continue
+            if out is None:
+                continue
+            if isinstance(out, Deny):
+                context.record(impl.plugin, "tool_pre", "deny", out.reason, code=out.code, **out.details)
+                raise PolicyError(
+                    f"denied by plugin {impl.plugin!r}: {out.reason}",
+                    code=out.code,
+                    plugin=impl.plugin,
+                    **out.details,
+                )
+            if isinstance(out, Modify):
+                try:
+                    revalidate(out.arguments, impl.plugin)
+                except ContractError as exc:
+                    context.record(impl.plugin, "tool_pre", "invalid_modify", exc.message)
+                    raise
+                changed = sorted(
+                    set(out.arguments) ^ set(call.arguments)
+                    | {k for k in out.arguments if k in call.arguments and out.arguments[k] != call.arguments[k]}
+                )
+                context.record(impl.plugin, "tool_pre", "modify", out.reason, changed=changed)
+                call = kwargs["call"] = ToolCall(call.id, call.name, out.arguments)
+                continue
+            context.record(impl.plugin, "tool_pre", "failed", f"returned {type(out).__name__}")
+            raise ToolSystemError(
+                f"plugin {impl.plugin!r} returned {type(out).__name__} from tool_pre; "
+                "expected None, Deny or Modify",
+                code="hook_invalid_return",
+                plugin=impl.plugin,
+            )
+        return call
+
+    async def tool_post(
+        self,
+        call: ToolCall,
+        spec: Any,
+        result: ToolResult,
+        context: ToolContext,
+        revalidate: Callable[[ToolResult, str], ToolResult],
+        on_failure: Callable[[ToolError], ToolResult],
+    ) -> ToolResult:
+        """Run the ``tool_post`` chain over ``result``; a failed hook replaces it with a failure."""
+        kwargs = {"call": call, "spec": spec, "result": result, "context": context}
+        for impl in self.impls("tool_post"):
+            try:
+                out = self._start(impl, "tool_post", kwargs)
+                if impl.is_async or (out is not None and inspect.isawaitable(out)):
+                    out = await self._finish(impl, "tool_post", out)
+            except HookFailure as failure:
+                error = self._failed(failure, context)
+                if error is not None:
+                    result = kwargs["result"] = on_failure(error)
+                continue
+            if out is None:
+                continue
+            if isinstance(out, ToolResult):
+                context.record(impl.plugin, "tool_post", "replace")
+                result = kwargs["result"] = revalidate(out, impl.plugin)
+                continue
+            error = ToolSystemError(
+                f"plugin {impl.plugin!r} returned {type(out).__name__} from tool_post; "
+                "expected None or a ToolResult",
+                code="hook_invalid_return",
+                plugin=impl.plugin,
+            )
+            context.record(impl.plugin, "tool_post", "failed", error.message)
+            result = kwargs["result"] = on_failure(error)
+        return result
+
+    async def tool_error(
+        self, call: ToolCall, spec: Any, error: ToolError, context: ToolContext
+    ) -> ToolResult | None:
+        """Run every ``tool_error`` implementation; the first recovery result, if any."""
+        recovery: ToolResult | None = None
+        for impl in self.impls("tool_error"):
+            try:
+                out = await self._invoke(
+                    impl, "tool_error", {"call": call, "spec": spec, "error": error, "context": context}
+                )
+            except HookFailure as failure:
+                log.error("%s (the original error stands)", failure)
+                context.record(impl.plugin, "tool_error", "failed", str(failure))
+                continue
+            if isinstance(out, ToolResult):
+                if recovery is None:
+                    recovery = out
+                    context.record(impl.plugin, "tool_error", "recover")
+                else:
+                    context.record(impl.plugin, "tool_error", "recover_ignored", "an earlier plugin recovered")
+            elif out is not None:
+                context.record(impl.plugin, "tool_error", "failed", f"returned {type(out).__name__}")
+        return recovery
+
+    async def tool_complete(
+        self, call: ToolCall, spec: Any, result: ToolResult, context: ToolContext
+    ) -> ToolError | None:
+        """Run every ``tool_complete`` observer; the error to fail the call with, if one failed closed."""
+        first: ToolError | None = None
+        for impl in self.impls("tool_complete"):
+            try:
+                await self._invoke(
+                    impl, "tool_complete", {"call": call, "spec": spec, "result": result, "context": context}
+                )
+            except HookFailure as failure:
+                error = self._failed(failure, context)
+                if first is None:
+                    first = error
+        return first
+
+    def has_event_observers(self) -> bool:
+        """Whether any plugin implements ``tool_event`` (events are not built otherwise)."""
+        return bool(self.impls("tool_event"))
+
+    async def tool_event(self, event: str, data: dict[str, Any]) -> None:
+        """Deliver an event to every ``tool_event`` implementation; failures are logged."""
+        for impl in self.impls("tool_event"):
+            try:
+                await self._invoke(impl, "tool_event", {"event": event, "data": data})
+            except HookFailure as failure:
+                log.error("%s", failure)
+
+    async def mount(self, plugin: Any, coordinator: Any, config: dict[str, Any]) -> Any:
+        """Call one plugin's own ``mount`` implementation (not the whole hook)."""
+        for hookimpl in self._pm.hook.mount.get_hookimpls():
+            if hookimpl.plugin is plugin:
+                kwargs = {"coordinator": coordinator, "config": config}
+                out = hookimpl.function(*[kwargs[name] for name in hookimpl.argnames])
+                if inspect.isawaitable(out):
+                    out = await out
+                return out
+        return None

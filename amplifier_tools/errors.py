@@ -1,0 +1,127 @@
+"""The error taxonomy: five categories every failure maps onto.
+
+A tool or plugin may raise any of these; the host turns each into a failed
+``ToolResult`` whose ``error`` dict carries the category (``type``), a stable
+``code``, a sanitized ``message``, ``retryable``, the ``cause`` and correlation
+fields. Nothing here ever reaches the caller of ``ToolHost.call`` as an
+exception.
+
+The fifth category is serialized as ``"SystemError"``; its class is named
+``ToolSystemError`` so that it never shadows Python's builtin ``SystemError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Final
+
+CONTRACT_ERROR: Final = "ContractError"
+POLICY_ERROR: Final = "PolicyError"
+AUTH_ERROR: Final = "AuthError"
+EXECUTION_ERROR: Final = "ExecutionError"
+SYSTEM_ERROR: Final = "SystemError"
+
+#: The five category names as they appear in ``ToolResult.error["type"]``.
+CATEGORIES: Final = frozenset(
+    {CONTRACT_ERROR, POLICY_ERROR, AUTH_ERROR, EXECUTION_ERROR, SYSTEM_ERROR}
+)
+
+
+class ToolError(Exception):
+    """Base class of the taxonomy. Use one of the five subclasses.
+
+    ``details`` holds extra JSON-serializable fields that belong in the error
+    dict (for example ``retry_after`` or ``pointer``); ``plugin`` names the
+    plugin the failure is attributed to, if any.
+    """
+
+    category: ClassVar[str] = SYSTEM_ERROR
+    default_code: ClassVar[str] = "error"
+    default_retryable: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        retryable: bool | None = None,
+        cause: str | None = None,
+        plugin: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.retryable = self.default_retryable if retryable is None else retryable
+        self.cause = cause
+        self.plugin = plugin
+        self.details = details
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
+
+
+class ContractError(ToolError):
+    """Input or output violates the tool's contract; unknown tool or version."""
+
+    category = CONTRACT_ERROR
+    default_code = "invalid_input"
+
+
+class PolicyError(ToolError):
+    """A policy stopped the call: veto, timeout, rate limit, open circuit, budget."""
+
+    category = POLICY_ERROR
+    default_code = "denied"
+
+
+class AuthError(ToolError):
+    """Missing scope or permission; a secret that cannot be resolved."""
+
+    category = AUTH_ERROR
+    default_code = "forbidden"
+
+
+class ExecutionError(ToolError):
+    """The tool or its backend failed while doing the work."""
+
+    category = EXECUTION_ERROR
+    default_code = "execution_failed"
+
+
+class ToolSystemError(ToolError):
+    """Unexpected runtime failure, including a plugin that broke. Serialized as ``SystemError``."""
+
+    category = SYSTEM_ERROR
+    default_code = "internal"
+
+
+ERROR_CLASSES: Final[dict[str, type[ToolError]]] = {
+    cls.category: cls
+    for cls in (ContractError, PolicyError, AuthError, ExecutionError, ToolSystemError)
+}
+
+
+class ConfigError(ValueError):
+    """Host configuration is invalid. Raised at host start, never during a call.
+
+    The message names the key path and, when known, the file.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, file: str | None = None) -> None:
+        where = ""
+        if file:
+            where = f"{file}: "
+        if key:
+            where += f"{key}: "
+        super().__init__(f"{where}{message}")
+        self.key = key
+        self.file = file
+
+
+class PluginLoadError(RuntimeError):
+    """A plugin could not be imported, registered or mounted; names the plugin."""
+
+    def __init__(self, plugin: str, reason: str) -> None:
+        super().__init__(f"plugin {plugin!r}: {reason}")
+        self.plugin = plugin
+        self.reason = reason

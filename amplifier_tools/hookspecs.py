@@ -1,0 +1,121 @@
+"""The hook specifications: the whole extension surface of amplifier-tools.
+
+Every built-in plugin (filesystem, bash, policy, audit) implements these hooks
+and nothing else; a third-party plugin has exactly the same power. Each spec's
+docstring is its reference documentation (``docs/hooks.rst`` is generated from
+it and a test keeps the two in step).
+
+Any implementation may be ``async def``; the host awaits it. Order is pluggy's:
+last registered runs first, ``tryfirst``/``trylast`` honoured. Hook *wrappers*
+are not supported on the chained call hooks because each implementation must
+see the value produced by the one before it; the host rejects them at
+registration with a message naming the plugin.
+
+Failure policy: an implementation of ``tool_pre``, ``tool_post`` or
+``tool_complete`` that raises or overruns its timeout fails the call closed
+(a ``SystemError``-category error naming the plugin; output withheld) unless the
+plugin's config section sets ``on_error = "ignore"``. A failure inside
+``tool_error`` or ``tool_event`` is logged and recorded; it never changes the
+outcome.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._markers import hookspec
+
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
+    from .errors import ToolError
+    from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
+    from .spec import ToolSpec
+
+
+# -- lifecycle ----------------------------------------------------------------
+
+
+@hookspec
+def mount(coordinator: Coordinator, config: dict[str, Any]) -> Any:
+    """Set the plugin up when the host starts; mount its tools.
+
+    Called once per plugin with a coordinator bound to that plugin and the
+    plugin's own config section (``[plugins.<name>]``, without the host's
+    reserved keys ``on_error``, ``hook_timeout_ms`` and ``enabled``). Mount
+    tools with ``await coordinator.mount("tools", tool)``. May return a cleanup
+    callable (sync or async); cleanups run in reverse order when the host
+    closes. Raising here fails host start with an error naming the plugin.
+    """
+
+
+# -- one call ----------------------------------------------------------------
+
+
+@hookspec
+def tool_pre(call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | Modify | None:
+    """Inspect a call before the tool runs; veto it or rewrite its arguments.
+
+    Called after the arguments passed input-schema validation. Implementations
+    are chained: each sees ``call`` as rewritten by the ones before it. Return
+    ``None`` to let the call through unchanged, ``Deny(reason, code=...)`` to
+    stop the call (no later ``tool_pre`` runs, the tool does not run, the
+    caller gets a ``PolicyError`` naming this plugin), or
+    ``Modify(arguments=...)`` to replace the arguments; the new arguments are
+    validated against the input schema at once, and an invalid rewrite is a
+    ``ContractError`` attributed to this plugin.
+    """
+
+
+@hookspec
+def tool_post(
+    call: ToolCall, spec: ToolSpec, result: ToolResult, context: ToolContext
+) -> ToolResult | None:
+    """Inspect or replace the result of a call that executed successfully.
+
+    Chained like ``tool_pre``: each implementation sees the result as replaced
+    by the ones before it. Return ``None`` to keep it or a ``ToolResult`` to
+    replace it; a replacement's output is validated against the tool's output
+    schema at once and an invalid one becomes a ``ContractError`` attributed to
+    this plugin. When an earlier implementation failed closed, later ones see
+    the failed result, so an observer still sees the call exactly once.
+    """
+
+
+@hookspec
+def tool_error(
+    call: ToolCall, spec: ToolSpec | None, error: ToolError, context: ToolContext
+) -> ToolResult | None:
+    """Observe a failed call, or recover from the failure.
+
+    Called for every call that did not execute successfully: unknown tool
+    (``spec`` is ``None``), contract violation, veto, auth or policy failure,
+    timeout, a tool exception, or a tool that reported failure. Every
+    implementation is called, so each observer sees each failure once. The
+    first implementation returning a ``ToolResult`` recovers the call: that
+    result goes to the caller; later recoveries are recorded and ignored. A
+    failure raised here is logged and the original error stands.
+    """
+
+
+@hookspec
+def tool_complete(
+    call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext
+) -> None:
+    """Observe the final result of every call, exactly once, after all other hooks.
+
+    For observers that need the outcome the caller will see, with the full
+    decision trail in ``result.metadata["trail"]``: audit logs, metrics,
+    tracing. The return value is ignored. Raising fails the call closed (the
+    output is withheld and the caller gets a ``SystemError``-category error)
+    unless the plugin is configured ``on_error = "ignore"`` — so an audit log
+    that cannot write can refuse to let an unrecorded result through.
+    """
+
+
+@hookspec
+def tool_event(event: str, data: dict[str, Any]) -> None:
+    """Observe an event: one emitted by a tool or plugin through
+    ``coordinator.hooks.emit`` (for example ``circuit:open``), or the host's own
+    ``tool:pre``, ``tool:post`` and ``tool:error`` events in the seed contract's
+    shape. The return value is ignored; failures are logged.
+    """

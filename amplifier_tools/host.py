@@ -1,0 +1,381 @@
+"""``ToolHost``: loads plugins, mounts tools, and runs calls through the pipeline.
+
+Start-up order: validate config -> register built-in plugins -> plugins passed
+in code -> ``amplifier_tools`` entry points -> seed-style modules
+(``amplifier.modules`` entry points and config ``modules``) -> call each
+plugin's ``mount`` with its own config section. A plugin that fails to import
+or mount is unregistered and reported in ``host.failed_plugins``; if it was
+required (a built-in, named in config or in the allowlist) start fails with
+``PluginLoadError`` instead, because running without a wanted policy plugin
+would fail open.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import attrs
+
+from . import hookspecs
+from ._markers import PROJECT_NAME, hookimpl
+from ._version import __version__
+from .builtins import BUILTIN_PLUGINS
+from .config import load_config_file, plugin_section, validate_config
+from .coordinator import Coordinator, HookEvents
+from .definitions import tool_definitions
+from .dispatch import CHAINED_HOOKS, HookDispatcher, PluginManager, PluginSettings
+from .errors import ConfigError, PluginLoadError, ToolError, ToolSystemError
+from .models import ToolCall, ToolContext, ToolResult, new_call_id
+from .pipeline import CallPipeline
+from .registry import ToolRegistry
+from .spec import ToolSpec
+
+log = logging.getLogger("amplifier_tools")
+
+ENTRY_POINT_GROUP = "amplifier_tools"
+SEED_ENTRY_POINT_GROUP = "amplifier.modules"
+ENV_CONFIG = "AMPLIFIER_TOOLS_CONFIG"
+ENV_DISABLE = "AMPLIFIER_TOOLS_DISABLE_PLUGINS"
+ENV_LOAD = "AMPLIFIER_TOOLS_LOAD_PLUGINS"
+ENV_TRACE = "AMPLIFIER_TOOLS_TRACE"
+
+
+@attrs.frozen
+class PluginInfo:
+    """A loaded plugin: its name, where it came from, and the hooks it implements."""
+
+    name: str
+    source: str  # "builtin", "code", "entry_point", "module"
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+
+
+@attrs.frozen
+class FailedPlugin:
+    """A plugin that could not be loaded or mounted, and why."""
+
+    name: str
+    source: str
+    reason: str
+
+
+def _env_names(name: str) -> set[str]:
+    return {part.strip() for part in os.environ.get(name, "").split(",") if part.strip()}
+
+
+class SeedModule:
+    """Adapts a seed-style ``async def mount(coordinator, config)`` to a plugin."""
+
+    def __init__(self, name: str, mount_function: Callable[..., Any], config: Mapping[str, Any]) -> None:
+        self.name = name
+        self._mount = mount_function
+        self._config = dict(config)
+
+    @hookimpl
+    async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> Any:
+        out = self._mount(coordinator, {**self._config, **config})
+        if inspect.isawaitable(out):
+            out = await out
+        # The seed allows returning the tool itself, a cleanup callable, or None.
+        if out is None or hasattr(out, "execute"):
+            return None
+        return out if callable(out) else None
+
+
+class ToolHost:
+    """The runtime. Use as ``async with ToolHost(config=...) as host:``.
+
+    ``config`` is a mapping or a path to a config file; without one,
+    ``$AMPLIFIER_TOOLS_CONFIG`` is read if set. ``plugins`` registers plugin
+    objects directly (after the built-ins); ``builtins=False`` and
+    ``entry_points=False`` skip those sources (useful in tests). Many calls may
+    run concurrently on one host.
+    """
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        *,
+        plugins: Iterable[Any] = (),
+        builtins: bool | Iterable[str] = True,
+        entry_points: bool = True,
+        working_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if config is None and os.environ.get(ENV_CONFIG):
+            config = os.environ[ENV_CONFIG]
+        if isinstance(config, (str, os.PathLike)):
+            self.config = load_config_file(config)
+        else:
+            self.config = validate_config(config)
+        self._extra_plugins = list(plugins)
+        self._builtins = builtins
+        self._entry_points = entry_points
+        wd = working_dir or self.config.get("working_dir") or os.getcwd()
+        self.working_dir = str(Path(wd).expanduser().resolve())
+        self.session_id = "session_" + uuid.uuid4().hex
+        self.plugin_manager = PluginManager(PROJECT_NAME)
+        self.plugin_manager.add_hookspecs(hookspecs)
+        trace = os.environ.get(ENV_TRACE, "") not in ("", "0")
+        self.dispatcher = HookDispatcher(
+            self.plugin_manager,
+            default_timeout=self.config.get("hook_timeout_ms", 10_000) / 1000.0,
+            trace=trace,
+        )
+        self.tools = ToolRegistry(self.config["tools"] if isinstance(self.config.get("tools"), dict) else None)
+        self.events = HookEvents(self)
+        self.mounts: dict[str, dict[str, Any]] = {}
+        self.capabilities: dict[str, Any] = {"session.working_dir": self.working_dir}
+        self.contributors: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
+        self.cleanups: list[tuple[str, Callable[[], Any | Awaitable[Any]]]] = []
+        self.plugins: list[PluginInfo] = []
+        self.failed_plugins: list[FailedPlugin] = []
+        self._pending: list[tuple[Any, PluginInfo, bool]] = []
+        self._pipeline: CallPipeline | None = None
+        self._default_context = self._make_default_context()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> ToolHost:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Load every plugin and mount it; raises ``ConfigError``/``PluginLoadError``."""
+        if self._pipeline is not None:
+            return
+        try:
+            self._collect_plugins()
+            for plugin, info, required in self._pending:
+                await self._mount_plugin(plugin, info, required)
+            self._check_config_references()
+        except BaseException:
+            await self.close()
+            raise
+        default_timeout = self.config.get("default_timeout_ms", 60_000) / 1000.0
+        self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout)
+
+    async def close(self) -> None:
+        """Run cleanups in reverse order of registration; each failure is logged."""
+        self._pipeline = None
+        while self.cleanups:
+            plugin, cleanup = self.cleanups.pop()
+            try:
+                out = cleanup()
+                if inspect.isawaitable(out):
+                    await out
+            except Exception:
+                log.exception("cleanup of plugin %r failed", plugin)
+
+    # -- plugin loading -------------------------------------------------------
+
+    def _disabled(self) -> set[str]:
+        return _env_names(ENV_DISABLE) | set(self.config.get("disable_plugins", [])) | {
+            name for name, section in self.config.get("plugins", {}).items() if section.get("enabled") is False
+        }
+
+    def _allowlist(self) -> set[str] | None:
+        names = _env_names(ENV_LOAD) | set(self.config.get("load_plugins", []))
+        return names or None
+
+    def _required(self, name: str) -> bool:
+        allow = self._allowlist()
+        return name in self.config.get("plugins", {}) or (allow is not None and name in allow)
+
+    def _collect_plugins(self) -> None:
+        disabled = self._disabled()
+        allow = self._allowlist()
+        if self._builtins:
+            wanted = BUILTIN_PLUGINS if self._builtins is True else {
+                name: BUILTIN_PLUGINS[name] for name in self._builtins if name in BUILTIN_PLUGINS
+            }
+            for name, module_path in wanted.items():
+                if name in disabled:
+                    continue
+                self._queue(name, lambda m=module_path: importlib.import_module(m), "builtin",
+                            "amplifier-tools", __version__, required=True)
+        for plugin in self._extra_plugins:
+            name = _plugin_name(plugin)
+            if name not in disabled:
+                self._queue(name, lambda p=plugin: p, "code", None, None, required=True)
+        if self._entry_points:
+            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                if ep.name in disabled or (allow is not None and ep.name not in allow):
+                    continue
+                dist = getattr(ep, "dist", None)
+                self._queue(ep.name, ep.load, "entry_point", dist.name if dist else None,
+                            dist.version if dist else None, required=self._required(ep.name))
+            for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
+                if ep.name in disabled or (allow is not None and ep.name not in allow):
+                    continue
+                dist = getattr(ep, "dist", None)
+                self._queue(ep.name, lambda e=ep: SeedModule(e.name, e.load(), {}), "module",
+                            dist.name if dist else None, dist.version if dist else None,
+                            required=self._required(ep.name))
+        for entry in self.config.get("modules", []):
+            name = entry["module"]
+            if name in disabled:
+                continue
+            self._queue(name, lambda e=entry: SeedModule(e["module"], _load_module_mount(e["module"]),
+                                                         e.get("config", {})),
+                        "module", None, None, required=True)
+
+    def _queue(self, name: str, load: Callable[[], Any], source: str, dist: str | None,
+               version: str | None, *, required: bool) -> None:
+        try:
+            if self.plugin_manager.has_plugin(name):
+                raise PluginLoadError(name, "a plugin with this name is already registered")
+            plugin = load()
+            self.plugin_manager.register(plugin, name=name)
+            for hook in CHAINED_HOOKS:
+                self.dispatcher.impls(hook)  # rejects hook wrappers with a message naming the plugin
+        except Exception as exc:
+            if self.plugin_manager.has_plugin(name):
+                self.plugin_manager.unregister(name=name)
+            reason = exc.reason if isinstance(exc, PluginLoadError) else (
+                exc.message if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}")
+            self._fail_plugin(name, source, f"failed to load: {reason}", required, exc)
+            return
+        _, reserved = plugin_section(self.config, name)
+        self.dispatcher.configure(name, PluginSettings(
+            fail_open=reserved.get("on_error") == "ignore",
+            hook_timeout=reserved["hook_timeout_ms"] / 1000.0 if "hook_timeout_ms" in reserved
+            else self.config.get("hook_timeout_ms", 10_000) / 1000.0,
+        ))
+        hooks = tuple(sorted(
+            caller.name for caller in self.plugin_manager.get_hookcallers(plugin) or []
+        ))
+        self._pending.append((plugin, PluginInfo(name, source, dist, version, hooks), required))
+
+    def _fail_plugin(self, name: str, source: str, reason: str, required: bool, exc: BaseException) -> None:
+        if required:
+            raise PluginLoadError(name, reason) from exc
+        log.warning("plugin %r %s; continuing without it", name, reason)
+        self.failed_plugins.append(FailedPlugin(name, source, reason))
+
+    async def _mount_plugin(self, plugin: Any, info: PluginInfo, required: bool) -> None:
+        own, _ = plugin_section(self.config, info.name)
+        coordinator = Coordinator(self, info.name)
+        tools_before = {m.spec.name for m in self.tools}
+        try:
+            cleanup = await self.dispatcher.mount(plugin, coordinator, own)
+        except Exception as exc:
+            for mounted in list(self.tools):  # take back what the plugin mounted before failing
+                if mounted.plugin == info.name and mounted.spec.name not in tools_before:
+                    self.tools.remove(mounted.spec.name)
+            self.plugin_manager.unregister(plugin)
+            reason = exc.message if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}"
+            self._fail_plugin(info.name, info.source, f"failed to mount: {reason}", required, exc)
+            return
+        if cleanup is not None:
+            if not callable(cleanup):
+                raise PluginLoadError(info.name, f"mount returned {type(cleanup).__name__}, not a cleanup callable")
+            self.cleanups.append((info.name, cleanup))
+        self.plugins.append(info)
+
+    def _check_config_references(self) -> None:
+        unused = self.tools.unused_overrides()
+        if unused:
+            raise ConfigError(f"names no mounted tool (mounted: {', '.join(sorted(s.name for s in self.specs))})",
+                              key=f"tools.{unused[0]}")
+        loaded = {info.name for info in self.plugins} | {f.name for f in self.failed_plugins} | self._disabled()
+        for name in self.config.get("plugins", {}):
+            if name not in loaded:
+                raise ConfigError("names no installed plugin", key=f"plugins.{name}")
+
+    def _make_default_context(self) -> ToolContext:
+        ctx = self.config.get("context", {})
+        secret_env = dict(self.config.get("secrets", {}))
+
+        def from_env(name: str) -> str | None:
+            variable = secret_env.get(name)
+            return os.environ.get(variable) if variable else None
+
+        return ToolContext(
+            principal=ctx.get("principal", "anonymous"),
+            role=ctx.get("role"),
+            environment=ctx.get("environment"),
+            scopes=frozenset(ctx.get("scopes", ())),
+            secrets=from_env if secret_env else None,
+            session_id=self.session_id,
+        )
+
+    # -- calls -----------------------------------------------------------------
+
+    @property
+    def default_context(self) -> ToolContext:
+        """The context used for calls made without one (from config ``context``)."""
+        return self._default_context
+
+    async def call(
+        self,
+        name: str,
+        arguments: Any = None,
+        *,
+        context: ToolContext | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
+        """Run one call through the whole pipeline. Never raises on a bad call."""
+        return await self.execute(
+            ToolCall(call_id or new_call_id(), name, {} if arguments is None else arguments), context
+        )
+
+    async def execute(self, call: ToolCall, context: ToolContext | None = None) -> ToolResult:
+        """Run a ``ToolCall`` through the whole pipeline. Never raises on a bad call."""
+        pipeline = self._pipeline
+        if pipeline is None:
+            error = ToolSystemError("the host is not started; use 'async with ToolHost() as host'",
+                                    code="host_not_started")
+            return ToolResult(False, None, {"type": error.category, "code": error.code, "message": error.message,
+                                            "retryable": False, "cause": None, "tool": call.name,
+                                            "call_id": call.id}, {}, call.id)
+        if context is None:
+            context = self._default_context
+        elif context.session_id is None:
+            context = attrs.evolve(context, session_id=self.session_id)
+        return await pipeline.run(call, context)
+
+    # -- introspection -----------------------------------------------------------
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        """The mounted tools' contracts, in mount order."""
+        return [mounted.spec for mounted in self.tools]
+
+    def tool_definitions(self, format: str = "openai") -> list[dict[str, Any]]:
+        """The mounted tools as ``"openai"``, ``"anthropic"`` or ``"mcp"`` tool definitions."""
+        return tool_definitions(self.specs, format)
+
+
+def _plugin_name(plugin: Any) -> str:
+    name = getattr(plugin, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if isinstance(plugin, ModuleType):
+        return plugin.__name__
+    return type(plugin).__name__ if not isinstance(plugin, type) else plugin.__name__
+
+
+def _load_module_mount(module: str) -> Callable[..., Any]:
+    """The ``mount`` function of a seed-style module named by import path or entry point."""
+    for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
+        if ep.name == module:
+            loaded = ep.load()
+            return loaded if callable(loaded) and not isinstance(loaded, ModuleType) else loaded.mount
+    imported = importlib.import_module(module)
+    mount = getattr(imported, "mount", None)
+    if not callable(mount):
+        raise PluginLoadError(module, "module has no callable 'mount(coordinator, config)'")
+    return mount

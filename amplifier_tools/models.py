@@ -1,0 +1,194 @@
+"""The per-call data: what comes in (``ToolCall``, ``ToolContext``), what hooks
+return (``Deny``, ``Modify``), what goes out (``ToolResult``) and the decision
+trail (``Decision``).
+
+All are attrs classes; JSON conversion lives in :mod:`amplifier_tools.converter`,
+never in methods here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Union
+
+import attrs
+
+from .errors import AuthError
+
+#: Default cut-off for ``ToolResult.get_serialized_output`` (the seed's
+#: ~12.5k-token guidance).
+DEFAULT_MAX_OUTPUT_CHARS: Final = 50_000
+
+#: How a context resolves a secret reference: a mapping or a callable that
+#: returns ``None`` for an unknown name.
+SecretResolver = Union[Mapping[str, str], Callable[[str], Union[str, None]]]
+
+
+_CALL_ID_PREFIX: Final = "call_" + uuid.uuid4().hex[:12] + "_"
+_call_counter = itertools.count(1)
+
+
+def new_call_id() -> str:
+    """A fresh call id, unique across processes (random per-process prefix + counter)."""
+    return f"{_CALL_ID_PREFIX}{next(_call_counter)}"
+
+
+@attrs.frozen(slots=True)
+class ToolCall:
+    """One request to run a tool: correlation ``id``, tool ``name``, JSON ``arguments``."""
+
+    id: str
+    name: str
+    arguments: Any = attrs.field(factory=dict)
+
+
+@attrs.frozen(slots=True)
+class ToolResult:
+    """The outcome of a call.
+
+    ``success`` and ``output`` on success; ``error`` (a dict with ``type``,
+    ``code``, ``message``, ``retryable`` and correlation fields) on failure.
+    ``metadata`` holds the decision trail (``metadata["trail"]``), timing and
+    whatever the tool adds.
+    """
+
+    success: bool = True
+    output: Any = None
+    error: dict[str, Any] | None = None
+    metadata: dict[str, Any] = attrs.field(factory=dict)
+    tool_call_id: str | None = None
+
+    @property
+    def is_error(self) -> bool:
+        """True when the call failed (the seed's alternative spelling)."""
+        return not self.success
+
+    def get_serialized_output(self, max_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS) -> str:
+        """The text to put into a model's context.
+
+        Failures read ``Error: <message>``; non-string output is JSON. Text
+        longer than ``max_chars`` is cut and ends with a notice saying how many
+        characters were left out, so a model knows it saw a part only.
+        ``max_chars=None`` never cuts.
+        """
+        if self.error is not None or not self.success:
+            message = (self.error or {}).get("message", "Unknown error")
+            text = f"Error: {message}"
+        elif self.output is None:
+            text = ""
+        elif isinstance(self.output, str):
+            text = self.output
+        else:
+            text = json.dumps(self.output, ensure_ascii=False, default=str)
+        if max_chars is not None and len(text) > max_chars:
+            cut = len(text) - max_chars
+            text = (
+                text[:max_chars]
+                + f"\n\n[Truncated: {cut} of {len(text)} characters omitted]"
+            )
+        return text
+
+
+@attrs.frozen(slots=True)
+class Decision:
+    """One entry of the decision trail: which plugin did what, in which hook, and why."""
+
+    plugin: str
+    hook: str
+    action: str
+    reason: str | None = None
+    code: str | None = None
+    details: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(slots=True)
+class ToolContext:
+    """Who is calling, with what rights, under which correlation ids.
+
+    ``deadline`` is a point on the ``time.monotonic()`` clock after which the
+    call must not run (use :meth:`with_timeout`). ``secrets`` resolves the
+    names in a tool's ``secret_refs``; values are never stored in results or
+    logs. ``attributes`` carries caller-defined data for plugins (for example
+    an approval token).
+
+    The host gives every call its own copy with ``call_id`` set and an empty
+    ``trail``; plugins append to the trail with :meth:`record`.
+    """
+
+    principal: str = "anonymous"
+    role: str | None = None
+    environment: str | None = None
+    scopes: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    secrets: SecretResolver | None = attrs.field(default=None, repr=False)
+    idempotency_key: str | None = None
+    deadline: float | None = None
+    call_id: str | None = None
+    trace_id: str | None = None
+    session_id: str | None = None
+    attributes: Mapping[str, Any] = attrs.field(factory=dict)
+    trail: list[Decision] = attrs.field(factory=list, eq=False, repr=False)
+
+    def with_timeout(self, seconds: float) -> ToolContext:
+        """A copy whose deadline is ``seconds`` from now."""
+        return attrs.evolve(self, deadline=time.monotonic() + seconds)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (negative when past), or ``None``."""
+        if self.deadline is None:
+            return None
+        return self.deadline - time.monotonic()
+
+    def secret(self, name: str) -> str:
+        """Resolve a secret reference, or raise ``AuthError`` naming it."""
+        resolver = self.secrets
+        value: str | None
+        if resolver is None:
+            value = None
+        elif isinstance(resolver, Mapping):
+            value = resolver.get(name)
+        else:
+            value = resolver(name)
+        if value is None:
+            raise AuthError(f"secret {name!r} could not be resolved", code="missing_secret", secret=name)
+        return value
+
+    def record(
+        self,
+        plugin: str,
+        hook: str,
+        action: str,
+        reason: str | None = None,
+        *,
+        code: str | None = None,
+        **details: Any,
+    ) -> None:
+        """Append a decision to this call's trail (it reaches the result and the audit log)."""
+        self.trail.append(Decision(plugin, hook, action, reason, code, details))
+
+    def for_call(self, call_id: str) -> ToolContext:
+        """A copy for one call: ``call_id`` set, a fresh trail. Used by the host."""
+        return ToolContext(  # direct construction: this runs once per call
+            self.principal, self.role, self.environment, self.scopes, self.secrets, self.idempotency_key,
+            self.deadline, call_id, self.trace_id, self.session_id, self.attributes, [],
+        )
+
+
+@attrs.frozen(slots=True)
+class Deny:
+    """What a ``tool_pre`` hook returns to veto a call."""
+
+    reason: str
+    code: str = "denied"
+    details: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(slots=True)
+class Modify:
+    """What a ``tool_pre`` hook returns to replace the call's arguments."""
+
+    arguments: dict[str, Any]
+    reason: str | None = None

@@ -1,0 +1,182 @@
+"""The mounted tools: contract, compiled validators and model-facing names.
+
+Everything a call needs about a tool is computed here once, at mount time:
+the spec (with host overrides applied), the compiled input and output
+validators, whether ``execute`` takes a context, and the short name. A call
+then costs one dict lookup.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from .definitions import model_name
+from .errors import ConfigError, ContractError
+from .schema import Validator, compile_validator, describe_errors
+from .spec import ToolSpec, spec_from_tool
+
+
+@attrs.frozen(slots=True)
+class MountedTool:
+    """A tool as the host runs it."""
+
+    spec: ToolSpec
+    tool: Any
+    plugin: str
+    model_name: str
+    input_validator: Validator
+    output_validator: Validator | None
+    execute: Callable[..., Any]
+    takes_context: bool
+
+    def check_input(self, arguments: Any, *, plugin: str | None = None) -> None:
+        """Raise ``ContractError`` naming the first bad field (by JSON pointer)."""
+        if not self.input_validator.is_valid(arguments):
+            pointer, message = describe_errors(self.input_validator, arguments)
+            who = f" (rewritten by plugin {plugin!r})" if plugin else ""
+            raise ContractError(
+                f"invalid arguments for tool {self.spec.name!r}{who}: {message}",
+                code="invalid_input",
+                pointer=pointer,
+                plugin=plugin,
+            )
+
+    def check_output(self, output: Any, *, plugin: str | None = None) -> None:
+        """Raise ``ContractError`` when ``output`` breaks the declared output schema."""
+        if self.output_validator is not None and not self.output_validator.is_valid(output):
+            pointer, message = describe_errors(self.output_validator, output)
+            who = f"plugin {plugin!r} replaced the output of" if plugin else "output of"
+            raise ContractError(
+                f"{who} tool {self.spec.name!r} violates its output schema: {message}",
+                code="invalid_output",
+                pointer=pointer,
+                plugin=plugin,
+            )
+
+
+def _takes_context(execute: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(execute).parameters
+    except (TypeError, ValueError):
+        return False
+    return "context" in parameters
+
+
+def apply_overrides(spec: ToolSpec, overrides: Mapping[str, Any], *, key: str) -> ToolSpec:
+    """``spec`` with host config overrides (policies, security, effect ...) merged in.
+
+    Raises ``ConfigError`` naming ``key`` and the field on unknown or invalid keys.
+    """
+    from .converter import converter, describe_structure_error
+
+    data = converter.unstructure(spec)
+    merged = _deep_merge(data, dict(overrides), key)
+    try:
+        result: ToolSpec = converter.structure(merged, ToolSpec)
+    except Exception as exc:
+        raise ConfigError(describe_structure_error(exc).replace("@ $", f"@ {key}"), key=key) from exc
+    return result
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any], key: str) -> dict[str, Any]:
+    out = dict(base)
+    for name, value in override.items():
+        if name not in base:
+            raise ConfigError(f"unknown key {name!r} (not a ToolSpec field)", key=f"{key}.{name}")
+        if isinstance(value, Mapping) and isinstance(base[name], dict):
+            out[name] = _deep_merge(base[name], dict(value), f"{key}.{name}")
+        else:
+            out[name] = value
+    return out
+
+
+class ToolRegistry:
+    """Tools by canonical name, with the short-name map kept in step."""
+
+    def __init__(self, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        self._tools: dict[str, MountedTool] = {}
+        self._by_model_name: dict[str, str] = {}
+        self._overrides = dict(overrides or {})
+
+    def add(self, tool: Any, *, plugin: str, name: str | None = None) -> MountedTool:
+        """Mount ``tool``: derive and check its contract, compile its validators."""
+        spec = spec_from_tool(tool, name=name)
+        override = self._overrides.get(spec.name)
+        if override:
+            spec = apply_overrides(spec, override, key=f"tools.{spec.name}")
+        if spec.name in self._tools:
+            raise ContractError(
+                f"tool {spec.name!r} from plugin {plugin!r} is already mounted by plugin "
+                f"{self._tools[spec.name].plugin!r}",
+                code="duplicate_tool",
+            )
+        short = model_name(spec.name)
+        owner = self._by_model_name.get(short)
+        if owner is not None and owner != spec.name:
+            raise ContractError(
+                f"tool {spec.name!r} has the model name {short!r}, already used by tool {owner!r}",
+                code="duplicate_tool",
+            )
+        if spec.input_schema.get("type", "object") != "object":
+            raise ContractError(
+                f"tool {spec.name!r}: input_schema must describe an object (type 'object')",
+                code="invalid_schema",
+            )
+        input_validator = compile_validator(spec.input_schema, owner=spec.name, which="input_schema")
+        output_validator = (
+            compile_validator(spec.output_schema, owner=spec.name, which="output_schema")
+            if spec.output_schema is not None
+            else None
+        )
+        execute = tool.execute
+        mounted = MountedTool(
+            spec=spec,
+            tool=tool,
+            plugin=plugin,
+            model_name=short,
+            input_validator=input_validator,
+            output_validator=output_validator,
+            execute=execute,
+            takes_context=_takes_context(execute),
+        )
+        self._tools[spec.name] = mounted
+        self._by_model_name[short] = spec.name
+        return mounted
+
+    def remove(self, name: str) -> MountedTool | None:
+        """Unmount a tool by canonical or model name."""
+        mounted = self.resolve(name)
+        if mounted is None:
+            return None
+        del self._tools[mounted.spec.name]
+        del self._by_model_name[mounted.model_name]
+        return mounted
+
+    def resolve(self, name: str) -> MountedTool | None:
+        """The tool called ``name`` (canonical or model-facing), or None."""
+        mounted = self._tools.get(name)
+        if mounted is None:
+            canonical = self._by_model_name.get(name)
+            if canonical is not None:
+                mounted = self._tools.get(canonical)
+        return mounted
+
+    def suggest(self, name: str) -> list[str]:
+        """Mounted names close to ``name``, for an "unknown tool" message."""
+        names = dict.fromkeys([*self._tools, *self._by_model_name])
+        return difflib.get_close_matches(str(name), list(names), n=3)
+
+    def unused_overrides(self) -> list[str]:
+        """Override sections that matched no mounted tool (a config error)."""
+        return [name for name in self._overrides if name not in self._tools]
+
+    def __iter__(self) -> Iterator[MountedTool]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)

@@ -1,0 +1,147 @@
+"""JSON Schema validation of arguments and outputs.
+
+Validators are compiled once per schema, when a tool is mounted, and shared by
+every call (``compile_validator``). A call pays only for ``is_valid``; the slower
+error walk runs only for invalid data, to name the offending field by JSON
+pointer (RFC 6901).
+
+``check_json_data`` rejects what jsonschema would let through silently but JSON
+cannot carry: non-string keys, NaN and infinities, bytes, sets and arbitrary
+objects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import jsonschema
+import jsonschema.exceptions
+import jsonschema.validators
+
+from .errors import ContractError
+from .schema_fastpath import compile_check
+
+
+class Validator(Protocol):
+    """The part of a jsonschema validator the host uses."""
+
+    def is_valid(self, instance: Any) -> bool: ...
+
+    def iter_errors(self, instance: Any) -> Iterable[jsonschema.exceptions.ValidationError]: ...
+
+
+def compile_validator(schema: dict[str, Any], *, owner: str, which: str) -> Validator:
+    """Check ``schema`` against its metaschema and return a reusable validator.
+
+    The draft is taken from ``$schema`` (default 2020-12). Raises
+    ``ContractError`` naming ``owner`` (the tool), ``which`` schema and the
+    pointer of the bad keyword.
+    """
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        pointer = _pointer(exc.absolute_path)
+        raise ContractError(
+            f"tool {owner!r}: {which} is not a valid JSON Schema at {pointer or '/'}: {exc.message}",
+            code="invalid_schema",
+            pointer=pointer,
+        ) from None
+    return CompiledSchema(cls(schema), compile_check(schema))
+
+
+class CompiledSchema:
+    """A jsonschema validator with a compiled fast path for accepting valid data.
+
+    ``is_valid`` tries the fast predicate first and asks jsonschema only when it
+    says no (or when the schema could not be compiled), so jsonschema decides
+    every rejection.
+    """
+
+    __slots__ = ("_validator", "_fast")
+
+    def __init__(self, validator: Validator, fast: Callable[[Any], bool] | None) -> None:
+        self._validator = validator
+        self._fast = fast
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the fast path is in use for this schema."""
+        return self._fast is not None
+
+    def is_valid(self, instance: Any) -> bool:
+        fast = self._fast
+        if fast is not None and fast(instance):
+            return True
+        return self._validator.is_valid(instance)
+
+    def iter_errors(self, instance: Any) -> Iterable[jsonschema.exceptions.ValidationError]:
+        return self._validator.iter_errors(instance)
+
+
+def _pointer(path: Iterable[Any]) -> str:
+    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in path)
+
+
+def describe_errors(validator: Validator, instance: Any, *, limit: int = 5) -> tuple[str, str]:
+    """The pointer of the first problem and a message naming up to ``limit`` problems."""
+    problems: list[tuple[str, str]] = []
+    for error in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
+        pointer = _pointer(error.absolute_path)
+        if error.validator == "required" and isinstance(error.instance, dict):
+            missing = [name for name in error.validator_value if name not in error.instance]
+            for name in missing:
+                problems.append((f"{pointer}/{name}", "is a required property and is missing"))
+            continue
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            known = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+            for name in error.instance:
+                if name not in known:
+                    problems.append((f"{pointer}/{name}", "is not an allowed property"))
+            continue
+        problems.append((pointer or "/", error.message))
+        if len(problems) >= limit:
+            break
+    if not problems:  # is_valid said no; be explicit rather than silent
+        return "/", "/: does not match the schema"
+    shown = problems[:limit]
+    text = "; ".join(f"{ptr}: {msg}" for ptr, msg in shown)
+    if len(problems) > limit:
+        text += f" (and {len(problems) - limit} more)"
+    return shown[0][0], text
+
+
+def check_json_data(value: Any, pointer: str = "") -> None:
+    """Raise ``ContractError`` at the first value JSON cannot represent."""
+    kind = type(value)
+    if kind is str or kind is bool or kind is int or value is None:
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise ContractError(
+                f"{pointer or '/'}: {value!r} is not a JSON number", code="invalid_json", pointer=pointer
+            )
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if type(key) is not str:
+                raise ContractError(
+                    f"{pointer or '/'}: key {key!r} is not a string", code="invalid_json", pointer=pointer
+                )
+            check_json_data(item, f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}")
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            check_json_data(item, f"{pointer}/{index}")
+        return
+    if isinstance(value, (str, int, float)):  # subclasses (enums) that JSON encodes by value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ContractError(
+                f"{pointer or '/'}: {value!r} is not a JSON number", code="invalid_json", pointer=pointer
+            )
+        return
+    raise ContractError(
+        f"{pointer or '/'}: a {kind.__name__} is not JSON data", code="invalid_json", pointer=pointer
+    )

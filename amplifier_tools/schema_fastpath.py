@@ -1,0 +1,205 @@
+"""A compiled fast path for the common subset of JSON Schema.
+
+jsonschema walks a schema generically on every ``is_valid`` (about 15 µs for a
+two-property object), which is most of the host's per-call budget. Tool input
+schemas are nearly always simple objects, so for schemas made only of the
+keywords below this module compiles a plain Python predicate once, at mount.
+
+Soundness rule: the predicate may answer ``True`` only when jsonschema would.
+The host treats ``False`` as "ask jsonschema" — jsonschema stays the authority
+for every rejection and every error message — so a gap here can only cost
+speed, never correctness. A schema using any other keyword (``$ref``,
+``allOf``, ``if``, ``patternProperties``, ``format`` assertions ...) is not
+compiled at all. ``tests/test_schema_fastpath.py`` checks the two agree on
+random instances with hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any, Final
+
+Check = Callable[[Any], bool]
+
+#: Keywords that only annotate and never change validity.
+_ANNOTATIONS: Final = frozenset(
+    {"$schema", "$id", "$comment", "title", "description", "default", "examples", "deprecated",
+     "readOnly", "writeOnly", "format"}
+)
+_SUPPORTED: Final = _ANNOTATIONS | frozenset(
+    {"type", "properties", "required", "additionalProperties", "enum", "const", "minimum", "maximum",
+     "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "items", "minItems",
+     "maxItems", "minProperties", "maxProperties"}
+)
+
+
+def _is_number(value: Any) -> bool:
+    kind = type(value)
+    return (kind is int or kind is float) and not (kind is float and not math.isfinite(value))
+
+
+_TYPE_CHECKS: Final[dict[str, Check]] = {
+    "string": lambda v: type(v) is str,
+    "integer": lambda v: type(v) is int or (type(v) is float and math.isfinite(v) and v.is_integer()),
+    "number": _is_number,
+    "boolean": lambda v: type(v) is bool,
+    "null": lambda v: v is None,
+    "object": lambda v: type(v) is dict,
+    "array": lambda v: type(v) is list,
+}
+
+
+#: Drafts whose numeric and ``items`` keywords mean what this module assumes.
+_DRAFTS: Final = ("2020-12", "2019-09", "draft-07", "draft-06")
+
+
+def compile_check(schema: Any) -> Check | None:
+    """A predicate equivalent to ``validator.is_valid`` for ``True`` answers, or None."""
+    dialect = schema.get("$schema") if isinstance(schema, dict) else None
+    if dialect is not None and not any(d in str(dialect) for d in _DRAFTS):
+        return None
+    return _compile(schema)
+
+
+def _compile(schema: Any) -> Check | None:
+    if schema is True or schema == {}:
+        return lambda value: True
+    if not isinstance(schema, dict) or not set(schema) <= _SUPPORTED:
+        return None
+    checks: list[Check] = []
+
+    kind = schema.get("type")
+    if kind is not None:
+        names = [kind] if isinstance(kind, str) else kind
+        if not isinstance(names, list) or not all(n in _TYPE_CHECKS for n in names):
+            return None
+        tests = [_TYPE_CHECKS[n] for n in names]
+        checks.append(tests[0] if len(tests) == 1 else (lambda v, t=tests: any(f(v) for f in t)))
+
+    if "enum" in schema or "const" in schema:
+        # Equality in JSON Schema distinguishes 1 from True; Python's does not. Only compile
+        # enums of strings and None, where the two agree.
+        allowed = schema["enum"] if "enum" in schema else [schema["const"]]
+        if not isinstance(allowed, list) or not all(a is None or type(a) is str for a in allowed):
+            return None
+        allowed_set = frozenset(allowed)
+        checks.append(lambda v: (v is None or type(v) is str) and v in allowed_set)
+
+    for keyword, op in (("minimum", "ge"), ("maximum", "le"), ("exclusiveMinimum", "gt"),
+                        ("exclusiveMaximum", "lt")):
+        if keyword in schema:
+            bound = schema[keyword]
+            if not _is_number(bound) or type(bound) is bool:
+                return None
+            checks.append(_bound_check(op, bound))
+
+    for keyword, longer in (("minLength", True), ("maxLength", False)):
+        if keyword in schema:
+            size = schema[keyword]
+            if type(size) is not int:
+                return None
+            checks.append(
+                (lambda v, n=size: not isinstance(v, str) or len(v) >= n) if longer
+                else (lambda v, n=size: not isinstance(v, str) or len(v) <= n)
+            )
+    if "pattern" in schema:
+        try:
+            regex = re.compile(schema["pattern"])
+        except (re.error, TypeError):
+            return None
+        checks.append(lambda v, r=regex: not isinstance(v, str) or r.search(v) is not None)
+
+    if "items" in schema:
+        item_check = _compile(schema["items"])
+        if item_check is None:
+            return None
+        checks.append(lambda v, c=item_check: not isinstance(v, list) or all(c(i) for i in v))
+    for keyword, longer in (("minItems", True), ("maxItems", False)):
+        if keyword in schema:
+            size = schema[keyword]
+            if type(size) is not int:
+                return None
+            checks.append(
+                (lambda v, n=size: not isinstance(v, list) or len(v) >= n) if longer
+                else (lambda v, n=size: not isinstance(v, list) or len(v) <= n)
+            )
+
+    object_check = _compile_object(schema)
+    if object_check is False:
+        return None
+    if object_check is not None:
+        checks.append(object_check)
+
+    if len(checks) == 1:
+        return checks[0]
+    return lambda value, cs=tuple(checks): all(c(value) for c in cs)
+
+
+def _numeric(value: Any) -> bool:
+    """Whether jsonschema treats ``value`` as a number (bounds apply to it)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bound_check(op: str, bound: float) -> Check:
+    # Comparisons are written so that NaN fails them, as it does in jsonschema.
+    if op == "ge":
+        return lambda v: not _numeric(v) or v >= bound
+    if op == "le":
+        return lambda v: not _numeric(v) or v <= bound
+    if op == "gt":
+        return lambda v: not _numeric(v) or v > bound
+    return lambda v: not _numeric(v) or v < bound
+
+
+def _compile_object(schema: dict[str, Any]) -> Check | None | bool:
+    """The object keywords' check; None when there are none, False when not compilable."""
+    keys = {"properties", "required", "additionalProperties", "minProperties", "maxProperties"}
+    if not keys & set(schema):
+        return None
+    properties = schema.get("properties", {})
+    required = schema.get("required", [])
+    extra = schema.get("additionalProperties", True)
+    if not isinstance(properties, dict) or not isinstance(required, list):
+        return False
+    if not all(type(r) is str for r in required):
+        return False
+    compiled: dict[str, Check] = {}
+    for name, sub in properties.items():
+        check = _compile(sub)
+        if check is None:
+            return False
+        compiled[name] = check
+    if extra is True:
+        extra_check: Check | None = None
+    elif extra is False:
+        extra_check = lambda v: False  # noqa: E731 - a constant predicate
+    else:
+        extra_check = _compile(extra)
+        if extra_check is None:
+            return False
+    min_props = schema.get("minProperties", 0)
+    max_props = schema.get("maxProperties")
+    if type(min_props) is not int or (max_props is not None and type(max_props) is not int):
+        return False
+    required_t = tuple(required)
+
+    def check(value: Any) -> bool:
+        if not isinstance(value, dict):
+            return True  # object keywords do not apply to other types
+        for name in required_t:
+            if name not in value:
+                return False
+        if len(value) < min_props or (max_props is not None and len(value) > max_props):
+            return False
+        for name, item in value.items():
+            sub = compiled.get(name)
+            if sub is not None:
+                if not sub(item):
+                    return False
+            elif extra_check is not None and not extra_check(item):
+                return False
+        return True
+
+    return check

@@ -1,0 +1,266 @@
+"""The tool contract: ``ToolSpec`` and its parts (effects, policies, security).
+
+A spec is data only. It is derived once, when a tool is mounted, from a
+``ToolSpec`` the tool carries (``tool.spec``) or from the optional attributes
+of a seed-style tool (``name``, ``description``, ``input_schema`` or
+``get_schema()``, ``output_schema``, ``version``, ``effect`` ...). Nothing here
+runs per call.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any, Final
+
+import attrs
+
+from .errors import ContractError
+
+#: Canonical tool names: segments separated by ``::`` (origin, server, tool),
+#: each made of letters, digits, ``_``, ``-`` and ``.``.
+NAME_PATTERN: Final = re.compile(r"^[A-Za-z0-9_.\-]+(::[A-Za-z0-9_.\-]+)*$")
+SEMVER_PATTERN: Final = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?(?:\+[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*)?$"
+)
+
+
+class Effect(str, enum.Enum):
+    """What running the tool does to the world; decides what may be retried."""
+
+    Pure = "Pure"
+    IdempotentWrite = "IdempotentWrite"
+    NonIdempotentWrite = "NonIdempotentWrite"
+    ExternalSideEffects = "ExternalSideEffects"
+
+    @property
+    def retry_safe(self) -> bool:
+        """Whether automatic retries can ever be allowed for this effect."""
+        return self in (Effect.Pure, Effect.IdempotentWrite)
+
+
+class IdempotencyKeyRequirement(str, enum.Enum):
+    """Whether a call must carry ``ToolContext.idempotency_key``."""
+
+    required = "required"
+    optional = "optional"
+    none = "none"
+
+
+def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
+
+
+@attrs.frozen(slots=True)
+class RetryPolicy:
+    """Automatic retries for retryable errors; only ever applied to ``Pure`` and
+    keyed ``IdempotentWrite`` tools."""
+
+    max_attempts: int = attrs.field(default=3, validator=_positive)
+    initial_backoff_ms: float = attrs.field(default=100.0, validator=_non_negative)
+    max_backoff_ms: float = attrs.field(default=5_000.0, validator=_non_negative)
+    multiplier: float = attrs.field(default=2.0, validator=_positive)
+    jitter: bool = True
+
+
+@attrs.frozen(slots=True)
+class RateLimit:
+    """At most ``limit`` calls per ``interval_ms``, per tool or per principal."""
+
+    limit: int = attrs.field(validator=_positive)
+    interval_ms: float = attrs.field(default=1_000.0, validator=_positive)
+    per: str = attrs.field(default="tool", validator=attrs.validators.in_(("tool", "principal")))
+    queue: bool = False
+
+
+@attrs.frozen(slots=True)
+class ConcurrencyPolicy:
+    """At most ``limit`` calls in flight; excess calls queue until their deadline
+    (``queue=True``) or are rejected at once."""
+
+    limit: int = attrs.field(validator=_positive)
+    queue: bool = True
+
+
+@attrs.frozen(slots=True)
+class CircuitBreakerPolicy:
+    """Open after ``failure_threshold`` failures (or ``failure_rate`` over at
+    least ``min_calls``) within ``window_ms``; probe again after ``cooldown_ms``."""
+
+    failure_threshold: int = attrs.field(default=5, validator=_positive)
+    failure_rate: float | None = attrs.field(default=None)
+    min_calls: int = attrs.field(default=10, validator=_positive)
+    window_ms: float = attrs.field(default=60_000.0, validator=_positive)
+    cooldown_ms: float = attrs.field(default=30_000.0, validator=_positive)
+
+    @failure_rate.validator
+    def _check_rate(self, attribute: attrs.Attribute[Any], value: float | None) -> None:
+        if value is not None and not 0.0 < value <= 1.0:
+            raise ValueError(f"failure_rate must be in (0, 1], got {value!r}")
+
+
+@attrs.frozen(slots=True)
+class Budget:
+    """Calls and execution seconds allowed per principal, role or environment per window."""
+
+    per: str = attrs.field(validator=attrs.validators.in_(("principal", "role", "environment")))
+    max_calls: int | None = attrs.field(default=None, validator=_positive)
+    max_seconds: float | None = attrs.field(default=None, validator=_positive)
+    window_ms: float = attrs.field(default=3_600_000.0, validator=_positive)
+
+
+@attrs.frozen(slots=True)
+class Policies:
+    """Policy defaults declared by the tool; host configuration overrides them per tool."""
+
+    timeout_ms: float | None = attrs.field(default=None, validator=_positive)
+    retry: RetryPolicy | None = None
+    rate_limit: RateLimit | None = None
+    concurrency: ConcurrencyPolicy | None = None
+    circuit_breaker: CircuitBreakerPolicy | None = None
+    budgets: tuple[Budget, ...] = ()
+
+
+@attrs.frozen(slots=True)
+class Security:
+    """Scopes a caller needs, secrets the tool uses, and what to redact.
+
+    ``redaction_rules`` are paths such as ``arguments/password`` or
+    ``output/headers/*`` (``*`` matches one segment of any name).
+    """
+
+    required_scopes: tuple[str, ...] = ()
+    secret_refs: tuple[str, ...] = ()
+    redaction_rules: tuple[str, ...] = ()
+    data_classification: str = attrs.field(
+        default="internal",
+        validator=attrs.validators.in_(("public", "internal", "confidential", "restricted")),
+    )
+
+
+@attrs.frozen(slots=True)
+class Deprecation:
+    """Deprecation notice: since which version, until when, and what replaces it."""
+
+    since: str | None = None
+    sunset: str | None = None
+    replacement: str | None = None
+    message: str | None = None
+
+
+@attrs.frozen(slots=True)
+class Example:
+    """A typical or edge-case input, with its expected output or error code."""
+
+    input: dict[str, Any]
+    output: Any = None
+    error_code: str | None = None
+    description: str = ""
+
+
+def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+        raise ValueError(
+            f"tool name {value!r} is not valid: use segments of letters, digits, "
+            "'_', '-', '.' separated by '::' (e.g. 'local::fs.write')"
+        )
+
+
+def _check_version(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or not SEMVER_PATTERN.match(value):
+        raise ValueError(f"version {value!r} is not a SemVer version (e.g. '1.2.3')")
+
+
+def _check_schema_type(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{attribute.name} must be a JSON Schema object, got {type(value).__name__}")
+
+
+@attrs.frozen(slots=True)
+class ToolSpec:
+    """A tool's contract: identity, I/O schemas, effect, policies and security."""
+
+    name: str = attrs.field(validator=_check_name)
+    description: str = ""
+    version: str = attrs.field(default="0.0.0", validator=_check_version)
+    title: str | None = None
+    owner: str | None = None
+    tags: tuple[str, ...] = ()
+    input_schema: dict[str, Any] = attrs.field(
+        factory=lambda: {"type": "object"}, validator=_check_schema_type
+    )
+    output_schema: dict[str, Any] | None = attrs.field(default=None, validator=_check_schema_type)
+    examples: tuple[Example, ...] = ()
+    effect: Effect = attrs.field(default=Effect.ExternalSideEffects, converter=Effect)
+    idempotency_key: IdempotencyKeyRequirement = attrs.field(
+        default=IdempotencyKeyRequirement.none, converter=IdempotencyKeyRequirement
+    )
+    policies: Policies = Policies()
+    security: Security = Security()
+    deprecation: Deprecation | None = None
+
+    @property
+    def origin(self) -> str:
+        """Where the tool comes from: the first ``::`` segment (``local``, ``mcp``),
+        or ``local`` for a name without a namespace."""
+        head, sep, _ = self.name.partition("::")
+        return head if sep else "local"
+
+
+#: Attributes of a seed-style tool object copied into its spec when present.
+_OPTIONAL_TOOL_ATTRIBUTES: Final = (
+    "version", "title", "owner", "tags", "output_schema", "examples", "effect",
+    "idempotency_key", "policies", "security", "deprecation",
+)
+
+
+def spec_from_tool(tool: Any, *, name: str | None = None) -> ToolSpec:
+    """Derive the contract of a mounted tool object.
+
+    A tool carrying a ``spec`` attribute that is a ``ToolSpec`` uses it as is
+    (``name`` overrides its name). Otherwise the spec is built from the
+    tool's attributes; missing ones take safe defaults (effect
+    ``ExternalSideEffects``, so nothing is retried automatically). Raises
+    ``ContractError`` naming the tool and the field when something is invalid.
+    """
+    own = getattr(tool, "spec", None)
+    if isinstance(own, ToolSpec):
+        return own if name is None or name == own.name else attrs.evolve(own, name=name)
+    tool_name = name or getattr(tool, "name", None)
+    label = tool_name if isinstance(tool_name, str) else repr(tool)
+    if not isinstance(tool_name, str):
+        raise ContractError(f"tool {label} has no string 'name'", code="invalid_tool")
+    if not callable(getattr(tool, "execute", None)):
+        raise ContractError(f"tool {label!r} has no callable 'execute'", code="invalid_tool")
+    schema = getattr(tool, "input_schema", None)
+    if schema is None and callable(getattr(tool, "get_schema", None)):
+        schema = tool.get_schema()
+    if schema is None or schema == {}:
+        schema = {"type": "object"}
+    fields: dict[str, Any] = {
+        "name": tool_name,
+        "description": getattr(tool, "description", "") or "",
+        "input_schema": schema,
+    }
+    for attribute in _OPTIONAL_TOOL_ATTRIBUTES:
+        value = getattr(tool, attribute, None)
+        if value is not None:
+            fields[attribute] = value
+    try:
+        from .converter import converter
+
+        return converter.structure(fields, ToolSpec)
+    except Exception as exc:  # cattrs groups validation errors; name the tool and field
+        from .converter import describe_structure_error
+
+        raise ContractError(
+            f"tool {label!r} has an invalid contract: {describe_structure_error(exc)}",
+            code="invalid_contract",
+        ) from exc
