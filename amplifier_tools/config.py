@@ -23,7 +23,7 @@ from typing import Any, Final
 import jsonschema
 
 from .errors import ConfigError
-from .schema import describe_errors
+from .schema import schema_problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -126,7 +126,7 @@ def validate_config(data: Any, *, file: str | None = None) -> dict[str, Any]:
         raise ConfigError(f"configuration must be a table/mapping, got {type(data).__name__}", file=file)
     data = dict(data)
     if not _VALIDATOR.is_valid(data):
-        pointer, message = describe_errors(_VALIDATOR, data, limit=3)
+        pointer, message = schema_problems(_VALIDATOR, data, limit=1)[0]
         raise ConfigError(message, key=_dotted(pointer), file=file)
     if isinstance(data.get("tools"), list):
         data["modules"] = list(data.get("modules", [])) + data.pop("tools")

@@ -53,7 +53,10 @@ def schema_for_annotation(annotation: Any, where: str) -> dict[str, Any]:
 
 
 def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool]:
-    hints = typing.get_type_hints(func)
+    try:
+        hints = typing.get_type_hints(func)
+    except NameError as exc:
+        raise TypeError(f"{func.__qualname__}: cannot resolve an annotation ({exc})") from exc
     properties: dict[str, Any] = {}
     required: list[str] = []
     takes_context = False

@@ -158,7 +158,7 @@ class ToolHost:
             return
         try:
             self._collect_plugins()
-            for plugin, info, required in self._pending:
+            for plugin, info, required in self._mount_order():
                 await self._mount_plugin(plugin, info, required)
             self._check_config_references()
         except BaseException:
@@ -258,6 +258,14 @@ class ToolHost:
             caller.name for caller in self.plugin_manager.get_hookcallers(plugin) or []
         ))
         self._pending.append((plugin, PluginInfo(name, source, dist, version, hooks), required))
+
+    def _mount_order(self) -> list[tuple[Any, PluginInfo, bool]]:
+        """Plugins in registration order (built-ins first), ``tryfirst``/``trylast``
+        on a ``mount`` implementation moving it to the front or back."""
+        rank: dict[int, int] = {}
+        for hookimpl in self.plugin_manager.hook.mount.get_hookimpls():
+            rank[id(hookimpl.plugin)] = 0 if hookimpl.tryfirst else 2 if hookimpl.trylast else 1
+        return sorted(self._pending, key=lambda entry: rank.get(id(entry[0]), 1))
 
     def _fail_plugin(self, name: str, source: str, reason: str, required: bool, exc: BaseException) -> None:
         if required:

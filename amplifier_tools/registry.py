@@ -122,12 +122,12 @@ class ToolRegistry:
                 f"tool {spec.name!r} has the model name {short!r}, already used by tool {owner!r}",
                 code="duplicate_tool",
             )
+        input_validator = compile_validator(spec.input_schema, owner=spec.name, which="input_schema")
         if spec.input_schema.get("type", "object") != "object":
             raise ContractError(
                 f"tool {spec.name!r}: input_schema must describe an object (type 'object')",
                 code="invalid_schema",
             )
-        input_validator = compile_validator(spec.input_schema, owner=spec.name, which="input_schema")
         output_validator = (
             compile_validator(spec.output_schema, owner=spec.name, which="output_schema")
             if spec.output_schema is not None

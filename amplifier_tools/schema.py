@@ -87,30 +87,48 @@ def _pointer(path: Iterable[Any]) -> str:
 
 def describe_errors(validator: Validator, instance: Any, *, limit: int = 5) -> tuple[str, str]:
     """The pointer of the first problem and a message naming up to ``limit`` problems."""
+    problems = schema_problems(validator, instance, limit=limit + 1)
+    shown = problems[:limit]
+    text = "; ".join(f"{ptr or '/'}: {msg}" for ptr, msg in shown)
+    if len(problems) > limit:
+        text += " (and more)"
+    return shown[0][0], text
+
+
+def schema_problems(validator: Validator, instance: Any, *, limit: int = 5) -> list[tuple[str, str]]:
+    """Up to ``limit`` ``(JSON pointer, message)`` pairs, the offending field first.
+
+    A missing required property or a disallowed extra property is reported at
+    the pointer of that property, not of its parent object.
+    """
     problems: list[tuple[str, str]] = []
     for error in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
         pointer = _pointer(error.absolute_path)
         if error.validator == "required" and isinstance(error.instance, dict):
             missing = [name for name in error.validator_value if name not in error.instance]
             for name in missing:
-                problems.append((f"{pointer}/{name}", "is a required property and is missing"))
+                problem = (f"{pointer}/{name}", "is a required property and is missing")
+                if problem not in problems:  # jsonschema reports each missing name with the full list
+                    problems.append(problem)
             continue
-        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-            known = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+        if (
+            error.validator == "additionalProperties"
+            and isinstance(error.instance, dict)
+            and isinstance(error.schema, dict)
+            and "patternProperties" not in error.schema
+        ):
+            known = error.schema.get("properties", {})
             for name in error.instance:
-                if name not in known:
-                    problems.append((f"{pointer}/{name}", "is not an allowed property"))
+                problem = (f"{pointer}/{name}", "is not an allowed property")
+                if name not in known and problem not in problems:
+                    problems.append(problem)
             continue
-        problems.append((pointer or "/", error.message))
+        problems.append((pointer, error.message))
         if len(problems) >= limit:
             break
     if not problems:  # is_valid said no; be explicit rather than silent
-        return "/", "/: does not match the schema"
-    shown = problems[:limit]
-    text = "; ".join(f"{ptr}: {msg}" for ptr, msg in shown)
-    if len(problems) > limit:
-        text += f" (and {len(problems) - limit} more)"
-    return shown[0][0], text
+        problems.append(("", "does not match the schema"))
+    return problems[:limit]
 
 
 def check_json_data(value: Any, pointer: str = "") -> None:

@@ -16,7 +16,6 @@ random instances with hypothesis.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from typing import Any, Final
@@ -37,12 +36,12 @@ _SUPPORTED: Final = _ANNOTATIONS | frozenset(
 
 def _is_number(value: Any) -> bool:
     kind = type(value)
-    return (kind is int or kind is float) and not (kind is float and not math.isfinite(value))
+    return kind is int or kind is float  # NaN and infinities included, as in jsonschema
 
 
 _TYPE_CHECKS: Final[dict[str, Check]] = {
     "string": lambda v: type(v) is str,
-    "integer": lambda v: type(v) is int or (type(v) is float and math.isfinite(v) and v.is_integer()),
+    "integer": lambda v: type(v) is int or (type(v) is float and v.is_integer()),
     "number": _is_number,
     "boolean": lambda v: type(v) is bool,
     "null": lambda v: v is None,
@@ -143,14 +142,14 @@ def _numeric(value: Any) -> bool:
 
 
 def _bound_check(op: str, bound: float) -> Check:
-    # Comparisons are written so that NaN fails them, as it does in jsonschema.
+    # Written exactly as jsonschema's keywords compare, so NaN behaves the same.
     if op == "ge":
-        return lambda v: not _numeric(v) or v >= bound
+        return lambda v: not _numeric(v) or not v < bound
     if op == "le":
-        return lambda v: not _numeric(v) or v <= bound
+        return lambda v: not _numeric(v) or not v > bound
     if op == "gt":
-        return lambda v: not _numeric(v) or v > bound
-    return lambda v: not _numeric(v) or v < bound
+        return lambda v: not _numeric(v) or not v <= bound
+    return lambda v: not _numeric(v) or not v >= bound
 
 
 def _compile_object(schema: dict[str, Any]) -> Check | None | bool:

@@ -165,6 +165,24 @@ class Example:
     description: str = ""
 
 
+def _structured(cls: type[Any]) -> Any:
+    """An attrs converter accepting an instance of ``cls`` or its plain-data form."""
+
+    def convert(value: Any) -> Any:
+        if value is None or isinstance(value, cls):
+            return value
+        from .converter import converter  # late: the converter module imports this one
+
+        return converter.structure(value, cls)
+
+    return convert
+
+
+def _tuple_of(cls: type[Any]) -> Any:
+    item = _structured(cls)
+    return lambda values: tuple(item(v) for v in values)
+
+
 def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not NAME_PATTERN.match(value):
         raise ValueError(
@@ -192,19 +210,19 @@ class ToolSpec:
     version: str = attrs.field(default="0.0.0", validator=_check_version)
     title: str | None = None
     owner: str | None = None
-    tags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     input_schema: dict[str, Any] = attrs.field(
         factory=lambda: {"type": "object"}, validator=_check_schema_type
     )
     output_schema: dict[str, Any] | None = attrs.field(default=None, validator=_check_schema_type)
-    examples: tuple[Example, ...] = ()
+    examples: tuple[Example, ...] = attrs.field(default=(), converter=_tuple_of(Example))
     effect: Effect = attrs.field(default=Effect.ExternalSideEffects, converter=Effect)
     idempotency_key: IdempotencyKeyRequirement = attrs.field(
         default=IdempotencyKeyRequirement.none, converter=IdempotencyKeyRequirement
     )
-    policies: Policies = Policies()
-    security: Security = Security()
-    deprecation: Deprecation | None = None
+    policies: Policies = attrs.field(default=Policies(), converter=_structured(Policies))
+    security: Security = attrs.field(default=Security(), converter=_structured(Security))
+    deprecation: Deprecation | None = attrs.field(default=None, converter=_structured(Deprecation))
 
     @property
     def origin(self) -> str:

@@ -1,0 +1,103 @@
+"""Host configuration: validation, overrides, files and environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import EchoTool, ToolsPlugin
+
+from amplifier_tools import ConfigError, ToolHost
+from amplifier_tools.config import load_config_file
+
+
+@pytest.mark.parametrize(
+    ("config", "fragment"),
+    [
+        ({"plugns": {}}, "plugns: is not an allowed property"),
+        ({"default_timeout_ms": -5}, "default_timeout_ms: -5 is less than or equal"),
+        ({"plugins": {"x": {"on_error": "explode"}}}, "plugins.x.on_error"),
+        ({"context": {"scopes": "admin"}}, "context.scopes"),
+        ([1, 2], "must be a table/mapping"),
+    ],
+)
+def test_invalid_config_names_the_key(config: Any, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ToolHost(config=config)
+    assert fragment in str(info.value)
+
+
+async def test_tool_overrides_change_policies(host_factory: Any, echo: EchoTool) -> None:
+    host = await host_factory(ToolsPlugin(echo), config={"tools": {"echo": {"policies": {"timeout_ms": 1234}}}})
+    assert host.specs[0].policies.timeout_ms == 1234
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ({"policies": {"timeout_ms": -1}}, "tools.echo"),
+        ({"polices": {}}, "tools.echo.polices: unknown key 'polices'"),
+        ({"policies": {"retry": {"max_attempts": 0}}}, "max_attempts must be positive"),
+    ],
+)
+async def test_invalid_tool_override_fails_start_naming_the_key(
+    host_factory: Any, echo: EchoTool, override: dict[str, Any], fragment: str
+) -> None:
+    from amplifier_tools import PluginLoadError
+
+    with pytest.raises((ConfigError, PluginLoadError)) as info:
+        await host_factory(ToolsPlugin(echo), config={"tools": {"echo": override}})
+    assert fragment in str(info.value)
+
+
+async def test_override_for_unmounted_tool_is_an_error(host_factory: Any, echo: EchoTool) -> None:
+    with pytest.raises(ConfigError, match=r"tools\.ehco: names no mounted tool"):
+        await host_factory(ToolsPlugin(echo), config={"tools": {"ehco": {"policies": {"timeout_ms": 5}}}})
+
+
+async def test_section_for_unknown_plugin_is_an_error(host_factory: Any) -> None:
+    with pytest.raises(ConfigError, match=r"plugins\.nosuch: names no installed plugin"):
+        await host_factory(config={"plugins": {"nosuch": {}}})
+
+
+def test_toml_file_with_env_substitution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_ROLE", "reviewer")
+    path = tmp_path / "amplifier-tools.toml"
+    path.write_text('[context]\nprincipal = "bot"\nrole = "${AGENT_ROLE}"\n')
+    assert load_config_file(path) == {"context": {"principal": "bot", "role": "reviewer"}}
+    path.write_text('[context]\nrole = "${NOT_SET_ANYWHERE}"\n')
+    with pytest.raises(ConfigError, match=r"amplifier-tools.toml: context.role: environment variable"):
+        load_config_file(path)
+
+
+def test_pyproject_section_and_bad_toml(tmp_path: Path) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"\n[tool.amplifier-tools]\ndefault_timeout_ms = 500\n')
+    assert load_config_file(pyproject) == {"default_timeout_ms": 500}
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    with pytest.raises(ConfigError, match="bad.toml: not valid TOML"):
+        load_config_file(bad)
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text("hook_timeout_ms = 'soon'\n")
+    with pytest.raises(ConfigError, match=r"wrong.toml: hook_timeout_ms: .*'soon' is not of type 'number'"):
+        load_config_file(wrong)
+
+
+def test_mount_plan_yaml_is_accepted(tmp_path: Path) -> None:
+    pytest.importorskip("yaml")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("tools:\n  - module: my_tool\n    config:\n      max_size: 10\nhooks:\n  - module: my_hook\n")
+    assert load_config_file(plan) == {
+        "modules": [{"module": "my_tool", "config": {"max_size": 10}}, {"module": "my_hook"}]
+    }
+
+
+async def test_default_context_comes_from_config(host_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_TOKEN_VAR", "tok-123456")
+    host = await host_factory(config={"context": {"principal": "ci-bot", "scopes": ["fs:read"]},
+                                      "secrets": {"TOKEN": "MY_TOKEN_VAR"}})
+    ctx = host.default_context
+    assert ctx.principal == "ci-bot" and ctx.scopes == frozenset({"fs:read"})
+    assert ctx.secret("TOKEN") == "tok-123456"

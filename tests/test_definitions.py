@@ -1,0 +1,117 @@
+"""Tool definitions for model APIs and the reversible short names."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from helpers import EchoTool, ToolsPlugin
+
+from amplifier_tools import ContractError, PluginLoadError, ToolResult, ToolSpec
+from amplifier_tools.definitions import model_name
+
+OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+class Namespaced:
+    def __init__(self, name: str, **fields: Any) -> None:
+        self.spec = ToolSpec(name=name, description=f"tool {name}", **fields)
+        self.name = name
+        self.description = self.spec.description
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output=self.name)
+
+
+@pytest.mark.parametrize(
+    ("canonical", "short"),
+    [
+        ("local::fs.write", "fs_write"),
+        ("mcp::github::issues.create", "mcp__github__issues_create"),
+        ("read_file", "read_file"),
+        ("local::a-b", "a-b"),
+    ],
+)
+def test_model_name_is_api_safe(canonical: str, short: str) -> None:
+    assert model_name(canonical) == short
+    assert OPENAI_NAME.match(short)
+
+
+def test_long_names_stay_distinct_and_within_64_chars() -> None:
+    a = model_name("mcp::server::" + "x" * 80 + ".one")
+    b = model_name("mcp::server::" + "x" * 80 + ".two")
+    assert a != b and len(a) <= 64 and len(b) <= 64 and OPENAI_NAME.match(a)
+
+
+async def test_definitions_are_valid_for_each_api_and_calls_accept_both_names(host_factory: Any) -> None:
+    tools = [
+        Namespaced("local::fs.write", effect="IdempotentWrite", output_schema={"type": "string"}),
+        Namespaced("mcp::github::issues.create", effect="NonIdempotentWrite"),
+    ]
+    host = await host_factory(ToolsPlugin(*tools))
+    openai = host.tool_definitions("openai")
+    assert [d["function"]["name"] for d in openai] == ["fs_write", "mcp__github__issues_create"]
+    assert all(OPENAI_NAME.match(d["function"]["name"]) for d in openai)
+    assert openai[0]["function"]["parameters"] == {"type": "object"}
+    anthropic = host.tool_definitions("anthropic")
+    assert anthropic[1] == {
+        "name": "mcp__github__issues_create",
+        "description": "tool mcp::github::issues.create",
+        "input_schema": {"type": "object"},
+    }
+    mcp = host.tool_definitions("mcp")
+    assert mcp[0]["outputSchema"] == {"type": "string"}
+    assert mcp[0]["annotations"]["idempotentHint"] is True and mcp[0]["annotations"]["readOnlyHint"] is False
+    assert mcp[1]["annotations"]["destructiveHint"] is True
+    assert mcp[1]["_meta"]["amplifier_tools/name"] == "mcp::github::issues.create"
+    by_short = await host.call("fs_write", {})
+    by_canonical = await host.call("local::fs.write", {})
+    assert by_short.output == by_canonical.output == "local::fs.write"
+    with pytest.raises(ValueError, match="unknown tool definition format 'gemini'"):
+        host.tool_definitions("gemini")
+
+
+async def test_hooks_see_the_canonical_name_when_called_by_short_name(host_factory: Any) -> None:
+    from helpers import Recorder
+
+    recorder = Recorder()
+    host = await host_factory(ToolsPlugin(Namespaced("local::fs.write")), recorder)
+    await host.call("fs_write", {})
+    assert recorder.events[0][1] == "local::fs.write"
+
+
+async def test_short_name_collision_fails_mount_naming_both_tools(host_factory: Any) -> None:
+    with pytest.raises(PluginLoadError, match="'local::fs.write'.*'fs_write'"):
+        await host_factory(ToolsPlugin(Namespaced("fs_write"), Namespaced("local::fs.write")))
+
+
+async def test_duplicate_tool_names_fail_mount(host_factory: Any) -> None:
+    with pytest.raises(PluginLoadError, match="already mounted"):
+        await host_factory(ToolsPlugin(EchoTool(), EchoTool()))
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"name": "bad name"}, "tool name 'bad name' is not valid"),
+        ({"name": "t", "version": "1.0"}, "not a SemVer version"),
+        ({"name": "t", "input_schema": {"type": "objekt"}}, "input_schema is not a valid JSON Schema at /type"),
+        ({"name": "t", "input_schema": {"type": "string"}}, "input_schema must describe an object"),
+        ({"name": "t", "effect": "Sometimes"}, "'Sometimes' is not a valid Effect"),
+    ],
+)
+async def test_invalid_contracts_are_refused_at_mount(host_factory: Any, fields: dict[str, Any], fragment: str) -> None:
+    class Tool:
+        description = "d"
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            return ToolResult()
+
+    tool = Tool()
+    for key, value in fields.items():
+        setattr(tool, key, value)
+    with pytest.raises(PluginLoadError) as info:
+        await host_factory(ToolsPlugin(tool))
+    assert fragment in str(info.value)
+    assert isinstance(info.value.__cause__, ContractError)

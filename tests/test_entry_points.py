@@ -1,0 +1,207 @@
+"""Third-party plugins and seed-style modules installed as real distributions."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import Recorder
+
+from amplifier_tools import PluginLoadError, ToolHost
+
+PLUGIN_SOURCE = '''
+"""A third-party policy plugin: denies paths under /etc."""
+from amplifier_tools import Deny, hookimpl
+
+calls = []
+
+@hookimpl
+def tool_pre(call, spec):
+    calls.append(call.name)
+    path = call.arguments.get("path", "")
+    if isinstance(path, str) and path.startswith("/etc"):
+        return Deny("no /etc please", code="etc_denied")
+'''
+
+# Written exactly as the seed contract describes a tool module.
+SEED_SOURCE = '''
+from pathlib import Path
+
+class ReadFileTool:
+    name = "seed_read"
+    description = "Read the contents of a file"
+    input_schema = {
+        "type": "object",
+        "properties": {"path": {"type": "string", "description": "File path"}},
+        "required": ["path"],
+    }
+
+    def __init__(self, config):
+        self.prefix = config.get("prefix", "")
+
+    async def execute(self, input):
+        try:
+            return {"success": True, "output": self.prefix + Path(input["path"]).read_text()}
+        except Exception as e:
+            return {"success": False, "error": {"message": str(e), "type": type(e).__name__}}
+
+closed = []
+
+async def mount(coordinator, config=None):
+    config = config or {}
+    tool = ReadFileTool(config)
+    await coordinator.mount("tools", tool, name=tool.name)
+    return lambda: closed.append(True)
+'''
+
+BROKEN_SOURCE = "raise ImportError('missing optional dependency frobnicate')\n"
+
+PYPROJECT = '''
+[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "amplifier-tools-testplugins"
+version = "1.2.3"
+
+[project.entry-points.amplifier_tools]
+etc-guard = "etc_guard_plugin"
+broken-plugin = "broken_plugin"
+
+[project.entry-points."amplifier.modules"]
+seed-read = "seed_read_module:mount"
+
+[tool.setuptools]
+py-modules = ["etc_guard_plugin", "seed_read_module", "broken_plugin"]
+'''
+
+
+@pytest.fixture(scope="session")
+def installed_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build and install the test distribution into a private site directory."""
+    src = tmp_path_factory.mktemp("src")
+    (src / "pyproject.toml").write_text(textwrap.dedent(PYPROJECT))
+    (src / "etc_guard_plugin.py").write_text(PLUGIN_SOURCE)
+    (src / "seed_read_module.py").write_text(SEED_SOURCE)
+    (src / "broken_plugin.py").write_text(BROKEN_SOURCE)
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(site), str(src)],
+        check=True,
+    )
+    return site
+
+
+@pytest.fixture
+def with_site(installed_site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    monkeypatch.syspath_prepend(str(installed_site))
+    importlib.invalidate_caches()
+    for env in ("AMPLIFIER_TOOLS_DISABLE_PLUGINS", "AMPLIFIER_TOOLS_LOAD_PLUGINS"):
+        monkeypatch.delenv(env, raising=False)
+    yield installed_site
+    for module in ("etc_guard_plugin", "seed_read_module", "broken_plugin"):
+        sys.modules.pop(module, None)
+
+
+async def start(tmp_path: Path, *plugins: Any, **kwargs: Any) -> ToolHost:
+    host = ToolHost(plugins=plugins, builtins=False, working_dir=tmp_path, **kwargs)
+    await host.start()
+    return host
+
+
+async def test_installed_plugin_is_discovered_and_its_hooks_run(with_site: Path, tmp_path: Path) -> None:
+    host = await start(tmp_path)
+    try:
+        names = {info.name: info for info in host.plugins}
+        assert names["etc-guard"].distribution == "amplifier-tools-testplugins"
+        assert names["etc-guard"].version == "1.2.3"
+        assert names["etc-guard"].hooks == ("tool_pre",)
+        denied = await host.call("seed_read", {"path": "/etc/passwd"})
+        assert denied.error["code"] == "etc_denied" and denied.error["plugin"] == "etc-guard"
+        assert sys.modules["etc_guard_plugin"].calls == ["seed_read"]
+    finally:
+        await host.close()
+
+
+async def test_broken_plugin_is_reported_and_host_stays_usable(with_site: Path, tmp_path: Path) -> None:
+    host = await start(tmp_path)
+    try:
+        failed = {f.name: f.reason for f in host.failed_plugins}
+        assert "broken-plugin" in failed
+        assert "missing optional dependency frobnicate" in failed["broken-plugin"]
+        (tmp_path / "a.txt").write_text("hello")
+        assert (await host.call("seed_read", {"path": str(tmp_path / "a.txt")})).output == "hello"
+    finally:
+        await host.close()
+
+
+async def test_broken_plugin_fails_start_when_explicitly_wanted(with_site: Path, tmp_path: Path) -> None:
+    with pytest.raises(PluginLoadError, match="broken-plugin.*frobnicate"):
+        await start(tmp_path, config={"load_plugins": ["broken-plugin"]})
+
+
+async def test_disable_env_var_removes_the_plugin(
+    with_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMPLIFIER_TOOLS_DISABLE_PLUGINS", "etc-guard, broken-plugin")
+    host = await start(tmp_path)
+    try:
+        assert "etc-guard" not in {info.name for info in host.plugins}
+        assert not host.failed_plugins
+        result = await host.call("seed_read", {"path": "/etc/hostname"})
+        assert result.error is None or result.error.get("code") != "etc_denied"
+    finally:
+        await host.close()
+
+
+async def test_load_env_var_is_an_allowlist(
+    with_site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AMPLIFIER_TOOLS_LOAD_PLUGINS", "seed-read")
+    host = await start(tmp_path)
+    try:
+        assert [info.name for info in host.plugins] == ["seed-read"]
+    finally:
+        await host.close()
+
+
+async def test_seed_module_runs_unchanged_through_every_hook(with_site: Path, tmp_path: Path) -> None:
+    recorder = Recorder()
+    (tmp_path / "note.txt").write_text("seed content")
+    host = await start(tmp_path, recorder, config={"modules": []})
+    try:
+        info = {i.name: i for i in host.plugins}["seed-read"]
+        assert info.source == "module"
+        ok = await host.call("seed_read", {"path": str(tmp_path / "note.txt")})
+        missing = await host.call("seed_read", {"path": str(tmp_path / "nope.txt")})
+        invalid = await host.call("seed_read", {})
+    finally:
+        await host.close()
+    assert ok.success and ok.output == "seed content"
+    assert missing.error["type"] == "ExecutionError" and missing.error["code"] == "file_not_found_error"
+    assert invalid.error["type"] == "ContractError" and "/path" in invalid.error["message"]
+    assert recorder.hooks() == [
+        "tool_pre", "tool_post", "tool_complete",
+        "tool_pre", "tool_error", "tool_complete",
+        "tool_error", "tool_complete",
+    ]
+    assert sys.modules["seed_read_module"].closed == [True]
+
+
+async def test_seed_module_named_in_config_gets_its_config(tmp_path: Path, installed_site: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(installed_site))
+    (tmp_path / "n.txt").write_text("body")
+    host = ToolHost(config={"tools": [{"module": "seed_read_module", "config": {"prefix": ">> "}}]},
+                    builtins=False, entry_points=False, working_dir=tmp_path)
+    async with host:
+        result = await host.call("seed_read", {"path": str(tmp_path / "n.txt")})
+    assert result.output == ">> body"

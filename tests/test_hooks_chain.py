@@ -1,0 +1,369 @@
+"""Hook chaining, vetoes, rewrites, attribution and fail-closed behaviour (hookspec semantics)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from amplifier_tools import Deny, Modify, PolicyError, ToolResult, hookimpl
+
+from helpers import EchoTool, Recorder, ToolsPlugin
+
+
+class Rewriter:
+    name = "rewriter"
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> Modify:
+        return Modify({"path": "/rewritten/" + call.arguments["path"]}, reason="prefix paths")
+
+
+class SeesAndDenies:
+    """Registered before Rewriter, so pluggy calls it after Rewriter (LIFO)."""
+
+    name = "guard"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> Deny | None:
+        self.seen.append(call.arguments["path"])
+        if "secret" in call.arguments["path"]:
+            return Deny("paths with 'secret' are not allowed", code="secret_path")
+        return None
+
+
+async def test_hook_tool_pre_later_plugin_sees_rewritten_arguments(host_factory: Any, echo: EchoTool) -> None:
+    guard = SeesAndDenies()
+    host = await host_factory(ToolsPlugin(echo), guard, Rewriter())
+    result = await host.call("echo", {"path": "a.txt"})
+    assert result.success
+    assert guard.seen == ["/rewritten/a.txt"]
+    assert echo.calls == [{"path": "/rewritten/a.txt"}]
+    trail = result.metadata["trail"]
+    assert trail[0]["plugin"] == "rewriter" and trail[0]["action"] == "modify"
+    assert trail[0]["details"]["changed"] == ["path"]
+
+
+async def test_deny_stops_call_and_tool_error_sees_policy_error_naming_plugin(
+    host_factory: Any, echo: EchoTool
+) -> None:
+    recorder = Recorder()
+    host = await host_factory(ToolsPlugin(echo), recorder, SeesAndDenies(), Rewriter())
+    result = await host.call("echo", {"path": "secret.txt"})
+    assert not result.success
+    assert echo.calls == []
+    assert result.error["type"] == "PolicyError"
+    assert result.error["code"] == "secret_path"
+    assert result.error["plugin"] == "guard"
+    assert "guard" in result.error["message"]
+    errors = [e for e in recorder.events if e[0] == "tool_error"]
+    assert len(errors) == 1
+    assert isinstance(errors[0][2], PolicyError) and errors[0][2].plugin == "guard"
+    assert [d["action"] for d in result.metadata["trail"]] == ["modify", "deny"]
+
+
+async def test_async_tool_pre_chains_like_a_sync_one(host_factory: Any, echo: EchoTool) -> None:
+    class AsyncRewriter:
+        name = "async-rewriter"
+
+        @hookimpl
+        async def tool_pre(self, call: Any) -> Modify:
+            await asyncio.sleep(0)
+            return Modify({"path": call.arguments["path"].upper()})
+
+    guard = SeesAndDenies()
+    host = await host_factory(ToolsPlugin(echo), guard, AsyncRewriter())
+    result = await host.call("echo", {"path": "abc"})
+    assert result.output == "ABC"
+    assert guard.seen == ["ABC"]
+
+
+async def test_invalid_rewrite_is_contract_error_naming_the_plugin(host_factory: Any, echo: EchoTool) -> None:
+    class BadRewriter:
+        name = "bad-rewriter"
+
+        @hookimpl
+        def tool_pre(self, call: Any) -> Modify:
+            return Modify({"path": 42})
+
+    recorder = Recorder()
+    host = await host_factory(ToolsPlugin(echo), recorder, BadRewriter())
+    result = await host.call("echo", {"path": "a"})
+    assert result.error["type"] == "ContractError"
+    assert result.error["plugin"] == "bad-rewriter"
+    assert result.error["pointer"] == "/path"
+    assert "bad-rewriter" in result.error["message"]
+    assert echo.calls == []
+    assert recorder.hooks().count("tool_error") == 1
+
+
+class RaisesIn:
+    def __init__(self, hook: str, *, name: str = "broken") -> None:
+        self.name = name
+        self.hook = hook
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> None:
+        if self.hook == "tool_pre":
+            raise RuntimeError("pre exploded")
+
+    @hookimpl
+    def tool_post(self, result: ToolResult) -> None:
+        if self.hook == "tool_post":
+            raise RuntimeError("post exploded")
+
+
+async def test_raising_tool_pre_fails_closed_and_names_plugin(host_factory: Any, echo: EchoTool) -> None:
+    host = await host_factory(ToolsPlugin(echo), RaisesIn("tool_pre"))
+    result = await host.call("echo", {"path": "a"})
+    assert not result.success
+    assert result.error["type"] == "SystemError"
+    assert result.error["code"] == "hook_failed"
+    assert result.error["plugin"] == "broken"
+    assert "tool_pre" in result.error["message"] and "pre exploded" in result.error["message"]
+    assert echo.calls == []
+
+
+async def test_raising_tool_post_withholds_output(host_factory: Any, echo: EchoTool) -> None:
+    recorder = Recorder()
+    host = await host_factory(ToolsPlugin(echo), recorder, RaisesIn("tool_post"))
+    result = await host.call("echo", {"path": "sensitive"})
+    assert not result.success
+    assert result.output is None
+    assert result.error["type"] == "SystemError" and result.error["plugin"] == "broken"
+    assert "sensitive" not in repr(result.error)
+    # The observer after the failing plugin sees the failed result, once, in tool_post.
+    posts = [e for e in recorder.events if e[0] == "tool_post"]
+    assert posts == [("tool_post", "echo", None)]
+    assert "tool_error" not in recorder.hooks()
+
+
+async def test_fail_open_plugin_failure_is_ignored_and_logged(
+    host_factory: Any, echo: EchoTool, caplog: Any
+) -> None:
+    config = {"plugins": {"broken": {"on_error": "ignore"}}}
+    host = await host_factory(ToolsPlugin(echo), RaisesIn("tool_post"), config=config)
+    with caplog.at_level(logging.WARNING, logger="amplifier_tools"):
+        result = await host.call("echo", {"path": "a"})
+    assert result.success and result.output == "a"
+    assert any("broken" in rec.getMessage() and "ignored" in rec.getMessage() for rec in caplog.records)
+    assert result.metadata["trail"][0]["action"] == "ignored_failure"
+
+
+async def test_async_hook_overrunning_its_timeout_fails_closed(host_factory: Any, echo: EchoTool) -> None:
+    class Slow:
+        name = "slow"
+
+        @hookimpl
+        async def tool_pre(self) -> None:
+            await asyncio.sleep(5)
+
+    config = {"plugins": {"slow": {"hook_timeout_ms": 50}}}
+    host = await host_factory(ToolsPlugin(echo), Slow(), config=config)
+    result = await host.call("echo", {"path": "a"})
+    assert result.error["code"] == "hook_timeout"
+    assert result.error["plugin"] == "slow"
+    assert echo.calls == []
+
+
+async def test_hook_tool_post_replacement_is_validated_against_output_schema(host_factory: Any) -> None:
+    class Typed(EchoTool):
+        output_schema = {"type": "string"}
+
+    class Replacer:
+        name = "replacer"
+
+        @hookimpl
+        def tool_post(self, result: ToolResult) -> ToolResult:
+            return ToolResult(output={"not": "a string"})
+
+    host = await host_factory(ToolsPlugin(Typed()), Replacer())
+    result = await host.call("echo", {"path": "a"})
+    assert result.error["type"] == "ContractError"
+    assert result.error["code"] == "invalid_output"
+    assert result.error["plugin"] == "replacer"
+    assert result.output is None
+
+
+async def test_hook_tool_post_chain_sees_previous_replacement(host_factory: Any, echo: EchoTool) -> None:
+    class Upper:
+        name = "upper"
+
+        @hookimpl(tryfirst=True)
+        def tool_post(self, result: ToolResult) -> ToolResult:
+            return ToolResult(output=result.output.upper())
+
+    class Suffix:
+        name = "suffix"
+
+        @hookimpl
+        def tool_post(self, result: ToolResult) -> ToolResult:
+            return ToolResult(output=result.output + "!")
+
+    # Suffix is registered last, so pluggy would call it first; Upper's tryfirst wins.
+    host = await host_factory(ToolsPlugin(echo), Upper(), Suffix())
+    result = await host.call("echo", {"path": "a"})
+    assert result.output == "A!"
+    assert [d["plugin"] for d in result.metadata["trail"]] == ["upper", "suffix"]
+
+
+async def test_hook_tool_error_recovery_replaces_failure(host_factory: Any) -> None:
+    class Failing(EchoTool):
+        async def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+            return {"success": False, "error": "backend down"}
+
+    class Fallback:
+        name = "fallback"
+
+        @hookimpl
+        def tool_error(self, error: Any) -> ToolResult:
+            return ToolResult(output=f"cached ({error.code})")
+
+    recorder = Recorder()
+    host = await host_factory(ToolsPlugin(Failing()), recorder, Fallback())
+    result = await host.call("echo", {"path": "a"})
+    assert result.success and result.output == "cached (execution_failed)"
+    assert result.metadata["trail"][-1] == {
+        "plugin": "fallback", "hook": "tool_error", "action": "recover", "reason": None, "code": None,
+        "details": {},
+    }
+    # The recorder still observed the failure once, and saw the final (recovered) result once.
+    assert recorder.hooks() == ["tool_pre", "tool_error", "tool_complete"]
+    assert recorder.events[-1][2].output == "cached (execution_failed)"
+
+
+async def test_hook_tool_error_failure_keeps_original_error(host_factory: Any) -> None:
+    class Broken:
+        name = "broken-observer"
+
+        @hookimpl
+        def tool_error(self) -> None:
+            raise ValueError("observer bug")
+
+    host = await host_factory(ToolsPlugin(EchoTool()), Broken())
+    result = await host.call("echo", {"path": 1})
+    assert result.error["type"] == "ContractError"
+    assert result.metadata["trail"][0]["action"] == "failed"
+
+
+async def test_hook_tool_complete_sees_every_outcome_exactly_once(host_factory: Any, echo: EchoTool) -> None:
+    class Hangs(EchoTool):
+        name = "hangs"
+        timeout_ms = None
+
+        async def execute(self, input: dict[str, Any]) -> Any:
+            await asyncio.sleep(10)
+
+    recorder = Recorder()
+    host = await host_factory(
+        ToolsPlugin(echo, Hangs()), recorder, SeesAndDenies(),
+        config={"tools": {"hangs": {"policies": {"timeout_ms": 30}}}},
+    )
+    outcomes = [
+        await host.call("echo", {"path": "ok"}),
+        await host.call("echo", {"path": "secret"}),
+        await host.call("echo", {"nope": 1}),
+        await host.call("missing", {}),
+        await host.call("hangs", {"path": "x"}),
+    ]
+    completes = [e for e in recorder.events if e[0] == "tool_complete"]
+    assert len(completes) == len(outcomes)
+    assert [c[2].success for c in completes] == [True, False, False, False, False]
+    assert [o.error["code"] for o in outcomes[1:]] == ["secret_path", "invalid_input", "unknown_tool", "timeout"]
+    # exactly one of tool_post / tool_error per call
+    assert recorder.hooks().count("tool_post") + recorder.hooks().count("tool_error") == len(outcomes)
+
+
+async def test_hook_tool_complete_failure_withholds_output(host_factory: Any, echo: EchoTool) -> None:
+    class AuditDown:
+        name = "audit-down"
+
+        @hookimpl
+        def tool_complete(self) -> None:
+            raise OSError("disk full")
+
+    host = await host_factory(ToolsPlugin(echo), AuditDown())
+    result = await host.call("echo", {"path": "private"})
+    assert not result.success and result.output is None
+    assert result.error["plugin"] == "audit-down"
+    assert "disk full" in result.error["message"]
+
+
+async def test_hook_tool_event_receives_emitted_and_seed_events(host_factory: Any, echo: EchoTool) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    class Events:
+        name = "events"
+
+        @hookimpl
+        async def mount(self, coordinator: Any) -> None:
+            await coordinator.hooks.emit("custom:ready", {"ok": True})
+
+        @hookimpl
+        def tool_event(self, event: str, data: dict[str, Any]) -> None:
+            seen.append((event, data))
+
+    host = await host_factory(ToolsPlugin(echo), Events())
+    await host.call("echo", {"path": "p"})
+    await host.call("echo", {"bad": 1})
+    names = [event for event, _ in seen]
+    assert names == ["custom:ready", "tool:pre", "tool:post", "tool:error"]
+    assert seen[1][1] == {"tool_name": "echo", "input": {"path": "p"}}
+    assert seen[2][1]["result"]["output"] == "p"
+
+
+async def test_hook_wrappers_are_rejected_naming_the_plugin(host_factory: Any) -> None:
+    import pytest
+
+    from amplifier_tools import PluginLoadError
+
+    class Wrapper:
+        name = "wrapper-plugin"
+
+        @hookimpl(wrapper=True)
+        def tool_pre(self) -> Any:
+            return (yield)
+
+    with pytest.raises(PluginLoadError, match="wrapper-plugin.*hook wrapper"):
+        await host_factory(Wrapper())
+
+
+async def test_hook_mount_receives_own_section_and_cleanups_run_in_reverse(host_factory: Any) -> None:
+    order: list[str] = []
+    received: dict[str, Any] = {}
+
+    def make(name: str) -> Any:
+        class P:
+            @hookimpl
+            def mount(self, config: dict[str, Any]) -> Any:
+                received[name] = config
+                return lambda: order.append(name)
+
+        p = P()
+        p.name = name  # type: ignore[attr-defined]
+        return p
+
+    config = {"plugins": {"first": {"limit": 3, "on_error": "ignore"}, "second": {}}}
+    host = await host_factory(make("first"), make("second"), config=config)
+    assert received == {"first": {"limit": 3}, "second": {}}
+    await host.close()
+    assert order == ["second", "first"]
+
+
+async def test_raising_mount_of_required_plugin_fails_start_naming_it(host_factory: Any) -> None:
+    import pytest
+
+    from amplifier_tools import PluginLoadError
+
+    class BadMount:
+        name = "bad-mount"
+
+        @hookimpl
+        def mount(self) -> None:
+            raise RuntimeError("no database")
+
+    with pytest.raises(PluginLoadError, match="bad-mount.*no database"):
+        await host_factory(BadMount())

@@ -1,0 +1,140 @@
+"""The data models: result helpers, the error taxonomy, JSON round trips, function tools."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from typing import Any, Literal
+
+import pytest
+from helpers import ToolsPlugin
+from hypothesis import given
+from hypothesis import strategies as st
+
+import amplifier_tools
+from amplifier_tools import (
+    Decision,
+    Effect,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    ToolSpec,
+    ToolSystemError,
+    converter,
+    tool,
+)
+from amplifier_tools.errors import CATEGORIES
+
+
+def test_is_error_and_serialized_output() -> None:
+    assert ToolResult(output="x").is_error is False
+    failed = ToolResult(success=False, error={"message": "boom"})
+    assert failed.is_error and failed.get_serialized_output() == "Error: boom"
+    assert ToolResult(output={"a": 1}).get_serialized_output() == '{"a": 1}'
+    assert ToolResult().get_serialized_output() == ""
+
+
+def test_serialized_output_says_how_much_was_cut() -> None:
+    text = ToolResult(output="x" * 1000).get_serialized_output(max_chars=100)
+    assert text.startswith("x" * 100)
+    assert text.endswith("[Truncated: 900 of 1000 characters omitted]")
+    assert ToolResult(output="x" * 1000).get_serialized_output(max_chars=None) == "x" * 1000
+
+
+def test_fifth_category_does_not_shadow_builtin_system_error() -> None:
+    assert builtins.SystemError is SystemError
+    assert not hasattr(amplifier_tools, "SystemError")
+    assert ToolSystemError("x").category == "SystemError"
+    assert CATEGORIES == {"ContractError", "PolicyError", "AuthError", "ExecutionError", "SystemError"}
+
+
+json_data = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(
+    st.builds(ToolCall, st.text(min_size=1, max_size=10), st.text(min_size=1, max_size=10),
+              st.dictionaries(st.text(max_size=5), json_data, max_size=3)),
+    st.builds(ToolResult, st.booleans(), json_data,
+              st.none() | st.dictionaries(st.text(max_size=5), json_data, max_size=3),
+              st.dictionaries(st.text(max_size=5), json_data, max_size=3), st.none() | st.text(max_size=8)),
+)
+def test_call_and_result_round_trip_through_json(call: ToolCall, result: ToolResult) -> None:
+    for obj in (call, result):
+        data = json.loads(json.dumps(converter.unstructure(obj)))
+        assert converter.structure(data, type(obj)) == obj
+
+
+def test_spec_round_trips_with_every_field() -> None:
+    spec = ToolSpec(
+        name="mcp::github::issues.create", version="2.1.0-rc.1", title="Create issue", owner="platform",
+        tags=("write", "comm"), input_schema={"type": "object", "properties": {"title": {"type": "string"}}},
+        output_schema={"type": "object"},
+        examples=[{"input": {"title": "x"}, "output": {"id": 1}}],  # type: ignore[list-item]
+        effect="NonIdempotentWrite", idempotency_key="optional",  # type: ignore[arg-type]
+        policies={"timeout_ms": 5000, "rate_limit": {"limit": 10, "interval_ms": 1000},  # type: ignore[arg-type]
+                  "concurrency": {"limit": 2}, "circuit_breaker": {"failure_threshold": 3},
+                  "budgets": [{"per": "principal", "max_calls": 100}]},
+        security={"required_scopes": ["issues:write"], "secret_refs": ["GITHUB_TOKEN"],  # type: ignore[arg-type]
+                  "redaction_rules": ["output/token"], "data_classification": "confidential"},
+        deprecation={"since": "2.0.0", "replacement": "mcp::github::issues.open"},  # type: ignore[arg-type]
+    )
+    data = json.loads(json.dumps(converter.unstructure(spec)))
+    assert data["effect"] == "NonIdempotentWrite"
+    assert converter.structure(data, ToolSpec) == spec
+    assert spec.origin == "mcp"
+
+
+def test_context_unstructures_without_secrets() -> None:
+    ctx = ToolContext(principal="a", scopes={"x"}, secrets={"K": "canary-value-91"})  # type: ignore[arg-type]
+    data = converter.unstructure(ctx)
+    assert data["scopes"] == ["x"] and "secrets" not in data and "canary-value-91" not in json.dumps(data)
+
+
+def test_decision_is_json_data() -> None:
+    d = Decision("p", "tool_pre", "deny", "why", "code", {"rule": "r1"})
+    assert converter.structure(converter.unstructure(d), Decision) == d
+
+
+async def test_function_tool_schema_and_call(host_factory: Any) -> None:
+    @tool(name="local::math.scale", effect=Effect.Pure, version="1.0.0")
+    def scale(value: float, factor: int = 2, unit: Literal["m", "km"] = "m", note: str | None = None) -> str:
+        """Scale a value.
+
+        More text that is not the description.
+        """
+        return f"{value * factor}{unit}"
+
+    assert scale.spec.description == "Scale a value."
+    assert scale.spec.input_schema["required"] == ["value"]
+    assert scale.spec.input_schema["properties"]["unit"] == {"enum": ["m", "km"], "default": "m"}
+    assert scale(1.5) == "3.0m"  # still callable as a function
+    host = await host_factory(ToolsPlugin(scale))
+    assert (await host.call("math_scale", {"value": 2, "factor": 3})).output == "6m"
+    bad = await host.call("math_scale", {"value": "two"})
+    assert bad.error["type"] == "ContractError" and bad.error["pointer"] == "/value"
+
+
+async def test_async_function_tool_receives_context(host_factory: Any) -> None:
+    @tool
+    async def whoami(context: ToolContext) -> str:
+        """Report the principal."""
+        return context.principal
+
+    assert "context" not in whoami.spec.input_schema["properties"]
+    host = await host_factory(ToolsPlugin(whoami))
+    assert (await host.call("whoami", {}, context=ToolContext(principal="agent-7"))).output == "agent-7"
+
+
+class Custom:
+    pass
+
+
+def test_function_tool_refuses_types_without_a_schema() -> None:
+    with pytest.raises(TypeError, match=r"bad\(x\): type .*Custom.* has no JSON Schema mapping"):
+        @tool
+        def bad(x: Custom) -> None:
+            """Nope."""

@@ -1,0 +1,87 @@
+"""The compiled schema fast path never accepts what jsonschema rejects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amplifier_tools.schema_fastpath import compile_check
+
+scalars = (
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-5, 5) | st.sampled_from([1.0, 2.5, -0.0])
+    | st.sampled_from([float("nan"), float("inf")]) | st.text(max_size=4) | st.sampled_from(["a", "b", "ab", ""])
+)
+instances = st.recursive(
+    scalars,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), c, max_size=4),
+    max_leaves=8,
+)
+
+types = st.sampled_from(["string", "integer", "number", "boolean", "null", "object", "array"])
+
+
+def leaf_schemas() -> st.SearchStrategy[dict[str, Any]]:
+    return st.fixed_dictionaries(
+        {},
+        optional={
+            "type": types | st.lists(types, min_size=1, max_size=3, unique=True),
+            "enum": st.lists(st.sampled_from(["a", "b", None, "ab"]), min_size=1, max_size=3),
+            "minimum": st.integers(-3, 3),
+            "maximum": st.floats(-3, 3),
+            "exclusiveMinimum": st.integers(-3, 3),
+            "minLength": st.integers(0, 3),
+            "maxLength": st.integers(0, 3),
+            "pattern": st.sampled_from(["^a", "b$", "[0-9]"]),
+            "minItems": st.integers(0, 2),
+            "maxItems": st.integers(0, 3),
+            "description": st.text(max_size=3),
+        },
+    )
+
+
+schemas = st.recursive(
+    leaf_schemas(),
+    lambda inner: st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.just("object") | types,
+            "properties": st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3),
+            "required": st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=3, unique=True),
+            "additionalProperties": st.booleans() | inner,
+            "items": inner,
+            "minProperties": st.integers(0, 2),
+            "maxProperties": st.integers(0, 4),
+        },
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(schemas, st.lists(instances, min_size=1, max_size=6))
+def test_fast_path_accepts_only_what_jsonschema_accepts(schema: dict[str, Any], values: list[Any]) -> None:
+    check = compile_check(schema)
+    assert check is not None, schema  # every generated keyword is in the supported subset
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in values:
+        expected = validator.is_valid(value)
+        assert check(value) == expected, (schema, value)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#/$defs/x", "$defs": {"x": {"type": "string"}}},
+        {"allOf": [{"type": "string"}]},
+        {"enum": [1, True]},
+        {"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": True},
+        {"type": "object", "patternProperties": {"^a": {"type": "string"}}},
+        {"items": [{"type": "string"}]},
+    ],
+)
+def test_schemas_outside_the_subset_are_left_to_jsonschema(schema: dict[str, Any]) -> None:
+    assert compile_check(schema) is None
