@@ -115,16 +115,16 @@ def _dotted(pointer: str) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def validate_config(data: Any, *, file: str | None = None) -> dict[str, Any]:
+def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     """A checked copy of ``data``; ``ConfigError`` naming the file and key path otherwise.
 
     The mount-plan form (``tools`` as a list) is folded into ``modules``.
     """
-    if data is None:
+    if raw is None:
         return {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"configuration must be a table/mapping, got {type(data).__name__}", file=file)
-    data = dict(data)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"configuration must be a table/mapping, got {type(raw).__name__}", file=file)
+    data: dict[str, Any] = dict(raw)
     if not _VALIDATOR.is_valid(data):
         pointer, message = schema_problems(_VALIDATOR, data, limit=1)[0]
         raise ConfigError(message, key=_dotted(pointer), file=file)
@@ -183,4 +183,5 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise ConfigError(f"not valid TOML: {exc}", file=file) from None
         if p.name == "pyproject.toml":
             data = data.get("tool", {}).get("amplifier-tools", {})
-    return validate_config(_substitute(data, file, ""), file=file)
+    checked: dict[str, Any] = validate_config(_substitute(data, file, ""), file=file)
+    return checked

@@ -33,7 +33,7 @@ class HookEvents:
         self, event: str, handler: EventHandler, priority: int = 0, name: str | None = None
     ) -> Callable[[], None]:
         """Call ``handler(event, data)`` on each ``event``; returns an unregister function."""
-        entry = (priority, name or getattr(handler, "__name__", "handler"), handler)
+        entry = (priority, str(name or getattr(handler, "__name__", "handler")), handler)
         handlers = self._handlers.setdefault(event, [])
         handlers.append(entry)
         handlers.sort(key=lambda item: item[0])

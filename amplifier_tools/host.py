@@ -12,6 +12,7 @@ would fail open.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -204,12 +205,12 @@ class ToolHost:
             for name, module_path in wanted.items():
                 if name in disabled:
                     continue
-                self._queue(name, lambda m=module_path: importlib.import_module(m), "builtin",
+                self._queue(name, functools.partial(importlib.import_module, module_path), "builtin",
                             "amplifier-tools", __version__, required=True)
         for plugin in self._extra_plugins:
             name = _plugin_name(plugin)
             if name not in disabled:
-                self._queue(name, lambda p=plugin: p, "code", None, None, required=True)
+                self._queue(name, functools.partial(_identity, plugin), "code", None, None, required=True)
         if self._entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
@@ -221,16 +222,14 @@ class ToolHost:
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
                     continue
                 dist = getattr(ep, "dist", None)
-                self._queue(ep.name, lambda e=ep: SeedModule(e.name, e.load(), {}), "module",
+                self._queue(ep.name, functools.partial(_seed_from_entry_point, ep), "module",
                             dist.name if dist else None, dist.version if dist else None,
                             required=self._required(ep.name))
         for entry in self.config.get("modules", []):
             name = entry["module"]
             if name in disabled:
                 continue
-            self._queue(name, lambda e=entry: SeedModule(e["module"], _load_module_mount(e["module"]),
-                                                         e.get("config", {})),
-                        "module", None, None, required=True)
+            self._queue(name, functools.partial(_seed_from_config, entry), "module", None, None, required=True)
 
     def _queue(self, name: str, load: Callable[[], Any], source: str, dist: str | None,
                version: str | None, *, required: bool) -> None:
@@ -263,8 +262,8 @@ class ToolHost:
         """Plugins in registration order (built-ins first), ``tryfirst``/``trylast``
         on a ``mount`` implementation moving it to the front or back."""
         rank: dict[int, int] = {}
-        for hookimpl in self.plugin_manager.hook.mount.get_hookimpls():
-            rank[id(hookimpl.plugin)] = 0 if hookimpl.tryfirst else 2 if hookimpl.trylast else 1
+        for impl in self.plugin_manager.hook.mount.get_hookimpls():
+            rank[id(impl.plugin)] = 0 if impl.tryfirst else 2 if impl.trylast else 1
         return sorted(self._pending, key=lambda entry: rank.get(id(entry[0]), 1))
 
     def _fail_plugin(self, name: str, source: str, reason: str, required: bool, exc: BaseException) -> None:
@@ -376,14 +375,27 @@ def _plugin_name(plugin: Any) -> str:
     return type(plugin).__name__ if not isinstance(plugin, type) else plugin.__name__
 
 
-def _load_module_mount(module: str) -> Callable[..., Any]:
-    """The ``mount`` function of a seed-style module named by import path or entry point."""
-    for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
-        if ep.name == module:
-            loaded = ep.load()
-            return loaded if callable(loaded) and not isinstance(loaded, ModuleType) else loaded.mount
-    imported = importlib.import_module(module)
-    mount = getattr(imported, "mount", None)
+def _identity(plugin: Any) -> Any:
+    return plugin
+
+
+def _mount_function(name: str, loaded: Any) -> Callable[..., Any]:
+    """The seed ``mount`` callable of an entry-point target or an imported module."""
+    mount = getattr(loaded, "mount", None) if isinstance(loaded, ModuleType) else loaded
     if not callable(mount):
-        raise PluginLoadError(module, "module has no callable 'mount(coordinator, config)'")
-    return mount
+        raise PluginLoadError(name, "module has no callable 'mount(coordinator, config)'")
+    result: Callable[..., Any] = mount
+    return result
+
+
+def _seed_from_entry_point(ep: importlib.metadata.EntryPoint) -> SeedModule:
+    return SeedModule(ep.name, _mount_function(ep.name, ep.load()), {})
+
+
+def _seed_from_config(entry: Mapping[str, Any]) -> SeedModule:
+    """A mount-plan entry: ``module`` names an ``amplifier.modules`` entry point or an import path."""
+    name = entry["module"]
+    for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return SeedModule(name, _mount_function(name, ep.load()), entry.get("config", {}))
+    return SeedModule(name, _mount_function(name, importlib.import_module(name)), entry.get("config", {}))

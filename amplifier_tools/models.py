@@ -12,7 +12,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Union
 
 import attrs
@@ -105,6 +105,10 @@ class Decision:
     details: dict[str, Any] = attrs.field(factory=dict)
 
 
+def _frozen_scopes(scopes: Iterable[str]) -> frozenset[str]:
+    return scopes if type(scopes) is frozenset else frozenset(scopes)
+
+
 @attrs.frozen(slots=True)
 class ToolContext:
     """Who is calling, with what rights, under which correlation ids.
@@ -122,7 +126,7 @@ class ToolContext:
     principal: str = "anonymous"
     role: str | None = None
     environment: str | None = None
-    scopes: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)
+    scopes: frozenset[str] = attrs.field(default=frozenset(), converter=_frozen_scopes)
     secrets: SecretResolver | None = attrs.field(default=None, repr=False)
     idempotency_key: str | None = None
     deadline: float | None = None

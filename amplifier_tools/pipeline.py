@@ -55,7 +55,9 @@ class CallPipeline:
             _check_arguments(call.arguments, mounted)
             if events:
                 await self.hooks.tool_event("tool:pre", {"tool_name": spec.name, "input": call.arguments})
-            call = await self.hooks.tool_pre(call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin))
+            call = await self.hooks.tool_pre(
+                call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
+            )
             secrets = tuple(ctx.secret(ref) for ref in spec.security.secret_refs)
             result = await self._execute(mounted, call, ctx)
             if not result.success:
@@ -66,8 +68,8 @@ class CallPipeline:
             return await self._fail(call, mounted, ctx, error, started, secrets, kept_output, events)
         except Exception as exc:  # a host bug must still end as a typed result
             log.exception("unexpected failure running %r", call.name)
-            error = ToolSystemError(f"internal error: {type(exc).__name__}: {exc}", cause=type(exc).__name__)
-            return await self._fail(call, mounted, ctx, error, started, secrets, kept_output, events)
+            internal = ToolSystemError(f"internal error: {type(exc).__name__}: {exc}", cause=type(exc).__name__)
+            return await self._fail(call, mounted, ctx, internal, started, secrets, kept_output, events)
 
         result = ToolResult(True, result.output, None, result.metadata, call.id)
         if secrets:

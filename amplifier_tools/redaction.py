@@ -9,7 +9,7 @@ Limits, stated plainly: a secret is found only as the exact string the resolver
 returned (not base64- or URL-encoded, not split across values); patterns catch
 common shapes, not every credential; secrets shorter than
 ``MIN_SECRET_LENGTH`` characters are not searched for, because replacing
-every occurrence of a 1–3 character string destroys output without
+every occurrence of a 1-3 character string destroys output without
 protecting anything.
 """
 

@@ -60,7 +60,7 @@ class CompiledSchema:
     every rejection.
     """
 
-    __slots__ = ("_validator", "_fast")
+    __slots__ = ("_fast", "_validator")
 
     def __init__(self, validator: Validator, fast: Callable[[Any], bool] | None) -> None:
         self._validator = validator

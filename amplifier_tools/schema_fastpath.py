@@ -62,9 +62,44 @@ def compile_check(schema: Any) -> Check | None:
     return _compile(schema)
 
 
+def _always(value: Any) -> bool:
+    return True
+
+
+def _never(value: Any) -> bool:
+    return False
+
+
+def _any_of(tests: list[Check]) -> Check:
+    return lambda value: any(test(value) for test in tests)
+
+
+def _all_of(tests: tuple[Check, ...]) -> Check:
+    return lambda value: all(test(value) for test in tests)
+
+
+def _one_of_strings(allowed: frozenset[str | None]) -> Check:
+    return lambda value: (value is None or type(value) is str) and value in allowed
+
+
+def _size(kind: type[str] | type[list[Any]], size: int, at_least: bool) -> Check:
+    """``minLength``/``maxLength`` (kind ``str``) and ``minItems``/``maxItems`` (kind ``list``)."""
+    if at_least:
+        return lambda value: not isinstance(value, kind) or len(value) >= size
+    return lambda value: not isinstance(value, kind) or len(value) <= size
+
+
+def _matches(regex: re.Pattern[str]) -> Check:
+    return lambda value: not isinstance(value, str) or regex.search(value) is not None
+
+
+def _each_item(item: Check) -> Check:
+    return lambda value: not isinstance(value, list) or all(item(i) for i in value)
+
+
 def _compile(schema: Any) -> Check | None:
     if schema is True or schema == {}:
-        return lambda value: True
+        return _always
     if not isinstance(schema, dict) or not set(schema) <= _SUPPORTED:
         return None
     checks: list[Check] = []
@@ -75,7 +110,7 @@ def _compile(schema: Any) -> Check | None:
         if not isinstance(names, list) or not all(n in _TYPE_CHECKS for n in names):
             return None
         tests = [_TYPE_CHECKS[n] for n in names]
-        checks.append(tests[0] if len(tests) == 1 else (lambda v, t=tests: any(f(v) for f in t)))
+        checks.append(tests[0] if len(tests) == 1 else _any_of(tests))
 
     if "enum" in schema or "const" in schema:
         # Equality in JSON Schema distinguishes 1 from True; Python's does not. Only compile
@@ -83,57 +118,47 @@ def _compile(schema: Any) -> Check | None:
         allowed = schema["enum"] if "enum" in schema else [schema["const"]]
         if not isinstance(allowed, list) or not all(a is None or type(a) is str for a in allowed):
             return None
-        allowed_set = frozenset(allowed)
-        checks.append(lambda v: (v is None or type(v) is str) and v in allowed_set)
+        checks.append(_one_of_strings(frozenset(allowed)))
 
     for keyword, op in (("minimum", "ge"), ("maximum", "le"), ("exclusiveMinimum", "gt"),
                         ("exclusiveMaximum", "lt")):
         if keyword in schema:
             bound = schema[keyword]
-            if not _is_number(bound) or type(bound) is bool:
+            if not _is_number(bound):
                 return None
             checks.append(_bound_check(op, bound))
 
-    for keyword, longer in (("minLength", True), ("maxLength", False)):
+    for keyword, kind_, at_least in (("minLength", str, True), ("maxLength", str, False),
+                                     ("minItems", list, True), ("maxItems", list, False)):
         if keyword in schema:
             size = schema[keyword]
             if type(size) is not int:
                 return None
-            checks.append(
-                (lambda v, n=size: not isinstance(v, str) or len(v) >= n) if longer
-                else (lambda v, n=size: not isinstance(v, str) or len(v) <= n)
-            )
+            checks.append(_size(kind_, size, at_least))
     if "pattern" in schema:
         try:
             regex = re.compile(schema["pattern"])
         except (re.error, TypeError):
             return None
-        checks.append(lambda v, r=regex: not isinstance(v, str) or r.search(v) is not None)
+        checks.append(_matches(regex))
 
     if "items" in schema:
         item_check = _compile(schema["items"])
         if item_check is None:
             return None
-        checks.append(lambda v, c=item_check: not isinstance(v, list) or all(c(i) for i in v))
-    for keyword, longer in (("minItems", True), ("maxItems", False)):
-        if keyword in schema:
-            size = schema[keyword]
-            if type(size) is not int:
-                return None
-            checks.append(
-                (lambda v, n=size: not isinstance(v, list) or len(v) >= n) if longer
-                else (lambda v, n=size: not isinstance(v, list) or len(v) <= n)
-            )
+        checks.append(_each_item(item_check))
 
     object_check = _compile_object(schema)
     if object_check is False:
         return None
-    if object_check is not None:
+    if object_check is not None and object_check is not True:
         checks.append(object_check)
 
+    if not checks:
+        return _always
     if len(checks) == 1:
         return checks[0]
-    return lambda value, cs=tuple(checks): all(c(value) for c in cs)
+    return _all_of(tuple(checks))
 
 
 def _numeric(value: Any) -> bool:
@@ -152,7 +177,7 @@ def _bound_check(op: str, bound: float) -> Check:
     return lambda v: not _numeric(v) or not v >= bound
 
 
-def _compile_object(schema: dict[str, Any]) -> Check | None | bool:
+def _compile_object(schema: dict[str, Any]) -> Check | bool | None:
     """The object keywords' check; None when there are none, False when not compilable."""
     keys = {"properties", "required", "additionalProperties", "minProperties", "maxProperties"}
     if not keys & set(schema):
@@ -170,10 +195,11 @@ def _compile_object(schema: dict[str, Any]) -> Check | None | bool:
         if check is None:
             return False
         compiled[name] = check
+    extra_check: Check | None
     if extra is True:
-        extra_check: Check | None = None
+        extra_check = None
     elif extra is False:
-        extra_check = lambda v: False  # noqa: E731 - a constant predicate
+        extra_check = _never
     else:
         extra_check = _compile(extra)
         if extra_check is None:
@@ -184,7 +210,7 @@ def _compile_object(schema: dict[str, Any]) -> Check | None | bool:
         return False
     required_t = tuple(required)
 
-    def check(value: Any) -> bool:
+    def check_object(value: Any) -> bool:
         if not isinstance(value, dict):
             return True  # object keywords do not apply to other types
         for name in required_t:
@@ -201,4 +227,4 @@ def _compile_object(schema: dict[str, Any]) -> Check | None | bool:
                 return False
         return True
 
-    return check
+    return check_object

@@ -165,22 +165,32 @@ class Example:
     description: str = ""
 
 
-def _structured(cls: type[Any]) -> Any:
-    """An attrs converter accepting an instance of ``cls`` or its plain-data form."""
+def _structure(value: Any, cls: type[Any]) -> Any:
+    """``value`` as an instance of ``cls``: as is, or structured from plain data."""
+    if value is None or isinstance(value, cls):
+        return value
+    from .converter import converter  # late: the converter module imports this one
 
-    def convert(value: Any) -> Any:
-        if value is None or isinstance(value, cls):
-            return value
-        from .converter import converter  # late: the converter module imports this one
-
-        return converter.structure(value, cls)
-
-    return convert
+    return converter.structure(value, cls)
 
 
-def _tuple_of(cls: type[Any]) -> Any:
-    item = _structured(cls)
-    return lambda values: tuple(item(v) for v in values)
+def _to_policies(value: Any) -> Policies:
+    result: Policies = _structure(value, Policies)
+    return result
+
+
+def _to_security(value: Any) -> Security:
+    result: Security = _structure(value, Security)
+    return result
+
+
+def _to_deprecation(value: Any) -> Deprecation | None:
+    result: Deprecation | None = _structure(value, Deprecation)
+    return result
+
+
+def _to_examples(values: Any) -> tuple[Example, ...]:
+    return tuple(_structure(value, Example) for value in values)
 
 
 def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -215,14 +225,14 @@ class ToolSpec:
         factory=lambda: {"type": "object"}, validator=_check_schema_type
     )
     output_schema: dict[str, Any] | None = attrs.field(default=None, validator=_check_schema_type)
-    examples: tuple[Example, ...] = attrs.field(default=(), converter=_tuple_of(Example))
+    examples: tuple[Example, ...] = attrs.field(default=(), converter=_to_examples)
     effect: Effect = attrs.field(default=Effect.ExternalSideEffects, converter=Effect)
     idempotency_key: IdempotencyKeyRequirement = attrs.field(
         default=IdempotencyKeyRequirement.none, converter=IdempotencyKeyRequirement
     )
-    policies: Policies = attrs.field(default=Policies(), converter=_structured(Policies))
-    security: Security = attrs.field(default=Security(), converter=_structured(Security))
-    deprecation: Deprecation | None = attrs.field(default=None, converter=_structured(Deprecation))
+    policies: Policies = attrs.field(default=Policies(), converter=_to_policies)
+    security: Security = attrs.field(default=Security(), converter=_to_security)
+    deprecation: Deprecation | None = attrs.field(default=None, converter=_to_deprecation)
 
     @property
     def origin(self) -> str:

@@ -90,7 +90,7 @@ async def _call_all(arguments: list[Any]) -> list[ToolResult]:
 def test_random_arguments_are_accepted_or_rejected_with_a_pointer(arguments: list[Any]) -> None:
     validator = jsonschema.Draft202012Validator(SCHEMA)
     results = run(_call_all(arguments))
-    for args, result in zip(arguments, results):
+    for args, result in zip(arguments, results, strict=True):
         if args is None:  # host.call treats None as "no arguments", i.e. {}
             args = {}
         if not isinstance(args, dict):

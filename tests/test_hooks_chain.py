@@ -6,9 +6,9 @@ import asyncio
 import logging
 from typing import Any
 
-from amplifier_tools import Deny, Modify, PolicyError, ToolResult, hookimpl
-
 from helpers import EchoTool, Recorder, ToolsPlugin
+
+from amplifier_tools import Deny, Modify, PolicyError, ToolResult, hookimpl
 
 
 class Rewriter:
