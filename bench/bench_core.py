@@ -1,0 +1,188 @@
+"""Core pipeline overhead, plugin and tool scaling, and concurrency.
+
+Cases (issue 2 and issue 8):
+- overhead: a no-op tool with an input schema and four plugins implementing
+  ``tool_pre`` and ``tool_post`` that return None, through ``host.call``,
+  against a direct ``await tool.execute(...)``; and amplifier-core's
+  ``HookRegistry`` emitting ``tool:pre`` and ``tool:post`` to four no-op handlers
+  (the hook dispatch alone, without validation: a reference in its favour).
+- scaling with 1, 4, 16, 64 plugins and with 10, 100, 1,000 mounted tools.
+- 10,000 concurrent calls of a tool sleeping 50 ms: wall time against the sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
+
+from .harness import Row, interleaved, row, run_async
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"path": {"type": "string"}, "limit": {"type": "integer", "minimum": 0}},
+    "required": ["path"],
+    "additionalProperties": False,
+}
+ARGS = {"path": "README.md", "limit": 10}
+
+
+class NoopTool:
+    description = "does nothing"
+    input_schema = SCHEMA
+
+    def __init__(self, name: str = "noop") -> None:
+        self.name = name
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="ok")
+
+
+class Mount:
+    name = "bench-tools"
+
+    def __init__(self, tools: list[Any]) -> None:
+        self.tools = tools
+
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        for tool in self.tools:
+            await coordinator.mount("tools", tool)
+
+
+def noop_plugin(i: int) -> Any:
+    class NoopPlugin:
+        name = f"noop-{i}"
+
+        @hookimpl
+        def tool_pre(self, call: Any, spec: Any, context: Any) -> None:
+            return None
+
+        @hookimpl
+        def tool_post(self, call: Any, spec: Any, result: Any, context: Any) -> None:
+            return None
+
+    return NoopPlugin()
+
+
+def _host(plugins: int, tools: list[Any]) -> ToolHost:
+    return ToolHost(plugins=[Mount(tools), *(noop_plugin(i) for i in range(plugins))],
+                    builtins=False, entry_points=False)
+
+
+def _amplifier_registry() -> Any | None:
+    try:
+        from amplifier_core import HookRegistry, HookResult
+    except ImportError:
+        return None
+    registry = HookRegistry()
+    for i in range(4):
+        async def handler(event: str, data: dict[str, Any]) -> Any:
+            return HookResult(action="continue")
+
+        registry.register("tool:pre", handler, name=f"noop-pre-{i}")
+        registry.register("tool:post", handler, name=f"noop-post-{i}")
+    return registry
+
+
+async def _overhead(quick: bool) -> list[Row]:
+    n, rounds = (300, 2) if quick else (5_000, 7)
+    tool = NoopTool()
+    rows: list[Row] = []
+    async with _host(4, [tool]) as host:
+        variants: dict[str, Any] = {
+            "host": lambda: host.call("noop", ARGS),
+            "direct": lambda: tool.execute(ARGS),
+        }
+        registry = _amplifier_registry()
+        if registry is not None:
+            async def amplifier() -> None:
+                await registry.emit("tool:pre", {"tool_name": "noop", "input": ARGS})
+                await registry.emit("tool:post", {"tool_name": "noop", "result": {"output": "ok"}})
+
+            variants["amplifier"] = amplifier
+        # amplifier-core's registry is ~100x slower per call: fewer calls keep the run short.
+        timings = await interleaved({k: v for k, v in variants.items() if k != "amplifier"}, n=n, rounds=rounds)
+        if registry is not None:
+            timings.update(await interleaved({"amplifier": variants["amplifier"]}, n=max(50, n // 50),
+                                             rounds=rounds, warmup=20))
+    host_us, spread = timings["host"]
+    direct_us, _ = timings["direct"]
+    overhead = host_us - direct_us
+    rows.append(row("core overhead per call (4 no-op plugins, schema)", overhead, None, "µs/call",
+                    target="≤ 40 µs (≥ 25,000 calls/s)", met=overhead <= 40, spread=spread,
+                    notes=f"host {host_us:.1f} µs/call = {1e6 / host_us:,.0f} calls/s; "
+                          f"direct execute {direct_us:.2f} µs"))
+    if "amplifier" in timings:
+        amp_us, amp_spread = timings["amplifier"]
+        ratio = amp_us / overhead
+        rows.append(row("vs amplifier-core HookRegistry (tool:pre + tool:post, 4 handlers)", overhead, amp_us,
+                        "µs/call", ratio=ratio, target="≥ 50x faster", met=ratio >= 50, spread=amp_spread,
+                        notes="reference = amplifier-core emit pre+post only (no validation)"))
+    else:
+        rows.append(row("vs amplifier-core HookRegistry", overhead, None, "µs/call", target="≥ 50x faster",
+                        notes="amplifier-core not installed (pip install amplifier-core)"))
+    return rows
+
+
+async def _scaling(quick: bool) -> list[Row]:
+    n, rounds = (200, 1) if quick else (3_000, 5)
+    rows: list[Row] = []
+    base: float | None = None
+    for plugins in (1, 4, 16, 64):
+        tool = NoopTool()
+        async with _host(plugins, [tool]) as host:
+            t = await interleaved({"host": lambda h=host: h.call("noop", ARGS),
+                                   "direct": lambda t=tool: t.execute(ARGS)}, n=n, rounds=rounds)
+        overhead = t["host"][0] - t["direct"][0]
+        base = base or overhead
+        rows.append(row(f"scaling: {plugins} plugins", overhead, None, "µs/call", target="linear, small slope",
+                        notes=f"{(overhead - base) / max(plugins - 1, 1):.2f} µs per extra plugin" if plugins > 1
+                        else ""))
+    first: float | None = None
+    for count in (10, 100, 1000):
+        tools = [NoopTool(f"noop{i}") for i in range(count)]
+        async with _host(4, tools) as host:
+            t = await interleaved({"host": lambda h=host: h.call("noop0", ARGS),
+                                   "direct": lambda t=tools[0]: t.execute(ARGS)}, n=n, rounds=rounds)
+        overhead = t["host"][0] - t["direct"][0]
+        first = first or overhead
+        rows.append(row(f"scaling: {count} mounted tools", overhead, first, "µs/call", ratio=overhead / first,
+                        target="no growth (ratio to 10 tools ≈ 1)", met=overhead / first < 1.25))
+    return rows
+
+
+class SleepTool:
+    name = "sleeper"
+    description = "sleeps"
+    spec = ToolSpec(name="sleeper", input_schema={"type": "object"}, effect="Pure")  # type: ignore[arg-type]
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        await asyncio.sleep(0.05)
+        return ToolResult(output=None)
+
+
+async def _concurrency(quick: bool) -> list[Row]:
+    count = 1_000 if quick else 10_000
+    async with _host(4, [SleepTool()]) as host:
+        start = time.perf_counter()
+        results = await asyncio.gather(*(host.call("sleeper", {}) for _ in range(count)))
+        wall = time.perf_counter() - start
+    ok = sum(r.success for r in results)
+    return [row(f"concurrency: {count:,} calls of a 50 ms tool", wall * 1000, 50.0, "ms wall", ratio=wall * 1000 / 50,
+                target="wall close to the sleep", notes=f"{ok}/{count} succeeded; ratio = wall / sleep")]
+
+
+async def _all(quick: bool) -> list[Row]:
+    return [*await _overhead(quick), *await _scaling(quick), *await _concurrency(quick)]
+
+
+def run(quick: bool) -> list[Row]:
+    return list(run_async(_all(quick)))
+
+
+if __name__ == "__main__":
+    for r in run(quick=False):
+        print(r)

@@ -1,0 +1,56 @@
+"""Measurement helpers shared by the benchmark modules.
+
+The machines are shared and noisy, so every case interleaves ours and its
+reference in the same process, repeats the pair several times, and reports
+medians and the spread; the ratio is the result, absolute times orient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Row = dict[str, Any]
+
+
+def row(case: str, ours: float, reference: float | None, unit: str, *, ratio: float | None = None,
+        target: str = "", met: bool | None = None, notes: str = "", spread: float | None = None) -> Row:
+    """One result row (the format every ``bench_*.run`` returns)."""
+    if ratio is None and reference:
+        ratio = reference / ours if ours else None
+    return {"case": case, "ours": ours, "reference": reference, "unit": unit, "ratio": ratio,
+            "target": target, "met": met, "notes": notes, "spread": spread}
+
+
+async def per_call_us(fn: Callable[[], Awaitable[Any]], n: int) -> float:
+    """Mean microseconds per awaited call over ``n`` sequential calls."""
+    start = time.perf_counter()
+    for _ in range(n):
+        await fn()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+async def interleaved(variants: dict[str, Callable[[], Awaitable[Any]]], *, n: int, rounds: int,
+                      warmup: int = 200) -> dict[str, tuple[float, float]]:
+    """Median and spread (max-min) of µs/call for each variant, measured in alternating rounds."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            await fn()
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            samples[name].append(await per_call_us(fn, n))
+    return {name: (statistics.median(s), max(s) - min(s)) for name, s in samples.items()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_async(coro: Awaitable[Any]) -> Any:
+    return asyncio.run(coro)  # type: ignore[arg-type]
