@@ -15,6 +15,7 @@ import logging
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 from .converter import converter
@@ -65,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("schema", help="tool definitions for a model API")
     p.add_argument("--format", choices=FORMATS, default="openai")
+    p = sub.add_parser("validate", help="conformance check of a tool module, plugin or distribution")
+    p.add_argument("target", help="import path of a module, or an entry-point / distribution name")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-run", action="store_true", help="do not run the examples of Pure tools")
     p = sub.add_parser("call", help="run one call through the whole pipeline")
     p.add_argument("tool")
     p.add_argument("arguments", nargs="?", default="{}", help="JSON object, or - to read it from stdin")
@@ -163,17 +168,41 @@ def _print_result(result: ToolResult, *, as_json: bool) -> None:
         print(f"{error.get('type')}[{error.get('code')}]: {error.get('message')}", file=sys.stderr)
 
 
+async def _loaded_plugins(args: argparse.Namespace) -> list[Any]:
+    async with _host(args) as host:
+        return list(host.plugins)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .conformance import check_target
+
+    report = check_target(args.target, run_examples=not args.no_run)
+    if args.json:
+        print(json.dumps({"target": report.target, "ok": report.ok,
+                          "checks": [converter.unstructure(c) for c in report.checks]}, indent=2))
+    else:
+        print(report.render())
+    return EXIT_OK if report.ok else EXIT_EXECUTION
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amplifier-tools`` console script."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     if args.version:
         print(f"amplifier-tools {__version__}")
+        try:
+            for info in asyncio.run(_loaded_plugins(args)):
+                print(f"  {info.name} {info.version or ''} ({info.distribution or info.source})".rstrip())
+        except (ConfigError, PluginLoadError) as exc:
+            print(f"  (plugins not loaded: {exc})")
         return EXIT_OK
     if args.command is None:
         _parser().print_help()
         return EXIT_USAGE
     try:
+        if args.command == "validate":
+            return _validate(args)
         return asyncio.run(_run(args))
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -185,3 +185,27 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             data = data.get("tool", {}).get("amplifier-tools", {})
     checked: dict[str, Any] = validate_config(_substitute(data, file, ""), file=file)
     return checked
+
+
+def discover_config_file(cwd: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file to use when none is named: ``$AMPLIFIER_TOOLS_CONFIG``, then
+    ``./amplifier-tools.toml``, then ``./pyproject.toml`` if it has ``[tool.amplifier-tools]``.
+
+    (An explicit ``--config`` or ``ToolHost(config=...)`` comes before all of these.)
+    """
+    named = os.environ.get("AMPLIFIER_TOOLS_CONFIG")
+    if named:
+        return Path(named)
+    base = Path(cwd) if cwd is not None else Path.cwd()
+    local = base / "amplifier-tools.toml"
+    if local.is_file():
+        return local
+    pyproject = base / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            return None  # not ours to complain about unless it holds our section
+        if "amplifier-tools" in data.get("tool", {}):
+            return pyproject
+    return None

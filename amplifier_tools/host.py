@@ -30,7 +30,7 @@ from . import hookspecs
 from ._markers import PROJECT_NAME, hookimpl
 from ._version import __version__
 from .builtins import BUILTIN_PLUGINS
-from .config import load_config_file, plugin_section, validate_config
+from .config import discover_config_file, load_config_file, plugin_section, validate_config
 from .coordinator import Coordinator, HookEvents
 from .definitions import tool_definitions
 from .dispatch import CHAINED_HOOKS, HookDispatcher, PluginManager, PluginSettings
@@ -96,8 +96,11 @@ class SeedModule:
 class ToolHost:
     """The runtime. Use as ``async with ToolHost(config=...) as host:``.
 
-    ``config`` is a mapping or a path to a config file; without one,
-    ``$AMPLIFIER_TOOLS_CONFIG`` is read if set. ``plugins`` registers plugin
+    ``config`` is a mapping or a path to a config file. Without one,
+    ``discover=True`` looks for ``$AMPLIFIER_TOOLS_CONFIG``, then
+    ``./amplifier-tools.toml``, then ``[tool.amplifier-tools]`` in
+    ``./pyproject.toml``; ``discover=False`` (the default for library use is
+    True) starts from an empty configuration. ``plugins`` registers plugin
     objects directly (after the built-ins); ``builtins=False`` and
     ``entry_points=False`` skip those sources (useful in tests). Many calls may
     run concurrently on one host.
@@ -111,9 +114,10 @@ class ToolHost:
         builtins: bool | Iterable[str] = True,
         entry_points: bool = True,
         working_dir: str | os.PathLike[str] | None = None,
+        discover: bool = True,
     ) -> None:
-        if config is None and os.environ.get(ENV_CONFIG):
-            config = os.environ[ENV_CONFIG]
+        if config is None and discover:
+            config = discover_config_file(working_dir)
         if isinstance(config, (str, os.PathLike)):
             self.config = load_config_file(config)
         else:

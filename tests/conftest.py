@@ -34,3 +34,11 @@ async def host_factory(tmp_path: Any) -> AsyncIterator[Any]:
     for host in reversed(hosts):
         await host.close()
 
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Use the project's own pytest plugin even when running from a source tree (no entry point)."""
+    import amplifier_tools.pytest_plugin as plugin
+
+    if not config.pluginmanager.is_registered(plugin):
+        config.pluginmanager.register(plugin, "amplifier_tools.pytest_plugin")

@@ -367,3 +367,15 @@ async def test_raising_mount_of_required_plugin_fails_start_naming_it(host_facto
 
     with pytest.raises(PluginLoadError, match="bad-mount.*no database"):
         await host_factory(BadMount())
+
+
+async def test_trace_env_var_prints_hook_calls(
+    echo: EchoTool, tmp_path: Any, monkeypatch: Any, capsys: Any
+) -> None:
+    from amplifier_tools import ToolHost
+
+    monkeypatch.setenv("AMPLIFIER_TOOLS_TRACE", "1")
+    async with ToolHost(plugins=[ToolsPlugin(echo), Rewriter()], builtins=False, entry_points=False,
+                        working_dir=tmp_path) as host:
+        await host.call("echo", {"path": "a"})
+    assert "amplifier_tools: calling tool_pre of plugin 'rewriter'" in capsys.readouterr().err

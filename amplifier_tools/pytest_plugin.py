@@ -1,0 +1,124 @@
+"""pytest plugin for tool and plugin authors (entry point ``pytest11``).
+
+Fixtures:
+
+- ``tool_host`` — a factory of fresh hosts in a temporary working directory:
+  ``async with tool_host(MyPlugin(), config={...}) as host: ...`` (no built-in
+  or entry-point plugins unless asked: ``builtins=True``, ``entry_points=True``).
+- ``hook_recorder`` — a plugin recording every hook call and decision; pass it
+  to ``tool_host`` and inspect ``hook_recorder.calls`` / ``.hooks()``.
+
+Helpers importable from this module: ``MockTool`` and ``assert_conforms``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._markers import hookimpl
+from .conformance import Report, check_target_async
+from .host import ToolHost
+from .models import ToolResult
+from .spec import ToolSpec
+
+
+class MockTool:
+    """A tool that records its calls and returns ``return_value`` (or raises ``side_effect``)."""
+
+    def __init__(self, name: str = "mock_tool", description: str = "A mock tool.", return_value: Any = None,
+                 *, input_schema: dict[str, Any] | None = None, side_effect: BaseException | None = None,
+                 **spec_fields: Any) -> None:
+        self.spec = ToolSpec(name=name, description=description,
+                             input_schema=input_schema or {"type": "object"}, **spec_fields)
+        self.name = name
+        self.description = description
+        self.input_schema = self.spec.input_schema
+        self.return_value = return_value
+        self.side_effect = side_effect
+        self.calls: list[dict[str, Any]] = []
+
+    @property
+    def call_count(self) -> int:
+        return len(self.calls)
+
+    @property
+    def last_input(self) -> dict[str, Any] | None:
+        return self.calls[-1] if self.calls else None
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.calls.append(dict(input))
+        if self.side_effect is not None:
+            raise self.side_effect
+        if isinstance(self.return_value, ToolResult):
+            return self.return_value
+        return ToolResult(success=True, output=self.return_value)
+
+
+class HookRecorder:
+    """A plugin that records (hook, tool name, payload) for every call hook, and
+    ``(event, data)`` for every event in ``events``; runs last."""
+
+    name = "hook-recorder"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None, Any]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def hooks(self) -> list[str]:
+        return [hook for hook, _, _ in self.calls]
+
+    def results(self) -> list[ToolResult]:
+        """The final result of every call, in order (from ``tool_complete``)."""
+        return [payload for hook, _, payload in self.calls if hook == "tool_complete"]
+
+    @hookimpl(trylast=True)
+    def tool_pre(self, call: Any) -> None:
+        self.calls.append(("tool_pre", call.name, dict(call.arguments)))
+
+    @hookimpl(trylast=True)
+    def tool_post(self, call: Any, result: ToolResult) -> None:
+        self.calls.append(("tool_post", call.name, result))
+
+    @hookimpl(trylast=True)
+    def tool_error(self, call: Any, error: Any) -> None:
+        self.calls.append(("tool_error", call.name, error))
+
+    @hookimpl(trylast=True)
+    def tool_complete(self, call: Any, result: ToolResult) -> None:
+        self.calls.append(("tool_complete", call.name, result))
+
+    @hookimpl
+    def tool_event(self, event: str, data: dict[str, Any]) -> None:
+        self.events.append((event, data))
+
+
+async def assert_conforms(target: Any, *, run_examples: bool = True) -> Report:
+    """Run the ``amplifier-tools validate`` checks on a tool, plugin or module; fail the test if any fails."""
+    report = await check_target_async(target, run_examples=run_examples)
+    if not report.ok:
+        pytest.fail(report.render(), pytrace=False)
+    return report
+
+
+@pytest.fixture
+def tool_host(tmp_path: Path) -> Any:
+    """A factory of unstarted hosts in ``tmp_path``; use as ``async with tool_host(*plugins) as host``."""
+
+    def make(*plugins: Any, config: dict[str, Any] | None = None, builtins: Any = False,
+             entry_points: bool = False) -> ToolHost:
+        return ToolHost(config=config, plugins=plugins, builtins=builtins, entry_points=entry_points,
+                        working_dir=tmp_path, discover=False)
+
+    return make
+
+
+@pytest.fixture
+def hook_recorder() -> HookRecorder:
+    """A fresh ``HookRecorder`` plugin."""
+    return HookRecorder()
+
+
+__all__ = ["HookRecorder", "MockTool", "assert_conforms", "hook_recorder", "tool_host"]
