@@ -209,7 +209,7 @@ class ToolHost:
             for name, module_path in wanted.items():
                 if name in disabled:
                     continue
-                self._queue(name, functools.partial(importlib.import_module, module_path), "builtin",
+                self._queue(name, functools.partial(_load_target, module_path), "builtin",
                             "amplifier-tools", __version__, required=True)
         for plugin in self._extra_plugins:
             name = _plugin_name(plugin)
@@ -220,7 +220,8 @@ class ToolHost:
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
                     continue
                 dist = getattr(ep, "dist", None)
-                self._queue(ep.name, ep.load, "entry_point", dist.name if dist else None,
+                self._queue(ep.name, functools.partial(_instantiate, ep.load), "entry_point",
+                            dist.name if dist else None,
                             dist.version if dist else None, required=self._required(ep.name))
             for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
@@ -381,6 +382,20 @@ def _plugin_name(plugin: Any) -> str:
 
 def _identity(plugin: Any) -> Any:
     return plugin
+
+
+def _instantiate(load: Callable[[], Any]) -> Any:
+    """An entry point may name a module, an object, or a class; a class gets one
+    instance per host, which is how a plugin keeps per-host state."""
+    loaded = load()
+    return loaded() if isinstance(loaded, type) else loaded
+
+
+def _load_target(target: str) -> Any:
+    """``"package.module"`` or ``"package.module:Attribute"`` (a class is instantiated per host)."""
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    return _instantiate(lambda: getattr(module, attribute) if attribute else module)
 
 
 def _mount_function(name: str, loaded: Any) -> Callable[..., Any]:

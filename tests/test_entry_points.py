@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import subprocess
 import sys
 import textwrap
@@ -205,3 +206,10 @@ async def test_seed_module_named_in_config_gets_its_config(tmp_path: Path, insta
     async with host:
         result = await host.call("seed_read", {"path": str(tmp_path / "n.txt")})
     assert result.output == ">> body"
+
+
+def test_example_plugins_are_discovered_only_when_installed() -> None:
+    names = {ep.name for ep in importlib.metadata.entry_points(group="amplifier_tools")}
+    installed = {d.metadata["Name"] for d in importlib.metadata.distributions()}
+    for dist, ep_name in (("amplifier-tools-approval", "approval"), ("amplifier-tools-http-fetch", "http-fetch")):
+        assert (ep_name in names) == (dist in installed)

@@ -1,6 +1,7 @@
 """The built-in plugins. Each is an ordinary plugin module using only the public hooks.
 
-``BUILTIN_PLUGINS`` maps plugin name -> module path; the host imports and
+``BUILTIN_PLUGINS`` maps plugin name -> ``"module"`` or ``"module:Class"`` (a
+class is instantiated once per host, for per-host state); the host imports and
 registers them first, so entry-point plugins registered later run before them
 in pluggy's LIFO order unless they use ``tryfirst``/``trylast``.
 """

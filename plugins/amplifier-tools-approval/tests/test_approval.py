@@ -1,0 +1,99 @@
+"""The approval plugin, installed as a distribution and discovered through its entry point."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+from amplifier_tools_approval import ApprovalPlugin, parse_config
+
+from amplifier_tools import ConfigError, ToolContext, hookimpl
+from amplifier_tools.pytest_plugin import MockTool
+
+
+class Mount:
+    name = "mount-tools"
+
+    def __init__(self, *tools: Any) -> None:
+        self.tools = tools
+
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        for tool in self.tools:
+            await coordinator.mount("tools", tool)
+
+
+def tools() -> tuple[MockTool, MockTool]:
+    return (MockTool("local::mail.send", return_value="sent", effect="ExternalSideEffects"),
+            MockTool("local::mail.read", return_value="inbox", effect="Pure"))
+
+
+async def test_discovered_through_its_entry_point_and_enforced(tool_host: Any) -> None:
+    send, read = tools()
+    config = {"plugins": {"approval": {"approvers": ["alice"]}}}
+    async with tool_host(Mount(send, read), config=config, entry_points=True) as host:
+        info = {p.name: p for p in host.plugins}["approval"]
+        assert (info.source, info.distribution) == ("entry_point", "amplifier-tools-approval")
+        denied = await host.call("mail_send", {})
+        approved = await host.call("mail_send", {}, context=ToolContext(attributes={"approved_by": "alice"}))
+        wrong = await host.call("mail_send", {}, context=ToolContext(attributes={"approved_by": "mallory"}))
+        pure = await host.call("mail_read", {})
+    assert denied.error["code"] == "approval_required" and denied.error["plugin"] == "approval"
+    assert approved.output == "sent"
+    assert approved.metadata["trail"][0]["reason"] == "approved by alice"
+    assert "'mallory' is not allowed" in wrong.error["message"]
+    assert pure.output == "inbox"
+    assert send.call_count == 1
+
+
+async def test_each_host_has_its_own_settings(tool_host: Any) -> None:
+    ctx = ToolContext(attributes={"approved_by": "bob"})
+    async with tool_host(Mount(*tools()), config={"plugins": {"approval": {"approvers": ["alice"]}}},
+                         entry_points=True) as strict, \
+            tool_host(Mount(*tools()), config={"plugins": {"approval": {"approvers": ["bob"]}}},
+                      entry_points=True) as lenient:
+        assert (await strict.call("mail_send", {}, context=ctx)).error["code"] == "approval_required"
+        assert (await lenient.call("mail_send", {}, context=ctx)).output == "sent"
+
+
+@pytest.mark.parametrize(
+    ("window", "now", "allowed"),
+    [("08:00-18:00", "12:00", True), ("08:00-18:00", "19:30", False), ("22:00-06:00", "23:15", True),
+     ("22:00-06:00", "12:00", False)],
+)
+def test_time_window(window: str, now: str, allowed: bool) -> None:
+    policy = parse_config({"approvers": ["a"], "window": window})
+    hour, minute = map(int, now.split(":"))
+    policy.now = lambda: dt.datetime(2026, 1, 1, hour, minute, tzinfo=dt.timezone.utc)
+    send, _ = tools()
+    decision = policy.decide(send.spec, ToolContext(attributes={"approved_by": "a"}))
+    assert (decision is None) is allowed
+    if not allowed:
+        assert decision is not None and decision.code == "outside_window"
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [({}, "plugins.approval.approvers"), ({"approvers": ["a"], "colour": 1}, "plugins.approval.colour"),
+     ({"approvers": ["a"], "effects": ["Loud"]}, "plugins.approval.effects"),
+     ({"approvers": ["a"], "window": "8-18"}, "plugins.approval.window")],
+)
+def test_bad_config_names_the_key(config: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        parse_config(config)
+
+
+async def test_unconfigured_plugin_fails_host_start(tool_host: Any) -> None:
+    from amplifier_tools import PluginLoadError
+
+    with pytest.raises(PluginLoadError, match="approval.*approvers"):
+        async with tool_host(Mount(*tools()), entry_points=True, config={"plugins": {"approval": {}}}):
+            pass
+
+
+def test_plugin_class_is_the_entry_point_target() -> None:
+    from importlib.metadata import entry_points
+
+    (ep,) = [ep for ep in entry_points(group="amplifier_tools") if ep.name == "approval"]
+    assert ep.load() is ApprovalPlugin
