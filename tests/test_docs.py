@@ -43,3 +43,18 @@ def test_hook_has_a_test_of_its_own(name: str) -> None:
     pattern = re.compile(rf"def test_hook_{name}(_|\()")
     assert any(pattern.search(p.read_text()) for p in (ROOT / "tests").glob("test_*.py")), (
         f"no test named test_hook_{name}_* in tests/")
+
+
+def test_published_config_schema_is_current() -> None:
+    import json
+
+    from amplifier_tools.config import CONFIG_SCHEMA
+
+    assert json.loads((ROOT / "docs" / "config.schema.json").read_text()) == CONFIG_SCHEMA
+
+
+def test_example_config_is_valid() -> None:
+    from amplifier_tools.config import load_config_file
+
+    config = load_config_file(ROOT / "docs" / "amplifier-tools.example.toml")
+    assert config["context"]["principal"] == "local-user"
