@@ -34,7 +34,7 @@ from .config import discover_config_file, load_config_file, plugin_section, vali
 from .coordinator import Coordinator, HookEvents
 from .definitions import tool_definitions
 from .dispatch import CHAINED_HOOKS, HookDispatcher, PluginManager, PluginSettings
-from .errors import ConfigError, PluginLoadError, ToolError, ToolSystemError
+from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
 from .pipeline import CallPipeline
 from .registry import ToolRegistry
@@ -347,12 +347,24 @@ class ToolHost:
     async def execute(self, call: ToolCall, context: ToolContext | None = None) -> ToolResult:
         """Run a ``ToolCall`` through the whole pipeline. Never raises on a bad call."""
         pipeline = self._pipeline
+        problem: ToolError | None = None
+        given_call: object = call  # callers are not type-checked; check at run time
+        given_context: object = context
         if pipeline is None:
-            error = ToolSystemError("the host is not started; use 'async with ToolHost() as host'",
-                                    code="host_not_started")
-            return ToolResult(False, None, {"type": error.category, "code": error.code, "message": error.message,
-                                            "retryable": False, "cause": None, "tool": call.name,
-                                            "call_id": call.id}, {}, call.id)
+            problem = ToolSystemError("the host is not started; use 'async with ToolHost() as host'",
+                                      code="host_not_started")
+        elif not isinstance(given_call, ToolCall):
+            problem = ContractError(f"execute() takes a ToolCall, got {type(given_call).__name__}",
+                                    code="invalid_call")
+        elif given_context is not None and not isinstance(given_context, ToolContext):
+            problem = ContractError(f"context must be a ToolContext, got {type(given_context).__name__}",
+                                    code="invalid_context")
+        if problem is not None or pipeline is None:
+            assert problem is not None
+            call_id = getattr(call, "id", None)
+            return ToolResult(False, None, {
+                "type": problem.category, "code": problem.code, "message": problem.message, "retryable": False,
+                "cause": None, "tool": getattr(call, "name", None), "call_id": call_id}, {}, call_id)
         if context is None:
             context = self._default_context
         elif context.session_id is None:

@@ -204,6 +204,15 @@ async def test_call_before_start_returns_error_instead_of_raising() -> None:
     assert result.error["code"] == "host_not_started"
 
 
+async def test_wrong_call_or_context_types_are_errors_not_crashes(host_factory: Any, echo: EchoTool) -> None:
+    host = await host_factory(ToolsPlugin(echo))
+    bad_context = await host.call("echo", {"path": "x"}, context={"principal": "me"})  # type: ignore[arg-type]
+    assert bad_context.error["code"] == "invalid_context" and "got dict" in bad_context.error["message"]
+    bad_call = await host.execute({"name": "echo"})  # type: ignore[arg-type]
+    assert bad_call.error["code"] == "invalid_call"
+    assert echo.calls == []
+
+
 async def test_execute_takes_a_tool_call_and_keeps_its_id(host_factory: Any, echo: EchoTool) -> None:
     host = await host_factory(ToolsPlugin(echo))
     result = await host.execute(ToolCall("call-42", "echo", {"path": "x"}))
