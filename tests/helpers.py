@@ -41,33 +41,6 @@ class ToolsPlugin:
             await coordinator.mount("tools", tool)
 
 
-class Recorder:
-    """Observes every hook; records (hook, call name, detail) tuples."""
-
-    def __init__(self, name: str = "recorder") -> None:
-        self.name = name
-        self.events: list[tuple[str, str, Any]] = []
-
-    @hookimpl(trylast=True)
-    def tool_pre(self, call: Any) -> None:
-        self.events.append(("tool_pre", call.name, dict(call.arguments)))
-
-    @hookimpl(trylast=True)
-    def tool_post(self, call: Any, result: ToolResult) -> None:
-        self.events.append(("tool_post", call.name, result.output))
-
-    @hookimpl(trylast=True)
-    def tool_error(self, call: Any, error: Any) -> None:
-        self.events.append(("tool_error", call.name, error))
-
-    @hookimpl(trylast=True)
-    def tool_complete(self, call: Any, result: ToolResult) -> None:
-        self.events.append(("tool_complete", call.name, result))
-
-    def hooks(self) -> list[str]:
-        return [event[0] for event in self.events]
-
-
 def run(coro: Any) -> Any:
     """Run a coroutine from sync test code (hypothesis tests)."""
     return asyncio.run(coro)

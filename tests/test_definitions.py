@@ -73,12 +73,12 @@ async def test_definitions_are_valid_for_each_api_and_calls_accept_both_names(ho
 
 
 async def test_hooks_see_the_canonical_name_when_called_by_short_name(host_factory: Any) -> None:
-    from helpers import Recorder
+    from amplifier_tools.pytest_plugin import HookRecorder as Recorder
 
     recorder = Recorder()
     host = await host_factory(ToolsPlugin(Namespaced("local::fs.write")), recorder)
     await host.call("fs_write", {})
-    assert recorder.events[0][1] == "local::fs.write"
+    assert recorder.calls[0][1] == "local::fs.write"
 
 
 async def test_short_name_collision_fails_mount_naming_both_tools(host_factory: Any) -> None:

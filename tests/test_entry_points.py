@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Recorder
 
 from amplifier_tools import PluginLoadError, ToolHost
+from amplifier_tools.pytest_plugin import HookRecorder as Recorder
 
 PLUGIN_SOURCE = '''
 """A third-party policy plugin: denies paths under /etc."""

@@ -6,9 +6,10 @@ import asyncio
 import logging
 from typing import Any
 
-from helpers import EchoTool, Recorder, ToolsPlugin
+from helpers import EchoTool, ToolsPlugin
 
 from amplifier_tools import Deny, Modify, PolicyError, ToolResult, hookimpl
+from amplifier_tools.pytest_plugin import HookRecorder as Recorder
 
 
 class Rewriter:
@@ -59,7 +60,7 @@ async def test_deny_stops_call_and_tool_error_sees_policy_error_naming_plugin(
     assert result.error["code"] == "secret_path"
     assert result.error["plugin"] == "guard"
     assert "guard" in result.error["message"]
-    errors = [e for e in recorder.events if e[0] == "tool_error"]
+    errors = [e for e in recorder.calls if e[0] == "tool_error"]
     assert len(errors) == 1
     assert isinstance(errors[0][2], PolicyError) and errors[0][2].plugin == "guard"
     assert [d["action"] for d in result.metadata["trail"]] == ["modify", "deny"]
@@ -136,8 +137,8 @@ async def test_raising_tool_post_withholds_output(host_factory: Any, echo: EchoT
     assert result.error["type"] == "SystemError" and result.error["plugin"] == "broken"
     assert "sensitive" not in repr(result.error)
     # The observer after the failing plugin sees the failed result, once, in tool_post.
-    posts = [e for e in recorder.events if e[0] == "tool_post"]
-    assert posts == [("tool_post", "echo", None)]
+    posts = [result for hook, _, result in recorder.calls if hook == "tool_post"]
+    assert len(posts) == 1 and posts[0].output is None and posts[0].error["plugin"] == "broken"
     assert "tool_error" not in recorder.hooks()
 
 
@@ -232,7 +233,7 @@ async def test_hook_tool_error_recovery_replaces_failure(host_factory: Any) -> N
     }
     # The recorder still observed the failure once, and saw the final (recovered) result once.
     assert recorder.hooks() == ["tool_pre", "tool_error", "tool_complete"]
-    assert recorder.events[-1][2].output == "cached (execution_failed)"
+    assert recorder.calls[-1][2].output == "cached (execution_failed)"
 
 
 async def test_hook_tool_error_failure_keeps_original_error(host_factory: Any) -> None:
@@ -269,7 +270,7 @@ async def test_hook_tool_complete_sees_every_outcome_exactly_once(host_factory: 
         await host.call("missing", {}),
         await host.call("hangs", {"path": "x"}),
     ]
-    completes = [e for e in recorder.events if e[0] == "tool_complete"]
+    completes = [e for e in recorder.calls if e[0] == "tool_complete"]
     assert len(completes) == len(outcomes)
     assert [c[2].success for c in completes] == [True, False, False, False, False]
     assert [o.error["code"] for o in outcomes[1:]] == ["secret_path", "invalid_input", "unknown_tool", "timeout"]
