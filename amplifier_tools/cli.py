@@ -123,12 +123,30 @@ async def _run(args: argparse.Namespace) -> int:
             data = converter.unstructure(mounted.spec)
             data["model_name"] = model_name(mounted.spec.name)
             data["plugin"] = mounted.plugin
-            print(json.dumps(data, indent=2))
+            print(json.dumps(data, indent=2) if args.json else _readable(data))
             return EXIT_OK
         if args.command == "schema":
             print(json.dumps(host.tool_definitions(args.format), indent=2))
             return EXIT_OK
         return await _call(host, args)
+
+
+def _readable(data: dict[str, Any], indent: str = "") -> str:
+    """A contract as indented ``key: value`` lines; empty fields left out, schemas as compact JSON."""
+    lines = []
+    for key, value in data.items():
+        if value in (None, [], {}, ""):
+            continue
+        if key.endswith("schema") or key == "examples":
+            lines.append(f"{indent}{key}: {json.dumps(value)}")
+        elif isinstance(value, dict):
+            lines.append(f"{indent}{key}:")
+            lines.append(_readable(value, indent + "  "))
+        elif isinstance(value, list):
+            lines.append(f"{indent}{key}: {', '.join(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)}")
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return "\n".join(line for line in lines if line.strip())
 
 
 async def _call(host: ToolHost, args: argparse.Namespace) -> int:

@@ -80,8 +80,10 @@ def test_list_and_describe(project: Path) -> None:
     assert rows[0]["effect"] == "Pure" and rows[0]["model_name"] == "demo_greet"
     plain = cli(project, "list")
     assert "local::demo.greet" in plain.stdout and "1.2.0" in plain.stdout
-    described = json.loads(cli(project, "describe", "demo_greet").stdout)
+    described = json.loads(cli(project, "describe", "demo_greet", "--json").stdout)
     assert described["version"] == "1.2.0" and described["output_schema"] == {"type": "string"}
+    readable = cli(project, "describe", "local::demo.greet").stdout
+    assert "version: 1.2.0" in readable and "effect: Pure" in readable and "timeout_ms" not in readable
     missing = cli(project, "describe", "nope")
     assert missing.returncode == 3 and "unknown tool 'nope'" in missing.stderr
 
