@@ -189,6 +189,10 @@ def _to_deprecation(value: Any) -> Deprecation | None:
     return result
 
 
+def _to_tags(values: Any) -> tuple[str, ...]:
+    return tuple(values)
+
+
 def _to_examples(values: Any) -> tuple[Example, ...]:
     return tuple(_structure(value, Example) for value in values)
 
@@ -220,7 +224,7 @@ class ToolSpec:
     version: str = attrs.field(default="0.0.0", validator=_check_version)
     title: str | None = None
     owner: str | None = None
-    tags: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    tags: tuple[str, ...] = attrs.field(default=(), converter=_to_tags)
     input_schema: dict[str, Any] = attrs.field(
         factory=lambda: {"type": "object"}, validator=_check_schema_type
     )

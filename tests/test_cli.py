@@ -75,9 +75,10 @@ def cli(cwd: Path, *args: str, stdin: str | None = None, env: dict[str, str] | N
 def test_list_and_describe(project: Path) -> None:
     listed = cli(project, "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    rows = json.loads(listed.stdout)
-    assert {r["name"] for r in rows} == {"local::demo.greet"}
-    assert rows[0]["effect"] == "Pure" and rows[0]["model_name"] == "demo_greet"
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert {"local::demo.greet", "local::fs.read_file"} <= set(rows)
+    assert rows["local::demo.greet"]["effect"] == "Pure" and rows["local::demo.greet"]["model_name"] == "demo_greet"
+    assert rows["local::fs.read_file"]["plugin"] == "filesystem"
     plain = cli(project, "list")
     assert "local::demo.greet" in plain.stdout and "1.2.0" in plain.stdout
     described = json.loads(cli(project, "describe", "demo_greet", "--json").stdout)
@@ -92,7 +93,7 @@ def test_schema_formats(project: Path) -> None:
     for fmt, key in (("openai", "function"), ("anthropic", "input_schema"), ("mcp", "inputSchema")):
         out = cli(project, "schema", "--format", fmt)
         assert out.returncode == 0
-        assert key in json.loads(out.stdout)[0]
+        assert all(key in definition for definition in json.loads(out.stdout))
     bad = cli(project, "schema", "--format", "gemini")
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 

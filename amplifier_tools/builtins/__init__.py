@@ -10,4 +10,6 @@ from __future__ import annotations
 
 from typing import Final
 
-BUILTIN_PLUGINS: Final[dict[str, str]] = {}
+BUILTIN_PLUGINS: Final[dict[str, str]] = {
+    "filesystem": "amplifier_tools.builtins.filesystem:FilesystemPlugin",
+}

@@ -1,0 +1,78 @@
+"""The filesystem plugin: ``read_file``, ``write_file``, ``edit_file``, ``list_dir``, ``glob``, ``grep``.
+
+A built-in that uses only the public hooks: ``mount`` reads its config
+section, builds one ``PathRules`` engine and mounts the six tools, all of which
+resolve every path through it. One instance per host (``FilesystemPlugin``),
+so the read-before-write log is never shared between hosts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from ..._markers import hookimpl
+from ...errors import ConfigError
+from .paths import DEFAULT_WRITE_DENIED, PathRules
+from .tools import TOOL_CLASSES, ReadLog
+
+PLUGIN: Final = "filesystem"
+
+DEFAULTS: Final[dict[str, Any]] = {
+    "allowed_read_paths": None,  # None: the working directory
+    "allowed_write_paths": None,
+    "denied_paths": [],
+    "write_denied_paths": list(DEFAULT_WRITE_DENIED),
+    "allow_hardlinks": False,
+    "require_read_before_write": False,
+    "max_size": 10 * 1024 * 1024,
+    "default_limit": 2000,
+    "max_line_chars": 2000,
+    "max_results": 1000,
+    "max_matches": 200,
+}
+
+
+def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The plugin's settings with defaults; ``ConfigError`` naming the key otherwise."""
+    settings = dict(DEFAULTS)
+    for key, value in config.items():
+        where = f"plugins.{PLUGIN}.{key}"
+        if key not in DEFAULTS:
+            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=where)
+        default = DEFAULTS[key]
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError("must be true or false", key=where)
+        elif isinstance(default, int):
+            if type(value) is not int or value <= 0:
+                raise ConfigError("must be a positive integer", key=where)
+        elif not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError("must be a list of paths or patterns", key=where)
+        settings[key] = value
+    return settings
+
+
+class FilesystemPlugin:
+    """Mounts the six tools over one ``PathRules``."""
+
+    name = PLUGIN
+
+    def __init__(self) -> None:
+        self.rules: PathRules | None = None
+
+    @hookimpl
+    async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
+        settings = parse_settings(config)
+        working_dir = coordinator.get_capability("session.working_dir")
+        self.rules = PathRules(
+            working_dir,
+            read_roots=settings["allowed_read_paths"] or [working_dir],
+            write_roots=settings["allowed_write_paths"] or [working_dir],
+            denied=settings["denied_paths"],
+            write_denied=settings["write_denied_paths"],
+            allow_hardlinks=settings["allow_hardlinks"],
+        )
+        coordinator.register_capability("fs.path_rules", self.rules)
+        read_log = ReadLog()
+        for cls in TOOL_CLASSES:
+            await coordinator.mount("tools", cls(self.rules, settings, read_log))

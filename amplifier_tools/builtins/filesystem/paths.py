@@ -1,0 +1,256 @@
+"""``PathRules``: the one path-rule engine behind every filesystem tool.
+
+A path is allowed when, resolved, it lies inside an allowed root for the
+operation (read or write) and matches no denied pattern; deny wins.
+
+How resolution defeats escapes:
+
+- the path is normalized lexically (``~`` expanded, relative to the working
+  directory, ``.``/``..`` collapsed) and must lie under a root — ``..``
+  traversal, absolute paths elsewhere and sibling-prefix roots
+  (``/work/app`` vs ``/work/app-evil``, compared by components) are refused;
+- the file is then opened *component by component* from a directory file
+  descriptor of the root, every component with ``O_NOFOLLOW``: a symlink
+  swapped in between check and open makes the open fail, it is never followed;
+- a symlink met on the way is resolved and the whole walk starts again on the
+  resolved path, which must itself lie inside a root (so in-root links work and
+  links out of the roots are refused);
+- only regular files and directories are used: FIFOs, sockets and devices are
+  refused after an ``O_NONBLOCK`` open and ``fstat``, so nothing blocks;
+- writes refuse files with more than one hard link (unless configured), since
+  the other name may lie outside the roots;
+- NUL bytes and over-long paths are contract errors.
+
+What it does not guarantee: it does not stop a process outside this host from
+changing files inside the roots; bind mounts inside a root that lead elsewhere
+look like ordinary directories; hard links are only detected for writes
+(reading a hard-linked file reads that content); time-of-check races on
+*directory removal* can make an operation fail, never escape.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import PurePosixPath
+from typing import Final
+
+import attrs
+
+from ...errors import AuthError, ContractError, ExecutionError
+
+MAX_PATH_BYTES: Final = 4096
+MAX_SYMLINK_HOPS: Final = 40
+DEFAULT_WRITE_DENIED: Final = (".git", ".env*")
+
+
+@attrs.frozen
+class Resolved:
+    """A path inside a root: the root, the components below it, and the absolute path."""
+
+    root: str
+    parts: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.root, *self.parts) if self.parts else self.root
+
+    @property
+    def relative(self) -> str:
+        return "/".join(self.parts) or "."
+
+
+def _deny(message: str, rule: str, path: str) -> AuthError:
+    return AuthError(message, code="path_denied", rule=rule, path=path)
+
+
+class PathRules:
+    """Allowed read/write roots and denied patterns, applied to every path."""
+
+    def __init__(self, working_dir: str, *, read_roots: Iterable[str], write_roots: Iterable[str],
+                 denied: Iterable[str] = (), write_denied: Iterable[str] = DEFAULT_WRITE_DENIED,
+                 allow_hardlinks: bool = False) -> None:
+        self.working_dir = os.path.realpath(working_dir)
+        self.read_roots = tuple(self._root(r) for r in read_roots)
+        self.write_roots = tuple(self._root(r) for r in write_roots)
+        self.denied = tuple(denied)
+        self.write_denied = tuple(write_denied)
+        self.allow_hardlinks = allow_hardlinks
+
+    def _root(self, root: str) -> str:
+        # Roots are trusted configuration: resolved once, symlinks included.
+        return os.path.realpath(os.path.join(self.working_dir, os.path.expanduser(root)))
+
+    # -- lexical checks --------------------------------------------------------
+
+    def _lexical(self, path: str) -> str:
+        if not isinstance(path, str) or path == "":
+            raise ContractError("path must be a non-empty string", code="invalid_path", pointer="/path")
+        if "\x00" in path:
+            raise ContractError("path contains a NUL byte", code="invalid_path", pointer="/path")
+        if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+            raise ContractError(f"path is longer than {MAX_PATH_BYTES} bytes", code="invalid_path",
+                                pointer="/path")
+        return os.path.normpath(os.path.join(self.working_dir, os.path.expanduser(path)))
+
+    @staticmethod
+    def _inside(path: str, root: str) -> tuple[str, ...] | None:
+        """The components of ``path`` below ``root``, compared component-wise, or None."""
+        p, r = PurePosixPath(path).parts, PurePosixPath(root).parts
+        return tuple(p[len(r):]) if p[: len(r)] == r else None
+
+    def _locate(self, absolute: str, roots: tuple[str, ...], original: str, write: bool) -> Resolved:
+        best: Resolved | None = None
+        for root in roots:
+            parts = self._inside(absolute, root)
+            if parts is not None and (best is None or len(root) > len(best.root)):
+                best = Resolved(root, parts)
+        if best is None:
+            kind = "write" if write else "read"
+            raise _deny(f"{original!r} is outside the allowed {kind} roots ({', '.join(roots) or 'none'})",
+                        f"outside_{kind}_roots", original)
+        for pattern in self.denied + (self.write_denied if write else ()):
+            if self._matches(pattern, best):
+                raise _deny(f"{original!r} matches the denied path rule {pattern!r}", f"denied:{pattern}",
+                            original)
+        return best
+
+    @staticmethod
+    def _matches(pattern: str, resolved: Resolved) -> bool:
+        if "/" not in pattern:  # a name: matches any component
+            return any(fnmatch.fnmatchcase(part, pattern) for part in resolved.parts)
+        if pattern.startswith("/"):
+            return resolved.path == pattern.rstrip("/") or resolved.path.startswith(pattern.rstrip("/") + "/")
+        return fnmatch.fnmatchcase(resolved.relative, pattern) or fnmatch.fnmatchcase(
+            resolved.relative, pattern.rstrip("/") + "/*")
+
+    def resolve(self, path: str, *, write: bool = False) -> Resolved:
+        """Lexical resolution and rule check only (no filesystem access)."""
+        return self._locate(self._lexical(path), self.write_roots if write else self.read_roots, path, write)
+
+    # -- safe opening ------------------------------------------------------------
+
+    @contextmanager
+    def open_dir(self, path: str, *, write: bool = False, create: bool = False) -> Iterator[tuple[int, Resolved]]:
+        """A directory fd for ``path`` opened without following symlinks out of the roots."""
+        fd, resolved, _ = self._walk(path, write=write, create_parents=create, final_dir=True)
+        try:
+            yield fd, resolved
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def open_parent(self, path: str, *, write: bool, create: bool = False) -> Iterator[tuple[int, str, Resolved]]:
+        """The fd of ``path``'s parent directory, and the final name (not opened)."""
+        fd, resolved, name = self._walk(path, write=write, create_parents=create, final_dir=False)
+        try:
+            yield fd, name, resolved
+        finally:
+            os.close(fd)
+
+    def open_file(self, path: str) -> tuple[int, os.stat_result, Resolved]:
+        """Open a regular file for reading; refuses symlinks out of the roots and special files."""
+        for _ in range(MAX_SYMLINK_HOPS):
+            with self.open_parent(path, write=False) as (dir_fd, name, resolved):
+                if not name:
+                    raise ExecutionError(f"{path!r} is a directory", code="is_a_directory", path=path)
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:  # the final component is a symlink
+                        path = self._follow(dir_fd, name, resolved, write=False)
+                        continue
+                    raise _os_error(exc, path) from None
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    os.close(fd)
+                    if stat.S_ISDIR(st.st_mode):
+                        raise ExecutionError(f"{path!r} is a directory", code="is_a_directory", path=path)
+                    raise _deny(f"{path!r} is not a regular file (FIFO, socket or device)", "special_file", path)
+                return fd, st, resolved
+        raise _deny(f"{path!r}: too many symbolic links", "symlink_loop", path)
+
+    def _follow(self, dir_fd: int, name: str, resolved: Resolved, *, write: bool) -> str:
+        """Resolve a symlink met during a walk; the target must be inside a root."""
+        target = os.readlink(name, dir_fd=dir_fd)
+        base = os.path.dirname(resolved.path) if resolved.parts else resolved.root
+        absolute = os.path.normpath(os.path.join(base, target))
+        roots = self.write_roots if write else self.read_roots
+        if not any(self._inside(absolute, r) is not None for r in roots):
+            raise _deny(f"{resolved.path!r} is a symbolic link to {absolute!r}, outside the allowed roots",
+                        "symlink_escape", resolved.path)
+        return absolute
+
+    def _walk(self, path: str, *, write: bool, create_parents: bool, final_dir: bool) -> tuple[int, Resolved, str]:
+        """Open the directories of ``path`` one by one with O_NOFOLLOW; restart on in-root symlinks."""
+        current = path
+        for _ in range(MAX_SYMLINK_HOPS):
+            resolved = self.resolve(current, write=write)
+            parts = resolved.parts if final_dir else resolved.parts[:-1]
+            fd = os.open(resolved.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            restart: str | None = None
+            try:
+                for index, part in enumerate(parts):
+                    try:
+                        next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                          dir_fd=fd)
+                    except FileNotFoundError:
+                        if not create_parents:
+                            raise
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                        next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                          dir_fd=fd)
+                    except OSError as exc:
+                        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_symlink(fd, part):
+                            partial = Resolved(resolved.root, resolved.parts[: index + 1])
+                            target = self._follow(fd, part, partial, write=write)
+                            rest = resolved.parts[index + 1:]
+                            restart = os.path.join(target, *rest) if rest else target
+                            break
+                        raise
+                    os.close(fd)
+                    fd = next_fd
+            except OSError as exc:
+                os.close(fd)
+                raise _os_error(exc, path) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            if restart is None:
+                name = "" if final_dir or not resolved.parts else resolved.parts[-1]
+                return fd, resolved, name
+            os.close(fd)
+            current = restart
+        raise _deny(f"{path!r}: too many symbolic links", "symlink_loop", path)
+
+    def check_replace(self, dir_fd: int, name: str, path: str) -> os.stat_result | None:
+        """Stat of an existing write target (None if absent); refuses links, specials, hard links."""
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            raise _deny(f"{path!r} is a symbolic link; write to its target path instead", "symlink_write", path)
+        if not stat.S_ISREG(st.st_mode):
+            raise _deny(f"{path!r} is not a regular file", "special_file", path)
+        if st.st_nlink > 1 and not self.allow_hardlinks:
+            raise _deny(f"{path!r} has {st.st_nlink} hard links; refusing to write through a shared inode",
+                        "hardlink", path)
+        return st
+
+
+def _is_symlink(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _os_error(exc: OSError, path: str) -> ExecutionError:
+    code = {errno.ENOENT: "not_found", errno.ENOTDIR: "not_a_directory", errno.EACCES: "permission_denied",
+            errno.EISDIR: "is_a_directory", errno.ENAMETOOLONG: "name_too_long"}.get(exc.errno or 0, "os_error")
+    return ExecutionError(f"{path!r}: {exc.strerror}", code=code, path=path)

@@ -1,0 +1,85 @@
+"""Bounded reading: line paging, binary detection, atomic replacement.
+
+Everything here works on file descriptors handed out by ``PathRules``; nothing
+opens a path by name.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any, Final
+
+SNIFF_BYTES: Final = 8192
+CHUNK: Final = 1 << 16
+
+
+def looks_binary(head: bytes) -> bool:
+    """A NUL byte in the first bytes means binary (as git and grep decide)."""
+    return b"\x00" in head
+
+
+def page_lines(fd: int, *, offset: int, limit: int, max_line_chars: int, encoding: str) -> dict[str, Any]:
+    """Lines ``offset .. offset+limit-1`` (1-based), reading no further than needed.
+
+    Memory is bounded by ``limit * max_line_chars``: a long line is cut while it
+    is read, and the rest of it skipped in chunks. ``total_lines`` is known only
+    when the end of the file was reached within the page.
+    """
+    with os.fdopen(os.dup(fd), "rb", buffering=CHUNK) as stream:
+        cap = max_line_chars * 4 + 4  # bytes: up to 4 per character in UTF-8
+        lines: list[str] = []
+        number = 0
+        truncated_lines = 0
+        eof = False
+        while True:
+            raw = stream.readline(cap)
+            if not raw:
+                eof = True
+                break
+            long_line = not raw.endswith(b"\n") and len(raw) >= cap
+            if long_line:  # skip the rest of an over-long line without keeping it
+                while True:
+                    more = stream.readline(CHUNK)
+                    if not more or more.endswith(b"\n"):
+                        break
+            number += 1
+            if number < offset:
+                continue
+            if len(lines) >= limit:
+                break
+            text = raw.decode(encoding, errors="replace").rstrip("\r\n")
+            if long_line or len(text) > max_line_chars:
+                truncated_lines += 1
+                text = text[:max_line_chars] + " … [line truncated]"
+            lines.append(text)
+        total = number if eof else None
+    return {"lines": lines, "total_lines": total, "truncated_lines": truncated_lines, "eof": eof}
+
+
+def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Write ``data`` to a temp file in the same directory, fsync, then rename over ``name``.
+
+    A crash leaves the old content or the new one, never a torn file; the temp
+    file is removed when anything fails.
+    """
+    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,450 @@
+"""The six filesystem tools. Each resolves every path through the plugin's ``PathRules``."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import bisect
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ...errors import ContractError, ExecutionError
+from ...models import ToolResult
+from ...spec import ToolSpec
+from .paths import PathRules
+from .textio import SNIFF_BYTES, atomic_replace, looks_binary, page_lines
+
+VERSION = "1.0.0"
+IGNORED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".tox", ".venv"})
+
+
+def _string(description: str, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "description": description, **extra}
+
+
+class ReadLog:
+    """Which files this host has read, by (device, inode) with the size and mtime seen.
+
+    Backs ``require_read_before_write``: a write to an existing file is refused
+    unless it was read here and has not changed on disk since.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def saw(self, st: os.stat_result) -> None:
+        self._seen[(st.st_dev, st.st_ino)] = (st.st_size, st.st_mtime_ns)
+
+    def check(self, st: os.stat_result, path: str) -> None:
+        seen = self._seen.get((st.st_dev, st.st_ino))
+        if seen is None:
+            raise ContractError(f"{path!r} must be read with read_file before it is changed",
+                                code="read_before_write", path=path)
+        if seen != (st.st_size, st.st_mtime_ns):
+            raise ContractError(f"{path!r} changed on disk since it was read; read it again", code="stale_read",
+                                path=path)
+
+
+class FilesystemTool(abc.ABC):
+    """Shared shape: a spec, the rules, and a sync implementation run in a worker thread."""
+
+    spec: ToolSpec
+
+    def __init__(self, rules: PathRules, settings: dict[str, Any], read_log: ReadLog) -> None:
+        self.rules = rules
+        self.settings = settings
+        self.read_log = read_log
+        self.name = self.spec.name
+        self.description = self.spec.description
+
+    @abc.abstractmethod
+    def run(self, input: dict[str, Any]) -> Any:
+        """Do the work synchronously (called in a worker thread)."""
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output=await asyncio.to_thread(self.run, input))
+
+
+class ReadFile(FilesystemTool):
+    spec = ToolSpec(
+        name="local::fs.read_file", version=VERSION, title="Read file",
+        description="Read a text file as numbered lines (cat -n style), a page at a time: offset is the first "
+                    "line (1-based), limit the number of lines. Refuses binary files, directories, devices and "
+                    "paths outside the allowed read roots. Does not follow symlinks out of the roots.",
+        tags=("fs", "read"), effect="Pure",
+        input_schema={"type": "object", "properties": {
+            "path": _string("File path, relative to the working directory or absolute"),
+            "offset": {"type": "integer", "minimum": 1, "description": "First line to return (1-based)"},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100000, "description": "Lines to return"},
+            "encoding": _string("Text encoding", default="utf-8"),
+        }, "required": ["path"], "additionalProperties": False},
+        output_schema={"type": "object", "properties": {
+            "content": {"type": "string"}, "path": {"type": "string"}, "offset": {"type": "integer"},
+            "lines_returned": {"type": "integer"}, "total_lines": {"type": ["integer", "null"]},
+            "partial": {"type": "boolean"}, "truncated_lines": {"type": "integer"}, "notice": {"type": "string"},
+        }, "required": ["content", "path", "lines_returned", "partial"]},
+        examples=[{"input": {"path": "README.md", "limit": 20}, "description": "first 20 lines"},
+                  {"input": {"path": "/etc/shadow"}, "error_code": "path_denied"}],
+    )
+
+    def run(self, input: dict[str, Any]) -> dict[str, Any]:
+        path = input["path"]
+        encoding = input.get("encoding", "utf-8")
+        try:
+            "".encode(encoding)
+        except LookupError:
+            raise ContractError(f"unknown encoding {encoding!r}", code="invalid_encoding",
+                                pointer="/encoding") from None
+        offset = input.get("offset", 1)
+        paging = "limit" in input or "offset" in input
+        limit = input.get("limit", self.settings["default_limit"])
+        fd, st, resolved = self.rules.open_file(path)
+        try:
+            if not paging and st.st_size > self.settings["max_size"]:
+                raise ExecutionError(
+                    f"{path!r} is {st.st_size} bytes, more than max_size ({self.settings['max_size']}); "
+                    "read it in pages with offset and limit (e.g. offset=1, limit=2000)",
+                    code="file_too_large", size=st.st_size)
+            head = os.pread(fd, SNIFF_BYTES, 0)
+            if looks_binary(head):
+                raise ExecutionError(f"{path!r} looks like a binary file ({st.st_size} bytes); not shown",
+                                     code="binary_file", size=st.st_size)
+            page = page_lines(fd, offset=offset, limit=limit, max_line_chars=self.settings["max_line_chars"],
+                              encoding=encoding)
+        finally:
+            os.close(fd)
+        self.read_log.saw(st)
+        lines = page["lines"]
+        content = "\n".join(f"{offset + i:>6}\t{line}" for i, line in enumerate(lines))
+        partial = not page["eof"] or offset > 1
+        out: dict[str, Any] = {"content": content, "path": resolved.path, "offset": offset,
+                               "lines_returned": len(lines), "total_lines": page["total_lines"],
+                               "partial": partial, "truncated_lines": page["truncated_lines"]}
+        if st.st_size == 0:
+            out["notice"] = "the file is empty"
+        elif not lines and page["eof"]:
+            out["notice"] = f"offset {offset} is past the end of the file ({page['total_lines']} lines)"
+        elif not page["eof"]:
+            out["notice"] = f"more lines follow; continue with offset={offset + len(lines)}"
+        return out
+
+
+class WriteFile(FilesystemTool):
+    spec = ToolSpec(
+        name="local::fs.write_file", version=VERSION, title="Write file",
+        description="Create or replace a text file atomically (temp file, fsync, rename), creating parent "
+                    "directories inside an allowed write root; keeps the mode of a replaced file. Does not "
+                    "write through symlinks, hard links or special files.",
+        tags=("fs", "write"), effect="IdempotentWrite", idempotency_key="optional",
+        input_schema={"type": "object", "properties": {
+            "path": _string("File path"), "content": _string("The whole new content"),
+            "encoding": _string("Text encoding", default="utf-8"),
+        }, "required": ["path", "content"], "additionalProperties": False},
+        output_schema={"type": "object", "properties": {
+            "path": {"type": "string"}, "bytes_written": {"type": "integer"}, "created": {"type": "boolean"},
+        }, "required": ["path", "bytes_written", "created"]},
+        examples=[{"input": {"path": "notes/todo.txt", "content": "buy milk\n"}}],
+    )
+
+    def run(self, input: dict[str, Any]) -> dict[str, Any]:
+        path = input["path"]
+        try:
+            data = input["content"].encode(input.get("encoding", "utf-8"))
+        except LookupError:
+            raise ContractError("unknown encoding", code="invalid_encoding", pointer="/encoding") from None
+        with self.rules.open_parent(path, write=True, create=True) as (dir_fd, name, resolved):
+            if not name:
+                raise ExecutionError(f"{path!r} is a directory", code="is_a_directory")
+            existing = self.rules.check_replace(dir_fd, name, path)
+            if existing is not None and self.settings["require_read_before_write"]:
+                self.read_log.check(existing, path)
+            mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o666 & ~UMASK
+            atomic_replace(dir_fd, name, data, mode)
+            self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+        return {"path": resolved.path, "bytes_written": len(data), "created": existing is None}
+
+
+class EditFile(FilesystemTool):
+    spec = ToolSpec(
+        name="local::fs.edit_file", version=VERSION, title="Edit file",
+        description="Replace an exact string in a text file, atomically. Fails when old_string is absent, "
+                    "occurs more than once (unless replace_all) or equals new_string. Reports how many "
+                    "replacements were made.",
+        tags=("fs", "write"), effect="IdempotentWrite", idempotency_key="optional",
+        input_schema={"type": "object", "properties": {
+            "path": _string("File path"), "old_string": {"type": "string", "minLength": 1},
+            "new_string": {"type": "string"}, "replace_all": {"type": "boolean", "default": False},
+        }, "required": ["path", "old_string", "new_string"], "additionalProperties": False},
+        output_schema={"type": "object", "properties": {
+            "path": {"type": "string"}, "replacements": {"type": "integer"}},
+            "required": ["path", "replacements"]},
+        examples=[{"input": {"path": "app.py", "old_string": "DEBUG = True", "new_string": "DEBUG = False"}}],
+    )
+
+    def run(self, input: dict[str, Any]) -> dict[str, Any]:
+        path, old, new = input["path"], input["old_string"], input["new_string"]
+        if old == new:
+            raise ContractError("old_string and new_string are the same; nothing to do", code="no_change",
+                                pointer="/new_string")
+        with self.rules.open_parent(path, write=True) as (dir_fd, name, resolved):
+            existing = self.rules.check_replace(dir_fd, name, path)
+            if existing is None:
+                raise ExecutionError(f"{path!r} does not exist", code="not_found")
+            if existing.st_size > self.settings["max_size"]:
+                raise ExecutionError(f"{path!r} is larger than max_size", code="file_too_large")
+            if self.settings["require_read_before_write"]:
+                self.read_log.check(existing, path)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                raw = os.read(fd, existing.st_size + 1)
+            finally:
+                os.close(fd)
+            if looks_binary(raw[:SNIFF_BYTES]):
+                raise ExecutionError(f"{path!r} looks like a binary file", code="binary_file")
+            text = raw.decode("utf-8", errors="surrogateescape")
+            count = text.count(old)
+            if count == 0:
+                raise ExecutionError(f"old_string was not found in {path!r}", code="not_found_in_file")
+            if count > 1 and not input.get("replace_all", False):
+                raise ExecutionError(f"old_string occurs {count} times in {path!r}; make it unique or set "
+                                     "replace_all", code="not_unique", occurrences=count)
+            updated = text.replace(old, new) if input.get("replace_all") else text.replace(old, new, 1)
+            atomic_replace(dir_fd, name, updated.encode("utf-8", errors="surrogateescape"),
+                           stat.S_IMODE(existing.st_mode))
+            self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+        return {"path": resolved.path, "replacements": count if input.get("replace_all") else 1}
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+class ListDir(FilesystemTool):
+    spec = ToolSpec(
+        name="local::fs.list_dir", version=VERSION, title="List directory",
+        description="List a directory's entries (name, type, size), sorted by name, capped. Symlinks are "
+                    "listed as symlinks, not followed.",
+        tags=("fs", "read"), effect="Pure",
+        input_schema={"type": "object", "properties": {"path": _string("Directory path", default=".")},
+                      "additionalProperties": False},
+        output_schema={"type": "object", "properties": {
+            "path": {"type": "string"}, "entries": {"type": "array"}, "omitted": {"type": "integer"}},
+            "required": ["path", "entries", "omitted"]},
+        examples=[{"input": {"path": "."}}],
+    )
+
+    def run(self, input: dict[str, Any]) -> dict[str, Any]:
+        with self.rules.open_dir(input.get("path", ".")) as (fd, resolved):
+            names = sorted(os.listdir(fd))
+            cap = self.settings["max_results"]
+            entries = []
+            for name in names[:cap]:
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                entries.append({"name": name, "type": _kind(st.st_mode), "size": st.st_size})
+        return {"path": resolved.path, "entries": entries, "omitted": max(0, len(names) - cap)}
+
+
+def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
+    """(relative path, dir fd, name) of every regular file under ``start``; never follows symlinks."""
+    with rules.open_dir(start) as (top_fd, _):
+        stack: list[tuple[int, str, bool]] = [(os.dup(top_fd), "", True)]
+        while stack:
+            fd, prefix, _ = stack.pop()
+            try:
+                with os.scandir(fd) as it:
+                    entries = sorted(it, key=lambda e: e.name, reverse=True)
+                dirs = []
+                for entry in entries:
+                    rel = f"{prefix}{entry.name}"
+                    if entry.is_symlink():
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        if entry.name in IGNORED_DIRS:
+                            continue
+                        try:
+                            sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                          dir_fd=fd)
+                        except OSError:
+                            continue
+                        dirs.append((sub, rel + "/", True))
+                    elif entry.is_file(follow_symlinks=False):
+                        yield rel, fd, entry.name
+                stack.extend(dirs)
+            finally:
+                os.close(fd)
+
+
+def glob_regex(pattern: str) -> re.Pattern[str]:
+    """A regex for a glob with ``**`` (any number of directories), ``*``, ``?`` and ``[...]``."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[":
+            end = pattern.find("]", i + 1)
+            if end == -1:
+                out.append(re.escape("["))
+                i += 1
+            else:
+                body = pattern[i + 1:end].replace("\\", "\\\\")
+                out.append("[^" + body[1:] + "]" if body.startswith("!") else "[" + body + "]")
+                i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+class Glob(FilesystemTool):
+    spec = ToolSpec(
+        name="local::fs.glob", version=VERSION, title="Find files",
+        description="Find files whose path (relative to 'path') matches a glob; '**' spans directories. "
+                    "Sorted, capped, with the count left out. Skips .git and similar directories; does not "
+                    "follow symlinks.",
+        tags=("fs", "read", "search"), effect="Pure",
+        input_schema={"type": "object", "properties": {
+            "pattern": _string("Glob, e.g. '**/*.py'", minLength=1),
+            "path": _string("Directory to search", default=".")},
+            "required": ["pattern"], "additionalProperties": False},
+        output_schema={"type": "object", "properties": {
+            "matches": {"type": "array", "items": {"type": "string"}}, "omitted": {"type": "integer"}},
+            "required": ["matches", "omitted"]},
+        examples=[{"input": {"pattern": "**/*.md"}}],
+    )
+
+    def run(self, input: dict[str, Any]) -> dict[str, Any]:
+        regex = glob_regex(input["pattern"])
+        found = sorted(rel for rel, _, _ in _walk(self.rules, input.get("path", ".")) if regex.match(rel))
+        cap = self.settings["max_results"]
+        return {"matches": found[:cap], "omitted": max(0, len(found) - cap)}
+
+
+class Grep(FilesystemTool):
+    spec = ToolSpec(
+        name="local::fs.grep", version=VERSION, title="Search file contents",
+        description="Search files under 'path' for a regular expression (Python syntax), optionally only files "
+                    "matching a glob; prints 'file:line:text' with optional context lines. Skips binary files, "
+                    ".git and similar directories, and symlinks; capped.",
+        tags=("fs", "read", "search"), effect="Pure",
+        input_schema={"type": "object", "properties": {
+            "pattern": _string("Regular expression", minLength=1),
+            "path": _string("Directory or file to search", default="."),
+            "glob": _string("Only files whose relative path matches this glob"),
+            "ignore_case": {"type": "boolean", "default": False},
+            "context": {"type": "integer", "minimum": 0, "maximum": 20, "default": 0},
+            "max_matches": {"type": "integer", "minimum": 1, "maximum": 10000}},
+            "required": ["pattern"], "additionalProperties": False},
+        output_schema={"type": "object", "properties": {
+            "matches": {"type": "array"}, "files_searched": {"type": "integer"},
+            "truncated": {"type": "boolean"}}, "required": ["matches", "files_searched", "truncated"]},
+        examples=[{"input": {"pattern": "TODO", "glob": "**/*.py"}}],
+    )
+
+    def run(self, input: dict[str, Any]) -> dict[str, Any]:
+        flags = re.MULTILINE | (re.IGNORECASE if input.get("ignore_case") else 0)
+        try:
+            regex = re.compile(input["pattern"].encode("utf-8"), flags)
+        except re.error as exc:
+            raise ContractError(f"invalid regular expression: {exc}", code="invalid_pattern",
+                                pointer="/pattern") from None
+        only = glob_regex(input["glob"]) if "glob" in input else None
+        context = input.get("context", 0)
+        cap = input.get("max_matches", self.settings["max_matches"])
+        max_file = self.settings["max_size"]
+        matches: list[dict[str, Any]] = []
+        searched = 0
+        start = input.get("path", ".")
+        try:
+            fd, st, resolved = self.rules.open_file(start)
+        except ExecutionError as exc:
+            if exc.code != "is_a_directory":
+                raise
+        else:  # a single file
+            try:
+                self._search_fd(fd, st.st_size, os.path.basename(resolved.path), regex, context, cap, matches,
+                                max_file)
+            finally:
+                os.close(fd)
+            return {"matches": matches, "files_searched": 1, "truncated": len(matches) >= cap}
+        for rel, dir_fd, name in _walk(self.rules, start):
+            if only is not None and not only.match(rel):
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                searched += 1
+                self._search_fd(fd, st.st_size, rel, regex, context, cap, matches, max_file)
+            finally:
+                os.close(fd)
+            if len(matches) >= cap:
+                break
+        return {"matches": matches, "files_searched": searched, "truncated": len(matches) >= cap}
+
+    @staticmethod
+    def _search_fd(fd: int, size: int, rel: str, regex: re.Pattern[bytes], context: int, cap: int,
+                   matches: list[dict[str, Any]], max_file: int) -> None:
+        if size > max_file:
+            return
+        data = os.read(fd, size + 1) if size else b""
+        if not data or looks_binary(data[:SNIFF_BYTES]) or regex.search(data) is None:
+            return  # the common case stays in C: one search over the whole file
+        lines = data.split(b"\n")
+        starts = [0]
+        for line in lines[:-1]:
+            starts.append(starts[-1] + len(line) + 1)
+        seen_lines: set[int] = set()
+        for match in regex.finditer(data):
+            index = bisect.bisect_right(starts, match.start()) - 1
+            if index in seen_lines:
+                continue
+            seen_lines.add(index)
+            entry: dict[str, Any] = {"file": rel, "line": index + 1,
+                                     "text": lines[index].decode("utf-8", "replace")[:500]}
+            if context:
+                entry["before"] = [lines[j].decode("utf-8", "replace")[:500]
+                                   for j in range(max(0, index - context), index)]
+                entry["after"] = [lines[j].decode("utf-8", "replace")[:500]
+                                  for j in range(index + 1, min(len(lines), index + 1 + context))]
+            matches.append(entry)
+            if len(matches) >= cap:
+                return
+
+
+def _read_umask() -> int:
+    current = os.umask(0o022)  # read once at import, before any worker thread creates files
+    os.umask(current)
+    return current
+
+
+UMASK = _read_umask()
+
+
+TOOL_CLASSES: tuple[Callable[..., FilesystemTool], ...] = (ReadFile, WriteFile, EditFile, ListDir, Glob, Grep)
