@@ -164,6 +164,9 @@ class PathRules:
                     if exc.errno == errno.ELOOP:  # the final component is a symlink
                         path = self._follow(dir_fd, name, resolved, write=False)
                         continue
+                    if exc.errno == errno.ENXIO:  # a socket (or a FIFO-like node) that cannot be opened
+                        raise _deny(f"{path!r} is not a regular file (FIFO, socket or device)", "special_file",
+                                    path) from None
                     raise _os_error(exc, path) from None
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
