@@ -1,0 +1,249 @@
+"""What users of the filesystem tools see: paging, notices, atomic writes, edits, search."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amplifier_tools import ToolHost
+
+
+async def start(root: Path, **plugin_config: Any) -> ToolHost:
+    host = ToolHost(config={"plugins": {"filesystem": plugin_config}} if plugin_config else None,
+                    builtins=["filesystem"], entry_points=False, working_dir=root, discover=False)
+    await host.start()
+    return host
+
+
+@pytest.fixture
+async def host(tmp_path: Path) -> AsyncIterator[ToolHost]:
+    h = await start(tmp_path, max_size=1000)
+    yield h
+    await h.close()
+
+
+async def test_read_file_pages_and_says_where_to_continue(host: ToolHost, tmp_path: Path) -> None:
+    (tmp_path / "f.txt").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    first = (await host.call("fs_read_file", {"path": "f.txt", "limit": 3})).output
+    assert first["content"] == "     1\tline 1\n     2\tline 2\n     3\tline 3"
+    assert first["partial"] is True and first["total_lines"] is None
+    assert first["notice"] == "more lines follow; continue with offset=4"
+    last = (await host.call("fs_read_file", {"path": "f.txt", "offset": 9, "limit": 5})).output
+    assert last["content"].splitlines()[0] == "     9\tline 9" and last["total_lines"] == 10
+    past = (await host.call("fs_read_file", {"path": "f.txt", "offset": 50})).output
+    assert past["lines_returned"] == 0 and "past the end of the file (10 lines)" in past["notice"]
+    whole = (await host.call("fs_read_file", {"path": "f.txt"})).output
+    assert whole["partial"] is False and whole["total_lines"] == 10
+
+
+async def test_empty_binary_long_lines_and_size_cap(host: ToolHost, tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("")
+    assert (await host.call("fs_read_file", {"path": "empty.txt"})).output["notice"] == "the file is empty"
+    (tmp_path / "bin.dat").write_bytes(b"\x7fELF\x00\x01\x02" * 10)
+    binary = await host.call("fs_read_file", {"path": "bin.dat"})
+    assert binary.error["code"] == "binary_file" and "\x00" not in binary.error["message"]
+    (tmp_path / "long.txt").write_text("x" * 5000 + "\nshort\n")
+    long = (await host.call("fs_read_file", {"path": "long.txt", "limit": 5})).output
+    assert long["truncated_lines"] == 1 and "[line truncated]" in long["content"]
+    assert long["content"].endswith("     2\tshort")
+    (tmp_path / "big.txt").write_text("y\n" * 1000)
+    refused = await host.call("fs_read_file", {"path": "big.txt"})
+    assert refused.error["code"] == "file_too_large" and "offset and limit" in refused.error["message"]
+    paged = await host.call("fs_read_file", {"path": "big.txt", "limit": 10})
+    assert paged.output["lines_returned"] == 10
+
+
+async def test_write_is_atomic_keeps_mode_and_creates_parents(host: ToolHost, tmp_path: Path) -> None:
+    created = await host.call("fs_write_file", {"path": "a/b/c.txt", "content": "one\n"})
+    assert created.output == {"path": str(tmp_path / "a/b/c.txt"), "bytes_written": 4, "created": True}
+    target = tmp_path / "a/b/c.txt"
+    target.chmod(0o640)
+    replaced = await host.call("fs_write_file", {"path": "a/b/c.txt", "content": "two\n"})
+    assert replaced.output["created"] is False and target.read_text() == "two\n"
+    assert oct(target.stat().st_mode & 0o777) == oct(0o640)
+    assert [p.name for p in (tmp_path / "a/b").iterdir()] == ["c.txt"]  # no temp files left
+
+
+async def test_edit_file_rules(host: ToolHost, tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text("DEBUG = True\nname = 'x'\nname = 'x'\n")
+    ok = await host.call("fs_edit_file", {"path": "app.py", "old_string": "DEBUG = True", "new_string": "DEBUG = 0"})
+    assert ok.output["replacements"] == 1
+    absent = await host.call("fs_edit_file", {"path": "app.py", "old_string": "nope", "new_string": "x"})
+    assert absent.error["code"] == "not_found_in_file"
+    twice = await host.call("fs_edit_file", {"path": "app.py", "old_string": "name = 'x'", "new_string": "n"})
+    assert twice.error["code"] == "not_unique" and twice.error["occurrences"] == 2
+    same = await host.call("fs_edit_file", {"path": "app.py", "old_string": "x", "new_string": "x"})
+    assert same.error["code"] == "no_change"
+    every = await host.call("fs_edit_file", {"path": "app.py", "old_string": "name = 'x'", "new_string": "n = 1",
+                                             "replace_all": True})
+    assert every.output["replacements"] == 2
+    assert (tmp_path / "app.py").read_text() == "DEBUG = 0\nn = 1\nn = 1\n"
+
+
+async def test_require_read_before_write(tmp_path: Path) -> None:
+    (tmp_path / "f.txt").write_text("v1\n")
+    host = await start(tmp_path, require_read_before_write=True)
+    try:
+        unread = await host.call("fs_write_file", {"path": "f.txt", "content": "v2\n"})
+        assert unread.error["code"] == "read_before_write"
+        await host.call("fs_read_file", {"path": "f.txt"})
+        time.sleep(0.01)
+        (tmp_path / "f.txt").write_text("changed elsewhere\n")
+        stale = await host.call("fs_edit_file", {"path": "f.txt", "old_string": "changed", "new_string": "c"})
+        assert stale.error["code"] == "stale_read"
+        await host.call("fs_read_file", {"path": "f.txt"})
+        assert (await host.call("fs_write_file", {"path": "f.txt", "content": "v3\n"})).success
+        assert (await host.call("fs_write_file", {"path": "new.txt", "content": "fresh"})).success
+    finally:
+        await host.close()
+
+
+async def test_glob_grep_and_list(host: ToolHost, tmp_path: Path) -> None:
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "a.py").write_text("import os\n# TODO: fix\nx = 1\n")
+    (tmp_path / "src" / "b.py").write_text("todo later\n")
+    (tmp_path / "notes.md").write_text("TODO in markdown\n")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("TODO in git\n")
+    (tmp_path / "blob.bin").write_bytes(b"TODO\x00\x00")
+    globbed = await host.call("fs_glob", {"pattern": "**/*.py"})
+    assert globbed.output == {"matches": ["src/b.py", "src/pkg/a.py"], "omitted": 0}
+    grep = await host.call("fs_grep", {"pattern": "TODO", "context": 1})
+    assert [(m["file"], m["line"]) for m in grep.output["matches"]] == [("notes.md", 1), ("src/pkg/a.py", 2)]
+    assert grep.output["matches"][1]["before"] == ["import os"] and grep.output["matches"][1]["after"] == ["x = 1"]
+    nocase = await host.call("fs_grep", {"pattern": "todo", "ignore_case": True, "glob": "src/**"})
+    assert {m["file"] for m in nocase.output["matches"]} == {"src/b.py", "src/pkg/a.py"}
+    bad = await host.call("fs_grep", {"pattern": "(unclosed"})
+    assert bad.error["type"] == "ContractError" and bad.error["code"] == "invalid_pattern"
+    one = await host.call("fs_grep", {"pattern": "x =", "path": "src/pkg/a.py"})
+    assert one.output["matches"][0]["line"] == 3
+    listing = await host.call("fs_list_dir", {})
+    assert [e["name"] for e in listing.output["entries"]] == [".git", "blob.bin", "notes.md", "src"]
+
+
+async def test_bad_config_names_the_key(tmp_path: Path) -> None:
+    from amplifier_tools import PluginLoadError
+
+    for config, key in (({"max_size": -1}, "max_size"), ({"allowed_read_paths": "/"}, "allowed_read_paths"),
+                        ({"colour": 1}, "colour")):
+        with pytest.raises(PluginLoadError, match=rf"plugins\.filesystem\.{key}"):
+            await start(tmp_path, **config)
+
+
+def test_race_symlink_flip_never_reads_or_writes_outside(tmp_path: Path) -> None:
+    """A thread flips a path component between a real directory and a symlink to outside."""
+    import asyncio
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "f.txt").write_text("OUTSIDE-SECRET")
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "f.txt").write_text("inside")
+    stop = threading.Event()
+    flip_count: list[int] = []
+
+    def flipper() -> None:
+        d, parked, link = root / "d", tmp_path / "parked", tmp_path / "link"
+        link.symlink_to(outside)
+        os.rename(real, d)
+        flips = 0
+        while not stop.is_set():
+            try:
+                os.rename(d, parked)  # d: real directory -> gone
+                os.rename(link, d)  # d: symlink to outside
+                os.rename(d, link)  # d: gone
+                os.rename(parked, d)  # d: real directory again
+                flips += 1
+            except OSError:
+                pass
+        flip_count.append(flips)
+
+    async def hammer() -> list[Any]:
+        async with ToolHost(builtins=["filesystem"], entry_points=False, working_dir=root, discover=False) as h:
+            results = []
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                results.append(await h.call("fs_read_file", {"path": "d/f.txt"}))
+                results.append(await h.call("fs_write_file", {"path": "d/f.txt", "content": "written"}))
+            return results
+
+    thread = threading.Thread(target=flipper, daemon=True)
+    thread.start()
+    try:
+        results = asyncio.run(hammer())
+    finally:
+        stop.set()
+        thread.join()
+    assert (outside / "f.txt").read_text() == "OUTSIDE-SECRET"
+    assert sorted(p.name for p in outside.iterdir()) == ["f.txt"]
+    assert not any("OUTSIDE-SECRET" in repr(r.output) for r in results)
+    assert len(results) > 20 and flip_count[0] > 20
+    assert any(r.success for r in results)  # the inside file was reachable between flips
+
+
+def test_writer_killed_mid_write_leaves_old_or_new_content(tmp_path: Path) -> None:
+    old, new = "A" * 2_000_000, "B" * 2_000_000
+    (tmp_path / "data.txt").write_text(old)
+    script = textwrap.dedent(f"""
+        import asyncio
+        from amplifier_tools import ToolHost
+        async def main():
+            async with ToolHost(builtins=["filesystem"], entry_points=False, working_dir={str(tmp_path)!r},
+                                discover=False) as h:
+                print("ready", flush=True)
+                while True:
+                    await h.call("fs_write_file", {{"path": "data.txt", "content": "B" * 2_000_000}})
+        asyncio.run(main())
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for delay in (0.05, 0.1, 0.17, 0.23, 0.3):
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert (tmp_path / "data.txt").read_text() in (old, new)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(["fs_read_file", "fs_write_file", "fs_edit_file", "fs_list_dir",
+                                           "fs_glob", "fs_grep"]),
+                          st.sampled_from(["a.txt", "d/b.txt", "../x", "/etc/hosts", "d", ".", "d/../a.txt",
+                                           ".git/x", "", "a\x00"]),
+                          st.text(max_size=20)), max_size=12))
+def test_random_operation_sequences_never_raise(tmp_path_factory: pytest.TempPathFactory,
+                                                ops: list[tuple[str, str, str]]) -> None:
+    import asyncio
+
+    root = tmp_path_factory.mktemp("prop")
+
+    async def go() -> None:
+        async with ToolHost(builtins=["filesystem"], entry_points=False, working_dir=root, discover=False) as h:
+            for tool, path, text in ops:
+                args: dict[str, Any] = {"path": path}
+                if tool == "fs_write_file":
+                    args["content"] = text
+                elif tool == "fs_edit_file":
+                    args.update(old_string=text or "x", new_string=text + "!")
+                elif tool in ("fs_glob", "fs_grep"):
+                    args = {"pattern": text or "*", "path": path}
+                result = await h.call(tool, args)
+                assert result.success or result.error["type"] in (
+                    "ContractError", "AuthError", "ExecutionError"), result.error
+
+    asyncio.run(go())
+    assert not (root.parent / "x").exists()
