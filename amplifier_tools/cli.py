@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="import path of a module, or an entry-point / distribution name")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-run", action="store_true", help="do not run the examples of Pure tools")
+    p = sub.add_parser("audit", help="verify, tail or summarize an audit log", add_help=False)
+    p.add_argument("audit_args", nargs=argparse.REMAINDER)
     p = sub.add_parser("call", help="run one call through the whole pipeline")
     p.add_argument("tool")
     p.add_argument("arguments", nargs="?", default="{}", help="JSON object, or - to read it from stdin")
@@ -221,6 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "validate":
             return _validate(args)
+        if args.command == "audit":
+            from .builtins.audit.commands import main as audit_main
+
+            return audit_main(args.audit_args)
         return asyncio.run(_run(args))
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -12,4 +12,5 @@ from typing import Final
 
 BUILTIN_PLUGINS: Final[dict[str, str]] = {
     "filesystem": "amplifier_tools.builtins.filesystem:FilesystemPlugin",
+    "audit": "amplifier_tools.builtins.audit:AuditPlugin",
 }

@@ -45,7 +45,7 @@ from ...errors import AuthError, ContractError, ExecutionError
 
 MAX_PATH_BYTES: Final = 4096
 MAX_SYMLINK_HOPS: Final = 40
-DEFAULT_WRITE_DENIED: Final = (".git", ".env*")
+DEFAULT_WRITE_DENIED: Final = (".git", ".env*", ".amplifier-tools")
 
 
 @attrs.frozen

@@ -1,0 +1,183 @@
+"""Appending sealed records to a JSON Lines file: one writer thread, file lock, fsync policy, rotation.
+
+``AuditWriter.append(record)`` returns a future resolved once the record is
+written (and fsynced under ``fsync="always"``). Records are written by a
+single thread per host, in batches, each batch under an exclusive ``flock`` on
+``<file>.lock`` so that several processes appending to one log keep one chain:
+under the lock the writer reads the last hash from the file itself.
+
+Crash safety: every record is one ``write()`` of a whole line to an
+``O_APPEND`` descriptor; a line torn anyway (power loss) is cut off under the
+lock before the next append, and a ``recovered`` record says so in the chain.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import json
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from .chain import GENESIS, ROTATED, canonical, seal
+
+TAIL_BYTES: Final = 1 << 16
+
+
+class AuditWriteError(OSError):
+    """The log could not be written."""
+
+
+def last_hash(fd: int) -> tuple[str, int]:
+    """(hash of the last complete record, offset where a torn tail starts or the file size)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return GENESIS, 0
+    start = max(0, size - TAIL_BYTES)
+    data = os.pread(fd, size - start, start)
+    end = len(data)
+    if not data.endswith(b"\n"):
+        cut = data.rfind(b"\n")
+        end = cut + 1 if cut >= 0 else 0
+    lines = data[:end].splitlines()
+    for raw in reversed(lines):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("hash"), str):
+            return record["hash"], start + end
+    return GENESIS, start + end
+
+
+class AuditWriter:
+    """The writer thread of one host."""
+
+    def __init__(self, path: Path, *, fsync: str = "always", fsync_every: int = 100,
+                 fsync_interval_ms: float = 1000, rotate_bytes: int | None = None) -> None:
+        self.path = path
+        self.fsync = fsync
+        self.fsync_every = fsync_every
+        self.fsync_interval = fsync_interval_ms / 1000.0
+        self.rotate_bytes = rotate_bytes
+        self._queue: queue.Queue[tuple[dict[str, Any], concurrent.futures.Future[str]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"audit-writer:{path.name}", daemon=True)
+        self._unsynced = 0
+        self._last_sync = time.monotonic()
+        self.error: BaseException | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._check_writable()
+        self._thread.start()
+
+    def _check_writable(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.close(fd)
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    def append(self, record: dict[str, Any]) -> concurrent.futures.Future[str]:
+        future: concurrent.futures.Future[str] = concurrent.futures.Future()
+        self._queue.put((record, future))
+        return future
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            batch = [item]
+            while not self._queue.empty() and len(batch) < 512:
+                batch.append(self._queue.get_nowait())
+            stop = None in batch
+            work = [b for b in batch if b is not None]
+            if work:
+                try:
+                    hashes = self._write(work)
+                except BaseException as exc:  # disk full, permission denied: fail every waiter
+                    self.error = exc
+                    for _, future in work:
+                        future.set_exception(AuditWriteError(f"audit log {self.path} cannot be written: {exc}"))
+                else:
+                    self.error = None
+                    for (_, future), digest in zip(work, hashes, strict=True):
+                        future.set_result(digest)
+            if stop:
+                return
+
+    def _write(self, batch: list[tuple[dict[str, Any], concurrent.futures.Future[str]]]) -> list[str]:
+        lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                prev, good_end = last_hash(fd)
+                lines = []
+                if good_end != os.fstat(fd).st_size:  # a torn tail from a crash: cut it, say so
+                    os.ftruncate(fd, good_end)
+                    recovered = seal({"v": 1, "kind": "recovered", "ts": time.time(),
+                                      "note": "a torn final line was removed before appending"}, prev)
+                    prev = recovered["hash"]
+                    lines.append(canonical(recovered) + b"\n")
+                hashes = []
+                for record, _ in batch:
+                    sealed = seal(record, prev)
+                    prev = sealed["hash"]
+                    hashes.append(prev)
+                    lines.append(canonical(sealed) + b"\n")
+                for line in lines:  # one write per line: a kill never splits a record across writes
+                    os.write(fd, line)
+                self._sync(fd, len(batch))
+                if self.rotate_bytes is not None and os.fstat(fd).st_size >= self.rotate_bytes:
+                    self._rotate()
+            finally:
+                os.close(fd)
+        finally:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            os.close(lock_fd)
+        return hashes
+
+    def _sync(self, fd: int, count: int) -> None:
+        self._unsynced += count
+        now = time.monotonic()
+        if self.fsync == "always" or (
+            self.fsync == "interval"
+            and (self._unsynced >= self.fsync_every or now - self._last_sync >= self.fsync_interval)
+        ):
+            os.fsync(fd)
+            self._unsynced = 0
+            self._last_sync = now
+
+    def _rotate(self) -> None:
+        """Rename the live file to ``<stem>.<n>.jsonl``; the next record links to its last hash."""
+        stem = self.path.name[: -len(".jsonl")] if self.path.name.endswith(".jsonl") else self.path.name
+        numbers = [int(m.group("n")) for q in self.path.parent.iterdir()
+                   if (m := ROTATED.match(q.name)) and m.group("stem") == stem]
+        target = self.path.with_name(f"{stem}.{max(numbers, default=0) + 1}.jsonl")
+        os.rename(self.path, target)
+        # The new live file starts empty; its first record must link to the rotated file's last hash.
+        with open(self.path, "ab"):
+            pass
+        last = _last_hash_of(target)
+        marker = seal({"v": 1, "kind": "rotated", "ts": time.time(), "from": target.name}, last)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            os.write(fd, canonical(marker) + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _last_hash_of(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return last_hash(fd)[0]
+    finally:
+        os.close(fd)
