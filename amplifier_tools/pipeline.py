@@ -158,9 +158,11 @@ class CallPipeline:
         spec = mounted.spec if mounted is not None else None
         error = await self.hooks.tool_complete(call, spec, result, ctx)
         if error is not None:  # an observer failed closed: withhold the output
-            failed = self._failure_result(call, mounted, ctx, error, secrets)
             metadata["trail"] = [converter.unstructure(decision) for decision in ctx.trail]
-            result = ToolResult(False, None, failed.error, metadata, call.id)
+            # A call that already failed keeps its first error; a success becomes this failure.
+            failure = result.error if not result.success else self._failure_result(
+                call, mounted, ctx, error, secrets).error
+            result = ToolResult(False, None, failure, metadata, call.id)
         return result
 
 

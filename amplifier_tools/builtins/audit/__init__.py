@@ -151,6 +151,14 @@ class AuditPlugin:
         coordinator.register_capability("audit.path", str(self.writer.path))
         return self.writer.close
 
+    def _report(self, future: Any) -> None:
+        exc = future.exception()
+        if exc is not None and not self._warned:
+            self._warned = True
+            log.error("%s; calls are %s", exc,
+                      "refused until it can be written" if self.settings["mode"] == "fail_closed"
+                      else "not recorded (mode fail_open)")
+
     @hookimpl(tryfirst=True)
     def tool_pre(self, call: ToolCall) -> None:
         self._original[call.id] = call.arguments
@@ -167,8 +175,14 @@ class AuditPlugin:
         if writer is None:
             return
         record = build_record(call, spec, result, context, original, self.settings)
+        future = writer.append(record)
+        if self.settings["fsync"] != "always":
+            # Only fsync="always" acknowledges: other modes return at once; a failed write is
+            # logged by the writer and fails the next call closed in tool_pre.
+            future.add_done_callback(self._report)
+            return
         try:
-            await asyncio.wrap_future(writer.append(record))
+            await asyncio.wrap_future(future)
         except OSError as exc:
             if self.settings["mode"] == "fail_closed":
                 raise

@@ -96,8 +96,13 @@ def _check_line(raw: bytes, prev: str) -> dict[str, Any] | str:
         return "not valid JSON"
     if not isinstance(record, dict) or not isinstance(record.get("hash"), str):
         return "not an audit record"
-    body = {k: v for k, v in record.items() if k != "hash"}
-    if hashlib.sha256(canonical(body)).hexdigest() != record["hash"]:
+    # Records are written in canonical form, so the hashed bytes are the line without its
+    # hash field; a line that is not canonical cannot match and counts as edited.
+    digest = record["hash"]
+    body = raw[:-1].replace(b',"hash":"' + digest.encode() + b'"', b"", 1)
+    if body == raw[:-1]:
+        body = raw[:-1].replace(b'"hash":"' + digest.encode() + b'",', b"", 1)
+    if hashlib.sha256(body).hexdigest() != digest:
         return "hash mismatch: the record was edited"
     if record.get("prev") != prev:
         return "chain broken: a record before this one was deleted, inserted or reordered"

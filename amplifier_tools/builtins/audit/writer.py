@@ -69,6 +69,9 @@ class AuditWriter:
         self._unsynced = 0
         self._last_sync = time.monotonic()
         self.error: BaseException | None = None
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._known: tuple[int, int, str] | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
         self._check_writable()
         self._thread.start()
@@ -89,6 +92,7 @@ class AuditWriter:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
+        self._close_fds()
 
     def _run(self) -> None:
         while True:
@@ -112,36 +116,73 @@ class AuditWriter:
             if stop:
                 return
 
+    def _open(self) -> None:
+        """(Re)open the live file and the lock file; kept open between batches."""
+        self._close_fds()
+        self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._known = None  # (inode, size, last hash) after our own write
+
+    def _close_fds(self) -> None:
+        for name in ("_fd", "_lock_fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
     def _write(self, batch: list[tuple[dict[str, Any], concurrent.futures.Future[str]]]) -> list[str]:
-        lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        if self._fd is None or self._lock_fd is None:
+            self._open()
+        assert self._fd is not None and self._lock_fd is not None
+        lock_fd = self._lock_fd
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
+                on_disk = os.stat(self.path)
+            except FileNotFoundError:
+                on_disk = None
+            if on_disk is None or on_disk.st_ino != os.fstat(self._fd).st_ino:  # rotated by another process
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                self._open()
+                assert self._fd is not None and self._lock_fd is not None
+                lock_fd = self._lock_fd
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            fd = self._fd
+            st = os.fstat(fd)
+            known = self._known
+            lines = []
+            if known is not None and known[0] == st.st_ino and known[1] == st.st_size:
+                prev = known[2]  # nobody appended since our last batch: no need to read the tail
+            else:
                 prev, good_end = last_hash(fd)
-                lines = []
-                if good_end != os.fstat(fd).st_size:  # a torn tail from a crash: cut it, say so
+                if good_end != st.st_size:  # a torn tail from a crash: cut it, say so
                     os.ftruncate(fd, good_end)
                     recovered = seal({"v": 1, "kind": "recovered", "ts": time.time(),
                                       "note": "a torn final line was removed before appending"}, prev)
                     prev = recovered["hash"]
                     lines.append(canonical(recovered) + b"\n")
-                hashes = []
-                for record, _ in batch:
-                    sealed = seal(record, prev)
-                    prev = sealed["hash"]
-                    hashes.append(prev)
-                    lines.append(canonical(sealed) + b"\n")
-                for line in lines:  # one write per line: a kill never splits a record across writes
-                    os.write(fd, line)
-                self._sync(fd, len(batch))
-                if self.rotate_bytes is not None and os.fstat(fd).st_size >= self.rotate_bytes:
-                    self._rotate()
-            finally:
+            hashes = []
+            for record, _ in batch:
+                sealed = seal(record, prev)
+                prev = sealed["hash"]
+                hashes.append(prev)
+                lines.append(canonical(sealed) + b"\n")
+            for line in lines:  # one write per line: a kill never splits a record across writes
+                os.write(fd, line)
+            self._sync(fd, len(batch))
+            size = os.fstat(fd).st_size
+            self._known = (st.st_ino, size, prev)
+            if self.rotate_bytes is not None and size >= self.rotate_bytes:
+                self._rotate()  # under the lock: the lock file is separate from the renamed log
                 os.close(fd)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                self._known = None
+        except BaseException:
+            self._known = None
+            raise
         finally:
-            fcntl.flock(lock_fd, fcntl.LOCK_UN)
-            os.close(lock_fd)
+            if self._lock_fd is not None:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         return hashes
 
     def _sync(self, fd: int, count: int) -> None:

@@ -1,0 +1,279 @@
+"""The audit log: every call recorded, redacted, tamper-evident, crash-safe, shared by processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ToolsPlugin
+
+from amplifier_tools import Deny, PluginLoadError, ToolContext, ToolHost, ToolResult, ToolSpec, hookimpl
+from amplifier_tools.builtins.audit.chain import verify
+from amplifier_tools.builtins.audit.commands import stats
+
+CANARY = "canary-6b1e2f-do-not-leak"
+
+
+class Echo:
+    spec = ToolSpec(name="local::test.echo", version="1.0.0", description="echo", effect="Pure",
+                    input_schema={"type": "object", "properties": {"text": {"type": "string"},
+                                                                   "password": {"type": "string"}},
+                                  "required": ["text"]},
+                    security={"secret_refs": ["API_KEY"], "redaction_rules": ["arguments/password"]})
+    name, description = spec.name, spec.description
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
+        if input["text"] == "fail":
+            raise RuntimeError(f"backend refused key {context.secret('API_KEY')}")
+        return ToolResult(output={"echo": input["text"], "key_used": context.secret("API_KEY")})
+
+
+class Veto:
+    name = "veto"
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> Deny | None:
+        return Deny("vetoed", code="vetoed") if call.arguments.get("text") == "veto" else None
+
+
+def log_path(tmp_path: Path) -> Path:
+    return tmp_path / "audit" / "log.jsonl"
+
+
+async def make(tmp_path: Path, **audit: Any) -> ToolHost:
+    config = {"plugins": {"audit": {"path": str(log_path(tmp_path)), **audit}}}
+    host = ToolHost(config=config, plugins=[ToolsPlugin(Echo()), Veto()], builtins=["audit"],
+                    entry_points=False, working_dir=tmp_path, discover=False)
+    await host.start()
+    return host
+
+
+def records(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log_path(tmp_path).read_text().splitlines()]
+
+
+CTX = ToolContext(principal="agent-9", role="dev", scopes=frozenset({"read"}), secrets={"API_KEY": CANARY})
+
+
+async def test_every_outcome_is_recorded_once_with_its_status(tmp_path: Path) -> None:
+    host = await make(tmp_path)
+    try:
+        await host.call("test_echo", {"text": "hi"}, context=CTX)
+        await host.call("test_echo", {"text": "veto"}, context=CTX)
+        await host.call("test_echo", {"text": 5}, context=CTX)
+        await host.call("test_echo", {"text": "fail"}, context=CTX)
+        await host.call("nope", {}, context=CTX)
+    finally:
+        await host.close()
+    rows = records(tmp_path)
+    assert [(r["status"], (r["error"] or {}).get("code")) for r in rows] == [
+        ("ok", None), ("error", "vetoed"), ("error", "invalid_input"), ("error", "tool_raised"),
+        ("error", "unknown_tool")]
+    first = rows[0]
+    assert first["principal"] == "agent-9" and first["role"] == "dev" and first["scopes"] == ["read"]
+    assert first["tool"] == "local::test.echo" and first["tool_version"] == "1.0.0" and first["v"] == 1
+    assert first["output_bytes"] > 0 and len(first["output_sha256"]) == 64
+    assert rows[1]["trail"][0]["plugin"] == "veto"
+    assert verify(log_path(tmp_path)).ok
+
+
+async def test_canary_secrets_never_reach_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CANARY_ENV", CANARY)
+    host = await make(tmp_path, record_output=True)
+    try:
+        await host.call("test_echo", {"text": f"arg {CANARY}", "password": "hunter2-password"}, context=CTX)
+        await host.call("test_echo", {"text": "fail"}, context=CTX)
+        await host.call("test_echo", {"text": "Authorization: Bearer abcdefghijklmnop123"}, context=CTX)
+        await host.call("test_echo", {"text": "postgres://admin:s3cretpass@db/x"}, context=CTX)
+    finally:
+        await host.close()
+    text = log_path(tmp_path).read_text()
+    for leaked in (CANARY, "hunter2-password", "abcdefghijklmnop123", "s3cretpass"):
+        assert leaked not in text
+    assert "[REDACTED]" in text
+
+
+@pytest.mark.parametrize("attack", ["edit", "delete", "swap", "truncate_mid_line", "insert_forged"])
+async def test_tampering_is_detected_at_the_right_line(tmp_path: Path, attack: str) -> None:
+    host = await make(tmp_path)
+    try:
+        for i in range(6):
+            await host.call("test_echo", {"text": f"t{i}"}, context=CTX)
+    finally:
+        await host.close()
+    path = log_path(tmp_path)
+    lines = path.read_text().splitlines(keepends=True)
+    expected_line = 3
+    if attack == "edit":
+        lines[2] = lines[2].replace('"t2"', '"T2"')
+    elif attack == "delete":
+        del lines[2]
+    elif attack == "swap":
+        lines[2], lines[3] = lines[3], lines[2]
+    elif attack == "truncate_mid_line":
+        lines = [*lines[:5], lines[5][:40]]
+        expected_line = 6
+    else:  # a forged record with a correct-looking hash of its own
+        forged = json.loads(lines[1])
+        forged["arguments"] = {"text": "forged"}
+        from amplifier_tools.builtins.audit.chain import canonical, seal
+
+        lines.insert(2, canonical(seal({k: v for k, v in forged.items() if k not in ("hash", "prev")},
+                                        forged["hash"])).decode() + "\n")
+        expected_line = 4
+    path.write_text("".join(lines))
+    report = verify(path)
+    assert not report.ok and report.bad_line == expected_line, report
+    cli = subprocess.run([sys.executable, "-m", "amplifier_tools", "audit", "verify", str(path)],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert cli.returncode == 1 and f":{expected_line}:" in cli.stdout
+
+
+async def test_records_cut_from_the_end_are_caught_by_an_anchor(tmp_path: Path) -> None:
+    host = await make(tmp_path)
+    try:
+        for i in range(3):
+            await host.call("test_echo", {"text": f"t{i}"}, context=CTX)
+    finally:
+        await host.close()
+    path = log_path(tmp_path)
+    anchor = verify(path).last_hash
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:2]))
+    assert verify(path).ok  # a shorter chain is still a chain...
+    assert not verify(path, anchor=anchor).ok  # ...which the anchor exposes
+
+
+async def test_rotation_continues_the_chain_and_verify_takes_a_directory(tmp_path: Path) -> None:
+    host = await make(tmp_path, rotate_bytes=2000)
+    try:
+        for i in range(20):
+            await host.call("test_echo", {"text": f"rotate {i}"}, context=CTX)
+    finally:
+        await host.close()
+    files = sorted(p.name for p in log_path(tmp_path).parent.glob("*.jsonl"))
+    assert len(files) > 2 and "log.1.jsonl" in files
+    report = verify(log_path(tmp_path).parent)
+    assert report.ok and report.records >= 20
+    assert stats(str(log_path(tmp_path).parent))["calls"] == 20
+
+
+async def test_unwritable_log_fails_closed_or_open_as_configured(tmp_path: Path, caplog: Any) -> None:
+    host = await make(tmp_path)
+    try:
+        assert (await host.call("test_echo", {"text": "ok"}, context=CTX)).success
+        writer = host.capabilities["audit.path"]
+        assert writer
+        plugin = host.plugin_manager.get_plugin("audit")
+        original = plugin.writer._write
+
+        def disk_full(batch: Any) -> Any:
+            raise OSError(28, "No space left on device")
+
+        plugin.writer._write = disk_full
+        failed = await host.call("test_echo", {"text": "private output"}, context=CTX)
+        assert not failed.success and failed.output is None
+        assert failed.error["type"] == "SystemError" and failed.error["plugin"] == "audit"
+        blocked = await host.call("test_echo", {"text": "next"}, context=CTX)
+        assert blocked.error["code"] == "hook_failed" and "audit log cannot be written" in blocked.error["message"]
+        plugin.writer._write = original
+    finally:
+        await host.close()
+    open_host = await make(tmp_path / "open", mode="fail_open")
+    try:
+        plugin = open_host.plugin_manager.get_plugin("audit")
+        plugin.writer._write = lambda batch: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+        import logging
+
+        with caplog.at_level(logging.WARNING, logger="amplifier_tools.audit"):
+            first = await open_host.call("test_echo", {"text": "a"}, context=CTX)
+            second = await open_host.call("test_echo", {"text": "b"}, context=CTX)
+        assert first.success and second.success
+        assert sum("continuing without an audit record" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        await open_host.close()
+
+
+async def test_unopenable_log_fails_host_start_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(PluginLoadError, match=r"plugins\.audit\.path"):
+        host = ToolHost(config={"plugins": {"audit": {"path": str(tmp_path / "file" / "log.jsonl")}}},
+                        builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False)
+        await host.start()
+
+
+WRITER = textwrap.dedent("""
+    import asyncio, sys
+    from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
+
+    class Noop:
+        spec = ToolSpec(name="local::noop", description="noop", effect="Pure")
+        name, description = spec.name, spec.description
+        async def execute(self, input):
+            return ToolResult(output=input.get("i"))
+
+    class Mount:
+        name = "m"
+        @hookimpl
+        async def mount(self, coordinator):
+            await coordinator.mount("tools", Noop())
+
+    async def main(path, count, tag):
+        config = {"plugins": {"audit": {"path": path, "fsync": sys.argv[4]}}}
+        async with ToolHost(config=config, plugins=[Mount()], builtins=["audit"], entry_points=False,
+                            discover=False) as host:
+            for i in range(count):
+                result = await host.call("noop", {"i": i, "tag": tag})
+                assert result.success
+                print(f"ack {tag} {i}", flush=True)
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
+""")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+@pytest.mark.slow
+def test_eight_processes_share_one_valid_chain(tmp_path: Path) -> None:
+    path = tmp_path / "shared.jsonl"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), "2000", f"p{n}", "never"],
+                              stdout=subprocess.DEVNULL, env=_env()) for n in range(8)]
+    assert all(p.wait(timeout=120) == 0 for p in procs)
+    report = verify(path)
+    assert report.ok, report
+    seen = [(r["arguments"]["tag"], r["arguments"]["i"]) for r in map(json.loads, path.read_text().splitlines())]
+    assert len(seen) == 16_000 and len(set(seen)) == 16_000
+
+
+@pytest.mark.slow
+def test_sigkill_never_breaks_the_chain_or_loses_acknowledged_records(tmp_path: Path) -> None:
+    path = tmp_path / "crash.jsonl"
+    rng = random.Random(7)
+    acknowledged: set[tuple[str, int]] = set()
+    for run in range(50):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), "100000", f"r{run}", "always"],
+                                stdout=subprocess.PIPE, env=_env(), text=True)
+        assert proc.stdout is not None
+        deadline = time.monotonic() + rng.uniform(0.02, 0.25)
+        line = proc.stdout.readline()  # at least one call acknowledged (so the kill is mid-stream)
+        while line and time.monotonic() < deadline:
+            _, tag, i = line.split()
+            acknowledged.add((tag, int(i)))
+            line = proc.stdout.readline()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        report = verify(path)
+        assert report.ok, (run, report)
+    on_disk = {(r["arguments"]["tag"], r["arguments"]["i"]) for r in map(json.loads, path.read_text().splitlines())
+               if r.get("kind") == "call"}
+    assert len(acknowledged) >= 50 and acknowledged <= on_disk
