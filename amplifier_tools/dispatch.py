@@ -24,7 +24,7 @@ from typing import Any, Final
 import attrs
 import pluggy
 
-from .errors import ContractError, PolicyError, ToolError, ToolSystemError
+from .errors import ERROR_CLASSES, ContractError, ToolError, ToolSystemError
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 
 log = logging.getLogger("amplifier_tools")
@@ -220,7 +220,7 @@ class HookDispatcher:
                 continue
             if isinstance(out, Deny):
                 context.record(impl.plugin, "tool_pre", "deny", out.reason, code=out.code, **out.details)
-                raise PolicyError(
+                raise ERROR_CLASSES[out.category](
                     f"denied by plugin {impl.plugin!r}: {out.reason}",
                     code=out.code,
                     plugin=impl.plugin,

@@ -59,7 +59,8 @@ def tool_pre(call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | Mod
     are chained: each sees ``call`` as rewritten by the ones before it. Return
     ``None`` to let the call through unchanged, ``Deny(reason, code=...)`` to
     stop the call (no later ``tool_pre`` runs, the tool does not run, the
-    caller gets a ``PolicyError`` naming this plugin), or
+    caller gets a ``PolicyError`` naming this plugin — or the ``AuthError`` /
+    ``ContractError`` given as ``Deny(..., category=...)``), or
     ``Modify(arguments=...)`` to replace the arguments; the new arguments are
     validated against the input schema at once, and an invalid rewrite is a
     ``ContractError`` attributed to this plugin.

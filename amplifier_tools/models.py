@@ -183,11 +183,19 @@ class ToolContext:
 
 @attrs.frozen(slots=True)
 class Deny:
-    """What a ``tool_pre`` hook returns to veto a call."""
+    """What a ``tool_pre`` hook returns to veto a call.
+
+    ``category`` is the error category the caller sees: ``PolicyError`` (the
+    default), ``AuthError`` (e.g. a missing scope) or ``ContractError`` (e.g. a
+    missing idempotency key).
+    """
 
     reason: str
     code: str = "denied"
     details: dict[str, Any] = attrs.field(factory=dict)
+    category: str = attrs.field(
+        default="PolicyError", validator=attrs.validators.in_(("PolicyError", "AuthError", "ContractError"))
+    )
 
 
 @attrs.frozen(slots=True)

@@ -25,6 +25,7 @@ from .models import ToolCall, ToolContext, ToolResult
 from .redaction import redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
+from .retry import retry_allowed, run_with_retries
 from .schema import check_json_data
 
 log = logging.getLogger("amplifier_tools")
@@ -59,10 +60,17 @@ class CallPipeline:
                 call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
             )
             secrets = tuple(ctx.secret(ref) for ref in spec.security.secret_refs)
-            result = await self._execute(mounted, call, ctx)
-            if not result.success:
-                kept_output = result.output
-                raise error_from_result(result, spec.name)
+            if retry_allowed(spec, ctx):
+                try:
+                    result = await self._execute_with_retries(mounted, call, ctx)
+                except ToolError as failed:
+                    kept_output = failed.details.pop("output", None)
+                    raise
+            else:
+                result = await self._execute(mounted, call, ctx)
+                if not result.success:
+                    kept_output = result.output
+                    raise error_from_result(result, spec.name)
             mounted.check_output(result.output)
         except ToolError as error:
             return await self._fail(call, mounted, ctx, error, started, secrets, kept_output, events)
@@ -117,6 +125,27 @@ class CallPipeline:
         except Exception as exc:
             raise error_from_exception(exc, mounted.spec.name) from exc
         return normalize_result(raw, mounted.spec.name)
+
+    async def _execute_with_retries(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult:
+        """``_execute`` under the spec's retry policy; the result reports ``attempts``.
+
+        The output of a tool-reported failure is kept on the error raised after the last attempt.
+        """
+        spec = mounted.spec
+
+        async def attempt() -> ToolResult:
+            outcome = await self._execute(mounted, call, ctx)
+            if not outcome.success:
+                error = error_from_result(outcome, spec.name)
+                error.details.setdefault("output", outcome.output)
+                raise error
+            return outcome
+
+        def note(number: int, error: ToolError) -> None:
+            ctx.record("host", "execute", "retry", error.message, code=error.code, attempt=number)
+
+        result, attempts = await run_with_retries(attempt, spec, ctx, note)
+        return ToolResult(True, result.output, None, {**result.metadata, "attempts": attempts}, call.id)
 
     def _unknown_tool(self, name: Any) -> ContractError:
         if not isinstance(name, str):

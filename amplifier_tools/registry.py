@@ -109,6 +109,12 @@ class ToolRegistry:
         override = self._overrides.get(spec.name)
         if override:
             spec = apply_overrides(spec, override, key=f"tools.{spec.name}")
+        if spec.policies.retry is not None and not spec.effect.retry_safe:
+            message = (f"tool {spec.name!r} is {spec.effect.value}: it must never be retried automatically, "
+                       "remove policies.retry")
+            if override and "retry" in dict(override.get("policies", {})):
+                raise ConfigError(message, key=f"tools.{spec.name}.policies.retry")
+            raise ContractError(message, code="invalid_contract")
         if spec.name in self._tools:
             raise ContractError(
                 f"tool {spec.name!r} from plugin {plugin!r} is already mounted by plugin "
