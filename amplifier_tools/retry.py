@@ -9,6 +9,7 @@ a contract asking for it is refused when the tool is mounted.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,6 +18,9 @@ import tenacity
 from .errors import ToolError
 from .models import ToolContext
 from .spec import Effect, ToolSpec
+
+# tenacity renamed wait_exponential_jitter's ``initial`` to ``multiplier``; accept both versions.
+_INITIAL = "multiplier" if "multiplier" in inspect.signature(tenacity.wait_exponential_jitter).parameters else "initial"
 
 
 def retry_allowed(spec: ToolSpec, context: ToolContext) -> bool:
@@ -43,9 +47,10 @@ async def run_with_retries(
         return await attempt(), 1
     policy = spec.policies.retry
     assert policy is not None
+    initial = policy.initial_backoff_ms / 1000.0
     wait: Any = (
-        tenacity.wait_exponential_jitter(initial=policy.initial_backoff_ms / 1000.0,
-                                         max=policy.max_backoff_ms / 1000.0, exp_base=policy.multiplier)
+        tenacity.wait_exponential_jitter(**{_INITIAL: initial}, max=policy.max_backoff_ms / 1000.0,
+                                         exp_base=policy.multiplier, jitter=initial)
         if policy.jitter
         else tenacity.wait_exponential(multiplier=policy.initial_backoff_ms / 1000.0,
                                        max=policy.max_backoff_ms / 1000.0, exp_base=policy.multiplier)

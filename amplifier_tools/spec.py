@@ -169,9 +169,12 @@ def _structure(value: Any, cls: type[Any]) -> Any:
     """``value`` as an instance of ``cls``: as is, or structured from plain data."""
     if value is None or isinstance(value, cls):
         return value
-    from .converter import converter  # late: the converter module imports this one
+    from .converter import converter, describe_structure_error  # late: converter imports this module
 
-    return converter.structure(value, cls)
+    try:
+        return converter.structure(value, cls)
+    except Exception as exc:  # name the field, not just the class
+        raise ValueError(f"invalid {cls.__name__.lower()}: {describe_structure_error(exc)}") from exc
 
 
 def _to_policies(value: Any) -> Policies:

@@ -12,5 +12,6 @@ from typing import Final
 
 BUILTIN_PLUGINS: Final[dict[str, str]] = {
     "filesystem": "amplifier_tools.builtins.filesystem:FilesystemPlugin",
+    "policy": "amplifier_tools.builtins.policy:PolicyPlugin",
     "audit": "amplifier_tools.builtins.audit:AuditPlugin",
 }

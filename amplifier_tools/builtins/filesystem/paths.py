@@ -87,7 +87,8 @@ class PathRules:
 
     # -- lexical checks --------------------------------------------------------
 
-    def _lexical(self, path: str) -> str:
+    def normalize(self, path: str) -> str:
+        """The absolute, lexically normalized form of ``path`` (``~``, relative, ``..``); checks NUL and length."""
         if not isinstance(path, str) or path == "":
             raise ContractError("path must be a non-empty string", code="invalid_path", pointer="/path")
         if "\x00" in path:
@@ -130,7 +131,7 @@ class PathRules:
 
     def resolve(self, path: str, *, write: bool = False) -> Resolved:
         """Lexical resolution and rule check only (no filesystem access)."""
-        return self._locate(self._lexical(path), self.write_roots if write else self.read_roots, path, write)
+        return self._locate(self.normalize(path), self.write_roots if write else self.read_roots, path, write)
 
     # -- safe opening ------------------------------------------------------------
 

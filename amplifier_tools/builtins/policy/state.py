@@ -1,0 +1,77 @@
+"""Policy state behind one interface, so a shared store can back it later.
+
+``PolicyState`` holds fixed-window counters (rate limits, budgets) and the
+idempotency results; ``MemoryState`` keeps them in this process. A shared
+store (Redis, a database) would implement the same methods with atomic
+increments (``INCRBY`` with an expiry per window key) and a set-if-absent for
+idempotency keys; concurrency caps and circuit breakers would need a
+distributed semaphore and shared breaker records, which is why they stay
+per process here (documented in docs/policy.md).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Clock(Protocol):
+    """Seconds on a monotonic clock; injectable so tests need no sleeps."""
+
+    def __call__(self) -> float: ...
+
+
+class PolicyState(Protocol):
+    """The counters and records policies share."""
+
+    def add(self, key: str, window: int, amount: float) -> float:
+        """Add ``amount`` to the counter of ``key`` in ``window``; the new total."""
+
+    def get(self, key: str, window: int) -> float:
+        """The counter of ``key`` in ``window`` (0 when unset)."""
+
+    def remember(self, key: str, value: Any, expires_at: float) -> None:
+        """Store an idempotency record until ``expires_at``."""
+
+    def recall(self, key: str, now: float) -> Any | None:
+        """A stored, unexpired idempotency record, or None."""
+
+
+class MemoryState:
+    """``PolicyState`` in this process's memory; old windows are dropped as time moves on."""
+
+    def __init__(self) -> None:
+        self._counters: dict[tuple[str, int], float] = {}
+        self._records: dict[str, tuple[Any, float]] = {}
+        self._latest: dict[str, int] = {}
+
+    def add(self, key: str, window: int, amount: float) -> float:
+        if self._latest.get(key, window) < window:  # a new window: forget older ones of this key
+            self._counters = {k: v for k, v in self._counters.items() if k[0] != key or k[1] >= window}
+        self._latest[key] = max(window, self._latest.get(key, window))
+        total = self._counters.get((key, window), 0.0) + amount
+        self._counters[(key, window)] = total
+        return total
+
+    def get(self, key: str, window: int) -> float:
+        return self._counters.get((key, window), 0.0)
+
+    def remember(self, key: str, value: Any, expires_at: float) -> None:
+        self._records[key] = (value, expires_at)
+
+    def recall(self, key: str, now: float) -> Any | None:
+        entry = self._records.get(key)
+        if entry is None:
+            return None
+        if entry[1] <= now:
+            del self._records[key]
+            return None
+        return entry[0]
+
+
+def monotonic() -> float:
+    return time.monotonic()
+
+
+Sleeper = Callable[[float], Any]
