@@ -118,6 +118,7 @@ async def test_circuit_breaker_opens_probes_and_closes_or_reopens() -> None:
     host.events.register("circuit:closed", lambda e, d: events.append(e))
     try:
         codes = [(await host.call("flaky", {})).error["code"] for _ in range(3)]
+        await asyncio.sleep(0)  # state-change events are delivered asynchronously
         assert codes == ["backend_down"] * 3 and events == ["circuit:open"]
         rejected = await host.call("flaky", {})
         assert rejected.error["code"] == "circuit_open" and tool.runs == 3
@@ -129,6 +130,7 @@ async def test_circuit_breaker_opens_probes_and_closes_or_reopens() -> None:
         tool.fail = False
         assert (await host.call("flaky", {})).success  # probe succeeds -> closed
         assert (await host.call("flaky", {})).success
+        await asyncio.sleep(0)
     finally:
         await host.close()
     assert events == ["circuit:open", "circuit:half_open", "circuit:open", "circuit:half_open", "circuit:closed"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -34,17 +35,58 @@ KEYS: Final = frozenset({"rules", "default_action", "idempotency_window_ms"})
 COUNTED_FAILURES: Final = frozenset({"ExecutionError", "SystemError"})
 
 
+class Slots:
+    """A concurrency cap with a synchronous fast path (asyncio.Semaphore always needs an await)."""
+
+    __slots__ = ("in_use", "limit", "waiters")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_acquire(self) -> bool:
+        if self.in_use < self.limit and not self.waiters:
+            self.in_use += 1
+            return True
+        return False
+
+    async def acquire(self, timeout: float | None) -> bool:
+        if self.try_acquire():
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            if waiter.done() and not waiter.cancelled():  # the slot arrived as the wait ended: give it back
+                self.release()
+            else:
+                waiter.cancel()
+                self.waiters.remove(waiter)
+            return False
+        return True
+
+    def release(self) -> None:
+        while self.waiters:  # hand the slot straight to the next waiter
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.in_use -= 1
+
+
 class _Held:
     """What an admitted call holds until ``tool_complete``."""
 
     __slots__ = ("breaker", "budgets", "idempotency", "semaphore", "started")
 
-    def __init__(self) -> None:
-        self.semaphore: asyncio.Semaphore | None = None
+    def __init__(self, started: float) -> None:
+        self.semaphore: Slots | None = None
         self.breaker: CircuitBreaker | None = None
         self.budgets: list[tuple[str, int]] = []
         self.idempotency: tuple[str, str, asyncio.Future[ToolResult | None]] | None = None
-        self.started = 0.0
+        self.started = started
 
 
 class PolicyPlugin:
@@ -60,12 +102,13 @@ class PolicyPlugin:
         self.rules: list[Rule] = []
         self.default_action = "allow"
         self.idempotency_window = 24 * 3600.0
-        self._semaphores: dict[str, asyncio.Semaphore] = {}
+        self._slots: dict[str, Slots] = {}
         self._breakers: dict[str, CircuitBreaker] = {}
         self._held: dict[str, _Held] = {}
         self._in_flight: dict[str, asyncio.Future[ToolResult | None]] = {}
         self._replays: dict[str, ToolResult] = {}
         self._coordinator: Any = None
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -84,30 +127,74 @@ class PolicyPlugin:
         self.idempotency_window = window / 1000.0
         self._coordinator = coordinator
 
-    async def _emit(self, event: str, data: dict[str, Any]) -> None:
+    def _emit_soon(self, event: str, data: dict[str, Any]) -> None:
+        """Deliver a state-change event without making the deciding hook wait for observers."""
         if self._coordinator is not None:
-            await self._coordinator.hooks.emit(event, data)
+            task = asyncio.get_running_loop().create_task(self._coordinator.hooks.emit(event, data))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     # -- decisions ---------------------------------------------------------------
 
     @hookimpl
-    async def tool_pre(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | None:
-        missing = sorted(set(spec.security.required_scopes) - context.scopes)
+    def tool_pre(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
+        """Decide synchronously when nothing has to wait; otherwise return a coroutine the host awaits."""
+        missing = sorted(set(spec.security.required_scopes) - context.scopes) if spec.security.required_scopes \
+            else None
         if missing:
             return Deny(f"missing scope {', '.join(map(repr, missing))} for {spec.name!r}", code="missing_scope",
                         details={"missing_scopes": missing}, category="AuthError")
         denied = self._check_rules(call, spec, context)
         if denied is not None:
             return denied
-        held = _Held()
-        held.started = self.clock()
-        verdict = await self._idempotency(call, spec, context, held)
-        if verdict is not None:
-            return verdict
-        for check in (self._breaker, self._budgets, self._rate_limit, self._concurrency):
-            verdict = await check(call, spec, context, held)
+        policies = spec.policies
+        if context.idempotency_key is not None or spec.idempotency_key is IdempotencyKeyRequirement.required:
+            return self._pre_waiting(call, spec, context, _Held(self.clock()), idempotency=True)
+        if policies.circuit_breaker is None and not policies.budgets and policies.rate_limit is None \
+                and policies.concurrency is None:
+            return None
+        held = _Held(self.clock())
+        for check in (self._breaker, self._budgets):
+            verdict = check(call, spec, context, held)
             if verdict is not None:
-                self._release(call.id, held, failed=None)
+                self._release(held, failed=None)
+                return verdict
+        verdict = self._rate_limit_now(spec, context)
+        if verdict is not None:
+            if not self._may_queue(spec, context, verdict):
+                self._release(held, failed=None)
+                return verdict
+            return self._pre_waiting(call, spec, context, held, idempotency=False, from_rate_limit=True)
+        if policies.concurrency is not None:
+            slots = self._slots.setdefault(spec.name, Slots(policies.concurrency.limit))
+            if not slots.try_acquire():
+                return self._pre_waiting(call, spec, context, held, idempotency=False, from_concurrency=True)
+            held.semaphore = slots
+        self._held[call.id] = held
+        return None
+
+    async def _pre_waiting(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held, *,
+                           idempotency: bool, from_rate_limit: bool = False, from_concurrency: bool = False,
+                           ) -> Deny | None:
+        """The slow path: idempotency waits, queued rate limits, queued concurrency slots."""
+        if idempotency:
+            verdict = await self._idempotency(call, spec, context, held)
+            if verdict is not None:
+                return verdict
+            for check in (self._breaker, self._budgets):
+                verdict = check(call, spec, context, held)
+                if verdict is not None:
+                    self._release(held, failed=None)
+                    return verdict
+        if idempotency or from_rate_limit:
+            verdict = await self._rate_limit(spec, context)
+            if verdict is not None:
+                self._release(held, failed=None)
+                return verdict
+        if spec.policies.concurrency is not None:
+            verdict = await self._concurrency(spec, context, held)
+            if verdict is not None:
+                self._release(held, failed=None)
                 return verdict
         self._held[call.id] = held
         return None
@@ -156,7 +243,7 @@ class PolicyPlugin:
         held.idempotency = (slot, digest, future)
         return None
 
-    async def _breaker(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
+    def _breaker(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
         policy = spec.policies.circuit_breaker
         if policy is None:
             return None
@@ -165,7 +252,7 @@ class PolicyPlugin:
         allowed, changed = breaker.admit(now)
         if changed is not None:
             context.record(PLUGIN, "tool_pre", "circuit", f"circuit {changed}: probe call", state=changed)
-            await self._emit(f"circuit:{changed}", {"tool": spec.name})
+            self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
         if not allowed:
             return Deny(f"circuit for {spec.name!r} is open", code="circuit_open",
                         details={"retry_after": round(breaker.retry_after(now), 3)})
@@ -177,7 +264,7 @@ class PolicyPlugin:
         return [(budget, f"budget:{budget.per}:{subjects[budget.per]}") for budget in spec.policies.budgets
                 if subjects[budget.per] is not None]
 
-    async def _budgets(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
+    def _budgets(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
         now = self.clock()
         keys = self._budget_keys(spec, context)
         for budget, key in keys:
@@ -196,53 +283,62 @@ class PolicyPlugin:
             held.budgets.append((f"{key}:seconds", window))
         return None
 
-    async def _rate_limit(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
+    def _rate_limit_now(self, spec: ToolSpec, context: ToolContext) -> Deny | None:
+        """Take a token from the current window, or say when the next window opens."""
         limit = spec.policies.rate_limit
         if limit is None:
             return None
         interval = limit.interval_ms / 1000.0
-        key = f"rate:{spec.name}" + (f":{context.principal}" if limit.per == "principal" else "")
+        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
+        now = self.clock()
+        window = int(now // interval)
+        if self.state.add(key, window, 1) <= limit.limit:
+            return None
+        self.state.add(key, window, -1)
+        retry_after = (window + 1) * interval - now
+        return Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for {spec.name!r}",
+                    code="rate_limited", details={"retry_after": round(retry_after, 3)})
+
+    @staticmethod
+    def _may_queue(spec: ToolSpec, context: ToolContext, verdict: Deny) -> bool:
+        limit = spec.policies.rate_limit
+        remaining = context.remaining()
+        return bool(limit is not None and limit.queue
+                    and (remaining is None or remaining >= verdict.details["retry_after"]))
+
+    async def _rate_limit(self, spec: ToolSpec, context: ToolContext) -> Deny | None:
         waited = 0.0
         while True:
-            now = self.clock()
-            window = int(now // interval)
-            if self.state.add(key, window, 1) <= limit.limit:
+            verdict = self._rate_limit_now(spec, context)
+            if verdict is None:
                 if waited:
                     context.record(PLUGIN, "tool_pre", "waited", f"rate limit: waited {waited:.3f} s")
                 return None
-            self.state.add(key, window, -1)
-            retry_after = (window + 1) * interval - now
-            remaining = context.remaining()
-            if not limit.queue or (remaining is not None and remaining < retry_after):
-                return Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
-                            f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
-            await self.sleep(retry_after)
-            waited += retry_after
+            if not self._may_queue(spec, context, verdict):
+                return verdict
+            await self.sleep(verdict.details["retry_after"])
+            waited += verdict.details["retry_after"]
 
-    async def _concurrency(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
+    async def _concurrency(self, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
         policy = spec.policies.concurrency
-        if policy is None:
-            return None
-        semaphore = self._semaphores.setdefault(spec.name, asyncio.Semaphore(policy.limit))
-        if semaphore.locked() and not policy.queue:
-            return Deny(f"{policy.limit} calls of {spec.name!r} are already running", code="concurrency_limited")
-        remaining = context.remaining()
-        try:
-            if remaining is None:
-                await semaphore.acquire()
-            else:
-                await asyncio.wait_for(semaphore.acquire(), max(remaining, 0.0))
-        except (asyncio.TimeoutError, TimeoutError):
-            return Deny(f"no free slot for {spec.name!r} before the deadline", code="concurrency_limited")
-        held.semaphore = semaphore
+        assert policy is not None
+        slots = self._slots.setdefault(spec.name, Slots(policy.limit))
+        if not policy.queue:
+            if not slots.try_acquire():
+                return Deny(f"{policy.limit} calls of {spec.name!r} are already running", code="concurrency_limited")
+        else:
+            remaining = context.remaining()
+            if not await slots.acquire(None if remaining is None else max(remaining, 0.0)):
+                return Deny(f"no free slot for {spec.name!r} before the deadline", code="concurrency_limited")
+        held.semaphore = slots
         return None
 
     # -- outcomes -------------------------------------------------------------------
 
-    def _release(self, call_id: str, held: _Held, *, failed: bool | None, result: ToolResult | None = None,
-                 ) -> str | None:
+    def _release(self, held: _Held, *, failed: bool | None, result: ToolResult | None = None) -> str | None:
         if held.semaphore is not None:
             held.semaphore.release()
+            held.semaphore = None
         changed = None
         if held.breaker is not None and failed is not None:
             changed = held.breaker.record(self.clock(), failed)
@@ -270,14 +366,15 @@ class PolicyPlugin:
         return None
 
     @hookimpl
-    async def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult) -> None:
-        self._replays.pop(call.id, None)
+    def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult) -> None:
+        if self._replays:
+            self._replays.pop(call.id, None)
         held = self._held.pop(call.id, None)
         if held is None:
             return
-        error = result.error or {}
-        failed = not result.success and (error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout")
-        changed = self._release(call.id, held, failed=failed, result=result)
+        error = result.error
+        failed = error is not None and (error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout")
+        changed = self._release(held, failed=failed, result=result)
         if changed is not None and spec is not None:
-            await self._emit(f"circuit:{changed}", {"tool": spec.name})
+            self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
 
