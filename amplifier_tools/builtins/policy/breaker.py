@@ -21,6 +21,7 @@ class CircuitBreaker:
         self.opened_at = 0.0
         self.probe_in_flight = False
         self._outcomes: deque[tuple[float, bool]] = deque()
+        self._failures = 0  # failures among _outcomes, kept in step so recording is O(1)
 
     def admit(self, now: float) -> tuple[bool, str | None]:
         """(allowed, new state if it changed). While open, after the cooldown one probe is let through."""
@@ -46,12 +47,14 @@ class CircuitBreaker:
                 return OPEN
             self.state = CLOSED
             self._outcomes.clear()
+            self._failures = 0
             return CLOSED
         window = self.policy.window_ms / 1000.0
         self._outcomes.append((now, failed))
+        self._failures += failed
         while self._outcomes and self._outcomes[0][0] < now - window:
-            self._outcomes.popleft()
-        failures = sum(1 for _, f in self._outcomes if f)
+            self._failures -= self._outcomes.popleft()[1]
+        failures = self._failures
         calls = len(self._outcomes)
         tripped = failures >= self.policy.failure_threshold or (
             self.policy.failure_rate is not None and calls >= self.policy.min_calls
