@@ -109,6 +109,7 @@ class PolicyPlugin:
         self._replays: dict[str, ToolResult] = {}
         self._coordinator: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._rate_keys: dict[str, str] = {}
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -265,6 +266,8 @@ class PolicyPlugin:
                 if subjects[budget.per] is not None]
 
     def _budgets(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
+        if not spec.policies.budgets:
+            return None
         now = self.clock()
         keys = self._budget_keys(spec, context)
         for budget, key in keys:
@@ -289,7 +292,9 @@ class PolicyPlugin:
         if limit is None:
             return None
         interval = limit.interval_ms / 1000.0
-        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
+        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else self._rate_keys.get(spec.name)
+        if key is None:
+            key = self._rate_keys[spec.name] = f"rate:{spec.name}"
         now = self.clock()
         window = int(now // interval)
         if self.state.add(key, window, 1) <= limit.limit:
@@ -344,9 +349,9 @@ class PolicyPlugin:
             changed = held.breaker.record(self.clock(), failed)
         elif held.breaker is not None:
             held.breaker.probe_in_flight = False
-        elapsed = self.clock() - held.started
-        for key, window in held.budgets:
-            if failed is not None:
+        if held.budgets and failed is not None:
+            elapsed = self.clock() - held.started
+            for key, window in held.budgets:
                 self.state.add(key, window, elapsed)
         if held.idempotency is not None:
             slot, digest, future = held.idempotency
