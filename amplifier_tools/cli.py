@@ -178,6 +178,11 @@ async def _call(host: ToolHost, args: argparse.Namespace) -> int:
 def _print_result(result: ToolResult, *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(converter.unstructure(result), indent=2, default=str))
+    elif result.success and isinstance(result.output, dict) and isinstance(result.output.get("content"), str):
+        # Text-returning tools (read_file): the text itself; the paging notice goes to stderr.
+        print(result.output["content"])
+        if result.output.get("notice"):
+            print(f"({result.output['notice']})", file=sys.stderr)
     elif result.success:
         print(result.get_serialized_output(max_chars=None))
     else:

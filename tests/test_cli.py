@@ -197,3 +197,13 @@ def test_version_lists_plugins(project: Path) -> None:
     version = cli(project, "--version")
     assert version.stdout.startswith(f"amplifier-tools {amplifier_tools.__version__}")
     assert "demo_tools" in version.stdout
+
+
+def test_read_file_prints_its_text_and_the_paging_notice(project: Path) -> None:
+    (project / "notes.txt").write_text("alpha\nbeta\ngamma\n")
+    out = cli(project, "call", "local::fs.read_file", '{"path": "notes.txt", "limit": 2}')
+    assert out.returncode == 0
+    assert out.stdout == "     1\talpha\n     2\tbeta\n"
+    assert "continue with offset=3" in out.stderr
+    outside = cli(project, "call", "fs_read_file", '{"path": "/etc/hostname"}')
+    assert outside.returncode == 4 and "AuthError[path_denied]" in outside.stderr
