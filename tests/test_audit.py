@@ -277,3 +277,53 @@ def test_sigkill_never_breaks_the_chain_or_loses_acknowledged_records(tmp_path: 
     on_disk = {(r["arguments"]["tag"], r["arguments"]["i"]) for r in map(json.loads, path.read_text().splitlines())
                if r.get("kind") == "call"}
     assert len(acknowledged) >= 50 and acknowledged <= on_disk
+
+
+async def test_opentelemetry_span_and_histogram_per_call(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from amplifier_tools.builtins.audit import AuditPlugin
+
+    exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    audit = AuditPlugin(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
+    config = {"plugins": {"audit": {"path": str(log_path(tmp_path)), "otel": True}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Echo()), audit], builtins=False, entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        ok = await host.call("test_echo", {"text": "hi"}, context=CTX)
+        failed = await host.call("test_echo", {"text": "fail"}, context=CTX)
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["execute_tool local::test.echo"] * 2
+    first, second = (dict(s.attributes or {}) for s in spans)
+    assert first["gen_ai.operation.name"] == "execute_tool" and first["gen_ai.tool.name"] == "local::test.echo"
+    assert first["gen_ai.tool.call.id"] == ok.tool_call_id and "error.type" not in first
+    assert second["error.type"] == "ExecutionError" and second["gen_ai.tool.call.id"] == failed.tool_call_id
+    assert spans[1].status.is_ok is False
+    metrics = reader.get_metrics_data().resource_metrics[0].scope_metrics[0].metrics
+    histogram = next(m for m in metrics if m.name == "amplifier_tools.tool.duration")
+    assert sum(p.count for p in histogram.data.data_points) == 2
+    assert CANARY not in repr([s.attributes for s in spans])
+
+
+def test_otel_without_the_extra_is_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_otel(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("opentelemetry"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_otel)
+    with pytest.raises(PluginLoadError, match=r"plugins\.audit\.otel.*amplifier-tools\[otel\]"):
+        import asyncio
+
+        asyncio.run(ToolHost(config={"plugins": {"audit": {"path": str(log_path(tmp_path)), "otel": True}}},
+                             builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False).start())

@@ -39,6 +39,7 @@ DEFAULTS: Final[dict[str, Any]] = {
     "mode": "fail_closed",
     "record_output": False,
     "redact_patterns": True,
+    "otel": False,
 }
 
 
@@ -54,10 +55,11 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
         "mode": lambda v: v in ("fail_closed", "fail_open"),
         "record_output": lambda v: isinstance(v, bool),
         "redact_patterns": lambda v: isinstance(v, bool),
+        "otel": lambda v: isinstance(v, bool),
     }
     expected = {"path": "a file path", "fsync": "'always', 'interval' or 'never'",
                 "mode": "'fail_closed' or 'fail_open'", "record_output": "true or false",
-                "redact_patterns": "true or false"}
+                "redact_patterns": "true or false", "otel": "true or false"}
     for key, value in config.items():
         if key not in DEFAULTS:
             raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=f"plugins.{PLUGIN}.{key}")
@@ -126,7 +128,9 @@ class AuditPlugin:
 
     name = PLUGIN
 
-    def __init__(self) -> None:
+    def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        self._providers = (tracer_provider, meter_provider)
+        self.telemetry: Any = None
         self.settings: dict[str, Any] = dict(DEFAULTS)
         self.writer: AuditWriter | None = None
         self._original: dict[str, Any] = {}
@@ -135,6 +139,10 @@ class AuditPlugin:
     @hookimpl
     def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
         self.settings = parse_settings(config)
+        if self.settings["otel"]:
+            from .otel import ToolTelemetry
+
+            self.telemetry = ToolTelemetry(*self._providers)
         path = self.settings["path"] or str(
             Path(coordinator.get_capability("session.working_dir")) / ".amplifier-tools" / "audit.jsonl")
         try:
@@ -171,6 +179,8 @@ class AuditPlugin:
     async def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult,
                             context: ToolContext) -> None:
         original = self._original.pop(call.id, call.arguments)
+        if self.telemetry is not None:
+            self.telemetry.record(call, spec, result)
         writer = self.writer
         if writer is None:
             return

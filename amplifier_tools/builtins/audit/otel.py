@@ -1,0 +1,60 @@
+"""Optional OpenTelemetry for every call: one ``execute_tool {name}`` span and a duration histogram.
+
+Needs the ``otel`` extra (``pip install amplifier-tools[otel]``); the core never
+imports OpenTelemetry. Spans follow the GenAI semantic conventions
+(``gen_ai.operation.name = "execute_tool"``, ``gen_ai.tool.name``,
+``gen_ai.tool.call.id``, ``error.type`` on failure). The span is recorded when
+the call completes, with its start set from the measured duration, so it
+never adds a hook to the hot path of calls that are not traced.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ...errors import ConfigError
+from ...models import ToolCall, ToolResult
+from ...spec import ToolSpec
+
+
+class ToolTelemetry:
+    """Records spans and the duration histogram through the given (or global) providers."""
+
+    def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        try:
+            from opentelemetry import metrics, trace
+        except ImportError:
+            raise ConfigError("OpenTelemetry is not installed (pip install amplifier-tools[otel])",
+                              key="plugins.audit.otel") from None
+        self._trace = trace
+        self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("amplifier_tools")
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter("amplifier_tools")
+        self._duration = meter.create_histogram(
+            "amplifier_tools.tool.duration", unit="s", description="Duration of tool calls, by tool and error type")
+
+    def record(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult) -> None:
+        seconds = float(result.metadata.get("duration_ms", 0.0)) / 1000.0
+        end = time.time_ns()
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+            "gen_ai.tool.type": "function",
+        }
+        if spec is not None:
+            attributes["amplifier_tools.tool.version"] = spec.version
+            attributes["amplifier_tools.tool.effect"] = spec.effect.value
+        error = result.error
+        if error is not None:
+            attributes["error.type"] = str(error.get("type"))
+            attributes["amplifier_tools.error.code"] = str(error.get("code"))
+        span = self._tracer.start_span(f"execute_tool {call.name}", start_time=end - int(seconds * 1e9),
+                                       kind=self._trace.SpanKind.INTERNAL, attributes=attributes)
+        if error is not None:
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(error.get("message", ""))[:200]))
+        span.end(end_time=end)
+        metric_attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name}
+        if error is not None:
+            metric_attributes["error.type"] = str(error.get("type"))
+        self._duration.record(seconds, attributes=metric_attributes)
