@@ -290,11 +290,12 @@ class HookDispatcher:
     ) -> ToolResult | None:
         """Run every ``tool_error`` implementation; the first recovery result, if any."""
         recovery: ToolResult | None = None
+        kwargs = {"call": call, "spec": spec, "error": error, "context": context}
         for impl in self.impls("tool_error"):
             try:
-                out = await self._invoke(
-                    impl, "tool_error", {"call": call, "spec": spec, "error": error, "context": context}
-                )
+                out = self._start(impl, "tool_error", kwargs)
+                if impl.is_async or (out is not None and inspect.isawaitable(out)):
+                    out = await self._finish(impl, "tool_error", out)
             except HookFailure as failure:
                 log.error("%s (the original error stands)", failure)
                 context.record(impl.plugin, "tool_error", "failed", str(failure))
@@ -314,11 +315,12 @@ class HookDispatcher:
     ) -> ToolError | None:
         """Run every ``tool_complete`` observer; the error to fail the call with, if one failed closed."""
         first: ToolError | None = None
+        kwargs = {"call": call, "spec": spec, "result": result, "context": context}
         for impl in self.impls("tool_complete"):
             try:
-                await self._invoke(
-                    impl, "tool_complete", {"call": call, "spec": spec, "result": result, "context": context}
-                )
+                out = self._start(impl, "tool_complete", kwargs)
+                if impl.is_async or (out is not None and inspect.isawaitable(out)):
+                    await self._finish(impl, "tool_complete", out)
             except HookFailure as failure:
                 error = self._failed(failure, context)
                 if first is None:

@@ -243,3 +243,21 @@ def test_invalid_policy_config_fails_start_naming_the_key(section: dict[str, Any
 def test_negative_limits_are_rejected_naming_the_field() -> None:
     with pytest.raises(Exception, match="limit must be positive"):
         Tool("x", policies={"rate_limit": {"limit": -1}})
+
+
+async def test_circuit_breaker_opens_on_failure_rate() -> None:
+    clock = FakeClock()
+    tool = Tool("rated", policies={"circuit_breaker": {"failure_threshold": 100, "failure_rate": 0.5,
+                                                       "min_calls": 4, "window_ms": 10000}})
+    host = await host_with(tool, clock=clock)
+    try:
+        assert (await host.call("rated", {})).success
+        assert (await host.call("rated", {})).success
+        tool.fail = True
+        first = await host.call("rated", {})  # 1 of 3: below min_calls
+        second = await host.call("rated", {})  # 2 of 4 = 50 %: opens
+        blocked = await host.call("rated", {})
+    finally:
+        await host.close()
+    assert first.error["code"] == second.error["code"] == "backend_down"
+    assert blocked.error["code"] == "circuit_open" and tool.runs == 4

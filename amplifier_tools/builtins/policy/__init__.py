@@ -145,9 +145,10 @@ class PolicyPlugin:
         if missing:
             return Deny(f"missing scope {', '.join(map(repr, missing))} for {spec.name!r}", code="missing_scope",
                         details={"missing_scopes": missing}, category="AuthError")
-        denied = self._check_rules(call, spec, context)
-        if denied is not None:
-            return denied
+        if self.rules or self.default_action != "allow":
+            denied = self._check_rules(call, spec, context)
+            if denied is not None:
+                return denied
         policies = spec.policies
         if context.idempotency_key is not None or spec.idempotency_key is IdempotencyKeyRequirement.required:
             return self._pre_waiting(call, spec, context, _Held(self.clock()), idempotency=True)
@@ -155,11 +156,12 @@ class PolicyPlugin:
                 and policies.concurrency is None:
             return None
         held = _Held(self.clock())
-        for check in (self._breaker, self._budgets):
-            verdict = check(call, spec, context, held)
-            if verdict is not None:
-                self._release(held, failed=None)
-                return verdict
+        verdict = self._breaker(call, spec, context, held) if policies.circuit_breaker is not None else None
+        if verdict is None and policies.budgets:
+            verdict = self._budgets(call, spec, context, held)
+        if verdict is not None:
+            self._release(held, failed=None)
+            return verdict
         verdict = self._rate_limit_now(spec, context)
         if verdict is not None:
             if not self._may_queue(spec, context, verdict):
@@ -167,7 +169,9 @@ class PolicyPlugin:
                 return verdict
             return self._pre_waiting(call, spec, context, held, idempotency=False, from_rate_limit=True)
         if policies.concurrency is not None:
-            slots = self._slots.setdefault(spec.name, Slots(policies.concurrency.limit))
+            slots = self._slots.get(spec.name)
+            if slots is None:
+                slots = self._slots[spec.name] = Slots(policies.concurrency.limit)
             if not slots.try_acquire():
                 return self._pre_waiting(call, spec, context, held, idempotency=False, from_concurrency=True)
             held.semaphore = slots
@@ -248,7 +252,9 @@ class PolicyPlugin:
         policy = spec.policies.circuit_breaker
         if policy is None:
             return None
-        breaker = self._breakers.setdefault(spec.name, CircuitBreaker(policy))
+        breaker = self._breakers.get(spec.name)
+        if breaker is None:
+            breaker = self._breakers[spec.name] = CircuitBreaker(policy)
         now = self.clock()
         allowed, changed = breaker.admit(now)
         if changed is not None:
@@ -327,7 +333,9 @@ class PolicyPlugin:
     async def _concurrency(self, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
         policy = spec.policies.concurrency
         assert policy is not None
-        slots = self._slots.setdefault(spec.name, Slots(policy.limit))
+        slots = self._slots.get(spec.name)
+        if slots is None:
+            slots = self._slots[spec.name] = Slots(policy.limit)
         if not policy.queue:
             if not slots.try_acquire():
                 return Deny(f"{policy.limit} calls of {spec.name!r} are already running", code="concurrency_limited")

@@ -49,17 +49,20 @@ class CircuitBreaker:
             self._outcomes.clear()
             self._failures = 0
             return CLOSED
-        window = self.policy.window_ms / 1000.0
-        self._outcomes.append((now, failed))
+        outcomes = self._outcomes
+        outcomes.append((now, failed))
         self._failures += failed
-        while self._outcomes and self._outcomes[0][0] < now - window:
-            self._failures -= self._outcomes.popleft()[1]
+        cutoff = now - self.policy.window_ms / 1000.0
+        while outcomes[0][0] < cutoff:
+            self._failures -= outcomes.popleft()[1]
+        if not failed or self.state != CLOSED:
+            return None
         failures = self._failures
         calls = len(self._outcomes)
         tripped = failures >= self.policy.failure_threshold or (
             self.policy.failure_rate is not None and calls >= self.policy.min_calls
             and failures / calls >= self.policy.failure_rate)
-        if self.state == CLOSED and failed and tripped:
+        if tripped:
             self.state, self.opened_at = OPEN, now
             return OPEN
         return None

@@ -47,9 +47,11 @@ class MemoryState:
         self._latest: dict[str, int] = {}
 
     def add(self, key: str, window: int, amount: float) -> float:
-        if self._latest.get(key, window) < window:  # a new window: forget older ones of this key
-            self._counters = {k: v for k, v in self._counters.items() if k[0] != key or k[1] >= window}
-        self._latest[key] = max(window, self._latest.get(key, window))
+        latest = self._latest.get(key)
+        if latest is None or latest < window:
+            if latest is not None:  # a new window: forget older ones of this key
+                self._counters = {k: v for k, v in self._counters.items() if k[0] != key or k[1] >= window}
+            self._latest[key] = window
         total = self._counters.get((key, window), 0.0) + amount
         self._counters[(key, window)] = total
         return total
