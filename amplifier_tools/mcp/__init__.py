@@ -1,0 +1,70 @@
+"""MCP both ways: import MCP servers' tools under the host's contracts and policies
+(``McpImportPlugin``), and serve the host's tools to MCP clients
+(:mod:`amplifier_tools.mcp.server`, ``amplifier-tools serve-mcp``).
+
+The plugin is a built-in and inert unless ``[plugins.mcp.servers]`` names a
+server: the ``mcp`` SDK (the ``amplifier-tools[mcp]`` extra) is imported only
+then, so the core runs without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from typing import Any, Final
+
+from .._markers import hookimpl
+from ..errors import ConfigError
+from .settings import PLUGIN, McpSettings, parse_settings
+
+__all__ = ["McpImportPlugin", "MISSING_SDK_MESSAGE", "sdk_available"]
+
+MISSING_SDK_MESSAGE: Final = (
+    "MCP servers are configured but the 'mcp' extra is not installed (pip install amplifier-tools[mcp])"
+)
+
+
+def sdk_available() -> bool:
+    """Whether the ``mcp`` SDK can be imported."""
+    return importlib.util.find_spec("mcp") is not None
+
+
+class McpImportPlugin:
+    """Starts each configured MCP server at mount and mounts its tools as ``mcp::<server>::<tool>``.
+
+    One instance per host. ``connections`` holds the live servers (with
+    ``pid``, ``server_info``, ``hashes``); ``settings`` the checked config,
+    which ``serve-mcp`` also reads (``[plugins.mcp.serve]``).
+    """
+
+    name = PLUGIN
+
+    def __init__(self) -> None:
+        self.settings = McpSettings()
+        self.connections: list[Any] = []
+
+    @hookimpl
+    async def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
+        self.settings = parse_settings(config)
+        if not self.settings.servers:
+            return None
+        if not sdk_available():
+            raise ConfigError(MISSING_SDK_MESSAGE, key=f"plugins.{PLUGIN}.servers")
+        from .client import ServerConnection, import_server
+
+        working_dir = coordinator.get_capability("session.working_dir") or "."
+        try:
+            for server in self.settings.servers:
+                connection = ServerConnection(server, working_dir)
+                self.connections.append(connection)
+                for tool in await import_server(connection):
+                    await coordinator.mount("tools", tool)
+        except BaseException:
+            await self.close()
+            raise
+        return self.close
+
+    async def close(self) -> None:
+        """Stop every server (their process groups are gone when this returns)."""
+        connections, self.connections = self.connections, []
+        await asyncio.gather(*(connection.close() for connection in connections), return_exceptions=True)

@@ -1,0 +1,315 @@
+"""Importing an MCP server's tools: one ``ServerConnection`` per configured server,
+one ``McpTool`` per tool it lists, mounted as ``mcp::<server>::<tool>``.
+
+A connection runs in its own task for the host's lifetime (the SDK's session
+and the transport must be entered and left in one task); calls from any task
+send requests through it. A server that dies fails the call in flight with an
+``ExecutionError`` and is restarted on the next call, at most
+``max_restarts`` times; a restarted server must list the same definitions
+(same hashes) as at start, or its calls are refused. The SDK is imported
+here, so this module is only imported once servers are configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Mapping
+from typing import Any, Final
+
+import anyio
+import mcp_types
+from mcp.client.session import ClientSession
+from mcp.shared.exceptions import MCPError
+
+from .._version import __version__
+from ..errors import ContractError, ExecutionError, PolicyError
+from ..models import ToolContext, ToolResult
+from ..spec import ToolSpec
+from .contract import build_spec
+from .pinning import check_pins, definition_hash
+from .settings import ServerSettings
+from .transport import stdio_process
+
+log = logging.getLogger("amplifier_tools.mcp")
+
+CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__version__)
+_DEAD_CODES: Final = frozenset({mcp_types.CONNECTION_CLOSED})
+
+
+class ServerConnection:
+    """A live session with one stdio MCP server, restarted on demand after it dies."""
+
+    def __init__(self, settings: ServerSettings, working_dir: str) -> None:
+        self.settings = settings
+        self.working_dir = working_dir
+        self.pid: int | None = None
+        self.server_info: mcp_types.Implementation | None = None
+        self.definitions: dict[str, dict[str, Any]] = {}
+        self.hashes: dict[str, str] = {}
+        self.restarts = 0
+        self._session: ClientSession | None = None
+        self._process: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._lock = asyncio.Lock()
+        self._mounted_hashes: dict[str, str] | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def environment(self) -> dict[str, str]:
+        """The child's whole environment: ``env_passthrough`` names copied from ours, then ``env``."""
+        env = {name: os.environ[name] for name in self.settings.env_passthrough if name in os.environ}
+        env.update(self.settings.env)
+        return env
+
+    async def start(self) -> None:
+        """Start the server, initialize the session and list its tools (all pages)."""
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stop = asyncio.Event()
+        self._task = asyncio.create_task(self._run(ready, self._stop), name=f"mcp-server-{self.settings.name}")
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), self.settings.startup_timeout_ms / 1000.0)
+        except BaseException as exc:
+            await self.close()
+            if isinstance(exc, asyncio.TimeoutError):
+                raise ExecutionError(
+                    f"MCP server {self.settings.name!r} did not start within "
+                    f"{self.settings.startup_timeout_ms:g} ms", code="mcp_start_timeout") from None
+            raise
+
+    async def _run(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
+        s = self.settings
+        stderr = subprocess.DEVNULL if s.stderr == "discard" else None
+        try:
+            async with stdio_process(s.command, list(s.args), env=self.environment(),
+                                     cwd=s.cwd or self.working_dir, stderr=stderr) as (process, read, write):
+                self._process = process
+                self.pid = process.pid
+                async with ClientSession(read, write, client_info=CLIENT_INFO) as session:
+                    init = await session.initialize()
+                    tools: list[mcp_types.Tool] = []
+                    cursor: str | None = None
+                    while True:
+                        params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                        page = await session.list_tools(params=params)
+                        tools.extend(page.tools)
+                        cursor = page.next_cursor
+                        if not cursor:
+                            break
+                    self.server_info = init.server_info
+                    self.definitions = {
+                        tool.name: tool.model_dump(by_alias=True, mode="json", exclude_none=True) for tool in tools
+                    }
+                    self.hashes = {name: definition_hash(d) for name, d in self.definitions.items()}
+                    self._session = session
+                    ready.set_result(None)
+                    await stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else ExecutionError(
+                    f"MCP server {s.name!r} start was cancelled", code="mcp_start_failed"))
+            elif not isinstance(exc, (Exception, asyncio.CancelledError)):
+                raise
+        finally:
+            self._session = None
+
+    async def close(self) -> None:
+        """Stop the server; its process group is gone when this returns."""
+        task, self._task = self._task, None
+        if self._stop is not None:
+            self._stop.set()
+        if task is not None:
+            try:
+                await asyncio.wait_for(task, 10.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            except Exception:
+                log.exception("MCP server %r failed while closing", self.settings.name)
+
+    @property
+    def alive(self) -> bool:
+        return self._session is not None and self._process is not None and self._process.returncode is None
+
+    def freeze_definitions(self, mounted: Mapping[str, str]) -> None:
+        """Remember the hashes of the mounted tools; a restarted server must match them."""
+        self._mounted_hashes = dict(mounted)
+
+    async def _ensure(self) -> ClientSession:
+        async with self._lock:
+            if self.alive and self._session is not None:
+                return self._session
+            if self.restarts >= self.settings.max_restarts:
+                raise ExecutionError(
+                    f"MCP server {self.settings.name!r} is down and was restarted "
+                    f"{self.restarts} time(s), the configured maximum", code="mcp_server_unavailable")
+            self.restarts += 1
+            log.warning("restarting MCP server %r (restart %d)", self.settings.name, self.restarts)
+            await self.close()
+            try:
+                await self.start()
+            except ExecutionError:
+                raise
+            except Exception as exc:
+                raise ExecutionError(f"MCP server {self.settings.name!r} could not be restarted: {exc}",
+                                     code="mcp_restart_failed") from exc
+            changed = [name for name, digest in (self._mounted_hashes or {}).items()
+                       if self.hashes.get(name) != digest]
+            if changed:
+                await self.close()
+                self.restarts = self.settings.max_restarts  # do not keep restarting a changed server
+                name = changed[0]
+                raise ContractError(
+                    f"MCP server {self.settings.name!r} tool {name!r} definition changed on restart: "
+                    f"mounted {(self._mounted_hashes or {})[name]}, server now sends {self.hashes.get(name)}",
+                    code="pin_mismatch")
+            assert self._session is not None
+            return self._session
+
+    # -- calls -------------------------------------------------------------
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], timeout: float | None) -> mcp_types.CallToolResult:
+        """Send ``tools/call``; raise a typed ``ToolError`` on transport failure.
+
+        Cancellation (the host's timeout) cancels the request on the server too.
+        """
+        session = await self._ensure()
+        request = mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name=name, arguments=arguments))
+        try:
+            # send_request, not call_tool: the output schema is checked by the host's
+            # pipeline (a typed ContractError with a pointer), not by the SDK.
+            return await session.send_request(request, mcp_types.CallToolResult,
+                                              request_read_timeout_seconds=timeout)
+        except MCPError as exc:
+            if exc.code in _DEAD_CODES or not self.alive:
+                raise self._died(exc) from None
+            if exc.code == mcp_types.REQUEST_TIMEOUT:
+                raise PolicyError(f"MCP server {self.settings.name!r} did not answer in time",
+                                  code="timeout") from None
+            raise ExecutionError(f"MCP server {self.settings.name!r} returned error {exc.code}: {exc.message}",
+                                 code="mcp_protocol_error", mcp_code=exc.code) from None
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            raise self._died(exc) from None
+
+    def _died(self, exc: BaseException) -> ExecutionError:
+        code = self._process.returncode if self._process is not None else None
+        self._session = None
+        return ExecutionError(
+            f"MCP server {self.settings.name!r} died during the call (exit status {code}); "
+            "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
+
+
+class McpTool:
+    """One imported tool: the contract built from the server's definition, calls sent to it."""
+
+    def __init__(self, connection: ServerConnection, remote_name: str, spec: ToolSpec, digest: str) -> None:
+        self.connection = connection
+        self.remote_name = remote_name
+        self.spec = spec
+        self.name = spec.name
+        self.description = spec.description
+        self.definition_hash = digest
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
+        result = await self.connection.call_tool(self.remote_name, input, context.remaining())
+        return to_tool_result(result, self)
+
+
+def _content_json(result: mcp_types.CallToolResult) -> list[dict[str, Any]]:
+    return [block.model_dump(by_alias=True, mode="json", exclude_none=True) for block in result.content]
+
+
+def _text(result: mcp_types.CallToolResult) -> str | None:
+    texts = [block.text for block in result.content if isinstance(block, mcp_types.TextContent)]
+    return "\n".join(texts) if len(texts) == len(result.content) and texts else None
+
+
+def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResult:
+    """Map a ``CallToolResult`` onto a ``ToolResult``.
+
+    Success: ``structuredContent`` when present (the host checks it against the
+    output schema), else the text of all-text content, else the content blocks
+    as JSON. ``isError``: a failed result with an ``ExecutionError``
+    (``mcp_tool_error``); when the text is an amplifier-tools error (a server
+    run by ``serve-mcp``), its type, code and message are kept as
+    ``remote_type``/``remote_code``/``remote_message``.
+    """
+    metadata = {"mcp": {"server": tool.connection.settings.name, "tool": tool.remote_name,
+                        "server_version": tool.connection.server_info.version if tool.connection.server_info else None,
+                        "definition_sha256": tool.definition_hash}}
+    text = _text(result)
+    if result.is_error:
+        error: dict[str, Any] = {"type": "ExecutionError", "code": "mcp_tool_error",
+                                 "message": f"MCP tool {tool.name!r} reported an error: {text or 'no text'}"}
+        remote = _remote_error(text)
+        if remote is not None:
+            error.update(remote_type=str(remote.get("type")), remote_code=str(remote.get("code")),
+                         remote_message=str(remote.get("message")))
+            error["message"] = f"MCP tool {tool.name!r} failed remotely: {remote.get('type')}: {remote.get('message')}"
+        return ToolResult(False, text if text is not None else _content_json(result), error, metadata)
+    if result.structured_content is not None:
+        output: Any = result.structured_content
+    elif text is not None:
+        output = text
+    else:
+        output = _content_json(result)
+    return ToolResult(True, output, None, metadata)
+
+
+def _remote_error(text: str | None) -> dict[str, Any] | None:
+    if not text or not text.startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    error = data.get("error") if isinstance(data, dict) else None
+    return error if isinstance(error, dict) and "type" in error else None
+
+
+async def import_server(connection: ServerConnection) -> list[McpTool]:
+    """Start the server, check its pins, and build one ``McpTool`` per tool to mount.
+
+    Raises ``ContractError`` (code ``pin_mismatch``) naming the tool and both
+    hashes when a pin is not met and ``on_pin_mismatch = "refuse"``.
+    """
+    s = connection.settings
+    await connection.start()
+    version = connection.server_info.version if connection.server_info else None
+    problems = check_pins(version=version, pinned_version=s.version, hashes=connection.hashes, pins=s.pins)
+    skipped: set[str] = set()
+    for problem in problems:
+        message = problem.describe(s.name)
+        if s.on_pin_mismatch == "refuse" or problem.tool is None:
+            raise ContractError(message + " (refused: on_pin_mismatch = 'refuse')", code="pin_mismatch",
+                                server=s.name, tool=problem.tool, pinned=problem.pinned, actual=problem.actual)
+        log.warning("%s; not mounted", message)
+        skipped.add(problem.tool)
+    unknown = sorted(set(s.tools) - set(connection.definitions))
+    if unknown:
+        raise ContractError(f"MCP server {s.name!r} lists no tool {unknown[0]!r} named in "
+                            f"plugins.mcp.servers.{s.name}.tools", code="unknown_tool")
+    tools = []
+    for name, definition in connection.definitions.items():
+        override = s.tools.get(name)
+        if name in skipped or (override is not None and not override.enabled):
+            continue
+        if s.require_pins and name not in s.pins:
+            log.warning("MCP server %r tool %r has no pin and require_pins is set; not mounted", s.name, name)
+            continue
+        digest = connection.hashes[name]
+        try:
+            spec = build_spec(server=s.name, definition=definition, digest=digest,
+                              server_name=connection.server_info.name if connection.server_info else None,
+                              server_version=version, effect=override.effect if override else None,
+                              timeout_ms=s.timeout_ms)
+        except (ValueError, TypeError) as exc:
+            raise ContractError(f"MCP server {s.name!r} tool {name!r} has an unusable definition: {exc}",
+                                code="invalid_contract") from exc
+        tools.append(McpTool(connection, name, spec, digest))
+    connection.freeze_definitions({tool.remote_name: tool.definition_hash for tool in tools})
+    return tools
