@@ -81,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scope", action="append", default=[], help="grant a scope (repeatable)")
     p.add_argument("--idempotency-key")
     p.add_argument("--json", action="store_true", help="print the whole ToolResult as JSON")
+    p = sub.add_parser("serve-mcp", help="serve the mounted tools to MCP clients over stdio")
+    p.add_argument("--working-dir", help="session working directory (default: current directory)")
     return parser
 
 
@@ -232,6 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .builtins.audit.commands import main as audit_main
 
             return audit_main(args.audit_args)
+        if args.command == "serve-mcp":
+            from .mcp.__main__ import run_serve
+
+            return run_serve(args.config, args.working_dir)
         return asyncio.run(_run(args))
     except CommandError as exc:
         print(f"error: {exc}", file=sys.stderr)

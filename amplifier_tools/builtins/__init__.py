@@ -14,4 +14,5 @@ BUILTIN_PLUGINS: Final[dict[str, str]] = {
     "filesystem": "amplifier_tools.builtins.filesystem:FilesystemPlugin",
     "policy": "amplifier_tools.builtins.policy:PolicyPlugin",
     "audit": "amplifier_tools.builtins.audit:AuditPlugin",
+    "mcp": "amplifier_tools.mcp:McpImportPlugin",  # inert (no SDK import) unless servers are configured
 }

@@ -10,7 +10,6 @@ then, so the core runs without it.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from typing import Any, Final
 
 from .._markers import hookimpl
@@ -25,8 +24,12 @@ MISSING_SDK_MESSAGE: Final = (
 
 
 def sdk_available() -> bool:
-    """Whether the ``mcp`` SDK can be imported."""
-    return importlib.util.find_spec("mcp") is not None
+    """Whether the ``mcp`` SDK can be imported (called only when it is needed)."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 class McpImportPlugin:

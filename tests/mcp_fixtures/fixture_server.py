@@ -4,7 +4,8 @@ Environment knobs (all optional): ``FIXTURE_VARIANT=changed`` changes the
 description of ``echo`` (its hash changes); ``FIXTURE_PID_FILE`` receives this
 process's pid; ``FIXTURE_CHILD_PID_FILE`` makes it start a ``sleep 300``
 child (same process group) and receives the child's pid;
-``FIXTURE_CANCEL_FILE`` is written when a ``sleep`` call is cancelled.
+``FIXTURE_CANCEL_FILE`` is written when a ``sleep`` call is cancelled;
+``FIXTURE_LOG_FILE`` gets a line for each ``issues.create`` that ran.
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     if params.name == "add":
         return text(str(args["a"] + args["b"]))
     if params.name == "issues.create":
+        log = os.environ.get("FIXTURE_LOG_FILE")
+        if log:
+            with open(log, "a") as f:
+                f.write(f"issues.create {args.get('title')}\n")
         return text(f"created {args.get('title')!r}")
     if params.name == "local_write":
         return text("ok")

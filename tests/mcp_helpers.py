@@ -1,0 +1,43 @@
+"""Helpers for the MCP tests: fixture server config, process liveness."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FIXTURES = Path(__file__).parent / "mcp_fixtures"
+FIXTURE_SERVER = str(FIXTURES / "fixture_server.py")
+REPO = str(Path(__file__).resolve().parent.parent)
+
+
+def fixture_server(**settings: Any) -> dict[str, Any]:
+    """A ``[plugins.mcp.servers.<name>]`` section running the fixture server."""
+    env = dict(settings.pop("env", {}))
+    env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+    return {"command": sys.executable, "args": [FIXTURE_SERVER], "env": env, **settings}
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` is a live process (zombies count as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_dead(pid: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return not alive(pid)
+
+
+def read_pid(path: Path) -> int:
+    return int(path.read_text())
