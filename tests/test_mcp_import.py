@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import alive, fixture_server, read_pid, wait_dead  # noqa: E402
+from mcp_helpers import alive, fixture_server, read_pid, wait_dead
 
-from amplifier_tools import Deny, Effect, PluginLoadError, ToolHost, hookimpl  # noqa: E402
+from amplifier_tools import Deny, Effect, PluginLoadError, ToolHost, hookimpl
 
 
 def host_with(tmp_path: Path, *plugins: Any, host_tools: dict[str, Any] | None = None, **server: Any) -> ToolHost:

@@ -49,7 +49,8 @@ TOOLS = [
                input_schema={"type": "object", "properties": {"seconds": {"type": "number"}}}),
     types.Tool(name="crash", description="Exit the server process at once.", input_schema={"type": "object"}),
     types.Tool(name="getenv", description="Values of environment variables (null when unset).",
-               input_schema={"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"}}}}),
+               input_schema={"type": "object",
+                             "properties": {"names": {"type": "array", "items": {"type": "string"}}}}),
 ]
 
 
