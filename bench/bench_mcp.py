@@ -1,0 +1,97 @@
+"""MCP cases: the cost of calling an MCP tool through the host (import: full pipeline +
+the plugin's transport) against the SDK's own client calling the same server directly,
+and the cost of serving a tool through serve-mcp against a bare SDK server (in-process).
+
+Both sides of each case run in the same process, interleaved; the fixture server is
+tests/mcp_fixtures/fixture_server.py (a real subprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import mcp_types
+from mcp import Client, StdioServerParameters
+from mcp.server.lowlevel import Server
+
+from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
+from amplifier_tools.mcp.server import build_server
+
+from .harness import Row, interleaved, row, run_async
+
+FIXTURE = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_fixtures" / "fixture_server.py")
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+ARGS = {"a": 2, "b": 3}
+
+
+class _Add:
+    name = "add"
+    description = "Add two integers."
+    spec = ToolSpec(name="add", effect="Pure", input_schema={
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]})
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output=str(input["a"] + input["b"]))
+
+
+class _Mount:
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        await coordinator.mount("tools", _Add())
+
+
+def _bare_server() -> Server[Any]:
+    async def list_tools(ctx: Any, params: Any) -> mcp_types.ListToolsResult:
+        return mcp_types.ListToolsResult(tools=[mcp_types.Tool(name="add", input_schema=_Add.spec.input_schema)])
+
+    async def call_tool(ctx: Any, params: mcp_types.CallToolRequestParams) -> mcp_types.CallToolResult:
+        args = params.arguments or {}
+        return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=str(args["a"] + args["b"]))])
+
+    return Server("bare", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def _all(quick: bool) -> list[Row]:
+    n, rounds = (20, 1) if quick else (500, 5)
+    config = {"plugins": {"mcp": {"servers": {"fx": {"command": sys.executable, "args": [FIXTURE], "env": ENV}}}}}
+    started = time.perf_counter()
+    host = ToolHost(config=config, builtins=["mcp"], entry_points=False, discover=False)
+    async with host:
+        start_ms = (time.perf_counter() - started) * 1000
+        params = StdioServerParameters(command=sys.executable, args=[FIXTURE], env=ENV)
+        async with Client(params) as direct:
+            await direct.list_tools()
+            t = await interleaved({"host": lambda: host.call("mcp::fx::add", ARGS),
+                                   "sdk": lambda: direct.call_tool("add", ARGS)}, n=n, rounds=rounds, warmup=20)
+    import_added = t["host"][0] - t["sdk"][0]
+
+    async with ToolHost(plugins=[_Mount()], builtins=False, entry_points=False, discover=False) as inner:
+        async with Client(build_server(inner)) as ours, Client(_bare_server()) as bare:
+            s = await interleaved({"ours": lambda: ours.call_tool("add", ARGS),
+                                   "bare": lambda: bare.call_tool("add", ARGS)}, n=n, rounds=rounds, warmup=20)
+    serve_added = s["ours"][0] - s["bare"][0]
+    return [
+        row("mcp import: call via host vs SDK client (stdio subprocess)", t["host"][0], t["sdk"][0], "µs/call",
+            ratio=t["host"][0] / t["sdk"][0], target="≤ +15% over the SDK client",
+            met=t["host"][0] <= 1.15 * t["sdk"][0], spread=t["host"][1],
+            notes=f"adds {import_added:.0f} µs; reference = mcp.Client on the same fixture server"),
+        row("mcp serve: serve-mcp vs bare SDK server (in-process client)", s["ours"][0], s["bare"][0], "µs/call",
+            ratio=s["ours"][0] / s["bare"][0], target="≤ +50 µs", met=serve_added <= 50, spread=s["ours"][1],
+            notes=f"adds {serve_added:.0f} µs (whole pipeline, no plugins); reference = lowlevel Server"),
+        row("mcp import: host start with one server (spawn, initialize, list)", start_ms, None, "ms",
+            notes="fixture server; Python interpreter start dominates"),
+    ]
+
+
+def run(quick: bool) -> list[Row]:
+    rows: list[Row] = run_async(_all(quick))
+    return rows
+
+
+if __name__ == "__main__":
+    for r in run(quick=False):
+        print(r)
