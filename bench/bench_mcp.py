@@ -69,10 +69,10 @@ async def _all(quick: bool) -> list[Row]:
                                    "sdk": lambda: direct.call_tool("add", ARGS)}, n=n, rounds=rounds, warmup=20)
     import_added = t["host"][0] - t["sdk"][0]
 
-    async with ToolHost(plugins=[_Mount()], builtins=False, entry_points=False, discover=False) as inner:
-        async with Client(build_server(inner)) as ours, Client(_bare_server()) as bare:
-            s = await interleaved({"ours": lambda: ours.call_tool("add", ARGS),
-                                   "bare": lambda: bare.call_tool("add", ARGS)}, n=n, rounds=rounds, warmup=20)
+    async with (ToolHost(plugins=[_Mount()], builtins=False, entry_points=False, discover=False) as inner,
+                Client(build_server(inner)) as ours, Client(_bare_server()) as bare):
+        s = await interleaved({"ours": lambda: ours.call_tool("add", ARGS),
+                               "bare": lambda: bare.call_tool("add", ARGS)}, n=n, rounds=rounds, warmup=20)
     serve_added = s["ours"][0] - s["bare"][0]
     return [
         row("mcp import: call via host vs SDK client (stdio subprocess)", t["host"][0], t["sdk"][0], "µs/call",

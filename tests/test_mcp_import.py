@@ -260,3 +260,9 @@ def test_plugin_is_inert_and_never_imports_the_sdk_without_servers(tmp_path: Pat
     assert out.stdout.strip().endswith("False")
     assert "'mcp'" in out.stdout
 
+
+
+async def test_concurrent_calls_share_one_server_and_each_gets_its_own_answer(tmp_path: Path) -> None:
+    async with host_with(tmp_path) as host:
+        results = await asyncio.gather(*(host.call("mcp::fx::add", {"a": i, "b": 1}) for i in range(20)))
+        assert [r.output for r in results] == [str(i + 1) for i in range(20)]
