@@ -289,10 +289,9 @@ def spec_from_tool(tool: Any, *, name: str | None = None) -> ToolSpec:
         if value is not None:
             fields[attribute] = value
     try:
-        from .converter import converter
-
-        return converter.structure(fields, ToolSpec)
-    except Exception as exc:  # cattrs groups validation errors; name the tool and field
+        # The field converters accept both attrs instances (Policies(...)) and plain data.
+        return ToolSpec(**fields)
+    except Exception as exc:  # validators name the field; cattrs groups nested errors
         from .converter import describe_structure_error
 
         raise ContractError(

@@ -115,3 +115,19 @@ async def test_invalid_contracts_are_refused_at_mount(host_factory: Any, fields:
         await host_factory(ToolsPlugin(tool))
     assert fragment in str(info.value)
     assert isinstance(info.value.__cause__, ContractError)
+
+
+async def test_seed_tool_may_carry_policy_objects_as_attributes(host_factory: Any) -> None:
+    from amplifier_tools import Policies, Security
+
+    class Seedish:
+        name = "seedish"
+        description = "a seed-style tool with contract objects"
+        policies = Policies(timeout_ms=1234)
+        security = Security(required_scopes=("x:read",))
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            return ToolResult(output="ok")
+
+    host = await host_factory(ToolsPlugin(Seedish()))
+    assert host.specs[0].policies.timeout_ms == 1234 and host.specs[0].security.required_scopes == ("x:read",)
