@@ -264,11 +264,16 @@ def test_sigkill_never_breaks_the_chain_or_loses_acknowledged_records(tmp_path: 
         proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), "100000", f"r{run}", "always"],
                                 stdout=subprocess.PIPE, env=_env(), text=True)
         assert proc.stdout is not None
+        # Wait for the first acknowledged call before starting the clock, so a slow
+        # interpreter start-up on a loaded machine cannot make a run acknowledge nothing.
+        line = proc.stdout.readline()
+        assert line, f"writer {run} exited before its first call"
         deadline = time.monotonic() + rng.uniform(0.02, 0.25)
-        line = proc.stdout.readline()  # at least one call acknowledged (so the kill is mid-stream)
-        while line and time.monotonic() < deadline:
+        while line:
             _, tag, i = line.split()
             acknowledged.add((tag, int(i)))
+            if time.monotonic() >= deadline:
+                break
             line = proc.stdout.readline()
         proc.send_signal(signal.SIGKILL)
         proc.wait()
