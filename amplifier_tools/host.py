@@ -147,6 +147,9 @@ class ToolHost:
         self._pending: list[tuple[Any, PluginInfo, bool]] = []
         self._pipeline: CallPipeline | None = None
         self._default_context = self._make_default_context()
+        # Host-level secrets (config ``secrets``) for plugins, e.g. the audit checkpoint key:
+        # a callable name -> value that raises AuthError naming an unresolvable reference.
+        self.capabilities["session.secret"] = self._default_context.secret
 
     # -- lifecycle -------------------------------------------------------------
 

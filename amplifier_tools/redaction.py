@@ -19,6 +19,8 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Final
 
+from ._json import dumps
+
 PLACEHOLDER: Final = "[REDACTED]"
 MIN_SECRET_LENGTH: Final = 4
 MAX_MESSAGE_CHARS: Final = 2_000
@@ -33,6 +35,14 @@ DEFAULT_PATTERNS: Final = (
     r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",
 )
 _DEFAULT_RE: Final = re.compile("|".join(f"(?:{p})" for p in DEFAULT_PATTERNS))
+#: Every match of a default pattern contains one of these (compared lower-case):
+#: a cheap ``in`` test that lets text without any of them skip the regex.
+PATTERN_TRIGGERS: Final = ("-----begin", "bearer", "sk-", "pk-", "rk-", "akia", "gh", "xox", "://")
+
+
+def _may_hold_pattern(text: str) -> bool:
+    low = text.lower()
+    return any(trigger in low for trigger in PATTERN_TRIGGERS)
 _CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
@@ -48,7 +58,7 @@ def redact_text(text: str, secrets: Collection[str] = (), *, patterns: bool = Tr
     secret_re = _secret_regex(secrets)
     if secret_re is not None:
         text = secret_re.sub(PLACEHOLDER, text)
-    if patterns:
+    if patterns and _may_hold_pattern(text):
         text = _DEFAULT_RE.sub(PLACEHOLDER, text)
     return text
 
@@ -78,7 +88,7 @@ def _redact_strings(value: Any, secret_re: re.Pattern[str] | None, patterns: boo
     if isinstance(value, str):
         if secret_re is not None:
             value = secret_re.sub(PLACEHOLDER, value)
-        return _DEFAULT_RE.sub(PLACEHOLDER, value) if patterns else value
+        return _DEFAULT_RE.sub(PLACEHOLDER, value) if patterns and _may_hold_pattern(value) else value
     if isinstance(value, Mapping):
         return {
             _redact_strings(key, secret_re, patterns) if isinstance(key, str) else key:
@@ -97,7 +107,10 @@ def redact(
     paths: Iterable[str] = (),
     patterns: bool = True,
 ) -> Any:
-    """A redacted copy of a JSON-like ``value``; the input is never changed.
+    """A redacted version of a JSON-like ``value``; the input is never changed.
+
+    When nothing in ``value`` needs scrubbing, ``value`` itself is returned
+    (not a copy): treat the result as read-only.
 
     ``paths`` are ``/``-separated paths relative to ``value`` (``*`` matches any
     one key or index); the whole value at a path becomes ``[REDACTED]``.
@@ -106,7 +119,29 @@ def redact(
     """
     for rule in paths:
         value = _redact_path(value, _split_rule(rule))
-    return _redact_strings(value, _secret_regex(secrets), patterns)
+    secret_re = _secret_regex(secrets)
+    if secret_re is None and not patterns:
+        return value
+    if not isinstance(value, str) and not _may_match(value, secret_re, patterns):
+        return value
+    return _redact_strings(value, secret_re, patterns)
+
+
+def _may_match(value: Any, secret_re: re.Pattern[str] | None, patterns: bool) -> bool:
+    """Whether any string inside ``value`` could need scrubbing: one regex scan of its JSON text.
+
+    Sound because, when the JSON text has no escape sequences, every string and
+    key appears in it verbatim, so a secret or a pattern trigger inside any one
+    string is also in the text; a hit anywhere only means the full walk runs.
+    Anything that escapes, or does not serialize, takes the full walk.
+    """
+    try:
+        text = dumps(value).decode("utf-8")
+    except (TypeError, ValueError, RecursionError):
+        return True
+    if "\\" in text:
+        return True
+    return bool((secret_re is not None and secret_re.search(text)) or (patterns and _may_hold_pattern(text)))
 
 
 def sanitize_message(text: str, secrets: Collection[str] = ()) -> str:

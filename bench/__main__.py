@@ -30,7 +30,8 @@ def _environment() -> dict[str, Any]:
     except OSError:
         pass
     versions = {}
-    for dist in ("amplifier-tools", "pluggy", "attrs", "cattrs", "jsonschema", "amplifier-core", "tenacity"):
+    for dist in ("amplifier-tools", "pluggy", "attrs", "cattrs", "jsonschema", "amplifier-core", "tenacity",
+                 "orjson", "mcp"):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

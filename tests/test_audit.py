@@ -125,10 +125,9 @@ async def test_tampering_is_detected_at_the_right_line(tmp_path: Path, attack: s
     else:  # a forged record with a correct-looking hash of its own
         forged = json.loads(lines[1])
         forged["arguments"] = {"text": "forged"}
-        from amplifier_tools.builtins.audit.chain import canonical, seal
+        from amplifier_tools.builtins.audit.chain import encode_body, link
 
-        lines.insert(2, canonical(seal({k: v for k, v in forged.items() if k not in ("hash", "prev")},
-                                        forged["hash"])).decode() + "\n")
+        lines.insert(2, link(encode_body(forged), forged["hash"])[0].decode())
         expected_line = 4
     path.write_text("".join(lines))
     report = verify(path)
@@ -150,6 +149,71 @@ async def test_records_cut_from_the_end_are_caught_by_an_anchor(tmp_path: Path) 
     path.write_text("".join(path.read_text().splitlines(keepends=True)[:2]))
     assert verify(path).ok  # a shorter chain is still a chain...
     assert not verify(path, anchor=anchor).ok  # ...which the anchor exposes
+
+
+HMAC_KEY = "checkpoint-key-0f3a9c"
+
+
+async def _signed_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: int) -> Path:
+    monkeypatch.setenv("AUDIT_HMAC_KEY", HMAC_KEY)
+    config = {"secrets": {"audit_hmac": "AUDIT_HMAC_KEY"},
+              "plugins": {"audit": {"path": str(log_path(tmp_path)), "checkpoint_key_ref": "audit_hmac",
+                                    "checkpoint_every": 3}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Echo())], builtins=["audit"], entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        for i in range(calls):
+            assert (await host.call("test_echo", {"text": f"t{i}"}, context=CTX)).success
+    return log_path(tmp_path)
+
+
+async def test_signed_checkpoints_cover_every_record_and_verify_with_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = await _signed_log(tmp_path, monkeypatch, 7)
+    kinds = [r["kind"] for r in map(json.loads, path.read_text().splitlines())]
+    assert kinds == ["call"] * 3 + ["checkpoint"] + ["call"] * 3 + ["checkpoint", "call", "checkpoint"]
+    assert HMAC_KEY not in path.read_text()
+    report = verify(path, key=HMAC_KEY.encode())
+    assert report.ok and report.checkpoints == 3 and report.unsigned == 0, report
+    wrong = verify(path, key=b"another key")
+    assert not wrong.ok and wrong.bad_line == 4 and "signature" in (wrong.reason or "")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "K": HMAC_KEY}
+    cli = subprocess.run([sys.executable, "-m", "amplifier_tools", "audit", "verify", str(path), "--key-env", "K"],
+                         capture_output=True, text=True, env=env)
+    assert cli.returncode == 0 and "3 signed checkpoint(s) verified" in cli.stdout, cli.stdout + cli.stderr
+    unset = subprocess.run([sys.executable, "-m", "amplifier_tools", "audit", "verify", str(path),
+                            "--key-env", "NOT_SET_ANYWHERE"], capture_output=True, text=True, env=env)
+    assert unset.returncode == 2 and "NOT_SET_ANYWHERE" in unset.stderr
+
+
+async def test_a_rewritten_chain_passes_the_hash_check_but_not_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from amplifier_tools.builtins.audit.chain import GENESIS, encode_body, link
+
+    path = await _signed_log(tmp_path, monkeypatch, 6)
+    rewritten, prev, stripped, sprev = [], GENESIS, [], GENESIS
+    for record in map(json.loads, path.read_text().splitlines()):
+        if record["kind"] == "call":
+            record["arguments"] = {"text": "history rewritten"}
+            line, sprev = link(encode_body(record), sprev)
+            stripped.append(line)
+        line, prev = link(encode_body(record), prev)
+        rewritten.append(line)
+    path.write_bytes(b"".join(rewritten))
+    assert verify(path).ok  # without the key, a whole new chain is indistinguishable...
+    forged = verify(path, key=HMAC_KEY.encode())
+    assert not forged.ok and forged.bad_line == 4  # ...the first checkpoint no longer signs what precedes it
+    path.write_bytes(b"".join(stripped))  # dropping the checkpoints instead leaves nothing signed
+    bare = verify(path, key=HMAC_KEY.encode())
+    assert bare.ok and bare.checkpoints == 0 and bare.unsigned == 6
+
+
+async def test_checkpoint_key_that_cannot_be_resolved_fails_start_naming_the_key(tmp_path: Path) -> None:
+    config = {"plugins": {"audit": {"path": str(log_path(tmp_path)), "checkpoint_key_ref": "audit_hmac"}}}
+    host = ToolHost(config=config, plugins=[ToolsPlugin(Echo())], builtins=["audit"], entry_points=False,
+                    working_dir=tmp_path, discover=False)
+    with pytest.raises(PluginLoadError) as info:
+        await host.start()
+    assert "plugins.audit.checkpoint_key_ref" in str(info.value) and "audit_hmac" in str(info.value)
 
 
 async def test_rotation_continues_the_chain_and_verify_takes_a_directory(tmp_path: Path) -> None:
@@ -175,7 +239,7 @@ async def test_unwritable_log_fails_closed_or_open_as_configured(tmp_path: Path,
         plugin = host.plugin_manager.get_plugin("audit")
         original = plugin.writer._write
 
-        def disk_full(batch: Any) -> Any:
+        def disk_full(batch: Any, **_: Any) -> Any:
             raise OSError(28, "No space left on device")
 
         plugin.writer._write = disk_full
@@ -190,7 +254,7 @@ async def test_unwritable_log_fails_closed_or_open_as_configured(tmp_path: Path,
     open_host = await make(tmp_path / "open", mode="fail_open")
     try:
         plugin = open_host.plugin_manager.get_plugin("audit")
-        plugin.writer._write = lambda batch: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+        plugin.writer._write = lambda batch, **_: (_ for _ in ()).throw(OSError(28, "No space left on device"))
         import logging
 
         with caplog.at_level(logging.WARNING, logger="amplifier_tools.audit"):

@@ -12,18 +12,21 @@ the result. One writer thread per host; several processes may share one file
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import hashlib
-import json
 import logging
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Final
 
+from ..._json import dumps
 from ..._markers import hookimpl
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import ToolSpec
+from .chain import encode_body
 from .writer import AuditWriter
 
 log = logging.getLogger("amplifier_tools.audit")
@@ -40,6 +43,8 @@ DEFAULTS: Final[dict[str, Any]] = {
     "record_output": False,
     "redact_patterns": True,
     "otel": False,
+    "checkpoint_key_ref": None,  # a secret ref (host config ``secrets``) holding the HMAC key
+    "checkpoint_every": 1000,
 }
 
 
@@ -56,10 +61,13 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
         "record_output": lambda v: isinstance(v, bool),
         "redact_patterns": lambda v: isinstance(v, bool),
         "otel": lambda v: isinstance(v, bool),
+        "checkpoint_key_ref": lambda v: isinstance(v, str) and v != "",
+        "checkpoint_every": lambda v: type(v) is int and v > 0,
     }
     expected = {"path": "a file path", "fsync": "'always', 'interval' or 'never'",
                 "mode": "'fail_closed' or 'fail_open'", "record_output": "true or false",
-                "redact_patterns": "true or false", "otel": "true or false"}
+                "redact_patterns": "true or false", "otel": "true or false",
+                "checkpoint_key_ref": "the name of a secret reference"}
     for key, value in config.items():
         if key not in DEFAULTS:
             raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=f"plugins.{PLUGIN}.{key}")
@@ -82,17 +90,19 @@ def _secret_values(spec: ToolSpec | None, context: ToolContext) -> list[str]:
 
 def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
                  original: Any, settings: dict[str, Any]) -> dict[str, Any]:
-    """The (unsealed) record of one call, redacted."""
+    """The record of one call, redacted, before it is chained."""
     secrets = _secret_values(spec, context)
     rules = spec.security.redaction_rules if spec is not None else ()
-    patterns = settings["redact_patterns"]
-    io = redact({"arguments": call.arguments, "original_arguments": original, "output": result.output},
+    error = result.error or {}
+    changed = original != call.arguments
+    io = redact({"arguments": call.arguments, "original_arguments": original if changed else None,
+                 "output": result.output, "trail": result.metadata.get("trail", []),
+                 "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
+                           "plugin": error.get("plugin")} if error else None},
                 secrets=secrets, paths=[*rules, *(r.replace("arguments/", "original_arguments/", 1)
                                                   for r in rules if r.startswith("arguments/"))],
-                patterns=patterns)
-    output_bytes = json.dumps(io["output"], sort_keys=True, default=str).encode() if result.output is not None \
-        else b""
-    error = result.error or {}
+                patterns=settings["redact_patterns"])
+    output_bytes = dumps(io["output"]) if result.output is not None else b""
     record: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "kind": "call",
@@ -108,11 +118,10 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         "environment": context.environment,
         "scopes": sorted(context.scopes),
         "arguments": io["arguments"],
-        "original_arguments": io["original_arguments"] if original != call.arguments else None,
-        "trail": redact(result.metadata.get("trail", []), secrets=secrets, patterns=patterns),
+        "original_arguments": io["original_arguments"],
+        "trail": io["trail"],
         "status": "ok" if result.success else "error",
-        "error": redact({"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
-                         "plugin": error.get("plugin")}, secrets=secrets, patterns=patterns) if error else None,
+        "error": io["error"],
         "output_bytes": len(output_bytes),
         "output_sha256": hashlib.sha256(output_bytes).hexdigest() if output_bytes else None,
         "attempts": result.metadata.get("attempts", 1),
@@ -145,11 +154,22 @@ class AuditPlugin:
             self.telemetry = ToolTelemetry(*self._providers)
         path = self.settings["path"] or str(
             Path(coordinator.get_capability("session.working_dir")) / ".amplifier-tools" / "audit.jsonl")
+        key_ref = self.settings["checkpoint_key_ref"]
+        key = None
+        if key_ref is not None:
+            try:
+                key = coordinator.get_capability("session.secret")(key_ref).encode()
+            except AuthError as exc:
+                raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
+                                  key=f"plugins.{PLUGIN}.checkpoint_key_ref") from None
         try:
             self.writer = AuditWriter(Path(path).expanduser(), fsync=self.settings["fsync"],
                                       fsync_every=self.settings["fsync_every"],
                                       fsync_interval_ms=self.settings["fsync_interval_ms"],
-                                      rotate_bytes=self.settings["rotate_bytes"])
+                                      rotate_bytes=self.settings["rotate_bytes"],
+                                      checkpoint_key=key, checkpoint_key_ref=key_ref or "",
+                                      checkpoint_every=self.settings["checkpoint_every"],
+                                      on_error=self._report)
         except OSError as exc:
             if self.settings["mode"] == "fail_closed":
                 raise ConfigError(f"cannot open the audit log {path}: {exc.strerror}",
@@ -159,9 +179,9 @@ class AuditPlugin:
         coordinator.register_capability("audit.path", str(self.writer.path))
         return self.writer.close
 
-    def _report(self, future: Any) -> None:
-        exc = future.exception()
-        if exc is not None and not self._warned:
+    def _report(self, exc: BaseException) -> None:
+        """Called by the writer thread when a batch could not be written."""
+        if not self._warned:
             self._warned = True
             log.error("%s; calls are %s", exc,
                       "refused until it can be written" if self.settings["mode"] == "fail_closed"
@@ -176,21 +196,32 @@ class AuditPlugin:
                                   "refusing to run unrecorded calls", code="audit_unavailable")
 
     @hookimpl(trylast=True)
-    async def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult,
-                            context: ToolContext) -> None:
+    def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult,
+                      context: ToolContext) -> Awaitable[None] | None:
+        """Queue the call's record; under ``fsync="always"``, an awaitable that waits until it is on disk.
+
+        Synchronous on purpose: a hook that has nothing to wait for returns None,
+        and the dispatcher never builds a coroutine or a timeout for it.
+        """
         original = self._original.pop(call.id, call.arguments)
         if self.telemetry is not None:
             self.telemetry.record(call, spec, result)
         writer = self.writer
         if writer is None:
-            return
-        record = build_record(call, spec, result, context, original, self.settings)
-        future = writer.append(record)
+            return None
+        # Encoded here, on the caller's side: the record is a snapshot even if the caller
+        # later mutates its arguments or the tool's output.
+        body = encode_body(build_record(call, spec, result, context, original, self.settings))
         if self.settings["fsync"] != "always":
             # Only fsync="always" acknowledges: other modes return at once; a failed write is
-            # logged by the writer and fails the next call closed in tool_pre.
-            future.add_done_callback(self._report)
-            return
+            # logged through _report and fails the next call closed in tool_pre.
+            writer.append(body, ack=False)
+            return None
+        future = writer.append(body)
+        assert future is not None
+        return self._acknowledged(future)
+
+    async def _acknowledged(self, future: concurrent.futures.Future[str]) -> None:
         try:
             await asyncio.wrap_future(future)
         except OSError as exc:

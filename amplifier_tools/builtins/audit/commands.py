@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from collections import Counter, defaultdict, deque
@@ -23,6 +24,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="check the hash chain of a log file or directory")
     p.add_argument("path")
     p.add_argument("--anchor", help="the last hash recorded elsewhere; detects records cut from the end")
+    p.add_argument("--key-env", metavar="VAR",
+                   help="environment variable holding the checkpoint HMAC key; checks every checkpoint")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("tail", help="the last records")
     p.add_argument("path")
@@ -67,13 +70,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {args.path}: no such file or directory", file=sys.stderr)
         return 2
     if args.command == "verify":
-        report = verify(args.path, anchor=args.anchor)
+        key = None
+        if args.key_env is not None:
+            value = os.environ.get(args.key_env)
+            if not value:
+                print(f"error: --key-env {args.key_env}: the variable is not set", file=sys.stderr)
+                return 2
+            key = value.encode()
+        report = verify(args.path, anchor=args.anchor, key=key)
         if args.json:
             print(json.dumps({"ok": report.ok, "records": report.records, "files": list(report.files),
                               "last_hash": report.last_hash, "bad_file": report.bad_file,
-                              "bad_line": report.bad_line, "reason": report.reason}))
+                              "bad_line": report.bad_line, "reason": report.reason,
+                              "checkpoints": report.checkpoints if key else None,
+                              "unsigned": report.unsigned if key else None}))
         elif report.ok:
             print(f"OK: {report.records} records in {len(report.files)} file(s); last hash {report.last_hash}")
+            if key is not None:
+                print(f"{report.checkpoints} signed checkpoint(s) verified; {report.unsigned} record(s) after "
+                      "the last one are covered by the hash chain only")
         else:
             where = f"{report.bad_file}:{report.bad_line}" if report.bad_line else str(report.bad_file)
             print(f"TAMPERED: {where}: {report.reason} ({report.records} records verified before it)")

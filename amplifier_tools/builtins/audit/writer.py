@@ -1,10 +1,16 @@
-"""Appending sealed records to a JSON Lines file: one writer thread, file lock, fsync policy, rotation.
+"""Appending chained records to a JSON Lines file: one writer thread, file lock, fsync policy,
+rotation, signed checkpoints.
 
-``AuditWriter.append(record)`` returns a future resolved once the record is
-written (and fsynced under ``fsync="always"``). Records are written by a
-single thread per host, in batches, each batch under an exclusive ``flock`` on
-``<file>.lock`` so that several processes appending to one log keep one chain:
-under the lock the writer reads the last hash from the file itself.
+``AuditWriter.append(body, ack=True)`` takes a record already encoded by
+``chain.encode_body`` and returns a future resolved once it is written (and
+fsynced under ``fsync="always"``); with ``ack=False`` nothing waits and a
+failure is reported through ``on_error`` and ``healthy``. Records are written
+by a single thread per host, in batches, each batch under an exclusive
+``flock`` on ``<file>.lock`` so that several processes appending to one log
+keep one chain: under the lock the writer reads the last hash from the file
+itself. Without ``fsync="always"`` the thread lingers ``LINGER_S`` after the
+first record of a batch, so a busy host pays the lock and stat calls once per
+batch rather than once per record.
 
 Crash safety: every record is one ``write()`` of a whole line to an
 ``O_APPEND`` descriptor; a line torn anyway (power loss) is cut off under the
@@ -20,12 +26,15 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-from .chain import GENESIS, ROTATED, canonical, seal
+from .chain import GENESIS, ROTATED, checkpoint_body, encode_body, link
 
 TAIL_BYTES: Final = 1 << 16
+LINGER_S: Final = 0.002
+MAX_BATCH: Final = 1024
 
 
 class AuditWriteError(OSError):
@@ -58,13 +67,23 @@ class AuditWriter:
     """The writer thread of one host."""
 
     def __init__(self, path: Path, *, fsync: str = "always", fsync_every: int = 100,
-                 fsync_interval_ms: float = 1000, rotate_bytes: int | None = None) -> None:
+                 fsync_interval_ms: float = 1000, rotate_bytes: int | None = None,
+                 checkpoint_key: bytes | None = None, checkpoint_key_ref: str = "",
+                 checkpoint_every: int = 1000,
+                 on_error: Callable[[BaseException], None] | None = None) -> None:
         self.path = path
         self.fsync = fsync
         self.fsync_every = fsync_every
         self.fsync_interval = fsync_interval_ms / 1000.0
         self.rotate_bytes = rotate_bytes
-        self._queue: queue.Queue[tuple[dict[str, Any], concurrent.futures.Future[str]] | None] = queue.Queue()
+        self.checkpoint_key = checkpoint_key
+        self.checkpoint_key_ref = checkpoint_key_ref
+        self.checkpoint_every = checkpoint_every
+        self.on_error = on_error
+        self._since_checkpoint = 0
+        self._linger = 0.0 if fsync == "always" else LINGER_S
+        self._queue: queue.SimpleQueue[tuple[bytes, concurrent.futures.Future[str] | None] | None] = \
+            queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"audit-writer:{path.name}", daemon=True)
         self._unsynced = 0
         self._last_sync = time.monotonic()
@@ -84,35 +103,49 @@ class AuditWriter:
     def healthy(self) -> bool:
         return self.error is None and self._thread.is_alive()
 
-    def append(self, record: dict[str, Any]) -> concurrent.futures.Future[str]:
-        future: concurrent.futures.Future[str] = concurrent.futures.Future()
-        self._queue.put((record, future))
+    def append(self, body: bytes, *, ack: bool = True) -> concurrent.futures.Future[str] | None:
+        """Queue one encoded record; with ``ack``, a future resolved with its hash once written."""
+        future: concurrent.futures.Future[str] | None = concurrent.futures.Future() if ack else None
+        self._queue.put((body, future))
         return future
 
     def close(self) -> None:
+        """Write what is queued (and a final checkpoint when signing), then stop the thread."""
         self._queue.put(None)
         self._thread.join(timeout=30)
+        if self._fd is not None and self.fsync == "interval" and self._unsynced:
+            os.fsync(self._fd)
         self._close_fds()
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
+            if self._linger and item is not None:
+                time.sleep(self._linger)
             batch = [item]
-            while not self._queue.empty() and len(batch) < 512:
-                batch.append(self._queue.get_nowait())
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             stop = None in batch
             work = [b for b in batch if b is not None]
-            if work:
+            if work or (stop and self._since_checkpoint):
                 try:
-                    hashes = self._write(work)
+                    hashes = self._write(work, final=stop)
                 except BaseException as exc:  # disk full, permission denied: fail every waiter
                     self.error = exc
+                    failure = AuditWriteError(f"audit log {self.path} cannot be written: {exc}")
                     for _, future in work:
-                        future.set_exception(AuditWriteError(f"audit log {self.path} cannot be written: {exc}"))
+                        if future is not None:
+                            future.set_exception(failure)
+                    if self.on_error is not None and any(future is None for _, future in work):
+                        self.on_error(failure)  # nobody waits on these records: report it here
                 else:
                     self.error = None
                     for (_, future), digest in zip(work, hashes, strict=True):
-                        future.set_result(digest)
+                        if future is not None:
+                            future.set_result(digest)
             if stop:
                 return
 
@@ -130,7 +163,8 @@ class AuditWriter:
                 os.close(fd)
                 setattr(self, name, None)
 
-    def _write(self, batch: list[tuple[dict[str, Any], concurrent.futures.Future[str]]]) -> list[str]:
+    def _write(self, batch: list[tuple[bytes, concurrent.futures.Future[str] | None]], *,
+               final: bool = False) -> list[str]:
         if self._fd is None or self._lock_fd is None:
             self._open()
         assert self._fd is not None and self._lock_fd is not None
@@ -157,19 +191,26 @@ class AuditWriter:
                 prev, good_end = last_hash(fd)
                 if good_end != st.st_size:  # a torn tail from a crash: cut it, say so
                     os.ftruncate(fd, good_end)
-                    recovered = seal({"v": 1, "kind": "recovered", "ts": time.time(),
-                                      "note": "a torn final line was removed before appending"}, prev)
-                    prev = recovered["hash"]
-                    lines.append(canonical(recovered) + b"\n")
+                    line, prev = link(encode_body({"v": 1, "kind": "recovered", "ts": time.time(),
+                                                   "note": "a torn final line was removed before appending"}),
+                                      prev)
+                    lines.append(line)
             hashes = []
-            for record, _ in batch:
-                sealed = seal(record, prev)
-                prev = sealed["hash"]
+            for body, _ in batch:
+                line, prev = link(body, prev)
                 hashes.append(prev)
-                lines.append(canonical(sealed) + b"\n")
+                lines.append(line)
+            self._since_checkpoint += len(batch)
+            if self.checkpoint_key is not None and self._since_checkpoint and (
+                final or self._since_checkpoint >= self.checkpoint_every
+            ):
+                line, prev = link(checkpoint_body(self.checkpoint_key, self.checkpoint_key_ref, prev,
+                                                  self._since_checkpoint, time.time()), prev)
+                lines.append(line)
+                self._since_checkpoint = 0
             for line in lines:  # one write per line: a kill never splits a record across writes
                 os.write(fd, line)
-            self._sync(fd, len(batch))
+            self._sync(fd, len(lines))
             size = os.fstat(fd).st_size
             self._known = (st.st_ino, size, prev)
             if self.rotate_bytes is not None and size >= self.rotate_bytes:
@@ -207,10 +248,10 @@ class AuditWriter:
         with open(self.path, "ab"):
             pass
         last = _last_hash_of(target)
-        marker = seal({"v": 1, "kind": "rotated", "ts": time.time(), "from": target.name}, last)
+        marker, _ = link(encode_body({"v": 1, "kind": "rotated", "ts": time.time(), "from": target.name}), last)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         try:
-            os.write(fd, canonical(marker) + b"\n")
+            os.write(fd, marker)
             os.fsync(fd)
         finally:
             os.close(fd)

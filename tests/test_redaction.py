@@ -1,0 +1,65 @@
+"""Redaction: the fast pre-scan never changes what is scrubbed."""
+
+from __future__ import annotations
+
+from typing import Any
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amplifier_tools import _json
+from amplifier_tools.redaction import PLACEHOLDER, _redact_strings, _secret_regex, redact
+
+SECRET = "s3cr3t-canary-value"
+FRAGMENTS = ["Bearer ", "bearer\t", "abcdefgh12345678", "sk-", "AKIA", "ABCDEFGHIJKLMNOP", "ghp_", "://",
+             "user:", "pw@", "host", "-----BEGIN RSA PRIVATE KEY-----", "\n", "\"", "\\", "é", "xoxb-", SECRET,
+             "s3cr3t", "-canary-value", " ", "/"]
+
+text = st.lists(st.sampled_from(FRAGMENTS), max_size=6).map("".join) | st.text(max_size=12)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(json_values, st.booleans(), st.booleans())
+def test_fast_path_scrubs_exactly_what_the_full_walk_scrubs(value: Any, patterns: bool, stdlib: bool) -> None:
+    expected = _redact_strings(value, _secret_regex([SECRET]), patterns)
+    with mock.patch.object(_json, "orjson", None if stdlib else _json.orjson):
+        assert redact(value, secrets=[SECRET], patterns=patterns) == expected
+
+
+def test_secret_inside_nested_arguments_is_replaced_and_input_untouched() -> None:
+    args = {"headers": {"Authorization": f"token {SECRET}"}, "items": [SECRET, "plain"]}
+    out = redact(args, secrets=[SECRET])
+    assert out == {"headers": {"Authorization": f"token {PLACEHOLDER}"}, "items": [PLACEHOLDER, "plain"]}
+    assert args["items"][0] == SECRET
+
+
+def test_secret_split_by_json_escaping_is_still_found() -> None:
+    # The JSON text of this value escapes the quote inside the secret; the scan must not miss it.
+    secret = 'pa"ss\\word'
+    assert redact({"a": f"x{secret}y"}, secrets=[secret]) == {"a": f"x{PLACEHOLDER}y"}
+
+
+def test_bearer_token_after_a_tab_is_found() -> None:
+    assert redact(["Bearer\tabcdefgh12345678"]) == [PLACEHOLDER]
+
+
+def test_every_default_pattern_needs_a_trigger() -> None:
+    import re
+
+    from amplifier_tools.redaction import DEFAULT_PATTERNS, PATTERN_TRIGGERS
+
+    samples = ["-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----", "BEARER abcdefgh12345678",
+               "sk-abcdefghijklmnopqrst", "pk-abcdefghijklmnopqrst", "AKIAABCDEFGHIJKLMNOP",
+               "ghp_" + "a" * 36, "xoxb-1234567890ab", "https://user:pw@host/x"]
+    for pattern in DEFAULT_PATTERNS:
+        matched = [m.group(0) for s in samples for m in [re.search(pattern, s)] if m]
+        assert matched, pattern
+    for sample in samples:
+        assert any(t in sample.lower() for t in PATTERN_TRIGGERS), sample
+    assert all(PLACEHOLDER in r for r in redact(samples))
