@@ -110,6 +110,12 @@ def tool_complete(
     output is withheld and the caller gets a ``SystemError``-category error)
     unless the plugin is configured ``on_error = "ignore"`` — so an audit log
     that cannot write can refuse to let an unrecorded result through.
+    Decisions an observer records with ``context.record`` are added to the
+    trail of the result the caller gets, not to the ``result`` observers
+    receive (built before any of them ran, so an audit log records the trail
+    up to the end of ``tool_post``/``tool_error``). An
+    implementation may be ``async``, or synchronous and return an awaitable
+    only when it has something to wait for.
     """
 
 

@@ -185,8 +185,12 @@ class CallPipeline:
         metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
         result = ToolResult(result.success, result.output, result.error, metadata, call.id)
         spec = mounted.spec if mounted is not None else None
+        recorded = len(ctx.trail)
         error = await self.hooks.tool_complete(call, spec, result, ctx)
-        if error is not None:  # an observer failed closed: withhold the output
+        if error is None and len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
+            metadata = {**metadata, "trail": [converter.unstructure(decision) for decision in ctx.trail]}
+            result = ToolResult(result.success, result.output, result.error, metadata, call.id)
+        elif error is not None:  # an observer failed closed: withhold the output
             metadata["trail"] = [converter.unstructure(decision) for decision in ctx.trail]
             # A call that already failed keeps its first error; a success becomes this failure.
             failure = result.error if not result.success else self._failure_result(

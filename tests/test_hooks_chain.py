@@ -293,6 +293,21 @@ async def test_hook_tool_complete_failure_withholds_output(host_factory: Any, ec
     assert "disk full" in result.error["message"]
 
 
+async def test_hook_tool_complete_decisions_reach_the_result_trail(host_factory: Any, echo: EchoTool) -> None:
+    class Reviewer:
+        name = "reviewer"
+
+        @hookimpl
+        def tool_complete(self, call: Any, context: Any) -> None:
+            context.record("reviewer", "tool_complete", "flagged", "output mentions a path", code="flagged")
+
+    host = await host_factory(ToolsPlugin(echo), Reviewer())
+    result = await host.call("echo", {"path": "ok"})
+    assert result.success and result.output == "ok"
+    assert result.metadata["trail"][-1]["plugin"] == "reviewer"
+    assert result.metadata["trail"][-1]["action"] == "flagged"
+
+
 async def test_hook_tool_event_receives_emitted_and_seed_events(host_factory: Any, echo: EchoTool) -> None:
     seen: list[tuple[str, Any]] = []
 
