@@ -65,6 +65,7 @@ WRAPPERS: Final[dict[str, frozenset[str]]] = {
 WRAPPER_OPERANDS: Final = {"timeout": 1, "chrt": 1, "taskset": 1}
 _ASSIGNMENT: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
 _FD_REDIRECT: Final = re.compile(r"\d+(?=[<>])")
+_SUBSTITUTION: Final = re.compile(r"\$\(([^()]*)\)|`([^`]*)`")
 _BRACKET: Final = re.compile(r"\[!?\]?[^\s\]]*\]")
 _BRACE_EXPANSION: Final = re.compile(r"\{[^\s{}]*(,|\.\.)[^\s{}]*\}")
 
@@ -117,11 +118,13 @@ class _Lexer:
         out: list[Word | str] = []
         expect_heredoc = False
         while True:
+            start = self.i
             tok = self.next()
             if tok is None:
                 return out
             if expect_heredoc and isinstance(tok, Word):
-                self.heredocs.append((tok.text, tok.dynamic))
+                quoted = any(c in self.s[start:self.i] for c in "'\"\\")  # <<'EOF': a literal body
+                self.heredocs.append((tok.text, quoted))
                 expect_heredoc = False
             if tok in ("<<", "<<-"):
                 expect_heredoc = True
@@ -130,16 +133,16 @@ class _Lexer:
             out.append(tok)
 
     def skip_heredocs(self) -> None:
-        for delimiter, _ in self.heredocs:
+        for delimiter, literal in self.heredocs:
             while self.i < len(self.s):
                 end = self.s.find("\n", self.i)
                 line = self.s[self.i:] if end == -1 else self.s[self.i:end]
                 self.i = len(self.s) if end == -1 else end + 1
-                # An unquoted here-document body expands $( ) and backticks: read them as commands.
-                for match in re.finditer(r"\$\(([^()]*)\)|`([^`]*)`", line):
-                    self.inner.append(match.group(1) or match.group(2) or "")
                 if line.lstrip("\t") == delimiter:
                     break
+                if not literal:  # an unquoted body expands $( ) and backticks: read them as commands
+                    for match in _SUBSTITUTION.finditer(line):
+                        self.inner.append(match.group(1) or match.group(2) or "")
             else:
                 raise self.error(f"here-document delimited by {delimiter!r} is not closed")
         self.heredocs = []
@@ -278,7 +281,7 @@ class _Lexer:
         if nxt == "{":
             self.i += 2
             body = self.balanced("}", opener="{")
-            for match in re.finditer(r"\$\(([^()]*)\)|`([^`]*)`", body):  # ${x:-$(cmd)}
+            for match in _SUBSTITUTION.finditer(body):  # ${x:-$(cmd)}
                 self.inner.append(match.group(1) or match.group(2) or "")
             return "", True
         if nxt and (nxt.isalnum() or nxt in "_@*#?$!-"):

@@ -20,8 +20,14 @@ from collections.abc import Sequence
 from ...errors import ToolSystemError
 
 
-def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, status_fd: int) -> list[str]:
-    """The ``bwrap`` prefix for a command that runs in ``cwd`` with ``writable`` directories."""
+def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, status_fd: int,
+               bash: str) -> list[str]:
+    """The ``bwrap`` prefix for a command that runs in ``cwd`` with ``writable`` directories.
+
+    Inside the sandbox a one-line probe writes ``started`` to ``status_fd``,
+    closes it and execs the command: bwrap reports its own setup failures with
+    exit code 1, like any command, so only the probe tells them apart.
+    """
     argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
             "--unshare-cgroup-try", "--cap-drop", "ALL"]
     if not network:
@@ -29,7 +35,8 @@ def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, 
     argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     for path in writable:
         argv += ["--bind", path, path]
-    argv += ["--chdir", cwd, "--json-status-fd", str(status_fd), "--"]
+    probe = f"printf started >&{status_fd} && exec {status_fd}>&- && exec \"$@\""
+    argv += ["--chdir", cwd, "--", bash, "-c", probe, "sandbox-probe"]
     return argv
 
 
@@ -55,8 +62,8 @@ def read_status(fd: int) -> str:
 
 
 def check_started(status: str, stderr_text: str) -> None:
-    """``ToolSystemError`` when bwrap never started the command (its status has no child pid)."""
-    if '"child-pid"' not in status:
+    """``ToolSystemError`` when bwrap never started the command (the probe did not report)."""
+    if status != "started":
         detail = stderr_text.strip().splitlines()[-1] if stderr_text.strip() else "no message"
         raise ToolSystemError(f"the bubblewrap sandbox failed to start ({detail}); the command was not run",
                               code="sandbox_failed")

@@ -168,7 +168,7 @@ class BashTool:
                 raise sandbox.missing_bwrap()
             status_r, status_w = os.pipe()
             argv = sandbox.bwrap_argv(s.bwrap, cwd=cwd, writable=writable, network=s.sandbox_network,
-                                      status_fd=status_w) + argv
+                                      status_fd=status_w, bash=s.bash) + argv
             popen["pass_fds"] = (status_w,)
 
         out_path = err_path = None
