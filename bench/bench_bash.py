@@ -59,9 +59,9 @@ async def _spawn_case(work: Path, quick: bool, sandbox: bool) -> Row:
     ours_us, spread = got["ours"]
     raw_us, _ = got["raw"]
     ratio = ours_us / raw_us
-    return row(label, ours_us / 1000, raw_us / 1000, "ms", ratio=ratio, target="≤ 1.3× raw",
+    return row(label, ours_us / 1000, raw_us / 1000, "ms", ratio=ratio, target="≤ 1.3x raw",
                met=ratio <= 1.3, spread=spread / 1000,
-               notes=f"ours/raw = {ratio:.2f}; median of {rounds} rounds × {n} calls (ours includes the "
+               notes=f"ours/raw = {ratio:.2f}; median of {rounds} rounds x {n} calls (ours includes the "
                      "scrubbed env, prlimit, group kill check, bounded capture, full pipeline)")
 
 

@@ -27,7 +27,7 @@ import codecs
 import fnmatch
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
@@ -545,6 +545,3 @@ def parts_of(command: str) -> list[str]:
     """The parts of ``command`` as strings (for docs and tests)."""
     return [str(p) for p in parse_command(command).parts]
 
-
-def make_rules(allow: Iterable[str], deny: Iterable[str]) -> CommandRules:
-    return CommandRules(tuple(allow), tuple(deny))
