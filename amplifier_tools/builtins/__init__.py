@@ -12,6 +12,7 @@ from typing import Final
 
 BUILTIN_PLUGINS: Final[dict[str, str]] = {
     "filesystem": "amplifier_tools.builtins.filesystem:FilesystemPlugin",
+    "bash": "amplifier_tools.builtins.bash:BashPlugin",  # after filesystem: uses its fs.path_rules
     "policy": "amplifier_tools.builtins.policy:PolicyPlugin",
     "audit": "amplifier_tools.builtins.audit:AuditPlugin",
     "mcp": "amplifier_tools.mcp:McpImportPlugin",  # inert (no SDK import) unless servers are configured

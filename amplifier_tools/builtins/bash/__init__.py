@@ -1,0 +1,158 @@
+"""The bash plugin: one tool, ``local::bash``, that runs a command line under ``bash -c``.
+
+A built-in that uses only the public hooks: ``mount`` reads the plugin's
+config section and mounts the tool. Paths (the call's ``cwd``, the spill
+directory, the sandbox's writable roots) go through the one path-rule engine:
+the filesystem plugin's ``PathRules`` (capability ``fs.path_rules``), or a
+``PathRules`` of this plugin's own ``allowed_paths`` when those are configured
+or the filesystem plugin is disabled. One instance per host.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+from typing import Any, Final
+
+from ..._markers import hookimpl
+from ...errors import AuthError, ConfigError
+from ..filesystem.paths import PathRules
+from .process import Limits
+from .rules import CommandRules
+from .tool import BashTool, Settings
+
+PLUGIN: Final = "bash"
+
+DEFAULTS: Final[dict[str, Any]] = {
+    "default_timeout": 120,
+    "max_timeout": 600,
+    "kill_grace": 2,
+    "max_output_bytes": 32 * 1024,
+    "spill_dir": None,
+    "allowed_paths": None,  # None: the filesystem plugin's write roots, else the working directory
+    "env_allowlist": [],
+    "env": {},
+    "secrets": {},
+    "allow": [],
+    "deny": [],
+    "sandbox": "none",
+    "sandbox_network": False,
+    "user": None,
+    "max_cpu_seconds": None,
+    "max_memory_bytes": None,
+    "max_processes": None,
+    "max_file_size_bytes": None,
+}
+_NUMBERS: Final = ("default_timeout", "max_timeout", "kill_grace")
+_COUNTS: Final = ("max_output_bytes", "max_cpu_seconds", "max_memory_bytes", "max_processes", "max_file_size_bytes")
+_LISTS: Final = ("allowed_paths", "env_allowlist", "allow", "deny")
+_TABLES: Final = ("env", "secrets")
+_ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The plugin's settings with defaults; ``ConfigError`` naming ``plugins.bash.<key>`` otherwise."""
+    settings = dict(DEFAULTS)
+    for key, value in config.items():
+        where = f"plugins.{PLUGIN}.{key}"
+        if key not in DEFAULTS:
+            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=where)
+        if key in _NUMBERS:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError("must be a positive number of seconds", key=where)
+        elif key in _COUNTS:
+            if type(value) is not int or value <= 0:
+                raise ConfigError("must be a positive integer", key=where)
+        elif key in _LISTS:
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError("must be a list of non-empty strings", key=where)
+        elif key in _TABLES:
+            if not isinstance(value, dict) or not all(
+                    isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in value.items()):
+                raise ConfigError("must be a table of environment variable names to strings", key=where)
+        elif key == "sandbox":
+            if value not in ("none", "bubblewrap"):
+                raise ConfigError("must be 'none' or 'bubblewrap'", key=where)
+        elif key == "sandbox_network":
+            if not isinstance(value, bool):
+                raise ConfigError("must be true or false", key=where)
+        elif key == "spill_dir" and not isinstance(value, str):
+            raise ConfigError("must be a directory path", key=where)
+        elif key == "user" and (isinstance(value, bool) or not isinstance(value, (str, int))):
+            raise ConfigError("must be a user name or uid", key=where)
+        settings[key] = value
+    for name in settings["env_allowlist"]:
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"{name!r} is not an environment variable name", key=f"plugins.{PLUGIN}.env_allowlist")
+    if settings["default_timeout"] > settings["max_timeout"]:
+        raise ConfigError("must not exceed max_timeout", key=f"plugins.{PLUGIN}.default_timeout")
+    return settings
+
+
+def _user(value: str | int | None) -> tuple[int, int] | None:
+    """``(uid, gid)`` to run commands as, or None for the host's own user."""
+    if value is None:
+        return None
+    where = f"plugins.{PLUGIN}.user"
+    try:
+        entry = pwd.getpwuid(value) if isinstance(value, int) else pwd.getpwnam(value)
+    except KeyError:
+        raise ConfigError(f"no such user {value!r}", key=where) from None
+    if entry.pw_uid != os.geteuid() and os.geteuid() != 0:
+        raise ConfigError(f"running commands as {entry.pw_name!r} needs the host to run as root", key=where)
+    return entry.pw_uid, entry.pw_gid
+
+
+class BashPlugin:
+    """Mounts ``local::bash``; one instance per host."""
+
+    name = PLUGIN
+
+    def __init__(self) -> None:
+        self.tool: BashTool | None = None
+
+    @hookimpl
+    async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
+        settings = parse_settings(config)
+        working_dir = coordinator.get_capability("session.working_dir")
+        own_rules: PathRules | None = None
+        if settings["allowed_paths"] is not None:
+            roots = settings["allowed_paths"]
+            own_rules = PathRules(working_dir, read_roots=roots, write_roots=roots, write_denied=())
+        fallback = PathRules(working_dir, read_roots=[working_dir], write_roots=[working_dir], write_denied=())
+
+        def path_rules() -> PathRules:
+            # Looked up per call: the filesystem plugin may mount after this one.
+            rules = own_rules or coordinator.get_capability("fs.path_rules")
+            return rules if isinstance(rules, PathRules) else fallback
+
+        spill_dir = settings["spill_dir"]
+        if spill_dir is not None:
+            try:
+                spill_dir = path_rules().resolve(spill_dir, write=True).path
+            except AuthError as exc:
+                raise ConfigError(exc.message, key=f"plugins.{PLUGIN}.spill_dir") from None
+            os.makedirs(spill_dir, exist_ok=True)
+        limits = Limits(settings["max_cpu_seconds"], settings["max_memory_bytes"], settings["max_processes"],
+                        settings["max_file_size_bytes"])
+        self.tool = BashTool(Settings(
+            default_timeout=float(settings["default_timeout"]),
+            max_timeout=float(settings["max_timeout"]),
+            kill_grace=float(settings["kill_grace"]),
+            max_output_bytes=settings["max_output_bytes"],
+            spill_dir=spill_dir,
+            env_allowlist=tuple(settings["env_allowlist"]),
+            env=dict(settings["env"]),
+            secrets=dict(settings["secrets"]),
+            rules=CommandRules(tuple(settings["allow"]), tuple(settings["deny"])),
+            sandbox=settings["sandbox"] == "bubblewrap",
+            sandbox_network=settings["sandbox_network"],
+            user=_user(settings["user"]),
+            limits=limits,
+            bash=shutil.which("bash") or "/bin/bash",
+            prlimit=shutil.which("prlimit"),
+            bwrap=shutil.which("bwrap"),
+        ), path_rules)
+        await coordinator.mount("tools", self.tool)

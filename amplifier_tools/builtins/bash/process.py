@@ -1,0 +1,225 @@
+"""Spawning one command and making sure nothing of it outlives the call.
+
+The command runs in a new session (so its process group id is its pid), with
+stdin from ``/dev/null``, a given environment and working directory, resource
+limits applied by ``prlimit(1)`` before ``bash`` starts, and optionally as
+another user. Output arrives through a ``SubprocessProtocol`` straight into
+bounded captures (no stream buffers in between).
+
+The end of a call, however it ends (exit, timeout, cancellation), kills the
+whole process group: SIGTERM (+SIGCONT for stopped members), a grace period,
+then SIGKILL, and waits until no live member is left. Background children
+(``sleep 1000 &``) and grandchildren stay in the group and die with it. A
+process that leaves the group (``setsid``, a double fork into a new session)
+is *not* found without the sandbox; with the sandbox the PID namespace dies
+with ``bwrap``.
+
+Must never leave a process of the call behind, and never block the event loop
+on a child.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import resource
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import attrs
+
+from .capture import StreamCapture
+
+POLL_INTERVAL: Final = 0.02
+KILL_WAIT: Final = 5.0  # after SIGKILL, how long to wait for the kernel to remove the group
+DRAIN_AFTER_EXIT: Final = 2.0  # how long to wait for pipe EOF once the group is gone
+
+
+@attrs.frozen
+class Limits:
+    """Per-command rlimits; ``None`` leaves the host's limit in place."""
+
+    cpu_seconds: int | None = None
+    address_space: int | None = None  # bytes
+    processes: int | None = None
+    file_size: int | None = None  # bytes
+
+    def items(self) -> list[tuple[str, int, int]]:
+        """``(prlimit option, resource constant, value)`` of each limit that is set."""
+        table = (("--cpu", resource.RLIMIT_CPU, self.cpu_seconds),
+                 ("--as", resource.RLIMIT_AS, self.address_space),
+                 ("--nproc", resource.RLIMIT_NPROC, self.processes),
+                 ("--fsize", resource.RLIMIT_FSIZE, self.file_size))
+        return [(option, res, value) for option, res, value in table if value is not None]
+
+    def prlimit_argv(self, prlimit: str) -> list[str]:
+        """The ``prlimit`` prefix that applies these limits and then execs the command."""
+        items = self.items()
+        return [prlimit, *(f"{option}={value}" for option, _, value in items)] if items else []
+
+    def preexec(self) -> Callable[[], None] | None:
+        """A ``preexec_fn`` fallback for systems without ``prlimit(1)`` (not used when it exists)."""
+        items = self.items()
+        if not items:
+            return None
+
+        def apply() -> None:
+            for _, res, value in items:
+                resource.setrlimit(res, (value, value))
+
+        return apply
+
+
+@attrs.define
+class Outcome:
+    """What happened to the command."""
+
+    returncode: int | None = None
+    timed_out: bool = False
+    duration: float = 0.0
+    killed_group: bool = False  # members were still alive at the end and were killed
+
+
+class _Protocol(asyncio.SubprocessProtocol):
+    def __init__(self, stdout: StreamCapture, stderr: StreamCapture) -> None:
+        self.captures = {1: stdout, 2: stderr}
+        self.exited = asyncio.Event()
+        self.closed = asyncio.Event()
+        self.open_pipes = {1, 2}
+
+    def pipe_data_received(self, fd: int, data: bytes | bytearray) -> None:
+        self.captures[fd].feed(bytes(data) if isinstance(data, bytearray) else data)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        self.open_pipes.discard(fd)
+        if not self.open_pipes:
+            self.closed.set()
+
+    def process_exited(self) -> None:
+        self.exited.set()
+
+
+def _stat_fields(pid: str) -> tuple[str, int] | None:
+    """(state, process group) of ``/proc/<pid>``, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split()
+    return fields[0].decode(), int(fields[2])
+
+
+def live_members(pgid: int) -> list[int]:
+    """Pids in process group ``pgid`` that are not zombies (a /proc scan)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(name)
+            if fields is not None and fields[1] == pgid and fields[0] not in ("Z", "X"):
+                out.append(int(name))
+    return out
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send ``sig`` to the group; False when the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # members that changed uid (setuid programs); the rest were signalled
+        return True
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    # killpg(0) is cheap but counts zombies that an init without reaping may keep; confirm in /proc.
+    return _signal_group(pgid, 0) and bool(live_members(pgid))
+
+
+async def kill_group(pgid: int, grace: float) -> bool:
+    """TERM, grace, KILL the process group until no live member is left; True if anything was alive.
+
+    Safe to call when the group is already gone. Cancellation of the caller
+    while waiting out the grace period goes straight to SIGKILL.
+    """
+    if not _group_alive(pgid):
+        return False
+    _signal_group(pgid, signal.SIGTERM)
+    _signal_group(pgid, signal.SIGCONT)  # stopped members cannot act on SIGTERM otherwise
+    try:
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _group_alive(pgid):
+            await asyncio.sleep(POLL_INTERVAL)
+    finally:
+        _signal_group(pgid, signal.SIGKILL)  # even when cancelled while waiting out the grace
+    # A member may be forking as the signal arrives; repeat until the kernel has removed every one.
+    deadline = time.monotonic() + KILL_WAIT
+    while _signal_group(pgid, signal.SIGKILL) and live_members(pgid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
+    return True
+
+
+async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: float, grace: float,
+              stdout: StreamCapture, stderr: StreamCapture, popen: dict[str, Any]) -> Outcome:
+    """Run ``argv`` to its end, a timeout or a cancellation; the group is dead when this returns or raises.
+
+    ``popen`` holds extra ``subprocess.Popen`` arguments (``user``, ``pass_fds``, ``preexec_fn``).
+    Raises ``OSError`` when the program cannot be started.
+    """
+    loop = asyncio.get_running_loop()
+    protocol = _Protocol(stdout, stderr)
+    spawned = time.monotonic()
+    transport, _ = await loop.subprocess_exec(
+        lambda: protocol, *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=env, cwd=cwd, start_new_session=True, **popen)
+    pgid = transport.get_pid()
+    outcome = Outcome()
+    try:
+        try:  # the deadline starts once the process exists, not before the spawn
+            await asyncio.wait_for(protocol.exited.wait(), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            outcome.timed_out = True
+        # Whatever is left of the group (background children, or everything on timeout) goes now.
+        outcome.killed_group = await kill_group(pgid, 0.0 if not outcome.timed_out else grace)
+        await protocol.exited.wait()
+        try:  # writers are dead; what is still in the pipes arrives now (unless an escapee holds them)
+            await asyncio.wait_for(protocol.closed.wait(), DRAIN_AFTER_EXIT)
+        except (asyncio.TimeoutError, TimeoutError):
+            pass
+    except BaseException:  # cancellation: nothing may survive the call
+        await _cancelled_cleanup(pgid, grace, protocol)
+        raise
+    finally:
+        transport.close()
+    outcome.duration = time.monotonic() - spawned
+    outcome.returncode = transport.get_returncode()
+    return outcome
+
+
+async def _cancelled_cleanup(pgid: int, grace: float, protocol: _Protocol) -> None:
+    try:
+        await kill_group(pgid, grace)
+        await asyncio.wait_for(protocol.exited.wait(), KILL_WAIT)
+    except BaseException:  # cancelled again, or the wait ran out: kill without further waiting
+        _signal_group(pgid, signal.SIGKILL)
+
+
+def describe_returncode(returncode: int | None) -> tuple[int | None, str | None]:
+    """``(exit code, signal name)`` from a Popen-style return code (negative: killed by a signal)."""
+    if returncode is None:
+        return None, None
+    if returncode < 0:
+        try:
+            return None, signal.Signals(-returncode).name
+        except ValueError:
+            return None, f"signal {-returncode}"
+    return returncode, None
+
+
+def is_missing_program(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC)

@@ -1,0 +1,228 @@
+"""The ``local::bash`` tool: contract, environment, working directory, and the result of one run.
+
+Order of one call: command rules (advice) -> working directory through the
+path rules -> scrubbed environment (+ configured values and secrets) ->
+spawn (sandboxed or not, rlimits, optional user) -> bounded capture until
+exit, timeout or cancellation -> whole-group kill -> result.
+
+Must never run a command that failed a rule or whose sandbox could not be set
+up, and never let the host's environment through except the allowlisted names.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+
+from ...errors import ExecutionError, ToolSystemError
+from ...models import ToolContext, ToolResult
+from ...spec import Policies, Security, ToolSpec
+from ..filesystem.paths import PathRules
+from . import process, sandbox
+from .capture import StreamCapture, spill_paths
+from .rules import CommandRules
+
+VERSION: Final = "1.0.0"
+BASE_ENV: Final = ("PATH", "HOME", "LANG", "TERM")
+DEFAULT_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+MESSAGE_TAIL: Final = 600  # characters of stderr/stdout quoted in a failure message
+
+
+@attrs.frozen
+class Settings:
+    """The plugin's parsed configuration, as the tool uses it."""
+
+    default_timeout: float
+    max_timeout: float
+    kill_grace: float
+    max_output_bytes: int
+    spill_dir: str | None
+    env_allowlist: tuple[str, ...]
+    env: dict[str, str]
+    secrets: dict[str, str]  # environment variable -> secret reference
+    rules: CommandRules
+    sandbox: bool
+    sandbox_network: bool
+    user: tuple[int, int] | None
+    limits: process.Limits
+    bash: str
+    prlimit: str | None
+    bwrap: str | None
+
+
+OUTPUT_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {
+        "stdout": {"type": "string", "description": "head and tail of stdout, a marker between them when cut"},
+        "stderr": {"type": "string"},
+        "stdout_bytes": {"type": "integer", "description": "total bytes the command wrote to stdout"},
+        "stderr_bytes": {"type": "integer"},
+        "stdout_truncated": {"type": "boolean"},
+        "stderr_truncated": {"type": "boolean"},
+        "stdout_file": {"type": "string", "description": "the full stdout (with spill_dir configured)"},
+        "stderr_file": {"type": "string"},
+        "exit_code": {"type": ["integer", "null"], "description": "null when killed by a signal"},
+        "signal": {"type": ["string", "null"], "description": "e.g. SIGKILL when killed by a signal"},
+        "timed_out": {"type": "boolean"},
+        "timeout_s": {"type": "number", "description": "the timeout applied (after capping)"},
+        "duration_ms": {"type": "number"},
+        "cwd": {"type": "string"},
+        "sandboxed": {"type": "boolean"},
+    },
+    "required": ["stdout", "stderr", "stdout_bytes", "stderr_bytes", "stdout_truncated", "stderr_truncated",
+                 "exit_code", "signal", "timed_out", "duration_ms", "cwd", "sandboxed"],
+}
+
+
+def make_spec(settings: Settings) -> ToolSpec:
+    # The host's own timeout backstops ours: it must leave room for the kill and the drain.
+    backstop = settings.max_timeout + settings.kill_grace + process.KILL_WAIT + process.DRAIN_AFTER_EXIT + 5
+    return ToolSpec(
+        name="local::bash", version=VERSION, title="Run a shell command",
+        description=(
+            "Run a command line with bash -c in the working directory (or 'cwd', which must be inside the "
+            "allowed roots), stdin closed, a scrubbed environment, and a timeout (default "
+            f"{settings.default_timeout:g} s, at most {settings.max_timeout:g} s). Returns exit code, signal, "
+            "duration and stdout/stderr (head and tail when long, with byte totals). A non-zero exit is a "
+            "failure carrying both streams. Every process the command started is killed when it ends, times "
+            "out or is cancelled. No interactive input, no TTY."
+            + (" Runs in a sandbox: read-only system, writable working directory, private /tmp"
+               + ("." if settings.sandbox_network else ", no network.") if settings.sandbox else "")),
+        tags=("shell", "exec"), effect="ExternalSideEffects",
+        input_schema={"type": "object", "properties": {
+            "command": {"type": "string", "minLength": 1, "description": "The command line (bash syntax)"},
+            "timeout": {"type": "number", "exclusiveMinimum": 0,
+                        "description": f"Seconds before the command is killed (default "
+                                       f"{settings.default_timeout:g}; values above {settings.max_timeout:g} "
+                                       "are capped)"},
+            "cwd": {"type": "string", "minLength": 1,
+                    "description": "Working directory, relative to the session's working directory"},
+        }, "required": ["command"], "additionalProperties": False},
+        output_schema=OUTPUT_SCHEMA,
+        examples=[
+            {"input": {"command": "echo hi"}, "description": "typical",
+             "output": {"stdout": "hi\n", "stderr": "", "exit_code": 0, "timed_out": False}},
+            {"input": {"command": "ls missing-file"}, "error_code": "nonzero_exit",
+             "description": "a failing command: ExecutionError with stdout and stderr"},
+            {"input": {"command": "sleep 100", "timeout": 1}, "error_code": "timeout",
+             "description": "killed after 1 s with its output so far"},
+            {"input": {"command": "pwd", "cwd": "/etc"}, "error_code": "path_denied",
+             "description": "a working directory outside the allowed roots"},
+        ],
+        policies=Policies(timeout_ms=backstop * 1000.0),
+        security=Security(secret_refs=tuple(sorted(set(settings.secrets.values())))),
+    )
+
+
+class BashTool:
+    """Runs one command per call; see the module docstring for the order of steps."""
+
+    def __init__(self, settings: Settings, path_rules: Callable[[], PathRules]) -> None:
+        self.settings = settings
+        self.path_rules = path_rules
+        self.spec = make_spec(settings)
+        self.name = self.spec.name
+        self.description = self.spec.description
+
+    def environment(self, context: ToolContext) -> dict[str, str]:
+        """The command's environment: allowlisted host names, configured values, then secrets."""
+        s = self.settings
+        env = {name: os.environ[name] for name in (*BASE_ENV, *s.env_allowlist) if name in os.environ}
+        env.setdefault("PATH", DEFAULT_PATH)
+        env.update(s.env)
+        for name, ref in s.secrets.items():
+            env[name] = context.secret(ref)
+        return env
+
+    def working_directory(self, cwd: str | None) -> tuple[str, tuple[str, ...]]:
+        """The resolved working directory (inside the write roots) and the write roots."""
+        rules = self.path_rules()
+        with rules.open_dir(cwd or rules.working_dir, write=True) as (_, resolved):
+            return resolved.path, rules.write_roots
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
+        s = self.settings
+        command: str = input["command"]
+        s.rules.check(command)
+        cwd, writable = self.working_directory(input.get("cwd"))
+        env = self.environment(context)
+        timeout = min(float(input.get("timeout", s.default_timeout)), s.max_timeout)
+
+        argv = [s.bash, "-c", command]
+        popen: dict[str, Any] = {}
+        if s.prlimit is not None:
+            argv = s.limits.prlimit_argv(s.prlimit) + argv
+        else:  # no prlimit(1) on this system: the (thread-unsafe) preexec_fn is the only way left
+            preexec = s.limits.preexec()
+            if preexec is not None:
+                popen["preexec_fn"] = preexec
+        if s.user is not None:
+            popen.update(user=s.user[0], group=s.user[1], extra_groups=[])
+        status_r = status_w = -1
+        if s.sandbox:
+            if s.bwrap is None:
+                raise sandbox.missing_bwrap()
+            status_r, status_w = os.pipe()
+            argv = sandbox.bwrap_argv(s.bwrap, cwd=cwd, writable=writable, network=s.sandbox_network,
+                                      status_fd=status_w, bash=s.bash) + argv
+            popen["pass_fds"] = (status_w,)
+
+        out_path = err_path = None
+        if s.spill_dir is not None:
+            out_path, err_path = spill_paths(s.spill_dir, f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
+        stdout = StreamCapture(s.max_output_bytes, out_path)
+        stderr = StreamCapture(s.max_output_bytes, err_path)
+        try:
+            try:
+                outcome = await process.run(argv, env=env, cwd=cwd, timeout=timeout, grace=s.kill_grace,
+                                            stdout=stdout, stderr=stderr, popen=popen)
+            except OSError as exc:
+                if s.sandbox:
+                    raise ToolSystemError(f"could not start bwrap: {exc.strerror}", code="sandbox_failed") from None
+                raise ExecutionError(f"could not start bash: {exc.strerror}", code="spawn_failed") from None
+            if s.sandbox:
+                os.close(status_w)
+                status_w = -1
+                sandbox.check_started(sandbox.read_status(status_r), stderr.text())
+        finally:
+            stdout.close()
+            stderr.close()
+            for fd in (status_r, status_w):
+                if fd != -1:
+                    os.close(fd)
+        return self.result(outcome, stdout, stderr, cwd, timeout)
+
+    def result(self, outcome: process.Outcome, stdout: StreamCapture, stderr: StreamCapture, cwd: str,
+               timeout: float) -> ToolResult:
+        exit_code, signal_name = process.describe_returncode(outcome.returncode)
+        output: dict[str, Any] = {
+            **stdout.summary("stdout"), **stderr.summary("stderr"),
+            "exit_code": exit_code, "signal": signal_name, "timed_out": outcome.timed_out,
+            "timeout_s": timeout, "duration_ms": round(outcome.duration * 1000.0, 3), "cwd": cwd,
+            "sandboxed": self.settings.sandbox,
+        }
+        if outcome.timed_out:
+            message = f"command timed out after {timeout:g} s and was killed with its process group"
+            return self._failure(output, "PolicyError", "timeout", message)
+        if exit_code != 0:
+            how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
+            return self._failure(output, "ExecutionError", "nonzero_exit", f"command {how}")
+        return ToolResult(output=output)
+
+    @staticmethod
+    def _failure(output: dict[str, Any], category: str, code: str, message: str) -> ToolResult:
+        quoted = []
+        for name in ("stderr", "stdout"):
+            text = output[name].strip()
+            if text:
+                tail = text[-MESSAGE_TAIL:]
+                quoted.append(f"--- {name}{' (last part)' if len(text) > MESSAGE_TAIL else ''} ---\n{tail}")
+        full = "\n".join([message, *quoted])
+        error = {"type": category, "code": code, "message": full, "exit_code": output["exit_code"],
+                 "signal": output["signal"], "timed_out": output["timed_out"],
+                 "stdout": output["stdout"], "stderr": output["stderr"]}
+        return ToolResult(success=False, output=output, error=error)

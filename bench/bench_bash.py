@@ -1,0 +1,153 @@
+"""Bash cases: ``echo hi`` through the full host vs a raw ``asyncio.create_subprocess_exec``; the same in
+the bubblewrap sandbox vs raw ``bwrap``; an output flood's wall time and host peak RSS growth; and the time
+from a command's deadline to its last process gone."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from amplifier_tools import ToolHost
+from amplifier_tools.builtins.bash.process import live_members
+
+from .harness import Row, interleaved, row, run_async
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def _raw(*argv: str) -> None:
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE)
+    await proc.communicate()
+
+
+async def _spawn_case(work: Path, quick: bool, sandbox: bool) -> Row:
+    bwrap = shutil.which("bwrap")
+    label = "sandbox (bubblewrap) echo hi vs raw bwrap" if sandbox else "bash echo hi via ToolHost vs raw spawn"
+    if sandbox and bwrap is None:
+        return row(label, 0.0, None, "ms", notes="skipped: bwrap not installed", met=None)
+    config = {"plugins": {"bash": {"sandbox": "bubblewrap"}}} if sandbox else None
+    async with ToolHost(config=config, builtins=["bash"], entry_points=False, working_dir=work,
+                        discover=False) as host:
+        async def ours() -> None:
+            result = await host.call("bash", {"command": "echo hi"})
+            assert result.success and result.output["stdout"] == "hi\n", result.error
+
+        if sandbox:
+            raw_argv = [bwrap or "bwrap", "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid",
+                        "--unshare-uts", "--unshare-net", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev",
+                        "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(work), str(work), "--chdir",
+                        str(work), "--", "bash", "-c", "echo hi"]
+        else:
+            raw_argv = ["bash", "-c", "echo hi"]
+
+        async def raw() -> None:
+            await _raw(*raw_argv)
+
+        n, rounds = (5, 3) if quick else (50, 7)
+        got = await interleaved({"ours": ours, "raw": raw}, n=n, rounds=rounds, warmup=3 if quick else 20)
+    ours_us, spread = got["ours"]
+    raw_us, _ = got["raw"]
+    ratio = ours_us / raw_us
+    return row(label, ours_us / 1000, raw_us / 1000, "ms", ratio=ratio, target="≤ 1.3x raw",
+               met=ratio <= 1.3, spread=spread / 1000,
+               notes=f"ours/raw = {ratio:.2f}; median of {rounds} rounds x {n} calls (ours includes the "
+                     "scrubbed env, prlimit, group kill check, bounded capture, full pipeline)")
+
+
+FLOOD = textwrap.dedent("""
+    import asyncio, json, sys, time
+    from pathlib import Path
+    from amplifier_tools import ToolHost
+
+    def hwm():
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+
+    async def main(size):
+        config = {"plugins": {"bash": {"max_timeout": 3600, "default_timeout": 3600}}}
+        async with ToolHost(builtins=["bash"], entry_points=False, working_dir=sys.argv[2], discover=False,
+                            config=config) as host:
+            await host.call("bash", {"command": "yes | head -c 10000000"})
+            try:
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                pass
+            before = hwm()
+            start = time.perf_counter()
+            result = await host.call("bash", {"command": f"yes | head -c {size}"})
+            wall = time.perf_counter() - start
+            after = hwm()
+        start = time.perf_counter()
+        raw = await asyncio.create_subprocess_exec("bash", "-c", f"yes | head -c {size} > /dev/null")
+        await raw.wait()
+        print(json.dumps({"wall": wall, "raw": time.perf_counter() - start, "growth_kib": after - before,
+                          "bytes": result.output["stdout_bytes"]}))
+
+    asyncio.run(main(int(sys.argv[1])))
+""")
+
+
+def _flood_case(work: Path, size: int) -> Row:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", FLOOD, str(size), str(work)], capture_output=True, text=True,
+                          env=env, check=True)
+    data = json.loads(done.stdout)
+    growth = data["growth_kib"] / 1024
+    assert data["bytes"] == size
+    label = f"{size / 2**30:g} GiB output flood" if size >= 2**30 else f"{size >> 20} MiB output flood"
+    return row(f"{label}: wall time (vs the same command to /dev/null)", data["wall"], data["raw"], "s",
+               ratio=data["wall"] / data["raw"], target="host peak RSS +few MiB", met=growth < 16,
+               notes=f"host peak RSS growth {growth:.1f} MiB; {size / data['wall'] / 2**20:,.0f} MiB/s captured")
+
+
+async def _kill_case(work: Path, quick: bool) -> Row:
+    times = []
+    async with ToolHost(config={"plugins": {"bash": {"kill_grace": 1}}}, builtins=["bash"], entry_points=False,
+                        working_dir=work, discover=False) as host:
+        for _ in range(2 if quick else 5):
+            command = "echo $$; trap '' TERM; for i in 1 2 3 4 5 6 7 8; do (trap '' TERM; sleep 1000) & done; wait"
+            timeout = 1.0
+            start = time.perf_counter()
+            result = await host.call("bash", {"command": command, "timeout": timeout})
+            gone = time.perf_counter()
+            pgid = int(result.output["stdout"].split()[0])
+            assert result.output["timed_out"] and live_members(pgid) == []
+            times.append((gone - start) - timeout)  # the spawn before the deadline starts is ~2 ms
+    median = statistics.median(times)
+    return row("deadline → last process gone (9 TERM-ignoring processes, grace 1 s)", median * 1000, None, "ms",
+               target="grace + a few ms", met=median < 1.5,
+               notes="includes the 1 s TERM grace; SIGKILL then waits until /proc shows no live member")
+
+
+async def _all(quick: bool) -> list[Row]:
+    base = Path(tempfile.mkdtemp(prefix="amplifier-bench-bash-", dir="/var/tmp"))
+    try:
+        rows = [await _spawn_case(base, quick, sandbox=False), await _spawn_case(base, quick, sandbox=True)]
+        rows.append(await asyncio.to_thread(_flood_case, base, (64 << 20) if quick else (2 << 30)))
+        rows.append(await _kill_case(base, quick))
+        return rows
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(quick: bool) -> list[Row]:
+    rows: list[Any] = run_async(_all(quick))
+    return rows
+
+
+if __name__ == "__main__":
+    for r in run(quick=False):
+        print(r)
+    os._exit(0)

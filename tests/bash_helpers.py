@@ -1,0 +1,82 @@
+"""Shared helpers for the bash tool tests: a host factory and process inspection through /proc."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amplifier_tools import ToolHost
+
+BWRAP = shutil.which("bwrap")
+needs_bwrap = pytest.mark.skipif(BWRAP is None, reason="bubblewrap (bwrap) is not installed; CI installs it "
+                                                        "(.ci/run), locally: apt-get install bubblewrap")
+
+
+async def bash_host(root: Path | str, *, builtins: tuple[str, ...] = ("bash",), **bash_config: Any) -> ToolHost:
+    config: dict[str, Any] = {"plugins": {"bash": bash_config}} if bash_config else {}
+    host = ToolHost(config=config, builtins=list(builtins), entry_points=False, working_dir=root, discover=False)
+    await host.start()
+    return host
+
+
+def marker() -> str:
+    """A unique string to put on a command line and find again in /proc."""
+    return "amp-marker-" + uuid.uuid4().hex
+
+
+def processes_with(text: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains ``text``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        state = stat[stat.rfind(b")") + 2:].split()[0]
+        if text in cmdline and state not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    from amplifier_tools.builtins.bash.process import live_members
+
+    return live_members(pgid)
+
+
+def wait_until(predicate: Any, timeout: float = 30.0) -> bool:
+    """Poll ``predicate`` until true or ``timeout`` (generous: CI machines are slow and shared)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
+def peak_rss_kib() -> int:
+    """VmHWM (peak resident set) of this process, in KiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+def reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs); False when not allowed."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True

@@ -1,0 +1,144 @@
+"""The bubblewrap sandbox is the boundary: nothing outside the working directory changes, no network.
+
+Skipped only when ``bwrap`` is not installed (CI installs it in .ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bash_helpers import bash_host, marker, needs_bwrap, processes_with
+from test_bash_rules import corpus
+
+from amplifier_tools import ToolContext
+
+
+@pytest.fixture
+def dirs() -> Iterator[tuple[Path, Path]]:
+    """A working directory and a victim directory beside it, outside /tmp (which the sandbox replaces)."""
+    base = Path(tempfile.mkdtemp(prefix="amp-sandbox-", dir="/var/tmp"))
+    work, victim = base / "work", base / "victim"
+    work.mkdir()
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    yield work, victim
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_bwrap
+async def test_destructive_commands_outside_the_working_directory_change_nothing(dirs: tuple[Path, Path]) -> None:
+    work, victim = dirs
+    host = await bash_host(work, sandbox="bubblewrap")
+    try:
+        seen = await host.call("bash", {"command": f"cat {victim}/precious.txt"})
+        assert seen.success and seen.output["stdout"] == "keep me"  # visible, so the corpus is a real attempt
+        for command, _ in corpus(str(victim)):
+            result = await host.call("bash", {"command": command, "timeout": 60})
+            assert result.output is None or result.output["sandboxed"] is True
+            assert (victim / "precious.txt").read_text() == "keep me", command
+        for command in (f"echo x > {victim}/new", f"mv {victim}/precious.txt {work}/", f"chmod 000 {victim}",
+                        "mount -o remount,rw / && touch /etc/amp-sandbox-test", "touch /usr/amp-sandbox-test"):
+            await host.call("bash", {"command": command})
+        assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
+        assert (victim.stat().st_mode & 0o777) != 0 and not Path("/etc/amp-sandbox-test").exists()
+    finally:
+        await host.close()
+
+
+@needs_bwrap
+async def test_the_working_directory_is_writable_and_tmp_is_private(dirs: tuple[Path, Path]) -> None:
+    work, _ = dirs
+    host = await bash_host(work, sandbox="bubblewrap")
+    try:
+        result = await host.call("bash", {"command": "echo data > out.txt && echo t > /tmp/amp-private && ls /tmp"})
+        assert result.success, result.error
+        assert (work / "out.txt").read_text() == "data\n"
+        assert result.output["stdout"] == "amp-private\n" and not Path("/tmp/amp-private").exists()
+    finally:
+        await host.close()
+
+
+@needs_bwrap
+async def test_network_access_fails_in_the_sandbox(dirs: tuple[Path, Path]) -> None:
+    work, _ = dirs
+    host = await bash_host(work, sandbox="bubblewrap")
+    try:
+        probe = "exec 3<>/dev/tcp/1.1.1.1/53 && echo connected"
+        result = await host.call("bash", {"command": probe, "timeout": 60})
+        assert not result.success and "connected" not in result.output["stdout"]
+        assert "unreachable" in result.output["stderr"].lower()
+        local = await host.call("bash", {"command": "tail -n +3 /proc/net/dev | wc -l"})
+        assert local.output["stdout"].strip() == "1"  # only the loopback device exists
+    finally:
+        await host.close()
+
+
+@needs_bwrap
+async def test_sandbox_hides_the_hosts_processes_and_environment(
+        dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    work, _ = dirs
+    canary = "canary-" + os.urandom(8).hex()
+    monkeypatch.setenv("AMP_CANARY_SECRET", canary)
+    host = await bash_host(work, sandbox="bubblewrap")
+    try:
+        result = await host.call("bash", {"command": "cat /proc/[0-9]*/environ 2>/dev/null; env; ls /proc"})
+        assert result.success and canary not in result.output["stdout"]
+        assert str(os.getpid()) not in result.output["stdout"].split()
+    finally:
+        await host.close()
+
+
+@needs_bwrap
+async def test_no_orphans_in_the_sandbox_even_after_setsid(dirs: tuple[Path, Path]) -> None:
+    work, _ = dirs
+    tag = marker()
+    host = await bash_host(work, sandbox="bubblewrap", kill_grace=1)
+    try:
+        command = f"setsid bash -c 'sleep 1000 # {tag}' & (exec -a {tag} sleep 1000) & sleep 1000"
+        result = await host.call("bash", {"command": command, "timeout": 3})
+        assert result.output["timed_out"] is True
+        assert processes_with(tag) == []
+        exited = await host.call("bash", {"command": f"setsid bash -c 'sleep 1000 # {tag}' & echo bye"})
+        assert exited.success and processes_with(tag) == []
+    finally:
+        await host.close()
+
+
+async def test_missing_bwrap_is_a_system_error_and_nothing_runs(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else f"/usr/bin/{name}")
+    host = await bash_host(tmp_path, sandbox="bubblewrap")
+    try:
+        result = await host.call("bash", {"command": "touch ran"})
+        assert result.error["type"] == "SystemError" and result.error["code"] == "sandbox_unavailable"
+        assert not (tmp_path / "ran").exists()
+    finally:
+        await host.close()
+
+
+@needs_bwrap
+async def test_bwrap_that_fails_to_start_is_a_system_error_and_nothing_runs(
+        dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    from amplifier_tools.builtins.bash import sandbox
+
+    work, _ = dirs
+    real = sandbox.bwrap_argv
+
+    def broken(*args: object, **kwargs: object) -> list[str]:
+        argv = real(*args, **kwargs)  # type: ignore[arg-type]
+        return [argv[0], "--bind", "/no/such/source", "/mnt", *argv[1:]]
+
+    monkeypatch.setattr(sandbox, "bwrap_argv", broken)
+    host = await bash_host(work, sandbox="bubblewrap")
+    try:
+        result = await host.call("bash", {"command": "touch ran"}, context=ToolContext())
+        assert result.error["type"] == "SystemError" and result.error["code"] == "sandbox_failed"
+        assert "/no/such/source" in result.error["message"]
+        assert not (work / "ran").exists()
+    finally:
+        await host.close()

@@ -1,0 +1,178 @@
+"""What users of the bash tool see: results, failures, environment, secrets, working directory, config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from bash_helpers import bash_host
+
+from amplifier_tools import ToolContext, ToolHost
+from amplifier_tools.errors import PluginLoadError
+
+
+@pytest.fixture
+async def host(tmp_path: Path):  # type: ignore[no-untyped-def]
+    h = await bash_host(tmp_path)
+    yield h
+    await h.close()
+
+
+async def test_echo_returns_stdout_stderr_exit_code_and_totals(host: ToolHost) -> None:
+    result = await host.call("bash", {"command": "echo hi; echo oops >&2"})
+    assert result.success, result.error
+    out = result.output
+    assert out["stdout"] == "hi\n" and out["stderr"] == "oops\n"
+    assert out["exit_code"] == 0 and out["signal"] is None and out["timed_out"] is False
+    assert out["stdout_bytes"] == 3 and out["stderr_bytes"] == 5
+    assert out["stdout_truncated"] is False and out["duration_ms"] >= 0 and out["sandboxed"] is False
+
+
+async def test_non_zero_exit_is_an_execution_error_carrying_both_streams(host: ToolHost) -> None:
+    result = await host.call("bash", {"command": "echo partial; echo 'no such thing' >&2; exit 3"})
+    assert not result.success
+    assert result.error["type"] == "ExecutionError" and result.error["code"] == "nonzero_exit"
+    assert result.error["exit_code"] == 3
+    assert result.error["stdout"] == "partial\n" and result.error["stderr"] == "no such thing\n"
+    assert "exited with code 3" in result.error["message"] and "no such thing" in result.error["message"]
+    assert result.output["exit_code"] == 3  # the full output is kept on the failed result
+
+
+async def test_killed_by_a_signal_reports_the_signal(host: ToolHost) -> None:
+    result = await host.call("bash", {"command": "kill -KILL $$"})
+    assert not result.success and result.output["signal"] == "SIGKILL" and result.output["exit_code"] is None
+
+
+async def test_stdin_is_closed(host: ToolHost) -> None:
+    result = await host.call("bash", {"command": "cat; echo after-cat", "timeout": 30})
+    assert result.success and result.output["stdout"] == "after-cat\n"
+
+
+async def test_timeout_reports_timed_out_with_the_output_so_far(host: ToolHost) -> None:
+    result = await host.call("bash", {"command": "echo before; sleep 600", "timeout": 1})
+    assert not result.success
+    assert result.error["type"] == "PolicyError" and result.error["code"] == "timeout"
+    assert result.output["timed_out"] is True and result.output["stdout"] == "before\n"
+
+
+async def test_timeout_is_capped_by_max_timeout(tmp_path: Path) -> None:
+    host = await bash_host(tmp_path, max_timeout=2, default_timeout=1)
+    try:
+        result = await host.call("bash", {"command": "true", "timeout": 9999})
+        assert result.success and result.output["timeout_s"] == 2
+    finally:
+        await host.close()
+
+
+async def test_environment_is_an_allowlist_and_a_canary_secret_is_not_visible(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = "canary-" + os.urandom(8).hex()
+    monkeypatch.setenv("AMP_CANARY_SECRET", canary)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", canary)
+    monkeypatch.setenv("KEPT_NAME", "kept")
+    host = await bash_host(tmp_path, env_allowlist=["KEPT_NAME"], env={"FIXED": "fixed-value"})
+    try:
+        result = await host.call("bash", {"command": "env; cat /proc/self/environ; echo; set"})
+        assert result.success
+        text = result.output["stdout"]
+        assert canary not in text and "AMP_CANARY_SECRET" not in text and "AWS_SECRET" not in text
+        names = {line.split("=", 1)[0] for line in result.output["stdout"].splitlines()[:40] if "=" in line}
+        assert {"PATH", "KEPT_NAME", "FIXED"} <= names
+        assert "KEPT_NAME=kept" in text and "FIXED=fixed-value" in text
+    finally:
+        await host.close()
+
+
+async def test_secret_refs_are_exported_under_configured_names_and_redacted(tmp_path: Path) -> None:
+    host = await bash_host(tmp_path, secrets={"API_TOKEN": "api"})
+    try:
+        spec = next(s for s in host.specs if s.name == "local::bash")
+        assert spec.security.secret_refs == ("api",)
+        ctx = ToolContext(secrets={"api": "s3cr3t-token-value"})
+        result = await host.call("bash", {"command": 'test "$API_TOKEN" = s3cr3t-token-value && echo "$API_TOKEN"'},
+                                 context=ctx)
+        assert result.success and result.output["stdout"] == "[REDACTED]\n"
+        failed = await host.call("bash", {"command": 'echo "$API_TOKEN" >&2; exit 1'}, context=ctx)
+        assert "s3cr3t-token-value" not in repr(failed)
+        missing = await host.call("bash", {"command": "true"})
+        assert missing.error["type"] == "AuthError" and missing.error["code"] == "missing_secret"
+    finally:
+        await host.close()
+
+
+async def test_cwd_inside_the_roots_is_used_and_outside_is_denied(host: ToolHost, tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    inside = await host.call("bash", {"command": "pwd", "cwd": "sub"})
+    assert inside.success and inside.output["stdout"].strip() == str((tmp_path / "sub").resolve())
+    for cwd in ("/etc", "..", "sub/../.."):
+        denied = await host.call("bash", {"command": "pwd", "cwd": cwd})
+        assert denied.error["type"] == "AuthError" and denied.error["code"] == "path_denied", cwd
+        assert denied.error["path"] == cwd
+    (tmp_path / "link").symlink_to("/etc")
+    escaped = await host.call("bash", {"command": "pwd", "cwd": "link"})
+    assert escaped.error["type"] == "AuthError"
+    missing = await host.call("bash", {"command": "pwd", "cwd": "nope"})
+    assert missing.error["type"] == "ExecutionError" and missing.error["code"] == "not_found"
+
+
+async def test_cwd_follows_the_filesystem_plugins_roots(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    config = {"plugins": {"filesystem": {"allowed_write_paths": [str(tmp_path / "a"), str(tmp_path / "b")]}}}
+    async with ToolHost(config=config, builtins=["filesystem", "bash"], entry_points=False,
+                        working_dir=tmp_path / "a", discover=False) as host:
+        assert (await host.call("bash", {"command": "pwd", "cwd": str(tmp_path / "b")})).success
+    async with ToolHost(builtins=["bash"], entry_points=False, working_dir=tmp_path / "a", discover=False) as host:
+        assert not (await host.call("bash", {"command": "pwd", "cwd": str(tmp_path / "b")})).success
+    async with ToolHost(config={"plugins": {"bash": {"allowed_paths": [str(tmp_path)]}}}, builtins=["bash"],
+                        entry_points=False, working_dir=tmp_path / "a", discover=False) as host:
+        assert (await host.call("bash", {"command": "pwd", "cwd": str(tmp_path / "b")})).success
+
+
+async def test_long_output_keeps_head_and_tail_and_spills_the_whole(tmp_path: Path) -> None:
+    host = await bash_host(tmp_path, max_output_bytes=1000, spill_dir="spill")
+    try:
+        result = await host.call("bash", {"command": "seq 1 100000"})
+        out = result.output
+        total = sum(len(f"{i}\n") for i in range(1, 100001))
+        assert out["stdout_bytes"] == total and out["stdout_truncated"] is True
+        assert out["stdout"].startswith("1\n2\n3\n") and out["stdout"].endswith("99999\n100000\n")
+        assert "bytes omitted" in out["stdout"] and len(out["stdout"]) < 1200
+        spilled = Path(out["stdout_file"])
+        assert spilled.parent == (tmp_path / "spill").resolve() and spilled.stat().st_size == total
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize(("config", "key"), [
+    ({"bogus": 1}, "plugins.bash.bogus"),
+    ({"max_timeout": -1}, "plugins.bash.max_timeout"),
+    ({"sandbox": "docker"}, "plugins.bash.sandbox"),
+    ({"allow": "rm"}, "plugins.bash.allow"),
+    ({"env": {"BAD NAME": "x"}}, "plugins.bash.env"),
+    ({"spill_dir": "/etc"}, "plugins.bash.spill_dir"),
+    ({"user": "no-such-user-here"}, "plugins.bash.user"),
+    ({"default_timeout": 10, "max_timeout": 5}, "plugins.bash.default_timeout"),
+])
+async def test_bad_config_names_the_key(tmp_path: Path, config: dict[str, object], key: str) -> None:
+    with pytest.raises(PluginLoadError) as info:
+        await bash_host(tmp_path, **config)
+    assert key in str(info.value)
+
+
+async def test_contract(host: ToolHost) -> None:
+    spec = next(s for s in host.specs if s.name == "local::bash")
+    assert spec.effect.value == "ExternalSideEffects" and spec.version == "1.0.0"
+    assert spec.input_schema["required"] == ["command"]
+    assert set(spec.input_schema["properties"]) == {"command", "timeout", "cwd"}
+    assert spec.examples and spec.output_schema is not None
+    assert spec.policies.timeout_ms is not None and spec.policies.timeout_ms > 600_000
+    assert "'bash'" in repr(host.tool_definitions("openai"))  # the model-facing name
+
+
+async def test_bash_is_mounted_by_default_and_confined_to_the_working_dir(tmp_path: Path) -> None:
+    async with ToolHost(entry_points=False, working_dir=tmp_path, discover=False) as host:
+        assert "local::bash" in {s.name for s in host.specs}
+        result = await host.call("bash", {"command": "pwd", "cwd": "/"})
+        assert result.error["code"] == "path_denied"
