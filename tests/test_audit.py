@@ -96,10 +96,23 @@ async def test_canary_secrets_never_reach_the_file(tmp_path: Path, monkeypatch: 
         await host.call("test_echo", {"text": "postgres://admin:s3cretpass@db/x"}, context=CTX)
     finally:
         await host.close()
+    # The same secret resolved by the host from its environment (config [secrets]), not from the caller.
+    config = {"secrets": {"API_KEY": "CANARY_ENV"},
+              "plugins": {"audit": {"path": str(log_path(tmp_path)), "record_output": True}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Echo())], builtins=["audit"], entry_points=False,
+                        working_dir=tmp_path, discover=False) as env_host:
+        echoed = await env_host.call("test_echo", {"text": "key sk-abcdefghijklmnopqrstuv and\n"
+                                                            "-----BEGIN RSA PRIVATE KEY-----\nMIIEpA\n"
+                                                            "-----END RSA PRIVATE KEY-----"})
+        assert echoed.success and echoed.output["key_used"] == "[REDACTED]"  # the caller never sees it either
+        failed = await env_host.call("test_echo", {"text": "fail"})
+        assert CANARY not in json.dumps(failed.error)
     text = log_path(tmp_path).read_text()
-    for leaked in (CANARY, "hunter2-password", "abcdefghijklmnop123", "s3cretpass"):
+    for leaked in (CANARY, "hunter2-password", "abcdefghijklmnop123", "s3cretpass", "sk-abcdefghijklmnopqrstuv",
+                   "MIIEpA"):
         assert leaked not in text
     assert "[REDACTED]" in text
+    assert verify(log_path(tmp_path)).ok
 
 
 @pytest.mark.parametrize("attack", ["edit", "delete", "swap", "truncate_mid_line", "insert_forged"])
@@ -228,6 +241,33 @@ async def test_rotation_continues_the_chain_and_verify_takes_a_directory(tmp_pat
     report = verify(log_path(tmp_path).parent)
     assert report.ok and report.records >= 20
     assert stats(str(log_path(tmp_path).parent))["calls"] == 20
+
+
+async def test_rotation_by_age_continues_the_chain_across_restarts(tmp_path: Path) -> None:
+    from amplifier_tools.builtins.audit.chain import chain_files
+
+    for _ in range(2):  # the second host finds a log whose first record is already too old
+        host = await make(tmp_path, rotate_seconds=0.05)
+        try:
+            assert (await host.call("test_echo", {"text": "first"}, context=CTX)).success
+            time.sleep(0.1)  # only needs to exceed rotate_seconds; longer is fine
+            assert (await host.call("test_echo", {"text": "second"}, context=CTX)).success
+        finally:
+            await host.close()
+    directory = log_path(tmp_path).parent
+    files = [f.name for f in chain_files(directory)]
+    assert files[0] == "log.1.jsonl" and files[-1] == "log.jsonl" and len(files) >= 3, files
+    report = verify(directory)
+    assert report.ok, report
+    calls = [r for f in chain_files(directory) for r in map(json.loads, f.read_text().splitlines())
+             if r["kind"] == "call"]
+    assert [r["arguments"]["text"] for r in calls] == ["first", "second"] * 2
+
+
+async def test_a_host_that_makes_no_call_leaves_no_log_behind(tmp_path: Path) -> None:
+    host = await make(tmp_path)
+    await host.close()
+    assert not log_path(tmp_path).parent.exists()
 
 
 async def test_unwritable_log_fails_closed_or_open_as_configured(tmp_path: Path, caplog: Any) -> None:

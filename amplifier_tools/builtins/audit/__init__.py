@@ -39,6 +39,7 @@ DEFAULTS: Final[dict[str, Any]] = {
     "fsync_every": 100,
     "fsync_interval_ms": 1000,
     "rotate_bytes": None,
+    "rotate_seconds": None,
     "mode": "fail_closed",
     "record_output": False,
     "redact_patterns": True,
@@ -57,6 +58,7 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
         "fsync_every": lambda v: type(v) is int and v > 0,
         "fsync_interval_ms": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
         "rotate_bytes": lambda v: type(v) is int and v > 0,
+        "rotate_seconds": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
         "mode": lambda v: v in ("fail_closed", "fail_open"),
         "record_output": lambda v: isinstance(v, bool),
         "redact_patterns": lambda v: isinstance(v, bool),
@@ -167,6 +169,7 @@ class AuditPlugin:
                                       fsync_every=self.settings["fsync_every"],
                                       fsync_interval_ms=self.settings["fsync_interval_ms"],
                                       rotate_bytes=self.settings["rotate_bytes"],
+                                      rotate_seconds=self.settings["rotate_seconds"],
                                       checkpoint_key=key, checkpoint_key_ref=key_ref or "",
                                       checkpoint_every=self.settings["checkpoint_every"],
                                       on_error=self._report)

@@ -20,6 +20,8 @@ lock before the next append, and a ``recovered`` record says so in the chain.
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
+import errno
 import fcntl
 import json
 import os
@@ -63,19 +65,35 @@ def last_hash(fd: int) -> tuple[str, int]:
     return GENESIS, start + end
 
 
+def first_timestamp(fd: int) -> float | None:
+    """When the first record of a log file was written (its ``ts``), or None for an empty file."""
+    head = os.pread(fd, TAIL_BYTES, 0)
+    if not head:
+        return None
+    try:
+        ts = json.loads(head.split(b"\n", 1)[0]).get("ts")
+        if isinstance(ts, (int, float)):
+            return float(ts)
+        return dt.datetime.fromisoformat(ts).timestamp()
+    except (ValueError, TypeError, AttributeError):
+        return os.fstat(fd).st_mtime  # unreadable first line: the last change is the best bound
+
+
 class AuditWriter:
     """The writer thread of one host."""
 
     def __init__(self, path: Path, *, fsync: str = "always", fsync_every: int = 100,
                  fsync_interval_ms: float = 1000, rotate_bytes: int | None = None,
-                 checkpoint_key: bytes | None = None, checkpoint_key_ref: str = "",
-                 checkpoint_every: int = 1000,
+                 rotate_seconds: float | None = None, checkpoint_key: bytes | None = None,
+                 checkpoint_key_ref: str = "", checkpoint_every: int = 1000,
                  on_error: Callable[[BaseException], None] | None = None) -> None:
         self.path = path
         self.fsync = fsync
         self.fsync_every = fsync_every
         self.fsync_interval = fsync_interval_ms / 1000.0
         self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self._file_started: float | None = None  # when the live file's first record was written
         self.checkpoint_key = checkpoint_key
         self.checkpoint_key_ref = checkpoint_key_ref
         self.checkpoint_every = checkpoint_every
@@ -91,13 +109,21 @@ class AuditWriter:
         self._fd: int | None = None
         self._lock_fd: int | None = None
         self._known: tuple[int, int, str] | None = None
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._check_writable()
         self._thread.start()
 
     def _check_writable(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        os.close(fd)
+        """``OSError`` now if the log could not be written; creates nothing (the first write does)."""
+        if self.path.exists():
+            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))
+            return
+        ancestor = self.path.parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(ancestor))
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(ancestor))
 
     @property
     def healthy(self) -> bool:
@@ -152,9 +178,11 @@ class AuditWriter:
     def _open(self) -> None:
         """(Re)open the live file and the lock file; kept open between batches."""
         self._close_fds()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._known = None  # (inode, size, last hash) after our own write
+        self._file_started = first_timestamp(self._fd)
 
     def _close_fds(self) -> None:
         for name in ("_fd", "_lock_fd"):
@@ -213,11 +241,16 @@ class AuditWriter:
             self._sync(fd, len(lines))
             size = os.fstat(fd).st_size
             self._known = (st.st_ino, size, prev)
-            if self.rotate_bytes is not None and size >= self.rotate_bytes:
+            if self._file_started is None:
+                self._file_started = time.time()
+            if (self.rotate_bytes is not None and size >= self.rotate_bytes) or (
+                self.rotate_seconds is not None and time.time() - self._file_started >= self.rotate_seconds
+            ):
                 self._rotate()  # under the lock: the lock file is separate from the renamed log
                 os.close(fd)
                 self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
                 self._known = None
+                self._file_started = time.time()
         except BaseException:
             self._known = None
             raise
