@@ -17,7 +17,7 @@ import pytest
 from helpers import ToolsPlugin
 
 from amplifier_tools import Deny, PluginLoadError, ToolContext, ToolHost, ToolResult, ToolSpec, hookimpl
-from amplifier_tools.builtins.audit.chain import verify
+from amplifier_tools.builtins.audit.chain import encode_body, link, verify
 from amplifier_tools.builtins.audit.commands import stats
 
 CANARY = "canary-6b1e2f-do-not-leak"
@@ -132,22 +132,53 @@ async def test_tampering_is_detected_at_the_right_line(tmp_path: Path, attack: s
         del lines[2]
     elif attack == "swap":
         lines[2], lines[3] = lines[3], lines[2]
-    elif attack == "truncate_mid_line":
+    elif attack == "truncate_mid_line":  # mid-line in an earlier file of the chain: damage
         lines = [*lines[:5], lines[5][:40]]
         expected_line = 6
+        rotated = path.with_name("log.1.jsonl")
+        rotated.write_text("".join(lines))
+        path.write_text(link(encode_body({"v": 1, "kind": "rotated", "ts": 0, "from": rotated.name}),
+                             json.loads(lines[4])["hash"])[0].decode())
+        path = path.parent
+        lines = None
     else:  # a forged record with a correct-looking hash of its own
         forged = json.loads(lines[1])
         forged["arguments"] = {"text": "forged"}
-        from amplifier_tools.builtins.audit.chain import encode_body, link
-
         lines.insert(2, link(encode_body(forged), forged["hash"])[0].decode())
         expected_line = 4
-    path.write_text("".join(lines))
+    if lines is not None:
+        path.write_text("".join(lines))
     report = verify(path)
     assert not report.ok and report.bad_line == expected_line, report
     cli = subprocess.run([sys.executable, "-m", "amplifier_tools", "audit", "verify", str(path)],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert cli.returncode == 1 and f":{expected_line}:" in cli.stdout
+
+
+async def test_a_line_torn_by_a_crash_is_reported_then_cut_and_marked(tmp_path: Path) -> None:
+    host = await make(tmp_path)
+    try:
+        for i in range(3):
+            await host.call("test_echo", {"text": f"t{i}"}, context=CTX)
+    finally:
+        await host.close()
+    path = log_path(tmp_path)
+    whole = path.read_bytes()
+    path.write_bytes(whole + whole.splitlines(keepends=True)[0][:70])  # a write cut short by SIGKILL
+    torn = verify(path)
+    assert torn.ok and torn.torn_tail and torn.records == 3, torn
+    cli = subprocess.run([sys.executable, "-m", "amplifier_tools", "audit", "verify", str(path)],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert cli.returncode == 0 and "incomplete" in cli.stdout
+    host = await make(tmp_path)
+    try:
+        await host.call("test_echo", {"text": "after the crash"}, context=CTX)
+    finally:
+        await host.close()
+    kinds = [r["kind"] for r in records(tmp_path)]
+    assert kinds == ["call"] * 3 + ["recovered", "call"]
+    healed = verify(path)
+    assert healed.ok and not healed.torn_tail and healed.records == 5
 
 
 async def test_records_cut_from_the_end_are_caught_by_an_anchor(tmp_path: Path) -> None:

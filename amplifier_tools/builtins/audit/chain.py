@@ -77,6 +77,7 @@ class VerifyReport:
     reason: str | None = None
     checkpoints: int = 0  # checkpoints whose HMAC verified (only counted when a key is given)
     unsigned: int = 0  # with a key: records after the last verified checkpoint
+    torn_tail: bool = False  # the live file ends in an incomplete line: a crash mid-write, not verified
 
 
 def chain_files(path: str | Path) -> list[Path]:
@@ -95,10 +96,14 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
 
     With ``key``, every checkpoint's HMAC is checked too, and the report says
     how many checkpoints verified and how many records follow the last one.
+    An incomplete final line of the live file (a writer killed mid-write) is
+    reported as ``torn_tail``, not counted, and does not fail verification: it
+    proves nothing either way, like records cut from the end (see ``anchor``).
     """
     files = chain_files(path)
     prev = GENESIS
     count = signed = checkpoints = 0
+    torn = False
     names = tuple(str(f) for f in files)
     for file in files:
         try:
@@ -107,6 +112,11 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
             return VerifyReport(False, count, names, prev, str(file), None, f"cannot read: {exc.strerror}")
         with handle:
             for number, raw in enumerate(handle, start=1):
+                if not raw.endswith(b"\n") and file is files[-1]:
+                    # The kernel may cut a write short when the writer is killed mid-way; the
+                    # writer removes such a tail before its next append. Not a verified record.
+                    torn = True
+                    break
                 problem = _check_line(raw, prev)
                 if isinstance(problem, str):
                     return VerifyReport(False, count, names, prev, str(file), number, problem,
@@ -125,8 +135,8 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
     if anchor is not None and anchor != prev:
         return VerifyReport(False, count, names, prev, names[-1] if names else None, None,
                             f"last hash {prev[:16]}… is not the anchor {anchor[:16]}…: records were removed "
-                            "from the end or the log was replaced", checkpoints, unsigned)
-    return VerifyReport(True, count, names, prev, checkpoints=checkpoints, unsigned=unsigned)
+                            "from the end or the log was replaced", checkpoints, unsigned, torn)
+    return VerifyReport(True, count, names, prev, checkpoints=checkpoints, unsigned=unsigned, torn_tail=torn)
 
 
 _HASH_SUFFIX: Final = re.compile(rb',"hash":"([0-9a-f]{64})"\}\n\Z')

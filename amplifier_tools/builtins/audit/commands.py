@@ -83,9 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "last_hash": report.last_hash, "bad_file": report.bad_file,
                               "bad_line": report.bad_line, "reason": report.reason,
                               "checkpoints": report.checkpoints if key else None,
-                              "unsigned": report.unsigned if key else None}))
+                              "unsigned": report.unsigned if key else None, "torn_tail": report.torn_tail}))
         elif report.ok:
             print(f"OK: {report.records} records in {len(report.files)} file(s); last hash {report.last_hash}")
+            if report.torn_tail:
+                print("note: the last line is incomplete (a writer was killed mid-write); it was not verified "
+                      "and the next append removes it")
             if key is not None:
                 print(f"{report.checkpoints} signed checkpoint(s) verified; {report.unsigned} record(s) after "
                       "the last one are covered by the hash chain only")
