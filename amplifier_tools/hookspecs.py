@@ -2,7 +2,7 @@
 
 Every built-in plugin (filesystem, bash, policy, audit) implements these hooks
 and nothing else; a third-party plugin has exactly the same power. Each spec's
-docstring is its reference documentation (``docs/hooks.rst`` is generated from
+docstring is its reference documentation (``docs/hooks.md`` is generated from
 it and a test keeps the two in step).
 
 Any implementation may be ``async def``; the host awaits it. Order is pluggy's:
