@@ -100,6 +100,8 @@ class PolicyPlugin:
         self.sleep = sleep
         self.state: PolicyState = state if state is not None else MemoryState()
         self.rules: list[Rule] = []
+        self._deny_rules: list[Rule] = []
+        self._allow_rules: list[Rule] = []
         self.default_action = "allow"
         self.idempotency_window = 24 * 3600.0
         self._slots: dict[str, Slots] = {}
@@ -119,6 +121,8 @@ class PolicyPlugin:
             if key not in KEYS:
                 raise ConfigError(f"unknown key (expected one of {sorted(KEYS)})", key=f"plugins.{PLUGIN}.{key}")
         self.rules = parse_rules(config.get("rules", []), f"plugins.{PLUGIN}.rules")
+        self._deny_rules = [rule for rule in self.rules if rule.action == "deny"]
+        self._allow_rules = [rule for rule in self.rules if rule.action == "allow"]
         self.default_action = config.get("default_action", "allow")
         if self.default_action not in ("allow", "deny"):
             raise ConfigError("must be 'allow' or 'deny'", key=f"plugins.{PLUGIN}.default_action")
@@ -205,15 +209,19 @@ class PolicyPlugin:
         return None
 
     def _check_rules(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | None:
+        """Any matching deny rule denies, whatever its position: the first matching deny (in config order)
+        is the one reported. Allow rules never cancel a deny; they only matter under
+        ``default_action = "deny"``, where a call that no allow rule matches is denied."""
         if not self.rules and self.default_action == "allow":
             return None
         path_rules = self._coordinator.get_capability("fs.path_rules") if self._coordinator else None
-        for rule in self.rules:
-            if matches(rule, spec.name, call.arguments, context.principal, context.role, context.environment,
-                       path_rules):
-                if rule.action == "deny":
-                    return Deny(f"denied by rule {rule.name!r}: {rule.reason}", code="rule_denied",
-                                details={"rule": rule.name})
+        principal, role, environment = context.principal, context.role, context.environment
+        for rule in self._deny_rules:
+            if matches(rule, spec.name, call.arguments, principal, role, environment, path_rules):
+                return Deny(f"denied by rule {rule.name!r}: {rule.reason}", code="rule_denied",
+                            details={"rule": rule.name})
+        for rule in self._allow_rules:
+            if matches(rule, spec.name, call.arguments, principal, role, environment, path_rules):
                 context.record(PLUGIN, "tool_pre", "allow", f"allowed by rule {rule.name!r}", rule=rule.name)
                 return None
         if self.default_action == "deny":

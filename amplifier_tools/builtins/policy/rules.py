@@ -1,4 +1,9 @@
-"""Declarative allow/deny rules from config, first match decides.
+"""Declarative allow/deny rules from config.
+
+Any matching ``deny`` rule denies the call, wherever it stands in the list
+(the first matching deny is the one reported); ``allow`` rules never cancel a
+deny — they only matter under ``default_action = "deny"``, where a call no
+allow rule matches is refused.
 
 A rule matches a call when every given selector matches: ``tools``,
 ``principals``, ``roles``, ``environments`` (lists of globs) and ``arguments``
@@ -95,7 +100,8 @@ def matches(rule: Rule, tool: str, arguments: Any, principal: str, role: str | N
             try:
                 text = path_rules.normalize(text)  # the same normalization the filesystem tools apply
             except ContractError:
-                return True  # an unusable path never gets past a path rule
+                # fail closed: an unusable path is caught by a deny rule and never earns an allow
+                return rule.action == "deny"
         if not fnmatch.fnmatchcase(text, pattern):
             return False
     return True
