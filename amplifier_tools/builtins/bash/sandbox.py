@@ -24,7 +24,7 @@ def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, 
                bash: str) -> list[str]:
     """The ``bwrap`` prefix for a command that runs in ``cwd`` with ``writable`` directories.
 
-    Inside the sandbox a one-line probe writes ``started`` to ``status_fd``,
+    Inside the sandbox a one-line ``sh`` probe writes ``started`` to ``status_fd``,
     closes it and execs the command: bwrap reports its own setup failures with
     exit code 1, like any command, so only the probe tells them apart.
     """
@@ -36,7 +36,9 @@ def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, 
     for path in writable:
         argv += ["--bind", path, path]
     probe = f"printf started >&{status_fd} && exec {status_fd}>&- && exec \"$@\""
-    argv += ["--chdir", cwd, "--", bash, "-c", probe, "sandbox-probe"]
+    # The probe needs only printf and exec: a POSIX sh (dash on Debian) starts faster than bash.
+    shell = "/bin/sh" if os.access("/bin/sh", os.X_OK) else bash
+    argv += ["--chdir", cwd, "--", shell, "-c", probe, "sandbox-probe"]
     return argv
 
 
