@@ -142,3 +142,64 @@ async def test_bwrap_that_fails_to_start_is_a_system_error_and_nothing_runs(
         assert not (work / "ran").exists()
     finally:
         await host.close()
+
+
+@needs_bwrap
+async def test_the_start_probe_runs_in_bash_when_no_single_digit_descriptor_is_free(dirs: tuple[Path, Path]) -> None:
+    from amplifier_tools.builtins.bash import sandbox
+
+    work, _ = dirs
+    assert "/bin/sh" in sandbox.bwrap_argv("bwrap", cwd=str(work), writable=[], network=False, status_fd=5,
+                                           bash="/bin/bash")
+    assert "/bin/sh" not in sandbox.bwrap_argv("bwrap", cwd=str(work), writable=[], network=False, status_fd=12,
+                                               bash="/bin/bash")
+    held = []
+    while True:  # occupy every free descriptor from 3 to 9: the status pipe must keep a two-digit one
+        fd = os.open(os.devnull, os.O_RDONLY)
+        if fd > 9:
+            os.close(fd)
+            break
+        held.append(fd)
+    host = await bash_host(work, sandbox="bubblewrap")
+    try:
+        result = await host.call("bash", {"command": "echo inside"}, context=ToolContext())
+        assert result.success and result.output["stdout"] == "inside\n", result
+    finally:
+        await host.close()
+        for fd in held:
+            os.close(fd)
+
+
+PROBE_SCRIPT = """
+import asyncio, sys
+from amplifier_tools import ToolHost
+from amplifier_tools.builtins.bash import sandbox
+
+shells = []
+real = sandbox.bwrap_argv
+def spy(*args, **kwargs):
+    argv = real(*args, **kwargs)
+    shells.append(argv[argv.index("--") + 1])
+    return argv
+sandbox.bwrap_argv = spy
+
+async def main():
+    config = {"plugins": {"bash": {"sandbox": "bubblewrap"}}}
+    async with ToolHost(config=config, builtins=["bash"], entry_points=False, working_dir=sys.argv[1],
+                        discover=False) as host:
+        result = await host.call("bash", {"command": "echo inside"})
+        print(shells[0], result.success, result.output and result.output["stdout"].strip())
+asyncio.run(main())
+"""
+
+
+@needs_bwrap
+def test_the_start_probe_runs_in_sh_in_a_fresh_process(dirs: tuple[Path, Path]) -> None:
+    import subprocess
+    import sys
+
+    work, _ = dirs
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(work)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.stdout.split() == ["/bin/sh", "True", "inside"], out.stdout + out.stderr

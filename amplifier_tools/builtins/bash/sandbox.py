@@ -14,6 +14,7 @@ Must never fall back to running the command without the sandbox: a missing
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Sequence
 
@@ -36,10 +37,26 @@ def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, 
     for path in writable:
         argv += ["--bind", path, path]
     probe = f"printf started >&{status_fd} && exec {status_fd}>&- && exec \"$@\""
-    # The probe needs only printf and exec: a POSIX sh (dash on Debian) starts faster than bash.
-    shell = "/bin/sh" if os.access("/bin/sh", os.X_OK) else bash
+    # The probe needs only printf and exec: a POSIX sh (dash on Debian) starts faster than bash,
+    # but dash takes single-digit descriptors only (see ``low_status_fd``).
+    shell = "/bin/sh" if status_fd <= 9 and os.access("/bin/sh", os.X_OK) else bash
     argv += ["--chdir", cwd, "--", shell, "-c", probe, "sandbox-probe"]
     return argv
+
+
+def low_status_fd(fd: int) -> int:
+    """``fd`` moved to the lowest free descriptor from 3 when that is a single digit, else ``fd``.
+
+    ``F_DUPFD`` picks the lowest free number atomically, so no other thread's
+    descriptor is ever clobbered; a process with 3-9 all in use keeps ``fd``
+    (and the probe runs in bash).
+    """
+    low = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    if low <= 9:
+        os.close(fd)
+        return low
+    os.close(low)
+    return fd
 
 
 def missing_bwrap() -> ToolSystemError:

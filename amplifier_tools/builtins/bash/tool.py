@@ -167,6 +167,7 @@ class BashTool:
             if s.bwrap is None:
                 raise sandbox.missing_bwrap()
             status_r, status_w = os.pipe()
+            status_w = sandbox.low_status_fd(status_w)
             argv = sandbox.bwrap_argv(s.bwrap, cwd=cwd, writable=writable, network=s.sandbox_network,
                                       status_fd=status_w, bash=s.bash) + argv
             popen["pass_fds"] = (status_w,)
