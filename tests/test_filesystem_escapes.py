@@ -3,9 +3,12 @@ and no byte outside the roots is read or written."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,37 +60,65 @@ def outside_state(layout: dict[str, Any]) -> dict[str, bytes]:
             if p.is_file()}
 
 
+# (case, path, rule, the name of the outside file that must never be opened — None when the target is
+# inside the root, e.g. a FIFO that is opened O_NONBLOCK and refused after fstat)
 READ_ATTEMPTS = [
-    ("dotdot", "../outside/secret.txt", "outside_read_roots"),
-    ("dotdot_deep", "sub/../../outside/secret.txt", "outside_read_roots"),
-    ("dotdot_many", "../../../../../../etc/passwd", "outside_read_roots"),
-    ("absolute_outside", "/etc/passwd", "outside_read_roots"),
-    ("absolute_secret", "{outside}/secret.txt", "outside_read_roots"),
-    ("sibling_prefix", "{root}-evil/secret.txt", "outside_read_roots"),
-    ("sibling_prefix_dotdot", "../app-evil/secret.txt", "outside_read_roots"),
-    ("symlink_file_out", "link_file", "symlink_escape"),
-    ("symlink_dir_middle", "link_dir/secret.txt", "symlink_escape"),
-    ("relative_symlink_middle", "sub/up/secret.txt", "symlink_escape"),
-    ("symlink_loop", "loop_a", "symlink_loop"),
-    ("fifo", "fifo", "special_file"),
-    ("socket", "sock", "special_file"),
-    ("dev_zero", "/dev/zero", "outside_read_roots"),
-    ("dev_stdin", "/dev/stdin", "outside_read_roots"),
-    ("proc_self", "/proc/self/environ", "outside_read_roots"),
-    ("tilde", "~/.bashrc", "outside_read_roots"),
+    ("dotdot", "../outside/secret.txt", "outside_read_roots", "secret.txt"),
+    ("dotdot_deep", "sub/../../outside/secret.txt", "outside_read_roots", "secret.txt"),
+    ("dotdot_many", "../../../../../../etc/passwd", "outside_read_roots", "passwd"),
+    ("absolute_outside", "/etc/passwd", "outside_read_roots", "passwd"),
+    ("absolute_secret", "{outside}/secret.txt", "outside_read_roots", "secret.txt"),
+    ("sibling_prefix", "{root}-evil/secret.txt", "outside_read_roots", "secret.txt"),
+    ("sibling_prefix_dotdot", "../app-evil/secret.txt", "outside_read_roots", "secret.txt"),
+    ("symlink_file_out", "link_file", "symlink_escape", "secret.txt"),
+    ("symlink_dir_middle", "link_dir/secret.txt", "symlink_escape", "secret.txt"),
+    ("relative_symlink_middle", "sub/up/secret.txt", "symlink_escape", "secret.txt"),
+    ("symlink_loop", "loop_a", "symlink_loop", None),
+    ("fifo", "fifo", "special_file", None),
+    ("socket", "sock", "special_file", None),
+    ("dev_zero", "/dev/zero", "outside_read_roots", "zero"),
+    ("dev_stdin", "/dev/stdin", "outside_read_roots", "stdin"),
+    ("proc_self", "/proc/self/environ", "outside_read_roots", "environ"),
+    ("tilde", "~/.bashrc", "outside_read_roots", ".bashrc"),
 ]
 
+_opened: list[str] | None = None
 
-@pytest.mark.parametrize(("case", "path", "rule"), READ_ATTEMPTS, ids=[c for c, _, _ in READ_ATTEMPTS])
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _opened is not None and event == "open" and isinstance(args[0], (str, bytes)):
+        _opened.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_audit)  # process-wide and permanent; records only while a test sets _opened
+
+
+@contextmanager
+def record_opens() -> Iterator[list[str]]:
+    """Every path passed to open()/os.open() in any thread meanwhile (dir_fd-relative names as given)."""
+    global _opened
+    _opened = []
+    try:
+        yield _opened
+    finally:
+        _opened = None
+
+
+@pytest.mark.parametrize(("case", "path", "rule", "never_opened"), READ_ATTEMPTS,
+                         ids=[c for c, *_ in READ_ATTEMPTS])
 async def test_read_escape_is_refused(host: ToolHost, layout: dict[str, Any], case: str, path: str,
-                                      rule: str) -> None:
+                                      rule: str, never_opened: str | None) -> None:
     path = path.format(root=layout["root"], outside=layout["outside"])
     for tool, args in (("fs_read_file", {"path": path}), ("fs_grep", {"pattern": "SECRET", "path": path})):
-        result = await host.call(tool, args)
+        with record_opens() as opened:
+            result = await host.call(tool, args)
         assert not result.success, (tool, path)
-        assert result.error["type"] == "AuthError", result.error
-        assert result.error["rule"] == rule
+        assert (result.error["type"], result.error["code"], result.error["rule"]) == \
+            ("AuthError", "path_denied", rule), result.error
+        assert result.output is None  # nothing was returned, not even a partial page
         assert SECRET not in repr(result)
+        if never_opened is not None:  # the target was never even opened
+            assert not [p for p in opened if os.path.basename(p) == never_opened], opened
 
 
 WRITE_ATTEMPTS = [
@@ -130,6 +161,24 @@ async def test_nul_and_overlong_paths_are_contract_errors(host: ToolHost, path: 
         assert result.error["type"] == "ContractError" and result.error["code"] == "invalid_path"
 
 
+LONG_NAME = "n" * 300  # over NAME_MAX (255 bytes) for a component, well under the 4096-byte path cap
+
+
+@pytest.mark.parametrize("path", [LONG_NAME, f"sub/{LONG_NAME}", f"{LONG_NAME}/x.txt", f"sub/{LONG_NAME}/deeper/x"])
+async def test_an_over_long_path_component_is_a_contract_error_naming_the_path(host: ToolHost, layout: dict[str, Any],
+                                                                               path: str) -> None:
+    before = sorted(p.name for p in layout["root"].rglob("*"))
+    for tool, args in (("fs_read_file", {"path": path}), ("fs_write_file", {"path": path, "content": "x"}),
+                       ("fs_edit_file", {"path": path, "old_string": "a", "new_string": "b"}),
+                       ("fs_list_dir", {"path": path}), ("fs_glob", {"pattern": "*", "path": path}),
+                       ("fs_grep", {"pattern": "x", "path": path})):
+        result = await host.call(tool, args)
+        assert (result.error["type"], result.error["code"]) == ("ContractError", "invalid_path"), (tool, result.error)
+        assert result.error["path"] == path and path in result.error["message"]
+        assert "too long" in result.error["message"] and result.output is None
+    assert sorted(p.name for p in layout["root"].rglob("*")) == before  # no parent directory was created
+
+
 async def test_listing_and_search_do_not_follow_symlinks_out(host: ToolHost) -> None:
     listing = await host.call("fs_list_dir", {"path": "."})
     kinds = {e["name"]: e["type"] for e in listing.output["entries"]}
@@ -149,7 +198,42 @@ async def test_symlinks_inside_the_root_still_work(host: ToolHost) -> None:
 
 
 async def test_special_files_are_refused_without_blocking(host: ToolHost) -> None:
-    import asyncio
+    for tool, args in (("fs_read_file", {"path": "fifo"}), ("fs_grep", {"pattern": "x", "path": "fifo"}),
+                       ("fs_read_file", {"path": "sock"})):
+        result = await asyncio.wait_for(host.call(tool, args), timeout=5)  # no writer: a blocking open would hang
+        assert (result.error["type"], result.error["code"], result.error["rule"]) == \
+            ("AuthError", "path_denied", "special_file"), result.error
+        assert result.output is None
 
-    result = await asyncio.wait_for(host.call("fs_read_file", {"path": "fifo"}), timeout=5)
-    assert result.error["rule"] == "special_file"
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null", "/dev/urandom", "/dev/stdin"])
+async def test_devices_inside_an_allowed_root_are_refused_without_blocking(tmp_path: Path, device: str) -> None:
+    async with ToolHost(config={"plugins": {"filesystem": {"allowed_read_paths": ["/"]}}}, builtins=["filesystem"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        for tool, args in (("fs_read_file", {"path": device}), ("fs_read_file", {"path": device, "limit": 1}),
+                           ("fs_grep", {"pattern": "x", "path": device})):
+            result = await asyncio.wait_for(host.call(tool, args), timeout=5)
+            if device == "/dev/stdin" and os.path.realpath(device).startswith("/proc/"):
+                # stdin is a pipe or socket ("pipe:[123]"): its /proc link does not name a path at all
+                assert result.error["type"] in ("AuthError", "ExecutionError"), result.error
+            else:
+                assert (result.error["type"], result.error["code"], result.error["rule"]) == \
+                    ("AuthError", "path_denied", "special_file"), (tool, result.error)
+            assert result.output is None
+
+
+async def test_fifo_with_a_writer_inside_the_root_is_refused_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # a FIFO that has data waiting
+    os.write(writer, SECRET.encode())
+    try:
+        async with ToolHost(builtins=["filesystem"], entry_points=False, working_dir=tmp_path,
+                            discover=False) as host:
+            result = await asyncio.wait_for(host.call("fs_read_file", {"path": "pipe"}), timeout=5)
+        assert (result.error["type"], result.error["code"], result.error["rule"]) == \
+            ("AuthError", "path_denied", "special_file")
+        assert result.output is None and SECRET not in repr(result)
+        assert os.read(writer, 100) == SECRET.encode()  # nothing was consumed from the pipe
+    finally:
+        os.close(writer)

@@ -19,7 +19,8 @@ How resolution defeats escapes:
   refused after an ``O_NONBLOCK`` open and ``fstat``, so nothing blocks;
 - writes refuse files with more than one hard link (unless configured), since
   the other name may lie outside the roots;
-- NUL bytes and over-long paths are contract errors.
+- NUL bytes, over-long paths and names the filesystem cannot hold (``ENAMETOOLONG``)
+  are contract errors.
 
 What it does not guarantee: it does not stop a process outside this host from
 changing files inside the roots; bind mounts inside a root that lead elsewhere
@@ -41,7 +42,7 @@ from typing import Final
 
 import attrs
 
-from ...errors import AuthError, ContractError, ExecutionError
+from ...errors import AuthError, ContractError, ExecutionError, ToolError
 
 MAX_PATH_BYTES: Final = 4096
 MAX_SYMLINK_HOPS: Final = 40
@@ -168,7 +169,7 @@ class PathRules:
                     if exc.errno == errno.ENXIO:  # a socket (or a FIFO-like node) that cannot be opened
                         raise _deny(f"{path!r} is not a regular file (FIFO, socket or device)", "special_file",
                                     path) from None
-                    raise _os_error(exc, path) from None
+                    raise os_error(exc, path) from None
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
                     os.close(fd)
@@ -220,7 +221,7 @@ class PathRules:
                     fd = next_fd
             except OSError as exc:
                 os.close(fd)
-                raise _os_error(exc, path) from None
+                raise os_error(exc, path) from None
             except BaseException:
                 os.close(fd)
                 raise
@@ -237,6 +238,8 @@ class PathRules:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise os_error(exc, path) from None
         if stat.S_ISLNK(st.st_mode):
             raise _deny(f"{path!r} is a symbolic link; write to its target path instead", "symlink_write", path)
         if not stat.S_ISREG(st.st_mode):
@@ -254,7 +257,19 @@ def _is_symlink(dir_fd: int, name: str) -> bool:
         return False
 
 
-def _os_error(exc: OSError, path: str) -> ExecutionError:
+def os_error(exc: OSError, path: str) -> ToolError:
+    """The typed error for an ``OSError`` met while resolving or using ``path``.
+
+    A name the filesystem cannot hold (``ENAMETOOLONG``, e.g. a 300-byte component) is the caller's
+    mistake: a ``ContractError``, like NUL bytes and over-long paths. ``ELOOP`` from an ``O_NOFOLLOW``
+    open means a symlink appeared where none may be followed: refused like any symlink loop.
+    """
+    if exc.errno == errno.ENAMETOOLONG:
+        return ContractError(f"{path!r}: a path component is too long for the filesystem "
+                             f"(ENAMETOOLONG: {exc.strerror})", code="invalid_path", pointer="/path", path=path)
+    if exc.errno == errno.ELOOP:
+        return _deny(f"{path!r}: too many symbolic links, or a symbolic link where none may be followed",
+                     "symlink_loop", path)
     code = {errno.ENOENT: "not_found", errno.ENOTDIR: "not_a_directory", errno.EACCES: "permission_denied",
-            errno.EISDIR: "is_a_directory", errno.ENAMETOOLONG: "name_too_long"}.get(exc.errno or 0, "os_error")
+            errno.EISDIR: "is_a_directory"}.get(exc.errno or 0, "os_error")
     return ExecutionError(f"{path!r}: {exc.strerror}", code=code, path=path)

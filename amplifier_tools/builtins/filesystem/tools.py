@@ -14,7 +14,7 @@ from typing import Any
 from ...errors import ContractError, ExecutionError
 from ...models import ToolResult
 from ...spec import ToolSpec
-from .paths import PathRules
+from .paths import PathRules, os_error
 from .textio import SNIFF_BYTES, atomic_replace, looks_binary, page_lines
 
 VERSION = "1.0.0"
@@ -65,7 +65,14 @@ class FilesystemTool(abc.ABC):
         """Do the work synchronously (called in a worker thread)."""
 
     async def execute(self, input: dict[str, Any]) -> ToolResult:
-        return ToolResult(output=await asyncio.to_thread(self.run, input))
+        return ToolResult(output=await asyncio.to_thread(self._run, input))
+
+    def _run(self, input: dict[str, Any]) -> Any:
+        """``run``, with any ``OSError`` that escaped it turned into a typed error naming the path."""
+        try:
+            return self.run(input)
+        except OSError as exc:
+            raise os_error(exc, str(input.get("path", "."))) from None
 
 
 class ReadFile(FilesystemTool):
