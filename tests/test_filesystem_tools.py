@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from amplifier_tools import ToolHost
+from amplifier_tools import Effect, ToolContext, ToolHost
 
 
 async def start(root: Path, **plugin_config: Any) -> ToolHost:
@@ -90,6 +90,37 @@ async def test_edit_file_rules(host: ToolHost, tmp_path: Path) -> None:
                                              "replace_all": True})
     assert every.output["replacements"] == 2
     assert (tmp_path / "app.py").read_text() == "DEBUG = 0\nn = 1\nn = 1\n"
+
+
+async def test_edit_file_is_not_idempotent_so_it_is_never_retried(tmp_path: Path) -> None:
+    host = await start(tmp_path)
+    try:
+        spec = {s.name: s for s in host.specs}
+        assert spec["local::fs.edit_file"].effect is Effect.NonIdempotentWrite
+        assert spec["local::fs.write_file"].effect is Effect.IdempotentWrite
+        (tmp_path / "f.txt").write_text("a\n")
+        edit = {"path": "f.txt", "old_string": "a", "new_string": "aa", "replace_all": True}
+        assert (await host.call("fs_edit_file", edit)).success
+        assert (await host.call("fs_edit_file", edit)).success
+        assert (tmp_path / "f.txt").read_text() == "aaaa\n"  # the same call, run twice, changed the file twice
+    finally:
+        await host.close()
+    retrying = ToolHost(config={"tools": {"local::fs.edit_file": {"policies": {"retry": {"max_attempts": 3}}}}},
+                        builtins=["filesystem"], entry_points=False, working_dir=tmp_path, discover=False)
+    with pytest.raises(Exception, match=r"tools\.local::fs\.edit_file\.policies\.retry.*never be retried"):
+        await retrying.start()
+    await retrying.close()
+
+
+async def test_keyed_edit_is_replayed_not_repeated_with_the_policy_plugin(tmp_path: Path) -> None:
+    (tmp_path / "f.txt").write_text("a\n")
+    edit = {"path": "f.txt", "old_string": "a", "new_string": "aa", "replace_all": True}
+    async with ToolHost(builtins=["filesystem", "policy"], entry_points=False, working_dir=tmp_path,
+                        discover=False) as host:
+        first = await host.call("fs_edit_file", edit, context=ToolContext(idempotency_key="edit-1"))
+        again = await host.call("fs_edit_file", edit, context=ToolContext(idempotency_key="edit-1"))
+    assert first.success and again.success and again.metadata.get("replayed") is True
+    assert (tmp_path / "f.txt").read_text() == "aa\n"
 
 
 async def test_require_read_before_write(tmp_path: Path) -> None:
@@ -200,7 +231,7 @@ def test_writer_killed_mid_write_leaves_old_or_new_content(tmp_path: Path) -> No
     (tmp_path / "data.txt").write_text(old)
     script = textwrap.dedent(f"""
         import asyncio
-        from amplifier_tools import ToolHost
+        from amplifier_tools import Effect, ToolContext, ToolHost
         async def main():
             async with ToolHost(builtins=["filesystem"], entry_points=False, working_dir={str(tmp_path)!r},
                                 discover=False) as h:

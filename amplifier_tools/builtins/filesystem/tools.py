@@ -179,8 +179,11 @@ class EditFile(FilesystemTool):
         name="local::fs.edit_file", version=VERSION, title="Edit file",
         description="Replace an exact string in a text file, atomically. Fails when old_string is absent, "
                     "occurs more than once (unless replace_all) or equals new_string. Reports how many "
-                    "replacements were made.",
-        tags=("fs", "write"), effect="IdempotentWrite", idempotency_key="optional",
+                    "replacements were made. Not idempotent: when new_string contains old_string, running "
+                    "the same edit again changes the file again.",
+        # NonIdempotentWrite, not IdempotentWrite: repeating an edit whose new_string contains its
+        # old_string (e.g. replace_all 'a' -> 'aa') applies it again, so the host must never retry it.
+        tags=("fs", "write"), effect="NonIdempotentWrite", idempotency_key="optional",
         input_schema={"type": "object", "properties": {
             "path": _string("File path"), "old_string": {"type": "string", "minLength": 1},
             "new_string": {"type": "string"}, "replace_all": {"type": "boolean", "default": False},
