@@ -1,27 +1,33 @@
 """The ``amplifier-tools`` command line (argparse).
 
-Exit statuses fit scripts: 0 success; 1 a tool execution failure or internal
-error; 2 usage or configuration error; 3 contract error; 4 policy or auth
-failure. Errors print one line (and a hint) on stderr; ``--verbose`` adds the
-traceback.
+Exit statuses fit scripts: 0 success; 1 a tool execution failure, a failed
+``validate`` or an internal error; 2 usage or configuration error; 3 contract
+error; 4 policy or auth failure; 130 interrupted; 141 stdout closed early (as
+with ``| head``). Errors print one line and a hint line on stderr;
+``--verbose`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import importlib.metadata
 import json
 import logging
+import os
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
 from . import __version__
+from .config import discover_config_file, load_config_file
 from .converter import converter
 from .definitions import FORMATS, model_name
 from .errors import ConfigError, PluginLoadError
-from .host import ToolHost
+from .host import ENV_CONFIG, ENV_DISABLE, PluginInfo, ToolHost
 from .models import ToolContext, ToolResult
 
 EXIT_OK = 0
@@ -29,6 +35,9 @@ EXIT_EXECUTION = 1
 EXIT_USAGE = 2
 EXIT_CONTRACT = 3
 EXIT_POLICY = 4
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a process killed by SIGPIPE
+VERBOSE_HINT = "run with --verbose for the traceback"
 
 _EXIT_BY_CATEGORY = {
     "ContractError": EXIT_CONTRACT,
@@ -48,8 +57,15 @@ class CommandError(Exception):
         self.status = status
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors in the CLI's shape: one line, then a hint."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message}\nhint: see '{self.prog} --help'\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="amplifier-tools", description="Run AI agents' tool calls under a contract."
     )
     parser.add_argument("--version", action="store_true", help="print versions of the package and its plugins")
@@ -90,39 +106,76 @@ def _host(args: argparse.Namespace) -> ToolHost:
     return ToolHost(config=args.config) if args.config else ToolHost()
 
 
+@functools.lru_cache(maxsize=1)
+def _packages_distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def _distribution(info: PluginInfo) -> tuple[str | None, str | None]:
+    """The distribution (and its version) a plugin came from. Entry points know theirs; a module
+    named in config is looked up by its top-level package (``None`` for a module that is not part
+    of an installed distribution, such as a file next to the config)."""
+    if info.distribution is not None or info.source != "module":
+        return info.distribution, info.version
+    names = _packages_distributions().get(info.name.partition(".")[0], [])
+    if not names:
+        return None, None
+    try:
+        return names[0], importlib.metadata.version(names[0])
+    except importlib.metadata.PackageNotFoundError:
+        return names[0], None
+
+
+def _table(rows: list[list[str]]) -> str:
+    """Aligned columns; the last column is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join([*(row[i].ljust(width) for i, width in enumerate(widths)), row[-1]]).rstrip() for row in rows
+    )
+
+
 async def _run(args: argparse.Namespace) -> int:
     async with _host(args) as host:
+        infos = {info.name: info for info in host.plugins}
         if args.command == "list":
-            rows = [
-                {"name": m.spec.name, "model_name": m.model_name, "version": m.spec.version,
-                 "effect": m.spec.effect.value, "plugin": m.plugin}
-                for m in host.tools
-            ]
+            rows: list[dict[str, Any]] = []
+            for m in host.tools:
+                info = infos.get(m.plugin)
+                dist, dist_version = _distribution(info) if info is not None else (None, None)
+                rows.append({"name": m.spec.name, "model_name": m.model_name, "version": m.spec.version,
+                             "effect": m.spec.effect.value, "plugin": m.plugin,
+                             "distribution": dist, "distribution_version": dist_version})
             if args.json:
                 print(json.dumps(rows, indent=2))
             else:
-                for row in rows:
-                    print(f"{row['name']:<32} {row['version']:<10} {row['effect']:<20} {row['plugin']}")
+                table = [["NAME", "VERSION", "EFFECT", "PLUGIN", "DISTRIBUTION"]]
+                table += [[r["name"], r["version"], r["effect"], r["plugin"],
+                           f"{r['distribution']} {r['distribution_version'] or ''}".rstrip()
+                           if r["distribution"] else "-"] for r in rows]
+                print(_table(table))
             return EXIT_OK
         if args.command == "plugins":
-            data = {
-                "loaded": [converter.unstructure(info) for info in host.plugins],
-                "failed": [converter.unstructure(info) for info in host.failed_plugins],
-            }
+            loaded = []
+            for info in host.plugins:
+                data = converter.unstructure(info)
+                data["distribution"], data["version"] = _distribution(info)
+                loaded.append(data)
             if args.json:
-                print(json.dumps(data, indent=2))
+                print(json.dumps({"loaded": loaded, "failed": [converter.unstructure(f) for f in host.failed_plugins]},
+                                 indent=2))
             else:
-                for info in host.plugins:
-                    dist = f"{info.distribution} {info.version}" if info.distribution else info.source
-                    print(f"{info.name:<24} {dist:<32} {', '.join(info.hooks)}")
-                for failed in host.failed_plugins:
-                    print(f"{failed.name:<24} FAILED: {failed.reason}")
+                table = [["PLUGIN", "SOURCE", "DISTRIBUTION", "HOOKS"]]
+                table += [[d["name"], d["source"], f"{d['distribution']} {d['version'] or ''}".rstrip()
+                           if d["distribution"] else "-", ", ".join(d["hooks"])] for d in loaded]
+                table += [[f.name, f.source, "FAILED", f.reason] for f in host.failed_plugins]
+                print(_table(table))
             return EXIT_OK
         if args.command == "describe":
             mounted = host.tools.resolve(args.tool)
             if mounted is None:
                 raise CommandError(
-                    f"unknown tool {args.tool!r}", hint="see 'amplifier-tools list'", status=EXIT_CONTRACT
+                    f"unknown tool {args.tool!r}", hint="see 'amplifier-tools list' for the mounted tools",
+                    status=EXIT_CONTRACT,
                 )
             data = converter.unstructure(mounted.spec)
             data["model_name"] = model_name(mounted.spec.name)
@@ -171,13 +224,34 @@ async def _call(host: ToolHost, args: argparse.Namespace) -> int:
         session_id=base.session_id,
     )
     result = await host.call(args.tool, arguments, context=context)
-    _print_result(result, as_json=args.json)
+    _print_result(result, as_json=args.json, verbose=args.verbose, tool=args.tool)
     if result.success:
         return EXIT_OK
     return _EXIT_BY_CATEGORY.get((result.error or {}).get("type", ""), EXIT_EXECUTION)
 
 
-def _print_result(result: ToolResult, *, as_json: bool) -> None:
+def _call_hint(error: Mapping[str, Any], tool: str) -> str:
+    """What to do about a failed call, as specific as the error allows."""
+    code = error.get("code")
+    if code == "unknown_tool":
+        return "see 'amplifier-tools list' for the mounted tools"
+    if code in ("invalid_input", "invalid_json"):
+        return f"see 'amplifier-tools describe {tool}' for its input schema"
+    if code == "missing_scope" and error.get("missing_scopes"):
+        return "grant it: " + " ".join(f"--scope {scope}" for scope in error["missing_scopes"])
+    if code == "idempotency_key_required":
+        return "pass --idempotency-key KEY"
+    if error.get("retry_after") is not None:
+        return f"retry in {error['retry_after']} s"
+    if error.get("type") in ("PolicyError", "AuthError"):
+        who = f"plugin {error['plugin']!r}" if error.get("plugin") else "the policy"
+        return f"denied by {who}; 'amplifier-tools describe {tool}' shows the tool's scopes and policies"
+    if error.get("retryable"):
+        return "the error is retryable: the same call may succeed later"
+    return "run with --json for the whole result (decision trail included), or --verbose for the error's fields"
+
+
+def _print_result(result: ToolResult, *, as_json: bool, verbose: bool = False, tool: str = "TOOL") -> None:
     if as_json:
         print(json.dumps(converter.unstructure(result), indent=2, default=str))
     elif result.success and isinstance(result.output, dict) and isinstance(result.output.get("content"), str):
@@ -187,71 +261,141 @@ def _print_result(result: ToolResult, *, as_json: bool) -> None:
             print(f"({result.output['notice']})", file=sys.stderr)
     elif result.success:
         print(result.get_serialized_output(max_chars=None))
-    else:
-        error = result.error or {}
-        if result.output:
-            print(result.get_serialized_output(max_chars=None) if isinstance(result.output, str)
-                  else json.dumps(result.output, indent=2, default=str))
-        print(f"{error.get('type')}[{error.get('code')}]: {error.get('message')}", file=sys.stderr)
+    if result.success:
+        return
+    error = result.error or {}
+    if result.output and not as_json:
+        print(result.get_serialized_output(max_chars=None) if isinstance(result.output, str)
+              else json.dumps(result.output, indent=2, default=str))
+    print(f"{error.get('type')}[{error.get('code')}]: {error.get('message')}", file=sys.stderr)
+    if verbose:
+        print(json.dumps(error, indent=2, default=str), file=sys.stderr)
+    print(f"hint: {_call_hint(error, tool)}", file=sys.stderr)
 
 
-async def _loaded_plugins(args: argparse.Namespace) -> list[Any]:
+async def _loaded_plugins(args: argparse.Namespace) -> list[PluginInfo]:
     async with _host(args) as host:
         return list(host.plugins)
+
+
+def _config_source(args: argparse.Namespace) -> str | None:
+    """Where the configuration comes from, as a user would name it (``None``: no file)."""
+    if args.config:
+        return f"--config {args.config}"
+    if os.environ.get(ENV_CONFIG):
+        return f"${ENV_CONFIG}={os.environ[ENV_CONFIG]}"
+    found = discover_config_file()
+    return str(found) if found is not None else None
 
 
 def _validate(args: argparse.Namespace) -> int:
     from .conformance import check_target
 
-    report = check_target(args.target, run_examples=not args.no_run)
+    # The same configuration as every other command: the plugin is mounted with its own section.
+    path: str | Path | None = args.config or discover_config_file()
+    config = load_config_file(path) if path is not None else None
+    report = check_target(args.target, run_examples=not args.no_run, config=config)
     if args.json:
-        print(json.dumps({"target": report.target, "ok": report.ok,
+        print(json.dumps({"target": report.target, "ok": report.ok, "config": str(path) if path else None,
                           "checks": [converter.unstructure(c) for c in report.checks]}, indent=2))
     else:
         print(report.render())
-    return EXIT_OK if report.ok else EXIT_EXECUTION
+    if report.ok:
+        return EXIT_OK
+    failed = [check for check in report.checks if not check.passed and not check.warning]
+    if any(check.name.endswith("importable") for check in failed):
+        hint = ("TARGET is an import path (package.module or package.module:Class), "
+                "an entry-point name or a distribution name")
+    elif any("needs config key" in check.message for check in failed):
+        hint = "pass a config with the plugin's section: --config FILE"
+    else:
+        hint = "each FAIL line says what to fix"
+    print(f"hint: {hint}", file=sys.stderr)
+    return EXIT_EXECUTION
+
+
+def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
+    """A specific next step for a configuration or plugin failure."""
+    tail = "" if args.verbose else f"; {VERBOSE_HINT}"
+    if isinstance(exc, PluginLoadError):
+        cause: BaseException | None = exc.__cause__
+        if isinstance(cause, ConfigError) and cause.key:
+            return f"set {cause.key} in the configuration ({_config_source(args) or 'none found'}){tail}"
+        return f"fix or uninstall the plugin, or skip it with {ENV_DISABLE}={exc.plugin}{tail}"
+    source = _config_source(args)
+    return (f"fix the configuration ({source})" if source else "check the configuration") + tail
+
+
+def _version(args: argparse.Namespace) -> int:
+    print(f"amplifier-tools {__version__}")
+    try:
+        infos = asyncio.run(_loaded_plugins(args))
+    except (ConfigError, PluginLoadError) as exc:
+        print(f"  (plugins not loaded: {exc})")
+        return EXIT_OK
+    for info in infos:
+        dist, version = _distribution(info)
+        print(f"  {info.name} {version or ''} ({dist or info.source})".replace("  (", " (").rstrip())
+    return EXIT_OK
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.version:
+        return _version(args)
+    if args.command is None:
+        _parser().print_help()
+        return EXIT_USAGE
+    if args.command == "validate":
+        return _validate(args)
+    if args.command == "audit":
+        from .builtins.audit.commands import main as audit_main
+
+        return audit_main(args.audit_args)
+    if args.command == "serve-mcp":
+        from .mcp.__main__ import run_serve
+
+        return run_serve(args.config, args.working_dir)
+    return asyncio.run(_run(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
+        return _dispatch(args)
+    except CommandError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        print(f"hint: {exc.hint or VERBOSE_HINT}", file=sys.stderr)
+        return exc.status
+    except (ConfigError, PluginLoadError) as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        print(f"hint: {_error_hint(exc, args)}", file=sys.stderr)
+        return EXIT_USAGE
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # last resort: one line, never a traceback unless asked
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("hint: this is a bug or an environment problem; "
+              + ("report it with the traceback above" if args.verbose else VERBOSE_HINT), file=sys.stderr)
+        return EXIT_EXECUTION
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amplifier-tools`` console script."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
-    if args.version:
-        print(f"amplifier-tools {__version__}")
-        try:
-            for info in asyncio.run(_loaded_plugins(args)):
-                print(f"  {info.name} {info.version or ''} ({info.distribution or info.source})".rstrip())
-        except (ConfigError, PluginLoadError) as exc:
-            print(f"  (plugins not loaded: {exc})")
-        return EXIT_OK
-    if args.command is None:
-        _parser().print_help()
-        return EXIT_USAGE
     try:
-        if args.command == "validate":
-            return _validate(args)
-        if args.command == "audit":
-            from .builtins.audit.commands import main as audit_main
-
-            return audit_main(args.audit_args)
-        if args.command == "serve-mcp":
-            from .mcp.__main__ import run_serve
-
-            return run_serve(args.config, args.working_dir)
-        return asyncio.run(_run(args))
-    except CommandError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        return exc.status
-    except (ConfigError, PluginLoadError) as exc:
-        if args.verbose:
-            traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
-        print("hint: check the configuration, or run with --verbose", file=sys.stderr)
-        return EXIT_USAGE
-    except Exception as exc:  # last resort: one line, never a traceback unless asked
-        if args.verbose:
-            traceback.print_exc()
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_EXECUTION
+        status = _main(args)
+        sys.stdout.flush()  # a closed pipe shows up here rather than at interpreter exit
+        return status
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, as a well-behaved filter does. Point
+        # stdout at /dev/null so the interpreter's final flush does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -4,6 +4,13 @@ One implementation behind the CLI command and the pytest helper
 ``assert_conforms``. Each check has a name, a pass/fail verdict and a
 message; warnings do not fail the report.
 
+A target is an object, an import path (``package.module`` or
+``package.module:Attribute``; a class is instantiated as the host would), an
+entry-point name or a distribution name (each of its entry points is checked).
+The plugin is mounted with its own section of the host configuration, so a
+plugin that needs configuration can pass; when it fails for want of it, the
+report names the key.
+
 Checks: the target imports; it has a ``mount`` (seed module) or hook
 implementations (plugin); mounting it on a fresh host succeeds; every tool's
 contract is valid (name, SemVer, input/output schemas are valid JSON Schema);
@@ -19,15 +26,18 @@ import asyncio
 import importlib
 import importlib.metadata
 import inspect
+import re
 import tempfile
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
 import attrs
 
 from ._markers import PROJECT_NAME, hookimpl
+from .config import validate_config
 from .errors import ConfigError, PluginLoadError
-from .host import SEED_ENTRY_POINT_GROUP, SeedModule, ToolHost
+from .host import SEED_ENTRY_POINT_GROUP, SeedModule, ToolHost, _instantiate, _load_target, _plugin_name
 from .schema import describe_errors
 from .spec import Effect, IdempotencyKeyRequirement
 
@@ -65,32 +75,78 @@ class Report:
         return "\n".join(lines)
 
 
-def _resolve(target: Any, report: Report) -> Any | None:
-    """The plugin object for ``target``: an object, a module path or a distribution name."""
-    if not isinstance(target, str):
-        if callable(getattr(target, "execute", None)) and not _has_hooks(target):
-            return _wrap_tool(target)
-        return target
+@attrs.frozen
+class _Candidate:
+    """One plugin to check: the name it goes by in config, and the object (or None if it did not load)."""
+
+    name: str
+    plugin: Any
+    seed_config: dict[str, Any] = attrs.field(factory=dict)
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _entry_points(target: str) -> list[tuple[str, importlib.metadata.EntryPoint]]:
+    """Entry points named ``target``, else every entry point of the distribution named ``target``."""
+    by_name: list[tuple[str, importlib.metadata.EntryPoint]] = []
+    by_dist: list[tuple[str, importlib.metadata.EntryPoint]] = []
     for group in (PROJECT_NAME, SEED_ENTRY_POINT_GROUP):
         for ep in importlib.metadata.entry_points(group=group):
             dist = getattr(ep, "dist", None)
-            if ep.name == target or (dist is not None and dist.name == target):
-                try:
-                    loaded = ep.load()
-                except Exception as exc:
-                    report.add("importable", False, f"entry point {ep.name!r}: {type(exc).__name__}: {exc}")
-                    return None
-                report.add("importable", True, f"entry point {ep.name!r} ({group})")
-                if group == SEED_ENTRY_POINT_GROUP:
-                    return SeedModule(ep.name, loaded if not isinstance(loaded, ModuleType) else loaded.mount, {})
-                return loaded
+            if ep.name == target:
+                by_name.append((group, ep))
+            elif dist is not None and _normalized(dist.name) == _normalized(target):
+                by_dist.append((group, ep))
+    return by_name or by_dist
+
+
+def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Candidate]:
+    """The plugin objects for ``target``: an object, ``module``, ``module:Attribute``, an
+    entry-point name or a distribution name. Classes are instantiated the way the host does it."""
+    if not isinstance(target, str):
+        if isinstance(target, type) and _has_hooks(target):
+            cls = target
+            target = _instantiate(lambda: cls)
+        if callable(getattr(target, "execute", None)) and not _has_hooks(target):
+            return [_Candidate("tool-under-test", _wrap_tool(target))]
+        return [_Candidate(_plugin_name(target), target)]
+    found = _entry_points(target)
+    if found:
+        candidates = []
+        for group, ep in found:
+            label = f"{ep.name}: " if len(found) > 1 else ""
+            dist = getattr(ep, "dist", None)
+            origin = f"entry point {ep.name!r} = {ep.value!r} ({group}"
+            origin += f", distribution {dist.name} {dist.version})" if dist is not None else ")"
+            try:
+                # One implementation of "what an entry point yields" with the host: a class is instantiated.
+                loaded = _instantiate(ep.load) if group == PROJECT_NAME else ep.load()
+            except Exception as exc:
+                report.add(f"{label}importable", False, f"{origin}: {type(exc).__name__}: {exc}")
+                continue
+            report.add(f"{label}importable", True, origin)
+            candidates.append(_Candidate(ep.name, loaded))
+        return candidates
+    module_name, _, attribute = target.partition(":")
     try:
-        module = importlib.import_module(target)
+        loaded = _load_target(target)
     except Exception as exc:
-        report.add("importable", False, f"{type(exc).__name__}: {exc}")
-        return None
-    report.add("importable", True, f"module {target}")
-    return module
+        note = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name and not attribute:
+            note = " (nor is it the name of an installed entry point or distribution)"
+        report.add("importable", False, f"{type(exc).__name__}: {exc}{note}")
+        return []
+    report.add("importable", True, f"{'object' if attribute else 'module'} {target}")
+    if callable(getattr(loaded, "execute", None)) and not _has_hooks(loaded) and not isinstance(loaded, ModuleType):
+        return [_Candidate("tool-under-test", _wrap_tool(loaded))]
+    name = _plugin_name(loaded) if attribute else module_name
+    seed_config: dict[str, Any] = {}
+    for entry in config.get("modules", []):
+        if entry.get("module") in (target, module_name):
+            seed_config = dict(entry.get("config", {}))
+    return [_Candidate(name, loaded, seed_config)]
 
 
 def _wrap_tool(tool: Any) -> Any:
@@ -112,36 +168,69 @@ def _has_hooks(obj: Any) -> bool:
     )
 
 
-def _check_shape(plugin: Any, report: Report) -> Any:
-    """Seed modules (a module-level ``mount`` without hookimpl markers) are adapted."""
+def _check_shape(candidate: _Candidate, report: Report, label: str) -> Any:
+    """Seed modules and seed ``mount`` functions (no hookimpl markers) are checked and adapted."""
+    plugin = candidate.plugin
+    seed_mount: Any = None
     if isinstance(plugin, ModuleType) and not _has_hooks(plugin):
-        mount = getattr(plugin, "mount", None)
-        if not callable(mount):
-            report.add("mount present", False, "module has neither hook implementations nor a mount function")
+        seed_mount = getattr(plugin, "mount", None)
+        if not callable(seed_mount):
+            report.add(f"{label}mount present", False, "module has neither hook implementations nor a mount function")
             return None
-        params = list(inspect.signature(mount).parameters)
-        well_formed = inspect.iscoroutinefunction(mount) and params[:1] == ["coordinator"]
-        report.add("mount well-formed", well_formed,
+    elif inspect.isfunction(plugin) and not _has_hooks(plugin):
+        seed_mount = plugin
+    if seed_mount is not None:
+        params = list(inspect.signature(seed_mount).parameters)
+        well_formed = inspect.iscoroutinefunction(seed_mount) and params[:1] == ["coordinator"]
+        got = f"{seed_mount.__name__}({', '.join(params)})"
+        report.add(f"{label}mount well-formed", well_formed,
                    "async def mount(coordinator, config)" if well_formed
-                   else f"expected 'async def mount(coordinator, config)', got {mount.__name__}({', '.join(params)})")
-        return SeedModule(plugin.__name__, mount, {})
+                   else f"expected 'async def mount(coordinator, config)', got {got}")
+        return SeedModule(candidate.name, seed_mount, candidate.seed_config)
     if not _has_hooks(plugin):
-        report.add("hook implementations", False, "no @amplifier_tools.hookimpl functions found")
+        report.add(f"{label}hook implementations", False, "no @amplifier_tools.hookimpl functions found")
         return None
-    report.add("hook implementations", True)
+    report.add(f"{label}hook implementations", True)
     return plugin
 
 
-async def _check_mounted(plugin: Any, report: Report, run_examples: bool) -> None:
+def _missing_config(exc: BaseException) -> ConfigError | None:
+    """The ``ConfigError`` a plugin raised from ``mount``, if that is why it failed."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConfigError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run_examples: bool,
+                         config: Mapping[str, Any], label: str) -> None:
+    section = {k: v for k, v in config.get("plugins", {}).get(candidate.name, {}).items() if k != "enabled"}
+    registered = _plugin_name(plugin)
+    fresh: dict[str, Any] = {"plugins": {registered: section}} if section else {}
+    if config.get("secrets"):
+        fresh["secrets"] = dict(config["secrets"])
+    check = f"{label}mounts on a fresh host"
     with tempfile.TemporaryDirectory() as workdir:
-        host = ToolHost(plugins=[plugin], builtins=False, entry_points=False, working_dir=workdir, discover=False)
         try:
+            host = ToolHost(config=fresh, plugins=[plugin], builtins=False, entry_points=False,
+                            working_dir=workdir, discover=False)
             await host.start()
         except (PluginLoadError, ConfigError) as exc:
-            report.add("mounts on a fresh host", False, str(exc))
+            cause = _missing_config(exc)
+            message = str(exc)
+            if cause is not None and cause.key:
+                where = f"[plugins.{candidate.name}]"
+                if section or candidate.seed_config:
+                    message += f" -- fix config key '{cause.key}' in its {where} section"
+                else:
+                    message += (f" -- the plugin needs config key '{cause.key}', and no {where} section was "
+                                "found (pass a config file with --config)")
+            report.add(check, False, message)
             return
         try:
-            report.add("mounts on a fresh host", True, f"{len(host.specs)} tool(s)")
+            report.add(check, True, f"{len(host.specs)} tool(s)" + (" with its config section" if section else ""))
             for mounted in host.tools:
                 await _check_tool(host, mounted, report, run_examples)
         finally:
@@ -190,19 +279,23 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
             report.add(label, True, "valid" + note)
 
 
-def check_target(target: Any, *, run_examples: bool = True) -> Report:
-    """Run every conformance check on ``target`` (object, module path or distribution name)."""
-    result: Report = asyncio.run(check_target_async(target, run_examples=run_examples))
+def check_target(target: Any, *, run_examples: bool = True, config: Mapping[str, Any] | None = None) -> Report:
+    """Run every conformance check on ``target`` (object, module path, ``module:Class``,
+    entry-point or distribution name). ``config`` is a host configuration (validated, as from
+    a config file); the plugin is mounted with its own section of it."""
+    result: Report = asyncio.run(check_target_async(target, run_examples=run_examples, config=config))
     return result
 
 
-async def check_target_async(target: Any, *, run_examples: bool = True) -> Report:
+async def check_target_async(target: Any, *, run_examples: bool = True,
+                             config: Mapping[str, Any] | None = None) -> Report:
     """``check_target`` for code already inside an event loop."""
     report = Report(target if isinstance(target, str) else repr(target))
-    plugin = _resolve(target, report)
-    if plugin is not None:
-        plugin = _check_shape(plugin, report)
-    if plugin is not None:
-        await _check_mounted(plugin, report, run_examples)
+    config = validate_config(config) if config is not None else {}
+    candidates = _resolve(target, report, config)
+    for candidate in candidates:
+        label = f"{candidate.name}: " if len(candidates) > 1 else ""
+        plugin = _check_shape(candidate, report, label)
+        if plugin is not None:
+            await _check_mounted(candidate, plugin, report, run_examples, config, label)
     return report
-

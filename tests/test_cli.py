@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -33,25 +34,38 @@ class Greet:
             raise RuntimeError("backend exploded")
         return ToolResult(output="hello " + input["who"])
 
+class Vault:
+    spec = ToolSpec(
+        name="local::demo.vault", version="1.0.0", description="Needs the vault:read scope.", effect="Pure",
+        input_schema={"type": "object"}, security={"required_scopes": ["vault:read"]},
+    )
+    name, description = spec.name, spec.description
+
+    async def execute(self, input):
+        return ToolResult(output="opened")
+
 async def mount(coordinator, config):
     await coordinator.mount("tools", Greet())
+    await coordinator.mount("tools", Vault())
 '''
 
-GUARD_MODULE = '''
-from amplifier_tools import Deny, hookimpl
+SOURCE_MODULE = '''
+from amplifier_tools import ToolResult
 
-class Guard:
-    name = "guard"
+class Source:
+    name = "local::demo.source"
+    description = "Say which configuration file mounted it."
+    input_schema = {"type": "object"}
 
-    @hookimpl
-    def tool_pre(self, call, context):
-        if call.arguments.get("who") == "mallory" and "admin" not in context.scopes:
-            return Deny("mallory needs the admin scope", code="needs_admin")
+    def __init__(self, source):
+        self.source = source
+
+    async def execute(self, input):
+        return ToolResult(output=self.source)
 
 async def mount(coordinator, config):
-    pass
+    await coordinator.mount("tools", Source(config["source"]))
 '''
-
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
@@ -69,7 +83,7 @@ def cli(cwd: Path, *args: str, stdin: str | None = None, env: dict[str, str] | N
     environ["PYTHONPATH"] = os.pathsep.join([str(cwd), PACKAGE_ROOT])
     environ.update(env or {})
     return subprocess.run([sys.executable, "-m", "amplifier_tools", *args], cwd=cwd, env=environ,
-                          input=stdin, capture_output=True, text=True, timeout=60)
+                          input=stdin, capture_output=True, text=True, timeout=120)
 
 
 def test_list_and_describe(project: Path) -> None:
@@ -79,14 +93,25 @@ def test_list_and_describe(project: Path) -> None:
     assert {"local::demo.greet", "local::fs.read_file"} <= set(rows)
     assert rows["local::demo.greet"]["effect"] == "Pure" and rows["local::demo.greet"]["model_name"] == "demo_greet"
     assert rows["local::fs.read_file"]["plugin"] == "filesystem"
+    assert (rows["local::fs.read_file"]["distribution"], rows["local::fs.read_file"]["distribution_version"]) == (
+        "amplifier-tools", amplifier_tools.__version__)
+    # A module next to the config belongs to no installed distribution.
+    assert (rows["local::demo.greet"]["distribution"], rows["local::demo.greet"]["distribution_version"]) == (
+        None, None)
     plain = cli(project, "list")
-    assert "local::demo.greet" in plain.stdout and "1.2.0" in plain.stdout
+    lines = plain.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "VERSION", "EFFECT", "PLUGIN", "DISTRIBUTION"]
+    assert ["local::fs.read_file", "1.0.0", "Pure", "filesystem", "amplifier-tools", amplifier_tools.__version__] \
+        in [line.split() for line in lines]
+    assert ["local::demo.greet", "1.2.0", "Pure", "demo_tools", "-"] in [line.split() for line in lines]
     described = json.loads(cli(project, "describe", "demo_greet", "--json").stdout)
     assert described["version"] == "1.2.0" and described["output_schema"] == {"type": "string"}
     readable = cli(project, "describe", "local::demo.greet").stdout
     assert "version: 1.2.0" in readable and "effect: Pure" in readable and "timeout_ms" not in readable
     missing = cli(project, "describe", "nope")
-    assert missing.returncode == 3 and "unknown tool 'nope'" in missing.stderr
+    assert missing.returncode == 3
+    assert missing.stderr.splitlines() == ["error: unknown tool 'nope'",
+                                           "hint: see 'amplifier-tools list' for the mounted tools"]
 
 
 def test_schema_formats(project: Path) -> None:
@@ -95,7 +120,10 @@ def test_schema_formats(project: Path) -> None:
         assert out.returncode == 0
         assert all(key in definition for definition in json.loads(out.stdout))
     bad = cli(project, "schema", "--format", "gemini")
-    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    assert bad.returncode == 2
+    error, hint = bad.stderr.splitlines()
+    assert error.startswith("error: argument --format: invalid choice: 'gemini'")
+    assert hint == "hint: see 'amplifier-tools schema --help'"
 
 
 def test_call_exit_statuses(project: Path) -> None:
@@ -106,76 +134,93 @@ def test_call_exit_statuses(project: Path) -> None:
     contract = cli(project, "call", "demo_greet", '{"who": 3}')
     assert contract.returncode == 3 and "ContractError[invalid_input]" in contract.stderr
     assert "/who" in contract.stderr
+    assert contract.stderr.splitlines()[-1] == "hint: see 'amplifier-tools describe demo_greet' for its input schema"
     unknown = cli(project, "call", "nope", "{}")
     assert unknown.returncode == 3 and "unknown tool 'nope'" in unknown.stderr
+    assert unknown.stderr.splitlines()[-1] == "hint: see 'amplifier-tools list' for the mounted tools"
     invalid_json = cli(project, "call", "demo_greet", "{who: Ada}")
-    assert invalid_json.returncode == 3 and "not valid JSON" in invalid_json.stderr
-    assert "Traceback" not in invalid_json.stderr
+    assert invalid_json.returncode == 3
+    assert invalid_json.stderr.splitlines() == [
+        "error: arguments are not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2",
+        """hint: pass a JSON object, e.g. '{"path": "README.md"}'""",
+    ]
     failed = cli(project, "call", "demo_greet", '{"who": "crash"}')
-    assert failed.returncode == 1 and "ExecutionError" in failed.stderr and "Traceback" not in failed.stderr
+    assert failed.returncode == 1
+    error, hint = failed.stderr.splitlines()
+    assert error.startswith("ExecutionError[") and "backend exploded" in error
+    assert hint.startswith("hint: run with --json for the whole result")
+    verbose = cli(project, "-v", "call", "demo_greet", '{"who": "crash"}')
+    assert verbose.returncode == 1 and '"type": "ExecutionError"' in verbose.stderr
     as_json = json.loads(cli(project, "call", "demo_greet", '{"who": "Cy"}', "--json").stdout)
     assert as_json["success"] is True and as_json["metadata"]["trail"] == []
 
 
-def test_policy_denial_exit_status_and_scopes(project: Path) -> None:
-    (project / "guard_plugin.py").write_text(GUARD_MODULE)
-    (project / "amplifier-tools.toml").write_text(textwrap.dedent('''
-        load_plugins = []
-        [[modules]]
-        module = "demo_tools"
-    '''))
-    (project / "run_guarded.toml").write_text('[[modules]]\nmodule = "demo_tools"\n')
-    code = (
-        "import asyncio, sys, guard_plugin\n"
-        "from amplifier_tools import ToolHost, ToolContext\n"
-        "async def main():\n"
-        "    async with ToolHost(config='run_guarded.toml', plugins=[guard_plugin.Guard()]) as h:\n"
-        "        r = await h.call('demo_greet', {'who': 'mallory'})\n"
-        "        print(r.error['type'], r.error['plugin'])\n"
-        "asyncio.run(main())\n"
-    )
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(project), PACKAGE_ROOT])}
-    out = subprocess.run([sys.executable, "-c", code], cwd=project, env=environ, capture_output=True, text=True)
-    assert out.stdout.strip() == "PolicyError guard", out.stderr
+def test_call_scopes_from_the_command_line_reach_the_policy(project: Path) -> None:
+    denied = cli(project, "call", "demo_vault", "{}", "--principal", "ada")
+    assert denied.returncode == 4, denied.stderr
+    assert denied.stderr.splitlines() == [
+        "AuthError[missing_scope]: denied by plugin 'policy': missing scope 'vault:read' for 'local::demo.vault'",
+        "hint: grant it: --scope vault:read",
+    ]
+    assert denied.stdout == ""
+    granted = cli(project, "call", "demo_vault", "{}", "--principal", "ada",
+                  "--scope", "other", "--scope", "vault:read")
+    assert (granted.returncode, granted.stdout.strip(), granted.stderr) == (0, "opened", "")
 
 
 def test_bad_config_is_one_line_naming_file_and_key(project: Path) -> None:
     (project / "amplifier-tools.toml").write_text("default_timeout_ms = 'soon'\n")
     out = cli(project, "list")
     assert out.returncode == 2
-    assert "amplifier-tools.toml: default_timeout_ms:" in out.stderr
-    assert "Traceback" not in out.stderr
+    error, hint = out.stderr.splitlines()
+    assert error.startswith("error: ") and "amplifier-tools.toml: default_timeout_ms:" in error
+    assert hint == f"hint: fix the configuration ({project / 'amplifier-tools.toml'}); " \
+                   "run with --verbose for the traceback"
     verbose = cli(project, "-v", "list")
-    assert "Traceback" in verbose.stderr
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr
+    flag = cli(project, "--config", "missing.toml", "list")
+    assert flag.returncode == 2
+    assert flag.stderr.splitlines() == [
+        "error: missing.toml: cannot read configuration: No such file or directory",
+        "hint: fix the configuration (--config missing.toml); run with --verbose for the traceback",
+    ]
 
 
 def test_config_precedence(project: Path) -> None:
-    other = project / "other.toml"
-    other.write_text("[context]\nprincipal = 'from-flag'\n")
-    (project / "pyproject.toml").write_text("[tool.amplifier-tools.context]\nprincipal = 'from-pyproject'\n")
-    script = ("import asyncio\nfrom amplifier_tools import ToolHost\n"
-              "async def main():\n    async with ToolHost(entry_points=False) as h:\n"
-              "        print(h.default_context.principal)\nasyncio.run(main())\n")
+    """--config, then $AMPLIFIER_TOOLS_CONFIG, then ./amplifier-tools.toml, then ./pyproject.toml."""
+    (project / "source_tools.py").write_text(SOURCE_MODULE)
 
-    def principal(env: dict[str, str]) -> str:
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
-        environ.update(env, PYTHONPATH=os.pathsep.join([str(project), PACKAGE_ROOT]))
-        out = subprocess.run([sys.executable, "-c", script], cwd=project, env=environ, capture_output=True,
-                             text=True)
-        return out.stdout.strip() or out.stderr
+    def config(source: str) -> str:
+        return f'[[modules]]\nmodule = "source_tools"\nconfig = {{source = "{source}"}}\n'
 
-    (project / "amplifier-tools.toml").write_text("[context]\nprincipal = 'from-local-toml'\n")
-    assert principal({"AMPLIFIER_TOOLS_CONFIG": str(other)}) == "from-flag"
-    assert principal({}) == "from-local-toml"
+    (project / "flag.toml").write_text(config("from-flag"))
+    (project / "env.toml").write_text(config("from-env"))
+    (project / "amplifier-tools.toml").write_text(config("from-local-toml"))
+    (project / "pyproject.toml").write_text(config("from-pyproject").replace("[[modules]]",
+                                                                             "[[tool.amplifier-tools.modules]]"))
+    env = {"AMPLIFIER_TOOLS_CONFIG": str(project / "env.toml")}
+
+    def source(*args: str, env: dict[str, str] | None = None) -> str:
+        out = cli(project, *args, "call", "demo_source", "{}", env=env)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    assert source("--config", "flag.toml", env=env) == "from-flag"
+    assert source(env=env) == "from-env"
+    assert source() == "from-local-toml"
     (project / "amplifier-tools.toml").unlink()
-    assert principal({}) == "from-pyproject"
+    assert source() == "from-pyproject"
+    assert source("--config", "flag.toml") == "from-flag"
 
 
 def test_failing_plugin_is_listed_with_its_reason(project: Path) -> None:
     (project / "amplifier-tools.toml").write_text('[[modules]]\nmodule = "no_such_module_here"\n')
     out = cli(project, "list")
     assert out.returncode == 2
-    assert "no_such_module_here" in out.stderr and "No module named" in out.stderr
+    error, hint = out.stderr.splitlines()
+    assert error.startswith("error: plugin 'no_such_module_here': failed to load:") and "No module named" in error
+    assert hint == ("hint: fix or uninstall the plugin, or skip it with "
+                    "AMPLIFIER_TOOLS_DISABLE_PLUGINS=no_such_module_here; run with --verbose for the traceback")
 
 
 def test_validate_reports_each_check(project: Path) -> None:
@@ -191,6 +236,64 @@ def test_validate_reports_each_check(project: Path) -> None:
     assert "output invalid" in failed[0]["message"]
     missing = cli(project, "validate", "not_a_module")
     assert missing.returncode == 1 and "FAIL  importable" in missing.stdout
+    assert missing.stderr.startswith("hint: TARGET is an import path")
+
+
+def test_validate_module_function_target(project: Path) -> None:
+    """``module:function`` names a seed-style mount function."""
+    ok = cli(project, "validate", "demo_tools:mount")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "PASS  mount well-formed: async def mount(coordinator, config)" in ok.stdout
+    missing = cli(project, "validate", "demo_tools:nope")
+    assert missing.returncode == 1
+    assert "FAIL  importable: AttributeError: module 'demo_tools' has no attribute 'nope'" in missing.stdout
+
+
+def test_usage_errors_are_one_line_and_a_hint(project: Path) -> None:
+    out = cli(project, "list", "--bogus")
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == ["error: unrecognized arguments: --bogus",
+                                       "hint: see 'amplifier-tools --help'"]
+    out = cli(project, "describe")
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == ["error: the following arguments are required: tool",
+                                       "hint: see 'amplifier-tools describe --help'"]
+
+
+@pytest.mark.parametrize("command", [["list"], ["schema"], ["plugins", "--json"]])
+def test_closed_stdout_is_not_an_error(project: Path, command: list[str]) -> None:
+    """``amplifier-tools list | head -1``: the reader goes away; the CLI stops quietly."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout fails with EPIPE
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(project), PACKAGE_ROOT])
+    try:
+        out = subprocess.run([sys.executable, "-m", "amplifier_tools", *command], cwd=project, env=environ,
+                             stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert out.stderr == ""
+    assert out.returncode == 141
+
+
+def test_head_of_a_pipeline(project: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(project), PACKAGE_ROOT])
+    command = f"{shlex.quote(sys.executable)} -m amplifier_tools list | head -1"
+    out = subprocess.run(["sh", "-c", command], cwd=project, env=environ, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.split() == ["NAME", "VERSION", "EFFECT", "PLUGIN", "DISTRIBUTION"]
+    assert out.stderr == ""
+
+
+def test_read_only_commands_leave_the_directory_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for command in (["list"], ["list", "--json"], ["plugins"], ["describe", "fs_read_file"],
+                    ["schema", "--format", "mcp"], ["--version"]):
+        out = cli(empty, *command)
+        assert out.returncode == 0, (command, out.stderr)
+        assert sorted(p.name for p in empty.iterdir()) == [], command
 
 
 def test_version_lists_plugins(project: Path) -> None:
