@@ -464,6 +464,32 @@ async def test_retry_backoff_has_jitter_within_bounds(monkeypatch: pytest.Monkey
         assert len({round(d[n], 9) for d in per_call}) == 5, [d[n] for d in per_call]
 
 
+@pytest.mark.xfail(strict=True, reason="retry.py uses tenacity.wait_exponential_jitter, which adds the jitter "
+                   "before capping at max_backoff_ms: once the backoff reaches the cap every caller waits exactly "
+                   "max_backoff_ms (no jitter); the fix is in amplifier_tools/retry.py")
+async def test_retry_backoff_keeps_its_jitter_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(seconds: float, result: Any = None) -> Any:
+        if seconds > 0:
+            delays.append(seconds)
+        return await real_sleep(0, result)
+
+    random.seed(99)
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    tool = Tool("capped_backoff", fail=True, policies={"retry": {"max_attempts": 6, "initial_backoff_ms": 100,
+                                                                  "max_backoff_ms": 200, "multiplier": 2}})
+    host = await host_with(tool)
+    try:
+        await host.call("capped_backoff", {})
+    finally:
+        await host.close()
+    at_cap = delays[2:]  # 0.1 * 2**2 = 0.4 > 0.2: every later delay is at the cap
+    assert len(at_cap) == 3 and all(d <= 0.2 for d in at_cap)
+    assert len(set(at_cap)) > 1, at_cap
+
+
 # -- decisions reach the audit record ----------------------------------------------------------------
 
 
