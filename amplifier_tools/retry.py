@@ -9,7 +9,6 @@ a contract asking for it is refused when the tool is mounted.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,9 +17,6 @@ import tenacity
 from .errors import ToolError
 from .models import ToolContext
 from .spec import Effect, ToolSpec
-
-# tenacity renamed wait_exponential_jitter's ``initial`` to ``multiplier``; accept both versions.
-_INITIAL = "multiplier" if "multiplier" in inspect.signature(tenacity.wait_exponential_jitter).parameters else "initial"
 
 
 def retry_allowed(spec: ToolSpec, context: ToolContext) -> bool:
@@ -47,13 +43,14 @@ async def run_with_retries(
         return await attempt(), 1
     policy = spec.policies.retry
     assert policy is not None
-    initial = policy.initial_backoff_ms / 1000.0
+    initial, cap = policy.initial_backoff_ms / 1000.0, policy.max_backoff_ms / 1000.0
+    # Equal jitter: retry n waits between half and all of min(cap, initial * multiplier**n), so
+    # callers that failed together spread out even at the cap, and no wait exceeds the cap.
     wait: Any = (
-        tenacity.wait_exponential_jitter(**{_INITIAL: initial}, max=policy.max_backoff_ms / 1000.0,
-                                         exp_base=policy.multiplier, jitter=initial)
+        tenacity.wait_exponential(multiplier=initial / 2, max=cap / 2, exp_base=policy.multiplier)
+        + tenacity.wait_random_exponential(multiplier=initial / 2, max=cap / 2, exp_base=policy.multiplier)
         if policy.jitter
-        else tenacity.wait_exponential(multiplier=policy.initial_backoff_ms / 1000.0,
-                                       max=policy.max_backoff_ms / 1000.0, exp_base=policy.multiplier)
+        else tenacity.wait_exponential(multiplier=initial, max=cap, exp_base=policy.multiplier)
     )
     attempts = 0
 
