@@ -1,0 +1,131 @@
+"""``amplifier-tools audit tail|stats|verify`` run as commands over a log written by ``call``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import amplifier_tools
+
+PACKAGE_ROOT = str(Path(amplifier_tools.__file__).resolve().parent.parent)
+
+TOOLS_MODULE = '''
+from amplifier_tools import ToolResult, ToolSpec
+
+class Greet:
+    spec = ToolSpec(
+        name="local::demo.greet", version="1.0.0", description="Greet someone.", effect="Pure",
+        input_schema={"type": "object", "properties": {"who": {"type": "string"}},
+                      "required": ["who"], "additionalProperties": False},
+    )
+    name, description = spec.name, spec.description
+
+    async def execute(self, input):
+        if input["who"] == "crash":
+            raise RuntimeError("backend exploded")
+        return ToolResult(output="hello " + input["who"])
+
+class Vault:
+    spec = ToolSpec(name="local::demo.vault", version="1.0.0", description="Needs a scope.", effect="Pure",
+                    input_schema={"type": "object"}, security={"required_scopes": ["vault:read"]})
+    name, description = spec.name, spec.description
+
+    async def execute(self, input):
+        return ToolResult(output="opened")
+
+async def mount(coordinator, config):
+    await coordinator.mount("tools", Greet())
+    await coordinator.mount("tools", Vault())
+'''
+
+# (arguments, expected exit status): 3 successes, then one contract, one execution and one auth failure.
+CALLS = [
+    (["demo_greet", '{"who": "Ada"}'], 0),
+    (["demo_greet", '{"who": "Bo"}'], 0),
+    (["demo_vault", "{}", "--scope", "vault:read"], 0),
+    (["demo_greet", '{"who": 3}'], 3),
+    (["demo_greet", '{"who": "crash"}'], 1),
+    (["demo_vault", "{}"], 4),
+]
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
+    environ["PYTHONPATH"] = os.pathsep.join([str(cwd), PACKAGE_ROOT])
+    return subprocess.run([sys.executable, "-m", "amplifier_tools", *args], cwd=cwd, env=environ,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project whose audit log holds the records of ``CALLS``, made through the CLI."""
+    project = tmp_path_factory.mktemp("audited")
+    (project / "demo_tools.py").write_text(TOOLS_MODULE)
+    (project / "amplifier-tools.toml").write_text(textwrap.dedent('''
+        [[modules]]
+        module = "demo_tools"
+        [plugins.audit]
+        path = "logs/audit.jsonl"
+    '''))
+    for args, status in CALLS:
+        out = cli(project, "call", *args)
+        assert out.returncode == status, (args, out.stdout, out.stderr)
+    return project
+
+
+def test_audit_tail(logged: Path) -> None:
+    everything = cli(logged, "audit", "tail", "logs/audit.jsonl", "-n", "100")
+    assert everything.returncode == 0, everything.stderr
+    records = [json.loads(line) for line in everything.stdout.splitlines()]
+    assert [r["kind"] for r in records] == ["call"] * len(CALLS)
+    assert [r["status"] for r in records] == ["ok", "ok", "ok", "error", "error", "error"]
+    assert [(r["error"] or {}).get("type") for r in records[3:]] == ["ContractError", "ExecutionError", "AuthError"]
+    assert records[2]["scopes"] == ["vault:read"]
+
+    last_two = cli(logged, "audit", "tail", "logs/audit.jsonl", "-n", "2")
+    assert last_two.returncode == 0
+    assert [json.loads(line) for line in last_two.stdout.splitlines()] == records[-2:]
+
+
+def test_audit_stats(logged: Path) -> None:
+    records = [json.loads(line) for line in (logged / "logs" / "audit.jsonl").read_text().splitlines()]
+    durations = sorted(r["duration_ms"] for r in records)
+
+    as_json = cli(logged, "audit", "stats", "logs/audit.jsonl", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert (data["calls"], data["errors"], data["error_rate"]) == (6, 3, 0.5)
+    assert data["errors_by_category"] == {"ContractError": 1, "ExecutionError": 1, "AuthError": 1}
+    assert data["by_tool"] == {
+        "local::demo.greet": {"calls": 4, "errors": 2, "error_rate": 0.5},
+        "local::demo.vault": {"calls": 2, "errors": 1, "error_rate": 0.5},
+    }
+    latency = data["latency_ms"]
+    assert durations[0] <= latency["p50"] <= latency["p95"] <= latency["p99"] <= durations[-1]
+
+    text = cli(logged, "audit", "stats", "logs/audit.jsonl")
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert lines[0] == (f"calls 6, errors 3 (50.0%); latency p50 {latency['p50']:.2f} ms, "
+                        f"p95 {latency['p95']:.2f} ms, p99 {latency['p99']:.2f} ms")
+    assert lines[1:] == ["  AuthError: 1", "  ContractError: 1", "  ExecutionError: 1",
+                         "  local::demo.greet: 4 calls, 50.0% errors", "  local::demo.vault: 2 calls, 50.0% errors"]
+
+    directory = cli(logged, "audit", "stats", "logs", "--json")
+    assert directory.returncode == 0 and json.loads(directory.stdout)["calls"] == 6
+
+
+def test_audit_verify_and_a_missing_log(logged: Path) -> None:
+    ok = cli(logged, "audit", "verify", "logs/audit.jsonl")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("OK: 6 records in 1 file(s)")
+    missing = cli(logged, "audit", "stats", "nope.jsonl")
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines()[0] == "error: nope.jsonl: no such file or directory"
+    assert "Traceback" not in missing.stderr
