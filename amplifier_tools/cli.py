@@ -320,7 +320,8 @@ def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
     if isinstance(exc, PluginLoadError):
         cause: BaseException | None = exc.__cause__
         if isinstance(cause, ConfigError) and cause.key:
-            return f"set {cause.key} in the configuration ({_config_source(args) or 'none found'}){tail}"
+            return (f"set {cause.key} in the configuration ({_config_source(args) or 'none found'}), "
+                    f"or skip the plugin with {ENV_DISABLE}={exc.plugin}{tail}")
         return f"fix or uninstall the plugin, or skip it with {ENV_DISABLE}={exc.plugin}{tail}"
     source = _config_source(args)
     return (f"fix the configuration ({source})" if source else "check the configuration") + tail

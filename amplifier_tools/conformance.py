@@ -37,7 +37,7 @@ import attrs
 from ._markers import PROJECT_NAME, hookimpl
 from .config import validate_config
 from .errors import ConfigError, PluginLoadError
-from .host import SEED_ENTRY_POINT_GROUP, SeedModule, ToolHost, _instantiate, _load_target, _plugin_name
+from .host import ENV_DISABLE, SEED_ENTRY_POINT_GROUP, SeedModule, ToolHost, _instantiate, _load_target, _plugin_name
 from .schema import describe_errors
 from .spec import Effect, IdempotencyKeyRequirement
 
@@ -230,6 +230,9 @@ async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run
             report.add(check, False, message)
             return
         try:
+            if registered not in {info.name for info in host.plugins}:
+                report.add(check, False, f"plugin {registered!r} was not mounted: {ENV_DISABLE} disables it")
+                return
             report.add(check, True, f"{len(host.specs)} tool(s)" + (" with its config section" if section else ""))
             for mounted in host.tools:
                 await _check_tool(host, mounted, report, run_examples)

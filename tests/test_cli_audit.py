@@ -14,6 +14,9 @@ import pytest
 import amplifier_tools
 
 PACKAGE_ROOT = str(Path(amplifier_tools.__file__).resolve().parent.parent)
+# The repository's example plugins need config; where they are installed (tox -e plugins, a developer's
+# env) they would add warnings to stderr. The commands under test here do not concern them.
+NOT_UNDER_TEST = "approval,http-fetch"
 
 TOOLS_MODULE = '''
 from amplifier_tools import ToolResult, ToolSpec
@@ -58,6 +61,7 @@ CALLS = [
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
     environ["PYTHONPATH"] = os.pathsep.join([str(cwd), PACKAGE_ROOT])
+    environ["AMPLIFIER_TOOLS_DISABLE_PLUGINS"] = NOT_UNDER_TEST
     return subprocess.run([sys.executable, "-m", "amplifier_tools", *args], cwd=cwd, env=environ,
                           capture_output=True, text=True, timeout=120)
 
