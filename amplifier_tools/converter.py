@@ -8,6 +8,7 @@ lossless for ``ToolCall``, ``ToolResult``, ``ToolSpec`` and ``Decision``.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import cattrs
@@ -41,8 +42,23 @@ converter.register_unstructure_hook(
 def describe_structure_error(exc: BaseException) -> str:
     """One readable line per problem, each naming the field path (``$.policies.retry``)."""
     if isinstance(exc, (cattrs.ClassValidationError, cattrs.IterableValidationError)):
-        return "; ".join(cattrs.transform_error(exc, format_exception=_format_exception))
+        return "; ".join(_field_path(line) for line in cattrs.transform_error(exc, format_exception=_format_exception))
     return str(exc)
+
+
+_VALIDATOR_LINE = re.compile(r"^(?P<field>[a-z_][a-z0-9_]*) (?P<rule>must .*) @ (?P<path>\$\S*)$")
+
+
+def _field_path(line: str) -> str:
+    """Move the field a validator names into the path: ``limit must be positive @ $.rate_limit.limit``.
+
+    attrs validators run in ``__init__``, so cattrs locates their errors at the
+    object that holds the field; our validators start their message with it.
+    """
+    match = _VALIDATOR_LINE.match(line)
+    if match is None:
+        return line
+    return f"{match['field']} {match['rule']} @ {match['path']}.{match['field']}"
 
 
 def to_json_data(obj: Any) -> Any:

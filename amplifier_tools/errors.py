@@ -114,6 +114,7 @@ class ConfigError(ValueError):
         if key:
             where += f"{key}: "
         super().__init__(f"{where}{message}")
+        self.detail = message
         self.key = key
         self.file = file
 

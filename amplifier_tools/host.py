@@ -7,7 +7,9 @@ plugin's ``mount`` with its own config section. A plugin that fails to import
 or mount is unregistered and reported in ``host.failed_plugins``; if it was
 required (a built-in, named in config or in the allowlist) start fails with
 ``PluginLoadError`` instead, because running without a wanted policy plugin
-would fail open.
+would fail open. A plugin whose ``mount`` raises ``ConfigError`` stops the start
+whatever its source (configure it or disable it); a bad per-tool override in
+``tools`` is a ``ConfigError`` naming the key and the file.
 """
 
 from __future__ import annotations
@@ -118,7 +120,10 @@ class ToolHost:
     ) -> None:
         if config is None and discover:
             config = discover_config_file(working_dir)
+        #: The file the configuration came from, named in configuration errors (None: from code).
+        self.config_file: str | None = None
         if isinstance(config, (str, os.PathLike)):
+            self.config_file = os.fspath(config)
             self.config = load_config_file(config)
         else:
             self.config = validate_config(config)
@@ -291,6 +296,13 @@ class ToolHost:
                 if mounted.plugin == info.name and mounted.spec.name not in tools_before:
                     self.tools.remove(mounted.spec.name)
             self.plugin_manager.unregister(plugin)
+            if isinstance(exc, ConfigError):
+                located = ConfigError(exc.detail, key=exc.key, file=exc.file or self.config_file)
+                if exc.key is not None and exc.key.startswith("tools."):
+                    raise located from exc  # the host's per-tool overrides: not the mounting plugin's fault
+                # A plugin that refuses its configuration never runs silently without it (that would
+                # fail open): configure it, or name it in disable_plugins.
+                self._fail_plugin(info.name, info.source, f"failed to mount: ConfigError: {located}", True, exc)
             reason = exc.message if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}"
             self._fail_plugin(info.name, info.source, f"failed to mount: {reason}", required, exc)
             return

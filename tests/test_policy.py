@@ -514,9 +514,6 @@ async def test_policy_decisions_reach_the_audit_record(tmp_path: Any) -> None:
 # -- config errors in per-tool policy overrides ------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="per-tool overrides are validated in registry.apply_overrides while the "
-                   "owning plugin mounts the tool: the error blames that plugin and names only the policy "
-                   "table (tools.t.policies.rate_limit), not the key; the fix is outside the policy plugin")
 def test_per_tool_policy_override_errors_name_the_key_not_the_mounting_plugin() -> None:
     with pytest.raises(Exception) as info:
         asyncio.run(host_with(Tool("t"), config={"tools": {"t": {"policies": {"rate_limit": {"limit": -1}}}}}))
