@@ -303,7 +303,7 @@ def _validate(args: argparse.Namespace) -> int:
     if report.ok:
         return EXIT_OK
     failed = [check for check in report.checks if not check.passed and not check.warning]
-    if any(check.name.endswith("importable") for check in failed):
+    if any(check.name == "importable" and not check.message.startswith("entry point") for check in failed):
         hint = ("TARGET is an import path (package.module or package.module:Class), "
                 "an entry-point name or a distribution name")
     elif any("needs config key" in check.message for check in failed):

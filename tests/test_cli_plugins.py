@@ -263,6 +263,7 @@ def test_validate_a_distribution_checks_each_entry_point(site: Path, project: Pa
     assert "FAIL  importable: entry point 'fixture-broken' = 'fixture_no_such_module:Plugin' (amplifier_tools, " \
            "distribution amplifier-tools-broken 9.9.9): ModuleNotFoundError: No module named " \
            "'fixture_no_such_module'" in broken.stdout
+    assert broken.stderr == "hint: each FAIL line says what to fix\n"
 
 
 def test_validate_module_colon_class(tmp_path: Path) -> None:
