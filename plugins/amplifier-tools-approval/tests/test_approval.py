@@ -29,9 +29,14 @@ def tools() -> tuple[MockTool, MockTool]:
             MockTool("local::mail.read", return_value="inbox", effect="Pure"))
 
 
+# Other installed plugins that need config (the http-fetch example) would stop the host:
+# these tests are about approval alone, so they say so the way an operator would.
+OTHERS = ["http-fetch"]
+
+
 async def test_discovered_through_its_entry_point_and_enforced(tool_host: Any) -> None:
     send, read = tools()
-    config = {"plugins": {"approval": {"approvers": ["alice"]}}}
+    config = {"plugins": {"approval": {"approvers": ["alice"]}}, "disable_plugins": OTHERS}
     async with tool_host(Mount(send, read), config=config, entry_points=True) as host:
         info = {p.name: p for p in host.plugins}["approval"]
         assert (info.source, info.distribution) == ("entry_point", "amplifier-tools-approval")
@@ -49,9 +54,11 @@ async def test_discovered_through_its_entry_point_and_enforced(tool_host: Any) -
 
 async def test_each_host_has_its_own_settings(tool_host: Any) -> None:
     ctx = ToolContext(attributes={"approved_by": "bob"})
-    async with tool_host(Mount(*tools()), config={"plugins": {"approval": {"approvers": ["alice"]}}},
+    async with tool_host(Mount(*tools()), config={"plugins": {"approval": {"approvers": ["alice"]}},
+                                                     "disable_plugins": OTHERS},
                          entry_points=True) as strict, \
-            tool_host(Mount(*tools()), config={"plugins": {"approval": {"approvers": ["bob"]}}},
+            tool_host(Mount(*tools()), config={"plugins": {"approval": {"approvers": ["bob"]}},
+                                                  "disable_plugins": OTHERS},
                       entry_points=True) as lenient:
         assert (await strict.call("mail_send", {}, context=ctx)).error["code"] == "approval_required"
         assert (await lenient.call("mail_send", {}, context=ctx)).output == "sent"
@@ -88,7 +95,8 @@ async def test_unconfigured_plugin_fails_host_start(tool_host: Any) -> None:
     from amplifier_tools import PluginLoadError
 
     with pytest.raises(PluginLoadError, match="approval.*approvers"):
-        async with tool_host(Mount(*tools()), entry_points=True, config={"plugins": {"approval": {}}}):
+        async with tool_host(Mount(*tools()), entry_points=True,
+                             config={"plugins": {"approval": {}}, "disable_plugins": OTHERS}):
             pass
 
 
