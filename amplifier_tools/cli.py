@@ -385,7 +385,14 @@ def _main(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``amplifier-tools`` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # ``audit`` hands the rest of the line to its own parser; argparse's REMAINDER does not take
+    # a leading option (``audit -h``), so those come back as extras and are passed on first.
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        if args.command != "audit":
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        args.audit_args = [*extras, *args.audit_args]
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         status = _main(args)

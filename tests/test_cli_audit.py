@@ -133,3 +133,10 @@ def test_audit_verify_and_a_missing_log(logged: Path) -> None:
     assert missing.returncode == 2
     assert missing.stderr.splitlines()[0] == "error: nope.jsonl: no such file or directory"
     assert "Traceback" not in missing.stderr
+
+
+def test_audit_help_is_the_audit_commands_help(tmp_path: Path) -> None:
+    out = cli(tmp_path, "audit", "-h")
+    assert out.returncode == 0 and "{verify,tail,stats}" in out.stdout, out.stdout + out.stderr
+    bad = cli(tmp_path, "list", "--bogus")
+    assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
