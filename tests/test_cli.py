@@ -11,13 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli, cli_environ
 
 import amplifier_tools
-
-PACKAGE_ROOT = str(Path(amplifier_tools.__file__).resolve().parent.parent)
-# The repository's example plugins need config; where they are installed (tox -e plugins, a developer's
-# env) they would add warnings to stderr. The commands under test here do not concern them.
-NOT_UNDER_TEST = "approval,http-fetch"
 
 TOOLS_MODULE = '''
 from amplifier_tools import ToolResult, ToolSpec, ContractError
@@ -78,16 +74,6 @@ def project(tmp_path: Path) -> Path:
         module = "demo_tools"
     '''))
     return tmp_path
-
-
-def cli(cwd: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
-    environ["PYTHONPATH"] = os.pathsep.join([str(cwd), PACKAGE_ROOT])
-    environ["AMPLIFIER_TOOLS_DISABLE_PLUGINS"] = NOT_UNDER_TEST
-    environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "amplifier_tools", *args], cwd=cwd, env=environ,
-                          input=stdin, capture_output=True, text=True, timeout=120)
 
 
 def test_list_and_describe(project: Path) -> None:
@@ -269,9 +255,7 @@ def test_closed_stdout_is_not_an_error(project: Path, command: list[str]) -> Non
     """``amplifier-tools list | head -1``: the reader goes away; the CLI stops quietly."""
     read_end, write_end = os.pipe()
     os.close(read_end)  # every write to stdout fails with EPIPE
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
-    environ["PYTHONPATH"] = os.pathsep.join([str(project), PACKAGE_ROOT])
-    environ["AMPLIFIER_TOOLS_DISABLE_PLUGINS"] = NOT_UNDER_TEST
+    environ = cli_environ(project)
     try:
         out = subprocess.run([sys.executable, "-m", "amplifier_tools", *command], cwd=project, env=environ,
                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120)
@@ -282,9 +266,7 @@ def test_closed_stdout_is_not_an_error(project: Path, command: list[str]) -> Non
 
 
 def test_head_of_a_pipeline(project: Path) -> None:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
-    environ["PYTHONPATH"] = os.pathsep.join([str(project), PACKAGE_ROOT])
-    environ["AMPLIFIER_TOOLS_DISABLE_PLUGINS"] = NOT_UNDER_TEST
+    environ = cli_environ(project)
     command = f"{shlex.quote(sys.executable)} -m amplifier_tools list | head -1"
     out = subprocess.run(["sh", "-c", command], cwd=project, env=environ, capture_output=True, text=True,
                          timeout=120)

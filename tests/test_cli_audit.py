@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-
-import amplifier_tools
-
-PACKAGE_ROOT = str(Path(amplifier_tools.__file__).resolve().parent.parent)
-# The repository's example plugins need config; where they are installed (tox -e plugins, a developer's
-# env) they would add warnings to stderr. The commands under test here do not concern them.
-NOT_UNDER_TEST = "approval,http-fetch"
+from cli_helpers import cli
 
 TOOLS_MODULE = '''
 from amplifier_tools import ToolResult, ToolSpec
@@ -56,14 +47,6 @@ CALLS = [
     (["demo_greet", '{"who": "crash"}'], 1),
     (["demo_vault", "{}"], 4),
 ]
-
-
-def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
-    environ["PYTHONPATH"] = os.pathsep.join([str(cwd), PACKAGE_ROOT])
-    environ["AMPLIFIER_TOOLS_DISABLE_PLUGINS"] = NOT_UNDER_TEST
-    return subprocess.run([sys.executable, "-m", "amplifier_tools", *args], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

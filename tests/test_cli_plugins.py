@@ -9,14 +9,12 @@ were installed, without installing anything into the test environment.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli
 
 import amplifier_tools
 
@@ -117,19 +115,6 @@ def project(tmp_path: Path) -> Path:
         path = "audit.jsonl"
     '''))
     return project
-
-
-def cli(cwd: Path, *args: str, site: Path | None = None, env: dict[str, str] | None = None,
-        examples: bool = False) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
-    if not examples:
-        # The repository's example plugins, where installed (tox -e plugins, a developer's env), are
-        # not under test here: without their config they would only add warnings to stderr.
-        environ["AMPLIFIER_TOOLS_DISABLE_PLUGINS"] = "approval,http-fetch"
-    environ["PYTHONPATH"] = os.pathsep.join([*([str(site)] if site else []), str(cwd), str(PACKAGE_ROOT)])
-    environ.update(env or {})
-    return subprocess.run([sys.executable, "-m", "amplifier_tools", *args], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=120)
 
 
 def test_plugins_text_lists_hooks_distributions_and_failures(site: Path, project: Path) -> None:
