@@ -431,18 +431,23 @@ async def test_rate_limit_per_principal_limits_each_principal_separately() -> No
 # -- retries: exponential backoff with jitter ---------------------------------------------------------
 
 
-async def test_retry_backoff_has_jitter_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tenacity sleeps through ``asyncio.sleep``; record the delays instead of sleeping them."""
-    delays: list[float] = []
+@pytest.fixture
+def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """tenacity sleeps through ``asyncio.sleep``: the backoff delays, recorded instead of slept."""
+    recorded: list[float] = []
     real_sleep = asyncio.sleep
 
     async def fake_sleep(seconds: float, result: Any = None) -> Any:
         if seconds > 0:
-            delays.append(seconds)
+            recorded.append(seconds)
         return await real_sleep(0, result)
 
-    random.seed(1234)  # tenacity draws its jitter from the random module: deterministic here
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    return recorded
+
+
+async def test_retry_backoff_has_jitter_within_bounds(delays: list[float]) -> None:
+    random.seed(1234)  # tenacity draws its jitter from the random module: deterministic here
     tool = Tool("jittery", fail=True, policies={"retry": {"max_attempts": 4, "initial_backoff_ms": 100,
                                                            "max_backoff_ms": 60000, "multiplier": 2}})
     host = await host_with(tool)
@@ -464,17 +469,8 @@ async def test_retry_backoff_has_jitter_within_bounds(monkeypatch: pytest.Monkey
         assert len({round(d[n], 9) for d in per_call}) == 5, [d[n] for d in per_call]
 
 
-async def test_retry_backoff_keeps_its_jitter_at_the_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    delays: list[float] = []
-    real_sleep = asyncio.sleep
-
-    async def fake_sleep(seconds: float, result: Any = None) -> Any:
-        if seconds > 0:
-            delays.append(seconds)
-        return await real_sleep(0, result)
-
+async def test_retry_backoff_keeps_its_jitter_at_the_cap(delays: list[float]) -> None:
     random.seed(99)
-    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
     tool = Tool("capped_backoff", fail=True, policies={"retry": {"max_attempts": 6, "initial_backoff_ms": 100,
                                                                   "max_backoff_ms": 200, "multiplier": 2}})
     host = await host_with(tool)
