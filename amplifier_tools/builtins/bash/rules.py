@@ -207,12 +207,7 @@ class _Lexer:
                 text.append(piece)
                 dynamic = dynamic or dyn
             elif c == "`":
-                self.i += 1
-                end = s.find("`", self.i)
-                if end == -1:
-                    raise self.error("unterminated backtick")
-                self.inner.append(s[self.i:end])
-                self.i = end + 1
+                self.backtick()
                 dynamic = True
             elif c == "$":
                 piece, dyn = self.dollar()
@@ -225,6 +220,14 @@ class _Lexer:
                 text.append(c)
                 self.i += 1
         return Word("".join(text), dynamic)
+
+    def backtick(self) -> None:
+        """A `` `command` `` substitution at ``self.i``: its text is parsed and checked as a command too."""
+        end = self.s.find("`", self.i + 1)
+        if end == -1:
+            raise self.error("unterminated backtick")
+        self.inner.append(self.s[self.i + 1:end])
+        self.i = end + 1
 
     def double_quoted(self) -> tuple[str, bool]:
         s = self.s
@@ -239,11 +242,7 @@ class _Lexer:
                 out.append(s[self.i + 1])
                 self.i += 2
             elif c == "`":
-                end = s.find("`", self.i + 1)
-                if end == -1:
-                    raise self.error("unterminated backtick")
-                self.inner.append(s[self.i + 1:end])
-                self.i = end + 1
+                self.backtick()
                 dynamic = True
             elif c == "$":
                 piece, dyn = self.dollar()
