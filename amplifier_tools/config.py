@@ -13,6 +13,7 @@ for the host's reserved keys (``enabled``, ``on_error``, ``hook_timeout_ms``).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -50,6 +51,16 @@ CONFIG_SCHEMA: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {
         "working_dir": {"type": "string", "description": "Session working directory (default: cwd)."},
+        "state_dir": {
+            "type": "string", "minLength": 1,
+            "description": "Where the host keeps its own state (audit log, anchor, locks, spill files, policy "
+                           "store); default $XDG_STATE_HOME/amplifier-tools/workspaces/<hash of working_dir>. "
+                           "Must lie outside every tool's writable roots.",
+        },
+        "shutdown_grace_ms": {
+            "type": "number", "minimum": 0,
+            "description": "How long close() lets in-flight calls finish before cancelling them (default 5000).",
+        },
         "default_timeout_ms": {
             "type": "number", "exclusiveMinimum": 0,
             "description": "Timeout of a tool without its own timeout_ms.",
@@ -125,6 +136,7 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"configuration must be a table/mapping, got {type(raw).__name__}", file=file)
     data: dict[str, Any] = dict(raw)
+    _reject_non_finite(data, "", file)
     if not _VALIDATOR.is_valid(data):
         pointer, message = schema_problems(_VALIDATOR, data, limit=1)[0]
         raise ConfigError(message, key=_dotted(pointer), file=file)
@@ -133,6 +145,19 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     if "hooks" in data:
         data["modules"] = list(data.get("modules", [])) + data.pop("hooks")
     return data
+
+
+def _reject_non_finite(value: Any, path: str, file: str | None) -> None:
+    """NaN and infinity are never a setting (``window_ms = nan`` would silently disable a limit):
+    ``ConfigError`` naming the key, wherever in the configuration they stand (plugin sections too)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"must be a finite number, got {value!r}", key=path or None, file=file)
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _reject_non_finite(v, f"{path}.{k}" if path else str(k), file)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _reject_non_finite(v, f"{path}[{i}]", file)
 
 
 def plugin_section(config: Mapping[str, Any], plugin: str) -> tuple[dict[str, Any], dict[str, Any]]:

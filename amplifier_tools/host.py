@@ -37,6 +37,7 @@ from .coordinator import Coordinator, HookEvents
 from .definitions import tool_definitions
 from .dispatch import CHAINED_HOOKS, HookDispatcher, PluginManager, PluginSettings
 from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError
+from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
 from .pipeline import CallPipeline
 from .registry import ToolRegistry
@@ -132,6 +133,17 @@ class ToolHost:
         self._entry_points = entry_points
         wd = working_dir or self.config.get("working_dir") or os.getcwd()
         self.working_dir = str(Path(wd).expanduser().resolve())
+        configured_state = self.config.get("state_dir")
+        #: Where the host keeps its own state (created 0700 at start); outside the working directory.
+        self.state_dir = Path(os.path.abspath(os.path.expanduser(configured_state))) if configured_state \
+            else default_state_dir(self.working_dir)
+        #: Paths no tool may read or write (``session.protected_paths``); plugins add their host files.
+        self.protected_paths = ProtectedPaths()
+        self.protected_paths.add(self.state_dir, "the host's state directory", key="state_dir")
+        if self.config_file is not None:
+            self.protected_paths.add(self.config_file, "the host's configuration file")
+        # Where a config would be discovered next start: a tool must not plant one there.
+        self.protected_paths.add(Path(self.working_dir) / "amplifier-tools.toml", "a configuration file location")
         self.session_id = "session_" + uuid.uuid4().hex
         self.plugin_manager = PluginManager(PROJECT_NAME)
         self.plugin_manager.add_hookspecs(hookspecs)
@@ -144,7 +156,12 @@ class ToolHost:
         self.tools = ToolRegistry(self.config["tools"] if isinstance(self.config.get("tools"), dict) else None)
         self.events = HookEvents(self)
         self.mounts: dict[str, dict[str, Any]] = {}
-        self.capabilities: dict[str, Any] = {"session.working_dir": self.working_dir}
+        self.capabilities: dict[str, Any] = {
+            "session.working_dir": self.working_dir,
+            "session.state_dir": str(self.state_dir),
+            "session.protected_paths": self.protected_paths,
+            "session.default_timeout_ms": self.config.get("default_timeout_ms", 60_000),
+        }
         self.contributors: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
         self.cleanups: list[tuple[str, Callable[[], Any | Awaitable[Any]]]] = []
         self.plugins: list[PluginInfo] = []
@@ -170,10 +187,12 @@ class ToolHost:
         if self._pipeline is not None:
             return
         try:
+            self._make_state_dir()
             self._collect_plugins()
             for plugin, info, required in self._mount_order():
                 await self._mount_plugin(plugin, info, required)
             self._check_config_references()
+            self._check_protected_paths()
         except BaseException:
             await self.close()
             raise
@@ -321,6 +340,29 @@ class ToolHost:
         for name in self.config.get("plugins", {}):
             if name not in loaded:
                 raise ConfigError("names no installed plugin", key=f"plugins.{name}")
+
+    def _make_state_dir(self) -> None:
+        """Create ``state_dir`` (0700) or stop the start naming the key and what is wrong."""
+        try:
+            ensure_state_dir(self.state_dir)
+        except HostFileError as exc:
+            raise ConfigError(f"{exc.strerror}; remove it or set another state_dir", key="state_dir",
+                              file=self.config_file) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot create the state directory {self.state_dir}: {exc.strerror}",
+                              key="state_dir", file=self.config_file) from None
+
+    def _check_protected_paths(self) -> None:
+        """A configured host-state path inside a tool's writable roots would be the agent's to rewrite:
+        refuse the start, naming the key. Roots: the working directory and the filesystem plugin's."""
+        rules = self.capabilities.get("fs.path_rules")
+        roots = {self.working_dir, *getattr(rules, "write_roots", ())}
+        for root in sorted(roots):
+            for entry in self.protected_paths.inside(root):
+                if entry.key is not None:
+                    raise ConfigError(
+                        f"{entry.path} ({entry.reason}) lies inside {root}, which tools may write; "
+                        "host state must live outside every writable root", key=entry.key, file=self.config_file)
 
     def _make_default_context(self) -> ToolContext:
         ctx = self.config.get("context", {})

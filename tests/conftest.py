@@ -11,6 +11,14 @@ from helpers import EchoTool
 from amplifier_tools import ToolHost
 
 
+@pytest.fixture(autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every test gets its own ``XDG_STATE_HOME``: hosts keep their state there, never in ~."""
+    home = tmp_path_factory.mktemp("state-home")
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def echo() -> EchoTool:
     return EchoTool()
