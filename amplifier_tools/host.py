@@ -14,6 +14,7 @@ whatever its source (configure it or disable it); a bad per-tool override in
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.metadata
@@ -35,7 +36,7 @@ from .builtins import BUILTIN_PLUGINS
 from .config import discover_config_file, load_config_file, plugin_section, validate_config
 from .coordinator import Coordinator, HookEvents
 from .definitions import tool_definitions
-from .dispatch import CHAINED_HOOKS, HookDispatcher, PluginManager, PluginSettings
+from .dispatch import HookDispatcher, PluginManager, PluginSettings
 from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError
 from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
@@ -168,6 +169,7 @@ class ToolHost:
         self.failed_plugins: list[FailedPlugin] = []
         self._pending: list[tuple[Any, PluginInfo, bool]] = []
         self._pipeline: CallPipeline | None = None
+        self._closed = False
         self._default_context = self._make_default_context()
         # Host-level secrets (config ``secrets``) for plugins, e.g. the audit checkpoint key:
         # a callable name -> value that raises AuthError naming an unresolvable reference.
@@ -200,8 +202,28 @@ class ToolHost:
         self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout)
 
     async def close(self) -> None:
-        """Run cleanups in reverse order of registration; each failure is logged."""
+        """Stop admitting calls, let in-flight calls finish, then run cleanups in reverse order.
+
+        New calls end at once in ``SystemError`` ``host_closing`` (recorded like any call).
+        In-flight calls get ``shutdown_grace_ms`` (default 5000) to finish; a call whose tool had
+        not started yet is not started. The rest are cancelled; each ends in ``host_closing``
+        and is recorded before the cleanups run (the audit writer's last: it mounts first).
+        A cleanup failure is logged and the next cleanup still runs.
+        """
+        pipeline = self._pipeline
+        if pipeline is not None:
+            pipeline.closing = True
+            grace = self.config.get("shutdown_grace_ms", 5000) / 1000.0
+            if not await pipeline.wait_idle(grace):
+                count = pipeline.cut_in_flight()
+                log.warning("closing: cancelled %d call(s) still running after shutdown_grace_ms", count)
+                # Cut calls record themselves through their hooks, each bounded by its hook timeout.
+                if not await pipeline.wait_idle(self.dispatcher.default_timeout or 10.0):
+                    log.error("closing: %d call(s) did not finish recording; cleanups run anyway",
+                              len(pipeline.in_flight))
         self._pipeline = None
+        if pipeline is not None:
+            self._closed = True
         while self.cleanups:
             plugin, cleanup = self.cleanups.pop()
             try:
@@ -270,8 +292,18 @@ class ToolHost:
                 raise PluginLoadError(name, "a plugin with this name is already registered")
             plugin = load()
             self.plugin_manager.register(plugin, name=name)
-            for hook in CHAINED_HOOKS:
-                self.dispatcher.impls(hook)  # rejects hook wrappers with a message naming the plugin
+            misfit = _misfit_hooks(self.plugin_manager, plugin)
+            if misfit is not None:
+                # Never run a plugin with a misspelled hook: a typo in a policy plugin would fail open.
+                self.plugin_manager.unregister(plugin)
+                raise PluginLoadError(name, misfit)
+        except PluginLoadError as exc:
+            if self.plugin_manager.has_plugin(name):
+                self.plugin_manager.unregister(name=name)
+            if exc.reason.startswith("implements"):
+                raise
+            self._fail_plugin(name, source, f"failed to load: {exc.reason}", required, exc)
+            return
         except Exception as exc:
             if self.plugin_manager.has_plugin(name):
                 self.plugin_manager.unregister(name=name)
@@ -280,10 +312,13 @@ class ToolHost:
             self._fail_plugin(name, source, f"failed to load: {reason}", required, exc)
             return
         _, reserved = plugin_section(self.config, name)
+        # A plugin whose hooks wait by policy (and bound the wait themselves) declares its own
+        # default, e.g. ``hook_timeout_ms = None``; the plugin's config section still overrides it.
+        default_ms = getattr(plugin, "hook_timeout_ms", self.config.get("hook_timeout_ms", 10_000))
+        timeout_ms = reserved.get("hook_timeout_ms", default_ms)
         self.dispatcher.configure(name, PluginSettings(
             fail_open=reserved.get("on_error") == "ignore",
-            hook_timeout=reserved["hook_timeout_ms"] / 1000.0 if "hook_timeout_ms" in reserved
-            else self.config.get("hook_timeout_ms", 10_000) / 1000.0,
+            hook_timeout=None if timeout_ms is None else timeout_ms / 1000.0,
         ))
         hooks = tuple(sorted(
             caller.name for caller in self.plugin_manager.get_hookcallers(plugin) or []
@@ -407,7 +442,9 @@ class ToolHost:
         problem: ToolError | None = None
         given_call: object = call  # callers are not type-checked; check at run time
         given_context: object = context
-        if pipeline is None:
+        if pipeline is None and self._closed:
+            problem = ToolSystemError("the host is closed", code="host_closing")
+        elif pipeline is None:
             problem = ToolSystemError("the host is not started; use 'async with ToolHost() as host'",
                                       code="host_not_started")
         elif not isinstance(given_call, ToolCall):
@@ -438,6 +475,22 @@ class ToolHost:
     def tool_definitions(self, format: str = "openai") -> list[dict[str, Any]]:
         """The mounted tools as ``"openai"``, ``"anthropic"`` or ``"mcp"`` tool definitions."""
         return tool_definitions(self.specs, format)
+
+
+def _misfit_hooks(pm: PluginManager, plugin: Any) -> str | None:
+    """Why ``plugin`` cannot be run as written: an implementation of a hook that does not exist
+    (with a did-you-mean), or a hook wrapper on a hook the host calls; None when it is fine."""
+    known = sorted(name for name, caller in vars(pm.hook).items() if caller.has_spec())
+    for caller in pm.get_hookcallers(plugin) or []:
+        if not caller.has_spec():
+            close = difflib.get_close_matches(caller.name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (hooks: {', '.join(known)})"
+            return f"implements unknown hook {caller.name!r}{hint}"
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
+                return (f"implements {caller.name} as a hook wrapper; the host calls each implementation "
+                        "itself (use tryfirst/trylast for order)")
+    return None
 
 
 def _plugin_name(plugin: Any) -> str:
