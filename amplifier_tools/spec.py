@@ -10,6 +10,7 @@ runs per call.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from typing import Any, Final
 
@@ -49,13 +50,14 @@ class IdempotencyKeyRequirement(str, enum.Enum):
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+    # ``not value > 0`` also refuses NaN (it compares false with everything); infinity is refused too.
+    if value is not None and (not value > 0 or (isinstance(value, float) and not math.isfinite(value))):
+        raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
+    if value is not None and (not value >= 0 or (isinstance(value, float) and not math.isfinite(value))):
+        raise ValueError(f"{attribute.name} must be a non-negative finite number, got {value!r}")
 
 
 @attrs.frozen(slots=True)
