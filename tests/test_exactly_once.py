@@ -451,3 +451,32 @@ async def test_hook_wrapper_on_mount_is_refused(tmp_path: Path) -> None:
         async with ToolHost(plugins=[Wraps()], builtins=False, entry_points=False, working_dir=tmp_path,
                             discover=False):
             pass
+
+
+# -- policy waits are not hook timeouts -------------------------------------------------------
+
+
+class WaitsByPolicy:
+    """Waits in tool_pre (as a queue would) and bounds the wait itself."""
+
+    name = "waits"
+    hook_timeout_ms = None
+
+    @hookimpl
+    async def tool_pre(self, call: Any) -> None:
+        await asyncio.sleep(0.3)
+
+
+async def test_a_plugin_declaring_no_hook_timeout_may_wait_longer_than_the_host_default(tmp_path: Path) -> None:
+    async with ToolHost(config={"hook_timeout_ms": 50}, plugins=[ToolsPlugin(Sleeps()), WaitsByPolicy()],
+                        builtins=False, entry_points=False, working_dir=tmp_path, discover=False) as host:
+        result = await host.call("sleeps", {"seconds": 0})
+    assert result.success, result.error
+
+
+async def test_the_plugins_config_section_still_overrides_its_declared_hook_timeout(tmp_path: Path) -> None:
+    config = {"plugins": {"waits": {"hook_timeout_ms": 50}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Sleeps()), WaitsByPolicy()],
+                        builtins=False, entry_points=False, working_dir=tmp_path, discover=False) as host:
+        result = await host.call("sleeps", {"seconds": 0})
+    assert result.error["code"] == "hook_timeout" and result.error["plugin"] == "waits"
