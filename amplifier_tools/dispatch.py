@@ -132,6 +132,13 @@ class HookDispatcher:
         self._trace = trace
         self._cache: dict[str, list[Impl]] = {}
         self._generation = -1
+        #: More implementations to run in the chain, after the plain pluggy ones and before the
+        #: ``trylast`` ones: ``hook -> [(plugin, function, argnames, label)]`` (the Amplifier bridge).
+        self.extra_impls: Callable[[str], list[tuple[str, Callable[..., Any], tuple[str, ...], str]]] | None = None
+
+    def invalidate(self) -> None:
+        """Recompute the implementation lists on the next call (the set of handlers changed)."""
+        self._cache.clear()
 
     def configure(self, plugin: str, settings: PluginSettings) -> None:
         """Set how ``plugin``'s failures are treated; takes effect on the next call."""
@@ -147,7 +154,11 @@ class HookDispatcher:
         if cached is not None:
             return cached
         ordered = []
+        extra = self.extra_impls(hook) if self.extra_impls is not None else []
         for hookimpl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
+            if extra and hookimpl.trylast:
+                ordered.extend(self._extra(extra))
+                extra = []
             if hookimpl.hookwrapper or hookimpl.wrapper:
                 raise ToolSystemError(
                     f"plugin {hookimpl.plugin_name!r} implements {hook} as a hook wrapper; "
@@ -167,8 +178,17 @@ class HookDispatcher:
                     timeout=settings.hook_timeout,
                 )
             )
+        ordered.extend(self._extra(extra))
         self._cache[hook] = ordered
         return ordered
+
+    def _extra(self, extra: list[tuple[str, Callable[..., Any], tuple[str, ...], str]]) -> list[Impl]:
+        impls = []
+        for plugin, function, argnames, _label in extra:
+            settings = self._settings.get(plugin, self._default)
+            impls.append(Impl(plugin=plugin, function=function, argnames=argnames, is_async=True,
+                              fail_open=settings.fail_open, timeout=settings.hook_timeout))
+        return impls
 
     def _start(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
         """Call ``impl``; its result, or the awaitable an async implementation returned."""

@@ -127,6 +127,22 @@ def tool_complete(
     """
 
 
+@hookspec(firstresult=True)
+def tool_approval(
+    call: ToolCall, spec: ToolSpec, context: ToolContext, prompt: str, options: list[str], default: str
+) -> bool | None:
+    """Decide whether a call a hook wants a person to approve may run.
+
+    Called when an Amplifier hook handler returns ``ask_user`` (``prompt``, ``options`` and
+    ``default`` come from its ``approval_prompt``, ``approval_options`` and
+    ``approval_default``). Return ``True`` to approve, ``False`` to deny, ``None`` to leave it
+    to the next implementation (the first non-``None`` answer wins; an ``async``
+    implementation is awaited and is the answer). With no implementation, or no approving
+    answer, the call is denied (``PolicyError`` ``approval_unavailable`` /
+    ``approval_denied``): the host fails closed.
+    """
+
+
 @hookspec
 def tool_event(event: str, data: dict[str, Any]) -> None:
     """Observe an event: one emitted by a tool or plugin through

@@ -32,9 +32,10 @@ import attrs
 from . import hookspecs
 from ._markers import PROJECT_NAME, hookimpl
 from ._version import __version__
+from .amplifier_hooks import HookRegistry, ToolHandlerImpls
 from .builtins import BUILTIN_PLUGINS
 from .config import discover_config_file, load_config_file, plugin_section, validate_config
-from .coordinator import Coordinator, HookEvents
+from .coordinator import Coordinator
 from .definitions import tool_definitions
 from .dispatch import HookDispatcher, PluginManager, PluginSettings
 from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError
@@ -155,7 +156,9 @@ class ToolHost:
             trace=trace,
         )
         self.tools = ToolRegistry(self.config["tools"] if isinstance(self.config.get("tools"), dict) else None)
-        self.events = HookEvents(self)
+        #: Amplifier's hook registry: events, and ``tool:*`` handlers run inside the call chain.
+        self.events = HookRegistry(self)
+        self.dispatcher.extra_impls = ToolHandlerImpls(self, self.events).impls
         self.mounts: dict[str, dict[str, Any]] = {}
         self.capabilities: dict[str, Any] = {
             "session.working_dir": self.working_dir,

@@ -29,6 +29,7 @@ import sys
 import time
 from typing import Any
 
+from .amplifier_hooks import event_data, result_data
 from .converter import converter
 from .dispatch import HookDispatcher, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
@@ -112,7 +113,7 @@ class CallPipeline:
                 call = ToolCall(call.id, spec.name, call.arguments)
             _check_arguments(call.arguments, mounted)
             if events:
-                await self.hooks.tool_event("tool:pre", {"tool_name": spec.name, "input": call.arguments})
+                await self.hooks.tool_event("tool:pre", event_data(call))
             call = await self.hooks.tool_pre(
                 call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
             )
@@ -151,8 +152,7 @@ class CallPipeline:
                 lambda error: self._failure_result(call, mounted, ctx, error, secrets),
             )
             if events:
-                await self.hooks.tool_event("tool:post", {"tool_name": spec.name,
-                                                          "result": converter.unstructure(result)})
+                await self.hooks.tool_event("tool:post", event_data(call, tool_result=result_data(result)))
         except ToolError as error:
             ending = True
             return await self._fail(call, mounted, ctx, error, started, secrets, kept_output, events)
@@ -281,7 +281,7 @@ class CallPipeline:
         elif recovery is not None:
             result = ToolResult(recovery.success, recovery.output, recovery.error, dict(recovery.metadata), call.id)
         if events:
-            await self.hooks.tool_event("tool:error", {"tool_name": call.name, "error": result.error})
+            await self.hooks.tool_event("tool:error", event_data(call, error=result.error))
         return await self._complete(call, mounted, ctx, result, started, secrets)
 
     async def _complete(

@@ -52,12 +52,12 @@ class IdempotencyKeyRequirement(str, enum.Enum):
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     # ``not value > 0`` also refuses NaN (it compares false with everything); infinity is refused too.
     if value is not None and (not value > 0 or (isinstance(value, float) and not math.isfinite(value))):
-        raise ValueError(f"{attribute.name} must be a positive finite number, got {value!r}")
+        raise ValueError(f"{attribute.name} must be positive and finite, got {value!r}")
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is not None and (not value >= 0 or (isinstance(value, float) and not math.isfinite(value))):
-        raise ValueError(f"{attribute.name} must be a non-negative finite number, got {value!r}")
+        raise ValueError(f"{attribute.name} must not be negative, and must be finite, got {value!r}")
 
 
 @attrs.frozen(slots=True)
