@@ -266,7 +266,7 @@ class ToolHost:
         for plugin in self._extra_plugins:
             name = _plugin_name(plugin)
             if name not in disabled:
-                self._queue(name, functools.partial(_identity, plugin), "code", None, None, required=True)
+                self._queue(name, functools.partial(_as_plugin, plugin, name), "code", None, None, required=True)
         if self._entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
@@ -275,24 +275,41 @@ class ToolHost:
                 self._queue(ep.name, functools.partial(_instantiate, ep.load), "entry_point",
                             dist.name if dist else None,
                             dist.version if dist else None, required=self._required(ep.name))
+        planned = {entry["module"]: entry for entry in self.config.get("modules", [])}
+        if self._entry_points:
             for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
-                if ep.name in disabled or (allow is not None and ep.name not in allow):
+                if ep.name in disabled or (allow is not None and ep.name not in allow and ep.name not in planned):
                     continue
                 dist = getattr(ep, "dist", None)
-                self._queue(ep.name, functools.partial(_seed_from_entry_point, ep), "module",
-                            dist.name if dist else None, dist.version if dist else None,
-                            required=self._required(ep.name))
-        for entry in self.config.get("modules", []):
-            name = entry["module"]
+                entry = planned.pop(ep.name, None)
+                if entry is not None:  # named in the mount plan: the installed module, with the plan's config
+                    self._check_one_config_source(ep.name, entry)
+                    load = functools.partial(_seed_from_entry_point, ep, entry.get("config", {}))
+                else:
+                    load = functools.partial(_seed_from_entry_point, ep, {})
+                self._queue(ep.name, load, "module", dist.name if dist else None, dist.version if dist else None,
+                            required=entry is not None or self._required(ep.name))
+        for name, entry in planned.items():
             if name in disabled:
                 continue
+            self._check_one_config_source(name, entry)
             self._queue(name, functools.partial(_seed_from_config, entry), "module", None, None, required=True)
+
+    def _check_one_config_source(self, name: str, entry: Mapping[str, Any]) -> None:
+        """A module's config comes from one place: the mount plan entry or ``[plugins.NAME]``."""
+        own, _ = plugin_section(self.config, name)
+        if entry.get("config") and own:
+            raise ConfigError(f"module {name!r} is configured twice: in the mount plan entry (modules/tools/hooks "
+                              f"'config') and in [plugins.{name}]; keep one", key=f"plugins.{name}",
+                              file=self.config_file)
 
     def _queue(self, name: str, load: Callable[[], Any], source: str, dist: str | None,
                version: str | None, *, required: bool) -> None:
         try:
             if self.plugin_manager.has_plugin(name):
-                raise PluginLoadError(name, "a plugin with this name is already registered")
+                first = next((info.source for _, info, _ in self._pending if info.name == name), "another source")
+                raise PluginLoadError(name, f"a plugin with this name is already registered (from {first}; "
+                                            f"this one is from {source}): load it from one place")
             plugin = load()
             self.plugin_manager.register(plugin, name=name)
             misfit = _misfit_hooks(self.plugin_manager, plugin)
@@ -353,6 +370,12 @@ class ToolHost:
                 if mounted.plugin == info.name and mounted.spec.name not in tools_before:
                     self.tools.remove(mounted.spec.name)
             self.plugin_manager.unregister(plugin)
+            if isinstance(exc, ContractError) and exc.code == "duplicate_tool":
+                # Never fall back to another tool of the same name: a call would silently run the wrong one.
+                first, second = exc.details.get("plugins", ["?", info.name])
+                raise ConfigError(f"{exc.message}; keep one: disable_plugins = [{second!r}] (or {first!r}), "
+                                  "or mount it under another name", key="disable_plugins",
+                                  file=self.config_file) from exc
             if isinstance(exc, ConfigError):
                 located = ConfigError(exc.detail, key=exc.key, file=exc.file or self.config_file)
                 if exc.key is not None and exc.key.startswith("tools."):
@@ -505,8 +528,37 @@ def _plugin_name(plugin: Any) -> str:
     return type(plugin).__name__ if not isinstance(plugin, type) else plugin.__name__
 
 
-def _identity(plugin: Any) -> Any:
-    return plugin
+class ToolMount:
+    """A plugin that mounts tools given to ``ToolHost(plugins=[...])`` directly (e.g. ``@tool`` functions)."""
+
+    def __init__(self, name: str, *tools: Any) -> None:
+        self.name = name
+        self.tools = tools
+
+    @hookimpl
+    async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> None:
+        for tool in self.tools:
+            await coordinator.mount("tools", tool)
+
+
+def _has_hookimpls(obj: Any) -> bool:
+    marker = f"{PROJECT_NAME}_impl"
+    return any(hasattr(getattr(obj, attr, None), marker) for attr in dir(obj) if not attr.startswith("__"))
+
+
+def _as_plugin(obj: Any, name: str) -> Any:
+    """What ``ToolHost(plugins=[obj])`` registers: a pluggy plugin as it is, a seed-style module
+    (a ``mount(coordinator, config)`` without hook markers) through ``SeedModule``, a tool (``@tool``
+    function or an object with ``name`` and ``execute``) through ``ToolMount``; anything else is
+    refused, naming what it lacks."""
+    if _has_hookimpls(obj):
+        return obj
+    if callable(getattr(obj, "mount", None)):
+        return SeedModule(name, obj.mount, {})
+    if callable(getattr(obj, "execute", None)) and isinstance(getattr(obj, "name", None), str):
+        return ToolMount(name, obj)
+    raise PluginLoadError(name, "is neither a plugin (no @amplifier_tools.hookimpl methods), a seed-style module "
+                                "(no mount(coordinator, config)) nor a tool (no name and execute)")
 
 
 def _instantiate(load: Callable[[], Any]) -> Any:
@@ -532,8 +584,8 @@ def _mount_function(name: str, loaded: Any) -> Callable[..., Any]:
     return result
 
 
-def _seed_from_entry_point(ep: importlib.metadata.EntryPoint) -> SeedModule:
-    return SeedModule(ep.name, _mount_function(ep.name, ep.load()), {})
+def _seed_from_entry_point(ep: importlib.metadata.EntryPoint, config: Mapping[str, Any]) -> SeedModule:
+    return SeedModule(ep.name, _mount_function(ep.name, ep.load()), config)
 
 
 def _seed_from_config(entry: Mapping[str, Any]) -> SeedModule:

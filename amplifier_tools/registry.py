@@ -120,13 +120,16 @@ class ToolRegistry:
                 f"tool {spec.name!r} from plugin {plugin!r} is already mounted by plugin "
                 f"{self._tools[spec.name].plugin!r}",
                 code="duplicate_tool",
+                plugins=[self._tools[spec.name].plugin, plugin],
             )
         short = model_name(spec.name)
         owner = self._by_model_name.get(short)
         if owner is not None and owner != spec.name:
             raise ContractError(
-                f"tool {spec.name!r} has the model name {short!r}, already used by tool {owner!r}",
+                f"tool {spec.name!r} from plugin {plugin!r} has the model name {short!r}, already used by tool "
+                f"{owner!r} of plugin {self._tools[owner].plugin!r}",
                 code="duplicate_tool",
+                plugins=[self._tools[owner].plugin, plugin],
             )
         input_validator = compile_validator(spec.input_schema, owner=spec.name, which="input_schema")
         if spec.input_schema.get("type", "object") != "object":
