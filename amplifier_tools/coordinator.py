@@ -26,9 +26,10 @@ log = logging.getLogger("amplifier_tools")
 class Coordinator:
     """What a plugin's ``mount`` gets: the host's registries, seen from that plugin."""
 
-    def __init__(self, host: ToolHost, plugin: str) -> None:
+    def __init__(self, host: ToolHost, plugin: str, *, seed: bool = False) -> None:
         self._host = host
         self.plugin = plugin
+        self._seed = seed
         #: Amplifier's hook registry surface; what this plugin registers is attributed to it.
         self.hooks = PluginHooks(host.events, plugin)
         self.session_id = host.session_id
@@ -37,7 +38,7 @@ class Coordinator:
     async def mount(self, mount_point: str, obj: Any, name: str | None = None) -> None:
         """Mount ``obj`` at ``mount_point``; ``"tools"`` registers a tool with the host."""
         if mount_point == "tools":
-            self._host.tools.add(obj, plugin=self.plugin, name=name)
+            self._host.tools.add(obj, plugin=self.plugin, name=name, seed=self._seed)
             return
         key = name or getattr(obj, "name", None) or type(obj).__name__
         self._host.mounts.setdefault(mount_point, {})[key] = obj

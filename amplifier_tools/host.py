@@ -86,6 +86,8 @@ class SeedModule:
         self.name = name
         self._mount = mount_function
         self._config = dict(config)
+        #: A tool ``mount`` returned instead of mounting it (the host mounts it).
+        self.returned_tool: Any = None
 
     @hookimpl
     async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> Any:
@@ -93,7 +95,8 @@ class SeedModule:
         if inspect.isawaitable(out):
             out = await out
         # The seed allows returning the tool itself, a cleanup callable, or None.
-        if out is None or hasattr(out, "execute"):
+        if out is not None and hasattr(out, "execute"):
+            self.returned_tool = out
             return None
         return out if callable(out) else None
 
@@ -361,10 +364,13 @@ class ToolHost:
 
     async def _mount_plugin(self, plugin: Any, info: PluginInfo, required: bool) -> None:
         own, _ = plugin_section(self.config, info.name)
-        coordinator = Coordinator(self, info.name)
+        coordinator = Coordinator(self, info.name, seed=isinstance(plugin, SeedModule))
         tools_before = {m.spec.name for m in self.tools}
         try:
             cleanup = await self.dispatcher.mount(plugin, coordinator, own)
+            if isinstance(plugin, SeedModule) and plugin.returned_tool is not None \
+                    and not any(m.tool is plugin.returned_tool for m in self.tools):
+                await coordinator.mount("tools", plugin.returned_tool)  # the seed allows returning the tool
         except Exception as exc:
             for mounted in list(self.tools):  # take back what the plugin mounted before failing
                 if mounted.plugin == info.name and mounted.spec.name not in tools_before:

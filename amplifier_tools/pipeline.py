@@ -216,7 +216,8 @@ class CallPipeline:
                     f"deadline passed before tool {mounted.spec.name!r} could run", code="deadline_exceeded"
                 )
             seconds = remaining if seconds is None else min(seconds, remaining)
-        coro = mounted.execute(call.arguments, ctx) if mounted.takes_context else mounted.execute(call.arguments)
+        arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else call.arguments
+        coro = mounted.execute(arguments, ctx) if mounted.takes_context else mounted.execute(arguments)
         try:
             raw = await run_with_timeout(coro, seconds)
         except TimeoutError:

@@ -277,7 +277,8 @@ def spec_from_tool(tool: Any, *, name: str | None = None) -> ToolSpec:
     if not callable(getattr(tool, "execute", None)):
         raise ContractError(f"tool {label!r} has no callable 'execute'", code="invalid_tool")
     schema = getattr(tool, "input_schema", None)
-    if schema is None and callable(getattr(tool, "get_schema", None)):
+    # An empty ``input_schema`` inherited from the seed's Protocol must not hide ``get_schema()``.
+    if not schema and callable(getattr(tool, "get_schema", None)):
         schema = tool.get_schema()
     if schema is None or schema == {}:
         schema = {"type": "object"}

@@ -161,3 +161,28 @@ async def test_amplifier_core_hookresult_objects_are_understood(tmp_path: Path, 
     async with host_with(tmp_path, echo, (MODULE, {"action": "deny", "result_type": "hookresult"})) as host:
         result = await host.call("echo", {"path": "a"})
     assert result.error["code"] == "hook_denied"
+
+
+# -- seed edge cases ------------------------------------------------------------------------
+
+
+async def test_seed_tool_module_edge_cases_behave_as_the_seed_describes(tmp_path: Path) -> None:
+    from amplifier_fixtures import tool_module
+
+    tool_module.INPUTS.clear()
+    config = {"modules": [{"module": "amplifier_fixtures.tool_module"}]}
+    async with ToolHost(config=config, builtins=False, entry_points=False, working_dir=tmp_path,
+                        discover=False) as host:
+        # mount returned the tool: it is mounted
+        assert [s.name for s in host.specs] == ["run"]
+        # get_schema() is used despite the inherited empty input_schema: input is validated
+        invalid = await host.call("run", {"command": 3})
+        assert invalid.error["type"] == "ContractError" and invalid.error["pointer"] == "/command"
+        ok = await host.call("run", {"command": "true"}, call_id="call-7")
+        failed = await host.call("run", {"command": "false"})
+    assert ok.success
+    # Amplifier's orchestrators pass _tool_call_id; the tool sees it, validation never did
+    assert tool_module.INPUTS[0] == {"command": "true", "_tool_call_id": "call-7"}
+    # a failure with output and no error keeps its output and says what it was
+    assert not failed.success and failed.output["returncode"] == 2
+    assert "boom: no such file" in failed.error["message"]
