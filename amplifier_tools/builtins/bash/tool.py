@@ -23,7 +23,7 @@ from ...models import ToolContext, ToolResult
 from ...spec import Policies, Security, ToolSpec
 from ..filesystem.paths import PathRules
 from . import process, sandbox
-from .capture import StreamCapture, spill_paths
+from .capture import StreamCapture, open_spill_files
 from .rules import CommandRules
 
 VERSION: Final = "1.0.0"
@@ -138,17 +138,18 @@ class BashTool:
             env[name] = context.secret(ref)
         return env
 
-    def working_directory(self, cwd: str | None) -> tuple[str, tuple[str, ...]]:
-        """The resolved working directory (inside the write roots) and the write roots."""
+    def working_directory(self, cwd: str | None) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+        """The resolved working directory (inside the write roots, not protected), the write roots,
+        and the host's protected paths (as they are now: plugins may add to them)."""
         rules = self.path_rules()
         with rules.open_dir(cwd or rules.working_dir, write=True) as (_, resolved):
-            return resolved.path, rules.write_roots
+            return resolved.path, rules.write_roots, tuple(entry.path for entry in rules.protected)
 
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
         s = self.settings
         command: str = input["command"]
         s.rules.check(command)
-        cwd, writable = self.working_directory(input.get("cwd"))
+        cwd, writable, protected = self.working_directory(input.get("cwd"))
         env = self.environment(context)
         timeout = min(float(input.get("timeout", s.default_timeout)), s.max_timeout)
 
@@ -162,22 +163,26 @@ class BashTool:
                 popen["preexec_fn"] = preexec
         if s.user is not None:
             popen.update(user=s.user[0], group=s.user[1], extra_groups=[])
-        status_r = status_w = -1
+        bwrap, masks = None, []
         if s.sandbox:
-            if s.bwrap is None:
+            bwrap = s.bwrap
+            if bwrap is None:
                 raise sandbox.missing_bwrap()
-            status_r, status_w = os.pipe()
-            status_w = sandbox.low_status_fd(status_w)
-            argv = sandbox.bwrap_argv(s.bwrap, cwd=cwd, writable=writable, network=s.sandbox_network,
-                                      status_fd=status_w, bash=s.bash) + argv
-            popen["pass_fds"] = (status_w,)
-
-        out_path = err_path = None
-        if s.spill_dir is not None:
-            out_path, err_path = spill_paths(s.spill_dir, f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
-        stdout = StreamCapture(s.max_output_bytes, out_path)
-        stderr = StreamCapture(s.max_output_bytes, err_path)
+            masks = sandbox.mask_argv(protected, writable)
+        out_spill = err_spill = None
+        if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
+            out_spill, err_spill = open_spill_files(s.spill_dir,
+                                                    f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
+        stdout = StreamCapture(s.max_output_bytes, out_spill)
+        stderr = StreamCapture(s.max_output_bytes, err_spill)
+        status_r = status_w = -1
         try:
+            if bwrap is not None:
+                status_r, status_w = os.pipe()
+                status_w = sandbox.low_status_fd(status_w)
+                argv = sandbox.bwrap_argv(bwrap, cwd=cwd, writable=writable, network=s.sandbox_network,
+                                          status_fd=status_w, bash=s.bash, masks=masks) + argv
+                popen["pass_fds"] = (status_w,)
             try:
                 outcome = await process.run(argv, env=env, cwd=cwd, timeout=timeout, grace=s.kill_grace,
                                             stdout=stdout, stderr=stderr, popen=popen)
