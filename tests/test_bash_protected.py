@@ -50,6 +50,7 @@ def tree(root: Path) -> dict[str, tuple[str, bytes | str | None]]:
 async def sandboxed_host(base: Path, config_path: Path, **bash: object) -> ToolHost:
     state = base / "state"
     settings = "".join(f"{k} = {v!r}\n" for k, v in bash.items())
+    (base / "work").mkdir(exist_ok=True)
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(f'# {CONFIG_MARKER}\nstate_dir = "{state}"\n[plugins.bash]\nsandbox = "bubblewrap"\n'
                            f"{settings}")
@@ -64,7 +65,6 @@ async def sandboxed_host(base: Path, config_path: Path, **bash: object) -> ToolH
 @needs_bwrap
 async def test_sandboxed_bash_cannot_read_or_take_over_the_config_file(base: Path) -> None:
     work = base / "work"
-    work.mkdir()
     config = work / "amplifier-tools.toml"
     host = await sandboxed_host(base, config)
     before = config.read_bytes()
@@ -104,7 +104,6 @@ async def test_a_config_file_in_a_subdirectory_cannot_be_moved_aside_and_replace
 
 @needs_bwrap
 async def test_sandboxed_bash_cannot_see_or_change_the_state_dir(base: Path) -> None:
-    (base / "work").mkdir()
     victim = base / "home" / ".bashrc"
     victim.parent.mkdir()
     victim.write_text("# the user's shell profile\n")
@@ -134,7 +133,6 @@ async def test_sandboxed_bash_cannot_see_or_change_the_state_dir(base: Path) -> 
 @needs_bwrap
 async def test_a_protected_path_replaced_by_a_symlink_stops_the_call(base: Path) -> None:
     work = base / "work"
-    work.mkdir()
     config = work / "amplifier-tools.toml"
     host = await sandboxed_host(base, config)
     try:

@@ -51,19 +51,28 @@ async def start(layout: dict[str, Path], state_home: Path, *, with_config: bool)
 
 
 @pytest.fixture
-async def with_config(tmp_path: Path, state_home: Path) -> AsyncIterator[tuple[ToolHost, dict[str, Path]]]:
-    layout = make_layout(tmp_path, state_home, with_config=True)
-    host = await start(layout, state_home, with_config=True)
-    yield host, layout
-    await host.close()
+async def hosts(tmp_path: Path, state_home: Path) -> AsyncIterator[Any]:
+    """``await hosts(with_config=...)`` -> (a started host, its layout); closed afterwards."""
+    made: list[ToolHost] = []
+
+    async def make(*, with_config: bool) -> tuple[ToolHost, dict[str, Path]]:
+        layout = make_layout(tmp_path, state_home, with_config=with_config)
+        made.append(await start(layout, state_home, with_config=with_config))
+        return made[-1], layout
+
+    yield make
+    for host in made:
+        await host.close()
 
 
 @pytest.fixture
-async def no_config(tmp_path: Path, state_home: Path) -> AsyncIterator[tuple[ToolHost, dict[str, Path]]]:
-    layout = make_layout(tmp_path, state_home, with_config=False)
-    host = await start(layout, state_home, with_config=False)
-    yield host, layout
-    await host.close()
+async def with_config(hosts: Any) -> tuple[ToolHost, dict[str, Path]]:
+    return await hosts(with_config=True)
+
+
+@pytest.fixture
+async def no_config(hosts: Any) -> tuple[ToolHost, dict[str, Path]]:
+    return await hosts(with_config=False)
 
 
 def snapshot(layout: dict[str, Path]) -> dict[str, bytes | None]:
