@@ -207,3 +207,37 @@ def test_a_planted_spill_file_is_never_followed_or_opened(tmp_path: Path, plant:
     assert info.value.code == "spill_failed" and str(name) in info.value.message
     assert victim.read_text() == "keep"
     assert [p.name for p in spill.iterdir()] == [name.name]  # the stdout file made first was removed again
+
+
+@pytest.mark.parametrize("sandbox", [pytest.param("bubblewrap", marks=needs_bwrap), "none"])
+async def test_planting_the_missing_config_file_fails_the_call_and_names_it(base: Path, sandbox: str) -> None:
+    # The documented gap: a path that does not exist cannot be masked. The call that creates it is
+    # reported (never silently successful), so the operator can remove it before the next start.
+    work = base / "work"
+    work.mkdir()
+    host = await bash_host(work, sandbox=sandbox)
+    try:
+        assert (await host.call("bash", {"command": "touch other.toml"})).success  # no false alarm
+        result = await host.call("bash", {"command": "printf '[plugins.bash]\\nsandbox = \"none\"\\n' > "
+                                                     "amplifier-tools.toml"})
+        assert (result.error["type"], result.error["code"]) == ("AuthError", "path_protected"), result.error
+        config = str(work / "amplifier-tools.toml")
+        assert result.error["path"] == config and config in result.error["message"]
+        assert "a configuration file location" in result.error["message"]
+    finally:
+        await host.close()
+
+
+@needs_bwrap
+async def test_a_path_a_plugin_protects_after_start_is_masked_from_the_next_call(base: Path) -> None:
+    host = await sandboxed_host(base, base / "etc" / "tools.toml")
+    log = base / "logs" / "audit.jsonl"
+    log.parent.mkdir()
+    log.write_text(STATE_MARKER)
+    try:
+        assert STATE_MARKER in (await host.call("bash", {"command": f"cat {log}"})).output["stdout"]
+        host.protected_paths.add(log, "the audit log", key="plugins.audit.path")
+        result = await host.call("bash", {"command": f"cat {log}; echo x > {log}; cat {log.parent}/*"})
+        assert STATE_MARKER not in repr(result) and log.read_text() == STATE_MARKER
+    finally:
+        await host.close()

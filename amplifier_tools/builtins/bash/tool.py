@@ -19,6 +19,7 @@ from typing import Any, Final
 import attrs
 
 from ...errors import ExecutionError, ToolSystemError
+from ...hoststate import ProtectedPath, ProtectedPaths
 from ...models import ToolContext, ToolResult
 from ...spec import Policies, Security, ToolSpec
 from ..filesystem.paths import PathRules
@@ -138,12 +139,12 @@ class BashTool:
             env[name] = context.secret(ref)
         return env
 
-    def working_directory(self, cwd: str | None) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    def working_directory(self, cwd: str | None) -> tuple[str, tuple[str, ...], ProtectedPaths]:
         """The resolved working directory (inside the write roots, not protected), the write roots,
         and the host's protected paths (as they are now: plugins may add to them)."""
         rules = self.path_rules()
         with rules.open_dir(cwd or rules.working_dir, write=True) as (_, resolved):
-            return resolved.path, rules.write_roots, tuple(entry.path for entry in rules.protected)
+            return resolved.path, rules.write_roots, rules.protected
 
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
         s = self.settings
@@ -168,13 +169,16 @@ class BashTool:
             bwrap = s.bwrap
             if bwrap is None:
                 raise sandbox.missing_bwrap()
-            masks = sandbox.mask_argv(protected, writable)
+            masks = sandbox.mask_argv((entry.path for entry in protected), writable)
         out_spill = err_spill = None
         if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
             out_spill, err_spill = open_spill_files(s.spill_dir,
                                                     f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
         stdout = StreamCapture(s.max_output_bytes, out_spill)
         stderr = StreamCapture(s.max_output_bytes, err_spill)
+        # A protected path that does not exist cannot be masked: notice one the command makes. Only inside
+        # the writable roots, where commands write and the host keeps nothing of its own.
+        missing = [entry for root in writable for entry in protected.inside(root) if not os.path.lexists(entry.path)]
         status_r = status_w = -1
         try:
             if bwrap is not None:
@@ -200,10 +204,11 @@ class BashTool:
             for fd in (status_r, status_w):
                 if fd != -1:
                     os.close(fd)
-        return self.result(outcome, stdout, stderr, cwd, timeout)
+        planted = [entry for entry in missing if os.path.lexists(entry.path)]
+        return self.result(outcome, stdout, stderr, cwd, timeout, planted)
 
     def result(self, outcome: process.Outcome, stdout: StreamCapture, stderr: StreamCapture, cwd: str,
-               timeout: float) -> ToolResult:
+               timeout: float, planted: list[ProtectedPath] | None = None) -> ToolResult:
         exit_code, signal_name = process.describe_returncode(outcome.returncode)
         output: dict[str, Any] = {
             **stdout.summary("stdout"), **stderr.summary("stderr"),
@@ -211,6 +216,13 @@ class BashTool:
             "timeout_s": timeout, "duration_ms": round(outcome.duration * 1000.0, 3), "cwd": cwd,
             "sandboxed": self.settings.sandbox,
         }
+        if planted:
+            what = "; ".join(f"{entry.path} ({entry.reason})" for entry in planted)
+            message = (f"a path the host protects appeared while the command ran: {what}. It was left in "
+                       "place; the operator should remove it (a configuration file there would be read by the "
+                       "next host started in this directory)")
+            return self._failure(output, "AuthError", "path_protected", message,
+                                 path=planted[0].path, reason=planted[0].reason)
         if outcome.timed_out:
             message = f"command timed out after {timeout:g} s and was killed with its process group"
             return self._failure(output, "PolicyError", "timeout", message)
@@ -220,7 +232,7 @@ class BashTool:
         return ToolResult(output=output)
 
     @staticmethod
-    def _failure(output: dict[str, Any], category: str, code: str, message: str) -> ToolResult:
+    def _failure(output: dict[str, Any], category: str, code: str, message: str, **extra: Any) -> ToolResult:
         quoted = []
         for name in ("stderr", "stdout"):
             text = output[name].strip()
@@ -230,5 +242,5 @@ class BashTool:
         full = "\n".join([message, *quoted])
         error = {"type": category, "code": code, "message": full, "exit_code": output["exit_code"],
                  "signal": output["signal"], "timed_out": output["timed_out"],
-                 "stdout": output["stdout"], "stderr": output["stderr"]}
+                 "stdout": output["stdout"], "stderr": output["stderr"], **extra}
         return ToolResult(success=False, output=output, error=error)
