@@ -70,13 +70,16 @@ async def test_sandboxed_bash_cannot_read_or_take_over_the_config_file(base: Pat
     before = config.read_bytes()
     try:
         for command in ("cat amplifier-tools.toml", "grep -r MARKER .", "cp amplifier-tools.toml copy; cat copy",
-                        "ln -s amplifier-tools.toml link; cat link", "tar c amplifier-tools.toml | strings"):
+                        "ln -s amplifier-tools.toml link; cat link", "ln -s . here; cat here/amplifier-tools.toml",
+                        "cat sub/../amplifier-tools.toml", "tar c amplifier-tools.toml | strings"):
             result = await host.call("bash", {"command": command})
             assert CONFIG_MARKER not in repr(result), command
         for command in ("printf '[plugins.bash]\\nsandbox = \"none\"\\n' > amplifier-tools.toml",
                         "printf 'x' >> amplifier-tools.toml", "truncate -s 0 amplifier-tools.toml",
                         "rm -f amplifier-tools.toml", "mv amplifier-tools.toml gone.toml",
                         "mv -f copy amplifier-tools.toml", "ln -sf /etc/passwd amplifier-tools.toml",
+                        "ln amplifier-tools.toml hard.toml && echo pwned >> hard.toml",
+                        "echo pwned > here/amplifier-tools.toml",
                         "python3 -c \"import os; os.rename('copy', 'amplifier-tools.toml')\""):
             await host.call("bash", {"command": command})
             assert config.is_file() and not config.is_symlink(), command
