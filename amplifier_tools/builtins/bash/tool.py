@@ -177,8 +177,10 @@ class BashTool:
         stdout = StreamCapture(s.max_output_bytes, out_spill)
         stderr = StreamCapture(s.max_output_bytes, err_spill)
         # A protected path that does not exist cannot be masked: notice one the command makes. Only inside
-        # the writable roots, where commands write and the host keeps nothing of its own.
-        missing = [entry for root in writable for entry in protected.inside(root) if not os.path.lexists(entry.path)]
+        # the writable roots, and only paths no plugin creates (a keyed path is host state, e.g. an audit
+        # log the host may create meanwhile): in practice the config file and its location.
+        missing = [entry for root in writable for entry in protected.inside(root)
+                   if entry.key is None and not os.path.lexists(entry.path)]
         status_r = status_w = -1
         try:
             if bwrap is not None:
