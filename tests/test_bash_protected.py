@@ -21,6 +21,7 @@ from bash_helpers import bash_host, needs_bwrap
 
 from amplifier_tools import ToolHost
 from amplifier_tools.builtins.bash.capture import open_spill_files
+from amplifier_tools.builtins.bash.sandbox import mask_argv
 from amplifier_tools.errors import ConfigError, ToolSystemError
 
 CONFIG_MARKER = "CONFIG-MARKER-77aa"
@@ -244,3 +245,23 @@ async def test_a_path_a_plugin_protects_after_start_is_masked_from_the_next_call
         assert STATE_MARKER not in repr(result) and log.read_text() == STATE_MARKER
     finally:
         await host.close()
+
+
+def test_mask_arguments_hide_each_existing_protected_path_once(base: Path) -> None:
+    work, state = base / "work", base / "state"
+    (work / "conf" / "deep").mkdir(parents=True)
+    (work / "conf" / "deep" / "tools.toml").write_text("x")
+    (state / "locks").mkdir(parents=True)
+    (state / "audit.jsonl").write_text("x")
+    hidden_tmp = Path("/tmp/amp-not-visible-in-the-sandbox")
+    argv = mask_argv([str(work / "conf" / "deep" / "tools.toml"), str(state), str(state / "audit.jsonl"),
+                      str(work / "amplifier-tools.toml"), str(hidden_tmp)], [str(work)])
+    assert argv == ["--tmpfs", str(state), "--remount-ro", str(state),  # audit.jsonl: below a masked dir
+                    "--bind", str(work / "conf"), str(work / "conf"),  # parents pinned, outermost first
+                    "--bind", str(work / "conf" / "deep"), str(work / "conf" / "deep"),
+                    "--ro-bind", "/dev/null", str(work / "conf" / "deep" / "tools.toml")]
+    (work / "conf" / "deep" / "tools.toml").unlink()
+    (work / "conf" / "deep" / "tools.toml").symlink_to(state / "audit.jsonl")
+    with pytest.raises(ToolSystemError) as info:
+        mask_argv([str(work / "conf" / "deep" / "tools.toml")], [str(work)])
+    assert info.value.code == "sandbox_failed" and "tools.toml" in info.value.message
