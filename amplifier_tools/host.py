@@ -168,6 +168,9 @@ class ToolHost:
             "session.state_dir": str(self.state_dir),
             "session.protected_paths": self.protected_paths,
             "session.default_timeout_ms": self.config.get("default_timeout_ms", 60_000),
+            # Plugins whose tools write outside the filesystem plugin's roots add those roots here, so a
+            # host-state path inside them is refused at start.
+            "session.writable_roots": [],
         }
         self.contributors: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
         self.cleanups: list[tuple[str, Callable[[], Any | Awaitable[Any]]]] = []
@@ -421,9 +424,11 @@ class ToolHost:
 
     def _check_protected_paths(self) -> None:
         """A configured host-state path inside a tool's writable roots would be the agent's to rewrite:
-        refuse the start, naming the key. Roots: the working directory and the filesystem plugin's."""
+        refuse the start, naming the key. Roots: the working directory, the filesystem plugin's, and
+        those plugins added to the ``session.writable_roots`` capability (bash's ``allowed_paths``)."""
         rules = self.capabilities.get("fs.path_rules")
-        roots = {self.working_dir, *getattr(rules, "write_roots", ())}
+        roots = {self.working_dir, *getattr(rules, "write_roots", ()),
+                 *(os.fspath(r) for r in self.capabilities.get("session.writable_roots") or ())}
         for root in sorted(roots):
             for entry in self.protected_paths.inside(root):
                 if entry.key is not None:

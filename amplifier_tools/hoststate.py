@@ -67,10 +67,11 @@ def ensure_state_dir(path: str | os.PathLike[str]) -> Path:
     """
     target = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     target.parent.mkdir(parents=True, exist_ok=True, mode=STATE_DIR_MODE)
+    created = True
     try:
         os.mkdir(target, STATE_DIR_MODE)
     except FileExistsError:
-        pass
+        created = False
     info = os.lstat(target)
     if not stat.S_ISDIR(info.st_mode):
         raise HostFileError(errno.ENOTDIR, f"state directory {target} is {_describe(info.st_mode)}, "
@@ -78,8 +79,14 @@ def ensure_state_dir(path: str | os.PathLike[str]) -> Path:
     if info.st_uid != os.geteuid():
         raise HostFileError(errno.EPERM, f"state directory {target} belongs to uid {info.st_uid}, "
                                          f"not to this user ({os.geteuid()})", str(target))
-    if stat.S_IMODE(info.st_mode) & 0o077:
+    if created and stat.S_IMODE(info.st_mode) & 0o077:  # a umask cannot widen 0700, but be exact
         os.chmod(target, STATE_DIR_MODE)
+    elif not created and stat.S_IMODE(info.st_mode) & 0o022:
+        # Never chmod a directory we did not create (state_dir = "/etc" must not make /etc private);
+        # one that others may write is no place for host state.
+        raise HostFileError(errno.EPERM, f"state directory {target} is writable by group or others "
+                                         f"(mode {stat.S_IMODE(info.st_mode):o}); use a directory only this "
+                                         "user can write (chmod go-w)", str(target))
     return target
 
 
@@ -149,13 +156,17 @@ class ProtectedPath:
     path: str
     reason: str
     key: str | None = None
+    #: The name a path was given by, through a symlink (the entry before it holds the resolved path);
+    #: a mount cannot be placed on a symlink, so sandboxes mask the resolved entry only.
+    alias: bool = False
 
 
 class ProtectedPaths:
     """The host's protected paths: a file or directory and everything below it.
 
     ``protects(path)`` answers for an absolute, already resolved path (the filesystem plugin's
-    path engine resolves before it asks). Paths are stored resolved as far as they exist.
+    path engine resolves before it asks). Each path is stored resolved as far as it exists and,
+    when that differs, also as given (a config named through a symlink protects both names).
     """
 
     def __init__(self) -> None:
@@ -163,10 +174,12 @@ class ProtectedPaths:
 
     def add(self, path: str | os.PathLike[str], reason: str, *, key: str | None = None) -> None:
         """Protect ``path`` (resolved through existing symlinks in its parents) and what lies below it."""
-        resolved = os.path.realpath(os.path.abspath(os.fspath(path)))
-        if any(entry.path == resolved for entry in self._entries):
-            return
-        self._entries.append(ProtectedPath(resolved, reason, key))
+        given = os.path.abspath(os.fspath(path))
+        resolved = os.path.realpath(given)
+        # The resolved path, and the name it was given by when that goes through a symlink.
+        for candidate, alias in ((resolved, False), (given, True)) if given != resolved else ((resolved, False),):
+            if not any(entry.path == candidate for entry in self._entries):
+                self._entries.append(ProtectedPath(candidate, reason, key, alias))
 
     def protects(self, path: str | os.PathLike[str]) -> ProtectedPath | None:
         """The entry that covers ``path`` (equal to it or an ancestor of it), or None."""

@@ -128,6 +128,9 @@ class BashPlugin:
             roots = settings["allowed_paths"]
             own_rules = PathRules(working_dir, read_roots=roots, write_roots=roots, write_denied=(),
                                   protected=protected)
+            writable = coordinator.get_capability("session.writable_roots")
+            if isinstance(writable, list):  # the host refuses host state inside these at start
+                writable.extend(own_rules.write_roots)
         fallback = PathRules(working_dir, read_roots=[working_dir], write_roots=[working_dir], write_denied=(),
                              protected=protected)
 

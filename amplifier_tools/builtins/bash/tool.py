@@ -169,7 +169,7 @@ class BashTool:
             bwrap = s.bwrap
             if bwrap is None:
                 raise sandbox.missing_bwrap()
-            masks = sandbox.mask_argv((entry.path for entry in protected), writable)
+            masks = sandbox.mask_argv((entry.path for entry in protected if not entry.alias), writable)
         out_spill = err_spill = None
         if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
             out_spill, err_spill = open_spill_files(s.spill_dir,

@@ -1,0 +1,134 @@
+"""The host's own state out of the agent's reach (DESIGN "Host state and the trust boundary").
+
+Host-level attacks: where state lives, what the host refuses at start, and how protected paths
+reach the tools. The tools' own attack tests are in test_filesystem_protected.py and
+test_bash_protected.py; the audit log's in test_audit*.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import EchoTool, ToolsPlugin
+
+from amplifier_tools import ConfigError, ToolHost, hookimpl
+from amplifier_tools.hoststate import default_state_dir
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+
+
+def host(tmp_path: Path, config: Any = None, **kwargs: Any) -> ToolHost:
+    kwargs.setdefault("builtins", False)
+    return ToolHost(config=config, plugins=[ToolsPlugin(EchoTool())], entry_points=False,
+                    working_dir=kwargs.pop("working_dir", tmp_path / "work"), discover=False, **kwargs)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "work").mkdir()
+    return tmp_path / "work"
+
+
+async def test_state_dir_defaults_outside_the_working_dir_private_to_the_user(
+    tmp_path: Path, work: Path, state_home: Path
+) -> None:
+    async with host(tmp_path) as h:
+        assert h.state_dir == default_state_dir(str(work))
+        assert h.state_dir.is_relative_to(state_home) and not h.state_dir.is_relative_to(work)
+        assert stat.S_IMODE(os.stat(h.state_dir).st_mode) == 0o700
+        assert h.capabilities["session.state_dir"] == str(h.state_dir)
+        assert h.protected_paths.protects(str(h.state_dir / "audit.jsonl")) is not None
+
+
+async def test_state_dir_inside_the_working_dir_is_refused_naming_the_key(tmp_path: Path, work: Path) -> None:
+    with pytest.raises(ConfigError, match=r"state_dir.*lies inside"):
+        async with host(tmp_path, {"state_dir": str(work / ".state")}):
+            pass
+
+
+async def test_state_dir_inside_a_root_another_plugin_writes_is_refused(tmp_path: Path, work: Path) -> None:
+    shared = tmp_path / "shared"
+
+    class WritesShared:
+        name = "writes-shared"
+
+        @hookimpl
+        def mount(self, coordinator: Any) -> None:
+            coordinator.get_capability("session.writable_roots").append(str(shared))
+
+    with pytest.raises(ConfigError, match="state_dir"):
+        async with ToolHost(config={"state_dir": str(shared / "state")}, plugins=[WritesShared()], builtins=False,
+                            entry_points=False, working_dir=work, discover=False):
+            pass
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file", "group-writable"])
+async def test_a_state_dir_that_is_not_a_private_directory_is_refused(tmp_path: Path, work: Path, kind: str) -> None:
+    target = tmp_path / "state"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if kind == "symlink":
+        target.symlink_to(elsewhere)
+    elif kind == "file":
+        target.write_text("x")
+    else:
+        target.mkdir()
+        target.chmod(0o777)
+    with pytest.raises(ConfigError) as caught:
+        async with host(tmp_path, {"state_dir": str(target)}):
+            pass
+    assert "state_dir" in str(caught.value) and str(target) in str(caught.value)
+
+
+async def test_an_existing_state_dir_is_never_chmodded(tmp_path: Path, work: Path) -> None:
+    """state_dir = "/etc" must not make /etc private: only a directory the host made is set 0700."""
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    existing.chmod(0o755)
+    async with host(tmp_path, {"state_dir": str(existing)}):
+        pass
+    assert stat.S_IMODE(os.stat(existing).st_mode) == 0o755
+
+
+async def test_the_config_file_and_the_config_location_are_protected(tmp_path: Path, work: Path) -> None:
+    config = work / "amplifier-tools.toml"
+    config.write_text("[plugins.filesystem]\n")
+    async with ToolHost(config=config, builtins=["filesystem"], entry_points=False, working_dir=work) as h:
+        write = await h.call("fs_write_file", {"path": "amplifier-tools.toml", "content": "[plugins.audit]\n"
+                                                                                         "enabled = false\n"})
+        read = await h.call("fs_read_file", {"path": "amplifier-tools.toml"})
+    assert write.error["code"] == read.error["code"] == "path_protected"
+    assert config.read_text() == "[plugins.filesystem]\n"
+
+
+async def test_a_config_named_through_a_symlink_protects_both_names(tmp_path: Path, work: Path) -> None:
+    real = tmp_path / "conf" / "real.toml"
+    real.parent.mkdir()
+    real.write_text("")
+    link = work / "tools.toml"
+    link.symlink_to(real)
+    async with ToolHost(config=link, builtins=["filesystem"], entry_points=False, working_dir=work) as h:
+        assert h.protected_paths.protects(str(link)) is not None
+        assert h.protected_paths.protects(str(real)) is not None
+        replaced = await h.call("fs_write_file", {"path": "tools.toml", "content": "x"})
+    assert replaced.error["code"] == "path_protected"
+    assert link.is_symlink() and real.read_text() == ""
+
+
+@needs_bwrap
+async def test_sandboxed_bash_still_runs_when_the_config_is_named_through_a_symlink(
+    tmp_path: Path, work: Path
+) -> None:
+    real = work / "real.toml"
+    real.write_text('[plugins.bash]\nsandbox = "bubblewrap"\n')
+    link = work / "link.toml"
+    link.symlink_to(real)
+    async with ToolHost(config=link, builtins=["bash"], entry_points=False, working_dir=work) as h:
+        result = await h.call("bash", {"command": "cat real.toml; echo done"})
+    assert result.success, result.error
+    assert "sandbox" not in result.output["stdout"] and "done" in result.output["stdout"]
