@@ -335,6 +335,9 @@ class ToolHost:
                 self.plugin_manager.unregister(name=name)
             reason = exc.reason if isinstance(exc, PluginLoadError) else (
                 exc.message if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "amplifier_core":
+                reason += ("; this Amplifier module needs amplifier-core: pip install amplifier-core "
+                           "(or disable it: disable_plugins)")
             self._fail_plugin(name, source, f"failed to load: {reason}", required, exc)
             return
         _, reserved = plugin_section(self.config, name)

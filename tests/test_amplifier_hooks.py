@@ -186,3 +186,19 @@ async def test_seed_tool_module_edge_cases_behave_as_the_seed_describes(tmp_path
     # a failure with output and no error keeps its output and says what it was
     assert not failed.success and failed.output["returncode"] == 2
     assert "boom: no such file" in failed.error["message"]
+
+
+async def test_a_module_needing_amplifier_core_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from amplifier_tools import PluginLoadError
+
+    for name in ("amplifier_core", "amplifier_core.models"):  # as if it were not installed
+        monkeypatch.setitem(sys.modules, name, None)
+    config = {"modules": [{"module": "amplifier_fixtures.needs_core"}]}
+    with pytest.raises(PluginLoadError, match="pip install amplifier-core"):
+        async with ToolHost(config=config, builtins=False, entry_points=False, working_dir=tmp_path,
+                            discover=False):
+            pass
