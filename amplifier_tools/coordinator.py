@@ -3,8 +3,9 @@
 Seed-style modules (``async def mount(coordinator, config)``) run unchanged
 against it: ``mount``/``get``/``unmount`` for mount points (``"tools"`` goes to
 the host's tool registry, with every hook and policy applied), capabilities
-(the host provides ``session.working_dir``), contributors, cleanups, and
-``hooks.emit``/``hooks.register`` for events.
+(the host provides ``session.working_dir``, ``session.state_dir``,
+``session.protected_paths``), contributors, cleanups, and ``hooks`` — Amplifier's
+hook registry (``amplifier_hooks.py``), also ``get("hooks")``.
 """
 
 from __future__ import annotations
@@ -14,71 +15,38 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .amplifier_hooks import PluginHooks
+
 if TYPE_CHECKING:
     from .host import ToolHost
 
 log = logging.getLogger("amplifier_tools")
 
-EventHandler = Callable[[str, dict[str, Any]], Any]
-
-
-class HookEvents:
-    """``coordinator.hooks``: emit events and register seed-style event handlers."""
-
-    def __init__(self, host: ToolHost) -> None:
-        self._host = host
-        self._handlers: dict[str, list[tuple[int, str, EventHandler]]] = {}
-
-    def register(
-        self, event: str, handler: EventHandler, priority: int = 0, name: str | None = None
-    ) -> Callable[[], None]:
-        """Call ``handler(event, data)`` on each ``event``; returns an unregister function."""
-        entry = (priority, str(name or getattr(handler, "__name__", "handler")), handler)
-        handlers = self._handlers.setdefault(event, [])
-        handlers.append(entry)
-        handlers.sort(key=lambda item: item[0])
-
-        def unregister() -> None:
-            if entry in handlers:
-                handlers.remove(entry)
-
-        return unregister
-
-    async def emit(self, event: str, data: dict[str, Any]) -> None:
-        """Deliver an event to registered handlers and to every ``tool_event`` hook.
-
-        A failing handler is logged and never stops the others.
-        """
-        for _, name, handler in list(self._handlers.get(event, ())):
-            try:
-                out = handler(event, data)
-                if inspect.isawaitable(out):
-                    await out
-            except Exception:
-                log.exception("event handler %r failed on %r", name, event)
-        await self._host.dispatcher.tool_event(event, data)
-
 
 class Coordinator:
     """What a plugin's ``mount`` gets: the host's registries, seen from that plugin."""
 
-    def __init__(self, host: ToolHost, plugin: str) -> None:
+    def __init__(self, host: ToolHost, plugin: str, *, seed: bool = False) -> None:
         self._host = host
         self.plugin = plugin
-        self.hooks = host.events
+        self._seed = seed
+        #: Amplifier's hook registry surface; what this plugin registers is attributed to it.
+        self.hooks = PluginHooks(host.events, plugin)
         self.session_id = host.session_id
         self.config = host.config
 
     async def mount(self, mount_point: str, obj: Any, name: str | None = None) -> None:
         """Mount ``obj`` at ``mount_point``; ``"tools"`` registers a tool with the host."""
         if mount_point == "tools":
-            self._host.tools.add(obj, plugin=self.plugin, name=name)
+            self._host.tools.add(obj, plugin=self.plugin, name=name, seed=self._seed)
             return
         key = name or getattr(obj, "name", None) or type(obj).__name__
         self._host.mounts.setdefault(mount_point, {})[key] = obj
 
     def get(self, mount_point: str, name: str | None = None) -> Any:
         """One mounted object by name, or all of a mount point as a dict."""
+        if mount_point == "hooks":
+            return self.hooks
         if mount_point == "tools":
             if name is None:
                 return {m.spec.name: m.tool for m in self._host.tools}

@@ -72,6 +72,28 @@ class Impl:
     timeout: float | None
 
 
+async def _despite_cancel(awaitable: Any) -> bool:
+    """Await ``awaitable`` to its end even if the awaiting task is cancelled meanwhile.
+
+    Returns whether a cancellation arrived (the caller re-raises it once its own work is done).
+    Only for work that must finish once started, like recording a call's completion.
+    """
+    future = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if not future.done():
+                cancelled = True  # ours, not the awaitable's: keep waiting
+            elif not future.cancelled():
+                cancelled = True  # both at once: the work is done, the cancellation stands
+        except BaseException:
+            break  # the awaitable's own exception: raised below
+    future.result()  # the awaitable's exception (or its own cancellation), if any
+    return cancelled
+
+
 class HookFailure(Exception):
     """An implementation raised or timed out; carries the plugin and hook."""
 
@@ -105,9 +127,18 @@ class HookDispatcher:
         self._pm = pm
         self._settings = dict(settings or {})
         self._default = PluginSettings(hook_timeout=default_timeout)
+        #: The host-wide default hook timeout in seconds (None: no limit).
+        self.default_timeout = default_timeout
         self._trace = trace
         self._cache: dict[str, list[Impl]] = {}
         self._generation = -1
+        #: More implementations to run in the chain, after the plain pluggy ones and before the
+        #: ``trylast`` ones: ``hook -> [(plugin, function, argnames, label)]`` (the Amplifier bridge).
+        self.extra_impls: Callable[[str], list[tuple[str, Callable[..., Any], tuple[str, ...], str]]] | None = None
+
+    def invalidate(self) -> None:
+        """Recompute the implementation lists on the next call (the set of handlers changed)."""
+        self._cache.clear()
 
     def configure(self, plugin: str, settings: PluginSettings) -> None:
         """Set how ``plugin``'s failures are treated; takes effect on the next call."""
@@ -123,7 +154,11 @@ class HookDispatcher:
         if cached is not None:
             return cached
         ordered = []
+        extra = self.extra_impls(hook) if self.extra_impls is not None else []
         for hookimpl in reversed(getattr(self._pm.hook, hook).get_hookimpls()):
+            if extra and hookimpl.trylast:
+                ordered.extend(self._extra(extra))
+                extra = []
             if hookimpl.hookwrapper or hookimpl.wrapper:
                 raise ToolSystemError(
                     f"plugin {hookimpl.plugin_name!r} implements {hook} as a hook wrapper; "
@@ -143,8 +178,17 @@ class HookDispatcher:
                     timeout=settings.hook_timeout,
                 )
             )
+        ordered.extend(self._extra(extra))
         self._cache[hook] = ordered
         return ordered
+
+    def _extra(self, extra: list[tuple[str, Callable[..., Any], tuple[str, ...], str]]) -> list[Impl]:
+        impls = []
+        for plugin, function, argnames, _label in extra:
+            settings = self._settings.get(plugin, self._default)
+            impls.append(Impl(plugin=plugin, function=function, argnames=argnames, is_async=True,
+                              fail_open=settings.fail_open, timeout=settings.hook_timeout))
+        return impls
 
     def _start(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
         """Call ``impl``; its result, or the awaitable an async implementation returned."""
@@ -257,8 +301,13 @@ class HookDispatcher:
         revalidate: Callable[[ToolResult, str], ToolResult],
         on_failure: Callable[[ToolError], ToolResult],
     ) -> ToolResult:
-        """Run the ``tool_post`` chain over ``result``; a failed hook replaces it with a failure."""
+        """Run the ``tool_post`` chain over ``result``; a failed hook replaces it with a failure.
+
+        After a fail-closed failure the withheld output stays withheld: later implementations
+        still see the (failed) result, but a replacement they return is recorded and ignored.
+        """
         kwargs = {"call": call, "spec": spec, "result": result, "context": context}
+        failed_closed = False
         for impl in self.impls("tool_post"):
             try:
                 out = self._start(impl, "tool_post", kwargs)
@@ -266,12 +315,17 @@ class HookDispatcher:
                     out = await self._finish(impl, "tool_post", out)
             except HookFailure as failure:
                 error = self._failed(failure, context)
-                if error is not None:
+                if error is not None and not failed_closed:
+                    failed_closed = True
                     result = kwargs["result"] = on_failure(error)
                 continue
             if out is None:
                 continue
             if isinstance(out, ToolResult):
+                if failed_closed:
+                    context.record(impl.plugin, "tool_post", "replace_ignored",
+                                   "an earlier plugin failed closed; the output stays withheld")
+                    continue
                 context.record(impl.plugin, "tool_post", "replace")
                 result = kwargs["result"] = revalidate(out, impl.plugin)
                 continue
@@ -282,7 +336,9 @@ class HookDispatcher:
                 plugin=impl.plugin,
             )
             context.record(impl.plugin, "tool_post", "failed", error.message)
-            result = kwargs["result"] = on_failure(error)
+            if not failed_closed:
+                failed_closed = True
+                result = kwargs["result"] = on_failure(error)
         return result
 
     async def tool_error(
@@ -311,21 +367,34 @@ class HookDispatcher:
         return recovery
 
     async def tool_complete(
-        self, call: ToolCall, spec: Any, result: ToolResult, context: ToolContext
-    ) -> ToolError | None:
-        """Run every ``tool_complete`` observer; the error to fail the call with, if one failed closed."""
+        self, call: ToolCall, spec: Any, result: ToolResult, context: ToolContext,
+        on_failure: Callable[[ToolResult, ToolError], ToolResult] | None = None,
+    ) -> tuple[ToolResult, ToolError | None]:
+        """Run every ``tool_complete`` observer once; ``(final result, error that failed it closed)``.
+
+        When an observer fails closed, ``on_failure(result, error)`` builds the result the caller
+        will get and every later observer (the audit log last of all) sees that one, so the record
+        states what the caller received. A cancellation that arrives while an async observer is
+        awaited does not cut the chain short: every observer still runs to its end, then
+        ``CancelledError`` is raised to the caller.
+        """
         first: ToolError | None = None
+        cancelled = False
         kwargs = {"call": call, "spec": spec, "result": result, "context": context}
         for impl in self.impls("tool_complete"):
             try:
                 out = self._start(impl, "tool_complete", kwargs)
                 if impl.is_async or (out is not None and inspect.isawaitable(out)):
-                    await self._finish(impl, "tool_complete", out)
+                    cancelled = await _despite_cancel(self._finish(impl, "tool_complete", out)) or cancelled
             except HookFailure as failure:
                 error = self._failed(failure, context)
-                if first is None:
+                if first is None and error is not None:
                     first = error
-        return first
+                    if on_failure is not None:
+                        result = kwargs["result"] = on_failure(result, error)
+        if cancelled:
+            raise asyncio.CancelledError
+        return result, first
 
     def has_event_observers(self) -> bool:
         """Whether any plugin implements ``tool_event`` (events are not built otherwise)."""

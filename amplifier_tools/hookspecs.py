@@ -78,7 +78,9 @@ def tool_post(
     replace it; a replacement's output is validated against the tool's output
     schema at once and an invalid one becomes a ``ContractError`` attributed to
     this plugin. When an earlier implementation failed closed, later ones see
-    the failed result, so an observer still sees the call exactly once.
+    the failed result, so an observer still sees the call exactly once; a
+    replacement they return is recorded (``replace_ignored``) and never
+    delivered: withheld output stays withheld.
     """
 
 
@@ -90,7 +92,10 @@ def tool_error(
 
     Called for every call that did not execute successfully: unknown tool
     (``spec`` is ``None``), contract violation, veto, auth or policy failure,
-    timeout, a tool exception, or a tool that reported failure. Every
+    timeout, a tool exception, a tool that reported failure, a call the
+    caller cancelled (``SystemError`` ``cancelled``; a recovery is ignored and
+    the caller gets ``CancelledError``) or one cut by host close
+    (``host_closing``). Every
     implementation is called, so each observer sees each failure once. The
     first implementation returning a ``ToolResult`` recovers the call: that
     result goes to the caller; later recoveries are recorded and ignored. A
@@ -109,13 +114,32 @@ def tool_complete(
     tracing. The return value is ignored. Raising fails the call closed (the
     output is withheld and the caller gets a ``SystemError``-category error)
     unless the plugin is configured ``on_error = "ignore"`` — so an audit log
-    that cannot write can refuse to let an unrecorded result through.
+    that cannot write can refuse to let an unrecorded result through. Observers
+    after one that failed closed receive the failed result, so a record states
+    what the caller got. Called for cancelled calls too, even when the
+    caller cancels again meanwhile: an ``async`` observer is never cut short.
     Decisions an observer records with ``context.record`` are added to the
     trail of the result the caller gets, not to the ``result`` observers
     receive (built before any of them ran, so an audit log records the trail
     up to the end of ``tool_post``/``tool_error``). An
     implementation may be ``async``, or synchronous and return an awaitable
     only when it has something to wait for.
+    """
+
+
+@hookspec(firstresult=True)
+def tool_approval(
+    call: ToolCall, spec: ToolSpec, context: ToolContext, prompt: str, options: list[str], default: str
+) -> bool | None:
+    """Decide whether a call a hook wants a person to approve may run.
+
+    Called when an Amplifier hook handler returns ``ask_user`` (``prompt``, ``options`` and
+    ``default`` come from its ``approval_prompt``, ``approval_options`` and
+    ``approval_default``). Return ``True`` to approve, ``False`` to deny, ``None`` to leave it
+    to the next implementation (the first non-``None`` answer wins; an ``async``
+    implementation is awaited and is the answer). With no implementation, or no approving
+    answer, the call is denied (``PolicyError`` ``approval_unavailable`` /
+    ``approval_denied``): the host fails closed.
     """
 
 

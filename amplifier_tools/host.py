@@ -14,6 +14,7 @@ whatever its source (configure it or disable it); a bad per-tool override in
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.metadata
@@ -31,11 +32,12 @@ import attrs
 from . import hookspecs
 from ._markers import PROJECT_NAME, hookimpl
 from ._version import __version__
+from .amplifier_hooks import HookRegistry, ToolHandlerImpls
 from .builtins import BUILTIN_PLUGINS
 from .config import discover_config_file, load_config_file, plugin_section, validate_config
-from .coordinator import Coordinator, HookEvents
+from .coordinator import Coordinator
 from .definitions import tool_definitions
-from .dispatch import CHAINED_HOOKS, HookDispatcher, PluginManager, PluginSettings
+from .dispatch import HookDispatcher, PluginManager, PluginSettings
 from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError
 from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
@@ -84,6 +86,8 @@ class SeedModule:
         self.name = name
         self._mount = mount_function
         self._config = dict(config)
+        #: A tool ``mount`` returned instead of mounting it (the host mounts it).
+        self.returned_tool: Any = None
 
     @hookimpl
     async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> Any:
@@ -91,7 +95,8 @@ class SeedModule:
         if inspect.isawaitable(out):
             out = await out
         # The seed allows returning the tool itself, a cleanup callable, or None.
-        if out is None or hasattr(out, "execute"):
+        if out is not None and hasattr(out, "execute"):
+            self.returned_tool = out
             return None
         return out if callable(out) else None
 
@@ -154,7 +159,9 @@ class ToolHost:
             trace=trace,
         )
         self.tools = ToolRegistry(self.config["tools"] if isinstance(self.config.get("tools"), dict) else None)
-        self.events = HookEvents(self)
+        #: Amplifier's hook registry: events, and ``tool:*`` handlers run inside the call chain.
+        self.events = HookRegistry(self)
+        self.dispatcher.extra_impls = ToolHandlerImpls(self, self.events).impls
         self.mounts: dict[str, dict[str, Any]] = {}
         self.capabilities: dict[str, Any] = {
             "session.working_dir": self.working_dir,
@@ -168,6 +175,7 @@ class ToolHost:
         self.failed_plugins: list[FailedPlugin] = []
         self._pending: list[tuple[Any, PluginInfo, bool]] = []
         self._pipeline: CallPipeline | None = None
+        self._closed = False
         self._default_context = self._make_default_context()
         # Host-level secrets (config ``secrets``) for plugins, e.g. the audit checkpoint key:
         # a callable name -> value that raises AuthError naming an unresolvable reference.
@@ -200,8 +208,28 @@ class ToolHost:
         self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout)
 
     async def close(self) -> None:
-        """Run cleanups in reverse order of registration; each failure is logged."""
+        """Stop admitting calls, let in-flight calls finish, then run cleanups in reverse order.
+
+        New calls end at once in ``SystemError`` ``host_closing`` (recorded like any call).
+        In-flight calls get ``shutdown_grace_ms`` (default 5000) to finish; a call whose tool had
+        not started yet is not started. The rest are cancelled; each ends in ``host_closing``
+        and is recorded before the cleanups run (the audit writer's last: it mounts first).
+        A cleanup failure is logged and the next cleanup still runs.
+        """
+        pipeline = self._pipeline
+        if pipeline is not None:
+            pipeline.closing = True
+            grace = self.config.get("shutdown_grace_ms", 5000) / 1000.0
+            if not await pipeline.wait_idle(grace):
+                count = pipeline.cut_in_flight()
+                log.warning("closing: cancelled %d call(s) still running after shutdown_grace_ms", count)
+                # Cut calls record themselves through their hooks, each bounded by its hook timeout.
+                if not await pipeline.wait_idle(self.dispatcher.default_timeout or 10.0):
+                    log.error("closing: %d call(s) did not finish recording; cleanups run anyway",
+                              len(pipeline.in_flight))
         self._pipeline = None
+        if pipeline is not None:
+            self._closed = True
         while self.cleanups:
             plugin, cleanup = self.cleanups.pop()
             try:
@@ -241,7 +269,7 @@ class ToolHost:
         for plugin in self._extra_plugins:
             name = _plugin_name(plugin)
             if name not in disabled:
-                self._queue(name, functools.partial(_identity, plugin), "code", None, None, required=True)
+                self._queue(name, functools.partial(_as_plugin, plugin, name), "code", None, None, required=True)
         if self._entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
@@ -250,28 +278,55 @@ class ToolHost:
                 self._queue(ep.name, functools.partial(_instantiate, ep.load), "entry_point",
                             dist.name if dist else None,
                             dist.version if dist else None, required=self._required(ep.name))
+        planned = {entry["module"]: entry for entry in self.config.get("modules", [])}
+        if self._entry_points:
             for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
-                if ep.name in disabled or (allow is not None and ep.name not in allow):
+                if ep.name in disabled or (allow is not None and ep.name not in allow and ep.name not in planned):
                     continue
                 dist = getattr(ep, "dist", None)
-                self._queue(ep.name, functools.partial(_seed_from_entry_point, ep), "module",
-                            dist.name if dist else None, dist.version if dist else None,
-                            required=self._required(ep.name))
-        for entry in self.config.get("modules", []):
-            name = entry["module"]
+                entry = planned.pop(ep.name, None)
+                if entry is not None:  # named in the mount plan: the installed module, with the plan's config
+                    self._check_one_config_source(ep.name, entry)
+                    load = functools.partial(_seed_from_entry_point, ep, entry.get("config", {}))
+                else:
+                    load = functools.partial(_seed_from_entry_point, ep, {})
+                self._queue(ep.name, load, "module", dist.name if dist else None, dist.version if dist else None,
+                            required=entry is not None or self._required(ep.name))
+        for name, entry in planned.items():
             if name in disabled:
                 continue
+            self._check_one_config_source(name, entry)
             self._queue(name, functools.partial(_seed_from_config, entry), "module", None, None, required=True)
+
+    def _check_one_config_source(self, name: str, entry: Mapping[str, Any]) -> None:
+        """A module's config comes from one place: the mount plan entry or ``[plugins.NAME]``."""
+        own, _ = plugin_section(self.config, name)
+        if entry.get("config") and own:
+            raise ConfigError(f"module {name!r} is configured twice: in the mount plan entry (modules/tools/hooks "
+                              f"'config') and in [plugins.{name}]; keep one", key=f"plugins.{name}",
+                              file=self.config_file)
 
     def _queue(self, name: str, load: Callable[[], Any], source: str, dist: str | None,
                version: str | None, *, required: bool) -> None:
         try:
             if self.plugin_manager.has_plugin(name):
-                raise PluginLoadError(name, "a plugin with this name is already registered")
+                first = next((info.source for _, info, _ in self._pending if info.name == name), "another source")
+                raise PluginLoadError(name, f"a plugin with this name is already registered (from {first}; "
+                                            f"this one is from {source}): load it from one place")
             plugin = load()
             self.plugin_manager.register(plugin, name=name)
-            for hook in CHAINED_HOOKS:
-                self.dispatcher.impls(hook)  # rejects hook wrappers with a message naming the plugin
+            misfit = _misfit_hooks(self.plugin_manager, plugin)
+            if misfit is not None:
+                # Never run a plugin with a misspelled hook: a typo in a policy plugin would fail open.
+                self.plugin_manager.unregister(plugin)
+                raise PluginLoadError(name, misfit)
+        except PluginLoadError as exc:
+            if self.plugin_manager.has_plugin(name):
+                self.plugin_manager.unregister(name=name)
+            if exc.reason.startswith("implements"):
+                raise
+            self._fail_plugin(name, source, f"failed to load: {exc.reason}", required, exc)
+            return
         except Exception as exc:
             if self.plugin_manager.has_plugin(name):
                 self.plugin_manager.unregister(name=name)
@@ -280,10 +335,13 @@ class ToolHost:
             self._fail_plugin(name, source, f"failed to load: {reason}", required, exc)
             return
         _, reserved = plugin_section(self.config, name)
+        # A plugin whose hooks wait by policy (and bound the wait themselves) declares its own
+        # default, e.g. ``hook_timeout_ms = None``; the plugin's config section still overrides it.
+        default_ms = getattr(plugin, "hook_timeout_ms", self.config.get("hook_timeout_ms", 10_000))
+        timeout_ms = reserved.get("hook_timeout_ms", default_ms)
         self.dispatcher.configure(name, PluginSettings(
             fail_open=reserved.get("on_error") == "ignore",
-            hook_timeout=reserved["hook_timeout_ms"] / 1000.0 if "hook_timeout_ms" in reserved
-            else self.config.get("hook_timeout_ms", 10_000) / 1000.0,
+            hook_timeout=None if timeout_ms is None else timeout_ms / 1000.0,
         ))
         hooks = tuple(sorted(
             caller.name for caller in self.plugin_manager.get_hookcallers(plugin) or []
@@ -306,15 +364,24 @@ class ToolHost:
 
     async def _mount_plugin(self, plugin: Any, info: PluginInfo, required: bool) -> None:
         own, _ = plugin_section(self.config, info.name)
-        coordinator = Coordinator(self, info.name)
+        coordinator = Coordinator(self, info.name, seed=isinstance(plugin, SeedModule))
         tools_before = {m.spec.name for m in self.tools}
         try:
             cleanup = await self.dispatcher.mount(plugin, coordinator, own)
+            if isinstance(plugin, SeedModule) and plugin.returned_tool is not None \
+                    and not any(m.tool is plugin.returned_tool for m in self.tools):
+                await coordinator.mount("tools", plugin.returned_tool)  # the seed allows returning the tool
         except Exception as exc:
             for mounted in list(self.tools):  # take back what the plugin mounted before failing
                 if mounted.plugin == info.name and mounted.spec.name not in tools_before:
                     self.tools.remove(mounted.spec.name)
             self.plugin_manager.unregister(plugin)
+            if isinstance(exc, ContractError) and exc.code == "duplicate_tool":
+                # Never fall back to another tool of the same name: a call would silently run the wrong one.
+                first, second = exc.details.get("plugins", ["?", info.name])
+                raise ConfigError(f"{exc.message}; keep one: disable_plugins = [{second!r}] (or {first!r}), "
+                                  "or mount it under another name", key="disable_plugins",
+                                  file=self.config_file) from exc
             if isinstance(exc, ConfigError):
                 located = ConfigError(exc.detail, key=exc.key, file=exc.file or self.config_file)
                 if exc.key is not None and exc.key.startswith("tools."):
@@ -407,7 +474,9 @@ class ToolHost:
         problem: ToolError | None = None
         given_call: object = call  # callers are not type-checked; check at run time
         given_context: object = context
-        if pipeline is None:
+        if pipeline is None and self._closed:
+            problem = ToolSystemError("the host is closed", code="host_closing")
+        elif pipeline is None:
             problem = ToolSystemError("the host is not started; use 'async with ToolHost() as host'",
                                       code="host_not_started")
         elif not isinstance(given_call, ToolCall):
@@ -440,6 +509,22 @@ class ToolHost:
         return tool_definitions(self.specs, format)
 
 
+def _misfit_hooks(pm: PluginManager, plugin: Any) -> str | None:
+    """Why ``plugin`` cannot be run as written: an implementation of a hook that does not exist
+    (with a did-you-mean), or a hook wrapper on a hook the host calls; None when it is fine."""
+    known = sorted(name for name, caller in vars(pm.hook).items() if caller.has_spec())
+    for caller in pm.get_hookcallers(plugin) or []:
+        if not caller.has_spec():
+            close = difflib.get_close_matches(caller.name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (hooks: {', '.join(known)})"
+            return f"implements unknown hook {caller.name!r}{hint}"
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
+                return (f"implements {caller.name} as a hook wrapper; the host calls each implementation "
+                        "itself (use tryfirst/trylast for order)")
+    return None
+
+
 def _plugin_name(plugin: Any) -> str:
     name = getattr(plugin, "name", None)
     if isinstance(name, str) and name:
@@ -449,8 +534,37 @@ def _plugin_name(plugin: Any) -> str:
     return type(plugin).__name__ if not isinstance(plugin, type) else plugin.__name__
 
 
-def _identity(plugin: Any) -> Any:
-    return plugin
+class ToolMount:
+    """A plugin that mounts tools given to ``ToolHost(plugins=[...])`` directly (e.g. ``@tool`` functions)."""
+
+    def __init__(self, name: str, *tools: Any) -> None:
+        self.name = name
+        self.tools = tools
+
+    @hookimpl
+    async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> None:
+        for tool in self.tools:
+            await coordinator.mount("tools", tool)
+
+
+def _has_hookimpls(obj: Any) -> bool:
+    marker = f"{PROJECT_NAME}_impl"
+    return any(hasattr(getattr(obj, attr, None), marker) for attr in dir(obj) if not attr.startswith("__"))
+
+
+def _as_plugin(obj: Any, name: str) -> Any:
+    """What ``ToolHost(plugins=[obj])`` registers: a pluggy plugin as it is, a seed-style module
+    (a ``mount(coordinator, config)`` without hook markers) through ``SeedModule``, a tool (``@tool``
+    function or an object with ``name`` and ``execute``) through ``ToolMount``; anything else is
+    refused, naming what it lacks."""
+    if _has_hookimpls(obj):
+        return obj
+    if callable(getattr(obj, "mount", None)):
+        return SeedModule(name, obj.mount, {})
+    if callable(getattr(obj, "execute", None)) and isinstance(getattr(obj, "name", None), str):
+        return ToolMount(name, obj)
+    raise PluginLoadError(name, "is neither a plugin (no @amplifier_tools.hookimpl methods), a seed-style module "
+                                "(no mount(coordinator, config)) nor a tool (no name and execute)")
 
 
 def _instantiate(load: Callable[[], Any]) -> Any:
@@ -476,8 +590,8 @@ def _mount_function(name: str, loaded: Any) -> Callable[..., Any]:
     return result
 
 
-def _seed_from_entry_point(ep: importlib.metadata.EntryPoint) -> SeedModule:
-    return SeedModule(ep.name, _mount_function(ep.name, ep.load()), {})
+def _seed_from_entry_point(ep: importlib.metadata.EntryPoint, config: Mapping[str, Any]) -> SeedModule:
+    return SeedModule(ep.name, _mount_function(ep.name, ep.load()), config)
 
 
 def _seed_from_config(entry: Mapping[str, Any]) -> SeedModule:

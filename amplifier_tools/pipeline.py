@@ -9,15 +9,27 @@
 It never raises: every failure, including a bug in a plugin or in the host,
 ends as a failed ``ToolResult`` with a typed error. It must never let output
 that failed its checks, or a resolved secret value, reach the caller.
+
+Exactly once, whatever happens: every call ends in one of ``tool_post`` or
+``tool_error``, then ``tool_complete`` once (the audit record). A call whose
+task is cancelled (``task.cancel()``, ``asyncio.wait_for``, a tool raising
+``CancelledError``) is completed with a ``SystemError`` ``cancelled`` result in
+a task of its own that a second cancellation cannot interrupt, and then
+``CancelledError`` is re-raised to the caller. A call cut by ``close()`` after
+the grace period ends the same way with ``host_closing``, but returns that
+result instead of raising (the caller did not cancel it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import sys
 import time
 from typing import Any
 
+from .amplifier_hooks import event_data, result_data
 from .converter import converter
 from .dispatch import HookDispatcher, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
@@ -38,16 +50,62 @@ class CallPipeline:
         self.tools = tools
         self.hooks = hooks
         self.default_timeout = default_timeout
+        #: Set by ``ToolHost.close``: new calls and tools not yet started end in ``host_closing``.
+        self.closing = False
+        #: Calls in flight: a number per call -> the task running it (``close`` cancels the stragglers).
+        self.in_flight: dict[int, asyncio.Task[Any] | None] = {}
+        #: Calls ``close`` cut after the grace period (their cancellation becomes ``host_closing``).
+        self.cut: set[int] = set()
+        self._numbers = itertools.count()
+        self._idle: asyncio.Event | None = None
 
     async def run(self, call: ToolCall, context: ToolContext) -> ToolResult:
-        """Run ``call`` to its final ``ToolResult``. Never raises (except cancellation)."""
+        """Run ``call`` to its final ``ToolResult``. Never raises, except ``CancelledError``
+        when the caller cancelled it (after the call was completed and recorded)."""
+        number = next(self._numbers)
+        self.in_flight[number] = asyncio.current_task()
+        try:
+            return await self._run(call, context, number)
+        finally:
+            del self.in_flight[number]
+            self.cut.discard(number)
+            if self._idle is not None and not self.in_flight:
+                self._idle.set()
+
+    async def wait_idle(self, timeout: float | None) -> bool:
+        """Wait until no call is in flight, at most ``timeout`` seconds; whether it is idle."""
+        if not self.in_flight:
+            return True
+        self._idle = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            return not self.in_flight
+        return True
+
+    def cut_in_flight(self) -> int:
+        """Cancel every call still in flight (``close`` after the grace period); how many."""
+        tasks: list[asyncio.Task[Any]] = []
+        current = asyncio.current_task()
+        for number, task in self.in_flight.items():
+            self.cut.add(number)
+            if task is not None and task is not current and all(task is not other for other in tasks):
+                tasks.append(task)
+        for task in tasks:
+            task.cancel(msg="amplifier-tools host closing")
+        return len(self.cut)
+
+    async def _run(self, call: ToolCall, context: ToolContext, number: int) -> ToolResult:
         started = time.perf_counter()
         ctx = context.for_call(call.id)
         mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
         secrets: tuple[str, ...] = ()
         kept_output: Any = None
         events = self.hooks.has_event_observers()
+        ending = False  # the tool_post or tool_error chain has begun: the other must never run
         try:
+            if self.closing:
+                raise _closing_error("the host is closing; no new calls are admitted")
             if mounted is None:
                 raise self._unknown_tool(call.name)
             spec = mounted.spec
@@ -55,11 +113,13 @@ class CallPipeline:
                 call = ToolCall(call.id, spec.name, call.arguments)
             _check_arguments(call.arguments, mounted)
             if events:
-                await self.hooks.tool_event("tool:pre", {"tool_name": spec.name, "input": call.arguments})
+                await self.hooks.tool_event("tool:pre", event_data(call))
             call = await self.hooks.tool_pre(
                 call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
             )
             secrets = tuple(ctx.secret(ref) for ref in spec.security.secret_refs)
+            if self.closing:  # admitted before close, but the tool has not started: do not start it now
+                raise _closing_error(f"the host is closing; tool {spec.name!r} was not started")
             if retry_allowed(spec, ctx):
                 try:
                     result = await self._execute_with_retries(mounted, call, ctx)
@@ -72,33 +132,79 @@ class CallPipeline:
                     kept_output = result.output
                     raise error_from_result(result, spec.name)
             mounted.check_output(result.output)
+
+            result = ToolResult(True, result.output, None, result.metadata, call.id)
+            if secrets:
+                result = ToolResult(True, redact(result.output, secrets=secrets, patterns=False), None,
+                                    result.metadata, call.id)
+
+            def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
+                if replacement.success:
+                    try:
+                        mounted.check_output(replacement.output, plugin=plugin)
+                    except ContractError as exc:
+                        return self._failure_result(call, mounted, ctx, exc, secrets)
+                return replacement
+
+            ending = True
+            result = await self.hooks.tool_post(
+                call, spec, result, ctx, revalidate,
+                lambda error: self._failure_result(call, mounted, ctx, error, secrets),
+            )
+            if events:
+                await self.hooks.tool_event("tool:post", event_data(call, tool_result=result_data(result)))
         except ToolError as error:
+            ending = True
             return await self._fail(call, mounted, ctx, error, started, secrets, kept_output, events)
+        except asyncio.CancelledError:
+            return await self._cancelled(call, mounted, ctx, started, secrets, number, errors_ran=ending)
         except Exception as exc:  # a host bug must still end as a typed result
+            if ending:  # tool_post already ran: tool_error must not run as well
+                log.exception("unexpected failure ending %r", call.name)
+                failure = self._failure_result(call, mounted, ctx, _internal(exc), secrets)
+                return await self._complete(call, mounted, ctx, failure, started, secrets)
+            ending = True
             log.exception("unexpected failure running %r", call.name)
-            internal = ToolSystemError(f"internal error: {type(exc).__name__}: {exc}", cause=type(exc).__name__)
-            return await self._fail(call, mounted, ctx, internal, started, secrets, kept_output, events)
-
-        result = ToolResult(True, result.output, None, result.metadata, call.id)
-        if secrets:
-            result = ToolResult(True, redact(result.output, secrets=secrets, patterns=False), None,
-                                result.metadata, call.id)
-
-        def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
-            if replacement.success:
-                try:
-                    mounted.check_output(replacement.output, plugin=plugin)
-                except ContractError as exc:
-                    return self._failure_result(call, mounted, ctx, exc, secrets)
-            return replacement
-
-        result = await self.hooks.tool_post(
-            call, spec, result, ctx, revalidate,
-            lambda error: self._failure_result(call, mounted, ctx, error, secrets),
-        )
-        if events:
-            await self.hooks.tool_event("tool:post", {"tool_name": spec.name, "result": converter.unstructure(result)})
+            return await self._fail(call, mounted, ctx, _internal(exc), started, secrets, kept_output, events)
         return await self._complete(call, mounted, ctx, result, started, secrets)
+
+    async def _cancelled(
+        self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, started: float,
+        secrets: tuple[str, ...], number: int, *, errors_ran: bool,
+    ) -> ToolResult:
+        """End a call whose task was cancelled: ``tool_error`` (unless an ending chain already
+        began), ``tool_complete`` and the record, in a task a second cancellation cannot stop.
+
+        A cut by ``close()`` returns the ``host_closing`` result; a caller's cancellation is
+        re-raised once the call is recorded.
+        """
+        by_close = number in self.cut
+        if by_close:
+            error: ToolError = _closing_error(
+                f"the host closed before {call.name!r} finished (shutdown_grace_ms ran out)")
+        else:
+            error = ToolSystemError(f"call to {call.name!r} was cancelled", code="cancelled")
+        ctx.record("host", "execute", "cut" if by_close else "cancelled", error.message)
+
+        async def finish() -> ToolResult:
+            if errors_ran:
+                failure = self._failure_result(call, mounted, ctx, error, secrets)
+                return await self._complete(call, mounted, ctx, failure, started, secrets)
+            return await self._fail(call, mounted, ctx, error, started, secrets, None, False, recover=False)
+
+        task = asyncio.ensure_future(finish())
+        while not task.done():
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                continue  # the call is being recorded: let it finish, then honour the cancellation
+        result = task.result()
+        if not by_close:
+            raise asyncio.CancelledError
+        current = asyncio.current_task()
+        if current is not None and sys.version_info >= (3, 11):
+            current.uncancel()  # the host cancelled this call, not the caller: balance its cancel()
+        return result
 
     async def _execute(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult:
         timeout = mounted.spec.policies.timeout_ms
@@ -110,7 +216,8 @@ class CallPipeline:
                     f"deadline passed before tool {mounted.spec.name!r} could run", code="deadline_exceeded"
                 )
             seconds = remaining if seconds is None else min(seconds, remaining)
-        coro = mounted.execute(call.arguments, ctx) if mounted.takes_context else mounted.execute(call.arguments)
+        arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else call.arguments
+        coro = mounted.execute(arguments, ctx) if mounted.takes_context else mounted.execute(arguments)
         try:
             raw = await run_with_timeout(coro, seconds)
         except TimeoutError:
@@ -165,15 +272,17 @@ class CallPipeline:
 
     async def _fail(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, error: ToolError,
-        started: float, secrets: tuple[str, ...], output: Any, events: bool,
+        started: float, secrets: tuple[str, ...], output: Any, events: bool, *, recover: bool = True,
     ) -> ToolResult:
         spec = mounted.spec if mounted is not None else None
         result = self._failure_result(call, mounted, ctx, error, secrets, output)
         recovery = await self.hooks.tool_error(call, spec, error, ctx)
-        if recovery is not None:
+        if recovery is not None and not recover:
+            ctx.record("host", "tool_error", "recover_ignored", "a cancelled call cannot be recovered")
+        elif recovery is not None:
             result = ToolResult(recovery.success, recovery.output, recovery.error, dict(recovery.metadata), call.id)
         if events:
-            await self.hooks.tool_event("tool:error", {"tool_name": call.name, "error": result.error})
+            await self.hooks.tool_event("tool:error", event_data(call, error=result.error))
         return await self._complete(call, mounted, ctx, result, started, secrets)
 
     async def _complete(
@@ -186,17 +295,27 @@ class CallPipeline:
         result = ToolResult(result.success, result.output, result.error, metadata, call.id)
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
-        error = await self.hooks.tool_complete(call, spec, result, ctx)
-        if error is None and len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
-            metadata = {**metadata, "trail": [converter.unstructure(decision) for decision in ctx.trail]}
-            result = ToolResult(result.success, result.output, result.error, metadata, call.id)
-        elif error is not None:  # an observer failed closed: withhold the output
-            metadata["trail"] = [converter.unstructure(decision) for decision in ctx.trail]
-            # A call that already failed keeps its first error; a success becomes this failure.
-            failure = result.error if not result.success else self._failure_result(
+
+        def withheld(current: ToolResult, error: ToolError) -> ToolResult:
+            """An observer failed closed: the output is withheld; a failed call keeps its first error."""
+            trail = [converter.unstructure(decision) for decision in ctx.trail]
+            failure = current.error if not current.success else self._failure_result(
                 call, mounted, ctx, error, secrets).error
-            result = ToolResult(False, None, failure, metadata, call.id)
+            return ToolResult(False, None, failure, {**current.metadata, "trail": trail}, call.id)
+
+        result, _ = await self.hooks.tool_complete(call, spec, result, ctx, withheld)
+        if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
+            metadata = {**result.metadata, "trail": [converter.unstructure(decision) for decision in ctx.trail]}
+            result = ToolResult(result.success, result.output, result.error, metadata, call.id)
         return result
+
+
+def _closing_error(message: str) -> ToolSystemError:
+    return ToolSystemError(message, code="host_closing", hint="the host is shutting down (see shutdown_grace_ms)")
+
+
+def _internal(exc: Exception) -> ToolSystemError:
+    return ToolSystemError(f"internal error: {type(exc).__name__}: {exc}", cause=type(exc).__name__)
 
 
 def _check_arguments(arguments: Any, mounted: MountedTool, plugin: str | None = None) -> None:

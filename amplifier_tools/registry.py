@@ -33,6 +33,9 @@ class MountedTool:
     output_validator: Validator | None
     execute: Callable[..., Any]
     takes_context: bool
+    #: A seed-style module's tool: its input also carries ``_tool_call_id`` (after validation), as
+    #: Amplifier's orchestrators pass it.
+    seed: bool = False
 
     def check_input(self, arguments: Any, *, plugin: str | None = None) -> None:
         """Raise ``ContractError`` naming the first bad field (by JSON pointer)."""
@@ -103,7 +106,7 @@ class ToolRegistry:
         self._by_model_name: dict[str, str] = {}
         self._overrides = dict(overrides or {})
 
-    def add(self, tool: Any, *, plugin: str, name: str | None = None) -> MountedTool:
+    def add(self, tool: Any, *, plugin: str, name: str | None = None, seed: bool = False) -> MountedTool:
         """Mount ``tool``: derive and check its contract, compile its validators."""
         spec = spec_from_tool(tool, name=name)
         override = self._overrides.get(spec.name)
@@ -120,13 +123,16 @@ class ToolRegistry:
                 f"tool {spec.name!r} from plugin {plugin!r} is already mounted by plugin "
                 f"{self._tools[spec.name].plugin!r}",
                 code="duplicate_tool",
+                plugins=[self._tools[spec.name].plugin, plugin],
             )
         short = model_name(spec.name)
         owner = self._by_model_name.get(short)
         if owner is not None and owner != spec.name:
             raise ContractError(
-                f"tool {spec.name!r} has the model name {short!r}, already used by tool {owner!r}",
+                f"tool {spec.name!r} from plugin {plugin!r} has the model name {short!r}, already used by tool "
+                f"{owner!r} of plugin {self._tools[owner].plugin!r}",
                 code="duplicate_tool",
+                plugins=[self._tools[owner].plugin, plugin],
             )
         input_validator = compile_validator(spec.input_schema, owner=spec.name, which="input_schema")
         if spec.input_schema.get("type", "object") != "object":
@@ -149,6 +155,7 @@ class ToolRegistry:
             output_validator=output_validator,
             execute=execute,
             takes_context=_takes_context(execute),
+            seed=seed,
         )
         self._tools[spec.name] = mounted
         self._by_model_name[short] = spec.name

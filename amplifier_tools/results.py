@@ -9,6 +9,7 @@ any exception; each maps to one of the five error categories.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Mapping
 from typing import Any, Final
@@ -82,11 +83,27 @@ def _build(get: Any, tool: str) -> ToolResult:
     )
 
 
+def _failure_summary(output: Any, tool: str, limit: int = 500) -> str:
+    """The message of a failure reported with no error message: what the output says (e.g. a
+    command's stderr and exit status), shortened; the output itself stays in the result."""
+    if output is None or output == "":
+        return f"tool {tool!r} reported failure without a message"
+    if isinstance(output, str):
+        text = output
+    else:
+        try:
+            text = json.dumps(output, ensure_ascii=False, default=str, sort_keys=True)
+        except (TypeError, ValueError):
+            text = repr(output)
+    text = text.strip()
+    return f"tool {tool!r} reported failure: {text[:limit]}{' …' if len(text) > limit else ''}"
+
+
 def error_from_result(result: ToolResult, tool: str) -> ToolError:
     """The typed error for a result in which the tool reported failure."""
     payload = result.error or {}
     reported = payload.get("type")
-    message = str(payload.get("message") or f"tool {tool!r} reported failure without a message")
+    message = str(payload.get("message") or _failure_summary(result.output, tool))
     code = payload.get("code")
     if reported in CATEGORIES:
         cls = ERROR_CLASSES[reported]

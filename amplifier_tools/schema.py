@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import jsonschema
 import jsonschema.exceptions
@@ -131,10 +131,24 @@ def schema_problems(validator: Validator, instance: Any, *, limit: int = 5) -> l
     return problems[:limit]
 
 
-def check_json_data(value: Any, pointer: str = "") -> None:
-    """Raise ``ContractError`` at the first value JSON cannot represent."""
+#: Arguments nested deeper than this are refused (a deeper value would exhaust the interpreter's
+#: recursion limit in validation, redaction or encoding further down the pipeline).
+MAX_JSON_DEPTH: Final = 128
+#: Integers longer than this are refused: CPython will not turn an integer of more than 4,300
+#: decimal digits into text (``sys.set_int_max_str_digits``), which every JSON encoder needs.
+MAX_INT_BITS: Final = 14_000
+
+
+def check_json_data(value: Any, pointer: str = "", depth: int = 0) -> None:
+    """Raise ``ContractError`` at the first value JSON cannot represent, or that is too deep
+    (``MAX_JSON_DEPTH`` levels) or too large an integer (``MAX_INT_BITS``) to handle safely."""
     kind = type(value)
-    if kind is str or kind is bool or kind is int or value is None:
+    if kind is str or kind is bool or value is None:
+        return
+    if kind is int:
+        if value.bit_length() > MAX_INT_BITS:
+            raise ContractError(f"{pointer or '/'}: integer of {value.bit_length()} bits is larger than the "
+                                f"{MAX_INT_BITS}-bit limit", code="invalid_json", pointer=pointer)
         return
     if kind is float:
         if not math.isfinite(value):
@@ -142,23 +156,29 @@ def check_json_data(value: Any, pointer: str = "") -> None:
                 f"{pointer or '/'}: {value!r} is not a JSON number", code="invalid_json", pointer=pointer
             )
         return
+    if depth >= MAX_JSON_DEPTH and isinstance(value, (dict, list, tuple)):
+        raise ContractError(f"{pointer or '/'}: nested deeper than {MAX_JSON_DEPTH} levels",
+                            code="invalid_json", pointer=pointer)
     if isinstance(value, dict):
         for key, item in value.items():
             if type(key) is not str:
                 raise ContractError(
                     f"{pointer or '/'}: key {key!r} is not a string", code="invalid_json", pointer=pointer
                 )
-            check_json_data(item, f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}")
+            check_json_data(item, f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}", depth + 1)
         return
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            check_json_data(item, f"{pointer}/{index}")
+            check_json_data(item, f"{pointer}/{index}", depth + 1)
         return
     if isinstance(value, (str, int, float)):  # subclasses (enums) that JSON encodes by value
         if isinstance(value, float) and not math.isfinite(value):
             raise ContractError(
                 f"{pointer or '/'}: {value!r} is not a JSON number", code="invalid_json", pointer=pointer
             )
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            raise ContractError(f"{pointer or '/'}: integer is larger than the {MAX_INT_BITS}-bit limit",
+                                code="invalid_json", pointer=pointer)
         return
     raise ContractError(
         f"{pointer or '/'}: a {kind.__name__} is not JSON data", code="invalid_json", pointer=pointer

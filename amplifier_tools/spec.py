@@ -10,6 +10,7 @@ runs per call.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from typing import Any, Final
 
@@ -49,13 +50,14 @@ class IdempotencyKeyRequirement(str, enum.Enum):
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{attribute.name} must be positive, got {value!r}")
+    # ``not value > 0`` also refuses NaN (it compares false with everything); infinity is refused too.
+    if value is not None and (not value > 0 or (isinstance(value, float) and not math.isfinite(value))):
+        raise ValueError(f"{attribute.name} must be positive and finite, got {value!r}")
 
 
 def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and value < 0:
-        raise ValueError(f"{attribute.name} must not be negative, got {value!r}")
+    if value is not None and (not value >= 0 or (isinstance(value, float) and not math.isfinite(value))):
+        raise ValueError(f"{attribute.name} must not be negative, and must be finite, got {value!r}")
 
 
 @attrs.frozen(slots=True)
@@ -275,7 +277,8 @@ def spec_from_tool(tool: Any, *, name: str | None = None) -> ToolSpec:
     if not callable(getattr(tool, "execute", None)):
         raise ContractError(f"tool {label!r} has no callable 'execute'", code="invalid_tool")
     schema = getattr(tool, "input_schema", None)
-    if schema is None and callable(getattr(tool, "get_schema", None)):
+    # An empty ``input_schema`` inherited from the seed's Protocol must not hide ``get_schema()``.
+    if not schema and callable(getattr(tool, "get_schema", None)):
         schema = tool.get_schema()
     if schema is None or schema == {}:
         schema = {"type": "object"}

@@ -140,7 +140,8 @@ async def test_long_output_keeps_head_and_tail_and_spills_the_whole(tmp_path: Pa
         assert out["stdout"].startswith("1\n2\n3\n") and out["stdout"].endswith("99999\n100000\n")
         assert "bytes omitted" in out["stdout"] and len(out["stdout"]) < 1200
         spilled = Path(out["stdout_file"])
-        assert spilled.parent == (tmp_path / "spill").resolve() and spilled.stat().st_size == total
+        assert spilled.parent == host.state_dir / "spill" and spilled.stat().st_size == total
+        assert (host.state_dir / "spill").stat().st_mode & 0o777 == 0o700 and spilled.stat().st_mode & 0o777 == 0o600
     finally:
         await host.close()
 
@@ -151,11 +152,13 @@ async def test_long_output_keeps_head_and_tail_and_spills_the_whole(tmp_path: Pa
     ({"sandbox": "docker"}, "plugins.bash.sandbox"),
     ({"allow": "rm"}, "plugins.bash.allow"),
     ({"env": {"BAD NAME": "x"}}, "plugins.bash.env"),
-    ({"spill_dir": "/etc"}, "plugins.bash.spill_dir"),
+    ({"spill_dir": 5}, "plugins.bash.spill_dir"),
+    ({"allowed_paths": ["."], "spill_dir": "{root}/spill"}, "plugins.bash.spill_dir"),
     ({"user": "no-such-user-here"}, "plugins.bash.user"),
     ({"default_timeout": 10, "max_timeout": 5}, "plugins.bash.default_timeout"),
 ])
 async def test_bad_config_names_the_key(tmp_path: Path, config: dict[str, object], key: str) -> None:
+    config = {k: v.format(root=tmp_path) if isinstance(v, str) else v for k, v in config.items()}
     with pytest.raises(PluginLoadError) as info:
         await bash_host(tmp_path, **config)
     assert key in str(info.value)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from helpers import EchoTool, ToolsPlugin
 
-from amplifier_tools import ContractError, PluginLoadError, ToolResult, ToolSpec
+from amplifier_tools import ConfigError, ContractError, PluginLoadError, ToolResult, ToolSpec
 from amplifier_tools.definitions import model_name
 
 OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -82,13 +82,28 @@ async def test_hooks_see_the_canonical_name_when_called_by_short_name(host_facto
 
 
 async def test_short_name_collision_fails_mount_naming_both_tools(host_factory: Any) -> None:
-    with pytest.raises(PluginLoadError, match="'local::fs.write'.*'fs_write'"):
+    with pytest.raises(ConfigError, match="'local::fs.write'.*'fs_write'"):
         await host_factory(ToolsPlugin(Namespaced("fs_write"), Namespaced("local::fs.write")))
 
 
 async def test_duplicate_tool_names_fail_mount(host_factory: Any) -> None:
-    with pytest.raises(PluginLoadError, match="already mounted"):
+    with pytest.raises(ConfigError, match="already mounted"):
         await host_factory(ToolsPlugin(EchoTool(), EchoTool()))
+
+
+async def test_a_tool_colliding_with_another_plugins_tool_stops_the_start_naming_both(host_factory: Any) -> None:
+    """An installed module whose ``bash`` collides with the built-in never falls back to the other tool."""
+
+    class Bash(EchoTool):
+        name = "bash"
+
+    class LocalBash(EchoTool):
+        name = "local::bash"
+
+    with pytest.raises(ConfigError) as caught:
+        await host_factory(ToolsPlugin(LocalBash(), name="builtin-like"), ToolsPlugin(Bash(), name="tool-bash"))
+    message = str(caught.value)
+    assert "'builtin-like'" in message and "'tool-bash'" in message and "disable_plugins" in message
 
 
 @pytest.mark.parametrize(

@@ -213,3 +213,60 @@ def test_example_plugins_are_discovered_only_when_installed() -> None:
     installed = {d.metadata["Name"] for d in importlib.metadata.distributions()}
     for dist, ep_name in (("amplifier-tools-approval", "approval"), ("amplifier-tools-http-fetch", "http-fetch")):
         assert (ep_name in names) == (dist in installed)
+
+
+async def test_mount_plan_naming_an_installed_module_uses_it_with_the_plans_config(
+    with_site: Path, tmp_path: Path
+) -> None:
+    """The seed's mount plan names installed modules by their entry-point name (was: 'already registered')."""
+    (tmp_path / "n.txt").write_text("hi")
+    config = {"tools": [{"module": "seed-read", "config": {"prefix": ">> "}}]}
+    async with ToolHost(config=config, builtins=False, working_dir=tmp_path) as host:
+        assert [i.name for i in host.plugins].count("seed-read") == 1
+        result = await host.call("seed_read", {"path": str(tmp_path / "n.txt")})
+    assert result.output == ">> hi"
+
+
+async def test_a_module_configured_in_two_places_names_both(with_site: Path, tmp_path: Path) -> None:
+    from amplifier_tools import ConfigError
+
+    config = {"tools": [{"module": "seed-read", "config": {"prefix": "a"}}],
+              "plugins": {"seed-read": {"prefix": "b"}}}
+    with pytest.raises(ConfigError, match=r"configured twice.*mount plan.*\[plugins.seed-read\]"):
+        async with ToolHost(config=config, builtins=False, working_dir=tmp_path):
+            pass
+
+
+async def test_the_same_plugin_from_code_and_config_names_both_sources(with_site: Path, tmp_path: Path) -> None:
+    seed = importlib.import_module("seed_read_module")
+
+    class Named:
+        name = "seed_read_module"
+        mount = staticmethod(seed.mount)
+
+    config = {"modules": [{"module": "seed_read_module"}]}
+    with pytest.raises(PluginLoadError, match="from code; this one is from module"):
+        async with ToolHost(config=config, plugins=[Named()], builtins=False, entry_points=False,
+                            working_dir=tmp_path):
+            pass
+
+
+async def test_plugins_argument_accepts_seed_modules_and_tools_and_refuses_the_rest(
+    with_site: Path, tmp_path: Path
+) -> None:
+    from amplifier_tools import tool
+
+    seed = importlib.import_module("seed_read_module")
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    (tmp_path / "n.txt").write_text("x")
+    async with ToolHost(plugins=[seed, add], builtins=False, entry_points=False, working_dir=tmp_path) as host:
+        assert (await host.call("add", {"a": 2, "b": 3})).output == 5
+        assert (await host.call("seed_read", {"path": str(tmp_path / "n.txt")})).output == "x"
+    with pytest.raises(PluginLoadError, match="neither a plugin"):
+        async with ToolHost(plugins=[object()], builtins=False, entry_points=False, working_dir=tmp_path):
+            pass

@@ -327,8 +327,11 @@ async def test_hook_tool_event_receives_emitted_and_seed_events(host_factory: An
     await host.call("echo", {"bad": 1})
     names = [event for event, _ in seen]
     assert names == ["custom:ready", "tool:pre", "tool:post", "tool:error"]
-    assert seen[1][1] == {"tool_name": "echo", "input": {"path": "p"}}
-    assert seen[2][1]["result"]["output"] == "p"
+    # Amplifier's event data keys.
+    assert seen[1][1] == {"tool_name": "echo", "tool_canonical_name": "echo", "tool_input": {"path": "p"},
+                          "tool_call_id": seen[1][1]["tool_call_id"]}
+    assert seen[2][1]["tool_result"]["output"] == "p" and seen[2][1]["tool_result"]["success"] is True
+    assert seen[3][1]["error"]["type"] == "ContractError"
 
 
 async def test_hook_wrappers_are_rejected_naming_the_plugin(host_factory: Any) -> None:

@@ -1,11 +1,14 @@
 """The bash plugin: one tool, ``local::bash``, that runs a command line under ``bash -c``.
 
 A built-in that uses only the public hooks: ``mount`` reads the plugin's
-config section and mounts the tool. Paths (the call's ``cwd``, the spill
-directory, the sandbox's writable roots) go through the one path-rule engine:
+config section and mounts the tool. Paths (the call's ``cwd``, the sandbox's
+writable roots and the paths it masks) go through the one path-rule engine:
 the filesystem plugin's ``PathRules`` (capability ``fs.path_rules``), or a
 ``PathRules`` of this plugin's own ``allowed_paths`` when those are configured
-or the filesystem plugin is disabled. One instance per host.
+or the filesystem plugin is disabled; either holds the host's protected paths.
+The spill directory is host state: relative to ``state_dir``, created ``0700``,
+and published as a protected path (key ``plugins.bash.spill_dir``), so the host
+refuses it inside a writable root. One instance per host.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import shutil
 from typing import Any, Final
 
 from ..._markers import hookimpl
-from ...errors import AuthError, ConfigError
+from ...errors import ConfigError
+from ...hoststate import ProtectedPaths
 from ..filesystem.paths import PathRules
 from .process import Limits
 from .rules import CommandRules
@@ -117,11 +121,15 @@ class BashPlugin:
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
         settings = parse_settings(config)
         working_dir = coordinator.get_capability("session.working_dir")
+        found = coordinator.get_capability("session.protected_paths")
+        protected = found if isinstance(found, ProtectedPaths) else ProtectedPaths()
         own_rules: PathRules | None = None
         if settings["allowed_paths"] is not None:
             roots = settings["allowed_paths"]
-            own_rules = PathRules(working_dir, read_roots=roots, write_roots=roots, write_denied=())
-        fallback = PathRules(working_dir, read_roots=[working_dir], write_roots=[working_dir], write_denied=())
+            own_rules = PathRules(working_dir, read_roots=roots, write_roots=roots, write_denied=(),
+                                  protected=protected)
+        fallback = PathRules(working_dir, read_roots=[working_dir], write_roots=[working_dir], write_denied=(),
+                             protected=protected)
 
         def path_rules() -> PathRules:
             # Looked up per call: the filesystem plugin may mount after this one.
@@ -130,11 +138,7 @@ class BashPlugin:
 
         spill_dir = settings["spill_dir"]
         if spill_dir is not None:
-            try:
-                spill_dir = path_rules().resolve(spill_dir, write=True).path
-            except AuthError as exc:
-                raise ConfigError(exc.message, key=f"plugins.{PLUGIN}.spill_dir") from None
-            os.makedirs(spill_dir, exist_ok=True)
+            spill_dir = self._spill_dir(spill_dir, coordinator, own_rules, protected)
         limits = Limits(settings["max_cpu_seconds"], settings["max_memory_bytes"], settings["max_processes"],
                         settings["max_file_size_bytes"])
         self.tool = BashTool(Settings(
@@ -156,3 +160,25 @@ class BashPlugin:
             bwrap=shutil.which("bwrap"),
         ), path_rules)
         await coordinator.mount("tools", self.tool)
+
+    @staticmethod
+    def _spill_dir(configured: str, coordinator: Any, own_rules: PathRules | None,
+                   protected: ProtectedPaths) -> str:
+        """The spill directory (relative to ``state_dir``), published as protected; created (0700) at
+        the first spill, so a directory the host refuses at start is never made.
+
+        The host refuses it inside the working directory or the filesystem plugin's write roots;
+        this plugin's own ``allowed_paths`` are checked here.
+        """
+        where = f"plugins.{PLUGIN}.spill_dir"
+        state_dir = coordinator.get_capability("session.state_dir")
+        configured = os.path.expanduser(configured)
+        if state_dir is None and not os.path.isabs(configured):
+            raise ConfigError("must be an absolute path: this host has no state_dir", key=where)
+        path = os.path.abspath(os.path.join(state_dir or "/", configured))
+        protected.add(path, "the bash plugin's spill directory", key=where)
+        for root in own_rules.write_roots if own_rules is not None else ():
+            if any(entry.key == where for entry in protected.inside(root)):
+                raise ConfigError(f"{path} lies inside {root}, which commands may write; host state must live "
+                                  "outside every writable root", key=where)
+        return path

@@ -4,6 +4,11 @@ Memory held per stream is at most ``limit`` bytes however much the command
 prints: the first half of the budget keeps the head, a ring of the second half
 keeps the tail, and everything in between is only counted (and, with a spill
 file, written to disk as it arrives). Must never accumulate a whole stream.
+
+Spill files are host state: ``open_spill_files`` creates them with ``O_EXCL`` and
+``O_NOFOLLOW`` relative to a descriptor of the spill directory (``hoststate``), so a
+spill directory swapped for a symlink, or a name planted in advance as a symlink or
+FIFO, fails the call before anything runs instead of making the host write elsewhere.
 """
 
 from __future__ import annotations
@@ -11,6 +16,9 @@ from __future__ import annotations
 import asyncio
 import os
 from typing import Any, BinaryIO, Final
+
+from ...errors import ToolSystemError
+from ...hoststate import ensure_state_dir, open_host_dir, open_host_file
 
 READ_CHUNK: Final = 256 * 1024
 
@@ -20,15 +28,15 @@ class StreamCapture:
 
     __slots__ = ("head", "head_limit", "limit", "spill", "spill_path", "tail", "tail_limit", "total")
 
-    def __init__(self, limit: int, spill_path: str | None = None) -> None:
+    def __init__(self, limit: int, spill: tuple[str, BinaryIO] | None = None) -> None:
         self.limit = limit
         self.head_limit = limit - limit // 2
         self.tail_limit = limit // 2
         self.head = bytearray()
         self.tail = bytearray()
         self.total = 0
-        self.spill_path = spill_path
-        self.spill: BinaryIO | None = open(spill_path, "xb") if spill_path else None  # noqa: SIM115
+        self.spill_path: str | None = spill[0] if spill is not None else None
+        self.spill: BinaryIO | None = spill[1] if spill is not None else None
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
@@ -82,8 +90,35 @@ async def pump(reader: asyncio.StreamReader, capture: StreamCapture) -> None:
         capture.feed(chunk)
 
 
-def spill_paths(directory: str, call_id: str) -> tuple[str, str]:
-    """Fresh file names for a call's stdout and stderr inside ``directory``."""
+def open_spill_files(directory: str, call_id: str) -> tuple[tuple[str, BinaryIO], tuple[str, BinaryIO]]:
+    """New files for a call's stdout and stderr inside ``directory``: ``(path, file)`` each.
+
+    The directory is created (0700) if missing; an existing one must be this user's.
+    ``ToolSystemError`` (code ``spill_failed``) naming the path when it is not a directory
+    of this user (e.g. a symlink) or a name already exists, whatever it is.
+    """
     safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in call_id)[:80] or "call"
-    base = os.path.join(directory, f"bash-{safe}-{os.getpid()}")
-    return base + ".stdout", base + ".stderr"
+    opened: list[tuple[str, BinaryIO]] = []
+    path = directory
+    try:
+        if not os.path.lexists(directory):  # never chmod a directory the operator made
+            ensure_state_dir(directory)
+        dir_fd = open_host_dir(directory)
+        try:
+            for stream in ("stdout", "stderr"):
+                name = f"bash-{safe}-{os.getpid()}.{stream}"
+                path = os.path.join(directory, name)
+                fd = open_host_file(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600, dir_fd=dir_fd)
+                opened.append((path, os.fdopen(fd, "wb")))
+        except OSError:
+            for made, file in opened:  # ours (O_EXCL): nothing of a failed call is left behind
+                file.close()
+                os.unlink(os.path.basename(made), dir_fd=dir_fd)
+            raise
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        found = "it already exists (planted?)" if isinstance(exc, FileExistsError) else exc.strerror
+        raise ToolSystemError(f"cannot create the spill file {path}: {found}; the command was not run",
+                              code="spill_failed", path=path) from None
+    return opened[0], opened[1]

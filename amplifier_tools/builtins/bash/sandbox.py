@@ -8,6 +8,14 @@ writable), a new session (no TIOCSTI on the caller's terminal), and death with
 the parent: when ``bwrap`` is killed its PID namespace goes with it, even the
 processes that left the process group.
 
+The host's protected paths (``session.protected_paths``: its config file, ``state_dir``,
+the audit log...) are masked: an existing directory gets an empty read-only tmpfs in its
+place, an existing file a read-only ``/dev/null``, and the directories between a writable
+root and a masked path are bound onto themselves, so that inside the sandbox they are mount
+points that cannot be renamed or removed (which would let a command put a new file where the
+masked one was). A protected path that does not exist is not masked: bwrap would have to
+create a mount point for it on the host (see docs/bash.md for that gap).
+
 Must never fall back to running the command without the sandbox: a missing
 ``bwrap`` or one that cannot set up the sandbox is a ``ToolSystemError``.
 """
@@ -16,14 +24,64 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Sequence
+import stat
+from collections.abc import Iterable, Sequence
+from typing import Final
 
 from ...errors import ToolSystemError
 
+#: Mounted fresh in the sandbox: the host's files below them are not visible (unless a writable root
+#: below them is bound back in).
+REPLACED: Final = ("/tmp", "/dev", "/proc")
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def mask_argv(protected: Iterable[str], writable: Sequence[str]) -> list[str]:
+    """The bwrap arguments that hide each protected path the sandbox would otherwise show.
+
+    ``protected`` are absolute, resolved paths. Raises ``ToolSystemError`` when one of them no
+    longer resolves to itself (a component was replaced by a symlink): masking the symlink's
+    target instead would leave the protected path reachable.
+    """
+    argv: list[str] = []
+    masked: list[str] = []
+    pinned: set[str] = set(writable)
+    for path in sorted(set(protected)):  # parents before what lies below them
+        roots = [root for root in writable if _under(path, root)]
+        if any(_under(path, done) for done in masked) or (
+                not roots and any(_under(path, replaced) for replaced in REPLACED)):
+            continue  # already hidden
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue  # never make bwrap create a mount point on the host
+        if os.path.realpath(path) != path:
+            raise ToolSystemError(f"the protected path {path} now resolves to {os.path.realpath(path)} (was a "
+                                  "component replaced by a symlink?); the sandbox cannot hide it, so the command "
+                                  "was not run", code="sandbox_failed", path=path)
+        for root in roots:  # pin the directories between the root and the masked path
+            parent, chain = os.path.dirname(path), []
+            while parent not in pinned and _under(parent, root):
+                chain.append(parent)
+                parent = os.path.dirname(parent)
+            for directory in reversed(chain):
+                argv += ["--bind", directory, directory]
+                pinned.add(directory)
+        if stat.S_ISDIR(info.st_mode):
+            argv += ["--tmpfs", path, "--remount-ro", path]
+        else:
+            argv += ["--ro-bind", "/dev/null", path]
+        masked.append(path)
+    return argv
+
 
 def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, status_fd: int,
-               bash: str) -> list[str]:
-    """The ``bwrap`` prefix for a command that runs in ``cwd`` with ``writable`` directories.
+               bash: str, masks: Sequence[str] = ()) -> list[str]:
+    """The ``bwrap`` prefix for a command that runs in ``cwd`` with ``writable`` directories and
+    ``masks`` (from ``mask_argv``) hiding the host's protected paths.
 
     Inside the sandbox a one-line ``sh`` probe writes ``started`` to ``status_fd``,
     closes it and execs the command: bwrap reports its own setup failures with
@@ -36,6 +94,7 @@ def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, 
     argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     for path in writable:
         argv += ["--bind", path, path]
+    argv += masks  # ``mask_argv``'s, after the binds: mounted on top of them
     probe = f"printf started >&{status_fd} && exec {status_fd}>&- && exec \"$@\""
     # The probe needs only printf and exec: a POSIX sh (dash on Debian) starts faster than bash,
     # but dash takes single-digit descriptors only (see ``low_status_fd``).

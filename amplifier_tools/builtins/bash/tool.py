@@ -19,11 +19,12 @@ from typing import Any, Final
 import attrs
 
 from ...errors import ExecutionError, ToolSystemError
+from ...hoststate import ProtectedPath, ProtectedPaths
 from ...models import ToolContext, ToolResult
 from ...spec import Policies, Security, ToolSpec
 from ..filesystem.paths import PathRules
 from . import process, sandbox
-from .capture import StreamCapture, spill_paths
+from .capture import StreamCapture, open_spill_files
 from .rules import CommandRules
 
 VERSION: Final = "1.0.0"
@@ -138,17 +139,18 @@ class BashTool:
             env[name] = context.secret(ref)
         return env
 
-    def working_directory(self, cwd: str | None) -> tuple[str, tuple[str, ...]]:
-        """The resolved working directory (inside the write roots) and the write roots."""
+    def working_directory(self, cwd: str | None) -> tuple[str, tuple[str, ...], ProtectedPaths]:
+        """The resolved working directory (inside the write roots, not protected), the write roots,
+        and the host's protected paths (as they are now: plugins may add to them)."""
         rules = self.path_rules()
         with rules.open_dir(cwd or rules.working_dir, write=True) as (_, resolved):
-            return resolved.path, rules.write_roots
+            return resolved.path, rules.write_roots, rules.protected
 
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
         s = self.settings
         command: str = input["command"]
         s.rules.check(command)
-        cwd, writable = self.working_directory(input.get("cwd"))
+        cwd, writable, protected = self.working_directory(input.get("cwd"))
         env = self.environment(context)
         timeout = min(float(input.get("timeout", s.default_timeout)), s.max_timeout)
 
@@ -162,22 +164,31 @@ class BashTool:
                 popen["preexec_fn"] = preexec
         if s.user is not None:
             popen.update(user=s.user[0], group=s.user[1], extra_groups=[])
-        status_r = status_w = -1
+        bwrap, masks = None, []
         if s.sandbox:
-            if s.bwrap is None:
+            bwrap = s.bwrap
+            if bwrap is None:
                 raise sandbox.missing_bwrap()
-            status_r, status_w = os.pipe()
-            status_w = sandbox.low_status_fd(status_w)
-            argv = sandbox.bwrap_argv(s.bwrap, cwd=cwd, writable=writable, network=s.sandbox_network,
-                                      status_fd=status_w, bash=s.bash) + argv
-            popen["pass_fds"] = (status_w,)
-
-        out_path = err_path = None
-        if s.spill_dir is not None:
-            out_path, err_path = spill_paths(s.spill_dir, f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
-        stdout = StreamCapture(s.max_output_bytes, out_path)
-        stderr = StreamCapture(s.max_output_bytes, err_path)
+            masks = sandbox.mask_argv((entry.path for entry in protected), writable)
+        out_spill = err_spill = None
+        if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
+            out_spill, err_spill = open_spill_files(s.spill_dir,
+                                                    f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
+        stdout = StreamCapture(s.max_output_bytes, out_spill)
+        stderr = StreamCapture(s.max_output_bytes, err_spill)
+        # A protected path that does not exist cannot be masked: notice one the command makes. Only inside
+        # the writable roots, and only paths no plugin creates (a keyed path is host state, e.g. an audit
+        # log the host may create meanwhile): in practice the config file and its location.
+        missing = [entry for root in writable for entry in protected.inside(root)
+                   if entry.key is None and not os.path.lexists(entry.path)]
+        status_r = status_w = -1
         try:
+            if bwrap is not None:
+                status_r, status_w = os.pipe()
+                status_w = sandbox.low_status_fd(status_w)
+                argv = sandbox.bwrap_argv(bwrap, cwd=cwd, writable=writable, network=s.sandbox_network,
+                                          status_fd=status_w, bash=s.bash, masks=masks) + argv
+                popen["pass_fds"] = (status_w,)
             try:
                 outcome = await process.run(argv, env=env, cwd=cwd, timeout=timeout, grace=s.kill_grace,
                                             stdout=stdout, stderr=stderr, popen=popen)
@@ -195,10 +206,11 @@ class BashTool:
             for fd in (status_r, status_w):
                 if fd != -1:
                     os.close(fd)
-        return self.result(outcome, stdout, stderr, cwd, timeout)
+        planted = [entry for entry in missing if os.path.lexists(entry.path)]
+        return self.result(outcome, stdout, stderr, cwd, timeout, planted)
 
     def result(self, outcome: process.Outcome, stdout: StreamCapture, stderr: StreamCapture, cwd: str,
-               timeout: float) -> ToolResult:
+               timeout: float, planted: list[ProtectedPath] | None = None) -> ToolResult:
         exit_code, signal_name = process.describe_returncode(outcome.returncode)
         output: dict[str, Any] = {
             **stdout.summary("stdout"), **stderr.summary("stderr"),
@@ -206,6 +218,13 @@ class BashTool:
             "timeout_s": timeout, "duration_ms": round(outcome.duration * 1000.0, 3), "cwd": cwd,
             "sandboxed": self.settings.sandbox,
         }
+        if planted:
+            what = "; ".join(f"{entry.path} ({entry.reason})" for entry in planted)
+            message = (f"a path the host protects appeared while the command ran: {what}. It was left in "
+                       "place; the operator should remove it (a configuration file there would be read by the "
+                       "next host started in this directory)")
+            return self._failure(output, "AuthError", "path_protected", message,
+                                 path=planted[0].path, reason=planted[0].reason)
         if outcome.timed_out:
             message = f"command timed out after {timeout:g} s and was killed with its process group"
             return self._failure(output, "PolicyError", "timeout", message)
@@ -215,7 +234,7 @@ class BashTool:
         return ToolResult(output=output)
 
     @staticmethod
-    def _failure(output: dict[str, Any], category: str, code: str, message: str) -> ToolResult:
+    def _failure(output: dict[str, Any], category: str, code: str, message: str, **extra: Any) -> ToolResult:
         quoted = []
         for name in ("stderr", "stdout"):
             text = output[name].strip()
@@ -225,5 +244,5 @@ class BashTool:
         full = "\n".join([message, *quoted])
         error = {"type": category, "code": code, "message": full, "exit_code": output["exit_code"],
                  "signal": output["signal"], "timed_out": output["timed_out"],
-                 "stdout": output["stdout"], "stderr": output["stderr"]}
+                 "stdout": output["stdout"], "stderr": output["stderr"], **extra}
         return ToolResult(success=False, output=output, error=error)

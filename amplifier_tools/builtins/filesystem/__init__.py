@@ -2,7 +2,9 @@
 
 A built-in that uses only the public hooks: ``mount`` reads its config
 section, builds one ``PathRules`` engine and mounts the six tools, all of which
-resolve every path through it. One instance per host (``FilesystemPlugin``),
+resolve every path through it. The engine holds the host's protected paths
+(capability ``session.protected_paths``), so no tool reads, writes, lists or
+searches the host's own files. One instance per host (``FilesystemPlugin``),
 so the read-before-write log is never shared between hosts.
 """
 
@@ -12,6 +14,7 @@ from typing import Any, Final
 
 from ..._markers import hookimpl
 from ...errors import ConfigError
+from ...hoststate import ProtectedPaths
 from .paths import DEFAULT_WRITE_DENIED, PathRules
 from .tools import TOOL_CLASSES, ReadLog
 
@@ -64,6 +67,7 @@ class FilesystemPlugin:
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
         settings = parse_settings(config)
         working_dir = coordinator.get_capability("session.working_dir")
+        protected = coordinator.get_capability("session.protected_paths")
         self.rules = PathRules(
             working_dir,
             read_roots=settings["allowed_read_paths"] or [working_dir],
@@ -71,6 +75,7 @@ class FilesystemPlugin:
             denied=settings["denied_paths"],
             write_denied=settings["write_denied_paths"],
             allow_hardlinks=settings["allow_hardlinks"],
+            protected=protected if isinstance(protected, ProtectedPaths) else None,
         )
         coordinator.register_capability("fs.path_rules", self.rules)
         read_log = ReadLog()

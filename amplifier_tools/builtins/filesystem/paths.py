@@ -20,7 +20,12 @@ How resolution defeats escapes:
 - writes refuse files with more than one hard link (unless configured), since
   the other name may lie outside the roots;
 - NUL bytes, over-long paths and names the filesystem cannot hold (``ENAMETOOLONG``)
-  are contract errors.
+  are contract errors;
+- the host's protected paths (``session.protected_paths``: its config file, ``state_dir``,
+  the audit log...) are refused for reads and writes alike (``path_protected``). Each pass
+  of the walk checks the path it is about to open, and the last pass opens exactly that
+  path without following anything, so the path checked is the path used: ``..``, symlinks
+  and symlinked parents are resolved before the check, never after.
 
 What it does not guarantee: it does not stop a process outside this host from
 changing files inside the roots; bind mounts inside a root that lead elsewhere
@@ -43,6 +48,7 @@ from typing import Final
 import attrs
 
 from ...errors import AuthError, ContractError, ExecutionError, ToolError
+from ...hoststate import ProtectedPath, ProtectedPaths
 
 MAX_PATH_BYTES: Final = 4096
 MAX_SYMLINK_HOPS: Final = 40
@@ -69,13 +75,24 @@ def _deny(message: str, rule: str, path: str) -> AuthError:
     return AuthError(message, code="path_denied", rule=rule, path=path)
 
 
+def _protected(original: str, resolved: str, protected: ProtectedPath) -> AuthError:
+    what = repr(original) if os.path.normpath(original) == resolved else f"{original!r} (resolved: {resolved})"
+    return AuthError(f"{what} is protected: {protected.path} is {protected.reason}; tools may neither read "
+                     "nor write it", code="path_protected", path=original, protected=protected.path,
+                     reason=protected.reason,
+                     hint="the host keeps its own configuration and state out of the tools' reach; work on "
+                          "other files")
+
+
 class PathRules:
     """Allowed read/write roots and denied patterns, applied to every path."""
 
     def __init__(self, working_dir: str, *, read_roots: Iterable[str], write_roots: Iterable[str],
                  denied: Iterable[str] = (), write_denied: Iterable[str] = DEFAULT_WRITE_DENIED,
-                 allow_hardlinks: bool = False) -> None:
+                 allow_hardlinks: bool = False, protected: ProtectedPaths | None = None) -> None:
         self.working_dir = os.path.realpath(working_dir)
+        # Held by reference: plugins that mount later (audit) add their files to the same object.
+        self.protected = protected if protected is not None else ProtectedPaths()
         self.read_roots = tuple(self._root(r) for r in read_roots)
         self.write_roots = tuple(self._root(r) for r in write_roots)
         self.denied = tuple(denied)
@@ -121,6 +138,10 @@ class PathRules:
                             original)
         return best
 
+    def protects(self, path: str) -> ProtectedPath | None:
+        """The protected entry covering the absolute, resolved ``path``, or None."""
+        return self.protected.protects(path)
+
     @staticmethod
     def _matches(pattern: str, resolved: Resolved) -> bool:
         if "/" not in pattern:  # a name: matches any component
@@ -156,6 +177,7 @@ class PathRules:
 
     def open_file(self, path: str) -> tuple[int, os.stat_result, Resolved]:
         """Open a regular file for reading; refuses symlinks out of the roots and special files."""
+        original = path
         for _ in range(MAX_SYMLINK_HOPS):
             with self.open_parent(path, write=False) as (dir_fd, name, resolved):
                 if not name:
@@ -164,7 +186,7 @@ class PathRules:
                     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
                 except OSError as exc:
                     if exc.errno == errno.ELOOP:  # the final component is a symlink
-                        path = self._follow(dir_fd, name, resolved, write=False)
+                        path = self._follow(dir_fd, name, resolved, write=False, original=original)
                         continue
                     if exc.errno == errno.ENXIO:  # a socket (or a FIFO-like node) that cannot be opened
                         raise _deny(f"{path!r} is not a regular file (FIFO, socket or device)", "special_file",
@@ -179,11 +201,17 @@ class PathRules:
                 return fd, st, resolved
         raise _deny(f"{path!r}: too many symbolic links", "symlink_loop", path)
 
-    def _follow(self, dir_fd: int, name: str, resolved: Resolved, *, write: bool) -> str:
-        """Resolve a symlink met during a walk; the target must be inside a root."""
+    def _follow(self, dir_fd: int, name: str, resolved: Resolved, *, write: bool, rest: tuple[str, ...] = (),
+                original: str) -> str:
+        """Resolve a symlink met during a walk of ``original`` (``rest``: the components after it); the
+        target must be inside a root, and the path it leads to must not be protected."""
         target = os.readlink(name, dir_fd=dir_fd)
         base = os.path.dirname(resolved.path) if resolved.parts else resolved.root
         absolute = os.path.normpath(os.path.join(base, target))
+        leads_to = os.path.join(absolute, *rest)
+        entry = self.protects(leads_to)
+        if entry is not None:
+            raise _protected(original, leads_to, entry)
         roots = self.write_roots if write else self.read_roots
         if not any(self._inside(absolute, r) is not None for r in roots):
             raise _deny(f"{resolved.path!r} is a symbolic link to {absolute!r}, outside the allowed roots",
@@ -194,7 +222,13 @@ class PathRules:
         """Open the directories of ``path`` one by one with O_NOFOLLOW; restart on in-root symlinks."""
         current = path
         for _ in range(MAX_SYMLINK_HOPS):
-            resolved = self.resolve(current, write=write)
+            absolute = self.normalize(current)
+            # Checked before the roots and before anything is opened or created; the pass that
+            # returns walked exactly this path with O_NOFOLLOW, so it is the resolved path in use.
+            entry = self.protects(absolute)
+            if entry is not None:
+                raise _protected(path, absolute, entry)
+            resolved = self._locate(absolute, self.write_roots if write else self.read_roots, current, write)
             parts = resolved.parts if final_dir else resolved.parts[:-1]
             fd = os.open(resolved.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             restart: str | None = None
@@ -212,8 +246,8 @@ class PathRules:
                     except OSError as exc:
                         if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_symlink(fd, part):
                             partial = Resolved(resolved.root, resolved.parts[: index + 1])
-                            target = self._follow(fd, part, partial, write=write)
                             rest = resolved.parts[index + 1:]
+                            target = self._follow(fd, part, partial, write=write, rest=rest, original=path)
                             restart = os.path.join(target, *rest) if rest else target
                             break
                         raise
@@ -241,6 +275,12 @@ class PathRules:
         except OSError as exc:
             raise os_error(exc, path) from None
         if stat.S_ISLNK(st.st_mode):
+            # Refused whatever the target; when the target is protected, say so (trying the target won't help).
+            target = os.path.realpath(os.path.join(os.path.dirname(self.normalize(path)),
+                                                    os.readlink(name, dir_fd=dir_fd)))
+            entry = self.protects(target)
+            if entry is not None:
+                raise _protected(path, target, entry)
             raise _deny(f"{path!r} is a symbolic link; write to its target path instead", "symlink_write", path)
         if not stat.S_ISREG(st.st_mode):
             raise _deny(f"{path!r} is not a regular file", "special_file", path)

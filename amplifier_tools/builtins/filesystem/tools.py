@@ -254,7 +254,8 @@ class ListDir(FilesystemTool):
 
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
         with self.rules.open_dir(input.get("path", ".")) as (fd, resolved):
-            names = sorted(os.listdir(fd))
+            names = sorted(name for name in os.listdir(fd)
+                           if self.rules.protects(os.path.join(resolved.path, name)) is None)
             cap = self.settings["max_results"]
             entries = []
             for name in names[:cap]:
@@ -267,8 +268,9 @@ class ListDir(FilesystemTool):
 
 
 def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
-    """(relative path, dir fd, name) of every regular file under ``start``; never follows symlinks."""
-    with rules.open_dir(start) as (top_fd, _):
+    """(relative path, dir fd, name) of every regular file under ``start``; never follows symlinks,
+    never enters or yields a protected path."""
+    with rules.open_dir(start) as (top_fd, top):
         stack: list[tuple[int, str, bool]] = [(os.dup(top_fd), "", True)]
         while stack:
             fd, prefix, _ = stack.pop()
@@ -278,7 +280,7 @@ def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
                 dirs = []
                 for entry in entries:
                     rel = f"{prefix}{entry.name}"
-                    if entry.is_symlink():
+                    if entry.is_symlink() or rules.protects(os.path.join(top.path, rel)) is not None:
                         continue
                     if entry.is_dir(follow_symlinks=False):
                         if entry.name in IGNORED_DIRS:

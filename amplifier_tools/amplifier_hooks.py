@@ -1,0 +1,326 @@
+"""Amplifier's hook registry on our host: ``coordinator.hooks`` for seed-style modules.
+
+Amplifier modules register handlers with ``coordinator.hooks.register(event, handler,
+priority=0, name=None)`` (or ``coordinator.get("hooks").register(...)``). Handlers for
+``tool:pre``, ``tool:post`` and ``tool:error`` run *inside* our call chain, at the point of the
+matching hook, lower priority first; each is attributed to the module that registered it, so a
+denial, a failure and ``on_error = "ignore"`` name and follow that module's settings. Their data
+uses Amplifier's keys (``tool_name``, ``tool_input``, ``tool_call_id``, ``tool_result``,
+``error``); their results — ``amplifier_core.models.HookResult`` objects or plain dicts with an
+``action`` — map onto ours:
+
+- ``continue`` (or ``None``) -> nothing;
+- ``deny`` -> ``Deny`` (in ``tool:post``: the output is withheld);
+- ``modify`` -> ``Modify`` of ``data["tool_input"]`` (re-validated, attributed), or in
+  ``tool:post`` a replacement of ``data["tool_result"]``;
+- ``ask_user`` -> the ``tool_approval`` hook; denied when no plugin implements it or it does not
+  approve (fail closed, where Amplifier proceeds);
+- ``inject_context`` -> recorded in the decision trail (``metadata["trail"]``, action
+  ``inject_context``, with the text, role and ``ephemeral``);
+- anything else, or a raising handler -> the call fails closed, naming the module.
+
+Handlers for other events are called by ``emit`` with Amplifier's semantics (``deny`` stops the
+chain, ``modify`` chains ``data``); ``emit`` returns the outcome, and delivers the event to every
+``tool_event`` hook too.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from .definitions import model_name
+from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
+from .results import normalize_result
+
+if TYPE_CHECKING:
+    from .host import ToolHost
+
+log = logging.getLogger("amplifier_tools")
+
+TOOL_EVENTS: Final = {"tool:pre": "tool_pre", "tool:post": "tool_post", "tool:error": "tool_error"}
+ACTIONS: Final = frozenset({"continue", "deny", "modify", "ask_user", "inject_context"})
+
+Handler = Callable[[str, dict[str, Any]], Any]
+
+
+@attrs.frozen
+class Registration:
+    """One handler: the event, its priority, its name, and the plugin (module) that registered it."""
+
+    event: str
+    priority: int
+    name: str
+    handler: Handler
+    owner: str
+    order: int
+
+
+@attrs.frozen
+class EmitResult:
+    """What ``emit`` returns when amplifier-core is not installed (its ``HookResult`` otherwise)."""
+
+    action: str = "continue"
+    data: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+class HookRegistry:
+    """The host's registry of Amplifier handlers; one per host."""
+
+    def __init__(self, host: ToolHost) -> None:
+        self._host = host
+        self._handlers: dict[str, list[Registration]] = {}
+        self._order = 0
+
+    def register(self, event: str, handler: Handler, priority: int = 0, name: str | None = None, *,
+                 owner: str = "host") -> Callable[[], None]:
+        """Call ``handler(event, data)`` on ``event``; returns the function that unregisters it."""
+        self._order += 1
+        entry = Registration(event, int(priority), str(name or getattr(handler, "__name__", "handler")), handler,
+                             owner, self._order)
+        handlers = self._handlers.setdefault(event, [])
+        handlers.append(entry)
+        handlers.sort(key=lambda r: (r.priority, r.order))
+        if event in TOOL_EVENTS:
+            self._host.dispatcher.invalidate()
+
+        def unregister() -> None:
+            if entry in handlers:
+                handlers.remove(entry)
+                if event in TOOL_EVENTS:
+                    self._host.dispatcher.invalidate()
+
+        return unregister
+
+    def unregister(self, event: str, name: str | None = None, handler: Handler | None = None) -> int:
+        """Remove handlers of ``event`` by name or function (all of them when neither); how many."""
+        handlers = self._handlers.get(event, [])
+        gone = [r for r in handlers if (name is None or r.name == name) and (handler is None or r.handler is handler)]
+        for r in gone:
+            handlers.remove(r)
+        if gone and event in TOOL_EVENTS:
+            self._host.dispatcher.invalidate()
+        return len(gone)
+
+    def list_handlers(self, event: str | None = None) -> dict[str, list[str]]:
+        """Handler names by event (one event, or all), in call order."""
+        events = [event] if event is not None else sorted(self._handlers)
+        return {e: [r.name for r in self._handlers.get(e, [])] for e in events}
+
+    def tool_handlers(self, event: str) -> list[Registration]:
+        """The handlers the call chain runs for ``tool:pre``/``tool:post``/``tool:error``."""
+        return list(self._handlers.get(event, ()))
+
+    async def emit(self, event: str, data: dict[str, Any]) -> Any:
+        """Run ``event``'s handlers (deny stops, modify chains ``data``), then every ``tool_event`` hook.
+
+        A failing handler is logged and skipped. Returns a ``HookResult`` (amplifier-core's when
+        installed) with the final action, data and reason.
+        """
+        current = dict(data)
+        action, reason = "continue", None
+        for r in list(self._handlers.get(event, ())):
+            try:
+                out = r.handler(event, current)
+                if inspect.isawaitable(out):
+                    out = await out
+                parsed = parse_result(out)
+            except Exception:
+                log.exception("event handler %r of %r failed on %r", r.name, r.owner, event)
+                continue
+            if parsed.action == "deny":
+                action, reason = "deny", parsed.reason
+                break
+            if parsed.action == "modify" and isinstance(parsed.data, dict):
+                current, action = dict(parsed.data), "modify"
+        await self._host.dispatcher.tool_event(event, current)
+        return _hook_result(action, current if action == "modify" else None, reason)
+
+
+class PluginHooks:
+    """``coordinator.hooks`` as one plugin sees it: what it registers is attributed to it."""
+
+    def __init__(self, registry: HookRegistry, plugin: str) -> None:
+        self._registry = registry
+        self._plugin = plugin
+
+    def register(self, event: str, handler: Handler, priority: int = 0, name: str | None = None) -> Callable[[], None]:
+        """Amplifier's ``HookRegistry.register``; returns the unregister function."""
+        return self._registry.register(event, handler, priority, name, owner=self._plugin)
+
+    def unregister(self, event: str, name: str | None = None, handler: Handler | None = None) -> int:
+        return self._registry.unregister(event, name, handler)
+
+    def list_handlers(self, event: str | None = None) -> dict[str, list[str]]:
+        return self._registry.list_handlers(event)
+
+    async def emit(self, event: str, data: dict[str, Any]) -> Any:
+        return await self._registry.emit(event, data)
+
+
+@attrs.frozen
+class Parsed:
+    """A handler's result, whatever its type."""
+
+    action: str
+    reason: str | None = None
+    data: Any = None
+    context_injection: str | None = None
+    context_injection_role: str = "system"
+    ephemeral: bool = False
+    approval_prompt: str | None = None
+    approval_options: list[str] | None = None
+    approval_default: str = "deny"
+
+
+def parse_result(out: Any) -> Parsed:
+    """A ``HookResult``-like object or dict -> ``Parsed``; ``ValueError`` naming what is wrong."""
+    if out is None:
+        return Parsed("continue")
+    get: Callable[[str, Any], Any]
+    if isinstance(out, dict):
+        get = out.get
+    elif hasattr(out, "action"):
+        def get(key: str, default: Any) -> Any:
+            return getattr(out, key, default)
+    else:
+        raise ValueError(f"returned {type(out).__name__}; expected a HookResult, a dict with 'action', or None")
+    action = get("action", "continue")
+    if action not in ACTIONS:
+        raise ValueError(f"returned unknown action {action!r} (expected one of {sorted(ACTIONS)})")
+    return Parsed(action, get("reason", None), get("data", None), get("context_injection", None),
+                  get("context_injection_role", "system") or "system", bool(get("ephemeral", False)),
+                  get("approval_prompt", None), get("approval_options", None),
+                  get("approval_default", "deny") or "deny")
+
+
+def _hook_result(action: str, data: dict[str, Any] | None, reason: str | None) -> Any:
+    try:
+        from amplifier_core.models import HookResult
+    except ImportError:
+        return EmitResult(action, data, reason)
+    return HookResult(action=action, data=data, reason=reason)
+
+
+def event_data(call: ToolCall, **extra: Any) -> dict[str, Any]:
+    """Amplifier's event data for a call: ``tool_name`` (the model-facing name), ``tool_input``,
+    ``tool_call_id``, plus ``tool_canonical_name`` and ``extra`` (``tool_result``, ``error``)."""
+    name = call.name if isinstance(call.name, str) else str(call.name)
+    arguments = dict(call.arguments) if isinstance(call.arguments, dict) else call.arguments
+    return {"tool_name": model_name(name), "tool_canonical_name": name, "tool_input": arguments,
+            "tool_call_id": call.id, **extra}
+
+
+def result_data(result: ToolResult) -> dict[str, Any]:
+    """A result as Amplifier's ``tool_result``: ``success``, ``output``, ``error``."""
+    return {"success": result.success, "output": result.output, "error": result.error}
+
+
+class ToolHandlerImpls:
+    """Turns registered ``tool:*`` handlers into hook implementations the dispatcher runs in the chain."""
+
+    def __init__(self, host: ToolHost, registry: HookRegistry) -> None:
+        self._host = host
+        self._registry = registry
+
+    def impls(self, hook: str) -> list[tuple[str, Callable[..., Any], tuple[str, ...], str]]:
+        """``(owner plugin, implementation, argument names, handler name)`` for each handler of
+        ``hook``'s Amplifier event, in call order (priority, then registration)."""
+        event = next((e for e, h in TOOL_EVENTS.items() if h == hook), None)
+        if event is None:
+            return []
+        return [(r.owner, *self.functions(hook, r), r.name) for r in self._registry.tool_handlers(event)]
+
+    def functions(self, hook: str, r: Registration) -> tuple[Callable[..., Any], tuple[str, ...]]:
+        """``(implementation, argument names)`` for handler ``r`` in ``hook``."""
+        if hook == "tool_pre":
+            async def pre(call: ToolCall, spec: Any, context: ToolContext) -> Deny | Modify | None:
+                parsed = await self._run(r, event_data(call))
+                return await self._pre_outcome(r, parsed, call, spec, context)
+            return pre, ("call", "spec", "context")
+        if hook == "tool_post":
+            async def post(call: ToolCall, spec: Any, result: ToolResult, context: ToolContext) -> ToolResult | None:
+                parsed = await self._run(r, event_data(call, tool_result=result_data(result)))
+                return await self._post_outcome(r, parsed, call, spec, result, context)
+            return post, ("call", "spec", "result", "context")
+
+        async def error(call: ToolCall, error: Any, context: ToolContext) -> None:
+            data = event_data(call, error={"type": error.category, "code": error.code, "message": error.message})
+            parsed = await self._run(r, data)
+            if parsed.action == "inject_context":
+                self._inject(r, "tool_error", parsed, context)
+        return error, ("call", "error", "context")
+
+    @staticmethod
+    async def _run(r: Registration, data: dict[str, Any]) -> Parsed:
+        out = r.handler(r.event, data)
+        if inspect.isawaitable(out):
+            out = await out
+        try:
+            return parse_result(out)
+        except ValueError as exc:
+            raise ValueError(f"handler {r.name!r} {exc}") from None
+
+    @staticmethod
+    def _inject(r: Registration, hook: str, parsed: Parsed, context: ToolContext) -> None:
+        context.record(r.owner, hook, "inject_context", parsed.context_injection, handler=r.name,
+                       role=parsed.context_injection_role, ephemeral=parsed.ephemeral)
+
+    async def _approved(self, r: Registration, parsed: Parsed, call: ToolCall, spec: Any,
+                        context: ToolContext) -> Deny | None:
+        prompt = parsed.approval_prompt or parsed.reason or f"approve {call.name}?"
+        impls = self._host.plugin_manager.hook.tool_approval.get_hookimpls()
+        if not impls:
+            return Deny(f"handler {r.name!r} asks the user to approve ({prompt!r}) and no approval plugin is "
+                        "installed (the host fails closed here, where Amplifier would proceed)",
+                        code="approval_unavailable", details={"handler": r.name})
+        out = self._host.plugin_manager.hook.tool_approval(
+            call=call, spec=spec, context=context, prompt=prompt,
+            options=list(parsed.approval_options or ["Allow", "Deny"]), default=parsed.approval_default)
+        if inspect.isawaitable(out):
+            out = await out
+        if out is True:
+            context.record(r.owner, "tool_pre", "approved", prompt, handler=r.name)
+            return None
+        return Deny(f"not approved: {prompt}", code="approval_denied", details={"handler": r.name})
+
+    async def _pre_outcome(self, r: Registration, parsed: Parsed, call: ToolCall, spec: Any,
+                           context: ToolContext) -> Deny | Modify | None:
+        if parsed.action == "deny":
+            return Deny(parsed.reason or f"denied by handler {r.name!r}", code="hook_denied",
+                        details={"handler": r.name})
+        if parsed.action == "modify":
+            data = parsed.data
+            if not isinstance(data, dict) or not isinstance(data.get("tool_input"), dict):
+                raise ValueError(f"handler {r.name!r} returned 'modify' without a 'tool_input' object in data")
+            return Modify(dict(data["tool_input"]), reason=parsed.reason or f"handler {r.name!r}")
+        if parsed.action == "ask_user":
+            return await self._approved(r, parsed, call, spec, context)
+        if parsed.action == "inject_context":
+            self._inject(r, "tool_pre", parsed, context)
+        return None
+
+    async def _post_outcome(self, r: Registration, parsed: Parsed, call: ToolCall, spec: Any, result: ToolResult,
+                            context: ToolContext) -> ToolResult | None:
+        if parsed.action == "ask_user":
+            denied = await self._approved(r, parsed, call, spec, context)
+            parsed = Parsed("deny", denied.reason) if denied is not None else Parsed("continue")
+        if parsed.action == "deny":
+            message = f"denied by plugin {r.owner!r}: {parsed.reason or f'handler {r.name!r} withheld the output'}"
+            return ToolResult(False, None, {"type": "PolicyError", "code": "hook_denied", "message": message,
+                                            "retryable": False, "cause": None, "plugin": r.owner,
+                                            "handler": r.name, "tool": call.name, "call_id": call.id})
+        if parsed.action == "modify":
+            data = parsed.data
+            replaced = data.get("tool_result") if isinstance(data, dict) else None
+            if not isinstance(replaced, dict) or "success" not in replaced:
+                raise ValueError(f"handler {r.name!r} returned 'modify' without a 'tool_result' object in data")
+            return normalize_result(replaced, call.name)
+        if parsed.action == "inject_context":
+            self._inject(r, "tool_post", parsed, context)
+        return None

@@ -1,0 +1,188 @@
+"""Amplifier hook modules run inside the call chain (issue: plugins/Amplifier).
+
+The fixture modules in ``amplifier_fixtures/`` use Amplifier's module API as its own hook modules
+do: ``coordinator.get("hooks").register("tool:pre", handler, priority=..., name=...)``, handlers
+reading ``data["tool_input"]`` and returning ``HookResult``-shaped answers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from amplifier_fixtures import hook_module
+from helpers import EchoTool, ToolsPlugin
+
+from amplifier_tools import ToolHost, hookimpl
+
+MODULE = "amplifier_fixtures.hook_module"
+MODULE_B = "amplifier_fixtures.hook_module_b"
+
+
+@pytest.fixture(autouse=True)
+def _clear_seen() -> None:
+    hook_module.SEEN.clear()
+
+
+def host_with(tmp_path: Path, echo: EchoTool, *modules: tuple[str, dict[str, Any]], plugins: tuple[Any, ...] = (),
+              plugin_config: dict[str, Any] | None = None) -> ToolHost:
+    config: dict[str, Any] = {"modules": [{"module": name, "config": cfg} for name, cfg in modules]}
+    if plugin_config:
+        config["plugins"] = plugin_config
+    return ToolHost(config=config, plugins=[ToolsPlugin(echo), *plugins], builtins=False, entry_points=False,
+                    working_dir=tmp_path, discover=False)
+
+
+@pytest.mark.parametrize("via", ["get", "attr"])
+async def test_a_deny_handler_blocks_the_call_and_is_attributed_to_its_module(
+    tmp_path: Path, echo: EchoTool, via: str
+) -> None:
+    async with host_with(tmp_path, echo, (MODULE, {"action": "deny", "via": via})) as host:
+        result = await host.call("echo", {"path": "prod.cfg"})
+    assert echo.calls == []
+    assert result.error["type"] == "PolicyError" and result.error["code"] == "hook_denied"
+    assert result.error["plugin"] == MODULE and "writes to production are blocked" in result.error["message"]
+    (_name, event, data), = hook_module.SEEN
+    assert event == "tool:pre" and data["tool_name"] == "echo" and data["tool_input"] == {"path": "prod.cfg"}
+    assert data["tool_call_id"] == result.tool_call_id
+
+
+async def test_a_modify_handler_rewrites_tool_input_and_is_revalidated(tmp_path: Path, echo: EchoTool) -> None:
+    async with host_with(tmp_path, echo, (MODULE, {"action": "modify"})) as host:
+        result = await host.call("echo", {"path": "a.txt"})
+    assert result.success and echo.calls == [{"path": "rewritten-a.txt"}]
+    assert any(d["plugin"] == MODULE and d["action"] == "modify" for d in result.metadata["trail"])
+
+
+async def test_a_modify_that_breaks_the_schema_is_a_contract_error_naming_the_module(tmp_path: Path) -> None:
+    class Numbered(EchoTool):
+        input_schema = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 5}},
+                        "required": ["path"]}
+
+    tool = Numbered()
+    async with host_with(tmp_path, tool, (MODULE, {"action": "modify"})) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert tool.calls == []
+    assert result.error["type"] == "ContractError" and result.error["plugin"] == MODULE
+
+
+@pytest.mark.parametrize("action", ["raise", "garbage"])
+async def test_a_raising_or_unparseable_handler_fails_the_call_closed(
+    tmp_path: Path, echo: EchoTool, action: str
+) -> None:
+    async with host_with(tmp_path, echo, (MODULE, {"action": action})) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert echo.calls == []
+    assert result.error["type"] == "SystemError" and result.error["code"] == "hook_failed"
+    assert result.error["plugin"] == MODULE
+
+
+async def test_on_error_ignore_lets_a_raising_observer_module_fail_open(tmp_path: Path, echo: EchoTool) -> None:
+    async with host_with(tmp_path, echo, (MODULE, {"action": "raise"}),
+                         plugin_config={MODULE: {"on_error": "ignore"}}) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert result.success
+
+
+class Approver:
+    name = "approver"
+
+    def __init__(self, answer: bool | None) -> None:
+        self.answer = answer
+        self.prompts: list[str] = []
+
+    @hookimpl
+    def tool_approval(self, call: Any, prompt: str, options: list[str], default: str) -> bool | None:
+        self.prompts.append(prompt)
+        return self.answer
+
+
+async def test_hook_tool_approval_ask_user_without_an_approval_plugin_is_denied(
+    tmp_path: Path, echo: EchoTool
+) -> None:
+    async with host_with(tmp_path, echo, (MODULE, {"action": "ask_user"})) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert echo.calls == []
+    assert result.error["code"] == "approval_unavailable" and result.error["plugin"] == MODULE
+
+
+@pytest.mark.parametrize(("answer", "runs"), [(True, True), (False, False), (None, False)])
+async def test_hook_tool_approval_decides_ask_user(tmp_path: Path, echo: EchoTool, answer: Any, runs: bool) -> None:
+    approver = Approver(answer)
+    async with host_with(tmp_path, echo, (MODULE, {"action": "ask_user"}), plugins=(approver,)) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert approver.prompts == ["Allow this write?"]
+    assert result.success is runs and bool(echo.calls) is runs
+    if not runs:
+        assert result.error["code"] == "approval_denied"
+
+
+async def test_inject_context_is_recorded_in_the_trail(tmp_path: Path, echo: EchoTool) -> None:
+    async with host_with(tmp_path, echo, (MODULE, {"action": "inject_context"})) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert result.success
+    (injected,) = [d for d in result.metadata["trail"] if d["action"] == "inject_context"]
+    assert injected["plugin"] == MODULE and injected["reason"] == "lint: 3 warnings"
+    assert injected["details"]["role"] == "system"
+
+
+async def test_handlers_run_lower_priority_first_across_modules(tmp_path: Path, echo: EchoTool) -> None:
+    async with host_with(tmp_path, echo, (MODULE, {"priority": 10, "name": "late"}),
+                         (MODULE_B, {"priority": -5, "name": "early"})) as host:
+        assert (await host.call("echo", {"path": "a"})).success
+        assert host.events.list_handlers("tool:pre") == {"tool:pre": ["early", "late"]}
+    assert [name for name, _, _ in hook_module.SEEN] == ["early", "late"]
+
+
+@pytest.mark.parametrize(("action", "success", "output"), [("modify", True, "[rewritten by hook]"),
+                                                           ("deny", False, None)])
+async def test_tool_post_handlers_replace_or_withhold_the_output(
+    tmp_path: Path, echo: EchoTool, action: str, success: bool, output: Any
+) -> None:
+    async with host_with(tmp_path, echo, (MODULE, {"action": action, "event": "tool:post"})) as host:
+        result = await host.call("echo", {"path": "secret"})
+    assert result.success is success and result.output == output
+    (_, event, data), = hook_module.SEEN
+    assert event == "tool:post" and data["tool_result"]["output"] == "secret"
+
+
+async def test_unregistering_at_close_and_emit_returns_a_result(tmp_path: Path, echo: EchoTool) -> None:
+    host = host_with(tmp_path, echo, (MODULE, {"action": "deny", "event": "custom:gate"}))
+    async with host:
+        outcome = await host.events.emit("custom:gate", {"x": 1})
+        assert outcome.action == "deny" and outcome.reason == "writes to production are blocked"
+        assert (await host.call("echo", {"path": "a"})).success  # not a tool event: calls unaffected
+    assert host.events.list_handlers("custom:gate") == {"custom:gate": []}
+
+
+async def test_amplifier_core_hookresult_objects_are_understood(tmp_path: Path, echo: EchoTool) -> None:
+    pytest.importorskip("amplifier_core.models")
+    async with host_with(tmp_path, echo, (MODULE, {"action": "deny", "result_type": "hookresult"})) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert result.error["code"] == "hook_denied"
+
+
+# -- seed edge cases ------------------------------------------------------------------------
+
+
+async def test_seed_tool_module_edge_cases_behave_as_the_seed_describes(tmp_path: Path) -> None:
+    from amplifier_fixtures import tool_module
+
+    tool_module.INPUTS.clear()
+    config = {"modules": [{"module": "amplifier_fixtures.tool_module"}]}
+    async with ToolHost(config=config, builtins=False, entry_points=False, working_dir=tmp_path,
+                        discover=False) as host:
+        # mount returned the tool: it is mounted
+        assert [s.name for s in host.specs] == ["run"]
+        # get_schema() is used despite the inherited empty input_schema: input is validated
+        invalid = await host.call("run", {"command": 3})
+        assert invalid.error["type"] == "ContractError" and invalid.error["pointer"] == "/command"
+        ok = await host.call("run", {"command": "true"}, call_id="call-7")
+        failed = await host.call("run", {"command": "false"})
+    assert ok.success
+    # Amplifier's orchestrators pass _tool_call_id; the tool sees it, validation never did
+    assert tool_module.INPUTS[0] == {"command": "true", "_tool_call_id": "call-7"}
+    # a failure with output and no error keeps its output and says what it was
+    assert not failed.success and failed.output["returncode"] == 2
+    assert "boom: no such file" in failed.error["message"]

@@ -1,0 +1,482 @@
+"""The completion invariant (DESIGN "Completion, cancellation and close"), under faults.
+
+For every call that reaches ``host.call``: exactly one of ``tool_post``/``tool_error``, then
+``tool_complete`` once, then exactly one audit record; a cancelled call re-raises
+``CancelledError`` after it is recorded; a call cut by ``close()`` is recorded and returns
+``host_closing``. Each scenario counts hook calls per call id and audit records per call id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ToolsPlugin
+
+from amplifier_tools import ToolHost, ToolResult, hookimpl
+from amplifier_tools.errors import PluginLoadError
+
+
+class Counting:
+    """Counts each call hook per call id; optionally fails or hangs in one hook."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.seen: Counter[tuple[str, str]] = Counter()
+        self.completed: dict[str, ToolResult] = {}
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> None:
+        self.seen["tool_pre", call.id] += 1
+
+    @hookimpl
+    def tool_post(self, call: Any) -> None:
+        self.seen["tool_post", call.id] += 1
+
+    @hookimpl
+    def tool_error(self, call: Any) -> None:
+        self.seen["tool_error", call.id] += 1
+
+    @hookimpl
+    def tool_complete(self, call: Any, result: ToolResult) -> None:
+        self.seen["tool_complete", call.id] += 1
+        self.completed[call.id] = result
+
+    def assert_once(self, call_id: str) -> ToolResult:
+        """Exactly one of post/error, exactly one complete; the result observers saw."""
+        assert self.seen["tool_post", call_id] + self.seen["tool_error", call_id] == 1, self.seen
+        assert self.seen["tool_complete", call_id] == 1, self.seen
+        return self.completed[call_id]
+
+
+class Sleeps:
+    name = "sleeps"
+    description = "Sleeps for `seconds`."
+    input_schema = {"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.finished = 0
+        self.running = asyncio.Event()
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.started += 1
+        self.running.set()
+        await asyncio.sleep(input["seconds"])
+        self.finished += 1
+        return ToolResult(True, "slept")
+
+
+class RaisesCancelled:
+    name = "raises_cancelled"
+    description = "Raises CancelledError itself."
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        raise asyncio.CancelledError
+
+
+def audit_records(host: ToolHost) -> Counter[str]:
+    path = Path(host.capabilities["audit.path"])
+    if not path.exists():
+        return Counter()
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return Counter(r["call_id"] for r in records if r.get("kind") == "call")
+
+
+def audit_record(host: ToolHost, call_id: str) -> dict[str, Any]:
+    path = Path(host.capabilities["audit.path"])
+    (record,) = [r for r in map(json.loads, path.read_text().splitlines())
+                 if r.get("kind") == "call" and r["call_id"] == call_id]
+    return record
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> Any:
+    counting = Counting()
+    sleeps = Sleeps()
+    config = {"plugins": {},
+              "tools": {"sleeps": {"policies": {"concurrency": {"limit": 1, "queue": True}}}}}
+    host = ToolHost(config=config, plugins=[ToolsPlugin(sleeps, RaisesCancelled()), counting],
+                    builtins=["policy", "audit"], entry_points=False, working_dir=tmp_path, discover=False)
+    await host.start()
+    yield host, counting, sleeps
+    await host.close()
+
+
+async def test_caller_cancel_while_tool_runs_is_recorded_then_reraised(setup: Any) -> None:
+    host, counting, sleeps = setup
+    task = asyncio.ensure_future(host.call("sleeps", {"seconds": 30}, call_id="c1"))
+    await sleeps.running.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    result = counting.assert_once("c1")
+    assert result.error["code"] == "cancelled" and result.error["type"] == "SystemError"
+    assert audit_records(host)["c1"] == 1
+    assert audit_record(host, "c1")["error"]["code"] == "cancelled"
+    # The concurrency slot came back: the next call runs instead of waiting forever.
+    after = await asyncio.wait_for(host.call("sleeps", {"seconds": 0}, call_id="c2"), 20)
+    assert after.success, after.error
+
+
+async def test_wait_for_timeout_records_the_call_and_raises_timeout(setup: Any) -> None:
+    host, counting, _ = setup
+    with pytest.raises((asyncio.TimeoutError, TimeoutError)):
+        await asyncio.wait_for(host.call("sleeps", {"seconds": 30}, call_id="w1"), 0.05)
+    assert counting.assert_once("w1").error["code"] == "cancelled"
+    assert audit_records(host)["w1"] == 1
+
+
+async def test_cancel_while_queued_for_a_slot_is_recorded_and_the_tool_never_starts(setup: Any) -> None:
+    host, counting, sleeps = setup
+    first = asyncio.ensure_future(host.call("sleeps", {"seconds": 0.3}, call_id="q1"))
+    await sleeps.running.wait()
+    queued = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="q2"))
+    await asyncio.sleep(0.02)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert (await first).success
+    assert sleeps.started == 1
+    assert counting.assert_once("q2").error["code"] == "cancelled"
+    assert audit_records(host) == Counter({"q1": 1, "q2": 1})
+    assert (await asyncio.wait_for(host.call("sleeps", {"seconds": 0}, call_id="q3"), 20)).success
+
+
+async def test_tool_raising_cancelled_error_is_recorded(setup: Any) -> None:
+    host, counting, _ = setup
+    with pytest.raises(asyncio.CancelledError):
+        await host.call("raises_cancelled", {}, call_id="r1")
+    assert counting.assert_once("r1").error["code"] == "cancelled"
+    assert audit_records(host)["r1"] == 1
+
+
+async def test_cancel_during_async_tool_post_never_runs_tool_error_too(tmp_path: Path) -> None:
+    entered = asyncio.Event()
+
+    class SlowPost:
+        name = "slow-post"
+
+        @hookimpl
+        async def tool_post(self, call: Any) -> None:
+            entered.set()
+            await asyncio.sleep(30)
+
+    counting = Counting()
+    async with ToolHost(plugins=[ToolsPlugin(Sleeps()), counting, SlowPost()], builtins=["audit"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        task = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="p1"))
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert counting.seen["tool_error", "p1"] == 0
+        assert counting.seen["tool_complete", "p1"] == 1
+        assert counting.completed["p1"].error["code"] == "cancelled"
+        assert audit_records(host)["p1"] == 1
+
+
+async def test_second_cancel_during_recording_does_not_lose_the_record(tmp_path: Path) -> None:
+    """A caller that cancels again while the call is being recorded still gets one record."""
+    gate = asyncio.Event()
+    released = asyncio.Event()
+
+    class SlowObserver:
+        name = "slow-observer"
+
+        @hookimpl
+        async def tool_error(self, call: Any) -> None:
+            gate.set()
+            await released.wait()
+
+    counting = Counting()
+    sleeps = Sleeps()
+    async with ToolHost(plugins=[ToolsPlugin(sleeps), counting, SlowObserver()], builtins=["audit"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        task = asyncio.ensure_future(host.call("sleeps", {"seconds": 30}, call_id="d1"))
+        await sleeps.running.wait()
+        task.cancel()
+        await gate.wait()
+        task.cancel()  # again, while tool_error observers run
+        await asyncio.sleep(0)
+        released.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        counting.assert_once("d1")
+        assert audit_records(host)["d1"] == 1
+
+
+async def test_close_cuts_calls_after_grace_records_them_and_returns_host_closing(tmp_path: Path) -> None:
+    counting = Counting()
+    sleeps = Sleeps()
+    config = {"shutdown_grace_ms": 50, "plugins": {"audit": {"fsync": "never"}},
+              "tools": {"sleeps": {"policies": {"concurrency": {"limit": 1, "queue": True}}}}}
+    host = ToolHost(config=config, plugins=[ToolsPlugin(sleeps), counting], builtins=["policy", "audit"],
+                    entry_points=False, working_dir=tmp_path, discover=False)
+    await host.start()
+    log_path = Path(host.capabilities["audit.path"])
+    running = asyncio.ensure_future(host.call("sleeps", {"seconds": 30}, call_id="k1"))
+    await sleeps.running.wait()
+    queued = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="k2"))
+    await asyncio.sleep(0.02)
+    await host.close()
+    cut, never_started = await running, await queued
+    assert cut.error["code"] == "host_closing" and never_started.error["code"] == "host_closing"
+    assert sleeps.started == 1 and sleeps.finished == 0  # the queued call never started its tool
+    counting.assert_once("k1")
+    counting.assert_once("k2")
+    records = Counter(r["call_id"] for r in map(json.loads, log_path.read_text().splitlines())
+                      if r.get("kind") == "call")
+    assert records == Counter({"k1": 1, "k2": 1})
+    late = await host.call("sleeps", {"seconds": 0})
+    assert late.error["code"] == "host_closing"
+
+
+async def test_close_lets_in_flight_calls_finish_within_grace(tmp_path: Path) -> None:
+    sleeps = Sleeps()
+    host = ToolHost(config={"shutdown_grace_ms": 5000}, plugins=[ToolsPlugin(sleeps)], builtins=False,
+                    entry_points=False, working_dir=tmp_path, discover=False)
+    await host.start()
+    call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0.1}))
+    await sleeps.running.wait()
+    await host.close()
+    assert (await call).success
+    assert sleeps.finished == 1
+
+
+async def test_calls_arriving_while_closing_are_refused_and_recorded(tmp_path: Path) -> None:
+    sleeps = Sleeps()
+    counting = Counting()
+    host = ToolHost(config={"shutdown_grace_ms": 5000},
+                    plugins=[ToolsPlugin(sleeps), counting], builtins=["audit"], entry_points=False,
+                    working_dir=tmp_path, discover=False)
+    await host.start()
+    log_path = Path(host.capabilities["audit.path"])
+    first = asyncio.ensure_future(host.call("sleeps", {"seconds": 0.2}))
+    await sleeps.running.wait()
+    closing = asyncio.ensure_future(host.close())
+    await asyncio.sleep(0.01)
+    refused = await host.call("sleeps", {"seconds": 0}, call_id="late")
+    assert refused.error["code"] == "host_closing"
+    await closing
+    assert (await first).success
+    counting.assert_once("late")
+    assert any(json.loads(line)["call_id"] == "late" for line in log_path.read_text().splitlines()
+               if json.loads(line).get("kind") == "call")
+
+
+# -- fail-closed hooks ---------------------------------------------------------------------
+
+
+class Explodes:
+    """Fails in ``hook`` (raises) — fail closed by default."""
+
+    def __init__(self, hook: str, name: str = "explodes") -> None:
+        self.name = name
+        self.hook = hook
+
+    @hookimpl(tryfirst=True)
+    def tool_post(self, call: Any) -> None:
+        if self.hook == "tool_post":
+            raise RuntimeError("boom in tool_post")
+
+    @hookimpl(tryfirst=True)
+    def tool_complete(self, call: Any) -> None:
+        if self.hook == "tool_complete":
+            raise RuntimeError("boom in tool_complete")
+
+
+class Resurrects:
+    """Runs after the failing plugin and tries to put the output back."""
+
+    name = "resurrects"
+
+    @hookimpl(trylast=True)
+    def tool_post(self, call: Any) -> ToolResult:
+        return ToolResult(True, "resurrected")
+
+
+async def test_fail_closed_in_tool_post_cannot_be_undone_by_a_later_replacement(tmp_path: Path) -> None:
+    counting = Counting()
+    async with ToolHost(plugins=[ToolsPlugin(Sleeps()), Resurrects(), Explodes("tool_post"), counting],
+                        builtins=False, entry_points=False, working_dir=tmp_path, discover=False) as host:
+        result = await host.call("sleeps", {"seconds": 0}, call_id="f1")
+    assert not result.success and result.output is None
+    assert result.error["code"] == "hook_failed" and result.error["plugin"] == "explodes"
+    actions = [(d["plugin"], d["action"]) for d in result.metadata["trail"]]
+    assert ("resurrects", "replace_ignored") in actions
+    counting.assert_once("f1")
+
+
+async def test_fail_closed_tool_complete_the_audit_records_what_the_caller_got(tmp_path: Path) -> None:
+    async with ToolHost(config={"plugins": {}},
+                        plugins=[ToolsPlugin(Sleeps()), Explodes("tool_complete")], builtins=["audit"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        result = await host.call("sleeps", {"seconds": 0}, call_id="o1")
+        record = audit_record(host, "o1")
+    assert not result.success and result.output is None
+    assert record["status"] == "error"
+    assert record["error"]["code"] == result.error["code"] == "hook_failed"
+    assert record["error"]["plugin"] == "explodes"
+
+
+@pytest.mark.parametrize("hook", ["tool_pre", "tool_post", "tool_error", "tool_complete"])
+@pytest.mark.parametrize("fault", ["raises", "hangs"])
+async def test_a_failing_hook_in_any_position_still_ends_the_call_once(
+    tmp_path: Path, hook: str, fault: str
+) -> None:
+    class Faulty:
+        name = "faulty"
+
+        async def _fault(self) -> None:
+            if fault == "raises":
+                raise RuntimeError(f"boom in {hook}")
+            await asyncio.sleep(30)
+
+        @hookimpl
+        async def tool_pre(self, call: Any) -> None:
+            if hook == "tool_pre":
+                await self._fault()
+
+        @hookimpl
+        async def tool_post(self, call: Any) -> None:
+            if hook == "tool_post":
+                await self._fault()
+
+        @hookimpl
+        async def tool_error(self, call: Any) -> None:
+            if hook == "tool_error":
+                await self._fault()
+
+        @hookimpl
+        async def tool_complete(self, call: Any) -> None:
+            if hook == "tool_complete":
+                await self._fault()
+
+    counting = Counting()
+    config = {"plugins": {"faulty": {"hook_timeout_ms": 50}}}
+    arguments = {"seconds": 0} if hook != "tool_error" else {}  # tool_error needs a failing call
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Sleeps()), Faulty(), counting],
+                        builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False) as host:
+        result = await host.call("sleeps", arguments, call_id="h1")
+        assert audit_records(host) == Counter({"h1": 1})
+        record = audit_record(host, "h1")
+    counting.assert_once("h1")
+    assert not result.success
+    assert record["status"] == "error"
+    if hook != "tool_error":  # a failing tool_error hook leaves the original error standing
+        assert result.error["plugin"] == "faulty"
+        assert result.error["code"] == ("hook_failed" if fault == "raises" else "hook_timeout")
+        assert record["error"]["code"] == result.error["code"]
+
+
+# -- hostile input and misspelled hooks -------------------------------------------------------
+
+
+async def test_deeply_nested_arguments_are_the_callers_contract_error(host_factory: Any) -> None:
+    host = await host_factory(ToolsPlugin(Sleeps()))
+    nested: Any = []
+    for _ in range(5000):
+        nested = [nested]
+    result = await host.call("sleeps", {"seconds": 0, "extra": nested})
+    assert result.error["type"] == "ContractError" and result.error["code"] == "invalid_json"
+    assert "deeper than" in result.error["message"]
+    assert result.error["pointer"].startswith("/extra/0/0")
+
+
+async def test_huge_integer_argument_is_the_callers_contract_error(host_factory: Any) -> None:
+    host = await host_factory(ToolsPlugin(Sleeps()))
+    result = await host.call("sleeps", {"seconds": 10**4400})
+    assert result.error["type"] == "ContractError" and result.error["pointer"] == "/seconds"
+
+
+@pytest.mark.parametrize("key,value", [
+    ("default_timeout_ms", float("nan")), ("hook_timeout_ms", float("inf")),
+    ("tools.sleeps.policies.rate_limit.interval_ms", float("nan")),
+    ("tools.sleeps.policies.circuit_breaker.cooldown_ms", float("nan")),
+    ("tools.sleeps.policies.timeout_ms", float("nan")),
+])
+async def test_nan_and_infinity_in_config_are_refused_naming_the_key(
+    tmp_path: Path, key: str, value: float
+) -> None:
+    from amplifier_tools.errors import ConfigError
+
+    text_value = "nan" if value != value else "inf"
+    *table, leaf = key.split(".")
+    if table:
+        head = ".".join(f'"{p}"' if p == "sleeps" else p for p in table)
+        body = f"[{head}]\n{leaf} = {text_value}\n"
+        if "rate_limit" in key:
+            body += "limit = 3\n"
+    else:
+        body = f"{leaf} = {text_value}\n"
+    config = tmp_path / "amplifier-tools.toml"
+    config.write_text(body)
+    with pytest.raises(ConfigError) as caught:
+        ToolHost(config=config, plugins=[ToolsPlugin(Sleeps())], builtins=False, entry_points=False,
+                 working_dir=tmp_path)
+    assert key in str(caught.value) and str(config) in str(caught.value)
+
+
+async def test_misspelled_hook_is_refused_with_a_suggestion(tmp_path: Path) -> None:
+    class Typo:
+        name = "typo-policy"
+
+        @hookimpl
+        def tool_pree(self, call: Any) -> None:
+            raise AssertionError("never called")
+
+    with pytest.raises(PluginLoadError) as caught:
+        async with ToolHost(plugins=[Typo()], builtins=False, entry_points=False, working_dir=tmp_path,
+                            discover=False):
+            pass
+    assert "typo-policy" in str(caught.value) and "'tool_pree'" in str(caught.value)
+    assert "did you mean 'tool_pre'" in str(caught.value)
+
+
+async def test_hook_wrapper_on_mount_is_refused(tmp_path: Path) -> None:
+    class Wraps:
+        name = "wraps"
+
+        @hookimpl(wrapper=True)
+        def mount(self, coordinator: Any, config: Any) -> Any:
+            return (yield)
+
+    with pytest.raises(PluginLoadError, match="wraps.*mount as a hook wrapper"):
+        async with ToolHost(plugins=[Wraps()], builtins=False, entry_points=False, working_dir=tmp_path,
+                            discover=False):
+            pass
+
+
+# -- policy waits are not hook timeouts -------------------------------------------------------
+
+
+class WaitsByPolicy:
+    """Waits in tool_pre (as a queue would) and bounds the wait itself."""
+
+    name = "waits"
+    hook_timeout_ms = None
+
+    @hookimpl
+    async def tool_pre(self, call: Any) -> None:
+        await asyncio.sleep(0.3)
+
+
+async def test_a_plugin_declaring_no_hook_timeout_may_wait_longer_than_the_host_default(tmp_path: Path) -> None:
+    async with ToolHost(config={"hook_timeout_ms": 50}, plugins=[ToolsPlugin(Sleeps()), WaitsByPolicy()],
+                        builtins=False, entry_points=False, working_dir=tmp_path, discover=False) as host:
+        result = await host.call("sleeps", {"seconds": 0})
+    assert result.success, result.error
+
+
+async def test_the_plugins_config_section_still_overrides_its_declared_hook_timeout(tmp_path: Path) -> None:
+    config = {"plugins": {"waits": {"hook_timeout_ms": 50}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Sleeps()), WaitsByPolicy()],
+                        builtins=False, entry_points=False, working_dir=tmp_path, discover=False) as host:
+        result = await host.call("sleeps", {"seconds": 0})
+    assert result.error["code"] == "hook_timeout" and result.error["plugin"] == "waits"
