@@ -23,7 +23,7 @@ import pytest
 from helpers import ToolsPlugin
 from test_policy import FakeClock, Tool
 
-from amplifier_tools import Deny, ToolCall, ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools import Deny, ToolCall, ToolContext, ToolHost, ToolResult, ToolSpec, hookimpl
 from amplifier_tools.builtins.policy import PolicyPlugin
 
 ZERO = {"calls": 0, "slots": 0, "slot_waiters": 0, "idempotency_claims": 0, "probes": 0, "budget_reservations": 0}
@@ -433,6 +433,32 @@ async def test_a_probe_cancelled_while_waiting_at_the_host_lets_the_next_call_pr
     sleep.hold, tool.fail = False, False
     assert (await host.call("flaky", {})).success  # the next call probed and closed the breaker
     assert (await host.call("flaky", {})).success
+
+
+async def test_a_probe_vetoed_by_a_later_plugin_neither_closes_nor_reopens_the_breaker(started: Any) -> None:
+    clock = FakeClock()
+
+    class Veto:
+        name = "veto"
+        on = False
+
+        @hookimpl(trylast=True)
+        def tool_pre(self) -> Deny | None:
+            return Deny("not now", code="vetoed") if self.on else None
+
+    veto = Veto()
+    tool = Tool("flaky", fail=True, policies={"circuit_breaker": {"failure_threshold": 2, "cooldown_ms": 5000}})
+    host = await started(tool, clock=clock, plugins=(veto,))
+    for _ in range(2):
+        assert (await host.call("flaky", {})).error["code"] == "backend_down"  # opens
+    clock.now += 5.0
+    veto.on = True
+    assert (await host.call("flaky", {})).error["code"] == "vetoed"  # the probe never reached the tool
+    assert held(host) == ZERO
+    veto.on = False
+    assert (await host.call("flaky", {})).error["code"] == "backend_down"  # still half-open: this is the probe
+    assert (await host.call("flaky", {})).error["code"] == "circuit_open"  # its one failure reopened it
+    assert tool.runs == 3
 
 
 async def test_a_slow_call_admitted_while_closed_does_not_decide_half_open() -> None:

@@ -43,7 +43,8 @@ from .state import MemoryState, PolicyState, monotonic
 PLUGIN: Final = "policy"
 KEYS: Final = frozenset({"rules", "default_action", "idempotency_window_ms"})
 COUNTED_FAILURES: Final = frozenset({"ExecutionError", "SystemError"})
-#: Outcomes that are neither success nor failure: the call was cut off, not answered by the tool.
+#: Outcomes that are neither success nor failure: the call was cut off, not answered by the tool
+#: (so are errors attributed to a plugin).
 NEUTRAL_CODES: Final = frozenset({"cancelled", "host_closing"})
 DEFAULT_TIMEOUT: Final = 60.0  # the host's default tool timeout when none is published
 
@@ -559,8 +560,9 @@ class PolicyPlugin:
         error = result.error
         if error is None:
             failed: bool | None = False
-        elif error.get("code") in NEUTRAL_CODES and error.get("type") == "SystemError":
-            failed = None
+        elif error.get("plugin") is not None or (error.get("code") in NEUTRAL_CODES
+                                                 and error.get("type") == "SystemError"):
+            failed = None  # cut off, or decided by a plugin (a later veto, a hook failure): says nothing of the tool
         else:
             failed = error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout"
         changed = self._settle(held, failed=failed, result=result)
