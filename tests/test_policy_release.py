@@ -103,6 +103,12 @@ def spec(name: str = "t", **fields: Any) -> ToolSpec:
     return ToolSpec(name=name, description=name, **fields)
 
 
+def on_fake_clock(tool: ToolSpec) -> tuple[FakeClock, Calls]:
+    """A fresh plugin on a fake clock (its sleeps advance the clock), driving calls of ``tool``."""
+    clock = FakeClock()
+    return clock, Calls(PolicyPlugin(clock=clock, sleep=clock.sleep), tool)
+
+
 @pytest.fixture
 async def started() -> AsyncIterator[Callable[..., Awaitable[ToolHost]]]:
     """``await started(*tools, clock=..., policy=..., plugins=..., config=...)``: a started host with
@@ -232,10 +238,9 @@ async def test_a_slot_wait_ends_at_the_calls_deadline_as_concurrency_limited() -
 @pytest.mark.parametrize(("timeout_ms", "queues"), [(100, False), (5000, True)])
 async def test_a_rate_limit_wait_queues_only_if_the_next_window_opens_within_the_tools_timeout(
         timeout_ms: float, queues: bool) -> None:
-    clock = FakeClock()
-    plugin = PolicyPlugin(clock=clock, sleep=clock.sleep)
-    calls = Calls(plugin, spec(policies={"rate_limit": {"limit": 1, "interval_ms": 1000, "queue": True},
+    clock, calls = on_fake_clock(spec(policies={"rate_limit": {"limit": 1, "interval_ms": 1000, "queue": True},
                                          "timeout_ms": timeout_ms}))
+    plugin = calls.plugin
     first, second = calls.new(), calls.new()
     assert calls.pre_now(first) is None
     verdict = await calls.pre(second)
@@ -293,11 +298,10 @@ async def test_a_call_denied_for_concurrency_gives_back_its_rate_token_and_budge
 
 
 async def test_a_call_cancelled_while_queued_uses_no_rate_token_or_budget_call() -> None:
-    clock = FakeClock()
-    plugin = PolicyPlugin(clock=clock, sleep=clock.sleep)
-    calls = Calls(plugin, spec(policies={
+    _, calls = on_fake_clock(spec(policies={
         "concurrency": {"limit": 1}, "rate_limit": {"limit": 2, "interval_ms": 60000},
         "budgets": [{"per": "principal", "max_calls": 2, "window_ms": 60000}]}))
+    plugin = calls.plugin
     first = await calls.cancel_while_queued()
     calls.complete(first, ok(first))
     again = calls.new()
@@ -379,9 +383,8 @@ async def open_breaker(calls: Calls, clock: FakeClock) -> None:
 
 
 async def test_a_cancelled_probe_lets_the_next_call_probe() -> None:
-    clock = FakeClock()
-    plugin = PolicyPlugin(clock=clock, sleep=clock.sleep)
-    calls = Calls(plugin, spec(policies=BREAKER))
+    clock, calls = on_fake_clock(spec(policies=BREAKER))
+    plugin = calls.plugin
     await open_breaker(calls, clock)
     probe = calls.new()
     assert await calls.pre(probe) is None
@@ -463,9 +466,8 @@ async def test_a_probe_vetoed_by_a_later_plugin_neither_closes_nor_reopens_the_b
 
 async def test_a_slow_call_admitted_while_closed_does_not_decide_half_open() -> None:
     """Item 7a: only the probe's own outcome closes or reopens a half-open breaker."""
-    clock = FakeClock()
-    plugin = PolicyPlugin(clock=clock, sleep=clock.sleep)
-    calls = Calls(plugin, spec(policies=BREAKER))
+    clock, calls = on_fake_clock(spec(policies=BREAKER))
+    plugin = calls.plugin
     slow = calls.new()
     assert await calls.pre(slow) is None  # admitted while closed
     await open_breaker(calls, clock)
@@ -481,9 +483,7 @@ async def test_a_slow_call_admitted_while_closed_does_not_decide_half_open() -> 
 
 
 async def test_a_slow_failure_admitted_while_closed_does_not_reopen_a_half_open_breaker() -> None:
-    clock = FakeClock()
-    plugin = PolicyPlugin(clock=clock, sleep=clock.sleep)
-    calls = Calls(plugin, spec(policies=BREAKER))
+    clock, calls = on_fake_clock(spec(policies=BREAKER))
     slow = calls.new()
     assert await calls.pre(slow) is None
     await open_breaker(calls, clock)
@@ -557,9 +557,8 @@ async def test_concurrent_calls_cannot_overshoot_a_time_budget(started: Any) -> 
 
 
 async def test_a_settled_call_frees_the_rest_of_its_reservation() -> None:
-    clock = FakeClock()
-    plugin = PolicyPlugin(clock=clock, sleep=clock.sleep)
-    calls = Calls(plugin, spec(policies=SECONDS))
+    clock, calls = on_fake_clock(spec(policies=SECONDS))
+    plugin = calls.plugin
     first, second = calls.new(), calls.new()
     assert await calls.pre(first) is None
     assert await calls.pre(second) is None
@@ -575,9 +574,8 @@ async def test_a_settled_call_frees_the_rest_of_its_reservation() -> None:
 
 
 async def test_a_cancelled_call_releases_its_reservation_and_counts_the_time_it_ran() -> None:
-    clock = FakeClock()
-    plugin = PolicyPlugin(clock=clock, sleep=clock.sleep)
-    calls = Calls(plugin, spec(policies=SECONDS))
+    clock, calls = on_fake_clock(spec(policies=SECONDS))
+    plugin = calls.plugin
     first = calls.new()
     assert await calls.pre(first) is None
     clock.now += 4.0
@@ -603,9 +601,8 @@ async def test_a_call_cancelled_while_queued_releases_its_reservation() -> None:
 
 
 async def test_tool_complete_gives_back_what_a_never_awaited_wait_took() -> None:
-    clock = FakeClock()
-    plugin = PolicyPlugin(clock=clock, sleep=clock.sleep)
-    calls = Calls(plugin, spec(policies={"concurrency": {"limit": 1}, **BREAKER}))
+    _, calls = on_fake_clock(spec(policies={"concurrency": {"limit": 1}, **BREAKER}))
+    plugin = calls.plugin
     first, second = calls.new(), calls.new()
     assert calls.pre_now(first) is None
     never_run = calls.pre_now(second)
