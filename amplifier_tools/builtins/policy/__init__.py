@@ -2,10 +2,20 @@
 
 Uses only the public hooks. ``tool_pre`` decides in this order — scopes,
 declarative rules, idempotency, circuit breaker, budgets, rate limit,
-concurrency (the only step that may wait) — and records each decision in the
-trail; ``tool_complete`` releases what the call held and counts its outcome;
-``tool_error`` turns an idempotent replay into the stored result. Timeouts and
-retries are enforced by the host's execution step from the same contract.
+concurrency — and records each decision in the trail; ``tool_complete``
+releases what the call held and counts its outcome; ``tool_error`` turns an
+idempotent replay into the stored result. Timeouts and retries are enforced by
+the host's execution step from the same contract.
+
+Every resource a call takes (slot, queue place, idempotency claim, breaker
+probe, budget reservation, rate-limit token) is given back whatever happens:
+a call that does not get through ``tool_pre`` (denied by a later check, out of
+time while waiting, cancelled at any await) gives back everything it took
+there; an admitted call releases at ``tool_complete``, which the host calls
+for every call whose ``tool_pre`` chain ran this plugin, cancelled or not.
+Waiting is policy, not hook time: the plugin declares ``hook_timeout_ms =
+None`` and bounds every wait itself by the call's deadline, else the tool's
+timeout. ``held_resources()`` counts what is held, for tests.
 
 The policy values come from each tool's ``spec.policies`` and
 ``spec.security`` (overridable per tool in ``[tools."<name>"]``); the plugin's
@@ -20,7 +30,7 @@ import hashlib
 import json
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from ..._markers import hookimpl
 from ...errors import ConfigError
@@ -33,6 +43,10 @@ from .state import MemoryState, PolicyState, monotonic
 PLUGIN: Final = "policy"
 KEYS: Final = frozenset({"rules", "default_action", "idempotency_window_ms"})
 COUNTED_FAILURES: Final = frozenset({"ExecutionError", "SystemError"})
+#: Outcomes that are neither success nor failure: the call was cut off, not answered by the tool
+#: (so are errors attributed to a plugin).
+NEUTRAL_CODES: Final = frozenset({"cancelled", "host_closing"})
+DEFAULT_TIMEOUT: Final = 60.0  # the host's default tool timeout when none is published
 
 
 class Slots:
@@ -52,20 +66,31 @@ class Slots:
         return False
 
     async def acquire(self, timeout: float | None) -> bool:
+        """Wait in line for a slot for at most ``timeout`` seconds; False when the time ran out.
+        A cancelled waiter leaves the line, and passes on a slot handed to it as it was cancelled.
+        (``asyncio.wait``, not ``wait_for``: before 3.12 ``wait_for`` swallows a cancellation that
+        arrives as the awaited future completes.)"""
         if self.try_acquire():
             return True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout)
-        except (asyncio.TimeoutError, TimeoutError):
-            if waiter.done() and not waiter.cancelled():  # the slot arrived as the wait ended: give it back
-                self.release()
-            else:
-                waiter.cancel()
+            await asyncio.wait((waiter,), timeout=timeout)
+        except BaseException:
+            self._leave(waiter)
+            raise
+        if waiter.done():
+            return True
+        self._leave(waiter)
+        return False
+
+    def _leave(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.done() and not waiter.cancelled():
+            self.release()  # the slot arrived as the wait ended: pass it on
+        else:
+            waiter.cancel()
+            if waiter in self.waiters:
                 self.waiters.remove(waiter)
-            return False
-        return True
 
     def release(self) -> None:
         while self.waiters:  # hand the slot straight to the next waiter
@@ -77,22 +102,29 @@ class Slots:
 
 
 class _Held:
-    """What an admitted call holds until ``tool_complete``."""
+    """What one call took in ``tool_pre``: given back if it is not admitted, released at ``tool_complete``."""
 
-    __slots__ = ("breaker", "budgets", "idempotency", "semaphore", "started")
+    __slots__ = ("admitted", "breaker", "budgets", "idempotency", "probe", "rate", "slots", "started")
 
-    def __init__(self, started: float) -> None:
-        self.semaphore: Slots | None = None
+    def __init__(self) -> None:
+        self.admitted = False
+        self.slots: Slots | None = None
         self.breaker: CircuitBreaker | None = None
-        self.budgets: list[tuple[str, int]] = []
+        self.probe: int | None = None
+        self.budgets: list[tuple[str, int, float]] = []  # (budget key, window, seconds reserved)
+        self.rate: tuple[str, int] | None = None  # the rate-limit token: (key, window)
         self.idempotency: tuple[str, str, asyncio.Future[ToolResult | None]] | None = None
-        self.started = started
+        self.started = 0.0
 
 
 class PolicyPlugin:
     """Enforces every policy of the tool contract; one instance per host."""
 
     name = PLUGIN
+    #: Policy waits are bounded by the call's deadline (else the tool's timeout) and end in the
+    #: policy's own errors, so the host's hook timeout does not apply (``[plugins.policy]
+    #: hook_timeout_ms`` in config still sets one).
+    hook_timeout_ms: ClassVar[float | None] = None
 
     def __init__(self, *, clock: Callable[[], float] = monotonic,
                  sleep: Callable[[float], Any] = asyncio.sleep, state: PolicyState | None = None) -> None:
@@ -104,11 +136,13 @@ class PolicyPlugin:
         self._allow_rules: list[Rule] = []
         self.default_action = "allow"
         self.idempotency_window = 24 * 3600.0
+        self.default_timeout: float | None = DEFAULT_TIMEOUT
         self._slots: dict[str, Slots] = {}
         self._breakers: dict[str, CircuitBreaker] = {}
         self._held: dict[str, _Held] = {}
         self._in_flight: dict[str, asyncio.Future[ToolResult | None]] = {}
         self._replays: dict[str, ToolResult] = {}
+        self._reserved: dict[tuple[str, int], tuple[int, float]] = {}  # budget seconds held by calls in flight
         self._coordinator: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._rate_keys: dict[str, str] = {}
@@ -130,7 +164,23 @@ class PolicyPlugin:
         if not isinstance(window, (int, float)) or isinstance(window, bool) or window <= 0:
             raise ConfigError("must be a positive number", key=f"plugins.{PLUGIN}.idempotency_window_ms")
         self.idempotency_window = window / 1000.0
+        default_ms = coordinator.get_capability("session.default_timeout_ms")
+        if isinstance(default_ms, (int, float)) and not isinstance(default_ms, bool):
+            self.default_timeout = default_ms / 1000.0
         self._coordinator = coordinator
+
+    def held_resources(self) -> dict[str, int]:
+        """What calls hold right now (read-only; all zero when no call is in flight): ``calls`` with
+        resources, concurrency ``slots`` in use, ``slot_waiters`` queued, ``idempotency_claims`` in
+        flight, breaker ``probes`` in flight, ``budget_reservations`` of execution seconds."""
+        return {
+            "calls": len(self._held),
+            "slots": sum(slots.in_use for slots in self._slots.values()),
+            "slot_waiters": sum(len(slots.waiters) for slots in self._slots.values()),
+            "idempotency_claims": len(self._in_flight),
+            "probes": sum(breaker.probe is not None for breaker in self._breakers.values()),
+            "budget_reservations": sum(count for count, _ in self._reserved.values()),
+        }
 
     def _emit_soon(self, event: str, data: dict[str, Any]) -> None:
         """Deliver a state-change event without making the deciding hook wait for observers."""
@@ -155,58 +205,91 @@ class PolicyPlugin:
                 return denied
         policies = spec.policies
         if context.idempotency_key is not None or spec.idempotency_key is IdempotencyKeyRequirement.required:
-            return self._pre_waiting(call, spec, context, _Held(self.clock()), idempotency=True)
+            return self._pre_waiting(call, spec, context, _Held(), idempotency=True)
         if policies.circuit_breaker is None and not policies.budgets and policies.rate_limit is None \
                 and policies.concurrency is None:
             return None
-        held = _Held(self.clock())
-        verdict = self._breaker(call, spec, context, held) if policies.circuit_breaker is not None else None
+        held = _Held()
+        verdict = self._breaker(spec, context, held) if policies.circuit_breaker is not None else None
         if verdict is None and policies.budgets:
-            verdict = self._budgets(call, spec, context, held)
+            verdict = self._budgets(spec, context, held)
+        if verdict is None and policies.rate_limit is not None:
+            verdict = self._rate_limit_now(spec, context, held)
+            if verdict is not None and self._may_queue(spec, verdict, self._time_left(spec, context, self.clock())):
+                return self._pre_waiting(call, spec, context, held, idempotency=False)
+        if verdict is None and policies.concurrency is not None:
+            slots = self._slots_of(spec)
+            if slots.try_acquire():
+                held.slots = slots
+            elif policies.concurrency.queue:
+                return self._pre_waiting(call, spec, context, held, idempotency=False)
+            else:
+                verdict = self._no_slot(spec, None)
         if verdict is not None:
-            self._release(held, failed=None)
+            self._give_back(held)
             return verdict
-        verdict = self._rate_limit_now(spec, context)
-        if verdict is not None:
-            if not self._may_queue(spec, context, verdict):
-                self._release(held, failed=None)
-                return verdict
-            return self._pre_waiting(call, spec, context, held, idempotency=False, from_rate_limit=True)
-        if policies.concurrency is not None:
-            slots = self._slots.get(spec.name)
-            if slots is None:
-                slots = self._slots[spec.name] = Slots(policies.concurrency.limit)
-            if not slots.try_acquire():
-                return self._pre_waiting(call, spec, context, held, idempotency=False, from_concurrency=True)
-            held.semaphore = slots
-        self._held[call.id] = held
+        self._admit(call, held)
         return None
 
-    async def _pre_waiting(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held, *,
-                           idempotency: bool, from_rate_limit: bool = False, from_concurrency: bool = False,
-                           ) -> Deny | None:
-        """The slow path: idempotency waits, queued rate limits, queued concurrency slots."""
-        if idempotency:
-            verdict = await self._idempotency(call, spec, context, held)
-            if verdict is not None:
-                return verdict
-            for check in (self._breaker, self._budgets):
-                verdict = check(call, spec, context, held)
-                if verdict is not None:
-                    self._release(held, failed=None)
-                    return verdict
-        if idempotency or from_rate_limit:
-            verdict = await self._rate_limit(spec, context)
-            if verdict is not None:
-                self._release(held, failed=None)
-                return verdict
-        if spec.policies.concurrency is not None:
-            verdict = await self._concurrency(spec, context, held)
-            if verdict is not None:
-                self._release(held, failed=None)
-                return verdict
+    def _pre_waiting(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held, *,
+                     idempotency: bool) -> Any:
+        """The slow path, as a coroutine for the host to await. The call is registered first, so
+        ``tool_complete`` gives back what it took even if the coroutine never runs."""
         self._held[call.id] = held
+        return self._wait_then_admit(call, spec, context, held, idempotency=idempotency)
+
+    async def _wait_then_admit(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held, *,
+                               idempotency: bool) -> Deny | None:
+        """Idempotency waits, queued rate limits, queued concurrency slots. Whatever ends this before
+        admission — a denial, running out of time, cancellation at any await — gives back everything
+        the call took in ``tool_pre``."""
+        try:
+            verdict = await self._decide_waiting(call, spec, context, held, idempotency=idempotency)
+        except BaseException:
+            self._abandon(call, held)
+            raise
+        if verdict is not None:
+            self._abandon(call, held)
+            return verdict
+        self._admit(call, held)
         return None
+
+    async def _decide_waiting(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held, *,
+                              idempotency: bool) -> Deny | None:
+        policies = spec.policies
+        started = self.clock()
+        verdict = None
+        if idempotency:
+            verdict = await self._idempotency(call, spec, context, held, started)
+            if verdict is None and policies.circuit_breaker is not None:
+                verdict = self._breaker(spec, context, held)
+            if verdict is None and policies.budgets:
+                verdict = self._budgets(spec, context, held)
+        if verdict is None and policies.rate_limit is not None and held.rate is None:
+            verdict = await self._rate_limit(spec, context, held, started)
+        if verdict is None and policies.concurrency is not None:
+            verdict = await self._concurrency(spec, context, held, started)
+        return verdict
+
+    def _admit(self, call: ToolCall, held: _Held) -> None:
+        held.admitted = True
+        held.started = self.clock()
+        self._held[call.id] = held
+
+    def _abandon(self, call: ToolCall, held: _Held) -> None:
+        if self._held.get(call.id) is held:
+            del self._held[call.id]
+        self._give_back(held)
+
+    def _time_left(self, spec: ToolSpec, context: ToolContext, started: float) -> float | None:
+        """How much longer this call may wait: until its deadline, or, without one, for as long as
+        the tool may run (its timeout, else the host's default), counted from ``started``."""
+        remaining = context.remaining()
+        if remaining is not None:
+            return max(remaining, 0.0)
+        timeout_ms = spec.policies.timeout_ms
+        bound = timeout_ms / 1000.0 if timeout_ms is not None else self.default_timeout
+        return None if bound is None else max(bound - (self.clock() - started), 0.0)
 
     def _check_rules(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | None:
         """Any matching deny rule denies, whatever its position: the first matching deny (in config order)
@@ -229,7 +312,8 @@ class PolicyPlugin:
                         details={"rule": "default"})
         return None
 
-    async def _idempotency(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
+    async def _idempotency(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held,
+                           started: float) -> Deny | None:
         key = context.idempotency_key
         if key is None:
             if spec.idempotency_key is IdempotencyKeyRequirement.required:
@@ -250,13 +334,16 @@ class PolicyPlugin:
             running = self._in_flight.get(slot)
             if running is None:
                 break
-            await asyncio.shield(running)  # a duplicate waits for the first call to finish, then replays
+            # A duplicate waits for the first call to finish, then replays (or runs, if that one failed).
+            await asyncio.wait((running,), timeout=self._time_left(spec, context, started))
+            if not running.done():
+                return Deny(f"a call with idempotency key {key!r} is still running", code="idempotency_in_progress")
         future: asyncio.Future[ToolResult | None] = asyncio.get_running_loop().create_future()
         self._in_flight[slot] = future
         held.idempotency = (slot, digest, future)
         return None
 
-    def _breaker(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
+    def _breaker(self, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
         policy = spec.policies.circuit_breaker
         if policy is None:
             return None
@@ -264,43 +351,67 @@ class PolicyPlugin:
         if breaker is None:
             breaker = self._breakers[spec.name] = CircuitBreaker(policy)
         now = self.clock()
-        allowed, changed = breaker.admit(now)
+        allowed, changed, probe = breaker.admit(now)
         if changed is not None:
             context.record(PLUGIN, "tool_pre", "circuit", f"circuit {changed}: probe call", state=changed)
             self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
         if not allowed:
             return Deny(f"circuit for {spec.name!r} is open", code="circuit_open",
                         details={"retry_after": round(breaker.retry_after(now), 3)})
-        held.breaker = breaker
+        held.breaker, held.probe = breaker, probe
         return None
 
-    def _budget_keys(self, spec: ToolSpec, context: ToolContext) -> list[tuple[Any, str]]:
+    def _budgets(self, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
+        """Count the call against each budget and reserve execution seconds for it: at most its
+        longest possible run, at most what is left. Admitted only while spent + reserved < max."""
         subjects = {"principal": context.principal, "role": context.role, "environment": context.environment}
-        return [(budget, f"budget:{budget.per}:{subjects[budget.per]}") for budget in spec.policies.budgets
-                if subjects[budget.per] is not None]
-
-    def _budgets(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
-        if not spec.policies.budgets:
-            return None
         now = self.clock()
-        keys = self._budget_keys(spec, context)
-        for budget, key in keys:
+        checked: list[tuple[str, int, float]] = []
+        longest: float | None = None
+        longest_known = False
+        for budget in spec.policies.budgets:
+            subject = subjects[budget.per]
+            if subject is None:
+                continue
+            key = f"budget:{budget.per}:{subject}"
             window = int(now // (budget.window_ms / 1000.0))
             if budget.max_calls is not None and self.state.get(f"{key}:calls", window) >= budget.max_calls:
-                return Deny(f"call budget of {budget.per} {key.split(':', 2)[2]!r} is used up "
+                return Deny(f"call budget of {budget.per} {subject!r} is used up "
                             f"({budget.max_calls} calls per {budget.window_ms:g} ms)", code="budget_exceeded",
                             details={"budget": f"{budget.per}:calls"})
-            if budget.max_seconds is not None and self.state.get(f"{key}:seconds", window) >= budget.max_seconds:
-                return Deny(f"time budget of {budget.per} {key.split(':', 2)[2]!r} is used up "
-                            f"({budget.max_seconds:g} s per {budget.window_ms:g} ms)", code="budget_exceeded",
-                            details={"budget": f"{budget.per}:seconds"})
-        for budget, key in keys:
-            window = int(now // (budget.window_ms / 1000.0))
+            reserve = 0.0
+            if budget.max_seconds is not None:
+                spent = self.state.get(f"{key}:seconds", window)
+                left = budget.max_seconds - spent - self._reserved.get((key, window), (0, 0.0))[1]
+                if left <= 0:
+                    held_by = "used up" if spent >= budget.max_seconds else "reserved by calls in flight"
+                    return Deny(f"time budget of {budget.per} {subject!r} is {held_by} "
+                                f"({budget.max_seconds:g} s per {budget.window_ms:g} ms)", code="budget_exceeded",
+                                details={"budget": f"{budget.per}:seconds"})
+                if not longest_known:
+                    longest, longest_known = self._longest_run(spec, context), True
+                reserve = left if longest is None else min(left, longest)
+            checked.append((key, window, reserve))
+        for key, window, reserve in checked:
             self.state.add(f"{key}:calls", window, 1)
-            held.budgets.append((f"{key}:seconds", window))
+            if reserve:
+                count, total = self._reserved.get((key, window), (0, 0.0))
+                self._reserved[(key, window)] = (count + 1, total + reserve)
+            held.budgets.append((key, window, reserve))
         return None
 
-    def _rate_limit_now(self, spec: ToolSpec, context: ToolContext) -> Deny | None:
+    def _longest_run(self, spec: ToolSpec, context: ToolContext) -> float | None:
+        """The longest this call may execute: its timeout times its attempts, cut by its deadline."""
+        timeout_ms = spec.policies.timeout_ms
+        longest = timeout_ms / 1000.0 if timeout_ms is not None else self.default_timeout
+        if longest is not None and spec.policies.retry is not None:
+            longest *= spec.policies.retry.max_attempts
+        remaining = context.remaining()
+        if remaining is not None:
+            longest = max(remaining, 0.0) if longest is None else min(longest, max(remaining, 0.0))
+        return longest
+
+    def _rate_limit_now(self, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
         """Take a token from the current window, or say when the next window opens."""
         limit = spec.policies.rate_limit
         if limit is None:
@@ -312,6 +423,7 @@ class PolicyPlugin:
         now = self.clock()
         window = int(now // interval)
         if self.state.add(key, window, 1) <= limit.limit:
+            held.rate = (key, window)
             return None
         self.state.add(key, window, -1)
         retry_after = (window + 1) * interval - now
@@ -319,63 +431,112 @@ class PolicyPlugin:
                     code="rate_limited", details={"retry_after": round(retry_after, 3)})
 
     @staticmethod
-    def _may_queue(spec: ToolSpec, context: ToolContext, verdict: Deny) -> bool:
+    def _may_queue(spec: ToolSpec, verdict: Deny, time_left: float | None) -> bool:
         limit = spec.policies.rate_limit
-        remaining = context.remaining()
-        return bool(limit is not None and limit.queue
-                    and (remaining is None or remaining >= verdict.details["retry_after"]))
+        return bool(limit is not None and limit.queue and verdict.code == "rate_limited"
+                    and (time_left is None or time_left >= verdict.details["retry_after"]))
 
-    async def _rate_limit(self, spec: ToolSpec, context: ToolContext) -> Deny | None:
+    async def _rate_limit(self, spec: ToolSpec, context: ToolContext, held: _Held, started: float) -> Deny | None:
         waited = 0.0
         while True:
-            verdict = self._rate_limit_now(spec, context)
+            verdict = self._rate_limit_now(spec, context, held)
             if verdict is None:
                 if waited:
                     context.record(PLUGIN, "tool_pre", "waited", f"rate limit: waited {waited:.3f} s")
                 return None
-            if not self._may_queue(spec, context, verdict):
+            if not self._may_queue(spec, verdict, self._time_left(spec, context, started)):
                 return verdict
             await self.sleep(verdict.details["retry_after"])
             waited += verdict.details["retry_after"]
 
-    async def _concurrency(self, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
-        policy = spec.policies.concurrency
-        assert policy is not None
+    def _slots_of(self, spec: ToolSpec) -> Slots:
         slots = self._slots.get(spec.name)
         if slots is None:
-            slots = self._slots[spec.name] = Slots(policy.limit)
+            assert spec.policies.concurrency is not None
+            slots = self._slots[spec.name] = Slots(spec.policies.concurrency.limit)
+        return slots
+
+    @staticmethod
+    def _no_slot(spec: ToolSpec, waited: float | None) -> Deny:
+        limit = spec.policies.concurrency.limit if spec.policies.concurrency is not None else 0
+        if waited is None:
+            return Deny(f"{limit} calls of {spec.name!r} are already running", code="concurrency_limited")
+        return Deny(f"no free slot for {spec.name!r} within {waited:.3g} s (the call's deadline, else the "
+                    f"tool's timeout)", code="concurrency_limited")
+
+    async def _concurrency(self, spec: ToolSpec, context: ToolContext, held: _Held, started: float) -> Deny | None:
+        policy = spec.policies.concurrency
+        assert policy is not None
+        slots = self._slots_of(spec)
         if not policy.queue:
             if not slots.try_acquire():
-                return Deny(f"{policy.limit} calls of {spec.name!r} are already running", code="concurrency_limited")
+                return self._no_slot(spec, None)
         else:
-            remaining = context.remaining()
-            if not await slots.acquire(None if remaining is None else max(remaining, 0.0)):
-                return Deny(f"no free slot for {spec.name!r} before the deadline", code="concurrency_limited")
-        held.semaphore = slots
+            time_left = self._time_left(spec, context, started)
+            if not await slots.acquire(time_left):
+                return self._no_slot(spec, time_left)
+        held.slots = slots
         return None
 
     # -- outcomes -------------------------------------------------------------------
 
-    def _release(self, held: _Held, *, failed: bool | None, result: ToolResult | None = None) -> str | None:
-        if held.semaphore is not None:
-            held.semaphore.release()
-            held.semaphore = None
-        changed = None
-        if held.breaker is not None and failed is not None:
-            changed = held.breaker.record(self.clock(), failed)
-        elif held.breaker is not None:
-            held.breaker.probe_in_flight = False
-        if held.budgets and failed is not None:
-            elapsed = self.clock() - held.started
-            for key, window in held.budgets:
-                self.state.add(key, window, elapsed)
+    def _unreserve(self, key: str, window: int, reserve: float) -> None:
+        if reserve:
+            count, total = self._reserved.pop((key, window))
+            if count > 1:
+                self._reserved[(key, window)] = (count - 1, total - reserve)
+
+    def _resolve_claim(self, held: _Held, result: ToolResult | None) -> None:
+        """End the call's idempotency claim; waiting duplicates then replay ``result`` if it was
+        stored, or one of them runs the tool itself."""
+        assert held.idempotency is not None
+        slot, digest, future = held.idempotency
+        held.idempotency = None
+        if self._in_flight.get(slot) is future:
+            del self._in_flight[slot]
+        if result is not None and result.success:
+            self.state.remember(slot, (digest, result), self.clock() + self.idempotency_window)
+        if not future.done():
+            future.set_result(result)
+
+    def _give_back(self, held: _Held) -> None:
+        """Undo everything a call took in ``tool_pre``: it was not admitted, so it used nothing."""
+        if held.slots is not None:
+            held.slots.release()
+            held.slots = None
+        if held.breaker is not None:
+            held.breaker.abandon(held.probe)
+            held.breaker = None
+        for key, window, reserve in held.budgets:
+            self.state.add(f"{key}:calls", window, -1)
+            self._unreserve(key, window, reserve)
+        held.budgets = []
+        if held.rate is not None:
+            self.state.add(*held.rate, -1)
+            held.rate = None
         if held.idempotency is not None:
-            slot, digest, future = held.idempotency
-            self._in_flight.pop(slot, None)
-            if result is not None and result.success:
-                self.state.remember(slot, (digest, result), self.clock() + self.idempotency_window)
-            if not future.done():
-                future.set_result(result)
+            self._resolve_claim(held, None)
+
+    def _settle(self, held: _Held, *, failed: bool | None, result: ToolResult) -> str | None:
+        """Release what an admitted call held and count its outcome (``failed=None``: neither)."""
+        if held.slots is not None:
+            held.slots.release()
+            held.slots = None
+        changed = None
+        if held.breaker is not None:
+            if failed is None:
+                held.breaker.abandon(held.probe)
+            else:
+                changed = held.breaker.record(self.clock(), failed, held.probe)
+            held.breaker = None
+        if held.budgets:
+            elapsed = self.clock() - held.started
+            for key, window, reserve in held.budgets:
+                self.state.add(f"{key}:seconds", window, elapsed)
+                self._unreserve(key, window, reserve)
+            held.budgets = []
+        if held.idempotency is not None:
+            self._resolve_claim(held, result if failed is not None else None)
         return changed
 
     @hookimpl
@@ -393,9 +554,17 @@ class PolicyPlugin:
         held = self._held.pop(call.id, None)
         if held is None:
             return
+        if not held.admitted:  # its tool_pre never finished (the coroutine was dropped): it used nothing
+            self._give_back(held)
+            return
         error = result.error
-        failed = error is not None and (error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout")
-        changed = self._release(held, failed=failed, result=result)
+        if error is None:
+            failed: bool | None = False
+        elif error.get("plugin") is not None or (error.get("code") in NEUTRAL_CODES
+                                                 and error.get("type") == "SystemError"):
+            failed = None  # cut off, or decided by a plugin (a later veto, a hook failure): says nothing of the tool
+        else:
+            failed = error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout"
+        changed = self._settle(held, failed=failed, result=result)
         if changed is not None and spec is not None:
             self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
-

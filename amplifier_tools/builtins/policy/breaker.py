@@ -1,4 +1,9 @@
-"""Circuit breakers: closed -> open after failures -> half-open probe -> closed (or open again)."""
+"""Circuit breakers: closed -> open after failures -> half-open probe -> closed (or open again).
+
+Only the probe decides half-open: each probe gets a fresh token, and an outcome
+that does not carry the current probe's token (a slow call admitted while the
+breaker was still closed) never moves the breaker out of half-open.
+"""
 
 from __future__ import annotations
 
@@ -13,35 +18,51 @@ HALF_OPEN: Final = "half_open"
 
 
 class CircuitBreaker:
-    """One tool's breaker. Outcomes are recorded with ``record``; ``admit`` decides each call."""
+    """One tool's breaker. ``admit`` decides each call; ``record`` counts an outcome, ``abandon``
+    gives back a probe whose call ended without an outcome (denied later, cancelled, host closing)."""
 
     def __init__(self, policy: CircuitBreakerPolicy) -> None:
         self.policy = policy
         self.state = CLOSED
         self.opened_at = 0.0
-        self.probe_in_flight = False
+        self.probe: int | None = None  # the token of the probe in flight, if any
+        self._tokens = 0
         self._outcomes: deque[tuple[float, bool]] = deque()
         self._failures = 0  # failures among _outcomes, kept in step so recording is O(1)
 
-    def admit(self, now: float) -> tuple[bool, str | None]:
-        """(allowed, new state if it changed). While open, after the cooldown one probe is let through."""
-        if self.state == OPEN and now - self.opened_at >= self.policy.cooldown_ms / 1000.0:
-            self.state = HALF_OPEN
-            self.probe_in_flight = True
-            return True, HALF_OPEN
-        if self.state == OPEN or (self.state == HALF_OPEN and self.probe_in_flight):
-            return False, None
-        if self.state == HALF_OPEN:
-            self.probe_in_flight = True
-        return True, None
+    def admit(self, now: float) -> tuple[bool, str | None, int | None]:
+        """(allowed, new state if it changed, probe token if this call is the probe).
+        While open, after the cooldown one probe is let through; a probe abandoned without an
+        outcome lets the next call be the probe."""
+        state = self.state
+        if state == CLOSED:
+            return True, None, None
+        changed = None
+        if state == OPEN:
+            if now - self.opened_at < self.policy.cooldown_ms / 1000.0:
+                return False, None, None
+            self.state = changed = HALF_OPEN
+        elif self.probe is not None:
+            return False, None, None
+        self._tokens += 1
+        self.probe = self._tokens
+        return True, changed, self.probe
 
     def retry_after(self, now: float) -> float:
         return max(0.0, self.opened_at + self.policy.cooldown_ms / 1000.0 - now)
 
-    def record(self, now: float, failed: bool) -> str | None:
-        """Count one outcome; the new state if it changed."""
+    def abandon(self, probe: int | None) -> None:
+        """The call holding ``probe`` ended without an outcome: the next call may probe."""
+        if probe is not None and probe == self.probe:
+            self.probe = None
+
+    def record(self, now: float, failed: bool, probe: int | None) -> str | None:
+        """Count one outcome of a call admitted with ``probe`` (None: not a probe); the new state if
+        it changed."""
         if self.state == HALF_OPEN:
-            self.probe_in_flight = False
+            if probe is None or probe != self.probe:
+                return None  # admitted before the breaker opened: only the probe decides half-open
+            self.probe = None
             if failed:
                 self.state, self.opened_at = OPEN, now
                 return OPEN
