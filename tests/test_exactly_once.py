@@ -105,7 +105,14 @@ async def setup(tmp_path: Path) -> Any:
                     builtins=["policy", "audit"], entry_points=False, working_dir=tmp_path, discover=False)
     await host.start()
     yield host, counting, sleeps
+    # Whatever the scenario did, the policy plugin holds nothing afterwards.
+    assert not any(held_resources(host).values()), held_resources(host)
     await host.close()
+
+
+def held_resources(host: ToolHost) -> dict[str, int]:
+    held: dict[str, int] = host.plugin_manager.get_plugin("policy").held_resources()
+    return held
 
 
 async def test_caller_cancel_while_tool_runs_is_recorded_then_reraised(setup: Any) -> None:
@@ -226,6 +233,7 @@ async def test_close_cuts_calls_after_grace_records_them_and_returns_host_closin
     await asyncio.sleep(0.02)
     await host.close()
     cut, never_started = await running, await queued
+    assert not any(held_resources(host).values())
     assert cut.error["code"] == "host_closing" and never_started.error["code"] == "host_closing"
     assert sleeps.started == 1 and sleeps.finished == 0  # the queued call never started its tool
     counting.assert_once("k1")
@@ -480,3 +488,18 @@ async def test_the_plugins_config_section_still_overrides_its_declared_hook_time
                         builtins=False, entry_points=False, working_dir=tmp_path, discover=False) as host:
         result = await host.call("sleeps", {"seconds": 0})
     assert result.error["code"] == "hook_timeout" and result.error["plugin"] == "waits"
+
+
+async def test_two_calls_sharing_a_call_id_never_release_each_others_slot(setup: Any) -> None:
+    """A caller-chosen call id is not unique: the first call finishing must not free the second's slot."""
+    host, _, sleeps = setup
+    first = asyncio.ensure_future(host.call("sleeps", {"seconds": 0.2}, call_id="same"))
+    await sleeps.running.wait()
+    second = asyncio.ensure_future(host.call("sleeps", {"seconds": 0.2}, call_id="same"))
+    await asyncio.sleep(0.05)
+    assert held_resources(host)["slot_waiters"] == 1
+    assert (await first).success
+    third = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="other"))
+    await asyncio.sleep(0.05)
+    assert sleeps.started == 2  # the second holds the only slot; the third still waits for it
+    assert (await second).success and (await third).success

@@ -50,6 +50,7 @@ class Calls:
     def __init__(self, plugin: PolicyPlugin, spec: ToolSpec) -> None:
         self.plugin, self.spec = plugin, spec
         self.count = 0
+        self.contexts: dict[str, ToolContext] = {}  # the host gives each call one context object
 
     def new(self, arguments: dict[str, Any] | None = None) -> ToolCall:
         self.count += 1
@@ -57,7 +58,8 @@ class Calls:
 
     def pre_now(self, call: ToolCall, context: ToolContext | None = None) -> Any:
         """``tool_pre`` as called: None, a Deny, or the coroutine of a call that has to wait."""
-        return self.plugin.tool_pre(call=call, spec=self.spec, context=context or ToolContext(call_id=call.id))
+        context = self.contexts[call.id] = context or ToolContext(call_id=call.id)
+        return self.plugin.tool_pre(call=call, spec=self.spec, context=context)
 
     async def pre(self, call: ToolCall, context: ToolContext | None = None) -> Deny | None:
         out = self.pre_now(call, context)
@@ -69,7 +71,7 @@ class Calls:
         return asyncio.ensure_future(out)
 
     def complete(self, call: ToolCall, result: ToolResult) -> None:
-        self.plugin.tool_complete(call=call, spec=self.spec, result=result)
+        self.plugin.tool_complete(call=call, spec=self.spec, result=result, context=self.contexts.pop(call.id))
 
     async def cancel_while_queued(self, queued_context: Any = None) -> ToolCall:
         """Admit a call that holds the only slot, queue a second one behind it (``queued_context``: a

@@ -139,9 +139,9 @@ class PolicyPlugin:
         self.default_timeout: float | None = DEFAULT_TIMEOUT
         self._slots: dict[str, Slots] = {}
         self._breakers: dict[str, CircuitBreaker] = {}
-        self._held: dict[str, _Held] = {}
+        self._held: dict[int, _Held] = {}  # by id() of the call's context
         self._in_flight: dict[str, asyncio.Future[ToolResult | None]] = {}
-        self._replays: dict[str, ToolResult] = {}
+        self._replays: dict[int, ToolResult] = {}
         self._reserved: dict[tuple[str, int], tuple[int, float]] = {}  # budget seconds held by calls in flight
         self._coordinator: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -228,14 +228,14 @@ class PolicyPlugin:
         if verdict is not None:
             self._give_back(held)
             return verdict
-        self._admit(call, held)
+        self._admit(context, held)
         return None
 
     def _pre_waiting(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held, *,
                      idempotency: bool) -> Any:
         """The slow path, as a coroutine for the host to await. The call is registered first, so
         ``tool_complete`` gives back what it took even if the coroutine never runs."""
-        self._held[call.id] = held
+        self._held[id(context)] = held
         return self._wait_then_admit(call, spec, context, held, idempotency=idempotency)
 
     async def _wait_then_admit(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held, *,
@@ -246,12 +246,12 @@ class PolicyPlugin:
         try:
             verdict = await self._decide_waiting(call, spec, context, held, idempotency=idempotency)
         except BaseException:
-            self._abandon(call, held)
+            self._abandon(context, held)
             raise
         if verdict is not None:
-            self._abandon(call, held)
+            self._abandon(context, held)
             return verdict
-        self._admit(call, held)
+        self._admit(context, held)
         return None
 
     async def _decide_waiting(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held, *,
@@ -271,14 +271,14 @@ class PolicyPlugin:
             verdict = await self._concurrency(spec, context, held, started)
         return verdict
 
-    def _admit(self, call: ToolCall, held: _Held) -> None:
+    def _admit(self, context: ToolContext, held: _Held) -> None:
         held.admitted = True
         held.started = self.clock()
-        self._held[call.id] = held
+        self._held[id(context)] = held
 
-    def _abandon(self, call: ToolCall, held: _Held) -> None:
-        if self._held.get(call.id) is held:
-            del self._held[call.id]
+    def _abandon(self, context: ToolContext, held: _Held) -> None:
+        if self._held.get(id(context)) is held:
+            del self._held[id(context)]
         self._give_back(held)
 
     def _time_left(self, spec: ToolSpec, context: ToolContext, started: float) -> float | None:
@@ -329,7 +329,7 @@ class PolicyPlugin:
                 if stored_digest != digest:
                     return Deny(f"idempotency key {key!r} was used with different arguments",
                                 code="idempotency_conflict", category="ContractError")
-                self._replays[call.id] = result
+                self._replays[id(context)] = result
                 return Deny(f"replayed the result stored for idempotency key {key!r}", code="idempotent_replay")
             running = self._in_flight.get(slot)
             if running is None:
@@ -540,18 +540,21 @@ class PolicyPlugin:
         return changed
 
     @hookimpl
-    def tool_error(self, call: ToolCall, error: Any) -> ToolResult | None:
+    def tool_error(self, call: ToolCall, error: Any, context: ToolContext) -> ToolResult | None:
         if getattr(error, "plugin", None) == PLUGIN and error.code == "idempotent_replay":
-            stored = self._replays.pop(call.id, None)
+            stored = self._replays.pop(id(context), None)
             if stored is not None:
                 return ToolResult(True, stored.output, None, {**stored.metadata, "replayed": True}, call.id)
         return None
 
     @hookimpl
-    def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult) -> None:
+    def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult,
+                      context: ToolContext) -> None:
+        # Keyed by the call's own context object, not by its id: two calls may share a caller-given
+        # call id, and one must never release (or replay) what the other holds.
         if self._replays:
-            self._replays.pop(call.id, None)
-        held = self._held.pop(call.id, None)
+            self._replays.pop(id(context), None)
+        held = self._held.pop(id(context), None)
         if held is None:
             return
         if not held.admitted:  # its tool_pre never finished (the coroutine was dropped): it used nothing
