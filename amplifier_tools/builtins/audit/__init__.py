@@ -119,9 +119,16 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     try:
         io = redact(raw, secrets=secrets, paths=paths, patterns=settings["redact_patterns"])
         output_bytes = dumps(io["output"]) if result.output is not None else b""
+        # NaN and infinities encode, but not as themselves (orjson: null; json: a non-JSON token):
+        # look for them only when the encoded values could hold one.
+        suspect = _may_hold_nonfinite(output_bytes) or _may_hold_nonfinite(dumps(io["arguments"]))
     except ENCODE_ERRORS:
-        io = redact(encodable(raw, altered), secrets=secrets, paths=paths, patterns=settings["redact_patterns"])
-        output_bytes = dumps(io["output"]) if result.output is not None else b""
+        suspect = True
+    if suspect:
+        clean = encodable(raw, altered)
+        if altered:
+            io = redact(clean, secrets=secrets, paths=paths, patterns=settings["redact_patterns"])
+            output_bytes = dumps(io["output"]) if result.output is not None else b""
     record: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "kind": "call",
@@ -151,6 +158,10 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     if altered:
         record["altered"] = altered
     return record
+
+
+def _may_hold_nonfinite(encoded: bytes) -> bool:
+    return b"null" in encoded or b"NaN" in encoded or b"Infinity" in encoded
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
