@@ -244,7 +244,7 @@ class AuditWriter:
             try:
                 anchor = self._read_anchor()
             except HostFileError as exc:
-                raise _Tampered(str(exc)) from None
+                raise _Tampered(self._not_ours(self.anchor_path, exc)) from None
             if anchor is None and self._exists(self._leaf) and os.lstat(self._leaf, dir_fd=self._dir_fd).st_size:
                 raise _Tampered(f"the log {self.path} has records but no anchor ({self.anchor_path}): its history "
                                 "cannot be verified (the anchor was deleted, or the log predates anchors)")
@@ -253,7 +253,7 @@ class AuditWriter:
             try:
                 fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT, dir_fd=self._dir_fd)
             except HostFileError as exc:
-                raise _Tampered(str(exc)) from None
+                raise _Tampered(self._not_ours(self.path, exc)) from None
             self._fd = fd
             fcntl.flock(fd, fcntl.LOCK_EX)
             st = os.fstat(fd)
@@ -265,6 +265,10 @@ class AuditWriter:
                 self._adopt(fd, st, anchor)
         except _Tampered as tampered:
             self._fresh_segment(tampered.reason)
+
+    @staticmethod
+    def _not_ours(path: Path, exc: OSError) -> str:
+        return f"{path} is not the file this writer created: {exc.strerror or exc}"
 
     def _read_anchor(self) -> Anchor | None:
         try:
@@ -362,7 +366,7 @@ class AuditWriter:
         try:
             new = open_host_file(self._leaf, LOG_FLAGS, dir_fd=self._dir_fd)
         except (HostFileError, FileNotFoundError) as exc:
-            raise _Tampered(str(exc)) from None
+            raise _Tampered(self._not_ours(self.path, exc)) from None
         fcntl.flock(new, fcntl.LOCK_EX)
         self._fd = new
         self._retire(old)
@@ -506,14 +510,17 @@ class AuditWriter:
         anchor = Anchor(self._leaf, head.inode, head.size, head.hash, head.records, time.time(),
                         self.checkpoint_key_ref if self.checkpoint_key is not None else None)
         data = encode_anchor(anchor, self.checkpoint_key)
-        temp = f"{self._anchor_leaf}.tmp-{os.getpid()}"
-        fd = open_host_file(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, dir_fd=self._dir_fd)
+        temp = f"{self._anchor_leaf}.tmp-{os.getpid()}-{os.urandom(6).hex()}"  # unguessable: nothing to plant
+        fd = open_host_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
         try:
             if os.write(fd, data) != len(data):
                 raise AuditWriteError(errno.ENOSPC, f"short write to {temp}")
+            os.rename(temp, self._anchor_leaf, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        except BaseException:
+            os.unlink(temp, dir_fd=self._dir_fd)
+            raise
         finally:
             os.close(fd)
-        os.rename(temp, self._anchor_leaf, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         self._anchored = (head.inode, head.size)
         self._last_anchor = time.monotonic()
 
