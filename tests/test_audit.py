@@ -425,6 +425,23 @@ def test_eight_processes_share_one_valid_chain(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_deleting_the_lock_file_while_two_writers_run_keeps_one_chain(tmp_path: Path) -> None:
+    path = tmp_path / "shared.jsonl"
+    lock = tmp_path / "shared.jsonl.lock"  # earlier versions locked this file; a tool could delete it
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), "3000", f"p{n}", "never"],
+                              stdout=subprocess.DEVNULL, env=_env()) for n in range(2)]
+    while any(p.poll() is None for p in procs):
+        lock.unlink(missing_ok=True)
+        time.sleep(0.001)
+    assert [p.returncode for p in procs] == [0, 0]
+    report = verify(path)
+    assert report.ok, report
+    seen = [(r["arguments"]["tag"], r["arguments"]["i"]) for r in map(json.loads, path.read_text().splitlines())
+            if r["kind"] == "call"]
+    assert len(seen) == 6000 and len(set(seen)) == 6000
+
+
+@pytest.mark.slow
 def test_sigkill_never_breaks_the_chain_or_loses_acknowledged_records(tmp_path: Path) -> None:
     path = tmp_path / "crash.jsonl"
     rng = random.Random(7)

@@ -109,13 +109,23 @@ async def test_a_configured_log_inside_the_working_directory_is_refused_at_start
         await host.start()
 
 
+class Early:
+    """A plugin that also wants to mount early, with a cleanup of its own."""
+
+    name = "early"
+
+    @hookimpl(tryfirst=True)
+    def mount(self, coordinator: Any) -> Any:
+        return lambda: None
+
+
 async def test_the_audit_plugin_mounts_first_so_its_writer_closes_last(tmp_path: Path) -> None:
     host = ToolHost(config={"plugins": {"audit": {"path": str(log_path(tmp_path))}}},
-                    plugins=[ToolsPlugin(Echo())], builtins=["policy", "audit"], entry_points=False,
+                    plugins=[ToolsPlugin(Echo()), Early()], builtins=["policy", "audit"], entry_points=False,
                     working_dir=tmp_path / "work", discover=False)
     await host.start()
     try:
-        assert host.cleanups[0][0] == "audit"  # cleanups run in reverse: the audit writer's is last
+        assert [name for name, _ in host.cleanups][:2] == ["audit", "early"]  # run in reverse: audit last
     finally:
         await host.close()
 
