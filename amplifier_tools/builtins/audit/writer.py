@@ -335,16 +335,20 @@ class AuditWriter:
     def _catch_up(self) -> None:
         """Before appending (``self._fd`` locked): the file at the path is still ours and ends at our head,
         or what was appended chains from it; follows another process's rotation."""
-        fd, head = self._fd, self._head
-        assert fd is not None and head is not None
+        head = self._head
+        assert head is not None
         try:
             on_path = os.lstat(self._leaf, dir_fd=self._dir_fd)
         except FileNotFoundError:
             raise _Tampered(f"the log {self.path} was deleted") from None
+        if on_path.st_ino == head.inode and on_path.st_size == head.size and not self._recheck:
+            return  # the common case: one stat, the file is ours and ends where we left it
         if on_path.st_ino != head.inode:
             self._follow_rotation(on_path)
-            fd, head = self._fd, self._head
-            assert fd is not None and head is not None
+            head = self._head
+            assert head is not None
+        fd = self._fd
+        assert fd is not None
         size = os.fstat(fd).st_size
         if size != head.size or self._recheck:
             if size < head.size:
@@ -425,7 +429,8 @@ class AuditWriter:
                     self._write_checkpoint()
                 except OSError as exc:  # the record is written; the next record retries the checkpoint
                     log.warning("audit log %s: checkpoint not written (%s)", self.path, exc)
-            self._maybe_rotate()
+            if self.rotate_bytes is not None or self.rotate_seconds is not None:
+                self._maybe_rotate()
         finally:
             self._unlock()
 
