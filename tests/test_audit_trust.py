@@ -363,3 +363,23 @@ async def test_records_appended_by_another_writer_that_chain_are_accepted(tmp_pa
     records = lines(log_path(tmp_path))
     assert [r["kind"] for r in records] == ["call"] * 6
     assert cli_verify(str(log_path(tmp_path))).returncode == 0
+
+
+async def test_two_writers_sharing_a_tampered_log_start_one_fresh_segment(tmp_path: Path) -> None:
+    first, second = await make(tmp_path), await make(tmp_path)
+    try:
+        for host, text in ((first, "a0"), (second, "b0"), (first, "a1")):
+            assert (await call(host, text)).success
+        path = log_path(tmp_path)
+        path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:1]))  # cut short
+        await call(first, "a2")
+        await call(second, "b1")
+    finally:
+        await first.close()
+        await second.close()
+    fresh = lines(log_path(tmp_path))
+    assert [r["kind"] for r in fresh] == ["tamper", "call", "call"]
+    assert [r["arguments"]["text"] for r in fresh[1:]] == ["a2", "b1"]
+    assert len(list((tmp_path / "state").glob("audit.jsonl.tampered-*"))) == 1
+    report = verify(log_path(tmp_path))  # one chain, whose first record says what was found
+    assert not report.ok and report.bad_line == 1 and "tampered" in (report.reason or "")

@@ -366,7 +366,16 @@ class AuditWriter:
             raise _Tampered(f"the log {self.path} was replaced by a symlink or special file")
         old = self._fd
         assert old is not None
-        self._extend(old, os.fstat(old).st_size, live=False)  # what others wrote before rotating
+        tampered = None
+        try:
+            head, size = self._head, os.fstat(old).st_size
+            assert head is not None
+            if size < head.size or (head.size and not ends_with_hash(
+                    os.pread(old, 100, max(0, head.size - 100)), head.hash)):
+                raise _Tampered(f"the log {self.path} was cut short or rewritten, then replaced")
+            self._extend(old, size, live=False)  # what others wrote before rotating
+        except _Tampered as found:
+            tampered = found  # unless another writer already started a fresh segment over it (below)
         try:
             new = open_host_file(self._leaf, LOG_FLAGS, dir_fd=self._dir_fd)
         except (HostFileError, FileNotFoundError) as exc:
@@ -376,6 +385,20 @@ class AuditWriter:
         self._retire(old)
         assert self._head is not None
         st = os.fstat(new)
+        if tampered is not None:
+            # Another process sharing the log found the tampering first and started a fresh segment:
+            # join it (it starts a new chain with a ``tamper`` record) rather than setting it aside too.
+            first = os.pread(new, 1 << 16, 0).split(b"\n", 1)[0] + b"\n"
+            record = check_line(first, GENESIS)
+            if isinstance(record, str) or record.get("kind") != "tamper":
+                raise tampered
+            self.tampered = tampered.reason
+            self._head = _Head(st.st_ino, 0, GENESIS, 0)
+            self._extend(new, st.st_size, live=True)
+            log.error("audit log tampering: %s; joined the fresh segment another writer started", tampered.reason)
+            if self.on_tamper is not None:
+                self.on_tamper(tampered.reason, None)
+            return
         self._head = _Head(st.st_ino, 0, self._head.hash, 0)  # the new file must chain from the old one's end
         self._file_started = None
         self._extend(new, st.st_size, live=True)
