@@ -248,7 +248,7 @@ class AuditWriter:
             if anchor is None and self._exists(self._leaf) and os.lstat(self._leaf, dir_fd=self._dir_fd).st_size:
                 raise _Tampered(f"the log {self.path} has records but no anchor ({self.anchor_path}): its history "
                                 "cannot be verified (the anchor was deleted, or the log predates anchors)")
-            if anchor is not None and not self._exists(self._leaf):
+            if anchor is not None and anchor.size and not self._exists(self._leaf):
                 raise _Tampered(f"the log {self.path} was deleted (its anchor says {anchor.records} record(s))")
             try:
                 fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT, dir_fd=self._dir_fd)
@@ -258,7 +258,7 @@ class AuditWriter:
             fcntl.flock(fd, fcntl.LOCK_EX)
             st = os.fstat(fd)
             self._file_started = None
-            if anchor is None:  # a new log (or one this writer's predecessor created and crashed at once)
+            if anchor is None or (anchor.size == 0 and st.st_size == 0):  # a new log
                 self._head = _Head(st.st_ino, 0, GENESIS, 0)
                 self._write_anchor()
             else:
