@@ -137,7 +137,13 @@ class AuditWriter:
         self._retired: list[int] = []
         self._stop = False
         with self._lock:
-            self._start()
+            try:
+                self._start()
+            except BaseException:
+                for fd in [*self._retired, self._fd, self._dir_fd]:
+                    if fd is not None:
+                        os.close(fd)
+                raise
         self._thread = threading.Thread(target=self._run, name=f"audit-fsync:{self.path.name}", daemon=True)
         self._thread.start()
 
@@ -434,15 +440,15 @@ class AuditWriter:
     # -- writing -------------------------------------------------------------------------
 
     def _append_locked(self, body: bytes) -> None:
-        if self._fd is None:
-            self._open_log()  # leaves the fd locked
-        else:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                self._catch_up()
-            except _Tampered as tampered:
-                self._fresh_segment(tampered.reason)
-        try:
+        try:  # whatever fails, the flock is released: other processes sharing the log go on
+            if self._fd is None:
+                self._open_log()  # leaves the fd locked
+            else:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                try:
+                    self._catch_up()
+                except _Tampered as tampered:
+                    self._fresh_segment(tampered.reason)
             fd = self._fd
             assert fd is not None
             self._write_lines(fd, [body])
