@@ -148,18 +148,43 @@ async def test_cancelling_a_call_that_waits_for_its_fsync_keeps_its_record_and_t
             await asyncio.sleep(0.01)
         assert len(calls_on_disk(tmp_path)) == 1
         task.cancel()
+        await asyncio.sleep(0.05)  # let the cancellation reach the wait (or the host finish it)
+        disk.release.set()
         with pytest.raises(asyncio.CancelledError):
             await task
-        disk.release.set()
-        for i in range(3):  # the writer thread survived the cancelled waiter
+        for i in range(3):
             result = await asyncio.wait_for(host.call("test_anything", {"i": i}), 30)
             assert result.success
-        assert host.plugin_manager.get_plugin("audit").writer.healthy
     finally:
         disk.release.set()
         await host.close()
     assert [r["arguments"]["i"] for r in calls_on_disk(tmp_path)] == ["cancelled while syncing", 0, 1, 2]
     assert verify(log_path(tmp_path)).ok
+
+
+async def test_the_fsync_thread_survives_a_waiter_cancelled_before_its_fsync(
+        tmp_path: Path, disk: SlowDisk) -> None:
+    host = await make(tmp_path, fsync="always")
+    plugin = host.plugin_manager.get_plugin("audit")
+    call = ToolCall(id="call_waiting", name="local::test.anything", arguments={"i": "waiting"})
+    try:
+        disk.release.clear()
+        waiting = plugin.tool_complete(call, Anything.spec, ToolResult(output=1), ToolContext())
+        assert waiting is not None and len(calls_on_disk(tmp_path)) == 1  # written before any wait
+        waiter = asyncio.ensure_future(waiting)
+        await asyncio.sleep(0.01)
+        waiter.cancel()  # the caller gave up waiting for the fsync acknowledgement
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        disk.release.set()
+        for i in range(3):  # the thread settled the cancelled waiter without dying
+            result = await asyncio.wait_for(host.call("test_anything", {"i": i}), 30)
+            assert result.success
+        assert plugin.writer.healthy
+    finally:
+        disk.release.set()
+        await host.close()
+    assert [r["arguments"]["i"] for r in calls_on_disk(tmp_path)] == ["waiting", 0, 1, 2]
 
 
 @pytest.mark.parametrize("fsync", ["always", "interval", "never"])
