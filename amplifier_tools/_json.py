@@ -7,11 +7,18 @@ they can differ in how they spell some floats (``1e-05`` vs ``1e-5``) and NaN
 written, and nothing re-encodes a record to check it. Values orjson refuses
 (integers beyond 64 bits, non-string keys) fall back to the stdlib encoder, so
 the choice of encoder never changes whether a value can be encoded.
+
+``encodable`` turns what neither can encode (lone surrogates, integers over
+``sys.get_int_max_str_digits()`` digits, mixed-type keys, NaN and infinities,
+nesting deeper than ``MAX_DEPTH``, unknown objects) into values that encode,
+noting each change: for records that must be written whatever a caller passed.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from typing import Any, Final
 
 try:
@@ -21,6 +28,10 @@ except ImportError:  # the optional ``fast`` extra is not installed
 
 _STDLIB: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS if orjson is not None else 0
+#: What ``dumps`` raises for a value it cannot encode.
+ENCODE_ERRORS: Final = (TypeError, ValueError, RecursionError, OverflowError)
+MAX_DEPTH: Final = 100
+MAX_NOTES: Final = 20
 
 
 def dumps(value: Any) -> bytes:
@@ -36,3 +47,67 @@ def dumps(value: Any) -> bytes:
 def encoder_name() -> str:
     """Which encoder ``dumps`` uses (for benchmark reports)."""
     return f"orjson {orjson.__version__}" if orjson is not None else "json (stdlib)"
+
+
+def encodable(value: Any, altered: list[str], where: str = "") -> Any:
+    """``value`` with everything ``dumps`` cannot encode escaped or summarized; each change is
+    appended to ``altered`` as ``"<path>: <what was done>"`` (at most ``MAX_NOTES`` of them)."""
+    return _encodable(value, altered, where, 0)
+
+
+def _note(altered: list[str], where: str, what: str) -> None:
+    if len(altered) < MAX_NOTES:
+        altered.append(f"{where or '/'}: {what}")
+    elif len(altered) == MAX_NOTES:
+        altered.append("...: more values were altered")
+
+
+def _text(value: str, altered: list[str], where: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        _note(altered, where, "lone surrogates escaped as \\udXXX")
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def _encodable(value: Any, altered: list[str], where: str, depth: int) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return _text(value, altered, where)
+    if isinstance(value, int):
+        try:
+            str(value)
+        except ValueError:
+            _note(altered, where, f"integer of {value.bit_length()} bits summarized")
+            return f"<integer of {value.bit_length()} bits>"
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        _note(altered, where, f"{value!r} written as a string")
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if depth >= MAX_DEPTH:
+        _note(altered, where, f"nested deeper than {MAX_DEPTH} levels, summarized")
+        return f"<{type(value).__name__} nested too deep>"
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            name = key if isinstance(key, str) else str(key) if isinstance(key, (int, float, bool)) or key is None \
+                else repr(key)
+            if not isinstance(key, str):
+                _note(altered, f"{where}/{name}", f"{type(key).__name__} key written as a string")
+            name = _text(name, altered, f"{where}/{name!r}")
+            while name in out:
+                name += "'"
+            out[name] = _encodable(item, altered, f"{where}/{name}", depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_encodable(item, altered, f"{where}/{index}", depth + 1) for index, item in enumerate(value)]
+    _note(altered, where, f"{type(value).__name__} written as its str()")
+    try:
+        text = str(value)
+    except Exception:  # a hostile __str__: the record is written anyway
+        text = f"<{type(value).__name__}>"
+    return _text(text, altered, where)

@@ -351,7 +351,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "audit":
         from .builtins.audit.commands import main as audit_main
 
-        return audit_main(args.audit_args)
+        return audit_main(args.audit_args, config=args.config)
     if args.command == "serve-mcp":
         from .mcp.__main__ import run_serve
 

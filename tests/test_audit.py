@@ -49,10 +49,17 @@ def log_path(tmp_path: Path) -> Path:
     return tmp_path / "audit" / "log.jsonl"
 
 
+def workdir(tmp_path: Path) -> Path:
+    """The session's working directory: beside the log, never above it (host state stays out of reach)."""
+    path = tmp_path / "work"
+    path.mkdir(exist_ok=True)
+    return path
+
+
 async def make(tmp_path: Path, **audit: Any) -> ToolHost:
     config = {"plugins": {"audit": {"path": str(log_path(tmp_path)), **audit}}}
     host = ToolHost(config=config, plugins=[ToolsPlugin(Echo()), Veto()], builtins=["audit"],
-                    entry_points=False, working_dir=tmp_path, discover=False)
+                    entry_points=False, working_dir=workdir(tmp_path), discover=False)
     await host.start()
     return host
 
@@ -100,7 +107,7 @@ async def test_canary_secrets_never_reach_the_file(tmp_path: Path, monkeypatch: 
     config = {"secrets": {"API_KEY": "CANARY_ENV"},
               "plugins": {"audit": {"path": str(log_path(tmp_path)), "record_output": True}}}
     async with ToolHost(config=config, plugins=[ToolsPlugin(Echo())], builtins=["audit"], entry_points=False,
-                        working_dir=tmp_path, discover=False) as env_host:
+                        working_dir=workdir(tmp_path), discover=False) as env_host:
         echoed = await env_host.call("test_echo", {"text": "key sk-abcdefghijklmnopqrstuv and\n"
                                                             "-----BEGIN RSA PRIVATE KEY-----\nMIIEpA\n"
                                                             "-----END RSA PRIVATE KEY-----"})
@@ -204,7 +211,7 @@ async def _signed_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls: in
               "plugins": {"audit": {"path": str(log_path(tmp_path)), "checkpoint_key_ref": "audit_hmac",
                                     "checkpoint_every": 3}}}
     async with ToolHost(config=config, plugins=[ToolsPlugin(Echo())], builtins=["audit"], entry_points=False,
-                        working_dir=tmp_path, discover=False) as host:
+                        working_dir=workdir(tmp_path), discover=False) as host:
         for i in range(calls):
             assert (await host.call("test_echo", {"text": f"t{i}"}, context=CTX)).success
     return log_path(tmp_path)
@@ -254,7 +261,7 @@ async def test_a_rewritten_chain_passes_the_hash_check_but_not_the_key(
 async def test_checkpoint_key_that_cannot_be_resolved_fails_start_naming_the_key(tmp_path: Path) -> None:
     config = {"plugins": {"audit": {"path": str(log_path(tmp_path)), "checkpoint_key_ref": "audit_hmac"}}}
     host = ToolHost(config=config, plugins=[ToolsPlugin(Echo())], builtins=["audit"], entry_points=False,
-                    working_dir=tmp_path, discover=False)
+                    working_dir=workdir(tmp_path), discover=False)
     with pytest.raises(PluginLoadError) as info:
         await host.start()
     assert "plugins.audit.checkpoint_key_ref" in str(info.value) and "audit_hmac" in str(info.value)
@@ -301,39 +308,66 @@ async def test_a_host_that_makes_no_call_leaves_no_log_behind(tmp_path: Path) ->
     assert not log_path(tmp_path).parent.exists()
 
 
-async def test_unwritable_log_fails_closed_or_open_as_configured(tmp_path: Path, caplog: Any) -> None:
+class FullDisk:
+    """The audit writer's view of ``os`` with a disk that fills up: ``write(2)`` writes at most
+    ``budget`` more bytes (a short write), then fails with ENOSPC."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def write(self, fd: int, data: bytes) -> int:
+        if self.budget <= 0:
+            raise OSError(28, "No space left on device")
+        n = min(len(data), self.budget)
+        self.budget -= n
+        return os.write(fd, data[:n])
+
+
+async def test_a_short_write_is_never_acknowledged_and_fails_closed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from amplifier_tools.builtins.audit import writer as writer_module
+
     host = await make(tmp_path)
     try:
         assert (await host.call("test_echo", {"text": "ok"}, context=CTX)).success
-        writer = host.capabilities["audit.path"]
-        assert writer
-        plugin = host.plugin_manager.get_plugin("audit")
-        original = plugin.writer._write
-
-        def disk_full(batch: Any, **_: Any) -> Any:
-            raise OSError(28, "No space left on device")
-
-        plugin.writer._write = disk_full
+        size = log_path(tmp_path).stat().st_size
+        monkeypatch.setattr(writer_module, "os", FullDisk(40))  # the next record gets 40 bytes, then ENOSPC
         failed = await host.call("test_echo", {"text": "private output"}, context=CTX)
         assert not failed.success and failed.output is None
         assert failed.error["type"] == "SystemError" and failed.error["plugin"] == "audit"
+        assert log_path(tmp_path).stat().st_size == size  # the partial line was cut off
         blocked = await host.call("test_echo", {"text": "next"}, context=CTX)
         assert blocked.error["code"] == "hook_failed" and "audit log cannot be written" in blocked.error["message"]
-        plugin.writer._write = original
+        monkeypatch.setattr(writer_module, "os", os)  # space again: the refused call's record heals the writer
+        refused = await host.call("test_echo", {"text": "refused"}, context=CTX)
+        assert not refused.success
+        assert (await host.call("test_echo", {"text": "after"}, context=CTX)).success
     finally:
         await host.close()
-    open_host = await make(tmp_path / "open", mode="fail_open")
-    try:
-        plugin = open_host.plugin_manager.get_plugin("audit")
-        plugin.writer._write = lambda batch, **_: (_ for _ in ()).throw(OSError(28, "No space left on device"))
-        import logging
+    texts = [r["arguments"]["text"] for r in records(tmp_path) if r["kind"] == "call"]
+    assert texts == ["ok", "refused", "after"]
+    assert verify(log_path(tmp_path)).ok
 
+
+async def test_a_full_disk_in_fail_open_mode_warns_once_and_calls_go_on(
+        tmp_path: Path, caplog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import logging
+
+    from amplifier_tools.builtins.audit import writer as writer_module
+
+    open_host = await make(tmp_path, mode="fail_open")
+    try:
+        monkeypatch.setattr(writer_module, "os", FullDisk(0))
         with caplog.at_level(logging.WARNING, logger="amplifier_tools.audit"):
             first = await open_host.call("test_echo", {"text": "a"}, context=CTX)
             second = await open_host.call("test_echo", {"text": "b"}, context=CTX)
         assert first.success and second.success
         assert sum("continuing without an audit record" in r.getMessage() for r in caplog.records) == 1
     finally:
+        monkeypatch.setattr(writer_module, "os", os)
         await open_host.close()
 
 
@@ -341,7 +375,7 @@ async def test_unopenable_log_fails_host_start_naming_the_key(tmp_path: Path) ->
     (tmp_path / "file").write_text("x")
     with pytest.raises(PluginLoadError, match=r"plugins\.audit\.path"):
         host = ToolHost(config={"plugins": {"audit": {"path": str(tmp_path / "file" / "log.jsonl")}}},
-                        builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False)
+                        builtins=["audit"], entry_points=False, working_dir=workdir(tmp_path), discover=False)
         await host.start()
 
 
@@ -391,6 +425,23 @@ def test_eight_processes_share_one_valid_chain(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_deleting_the_lock_file_while_two_writers_run_keeps_one_chain(tmp_path: Path) -> None:
+    path = tmp_path / "shared.jsonl"
+    lock = tmp_path / "shared.jsonl.lock"  # earlier versions locked this file; a tool could delete it
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), "3000", f"p{n}", "never"],
+                              stdout=subprocess.DEVNULL, env=_env()) for n in range(2)]
+    while any(p.poll() is None for p in procs):
+        lock.unlink(missing_ok=True)
+        time.sleep(0.001)
+    assert [p.returncode for p in procs] == [0, 0]
+    report = verify(path)
+    assert report.ok, report
+    seen = [(r["arguments"]["tag"], r["arguments"]["i"]) for r in map(json.loads, path.read_text().splitlines())
+            if r["kind"] == "call"]
+    assert len(seen) == 6000 and len(set(seen)) == 6000
+
+
+@pytest.mark.slow
 def test_sigkill_never_breaks_the_chain_or_loses_acknowledged_records(tmp_path: Path) -> None:
     path = tmp_path / "crash.jsonl"
     rng = random.Random(7)
@@ -435,7 +486,7 @@ async def test_opentelemetry_span_and_histogram_per_call(tmp_path: Path) -> None
     audit = AuditPlugin(tracer_provider=tracer_provider, meter_provider=MeterProvider(metric_readers=[reader]))
     config = {"plugins": {"audit": {"path": str(log_path(tmp_path)), "otel": True}}}
     async with ToolHost(config=config, plugins=[ToolsPlugin(Echo()), audit], builtins=False, entry_points=False,
-                        working_dir=tmp_path, discover=False) as host:
+                        working_dir=workdir(tmp_path), discover=False) as host:
         ok = await host.call("test_echo", {"text": "hi"}, context=CTX)
         failed = await host.call("test_echo", {"text": "fail"}, context=CTX)
     spans = exporter.get_finished_spans()
@@ -466,4 +517,5 @@ def test_otel_without_the_extra_is_a_config_error(monkeypatch: pytest.MonkeyPatc
         import asyncio
 
         asyncio.run(ToolHost(config={"plugins": {"audit": {"path": str(log_path(tmp_path)), "otel": True}}},
-                             builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False).start())
+                             builtins=["audit"], entry_points=False, working_dir=workdir(tmp_path),
+                             discover=False).start())

@@ -53,12 +53,12 @@ CALLS = [
 def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project whose audit log holds the records of ``CALLS``, made through the CLI."""
     project = tmp_path_factory.mktemp("audited")
+    state = tmp_path_factory.mktemp("audited-state") / "state"
     (project / "demo_tools.py").write_text(TOOLS_MODULE)
-    (project / "amplifier-tools.toml").write_text(textwrap.dedent('''
+    (project / "amplifier-tools.toml").write_text(textwrap.dedent(f'''
+        state_dir = "{state}"
         [[modules]]
         module = "demo_tools"
-        [plugins.audit]
-        path = "logs/audit.jsonl"
     '''))
     for args, status in CALLS:
         out = cli(project, "call", *args)
@@ -66,8 +66,19 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return project
 
 
+def log_of(project: Path) -> Path:
+    """Where the host keeps the project's log: ``<state_dir>/audit.jsonl``, outside the project."""
+    text = (project / "amplifier-tools.toml").read_text()
+    return Path(text.split('state_dir = "', 1)[1].split('"', 1)[0]) / "audit.jsonl"
+
+
+def test_the_host_puts_its_log_in_state_dir_not_in_the_project(logged: Path) -> None:
+    assert log_of(logged).is_file() and (log_of(logged).parent / "audit.jsonl.anchor").is_file()
+    assert not any(p.suffix in (".jsonl", ".anchor", ".lock") for p in logged.rglob("*"))
+
+
 def test_audit_tail(logged: Path) -> None:
-    everything = cli(logged, "audit", "tail", "logs/audit.jsonl", "-n", "100")
+    everything = cli(logged, "audit", "tail", "-n", "100")
     assert everything.returncode == 0, everything.stderr
     records = [json.loads(line) for line in everything.stdout.splitlines()]
     assert [r["kind"] for r in records] == ["call"] * len(CALLS)
@@ -75,16 +86,16 @@ def test_audit_tail(logged: Path) -> None:
     assert [(r["error"] or {}).get("type") for r in records[3:]] == ["ContractError", "ExecutionError", "AuthError"]
     assert records[2]["scopes"] == ["vault:read"]
 
-    last_two = cli(logged, "audit", "tail", "logs/audit.jsonl", "-n", "2")
+    last_two = cli(logged, "audit", "tail", str(log_of(logged)), "-n", "2")
     assert last_two.returncode == 0
     assert [json.loads(line) for line in last_two.stdout.splitlines()] == records[-2:]
 
 
 def test_audit_stats(logged: Path) -> None:
-    records = [json.loads(line) for line in (logged / "logs" / "audit.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in log_of(logged).read_text().splitlines()]
     durations = sorted(r["duration_ms"] for r in records)
 
-    as_json = cli(logged, "audit", "stats", "logs/audit.jsonl", "--json")
+    as_json = cli(logged, "audit", "stats", "--json")
     assert as_json.returncode == 0, as_json.stderr
     data = json.loads(as_json.stdout)
     assert (data["calls"], data["errors"], data["error_rate"]) == (6, 3, 0.5)
@@ -96,7 +107,7 @@ def test_audit_stats(logged: Path) -> None:
     latency = data["latency_ms"]
     assert durations[0] <= latency["p50"] <= latency["p95"] <= latency["p99"] <= durations[-1]
 
-    text = cli(logged, "audit", "stats", "logs/audit.jsonl")
+    text = cli(logged, "audit", "stats")
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert lines[0] == (f"calls 6, errors 3 (50.0%); latency p50 {latency['p50']:.2f} ms, "
@@ -104,14 +115,16 @@ def test_audit_stats(logged: Path) -> None:
     assert lines[1:] == ["  AuthError: 1", "  ContractError: 1", "  ExecutionError: 1",
                          "  local::demo.greet: 4 calls, 50.0% errors", "  local::demo.vault: 2 calls, 50.0% errors"]
 
-    directory = cli(logged, "audit", "stats", "logs", "--json")
+    directory = cli(logged, "audit", "stats", str(log_of(logged).parent), "--json")
     assert directory.returncode == 0 and json.loads(directory.stdout)["calls"] == 6
 
 
 def test_audit_verify_and_a_missing_log(logged: Path) -> None:
-    ok = cli(logged, "audit", "verify", "logs/audit.jsonl")
+    ok = cli(logged, "audit", "verify")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert ok.stdout.startswith("OK: 6 records in 1 file(s)")
+    assert ok.stdout.startswith("OK: 6 records in 1 file(s)") and "anchor:" in ok.stdout
+    elsewhere = cli(logged.parent, "--config", str(logged / "amplifier-tools.toml"), "audit", "verify")
+    assert elsewhere.returncode == 0 and elsewhere.stdout == ok.stdout, elsewhere.stdout + elsewhere.stderr
     missing = cli(logged, "audit", "stats", "nope.jsonl")
     assert missing.returncode == 2
     assert missing.stderr.splitlines()[0] == "error: nope.jsonl: no such file or directory"

@@ -111,8 +111,6 @@ def project(tmp_path: Path) -> Path:
     (project / "amplifier-tools.toml").write_text(textwrap.dedent('''
         [plugins.fixture-echo]
         prefix = "> "
-        [plugins.audit]
-        path = "audit.jsonl"
     '''))
     return project
 

@@ -487,12 +487,12 @@ async def test_retry_backoff_keeps_its_jitter_at_the_cap(delays: list[float]) ->
 
 
 async def test_policy_decisions_reach_the_audit_record(tmp_path: Any) -> None:
-    log = tmp_path / "audit.jsonl"
     rules = [{"name": "bots-ok", "action": "allow", "principals": ["bot"]},
              {"name": "no-mallory", "action": "deny", "principals": ["mallory"], "reason": "banned"}]
-    config = {"plugins": {"policy": {"rules": rules}, "audit": {"path": str(log)}}}
+    config = {"plugins": {"policy": {"rules": rules}}}
     async with ToolHost(config=config, plugins=[ToolsPlugin(Tool("t"))], builtins=["policy", "audit"],
                         entry_points=False, working_dir=tmp_path, discover=False) as host:
+        log = host.state_dir / "audit.jsonl"  # the default: outside the working directory
         allowed = await host.call("t", {}, context=ToolContext(principal="bot"))
         denied = await host.call("t", {}, context=ToolContext(principal="mallory"))
     assert allowed.success and denied.error["rule"] == "no-mallory"

@@ -1,43 +1,49 @@
 """The audit plugin: one redacted, hash-chained JSON Lines record per call.
 
-Uses only public hooks: a ``tryfirst`` ``tool_pre`` notes the original
-arguments and refuses calls while the log cannot be written (``fail_closed``);
-a ``trylast`` ``tool_complete`` writes the record of every call — success,
-veto, contract, policy or auth failure, timeout, tool failure — and waits for
-it to be written (and fsynced under ``fsync="always"``) before the caller gets
-the result. One writer thread per host; several processes may share one file
-(a lock keeps one chain).
+Uses only public hooks: a ``tryfirst`` ``mount`` (so its cleanup, the writer's
+close, runs last); a ``tryfirst`` ``tool_pre`` notes the original arguments and
+refuses calls while the log cannot be written or was tampered with
+(``fail_closed``); a ``trylast`` ``tool_complete`` writes the record of every
+call — success, veto, contract, policy or auth failure, timeout, tool failure,
+cancellation — synchronously, before the hook returns (so a cancelled caller
+cannot lose it), and under ``fsync="always"`` returns an awaitable for the
+shared fsync. Every call gets a record: what cannot be encoded as it is
+(lone surrogates, huge integers, non-string keys, NaN, deep nesting) is
+escaped or summarized, and the record's ``altered`` field says where.
+The log lives in the host's ``state_dir`` by default and is registered as a
+protected path; see ``writer`` for how it is opened and checked.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import datetime as dt
 import hashlib
 import logging
+import os
+import sys
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Final
 
-from ..._json import dumps
+from ..._json import ENCODE_ERRORS, dumps, encodable
 from ..._markers import hookimpl
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import ToolSpec
-from .chain import encode_body
-from .writer import AuditWriter
+from .chain import anchor_path, encode_body
+from .writer import AuditWriteError, AuditWriter
 
 log = logging.getLogger("amplifier_tools.audit")
 
 PLUGIN: Final = "audit"
 SCHEMA_VERSION: Final = 1
 DEFAULTS: Final[dict[str, Any]] = {
-    "path": None,  # default: <working dir>/.amplifier-tools/audit.jsonl
-    "fsync": "always",
+    "path": None,  # default: <state_dir>/audit.jsonl
+    "fsync": "interval",
     "fsync_every": 100,
-    "fsync_interval_ms": 1000,
+    "fsync_interval_ms": 100,
     "rotate_bytes": None,
     "rotate_seconds": None,
     "mode": "fail_closed",
@@ -92,19 +98,37 @@ def _secret_values(spec: ToolSpec | None, context: ToolContext) -> list[str]:
 
 def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
                  original: Any, settings: dict[str, Any]) -> dict[str, Any]:
-    """The record of one call, redacted, before it is chained."""
+    """The record of one call, redacted, before it is chained.
+
+    Never raises for what a caller or tool passed: values that cannot be encoded as they are
+    are escaped or summarized by ``_json.encodable`` and listed in the record's ``altered``.
+    """
     secrets = _secret_values(spec, context)
     rules = spec.security.redaction_rules if spec is not None else ()
     error = result.error or {}
-    changed = original != call.arguments
-    io = redact({"arguments": call.arguments, "original_arguments": original if changed else None,
-                 "output": result.output, "trail": result.metadata.get("trail", []),
-                 "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
-                           "plugin": error.get("plugin")} if error else None},
-                secrets=secrets, paths=[*rules, *(r.replace("arguments/", "original_arguments/", 1)
-                                                  for r in rules if r.startswith("arguments/"))],
-                patterns=settings["redact_patterns"])
-    output_bytes = dumps(io["output"]) if result.output is not None else b""
+    try:
+        changed = original is not call.arguments and original != call.arguments
+    except RecursionError:
+        changed = True
+    raw = {"arguments": call.arguments, "original_arguments": original if changed else None,
+           "output": result.output, "trail": result.metadata.get("trail", []),
+           "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
+                     "plugin": error.get("plugin")} if error else None}
+    paths = [*rules, *(r.replace("arguments/", "original_arguments/", 1) for r in rules if r.startswith("arguments/"))]
+    altered: list[str] = []
+    try:
+        io = redact(raw, secrets=secrets, paths=paths, patterns=settings["redact_patterns"])
+        output_bytes = dumps(io["output"]) if result.output is not None else b""
+        # NaN and infinities encode, but not as themselves (orjson: null; json: a non-JSON token):
+        # look for them only when the encoded values could hold one.
+        suspect = _may_hold_nonfinite(output_bytes) or _may_hold_nonfinite(dumps(io["arguments"]))
+    except ENCODE_ERRORS:
+        suspect = True
+    if suspect:
+        clean = encodable(raw, altered)
+        if altered:
+            io = redact(clean, secrets=secrets, paths=paths, patterns=settings["redact_patterns"])
+            output_bytes = dumps(io["output"]) if result.output is not None else b""
     record: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "kind": "call",
@@ -131,7 +155,25 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     }
     if settings["record_output"]:
         record["output"] = io["output"]
+    if altered:
+        record["altered"] = altered
     return record
+
+
+def _may_hold_nonfinite(encoded: bytes) -> bool:
+    return b"null" in encoded or b"NaN" in encoded or b"Infinity" in encoded
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """The record's canonical bytes; whatever still cannot be encoded (the tool name, a principal
+    of an unexpected type...) is escaped, and ``altered`` says so."""
+    try:
+        return encode_body(record)
+    except ENCODE_ERRORS:
+        altered = list(record.get("altered", ()))
+        clean = encodable({k: v for k, v in record.items() if k != "altered"}, altered)
+        clean["altered"] = altered
+        return encode_body(clean)
 
 
 class AuditPlugin:
@@ -146,65 +188,100 @@ class AuditPlugin:
         self.writer: AuditWriter | None = None
         self._original: dict[str, Any] = {}
         self._warned = False
+        self._coordinator: Any = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    @hookimpl
+    @hookimpl(tryfirst=True)
     def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
+        """First to mount, so that its cleanup (closing the log) runs last."""
         self.settings = parse_settings(config)
+        self._coordinator = coordinator
         if self.settings["otel"]:
             from .otel import ToolTelemetry
 
             self.telemetry = ToolTelemetry(*self._providers)
-        path = self.settings["path"] or str(
-            Path(coordinator.get_capability("session.working_dir")) / ".amplifier-tools" / "audit.jsonl")
+        configured = self.settings["path"]
+        state_dir = coordinator.get_capability("session.state_dir")
+        if configured is None and state_dir is None:
+            raise ConfigError("no path configured and the host provides no session.state_dir",
+                              key=f"plugins.{PLUGIN}.path")
+        path = Path(os.path.abspath(os.path.expanduser(configured if configured else Path(state_dir) / "audit.jsonl")))
+        protected = coordinator.get_capability("session.protected_paths")
+        if protected is not None:
+            # With a key the host refuses to start when a configured path lies where tools may write.
+            key = f"plugins.{PLUGIN}.path" if configured else None
+            protected.add(path, "the audit log", key=key)
+            protected.add(anchor_path(path), "the audit log's anchor", key=key)
         key_ref = self.settings["checkpoint_key_ref"]
-        key = None
+        secret = None
         if key_ref is not None:
             try:
-                key = coordinator.get_capability("session.secret")(key_ref).encode()
+                secret = coordinator.get_capability("session.secret")(key_ref).encode()
             except AuthError as exc:
                 raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
                                   key=f"plugins.{PLUGIN}.checkpoint_key_ref") from None
         try:
-            self.writer = AuditWriter(Path(path).expanduser(), fsync=self.settings["fsync"],
-                                      fsync_every=self.settings["fsync_every"],
+            self.writer = AuditWriter(path, fsync=self.settings["fsync"], fsync_every=self.settings["fsync_every"],
                                       fsync_interval_ms=self.settings["fsync_interval_ms"],
                                       rotate_bytes=self.settings["rotate_bytes"],
                                       rotate_seconds=self.settings["rotate_seconds"],
-                                      checkpoint_key=key, checkpoint_key_ref=key_ref or "",
+                                      checkpoint_key=secret, checkpoint_key_ref=key_ref or "",
                                       checkpoint_every=self.settings["checkpoint_every"],
-                                      on_error=self._report)
+                                      on_tamper=self._tampered)
         except OSError as exc:
             if self.settings["mode"] == "fail_closed":
-                raise ConfigError(f"cannot open the audit log {path}: {exc.strerror}",
+                raise ConfigError(f"cannot open the audit log {path}: {exc.strerror or exc}",
                                   key=f"plugins.{PLUGIN}.path") from None
             log.warning("audit log %s cannot be opened (%s); calls go unrecorded (mode fail_open)", path, exc)
             return None
         coordinator.register_capability("audit.path", str(self.writer.path))
         return self.writer.close
 
-    def _report(self, exc: BaseException) -> None:
-        """Called by the writer thread when a batch could not be written."""
-        if not self._warned:
-            self._warned = True
-            log.error("%s; calls are %s", exc,
-                      "refused until it can be written" if self.settings["mode"] == "fail_closed"
-                      else "not recorded (mode fail_open)")
+    def _tampered(self, reason: str, moved_to: str | None) -> None:
+        """The writer found the log not as it left it: say so where it cannot be rewritten."""
+        print(f"amplifier-tools audit: TAMPERING: {reason}"
+              + (f"; the untrusted file was kept as {moved_to}" if moved_to else "")
+              + ("; refusing further calls (mode fail_closed)" if self.settings["mode"] == "fail_closed" else ""),
+              file=sys.stderr)
+        data = {"reason": reason, "moved_to": moved_to,
+                "path": str(self.writer.path) if self.writer is not None else None}
+        coordinator = self._coordinator
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        if coordinator is not None:
+            task = loop.create_task(coordinator.hooks.emit("audit:tamper", data))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _unavailable(self) -> str | None:
+        writer = self.writer
+        if writer is None:
+            return "the audit log is not open"
+        if writer.tampered is not None:
+            return f"the audit log was tampered with ({writer.tampered})"
+        if not writer.healthy:
+            return f"the audit log cannot be written ({writer.error})"
+        return None
 
     @hookimpl(tryfirst=True)
     def tool_pre(self, call: ToolCall) -> None:
         self._original[call.id] = call.arguments
-        writer = self.writer
-        if self.settings["mode"] == "fail_closed" and (writer is None or not writer.healthy):
-            raise ToolSystemError(f"the audit log cannot be written ({writer.error if writer else 'not open'}); "
-                                  "refusing to run unrecorded calls", code="audit_unavailable")
+        if self.settings["mode"] == "fail_closed":
+            problem = self._unavailable()
+            if problem is not None:
+                raise ToolSystemError(f"{problem}; refusing to run unrecorded calls",
+                                      code="audit_tampered" if self.writer is not None and self.writer.tampered
+                                      else "audit_unavailable")
 
     @hookimpl(trylast=True)
     def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult,
                       context: ToolContext) -> Awaitable[None] | None:
-        """Queue the call's record; under ``fsync="always"``, an awaitable that waits until it is on disk.
+        """Write the call's record now; under ``fsync="always"``, an awaitable for its fsync.
 
-        Synchronous on purpose: a hook that has nothing to wait for returns None,
-        and the dispatcher never builds a coroutine or a timeout for it.
+        Synchronous on purpose: the record is in the file before the hook returns, even when
+        the calling task was cancelled, and a hook with nothing to wait for creates no coroutine.
         """
         original = self._original.pop(call.id, call.arguments)
         if self.telemetry is not None:
@@ -214,22 +291,27 @@ class AuditPlugin:
             return None
         # Encoded here, on the caller's side: the record is a snapshot even if the caller
         # later mutates its arguments or the tool's output.
-        body = encode_body(build_record(call, spec, result, context, original, self.settings))
-        if self.settings["fsync"] != "always":
-            # Only fsync="always" acknowledges: other modes return at once; a failed write is
-            # logged through _report and fails the next call closed in tool_pre.
-            writer.append(body, ack=False)
-            return None
-        future = writer.append(body)
-        assert future is not None
-        return self._acknowledged(future)
-
-    async def _acknowledged(self, future: concurrent.futures.Future[str]) -> None:
+        body = encode_record(build_record(call, spec, result, context, original, self.settings))
         try:
-            await asyncio.wrap_future(future)
-        except OSError as exc:
-            if self.settings["mode"] == "fail_closed":
-                raise
-            if not self._warned:
-                self._warned = True
-                log.warning("%s; continuing without an audit record (mode fail_open)", exc)
+            seq = writer.append(body)
+        except AuditWriteError as exc:
+            self._write_failed(exc)
+            return None
+        if self.settings["fsync"] != "always":
+            return None
+        waiter = writer.wait_synced(seq)
+        return None if waiter is None else self._synced(waiter)
+
+    def _write_failed(self, exc: AuditWriteError) -> None:
+        if self.settings["mode"] == "fail_closed":
+            raise exc
+        if not self._warned:
+            self._warned = True
+            log.warning("%s; continuing without an audit record (mode fail_open)", exc)
+
+    async def _synced(self, waiter: asyncio.Future[None]) -> None:
+        # Cancelling this wait (the caller was cancelled) loses nothing: the record is written.
+        try:
+            await waiter
+        except AuditWriteError as exc:
+            self._write_failed(exc)

@@ -9,19 +9,26 @@ first affected line. The body is encoded once, off the writer's critical
 section; linking only appends ``prev`` and hashes.
 
 Removing whole records from the *end* leaves a valid, shorter chain: that is
-only detectable against an anchor kept elsewhere (``verify --anchor``), or
-against a checkpoint signed with a key the attacker does not have: a
-``checkpoint`` record carries HMAC-SHA256(key, hash of the line before it),
-which commits to everything before it. Verification with the key reports
-checkpoints that do not verify, and how many records follow the last good one.
+detected against the anchor (``<log>.anchor``, written by the writer: the
+live file's inode, size, last hash and record count, HMAC-signed when a
+checkpoint key is configured), against a last hash kept elsewhere
+(``verify --anchor``), or against a checkpoint signed with a key the attacker
+does not have: a ``checkpoint`` record carries HMAC-SHA256(key, hash of the
+line before it), which commits to everything before it. Verification with the
+key reports checkpoints that do not verify, and how many records follow the
+last good one. A ``tamper`` record is the writer's own statement that it found
+the log not as it left it: verification reports it as a failure.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
+import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
@@ -64,6 +71,102 @@ def checkpoint_body(key: bytes, key_ref: str, prev: str, records: int, ts: float
                         "signs": prev, "hmac": checkpoint_mac(key, prev)})
 
 
+def anchor_path(log: str | os.PathLike[str]) -> Path:
+    """Where the anchor of the live file ``log`` lives: ``<log>.anchor``, beside it."""
+    p = Path(log)
+    return p.with_name(p.name + ".anchor")
+
+
+@attrs.frozen
+class Anchor:
+    """The chain head of a live log file as its writer last left it (``<log>.anchor``).
+
+    ``size`` bytes of the file ``file`` (inode ``inode``) end with the record hashed ``hash``, the
+    ``records``-th line of that file. ``hmac`` (with ``key_ref``) signs all of it when the writer
+    has a checkpoint key.
+    """
+
+    file: str
+    inode: int
+    size: int
+    hash: str
+    records: int
+    ts: float
+    key_ref: str | None = None
+    hmac: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The signed members (everything but ``hmac``)."""
+        out = {"v": 1, "kind": "anchor", "file": self.file, "inode": self.inode, "size": self.size,
+               "hash": self.hash, "records": self.records, "ts": self.ts}
+        if self.key_ref is not None:
+            out["key_ref"] = self.key_ref
+        return out
+
+    def signed_by(self, key: bytes) -> bool:
+        return self.hmac is not None and hmac.compare_digest(self.hmac, anchor_mac(key, self))
+
+
+def anchor_mac(key: bytes, anchor: Anchor) -> str:
+    """HMAC-SHA256 over the anchor's canonical members."""
+    return hmac.new(key, b"amplifier-tools-audit-anchor:1:" + canonical(anchor.fields()), hashlib.sha256).hexdigest()
+
+
+def encode_anchor(anchor: Anchor, key: bytes | None = None) -> bytes:
+    """The anchor file's bytes: one JSON object, signed with ``key`` when given."""
+    record = anchor.fields()
+    if key is not None:
+        record["hmac"] = anchor_mac(key, anchor)
+    return canonical(record) + b"\n"
+
+
+def parse_anchor(data: bytes) -> Anchor:
+    """An ``Anchor`` from the anchor file's bytes; ``ValueError`` if it is not one."""
+    record = json.loads(data)
+    if not isinstance(record, dict) or record.get("kind") != "anchor" or record.get("v") != 1:
+        raise ValueError("not an audit anchor")
+    try:
+        anchor = Anchor(file=record["file"], inode=record["inode"], size=record["size"], hash=record["hash"],
+                        records=record["records"], ts=record["ts"], key_ref=record.get("key_ref"),
+                        hmac=record.get("hmac"))
+    except KeyError as exc:
+        raise ValueError(f"the anchor has no {exc.args[0]!r}") from None
+    if not (isinstance(anchor.file, str) and type(anchor.inode) is int and type(anchor.size) is int
+            and anchor.size >= 0 and isinstance(anchor.hash, str) and len(anchor.hash) == 64
+            and type(anchor.records) is int and (anchor.hmac is None or isinstance(anchor.hmac, str))):
+        raise ValueError("malformed audit anchor")
+    return anchor
+
+
+def read_anchor(path: str | os.PathLike[str]) -> Anchor | None:
+    """The anchor at ``path``; None when there is none. ``ValueError`` naming the path when it is not a
+    regular file (never opened: a FIFO cannot hang the reader) or not an anchor."""
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise ValueError(f"the anchor {name} is not a regular file (a symlink or special file)") from None
+        raise ValueError(f"the anchor {name} cannot be read: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"the anchor {name} is not a regular file")
+        data = os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+    try:
+        return parse_anchor(data)
+    except ValueError as exc:
+        raise ValueError(f"the anchor {name} is unreadable: {exc}") from None
+
+
+def ends_with_hash(data: bytes, digest: str) -> bool:
+    """Whether ``data`` (the bytes just before an offset) ends with the complete line hashed ``digest``."""
+    return data.endswith(b',"hash":"%s"}\n' % digest.encode())
+
+
 @attrs.frozen
 class VerifyReport:
     """The outcome of ``verify``: ``ok``, how many records, and where the chain first broke."""
@@ -78,6 +181,7 @@ class VerifyReport:
     checkpoints: int = 0  # checkpoints whose HMAC verified (only counted when a key is given)
     unsigned: int = 0  # with a key: records after the last verified checkpoint
     torn_tail: bool = False  # the live file ends in an incomplete line: a crash mid-write, not verified
+    after_anchor: int | None = None  # records after the anchored end (None: not checked against an anchor)
 
 
 def chain_files(path: str | Path) -> list[Path]:
@@ -91,58 +195,114 @@ def chain_files(path: str | Path) -> list[Path]:
     return [p]
 
 
-def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = None) -> VerifyReport:
+def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = None,
+           head: Anchor | None = None, require_signed: bool = False) -> VerifyReport:
     """Check every record's hash and link, across rotated files; report the first bad line.
 
     With ``key``, every checkpoint's HMAC is checked too, and the report says
-    how many checkpoints verified and how many records follow the last one.
+    how many checkpoints verified and how many records follow the last one;
+    ``require_signed`` fails a log with no verified checkpoint (and an unsigned
+    ``head``). With ``head`` (the writer's anchor of the live file), the live
+    file must still hold the anchored record at the anchored size: records cut
+    from the end, an emptied or replaced file fail; with ``key`` the anchor's
+    signature is checked, and an anchor older than the last verified checkpoint
+    (rolled back) fails. ``anchor`` is a last hash kept elsewhere.
+    A ``tamper`` record (the writer found the log not as it left it) fails.
     An incomplete final line of the live file (a writer killed mid-write) is
-    reported as ``torn_tail``, not counted, and does not fail verification: it
-    proves nothing either way, like records cut from the end (see ``anchor``).
+    reported as ``torn_tail``, not counted, and does not fail verification.
     """
     files = chain_files(path)
     prev = GENESIS
     count = signed = checkpoints = 0
     torn = False
     names = tuple(str(f) for f in files)
+    anchored_at: int | None = None  # records verified when the live file reached head.size
+    last_checkpoint_end = -1  # byte offset in the live file after the last verified checkpoint
+    live_start = offset = 0
+
+    def failed(file: Path | None, number: int | None, reason: str) -> VerifyReport:
+        return VerifyReport(False, count, names, prev, str(file) if file else (names[-1] if names else None),
+                            number, reason, checkpoints, count - signed if key is not None else 0, torn)
+
+    if head is not None and key is not None and not head.signed_by(key) and (
+            head.hmac is not None or require_signed):
+        return failed(None, None, "the anchor's signature does not verify: it was rewritten, or signed "
+                                      "with another key" if head.hmac else "the anchor is not signed")
     for file in files:
+        live = file is files[-1]
+        if live:
+            live_start = count
         try:
-            handle = file.open("rb")
+            fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
-            return VerifyReport(False, count, names, prev, str(file), None, f"cannot read: {exc.strerror}")
-        with handle:
+            if exc.errno == errno.ELOOP:
+                return failed(file, None, "the log is a symlink, not the file the writer created")
+            return failed(file, None, f"cannot read: {exc.strerror}")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return failed(file, None, "the log is not a regular file (a FIFO or device was put in its place)")
+        offset = 0
+        with os.fdopen(fd, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
-                if not raw.endswith(b"\n") and file is files[-1]:
+                if not raw.endswith(b"\n") and live:
                     # The kernel may cut a write short when the writer is killed mid-way; the
                     # writer removes such a tail before its next append. Not a verified record.
                     torn = True
                     break
-                problem = _check_line(raw, prev)
+                problem = check_line(raw, prev)
                 if isinstance(problem, str):
-                    return VerifyReport(False, count, names, prev, str(file), number, problem,
-                                        checkpoints, count - signed)
-                if key is not None and problem.get("kind") == "checkpoint":
+                    return failed(file, number, problem)
+                kind = problem.get("kind")
+                if kind == "tamper":
+                    return failed(file, number, f"the writer found the log tampered with: {problem.get('reason')}"
+                                                f" (the untrusted file was kept as {problem.get('moved_to')})")
+                if key is not None and kind == "checkpoint":
                     mac = problem.get("hmac")
                     if not isinstance(mac, str) or not hmac.compare_digest(mac, checkpoint_mac(key, prev)):
-                        return VerifyReport(False, count, names, prev, str(file), number,
-                                            "checkpoint signature does not verify: the log was rewritten, "
-                                            "or signed with another key", checkpoints, count - signed)
+                        return failed(file, number, "checkpoint signature does not verify: the log was rewritten, "
+                                                    "or signed with another key")
                     checkpoints += 1
                     signed = count + 1
+                    if live:
+                        last_checkpoint_end = offset + len(raw)
                 prev = problem["hash"]
                 count += 1
+                offset += len(raw)
+                if live and head is not None and offset == head.size:
+                    anchored_at = count
+                    if prev != head.hash:
+                        return failed(file, number, "the record at the anchored end is not the anchored one: "
+                                                    "the log was rewritten or replaced")
     unsigned = count - signed if key is not None else 0
+    after: int | None = None
+    if head is not None:
+        if head.size == 0:
+            anchored_at = live_start
+        if anchored_at is None:
+            have = offset
+            what = "emptied" if have == 0 else "cut short or rewritten"
+            return failed(None, None, f"the log was {what}: the anchor says {head.records} record(s) in "
+                                      f"{head.size} bytes ending in {head.hash[:16]}…, the file has {have} bytes")
+        after = count - anchored_at
+        if key is not None and head.signed_by(key) and last_checkpoint_end > head.size:
+            return failed(None, None, "the anchor is older than the log's last signed checkpoint: "
+                                      "the anchor was rolled back")
+    if require_signed and key is not None and checkpoints == 0:
+        return failed(None, None, "no signed checkpoint verifies: the checkpoints were removed, or the log "
+                                  "was never signed (--allow-unsigned accepts that)")
     if anchor is not None and anchor != prev:
         return VerifyReport(False, count, names, prev, names[-1] if names else None, None,
                             f"last hash {prev[:16]}… is not the anchor {anchor[:16]}…: records were removed "
                             "from the end or the log was replaced", checkpoints, unsigned, torn)
-    return VerifyReport(True, count, names, prev, checkpoints=checkpoints, unsigned=unsigned, torn_tail=torn)
+    return VerifyReport(True, count, names, prev, checkpoints=checkpoints, unsigned=unsigned, torn_tail=torn,
+                        after_anchor=after)
 
 
 _HASH_SUFFIX: Final = re.compile(rb',"hash":"([0-9a-f]{64})"\}\n\Z')
 
 
-def _check_line(raw: bytes, prev: str) -> dict[str, Any] | str:
+def check_line(raw: bytes, prev: str) -> dict[str, Any] | str:
+    """The record of one line (with its newline) that chains from ``prev``, or what is wrong with it."""
     if not raw.endswith(b"\n"):
         return "incomplete last line (torn write or truncation)"
     suffix = _HASH_SUFFIX.search(raw)

@@ -1,5 +1,10 @@
 """``amplifier-tools audit verify|tail|stats``: check, show and summarize an audit log.
 
+PATH is optional: by default the host's own log, found the way the host finds it
+(``--config`` or the discovered config file, its ``state_dir`` and
+``[plugins.audit] path``). ``verify`` checks the chain and, unless
+``--no-anchor``, the live file against its anchor (``<log>.anchor``).
+
 Exit statuses: 0 the log verifies (or the command succeeded), 1 tampering or
 damage found, 2 usage error or unreadable input.
 """
@@ -9,29 +14,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import statistics
 import sys
 from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from .chain import read_records, verify
+from .chain import Anchor, anchor_path, chain_files, read_anchor, read_records, verify
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="amplifier-tools audit", description="Audit log tools.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("verify", help="check the hash chain of a log file or directory")
-    p.add_argument("path")
+    default = "default: the host's log (<state_dir>/audit.jsonl or [plugins.audit] path)"
+    p = sub.add_parser("verify", help="check the hash chain of a log file or directory, and its anchor")
+    p.add_argument("path", nargs="?", help=default)
     p.add_argument("--anchor", help="the last hash recorded elsewhere; detects records cut from the end")
+    p.add_argument("--no-anchor", action="store_true",
+                   help="check the chain only (a copy without its <log>.anchor); cannot detect truncation")
     p.add_argument("--key-env", metavar="VAR",
-                   help="environment variable holding the checkpoint HMAC key; checks every checkpoint")
+                   help="environment variable holding the checkpoint HMAC key; checks every checkpoint and the "
+                        "anchor's signature, and fails a log without a verified checkpoint")
+    p.add_argument("--allow-unsigned", action="store_true",
+                   help="with --key-env: accept a log with no signed checkpoint and an unsigned anchor")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("tail", help="the last records")
-    p.add_argument("path")
+    p.add_argument("path", nargs="?", help=default)
     p.add_argument("-n", type=int, default=10)
     p = sub.add_parser("stats", help="calls, error rates by category and tool, latency percentiles")
-    p.add_argument("path")
+    p.add_argument("path", nargs="?", help=default)
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -64,38 +76,90 @@ def stats(path: str) -> dict[str, object]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def default_log(config: str | None) -> Path:
+    """The host's log, found as the host finds it: config file, ``state_dir``, ``[plugins.audit] path``."""
+    from ...host import ToolHost
+
+    host = ToolHost(config=config, builtins=False, entry_points=False) if config else \
+        ToolHost(builtins=False, entry_points=False)
+    section = host.config.get("plugins", {}).get("audit") or {}
+    configured = section.get("path") if isinstance(section, dict) else None
+    if configured:
+        return Path(os.path.abspath(os.path.expanduser(configured)))
+    return Path(host.state_dir) / "audit.jsonl"
+
+
+def _live_file(path: Path) -> Path | None:
+    files = chain_files(path)
+    return files[-1] if files else None
+
+
+def _verify(args: argparse.Namespace, path: Path) -> int:
+    key = None
+    if args.key_env is not None:
+        value = os.environ.get(args.key_env)
+        if not value:
+            print(f"error: --key-env {args.key_env}: the variable is not set", file=sys.stderr)
+            return 2
+        key = value.encode()
+    head: Anchor | None = None
+    problem = None
+    live = _live_file(path)
+    where = anchor_path(live) if live is not None else None
+    if not args.no_anchor and where is not None:
+        try:
+            head = read_anchor(where)
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if head is None:
+                problem = (f"no anchor ({where}) beside the log: records cut from the end, or an emptied or "
+                           "replaced log, would go unnoticed (--no-anchor checks the chain only)")
+    report = verify(path, anchor=args.anchor, key=key, head=head, require_signed=not args.allow_unsigned)
+    ok = report.ok and problem is None
+    reason = report.reason if not report.ok else problem
+    if args.json:
+        print(json.dumps({"ok": ok, "records": report.records, "files": list(report.files),
+                          "last_hash": report.last_hash, "bad_file": report.bad_file,
+                          "bad_line": report.bad_line, "reason": reason,
+                          "anchor": None if where is None or args.no_anchor else str(where),
+                          "after_anchor": report.after_anchor,
+                          "checkpoints": report.checkpoints if key else None,
+                          "unsigned": report.unsigned if key else None, "torn_tail": report.torn_tail}))
+    elif ok:
+        print(f"OK: {report.records} records in {len(report.files)} file(s); last hash {report.last_hash}")
+        if report.torn_tail:
+            print("note: the last line is incomplete (a writer was killed mid-write); it was not verified "
+                  "and the next append removes it")
+        if head is not None:
+            print(f"anchor: the log holds everything its anchor records; {report.after_anchor} record(s) were "
+                  "written after the anchor's last update (a writer still running, or killed before updating it)")
+        if key is not None:
+            print(f"{report.checkpoints} signed checkpoint(s) verified; {report.unsigned} record(s) after "
+                  "the last one are covered by the hash chain only")
+    else:
+        at = f"{report.bad_file}:{report.bad_line}" if report.bad_line else str(report.bad_file or path)
+        print(f"TAMPERED: {at}: {reason} ({report.records} records verified before it)")
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int:
     args = _parser().parse_args(argv)
-    if not Path(args.path).exists():
-        print(f"error: {args.path}: no such file or directory", file=sys.stderr)
+    path = Path(args.path) if args.path else default_log(config)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        print(f"error: {args.path or path}: no such file or directory", file=sys.stderr)
+        return 2
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        if args.command == "verify":
+            print(f"TAMPERED: {path}: the log is not a regular file (a FIFO or device was put in its place)")
+            return 1
+        print(f"error: {path}: not a regular file or directory", file=sys.stderr)
         return 2
     if args.command == "verify":
-        key = None
-        if args.key_env is not None:
-            value = os.environ.get(args.key_env)
-            if not value:
-                print(f"error: --key-env {args.key_env}: the variable is not set", file=sys.stderr)
-                return 2
-            key = value.encode()
-        report = verify(args.path, anchor=args.anchor, key=key)
-        if args.json:
-            print(json.dumps({"ok": report.ok, "records": report.records, "files": list(report.files),
-                              "last_hash": report.last_hash, "bad_file": report.bad_file,
-                              "bad_line": report.bad_line, "reason": report.reason,
-                              "checkpoints": report.checkpoints if key else None,
-                              "unsigned": report.unsigned if key else None, "torn_tail": report.torn_tail}))
-        elif report.ok:
-            print(f"OK: {report.records} records in {len(report.files)} file(s); last hash {report.last_hash}")
-            if report.torn_tail:
-                print("note: the last line is incomplete (a writer was killed mid-write); it was not verified "
-                      "and the next append removes it")
-            if key is not None:
-                print(f"{report.checkpoints} signed checkpoint(s) verified; {report.unsigned} record(s) after "
-                      "the last one are covered by the hash chain only")
-        else:
-            where = f"{report.bad_file}:{report.bad_line}" if report.bad_line else str(report.bad_file)
-            print(f"TAMPERED: {where}: {report.reason} ({report.records} records verified before it)")
-        return 0 if report.ok else 1
+        return _verify(args, path)
+    args.path = str(path)
     if args.command == "tail":
         for record in deque(read_records(args.path), maxlen=args.n):
             print(json.dumps(record, sort_keys=True))

@@ -1,73 +1,634 @@
-"""Appending chained records to a JSON Lines file: one writer thread, file lock, fsync policy,
-rotation, signed checkpoints.
+"""Appending chained records to the audit log, and keeping the log's anchor.
 
-``AuditWriter.append(body, ack=True)`` takes a record already encoded by
-``chain.encode_body`` and returns a future resolved once it is written (and
-fsynced under ``fsync="always"``); with ``ack=False`` nothing waits and a
-failure is reported through ``on_error`` and ``healthy``. Records are written
-by a single thread per host, in batches, each batch under an exclusive
-``flock`` on ``<file>.lock`` so that several processes appending to one log
-keep one chain: under the lock the writer reads the last hash from the file
-itself. Without ``fsync="always"`` the thread lingers ``LINGER_S`` after the
-first record of a batch, so a busy host pays the lock and stat calls once per
-batch rather than once per record.
+It must never: write through a symlink or into anything but the regular file
+it created; continue, or sign, a chain it did not verify; acknowledge a record
+that was not completely written.
 
-Crash safety: every record is one ``write()`` of a whole line to an
-``O_APPEND`` descriptor; a line torn anyway (power loss) is cut off under the
-lock before the next append, and a ``recovered`` record says so in the chain.
+``AuditWriter.append(body)`` chains a record (already encoded by
+``chain.encode_body``) and writes it on the caller's side, synchronously, under
+a process lock and an exclusive ``flock`` on the log file's own descriptor — a
+lock a tool cannot swap: replacing the log is itself detected. When it returns,
+the line is in the file (one completed ``write(2)``, its return value checked;
+a short write is cut off and raised). A background thread only fsyncs (for
+``fsync="always"`` it serves every waiter with one fsync: group commit; for
+``"interval"`` every ``fsync_interval_ms``; ``"never"`` leaves it to the OS) and
+refreshes the anchor. There is no queue: memory does not grow with load.
+
+The writer trusts itself, not the file. It keeps the chain head (inode, size,
+last hash, record count) in memory and in ``<log>.anchor`` (replaced atomically,
+HMAC-signed with the checkpoint key). Before each append it checks that the file
+still ends where it left it, or that what another process appended chains from
+its head (several processes may share one log). Anything else — a shorter or
+emptied file, a replaced, deleted, symlinked or FIFO log, an anchor that does
+not match or is not signed by our key — is tampering: the untrusted file is
+renamed aside (``<log>.tampered-<time>``), never appended to or signed, and a
+fresh segment starts with a ``tamper`` record saying what was found;
+``on_tamper`` reports it (the plugin logs it, emits ``audit:tamper`` and, in
+``fail_closed`` mode, refuses further calls).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import datetime as dt
 import errno
 import fcntl
 import json
+import logging
 import os
-import queue
+import stat
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from .chain import GENESIS, ROTATED, checkpoint_body, encode_body, link
+import attrs
 
-TAIL_BYTES: Final = 1 << 16
-LINGER_S: Final = 0.002
-MAX_BATCH: Final = 1024
+from ...hoststate import HostFileError, open_host_dir, open_host_file
+from .chain import (
+    GENESIS,
+    ROTATED,
+    Anchor,
+    anchor_path,
+    check_line,
+    checkpoint_body,
+    encode_anchor,
+    encode_body,
+    ends_with_hash,
+    link,
+    parse_anchor,
+)
+
+log = logging.getLogger("amplifier_tools.audit")
+
+READ_CHUNK: Final = 1 << 20
+LOG_FLAGS: Final = os.O_RDWR | os.O_APPEND
 
 
 class AuditWriteError(OSError):
-    """The log could not be written."""
+    """The record could not be written (or fsynced): it is not acknowledged."""
 
 
-def last_hash(fd: int) -> tuple[str, int]:
-    """(hash of the last complete record, offset where a torn tail starts or the file size)."""
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return GENESIS, 0
-    start = max(0, size - TAIL_BYTES)
-    data = os.pread(fd, size - start, start)
-    end = len(data)
-    if not data.endswith(b"\n"):
-        cut = data.rfind(b"\n")
-        end = cut + 1 if cut >= 0 else 0
-    lines = data[:end].splitlines()
-    for raw in reversed(lines):
+class _Tampered(Exception):
+    """The log is not as this writer left it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@attrs.define(slots=True)
+class _Head:
+    """Where the live file ends, as far as this writer verified it."""
+
+    inode: int
+    size: int
+    hash: str
+    records: int
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    # The waiter may have been cancelled meanwhile: its record is written either way.
+    if not future.done():
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+
+class AuditWriter:
+    """The audit log of one host: appends, verifies, rotates, anchors; one fsync thread."""
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: str = "interval", fsync_interval_ms: float = 100,
+                 fsync_every: int = 100,
+                 rotate_bytes: int | None = None, rotate_seconds: float | None = None,
+                 checkpoint_key: bytes | None = None, checkpoint_key_ref: str = "", checkpoint_every: int = 1000,
+                 on_tamper: Callable[[str, str | None], None] | None = None) -> None:
+        self.path = Path(os.path.abspath(os.fspath(path)))
+        self.anchor_path = anchor_path(self.path)
+        self.fsync = fsync
+        self.fsync_interval = fsync_interval_ms / 1000.0
+        self.fsync_every = fsync_every
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self.checkpoint_key = checkpoint_key
+        self.checkpoint_key_ref = checkpoint_key_ref
+        self.checkpoint_every = checkpoint_every
+        self.on_tamper = on_tamper
+        #: The last write failure (cleared by the next record written), and the tampering found, if any.
+        self.error: BaseException | None = None
+        self.tampered: str | None = None
+        self._leaf = self.path.name
+        self._anchor_leaf = self.anchor_path.name
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._dir_fd: int | None = None
+        self._fd: int | None = None
+        self._head: _Head | None = None
+        self._file_started: float | None = None
+        self._since_checkpoint = 0
+        self._written = 0  # records this writer wrote (the sequence fsync waiters wait for)
+        self._synced = 0
+        self._anchored: tuple[int, int] = (-1, -1)
+        self._last_anchor = 0.0
+        self._recheck = False
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._retired: list[int] = []
+        self._stop = False
+        with self._lock:
+            try:
+                self._start()
+            except BaseException:
+                for fd in [*self._retired, self._fd, self._dir_fd]:
+                    if fd is not None:
+                        os.close(fd)
+                raise
+        self._thread = threading.Thread(target=self._run, name=f"audit-fsync:{self.path.name}", daemon=True)
+        self._thread.start()
+
+    # -- public ------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return self.error is None and self._thread.is_alive()
+
+    def append(self, body: bytes) -> int:
+        """Chain and write one record; its sequence number (for ``wait_synced``).
+
+        ``AuditWriteError`` if it could not be completely written; tampering found on the
+        way starts a fresh segment (``tampered`` is set) and the record goes there.
+        """
+        with self._lock:
+            if self._stop:
+                raise AuditWriteError(errno.EBADF, f"the audit log {self.path} is closed")
+            try:
+                self._append_locked(body)
+            except OSError as exc:
+                self.error = exc
+                if isinstance(exc, AuditWriteError):
+                    raise
+                raise AuditWriteError(exc.errno, f"audit log {self.path} cannot be written: "
+                                                 f"{exc.strerror or exc}") from exc
+            self.error = None
+            self._written += 1
+            if self.fsync == "interval" and self._written - self._synced == self.fsync_every:
+                self._wake.notify()  # enough unsynced records: do not wait for the interval
+            return self._written
+
+    def wait_synced(self, seq: int) -> asyncio.Future[None] | None:
+        """A future resolved once record ``seq`` is fsynced (None if it already is)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._synced >= seq:
+                return None
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((seq, loop, future))
+            self._wake.notify()
+        return future
+
+    def close(self) -> None:
+        """A final signed checkpoint (with a key), fsync, anchor; then stop the thread and close the files."""
+        with self._lock:
+            if self._stop:
+                return
+            if self.checkpoint_key is not None and self._since_checkpoint and self._fd is not None:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX)
+                    try:
+                        self._catch_up()
+                        self._write_checkpoint()
+                    finally:
+                        self._unlock()
+                except (OSError, _Tampered) as exc:
+                    log.error("audit log %s: no final checkpoint: %s", self.path, exc)
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+        with self._lock:
+            for fd in [*self._retired, self._fd, self._dir_fd]:
+                if fd is not None:
+                    os.close(fd)
+            self._retired, self._fd, self._dir_fd = [], None, None
+
+    # -- opening and verifying ------------------------------------------------------
+
+    def _start(self) -> None:
+        """Open and verify an existing log now (so a swapped file fails at start); a missing log is
+        created by the first record, so a host that makes no call leaves nothing behind."""
+        parent = self.path.parent
+        if parent.is_dir() or parent.is_symlink():
+            self._dir_fd = open_host_dir(parent)
+            present = [name for name in (self._leaf, self._anchor_leaf) if self._exists(name)]
+            if present:
+                self._open_log()
+                assert self._fd is not None
+                self._unlock()
+            return
+        ancestor = parent
+        while not ancestor.exists():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(ancestor))
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(ancestor))
+
+    def _exists(self, name: str) -> bool:
         try:
-            record = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("hash"), str):
-            return record["hash"], start + end
-    return GENESIS, start + end
+            os.lstat(name, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _open_log(self) -> None:
+        """Open (or create) the live file, lock it, and adopt its chain if it verifies against the
+        anchor; a fresh segment if not. Leaves ``self._fd`` locked."""
+        if self._dir_fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._dir_fd = open_host_dir(self.path.parent)
+        try:
+            try:
+                anchor = self._read_anchor()
+            except HostFileError as exc:
+                raise _Tampered(self._not_ours(self.anchor_path, exc)) from None
+            if anchor is None and self._exists(self._leaf) and os.lstat(self._leaf, dir_fd=self._dir_fd).st_size:
+                raise _Tampered(f"the log {self.path} has records but no anchor ({self.anchor_path}): its history "
+                                "cannot be verified (the anchor was deleted, or the log predates anchors)")
+            if anchor is not None and anchor.size and not self._exists(self._leaf):
+                raise _Tampered(f"the log {self.path} was deleted (its anchor says {anchor.records} record(s))")
+            try:
+                fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT, dir_fd=self._dir_fd)
+            except HostFileError as exc:
+                raise _Tampered(self._not_ours(self.path, exc)) from None
+            self._fd = fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            st = os.fstat(fd)
+            self._file_started = None
+            if anchor is None or (anchor.size == 0 and st.st_size == 0):  # a new log
+                self._head = _Head(st.st_ino, 0, GENESIS, 0)
+                self._write_anchor()
+            else:
+                self._adopt(fd, st, anchor)
+        except _Tampered as tampered:
+            self._fresh_segment(tampered.reason)
+
+    @staticmethod
+    def _not_ours(path: Path, exc: OSError) -> str:
+        return f"{path} is not the file this writer created: {exc.strerror or exc}"
+
+    def _read_anchor(self) -> Anchor | None:
+        try:
+            fd = open_host_file(self._anchor_leaf, os.O_RDONLY, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            return None
+        try:
+            data = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        try:
+            anchor = parse_anchor(data)
+        except ValueError as exc:
+            raise _Tampered(f"the anchor {self.anchor_path} is unreadable ({exc})") from None
+        if self.checkpoint_key is not None and not anchor.signed_by(self.checkpoint_key):
+            raise _Tampered(f"the anchor {self.anchor_path} is not signed with the checkpoint key")
+        return anchor
+
+    def _adopt(self, fd: int, st: os.stat_result, anchor: Anchor) -> None:
+        """Continue the chain of an existing file only if it still holds what the anchor says."""
+        if anchor.file != self._leaf or anchor.inode != st.st_ino:
+            raise _Tampered(f"the log {self.path} was replaced (inode {st.st_ino}, the anchor says {anchor.inode})")
+        if st.st_size < anchor.size:
+            what = "emptied" if st.st_size == 0 else f"cut short to {st.st_size} bytes"
+            raise _Tampered(f"the log {self.path} was {what}: the anchor says {anchor.records} record(s) "
+                            f"in {anchor.size} bytes")
+        if anchor.size and not ends_with_hash(os.pread(fd, 100, max(0, anchor.size - 100)), anchor.hash):
+            raise _Tampered(f"the log {self.path} was rewritten: the record at the anchored end "
+                            f"({anchor.size} bytes) is not the anchored one")
+        self._head = _Head(st.st_ino, anchor.size, anchor.hash, anchor.records)
+        self._file_started = first_timestamp(fd)
+        self._extend(fd, st.st_size, live=True)
+        self._write_anchor()
+
+    def _extend(self, fd: int, end: int, *, live: bool) -> None:
+        """Accept what was appended after our head (by another process sharing the log) if it chains
+        from it; a torn final line (a writer killed mid-write) is cut off and marked."""
+        head = self._head
+        assert head is not None
+        pending = b""
+        offset = head.size
+        while offset < end:
+            chunk = os.pread(fd, min(READ_CHUNK, end - offset), offset)
+            if not chunk:
+                break
+            offset += len(chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                problem = check_line(raw + b"\n", head.hash)
+                if isinstance(problem, str):
+                    raise _Tampered(f"the log {self.path} does not continue from record {head.records} "
+                                    f"as this writer left it: {problem}")
+                head.size += len(raw) + 1
+                head.hash = problem["hash"]
+                head.records += 1
+        if pending:
+            if not live:
+                raise _Tampered(f"the log {self.path} ends in an incomplete line")
+            os.ftruncate(fd, head.size)
+            self._write_lines(fd, [encode_body({"v": 1, "kind": "recovered", "ts": time.time(),
+                                                "note": "a torn final line was removed before appending"})])
+
+    def _catch_up(self) -> None:
+        """Before appending (``self._fd`` locked): the file at the path is still ours and ends at our head,
+        or what was appended chains from it; follows another process's rotation."""
+        head = self._head
+        assert head is not None
+        try:
+            on_path = os.lstat(self._leaf, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            raise _Tampered(f"the log {self.path} was deleted") from None
+        if on_path.st_ino == head.inode and on_path.st_size == head.size and not self._recheck:
+            return  # the common case: one stat, the file is ours and ends where we left it
+        if on_path.st_ino != head.inode:
+            self._follow_rotation(on_path)
+            head = self._head
+            assert head is not None
+        fd = self._fd
+        assert fd is not None
+        size = os.fstat(fd).st_size
+        if size != head.size or self._recheck:
+            if size < head.size:
+                what = "emptied" if size == 0 else f"cut short from {head.size} to {size} bytes"
+                raise _Tampered(f"the log {self.path} was {what}")
+            if head.size and not ends_with_hash(os.pread(fd, 100, max(0, head.size - 100)), head.hash):
+                raise _Tampered(f"the log {self.path} was rewritten: its record {head.records} is not the one "
+                                "this writer wrote")
+            self._recheck = False
+            self._extend(fd, size, live=True)
+
+    def _follow_rotation(self, on_path: os.stat_result) -> None:
+        """The path holds another file: another process rotated the log, or it was replaced."""
+        if not stat.S_ISREG(on_path.st_mode):
+            raise _Tampered(f"the log {self.path} was replaced by a symlink or special file")
+        old = self._fd
+        assert old is not None
+        tampered = None
+        try:
+            head, size = self._head, os.fstat(old).st_size
+            assert head is not None
+            if size < head.size or (head.size and not ends_with_hash(
+                    os.pread(old, 100, max(0, head.size - 100)), head.hash)):
+                raise _Tampered(f"the log {self.path} was cut short or rewritten, then replaced")
+            self._extend(old, size, live=False)  # what others wrote before rotating
+        except _Tampered as found:
+            tampered = found  # unless another writer already started a fresh segment over it (below)
+        try:
+            new = open_host_file(self._leaf, LOG_FLAGS, dir_fd=self._dir_fd)
+        except (HostFileError, FileNotFoundError) as exc:
+            raise _Tampered(self._not_ours(self.path, exc)) from None
+        fcntl.flock(new, fcntl.LOCK_EX)
+        self._fd = new
+        self._retire(old)
+        assert self._head is not None
+        st = os.fstat(new)
+        if tampered is not None:
+            # Another process sharing the log found the tampering first and started a fresh segment:
+            # join it (it starts a new chain with a ``tamper`` record) rather than setting it aside too.
+            first = os.pread(new, 1 << 16, 0).split(b"\n", 1)[0] + b"\n"
+            record = check_line(first, GENESIS)
+            if isinstance(record, str) or record.get("kind") != "tamper":
+                raise tampered
+            self.tampered = tampered.reason
+            self._head = _Head(st.st_ino, 0, GENESIS, 0)
+            self._extend(new, st.st_size, live=True)
+            log.error("audit log tampering: %s; joined the fresh segment another writer started", tampered.reason)
+            if self.on_tamper is not None:
+                self.on_tamper(tampered.reason, None)
+            return
+        self._head = _Head(st.st_ino, 0, self._head.hash, 0)  # the new file must chain from the old one's end
+        self._file_started = None
+        self._extend(new, st.st_size, live=True)
+
+    def _fresh_segment(self, reason: str) -> None:
+        """Keep the untrusted file aside, start a new chain whose first record says what was found."""
+        self.tampered = reason
+        trusted = self._head
+        if self._fd is not None:
+            self._retire(self._fd)
+            self._fd = None
+        assert self._dir_fd is not None
+        moved = None
+        if self._exists(self._leaf):
+            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+            moved = f"{self._leaf}.tampered-{stamp}-{os.getpid()}"
+            os.rename(self._leaf, moved, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
+        self._fd = fd
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._head = _Head(os.fstat(fd).st_ino, 0, GENESIS, 0)
+        self._file_started = None
+        record: dict[str, Any] = {"v": 1, "kind": "tamper", "ts": time.time(), "reason": reason, "moved_to": moved}
+        if trusted is not None:
+            record["trusted"] = {"hash": trusted.hash, "records": trusted.records, "size": trusted.size}
+        self._write_lines(fd, [encode_body(record)])
+        self._write_anchor()
+        log.error("audit log tampering: %s; a fresh segment was started%s", reason,
+                  f", the untrusted file was kept as {moved}" if moved else "")
+        if self.on_tamper is not None:
+            self.on_tamper(reason, moved)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def _append_locked(self, body: bytes) -> None:
+        try:  # whatever fails, the flock is released: other processes sharing the log go on
+            if self._fd is None:
+                self._open_log()  # leaves the fd locked
+            else:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                try:
+                    self._catch_up()
+                except _Tampered as tampered:
+                    self._fresh_segment(tampered.reason)
+            fd = self._fd
+            assert fd is not None
+            self._write_lines(fd, [body])
+            self._since_checkpoint += 1
+            if self.checkpoint_key is not None and self._since_checkpoint >= self.checkpoint_every:
+                try:
+                    self._write_checkpoint()
+                except OSError as exc:  # the record is written; the next record retries the checkpoint
+                    log.warning("audit log %s: checkpoint not written (%s)", self.path, exc)
+            if self.rotate_bytes is not None or self.rotate_seconds is not None:
+                self._maybe_rotate()
+        finally:
+            self._unlock()
+
+    def _write_lines(self, fd: int, bodies: list[bytes]) -> None:
+        """Chain and write each body as one ``write(2)``; a short write is cut off and raised."""
+        head = self._head
+        assert head is not None
+        for body in bodies:
+            line, digest = link(body, head.hash)
+            try:
+                written = os.write(fd, line)
+            except OSError:
+                self._cut(fd, head.size)
+                raise
+            if written != len(line):
+                self._cut(fd, head.size)
+                raise AuditWriteError(errno.ENOSPC, f"audit log {self.path} cannot be written: short write "
+                                                    f"({written} of {len(line)} bytes; the disk is full?)")
+            head.size += written
+            head.hash = digest
+            head.records += 1
+        if self._file_started is None:
+            self._file_started = time.time()
+
+    @staticmethod
+    def _cut(fd: int, size: int) -> None:
+        try:
+            if os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
+        except OSError as exc:  # the line stays torn: the next append (or a restart) cuts it and says so
+            log.error("audit log: could not remove a partly written line: %s", exc)
+
+    def _write_checkpoint(self) -> None:
+        assert self.checkpoint_key is not None and self._fd is not None and self._head is not None
+        self._write_lines(self._fd, [checkpoint_body(self.checkpoint_key, self.checkpoint_key_ref, self._head.hash,
+                                                     self._since_checkpoint, time.time())])
+        self._since_checkpoint = 0
+
+    def _maybe_rotate(self) -> None:
+        head, fd = self._head, self._fd
+        assert head is not None and fd is not None and self._dir_fd is not None
+        due = (self.rotate_bytes is not None and head.size >= self.rotate_bytes) or (
+            self.rotate_seconds is not None and self._age() >= self.rotate_seconds)
+        if not due:
+            return
+        if self.fsync != "never":
+            os.fsync(fd)  # records in the old file are durable before it is renamed away
+        stem = self._leaf[: -len(".jsonl")] if self._leaf.endswith(".jsonl") else self._leaf
+        numbers = [int(m.group("n")) for name in os.listdir(self._dir_fd)
+                   if (m := ROTATED.match(name)) and m.group("stem") == stem]
+        target = f"{stem}.{max(numbers, default=0) + 1}.jsonl"
+        os.rename(self._leaf, target, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        new = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
+        fcntl.flock(new, fcntl.LOCK_EX)  # before the old lock goes: waiters then find the new file complete
+        self._fd = new
+        self._retire(fd)
+        self._head = _Head(os.fstat(new).st_ino, 0, head.hash, 0)
+        self._file_started = None
+        self._write_lines(new, [encode_body({"v": 1, "kind": "rotated", "ts": time.time(), "from": target})])
+        self._write_anchor()
+
+    def _age(self) -> float:
+        """Seconds since the live file's first record was written."""
+        return 0.0 if self._file_started is None else time.time() - self._file_started
+
+    def _unlock(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _retire(self, fd: int) -> None:
+        """Stop using ``fd``; the fsync thread closes it (it may be fsyncing it right now)."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        self._retired.append(fd)
+
+    def _write_anchor(self) -> None:
+        """Replace ``<log>.anchor`` with our head (temp file + rename in the log's directory)."""
+        head = self._head
+        assert head is not None and self._dir_fd is not None
+        anchor = Anchor(self._leaf, head.inode, head.size, head.hash, head.records, time.time(),
+                        self.checkpoint_key_ref if self.checkpoint_key is not None else None)
+        data = encode_anchor(anchor, self.checkpoint_key)
+        temp = f"{self._anchor_leaf}.tmp-{os.getpid()}-{os.urandom(6).hex()}"  # unguessable: nothing to plant
+        fd = open_host_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
+        try:
+            if os.write(fd, data) != len(data):
+                raise AuditWriteError(errno.ENOSPC, f"short write to {temp}")
+            os.rename(temp, self._anchor_leaf, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        except BaseException:
+            os.unlink(temp, dir_fd=self._dir_fd)
+            raise
+        finally:
+            os.close(fd)
+        self._anchored = (head.inode, head.size)
+        self._last_anchor = time.monotonic()
+
+    def _anchor_if_current(self) -> None:
+        """From the thread (under the lock): anchor our head if the file still ends there."""
+        head, fd = self._head, self._fd
+        if head is None or fd is None or self._anchored == (head.inode, head.size):
+            return
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            on_path = os.lstat(self._leaf, dir_fd=self._dir_fd)
+            size = os.fstat(fd).st_size
+            if on_path.st_ino != head.inode or size != head.size:
+                return  # another process appended (it anchors its own), or tampering: the next append decides
+            if head.size and not ends_with_hash(os.pread(fd, 100, max(0, head.size - 100)), head.hash):
+                self._recheck = True  # same size, other bytes: the next append treats it as tampering
+                return
+            self._write_anchor()
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    # -- the fsync thread --------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            try:
+                if self._cycle():
+                    return
+            except Exception:  # never die: every later call would stall
+                log.exception("audit fsync thread: unexpected failure; continuing")
+                time.sleep(0.01)
+
+    def _cycle(self) -> bool:
+        with self._wake:
+            if not self._stop and not (self.fsync == "always" and self._waiters) and not (
+                    self.fsync == "interval" and self._written - self._synced >= self.fsync_every):
+                self._wake.wait(self.fsync_interval)
+            stopping = self._stop
+            fd, target = self._fd, self._written
+            retired, self._retired = self._retired, []
+        error: OSError | None = None
+        if fd is not None and self.fsync != "never" and target > self._synced:
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                error = exc
+        for old in retired:
+            os.close(old)
+        with self._lock:
+            if error is None:
+                self._synced = max(self._synced, target)
+                ready = [w for w in self._waiters if w[0] <= self._synced]
+                self._waiters = [w for w in self._waiters if w[0] > self._synced]
+                failure: AuditWriteError | None = None
+            else:
+                log.error("audit log %s: fsync failed: %s", self.path, error)
+                ready, self._waiters = self._waiters, []
+                failure = AuditWriteError(error.errno, f"audit log {self.path} cannot be fsynced: {error.strerror}")
+            if stopping or time.monotonic() - self._last_anchor >= self.fsync_interval:
+                try:
+                    self._anchor_if_current()
+                except OSError as exc:
+                    log.error("audit log %s: anchor not updated: %s", self.path, exc)
+        for _, loop, future in ready:
+            try:
+                loop.call_soon_threadsafe(_settle, future, failure)
+            except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+                pass
+        return stopping
 
 
 def first_timestamp(fd: int) -> float | None:
     """When the first record of a log file was written (its ``ts``), or None for an empty file."""
-    head = os.pread(fd, TAIL_BYTES, 0)
+    head = os.pread(fd, 1 << 16, 0)
     if not head:
         return None
     try:
@@ -77,222 +638,3 @@ def first_timestamp(fd: int) -> float | None:
         return dt.datetime.fromisoformat(ts).timestamp()
     except (ValueError, TypeError, AttributeError):
         return os.fstat(fd).st_mtime  # unreadable first line: the last change is the best bound
-
-
-class AuditWriter:
-    """The writer thread of one host."""
-
-    def __init__(self, path: Path, *, fsync: str = "always", fsync_every: int = 100,
-                 fsync_interval_ms: float = 1000, rotate_bytes: int | None = None,
-                 rotate_seconds: float | None = None, checkpoint_key: bytes | None = None,
-                 checkpoint_key_ref: str = "", checkpoint_every: int = 1000,
-                 on_error: Callable[[BaseException], None] | None = None) -> None:
-        self.path = path
-        self.fsync = fsync
-        self.fsync_every = fsync_every
-        self.fsync_interval = fsync_interval_ms / 1000.0
-        self.rotate_bytes = rotate_bytes
-        self.rotate_seconds = rotate_seconds
-        self._file_started: float | None = None  # when the live file's first record was written
-        self.checkpoint_key = checkpoint_key
-        self.checkpoint_key_ref = checkpoint_key_ref
-        self.checkpoint_every = checkpoint_every
-        self.on_error = on_error
-        self._since_checkpoint = 0
-        self._linger = 0.0 if fsync == "always" else LINGER_S
-        self._queue: queue.SimpleQueue[tuple[bytes, concurrent.futures.Future[str] | None] | None] = \
-            queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"audit-writer:{path.name}", daemon=True)
-        self._unsynced = 0
-        self._last_sync = time.monotonic()
-        self.error: BaseException | None = None
-        self._fd: int | None = None
-        self._lock_fd: int | None = None
-        self._known: tuple[int, int, str] | None = None
-        self._check_writable()
-        self._thread.start()
-
-    def _check_writable(self) -> None:
-        """``OSError`` now if the log could not be written; creates nothing (the first write does)."""
-        if self.path.exists():
-            os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))
-            return
-        ancestor = self.path.parent
-        while not ancestor.exists():
-            ancestor = ancestor.parent
-        if not ancestor.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(ancestor))
-        if not os.access(ancestor, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(ancestor))
-
-    @property
-    def healthy(self) -> bool:
-        return self.error is None and self._thread.is_alive()
-
-    def append(self, body: bytes, *, ack: bool = True) -> concurrent.futures.Future[str] | None:
-        """Queue one encoded record; with ``ack``, a future resolved with its hash once written."""
-        future: concurrent.futures.Future[str] | None = concurrent.futures.Future() if ack else None
-        self._queue.put((body, future))
-        return future
-
-    def close(self) -> None:
-        """Write what is queued (and a final checkpoint when signing), then stop the thread."""
-        self._queue.put(None)
-        self._thread.join(timeout=30)
-        if self._fd is not None and self.fsync == "interval" and self._unsynced:
-            os.fsync(self._fd)
-        self._close_fds()
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if self._linger and item is not None:
-                time.sleep(self._linger)
-            batch = [item]
-            while len(batch) < MAX_BATCH:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = None in batch
-            work = [b for b in batch if b is not None]
-            if work or (stop and self._since_checkpoint):
-                try:
-                    hashes = self._write(work, final=stop)
-                except BaseException as exc:  # disk full, permission denied: fail every waiter
-                    self.error = exc
-                    failure = AuditWriteError(f"audit log {self.path} cannot be written: {exc}")
-                    for _, future in work:
-                        if future is not None:
-                            future.set_exception(failure)
-                    if self.on_error is not None and any(future is None for _, future in work):
-                        self.on_error(failure)  # nobody waits on these records: report it here
-                else:
-                    self.error = None
-                    for (_, future), digest in zip(work, hashes, strict=True):
-                        if future is not None:
-                            future.set_result(digest)
-            if stop:
-                return
-
-    def _open(self) -> None:
-        """(Re)open the live file and the lock file; kept open between batches."""
-        self._close_fds()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._known = None  # (inode, size, last hash) after our own write
-        self._file_started = first_timestamp(self._fd)
-
-    def _close_fds(self) -> None:
-        for name in ("_fd", "_lock_fd"):
-            fd = getattr(self, name, None)
-            if fd is not None:
-                os.close(fd)
-                setattr(self, name, None)
-
-    def _write(self, batch: list[tuple[bytes, concurrent.futures.Future[str] | None]], *,
-               final: bool = False) -> list[str]:
-        if self._fd is None or self._lock_fd is None:
-            self._open()
-        assert self._fd is not None and self._lock_fd is not None
-        lock_fd = self._lock_fd
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        try:
-            try:
-                on_disk = os.stat(self.path)
-            except FileNotFoundError:
-                on_disk = None
-            if on_disk is None or on_disk.st_ino != os.fstat(self._fd).st_ino:  # rotated by another process
-                fcntl.flock(lock_fd, fcntl.LOCK_UN)
-                self._open()
-                assert self._fd is not None and self._lock_fd is not None
-                lock_fd = self._lock_fd
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            fd = self._fd
-            st = os.fstat(fd)
-            known = self._known
-            lines = []
-            if known is not None and known[0] == st.st_ino and known[1] == st.st_size:
-                prev = known[2]  # nobody appended since our last batch: no need to read the tail
-            else:
-                prev, good_end = last_hash(fd)
-                if good_end != st.st_size:  # a torn tail from a crash: cut it, say so
-                    os.ftruncate(fd, good_end)
-                    line, prev = link(encode_body({"v": 1, "kind": "recovered", "ts": time.time(),
-                                                   "note": "a torn final line was removed before appending"}),
-                                      prev)
-                    lines.append(line)
-            hashes = []
-            for body, _ in batch:
-                line, prev = link(body, prev)
-                hashes.append(prev)
-                lines.append(line)
-            self._since_checkpoint += len(batch)
-            if self.checkpoint_key is not None and self._since_checkpoint and (
-                final or self._since_checkpoint >= self.checkpoint_every
-            ):
-                line, prev = link(checkpoint_body(self.checkpoint_key, self.checkpoint_key_ref, prev,
-                                                  self._since_checkpoint, time.time()), prev)
-                lines.append(line)
-                self._since_checkpoint = 0
-            for line in lines:  # one write per line: a kill never splits a record across writes
-                os.write(fd, line)
-            self._sync(fd, len(lines))
-            size = os.fstat(fd).st_size
-            self._known = (st.st_ino, size, prev)
-            if self._file_started is None:
-                self._file_started = time.time()
-            if (self.rotate_bytes is not None and size >= self.rotate_bytes) or (
-                self.rotate_seconds is not None and time.time() - self._file_started >= self.rotate_seconds
-            ):
-                self._rotate()  # under the lock: the lock file is separate from the renamed log
-                os.close(fd)
-                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                self._known = None
-                self._file_started = time.time()
-        except BaseException:
-            self._known = None
-            raise
-        finally:
-            if self._lock_fd is not None:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        return hashes
-
-    def _sync(self, fd: int, count: int) -> None:
-        self._unsynced += count
-        now = time.monotonic()
-        if self.fsync == "always" or (
-            self.fsync == "interval"
-            and (self._unsynced >= self.fsync_every or now - self._last_sync >= self.fsync_interval)
-        ):
-            os.fsync(fd)
-            self._unsynced = 0
-            self._last_sync = now
-
-    def _rotate(self) -> None:
-        """Rename the live file to ``<stem>.<n>.jsonl``; the next record links to its last hash."""
-        stem = self.path.name[: -len(".jsonl")] if self.path.name.endswith(".jsonl") else self.path.name
-        numbers = [int(m.group("n")) for q in self.path.parent.iterdir()
-                   if (m := ROTATED.match(q.name)) and m.group("stem") == stem]
-        target = self.path.with_name(f"{stem}.{max(numbers, default=0) + 1}.jsonl")
-        os.rename(self.path, target)
-        # The new live file starts empty; its first record must link to the rotated file's last hash.
-        with open(self.path, "ab"):
-            pass
-        last = _last_hash_of(target)
-        marker, _ = link(encode_body({"v": 1, "kind": "rotated", "ts": time.time(), "from": target.name}), last)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            os.write(fd, marker)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _last_hash_of(path: Path) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return last_hash(fd)[0]
-    finally:
-        os.close(fd)

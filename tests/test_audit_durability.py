@@ -1,0 +1,289 @@
+"""The audit record of a call is in the file before the call returns — in every fsync mode, when the
+caller is cancelled, when the disk stalls, whatever the call's values are — and the chain holds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ToolsPlugin
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools.builtins.audit import writer as writer_module
+from amplifier_tools.builtins.audit.chain import verify
+from amplifier_tools.models import ToolCall
+
+
+class Anything:
+    """Echoes its input and adds what JSON cannot say: keys of mixed types."""
+
+    spec = ToolSpec(name="local::test.anything", version="1.0.0", description="echo", effect="Pure",
+                    input_schema={"type": "object"})
+    name, description = spec.name, spec.description
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
+        return ToolResult(output={"echo": input, 1: "int key", "b": "str key"})
+
+
+def log_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "audit.jsonl"
+
+
+async def make(tmp_path: Path, **audit: Any) -> ToolHost:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    config = {"plugins": {"audit": {"path": str(log_path(tmp_path)), **audit}}}
+    host = ToolHost(config=config, plugins=[ToolsPlugin(Anything())], builtins=["audit"], entry_points=False,
+                    working_dir=work, discover=False)
+    await host.start()
+    return host
+
+
+def calls_on_disk(tmp_path: Path) -> list[dict[str, Any]]:
+    if not log_path(tmp_path).exists():
+        return []
+    lines = log_path(tmp_path).read_bytes().split(b"\n")[:-1]  # not str.splitlines: records may hold U+2028
+    return [r for r in map(json.loads, lines) if r["kind"] == "call"]
+
+
+class SlowDisk:
+    """The writer's view of ``os`` where fsync blocks until ``release`` is set, and is counted."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.release.set()
+        self.fsyncs = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def fsync(self, fd: int) -> None:
+        self.release.wait()
+        self.fsyncs += 1
+        os.fsync(fd)
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> SlowDisk:
+    slow = SlowDisk()
+    monkeypatch.setattr(writer_module, "os", slow)
+    yield slow
+    slow.release.set()
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval", "never"])
+async def test_the_record_is_in_the_file_when_the_call_returns(tmp_path: Path, fsync: str) -> None:
+    host = await make(tmp_path, fsync=fsync, fsync_interval_ms=60_000)
+    try:
+        for i in range(5):
+            result = await host.call("test_anything", {"i": i})
+            assert result.success
+            assert [r["arguments"]["i"] for r in calls_on_disk(tmp_path)] == list(range(i + 1))
+    finally:
+        await host.close()
+    assert verify(log_path(tmp_path)).ok
+
+
+async def test_interval_is_the_default_and_a_stalled_fsync_holds_back_no_record(
+        tmp_path: Path, disk: SlowDisk) -> None:
+    host = await make(tmp_path, fsync_interval_ms=1)
+    try:
+        plugin = host.plugin_manager.get_plugin("audit")
+        assert plugin.settings["fsync"] == "interval" and plugin.settings["fsync_interval_ms"] == 1
+        disk.release.clear()  # the disk stops answering fsync: calls go on, every record is written
+        for i in range(300):
+            assert (await host.call("test_anything", {"i": i})).success
+        assert len(calls_on_disk(tmp_path)) == 300
+        disk.release.set()
+        for _ in range(1000):  # the thread fsyncs within the interval once the disk answers again
+            if disk.fsyncs:
+                break
+            await asyncio.sleep(0.01)
+        assert disk.fsyncs >= 1
+    finally:
+        disk.release.set()
+        await host.close()
+    assert verify(log_path(tmp_path)).ok
+
+
+async def test_always_acknowledges_after_fsync_and_concurrent_calls_share_one(
+        tmp_path: Path, disk: SlowDisk) -> None:
+    host = await make(tmp_path, fsync="always")
+    try:
+        assert (await host.call("test_anything", {"i": -1})).success
+        before = disk.fsyncs
+        disk.release.clear()
+        tasks = [asyncio.create_task(host.call("test_anything", {"i": i})) for i in range(50)]
+        for _ in range(1000):
+            if len(calls_on_disk(tmp_path)) == 51:
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls_on_disk(tmp_path)) == 51  # written at once...
+        assert not any(t.done() for t in tasks)  # ...acknowledged only after the fsync
+        disk.release.set()
+        assert all(r.success for r in await asyncio.gather(*tasks))
+        assert disk.fsyncs - before < 50  # grouped: far fewer fsyncs than calls
+    finally:
+        disk.release.set()
+        await host.close()
+
+
+async def test_cancelling_a_call_that_waits_for_its_fsync_keeps_its_record_and_the_writer(
+        tmp_path: Path, disk: SlowDisk) -> None:
+    host = await make(tmp_path, fsync="always")
+    try:
+        disk.release.clear()
+        task = asyncio.create_task(host.call("test_anything", {"i": "cancelled while syncing"}))
+        for _ in range(1000):
+            if calls_on_disk(tmp_path):
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls_on_disk(tmp_path)) == 1
+        task.cancel()
+        await asyncio.sleep(0.05)  # let the cancellation reach the wait (or the host finish it)
+        disk.release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for i in range(3):
+            result = await asyncio.wait_for(host.call("test_anything", {"i": i}), 30)
+            assert result.success
+    finally:
+        disk.release.set()
+        await host.close()
+    assert [r["arguments"]["i"] for r in calls_on_disk(tmp_path)] == ["cancelled while syncing", 0, 1, 2]
+    assert verify(log_path(tmp_path)).ok
+
+
+async def test_the_fsync_thread_survives_a_waiter_cancelled_before_its_fsync(
+        tmp_path: Path, disk: SlowDisk) -> None:
+    host = await make(tmp_path, fsync="always")
+    plugin = host.plugin_manager.get_plugin("audit")
+    call = ToolCall(id="call_waiting", name="local::test.anything", arguments={"i": "waiting"})
+    try:
+        disk.release.clear()
+        waiting = plugin.tool_complete(call, Anything.spec, ToolResult(output=1), ToolContext())
+        assert waiting is not None and len(calls_on_disk(tmp_path)) == 1  # written before any wait
+        waiter = asyncio.ensure_future(waiting)
+        await asyncio.sleep(0.01)
+        waiter.cancel()  # the caller gave up waiting for the fsync acknowledgement
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        disk.release.set()
+        for i in range(3):  # the thread settled the cancelled waiter without dying
+            result = await asyncio.wait_for(host.call("test_anything", {"i": i}), 30)
+            assert result.success
+        assert plugin.writer.healthy
+    finally:
+        disk.release.set()
+        await host.close()
+    assert [r["arguments"]["i"] for r in calls_on_disk(tmp_path)] == ["waiting", 0, 1, 2]
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval", "never"])
+async def test_tool_complete_called_from_a_cancelled_task_still_writes_the_record(
+        tmp_path: Path, fsync: str) -> None:
+    host = await make(tmp_path, fsync=fsync)
+    plugin = host.plugin_manager.get_plugin("audit")
+    call = ToolCall(id="call_cancelled", name="local::test.anything", arguments={"i": 1})
+    result = ToolResult(False, None, {"type": "SystemError", "code": "cancelled", "message": "the call was cancelled"},
+                        {}, call.id)
+
+    async def cancelled_caller() -> None:
+        asyncio.current_task().cancel()  # type: ignore[union-attr]
+        waiting = plugin.tool_complete(call, Anything.spec, result, ToolContext())
+        if waiting is not None:
+            await waiting
+        await asyncio.sleep(0)
+
+    try:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.create_task(cancelled_caller())
+    finally:
+        await host.close()
+    [record] = calls_on_disk(tmp_path)
+    assert record["call_id"] == "call_cancelled" and record["error"]["code"] == "cancelled"
+
+
+async def test_a_record_over_64_kib_keeps_the_chain_after_a_restart(tmp_path: Path) -> None:
+    for text in ("x" * 200_000, "after the restart"):
+        host = await make(tmp_path)
+        try:
+            assert (await host.call("test_anything", {"text": text})).success
+        finally:
+            await host.close()
+    report = verify(log_path(tmp_path))
+    assert report.ok and report.records == 2, report
+
+
+UNENCODABLE = {
+    "lone surrogate": ({"text": "a\udc80b"}, "lone surrogates"),
+    "huge integer": ({"n": 10**5000}, "integer of"),
+    "NaN": ({"x": math.nan, "y": math.inf}, "written as a string"),
+    "mixed keys": ({"d": {1: "a", "b": 2}}, "key written as a string"),
+    "deep nesting": ({"deep": [[[]]]}, None),
+}
+
+
+def _deep(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("case", sorted(UNENCODABLE))
+async def test_values_json_cannot_say_are_recorded_escaped_and_the_record_says_so(
+        tmp_path: Path, case: str) -> None:
+    arguments, note = UNENCODABLE[case]
+    if case == "deep nesting":
+        arguments, note = {"deep": _deep(1500)}, "nested deeper than"
+    host = await make(tmp_path, record_output=True)
+    try:
+        await host.call("test_anything", arguments)
+    finally:
+        await host.close()
+    [record] = calls_on_disk(tmp_path)
+    assert any(note in line for line in record["altered"]), record.get("altered")
+    assert verify(log_path(tmp_path)).ok
+
+
+def huge(digits: int) -> int:
+    return -(10**digits) if digits % 2 else 10**digits
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers() | st.builds(huge, st.integers(4300, 4310)) | st.text(st.characters(codec=None)),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=5) | st.integers(), children, max_size=4),
+    max_leaves=12,
+)
+
+
+def test_every_fuzzed_call_gets_exactly_one_record_and_the_chain_verifies(tmp_path: Path) -> None:
+    loop = asyncio.new_event_loop()
+    host = loop.run_until_complete(make(tmp_path, record_output=True, fsync="never"))
+    made: list[str] = []
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.dictionaries(st.text(max_size=5), JSONISH, max_size=4))
+    def one_call(arguments: dict[str, Any]) -> None:
+        result = loop.run_until_complete(host.call("test_anything", arguments))
+        made.append(result.tool_call_id)
+
+    try:
+        one_call()
+    finally:
+        loop.run_until_complete(host.close())
+        loop.close()
+    recorded = [r["call_id"] for r in calls_on_disk(tmp_path)]
+    assert recorded == made and len(made) >= 100
+    assert verify(log_path(tmp_path)).ok
