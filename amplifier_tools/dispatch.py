@@ -231,6 +231,12 @@ class HookDispatcher:
             return None
         log.error("%s", failure)
         context.record(impl.plugin, hook, "failed", str(failure))
+        if isinstance(failure.cause, ToolError):  # a typed refusal keeps its category and code
+            typed = failure.cause
+            if typed.plugin is None:
+                typed.plugin = impl.plugin
+            typed.details.setdefault("hook", hook)
+            return typed
         return ToolSystemError(
             str(failure),
             code="hook_timeout" if timed_out else "hook_failed",

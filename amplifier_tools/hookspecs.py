@@ -13,8 +13,11 @@ registration with a message naming the plugin.
 
 Failure policy: an implementation of ``tool_pre``, ``tool_post`` or
 ``tool_complete`` that raises or overruns its timeout fails the call closed
-(a ``SystemError``-category error naming the plugin; output withheld) unless the
-plugin's config section sets ``on_error = "ignore"``. A failure inside
+(a ``SystemError``-category error naming the plugin — ``hook_failed`` or
+``hook_timeout``; output withheld) unless the plugin's config section sets
+``on_error = "ignore"``. An implementation that raises one of the typed errors
+(``ContractError`` … ``ToolSystemError``) fails the call with that error's
+category and code instead, attributed to the plugin. A failure inside
 ``tool_error`` or ``tool_event`` is logged and recorded; it never changes the
 outcome.
 """

@@ -186,7 +186,7 @@ class AuditPlugin:
         self.telemetry: Any = None
         self.settings: dict[str, Any] = dict(DEFAULTS)
         self.writer: AuditWriter | None = None
-        self._original: dict[str, Any] = {}
+        self._original: dict[int, Any] = {}
         self._warned = False
         self._coordinator: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -266,8 +266,9 @@ class AuditPlugin:
         return None
 
     @hookimpl(tryfirst=True)
-    def tool_pre(self, call: ToolCall) -> None:
-        self._original[call.id] = call.arguments
+    def tool_pre(self, call: ToolCall, context: ToolContext) -> None:
+        # By the call's own context object: a caller-chosen call id need not be unique.
+        self._original[id(context)] = call.arguments
         if self.settings["mode"] == "fail_closed":
             problem = self._unavailable()
             if problem is not None:
@@ -283,7 +284,7 @@ class AuditPlugin:
         Synchronous on purpose: the record is in the file before the hook returns, even when
         the calling task was cancelled, and a hook with nothing to wait for creates no coroutine.
         """
-        original = self._original.pop(call.id, call.arguments)
+        original = self._original.pop(id(context), call.arguments)
         if self.telemetry is not None:
             self.telemetry.record(call, spec, result)
         writer = self.writer
