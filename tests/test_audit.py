@@ -340,7 +340,8 @@ async def test_a_short_write_is_never_acknowledged_and_fails_closed(
         assert failed.error["type"] == "SystemError" and failed.error["plugin"] == "audit"
         assert log_path(tmp_path).stat().st_size == size  # the partial line was cut off
         blocked = await host.call("test_echo", {"text": "next"}, context=CTX)
-        assert blocked.error["code"] == "audit_unavailable" and "audit log cannot be written" in blocked.error["message"]
+        assert blocked.error["code"] == "audit_unavailable"
+        assert "audit log cannot be written" in blocked.error["message"]
         monkeypatch.setattr(writer_module, "os", os)  # space again: the refused call's record heals the writer
         refused = await host.call("test_echo", {"text": "refused"}, context=CTX)
         assert not refused.success

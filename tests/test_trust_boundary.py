@@ -132,3 +132,20 @@ async def test_sandboxed_bash_still_runs_when_the_config_is_named_through_a_syml
         result = await h.call("bash", {"command": "cat real.toml; echo done"})
     assert result.success, result.error
     assert "sandbox" not in result.output["stdout"] and "done" in result.output["stdout"]
+
+
+def test_the_default_host_puts_nothing_of_its_own_in_the_working_directory(tmp_path: Path, state_home: Path) -> None:
+    """The README's first command, every built-in loaded: the working directory is left as it was,
+    and the call's audit record is in the state directory, where `audit verify` finds it."""
+    from cli_helpers import cli
+
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "notes.txt").write_text("one\ntwo\n")
+    called = cli(work, "call", "local::fs.read_file", '{"path": "notes.txt", "limit": 1}')
+    assert called.returncode == 0, called.stderr
+    assert sorted(p.name for p in work.iterdir()) == ["notes.txt"]
+    log = default_state_dir(str(work.resolve())) / "audit.jsonl"
+    assert log.is_file() and log.is_relative_to(state_home)
+    verified = cli(work, "audit", "verify")
+    assert verified.returncode == 0, verified.stdout + verified.stderr

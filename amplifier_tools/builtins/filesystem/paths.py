@@ -52,7 +52,7 @@ from ...hoststate import ProtectedPath, ProtectedPaths
 
 MAX_PATH_BYTES: Final = 4096
 MAX_SYMLINK_HOPS: Final = 40
-DEFAULT_WRITE_DENIED: Final = (".git", ".env*", ".amplifier-tools")
+DEFAULT_WRITE_DENIED: Final = (".git", ".env*")
 
 
 @attrs.frozen
