@@ -18,7 +18,8 @@ import asyncio
 import inspect
 import logging
 import sys
-from collections.abc import Callable, Mapping
+import types
+from collections.abc import Callable, Generator, Mapping
 from typing import Any, Final
 
 import attrs
@@ -31,23 +32,80 @@ log = logging.getLogger("amplifier_tools")
 
 CHAINED_HOOKS: Final = ("tool_pre", "tool_post", "tool_error", "tool_complete")
 
+class _Resume:
+    """The rest of a coroutine whose first step already ran, as an awaitable.
+
+    Delegates ``send``/``throw``/``close`` exactly as ``await`` would (PEP 380), so cancellation
+    and exceptions reach the coroutine unchanged.
+    """
+
+    __slots__ = ("_coro", "_pending")
+
+    def __init__(self, coro: types.CoroutineType[Any, Any, Any], pending: Any) -> None:
+        self._coro = coro
+        self._pending = pending
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, pending = self._coro, self._pending
+        while True:
+            try:
+                sent = yield pending
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # thrown in by the task: cancellation, mostly
+                try:
+                    pending = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    pending = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
+def _first_step(awaitable: Any) -> tuple[bool, Any]:
+    """Run a coroutine up to its first suspension: ``(True, result)`` if it finished without
+    suspending, else ``(False, the rest as an awaitable)``. Other awaitables are left alone.
+
+    A tool or hook that never waits then needs no deadline timer at all (a timer armed and
+    cancelled per call costs time, and until the event loop runs again it stays in its heap).
+    """
+    if type(awaitable) is not types.CoroutineType:
+        return False, awaitable
+    try:
+        pending = awaitable.send(None)
+    except StopIteration as done:
+        return True, done.value
+    return False, _Resume(awaitable, pending)
+
+
 if sys.version_info >= (3, 11):
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
-        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``)."""
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``); the timer is
+        armed only once a coroutine actually suspends."""
         if seconds is None:
             return await awaitable
+        finished, rest = _first_step(awaitable)
+        if finished:
+            return rest
         async with asyncio.timeout(seconds):
-            return await awaitable
+            return await rest
 
 else:  # pragma: no cover - exercised by the py310 tox env
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
-        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``)."""
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``); the timer is
+        armed only once a coroutine actually suspends."""
         if seconds is None:
             return await awaitable
+        finished, rest = _first_step(awaitable)
+        if finished:
+            return rest
         try:
-            return await asyncio.wait_for(awaitable, seconds)
+            return await asyncio.wait_for(rest, seconds)
         except asyncio.TimeoutError:
             raise TimeoutError from None
 

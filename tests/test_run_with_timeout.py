@@ -1,0 +1,84 @@
+"""``run_with_timeout``: the deadline timer is armed only when the awaited coroutine suspends,
+and the rest of the coroutine behaves exactly as if awaited directly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from typing import Any
+
+import pytest
+
+from amplifier_tools.dispatch import run_with_timeout
+
+VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
+
+
+async def instant() -> str:
+    return "done"
+
+
+async def test_a_coroutine_that_never_suspends_arms_no_timer() -> None:
+    loop = asyncio.get_running_loop()
+    before = len(loop._scheduled)  # type: ignore[attr-defined]
+    for _ in range(500):
+        assert await run_with_timeout(instant(), 60) == "done"
+    assert len(loop._scheduled) == before  # type: ignore[attr-defined]
+
+
+async def test_a_suspending_coroutine_still_times_out_and_sees_its_cancellation() -> None:
+    seen: list[str] = []
+
+    async def slow() -> None:
+        seen.append("started")
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    with pytest.raises(TimeoutError):
+        await run_with_timeout(slow(), 0.05)
+    assert seen == ["started", "cancelled"]
+
+
+async def test_values_exceptions_bare_yields_and_context_pass_through() -> None:
+    async def steps() -> list[Any]:
+        out: list[Any] = [VAR.get()]
+        await asyncio.sleep(0)  # a bare yield
+        fut = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(fut.set_result, 7)
+        out.append(await fut)
+        VAR.set("inside")
+        return out
+
+    async def fails_after_a_wait() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("boom")
+
+    async def fails_at_once() -> None:
+        raise KeyError("now")
+
+    VAR.set("outer")
+    assert await run_with_timeout(steps(), 5) == ["outer", 7]
+    with pytest.raises(ValueError, match="boom"):
+        await run_with_timeout(fails_after_a_wait(), 5)
+    with pytest.raises(KeyError):
+        await run_with_timeout(fails_at_once(), 5)
+
+
+async def test_the_caller_cancelling_reaches_the_coroutine() -> None:
+    cleaned = asyncio.Event()
+
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.set()
+
+    task = asyncio.ensure_future(run_with_timeout(waits(), 60))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert cleaned.is_set()
