@@ -153,6 +153,10 @@ class PluginHooks:
         """Amplifier's ``HookRegistry.register``; returns the unregister function."""
         return self._registry.register(event, handler, priority, name, owner=self._plugin)
 
+    def on(self, event: str, handler: Handler, priority: int = 0, name: str | None = None) -> Callable[[], None]:
+        """amplifier-core's other spelling of ``register``."""
+        return self.register(event, handler, priority, name)
+
     def unregister(self, event: str, name: str | None = None, handler: Handler | None = None) -> int:
         return self._registry.unregister(event, name, handler)
 
@@ -207,13 +211,24 @@ def _hook_result(action: str, data: dict[str, Any] | None, reason: str | None) -
     return HookResult(action=action, data=data, reason=reason)
 
 
-def event_data(call: ToolCall, **extra: Any) -> dict[str, Any]:
+def event_data(call: ToolCall, context: ToolContext | None = None, **extra: Any) -> dict[str, Any]:
     """Amplifier's event data for a call: ``tool_name`` (the model-facing name), ``tool_input``,
-    ``tool_call_id``, plus ``tool_canonical_name`` and ``extra`` (``tool_result``, ``error``)."""
+    ``tool_call_id``, ``session_id``, plus ``tool_canonical_name`` and ``extra`` (``tool_result``,
+    ``error``). The spellings Amplifier's own orchestrators and older modules read are there too:
+    ``result`` beside ``tool_result``, ``name``/``input`` beside ``tool_name``/``tool_input``, and
+    ``msg`` beside ``message`` in ``error``."""
     name = call.name if isinstance(call.name, str) else str(call.name)
     arguments = dict(call.arguments) if isinstance(call.arguments, dict) else call.arguments
-    return {"tool_name": model_name(name), "tool_canonical_name": name, "tool_input": arguments,
-            "tool_call_id": call.id, **extra}
+    short = model_name(name)
+    data = {"tool_name": short, "name": short, "tool_canonical_name": name, "tool_input": arguments,
+            "input": arguments, "tool_call_id": call.id,
+            "session_id": context.session_id if context is not None else None, **extra}
+    if "tool_result" in extra:
+        data["result"] = extra["tool_result"]
+    error = extra.get("error")
+    if isinstance(error, dict) and "message" in error:
+        data["error"] = {**error, "msg": error["message"]}
+    return data
 
 
 def result_data(result: ToolResult) -> dict[str, Any]:
@@ -240,17 +255,18 @@ class ToolHandlerImpls:
         """``(implementation, argument names)`` for handler ``r`` in ``hook``."""
         if hook == "tool_pre":
             async def pre(call: ToolCall, spec: Any, context: ToolContext) -> Deny | Modify | None:
-                parsed = await self._run(r, event_data(call))
+                parsed = await self._run(r, event_data(call, context))
                 return await self._pre_outcome(r, parsed, call, spec, context)
             return pre, ("call", "spec", "context")
         if hook == "tool_post":
             async def post(call: ToolCall, spec: Any, result: ToolResult, context: ToolContext) -> ToolResult | None:
-                parsed = await self._run(r, event_data(call, tool_result=result_data(result)))
+                parsed = await self._run(r, event_data(call, context, tool_result=result_data(result)))
                 return await self._post_outcome(r, parsed, call, spec, result, context)
             return post, ("call", "spec", "result", "context")
 
         async def error(call: ToolCall, error: Any, context: ToolContext) -> None:
-            data = event_data(call, error={"type": error.category, "code": error.code, "message": error.message})
+            data = event_data(call, context, error={"type": error.category, "code": error.code,
+                                                    "message": error.message})
             parsed = await self._run(r, data)
             if parsed.action == "inject_context":
                 self._inject(r, "tool_error", parsed, context)

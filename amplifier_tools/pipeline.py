@@ -113,7 +113,7 @@ class CallPipeline:
                 call = ToolCall(call.id, spec.name, call.arguments)
             _check_arguments(call.arguments, mounted)
             if events:
-                await self.hooks.tool_event("tool:pre", event_data(call))
+                await self.hooks.tool_event("tool:pre", event_data(call, ctx))
             call = await self.hooks.tool_pre(
                 call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
             )
@@ -152,7 +152,7 @@ class CallPipeline:
                 lambda error: self._failure_result(call, mounted, ctx, error, secrets),
             )
             if events:
-                await self.hooks.tool_event("tool:post", event_data(call, tool_result=result_data(result)))
+                await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
         except ToolError as error:
             ending = True
             return await self._fail(call, mounted, ctx, error, started, secrets, kept_output, events)
@@ -282,7 +282,7 @@ class CallPipeline:
         elif recovery is not None:
             result = ToolResult(recovery.success, recovery.output, recovery.error, dict(recovery.metadata), call.id)
         if events:
-            await self.hooks.tool_event("tool:error", event_data(call, error=result.error))
+            await self.hooks.tool_event("tool:error", event_data(call, ctx, error=result.error))
         return await self._complete(call, mounted, ctx, result, started, secrets)
 
     async def _complete(

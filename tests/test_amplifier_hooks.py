@@ -202,3 +202,21 @@ async def test_a_module_needing_amplifier_core_says_how_to_get_it(
         async with ToolHost(config=config, builtins=False, entry_points=False, working_dir=tmp_path,
                             discover=False):
             pass
+
+
+async def test_handlers_registered_with_on_and_reading_older_keys_work(tmp_path: Path, echo: EchoTool) -> None:
+    """amplifier-core's registry also has ``on``; its orchestrators put ``result`` beside
+    ``tool_result`` and ``session_id`` in every event (hooks-logging files records by it)."""
+    seen: list[dict[str, Any]] = []
+
+    class OnUser:
+        name = "on-user"
+
+        @hookimpl
+        def mount(self, coordinator: Any) -> None:
+            coordinator.hooks.on("tool:post", lambda event, data: seen.append(data) or None, name="logger")
+
+    async with host_with(tmp_path, echo, plugins=(OnUser(),)) as host:
+        assert (await host.call("echo", {"path": "a"})).success
+    (data,) = seen
+    assert data["result"]["output"] == "a" and data["session_id"] == host.session_id

@@ -328,10 +328,14 @@ async def test_hook_tool_event_receives_emitted_and_seed_events(host_factory: An
     names = [event for event, _ in seen]
     assert names == ["custom:ready", "tool:pre", "tool:post", "tool:error"]
     # Amplifier's event data keys.
-    assert seen[1][1] == {"tool_name": "echo", "tool_canonical_name": "echo", "tool_input": {"path": "p"},
-                          "tool_call_id": seen[1][1]["tool_call_id"]}
+    pre = seen[1][1]
+    assert (pre["tool_name"], pre["tool_canonical_name"], pre["tool_input"]) == ("echo", "echo", {"path": "p"})
+    assert pre["name"] == "echo" and pre["input"] == {"path": "p"}  # the older spellings too
+    assert pre["tool_call_id"] and pre["session_id"] == host.session_id
     assert seen[2][1]["tool_result"]["output"] == "p" and seen[2][1]["tool_result"]["success"] is True
+    assert seen[2][1]["result"] == seen[2][1]["tool_result"]
     assert seen[3][1]["error"]["type"] == "ContractError"
+    assert seen[3][1]["error"]["msg"] == seen[3][1]["error"]["message"]
 
 
 async def test_hook_wrappers_are_rejected_naming_the_plugin(host_factory: Any) -> None:
