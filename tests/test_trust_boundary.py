@@ -149,3 +149,57 @@ def test_the_default_host_puts_nothing_of_its_own_in_the_working_directory(tmp_p
     assert log.is_file() and log.is_relative_to(state_home)
     verified = cli(work, "audit", "verify")
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+class ThirdPartyWrite:
+    """Like Amplifier's write_file: an absolute or relative ``file_path``, no path rules of its own."""
+
+    name = "write_file"
+    description = "Write a file."
+    input_schema = {"type": "object", "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}},
+                    "required": ["file_path", "content"]}
+
+    def __init__(self, working_dir: Path) -> None:
+        self.working_dir = working_dir
+        self.written: list[str] = []
+
+    async def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        target = self.working_dir / input["file_path"]
+        target.write_text(input["content"])
+        self.written.append(str(target))
+        return {"success": True, "output": "ok"}
+
+
+class ThirdPartyShell:
+    name = "run"
+    description = "Run a command (pretend)."
+    input_schema = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+
+    async def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+        return {"success": True, "output": input["command"]}
+
+
+async def test_third_party_tools_cannot_name_protected_paths_in_their_arguments(tmp_path: Path, work: Path) -> None:
+    """Amplifier's write_file rewrote amplifier-tools.toml and the next start had no audit or policy."""
+    config = work / "amplifier-tools.toml"
+    config.write_text("[plugins.filesystem]\n")
+    writer = ThirdPartyWrite(work)
+    async with ToolHost(config=config, plugins=[ToolsPlugin(writer, ThirdPartyShell())],
+                        builtins=["filesystem", "audit"], entry_points=False, working_dir=work) as h:
+        log = Path(h.capabilities["audit.path"])
+        attempts = [
+            ("write_file", {"file_path": "amplifier-tools.toml", "content": "disable_plugins = ['audit']\n"}),
+            ("write_file", {"file_path": str(config), "content": "x"}),
+            ("write_file", {"file_path": "sub/../amplifier-tools.toml", "content": "x"}),
+            ("write_file", {"file_path": str(log), "content": "forged\n"}),
+            ("run", {"command": f"echo forged >> {log}"}),
+            ("run", {"command": "printf 'disable_plugins=[\"policy\"]' > amplifier-tools.toml"}),
+        ]
+        for tool, arguments in attempts:
+            result = await h.call(tool, arguments)
+            assert result.error is not None and result.error["code"] == "path_protected", (tool, arguments, result)
+        ordinary = await h.call("write_file", {"file_path": "notes.txt", "content": "fine"})
+        assert ordinary.success
+        assert (await h.call("run", {"command": "ls -la"})).success
+    assert config.read_text() == "[plugins.filesystem]\n"
+    assert writer.written == [str(work / "notes.txt")]

@@ -10,15 +10,22 @@ so the read-before-write log is never shared between hosts.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Final
 
 from ..._markers import hookimpl
 from ...errors import ConfigError
 from ...hoststate import ProtectedPaths
+from ...models import Deny, ToolCall
+from ...spec import ToolSpec
+from .guard import protected_argument
 from .paths import DEFAULT_WRITE_DENIED, PathRules
 from .tools import TOOL_CLASSES, ReadLog
 
 PLUGIN: Final = "filesystem"
+#: Built-in tools that decide paths themselves (the path engine; bash: its cwd rule and sandbox).
+BUILTIN_PATH_TOOLS: Final = frozenset({"local::fs.read_file", "local::fs.write_file", "local::fs.edit_file",
+                                       "local::fs.list_dir", "local::fs.glob", "local::fs.grep", "local::bash"})
 
 DEFAULTS: Final[dict[str, Any]] = {
     "allowed_read_paths": None,  # None: the working directory
@@ -62,6 +69,8 @@ class FilesystemPlugin:
 
     def __init__(self) -> None:
         self.rules: PathRules | None = None
+        self._protected: ProtectedPaths | None = None
+        self._working_dir = ""
 
     @hookimpl
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
@@ -81,3 +90,21 @@ class FilesystemPlugin:
         read_log = ReadLog()
         for cls in TOOL_CLASSES:
             await coordinator.mount("tools", cls(self.rules, settings, read_log))
+        self._protected = protected if isinstance(protected, ProtectedPaths) else None
+        self._working_dir = os.path.realpath(working_dir)
+
+    @hookimpl(tryfirst=True)
+    def tool_pre(self, call: ToolCall, spec: ToolSpec) -> Deny | None:
+        """Refuse a call of another plugin's tool whose arguments name a protected path (``guard.py``).
+
+        The built-in filesystem and bash tools decide paths themselves, through the path engine
+        and the sandbox; every other tool gets this best-effort check."""
+        if self._protected is None or not len(self._protected) or spec.name in BUILTIN_PATH_TOOLS:
+            return None
+        entry = protected_argument(call.arguments, self._protected, self._working_dir)
+        if entry is None:
+            return None
+        return Deny(f"an argument names {entry.path} ({entry.reason}), which no tool may touch",
+                    code="path_protected", category="AuthError",
+                    details={"path": entry.path, "hint": "host state and config are out of the tools' reach; "
+                                                         "see docs/configuration.md (state_dir)"})
