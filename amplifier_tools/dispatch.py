@@ -71,6 +71,8 @@ def _first_step(awaitable: Any) -> tuple[bool, Any]:
 
     A tool or hook that never waits then needs no deadline timer at all (a timer armed and
     cancelled per call costs time, and until the event loop runs again it stays in its heap).
+    Only where the rest then runs in the same task (``asyncio.timeout``, 3.11+): code that binds
+    to the current task must never find itself split across two.
     """
     if type(awaitable) is not types.CoroutineType:
         return False, awaitable
@@ -97,15 +99,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised by the py310 tox env
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
-        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``); the timer is
-        armed only once a coroutine actually suspends."""
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``).
+
+        ``wait_for`` runs it in a task of its own, so here the whole coroutine must run there: a
+        first step taken in the caller's task would split it across two tasks."""
         if seconds is None:
             return await awaitable
-        finished, rest = _first_step(awaitable)
-        if finished:
-            return rest
         try:
-            return await asyncio.wait_for(rest, seconds)
+            return await asyncio.wait_for(awaitable, seconds)
         except asyncio.TimeoutError:
             raise TimeoutError from None
 
@@ -130,6 +131,16 @@ class Impl:
     timeout: float | None
 
 
+async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
+    """``(result, cancelled)``: await ``awaitable`` to its end even if the awaiting task is
+    cancelled meanwhile; ``cancelled`` says whether a cancellation arrived (the caller honours it
+    once its own work is done). The work runs in a task of its own from its first step: code that
+    binds to the current task (``asyncio.timeout``, task groups, anyio scopes) must see one task."""
+    future = asyncio.ensure_future(awaitable)
+    cancelled = await _despite_cancel(future)
+    return future.result(), cancelled
+
+
 async def _despite_cancel(awaitable: Any) -> bool:
     """Await ``awaitable`` to its end even if the awaiting task is cancelled meanwhile.
 
@@ -150,6 +161,24 @@ async def _despite_cancel(awaitable: Any) -> bool:
             break  # the awaitable's own exception: raised below
     future.result()  # the awaitable's exception (or its own cancellation), if any
     return cancelled
+
+
+class _OwnCancellation(Exception):
+    """A hook raised ``CancelledError`` although its task was not cancelled."""
+
+
+if sys.version_info >= (3, 11):
+
+    def _being_cancelled() -> bool:
+        """Whether the current task has a cancellation request pending."""
+        task = asyncio.current_task()
+        return task is None or task.cancelling() > 0
+
+else:  # pragma: no cover - exercised by the py310 tox env
+
+    def _being_cancelled() -> bool:
+        """Python 3.10 cannot tell: every CancelledError counts as the task's own cancellation."""
+        return True
 
 
 class HookFailure(Exception):
@@ -256,13 +285,22 @@ class HookDispatcher:
             return impl.function(*[kwargs[name] for name in impl.argnames])
         except Exception as exc:  # a plugin bug; the caller decides open/closed
             raise self._failure(impl, hook, exc) from exc
+        except asyncio.CancelledError as exc:  # raised by a sync function: its own doing, never ours
+            raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError")) from exc
 
     async def _finish(self, impl: Impl, hook: str, awaitable: Any) -> Any:
-        """Await an async implementation's result under the plugin's hook timeout."""
+        """Await an async implementation's result under the plugin's hook timeout.
+
+        A ``CancelledError`` the implementation raised itself, while nobody cancelled the task, is a
+        plugin failure like any other (it must not pass for the caller's cancellation)."""
         try:
             return await run_with_timeout(awaitable, impl.timeout)
         except Exception as exc:
             raise self._failure(impl, hook, exc) from exc
+        except asyncio.CancelledError as exc:
+            if _being_cancelled():
+                raise
+            raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError")) from exc
 
     async def _invoke(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
         """Call one implementation to completion; ``HookFailure`` if it raises or times out.

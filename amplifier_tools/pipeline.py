@@ -31,7 +31,7 @@ from typing import Any
 
 from .amplifier_hooks import event_data, result_data
 from .converter import converter
-from .dispatch import HookDispatcher, run_with_timeout
+from .dispatch import HookDispatcher, finish_despite_cancel, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
 from .models import ToolCall, ToolContext, ToolResult
 from .redaction import redact
@@ -154,19 +154,41 @@ class CallPipeline:
             if events:
                 await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
         except ToolError as error:
-            ending = True
-            return await self._fail(call, mounted, ctx, error, started, secrets, kept_output, events)
+            failure: ToolError | None = error
         except asyncio.CancelledError:
             return await self._cancelled(call, mounted, ctx, started, secrets, number, errors_ran=ending)
         except Exception as exc:  # a host bug must still end as a typed result
+            log.exception("unexpected failure %s %r", "ending" if ending else "running", call.name)
+            failure = _internal(exc)
             if ending:  # tool_post already ran: tool_error must not run as well
-                log.exception("unexpected failure ending %r", call.name)
-                failure = self._failure_result(call, mounted, ctx, _internal(exc), secrets)
-                return await self._complete(call, mounted, ctx, failure, started, secrets)
-            ending = True
-            log.exception("unexpected failure running %r", call.name)
-            return await self._fail(call, mounted, ctx, _internal(exc), started, secrets, kept_output, events)
-        return await self._complete(call, mounted, ctx, result, started, secrets)
+                result = self._failure_result(call, mounted, ctx, failure, secrets)
+                failure = None
+        else:
+            failure = None
+        if failure is not None:
+            # Once the tool_error chain has begun it runs to its end, then tool_complete records the
+            # call; a cancellation arriving meanwhile (an async tool_error hook, an event observer)
+            # waits for that and is honoured afterwards.
+            ended, cancelled = await finish_despite_cancel(
+                self._fail(call, mounted, ctx, failure, started, secrets, kept_output, events))
+            if cancelled:
+                return self._after_cancel(ended, number)
+            ended_result: ToolResult = ended
+            return ended_result
+        try:
+            return await self._complete(call, mounted, ctx, result, started, secrets)
+        except _CancelledAfterCompletion:
+            raise asyncio.CancelledError from None  # recorded already: only the cancellation is left
+
+    def _after_cancel(self, result: ToolResult, number: int) -> ToolResult:
+        """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
+        returns the result; the caller's own cancellation is raised."""
+        if number not in self.cut:
+            raise asyncio.CancelledError
+        current = asyncio.current_task()
+        if current is not None and sys.version_info >= (3, 11):
+            current.uncancel()
+        return result
 
     async def _cancelled(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, started: float,
@@ -192,19 +214,8 @@ class CallPipeline:
                 return await self._complete(call, mounted, ctx, failure, started, secrets)
             return await self._fail(call, mounted, ctx, error, started, secrets, None, False, recover=False)
 
-        task = asyncio.ensure_future(finish())
-        while not task.done():
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                continue  # the call is being recorded: let it finish, then honour the cancellation
-        result = task.result()
-        if not by_close:
-            raise asyncio.CancelledError
-        current = asyncio.current_task()
-        if current is not None and sys.version_info >= (3, 11):
-            current.uncancel()  # the host cancelled this call, not the caller: balance its cancel()
-        return result
+        ended, _ = await finish_despite_cancel(finish())
+        return self._after_cancel(ended, number)
 
     async def _execute(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult:
         timeout = mounted.spec.policies.timeout_ms
@@ -303,11 +314,19 @@ class CallPipeline:
                 call, mounted, ctx, error, secrets).error
             return ToolResult(False, None, failure, {**current.metadata, "trail": trail}, call.id)
 
-        result, _ = await self.hooks.tool_complete(call, spec, result, ctx, withheld)
+        try:
+            result, _ = await self.hooks.tool_complete(call, spec, result, ctx, withheld)
+        except asyncio.CancelledError:
+            # Every observer ran to its end (the dispatcher saw to that): the call is recorded.
+            raise _CancelledAfterCompletion from None
         if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
             metadata = {**result.metadata, "trail": [converter.unstructure(decision) for decision in ctx.trail]}
             result = ToolResult(result.success, result.output, result.error, metadata, call.id)
         return result
+
+
+class _CancelledAfterCompletion(asyncio.CancelledError):
+    """A cancellation that arrived while ``tool_complete`` observers ran; they all finished."""
 
 
 def _closing_error(message: str) -> ToolSystemError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -503,3 +504,73 @@ async def test_two_calls_sharing_a_call_id_never_release_each_others_slot(setup:
     await asyncio.sleep(0.05)
     assert sleeps.started == 2  # the second holds the only slot; the third still waits for it
     assert (await second).success and (await third).success
+
+
+# -- found by attack after the first round ---------------------------------------------------
+
+
+class SlowToolError:
+    """An async tool_error observer (every Amplifier tool:error handler is async)."""
+
+    name = "slow-tool-error"
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    @hookimpl
+    async def tool_error(self, call: Any) -> None:
+        self.entered.set()
+        await asyncio.sleep(0.3)
+
+
+async def test_cancel_while_the_tool_error_chain_runs_still_records_and_releases(tmp_path: Path) -> None:
+    counting, slow = Counting(), SlowToolError()
+    config = {"tools": {"raises_cancelled": {"policies": {"concurrency": {"limit": 1}}}}}
+
+    class Fails:
+        name = "fails"
+        description = "Always fails."
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            return ToolResult(False, "partial", {"message": "backend down"})
+
+    config = {"tools": {"fails": {"policies": {"concurrency": {"limit": 1, "queue": True}}}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Fails()), counting, slow], builtins=["policy", "audit"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        task = asyncio.ensure_future(host.call("fails", {}, call_id="e1"))
+        await slow.entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert counting.assert_once("e1").error["message"] == "backend down"  # the chain ran to its end
+        assert audit_records(host)["e1"] == 1
+        assert not any(held_resources(host).values())
+        again = await asyncio.wait_for(host.call("fails", {}, call_id="e2"), 20)
+        assert again.error["message"] == "backend down"  # the slot came back
+
+
+@pytest.mark.parametrize("hook", ["tool_pre", "tool_complete"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_hook_raising_cancelled_error_itself_is_a_plugin_failure(tmp_path: Path, hook: str, kind: str) -> None:
+    """Nobody cancelled the call: the caller gets a result, never CancelledError, and it is recorded."""
+    if kind == "async" and sys.version_info < (3, 11):
+        pytest.skip("3.10 cannot tell a task's own CancelledError from a cancellation (no Task.cancelling)")
+
+    class RaisesCancelled:
+        name = "raises-cancelled"
+
+    def sync_impl(call: Any) -> None:
+        raise asyncio.CancelledError
+
+    async def async_impl(call: Any) -> None:
+        await asyncio.sleep(0)
+        raise asyncio.CancelledError
+
+    setattr(RaisesCancelled, hook, staticmethod(hookimpl(tryfirst=True)(sync_impl if kind == "sync" else async_impl)))
+    counting = Counting()
+    async with ToolHost(plugins=[ToolsPlugin(Sleeps()), counting, RaisesCancelled()], builtins=["policy", "audit"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        result = await host.call("sleeps", {"seconds": 0}, call_id="rc")
+        assert audit_records(host)["rc"] == 1
+    assert result.error["code"] == "hook_failed" and result.error["plugin"] == "raises-cancelled"
+    counting.assert_once("rc")
