@@ -145,6 +145,8 @@ class ToolHost:
         #: Paths no tool may read or write (``session.protected_paths``); plugins add their host files.
         self.protected_paths = ProtectedPaths()
         self.protected_paths.add(self.state_dir, "the host's state directory", key="state_dir")
+        if not configured_state:  # every workspace's state, not only this one's (another host's log too)
+            self.protected_paths.add(self.state_dir.parent.parent, "the hosts' state directories")
         if self.config_file is not None:
             self.protected_paths.add(self.config_file, "the host's configuration file")
         # Where a config would be discovered next start: a tool must not plant one there.

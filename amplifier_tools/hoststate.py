@@ -12,7 +12,7 @@ is refused instead of followed:
   or a directory owned by someone else.
 - ``open_host_file(path, flags)``: ``O_NOFOLLOW`` relative to a directory fd that was
   itself opened without following the last component; the result must be a regular
-  file owned by this user. Anything else raises ``HostFileError`` naming the path and
+  file owned by this user with no other hard link. Anything else raises ``HostFileError`` naming the path and
   what was found there.
 - ``ProtectedPaths``: the paths tools must never read or write, published to plugins as
   the ``session.protected_paths`` capability.
@@ -137,6 +137,8 @@ def open_host_file(path: str | os.PathLike[str], flags: int, mode: int = 0o600, 
             problem = f"is {_describe(info.st_mode)}"
         elif info.st_uid != os.geteuid():
             problem = f"belongs to uid {info.st_uid}, not to this user ({os.geteuid()})"
+        elif info.st_nlink > 1:  # another name may lie anywhere (a shell profile): never write through it
+            problem = f"has {info.st_nlink} hard links"
         if problem is not None:
             os.close(fd)
             raise HostFileError(errno.EPERM, f"host file {name} {problem}; the host opens only regular files "

@@ -167,8 +167,11 @@ async def test_listings_and_searches_never_show_protected_entries(
         result = await host.call(tool, args)
         assert result.success, result.error
         assert STATE_MARKER not in repr(result.output) and "audit.jsonl" not in repr(result.output)
-    above = await host.call("fs_list_dir", {"path": str(layout["state_dir"].parent)})
-    assert layout["state_dir"].name not in {e["name"] for e in above.output["entries"]}
+    # Every workspace's state is protected, not only this host's: the whole state root is hidden.
+    above = await host.call("fs_list_dir", {"path": state_home})
+    assert "amplifier-tools" not in {e["name"] for e in above.output["entries"]}
+    other = await host.call("fs_list_dir", {"path": str(layout["state_dir"].parent)})
+    assert other.error["code"] == "path_protected"
 
 
 async def test_the_config_location_that_does_not_exist_yet_cannot_be_planted(

@@ -203,3 +203,30 @@ async def test_third_party_tools_cannot_name_protected_paths_in_their_arguments(
         assert (await h.call("run", {"command": "ls -la"})).success
     assert config.read_text() == "[plugins.filesystem]\n"
     assert writer.written == [str(work / "notes.txt")]
+
+
+async def test_a_hard_linked_audit_log_is_never_written_through(tmp_path: Path, work: Path) -> None:
+    """A second name of the log may be a shell profile: the host refuses the file, naming it."""
+    from amplifier_tools.hoststate import ensure_state_dir
+
+    state = ensure_state_dir(default_state_dir(str(work)))
+    profile = tmp_path / "profile.sh"
+    profile.write_text("")
+    os.link(profile, state / "audit.jsonl")
+    async with ToolHost(plugins=[ToolsPlugin(EchoTool())], builtins=["audit"], entry_points=False,
+                        working_dir=work, discover=False) as h:
+        result = await h.call("echo", {"path": "$(touch /tmp/pwned-by-audit)"})
+    assert not result.success and "hard link" in result.error["message"]
+    assert profile.read_text() == ""
+
+
+async def test_another_workspaces_state_is_protected_too(tmp_path: Path, work: Path) -> None:
+    other = default_state_dir(str(tmp_path / "another-project"))
+    other.mkdir(parents=True)
+    (other / "audit.jsonl").write_text("{}\n")
+    async with ToolHost(config={"plugins": {"filesystem": {"allowed_write_paths": [str(tmp_path)],
+                                                           "allowed_read_paths": ["/"]}}},
+                        builtins=["filesystem"], entry_points=False, working_dir=work, discover=False) as h:
+        read = await h.call("fs_read_file", {"path": str(other / "audit.jsonl")})
+        write = await h.call("fs_write_file", {"path": str(other / "audit.jsonl"), "content": "forged"})
+    assert read.error["code"] == write.error["code"] == "path_protected"
