@@ -29,7 +29,6 @@ except ImportError:  # the optional ``fast`` extra is not installed
 _STDLIB: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS if orjson is not None else 0
 #: What ``dumps`` raises for a value it cannot encode.
-ENCODE_ERRORS: Final = (TypeError, ValueError, RecursionError, OverflowError)
 MAX_DEPTH: Final = 100
 MAX_NOTES: Final = 20
 
@@ -47,6 +46,13 @@ def dumps(value: Any) -> bytes:
 def encoder_name() -> str:
     """Which encoder ``dumps`` uses (for benchmark reports)."""
     return f"orjson {orjson.__version__}" if orjson is not None else "json (stdlib)"
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # a hostile __repr__
+        return f"<{type(value).__name__}>"
 
 
 def encodable(value: Any, altered: list[str], where: str = "") -> Any:
@@ -95,7 +101,7 @@ def _encodable(value: Any, altered: list[str], where: str, depth: int) -> Any:
         out: dict[str, Any] = {}
         for key, item in value.items():
             name = key if isinstance(key, str) else str(key) if isinstance(key, (int, float, bool)) or key is None \
-                else repr(key)
+                else _safe_repr(key)
             if not isinstance(key, str):
                 _note(altered, f"{where}/{name}", f"{type(key).__name__} key written as a string")
             name = _text(name, altered, f"{where}/{name!r}")

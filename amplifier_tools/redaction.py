@@ -137,7 +137,7 @@ def _may_match(value: Any, secret_re: re.Pattern[str] | None, patterns: bool) ->
     """
     try:
         text = dumps(value).decode("utf-8")
-    except (TypeError, ValueError, RecursionError):
+    except Exception:  # anything that does not serialize (a hostile __str__ included): the full walk
         return True
     if "\\" in text:
         return True

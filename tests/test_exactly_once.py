@@ -574,3 +574,29 @@ async def test_a_hook_raising_cancelled_error_itself_is_a_plugin_failure(tmp_pat
         assert audit_records(host)["rc"] == 1
     assert result.error["code"] == "hook_failed" and result.error["plugin"] == "raises-cancelled"
     counting.assert_once("rc")
+
+
+class Hostile:
+    """An object whose str() and repr() raise."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr boom")
+
+    def __str__(self) -> str:
+        raise RuntimeError("str boom")
+
+
+@pytest.mark.parametrize("output", [Hostile(), {Hostile(): 1}, [1, {"k": Hostile()}]])
+async def test_outputs_whose_str_raises_are_still_recorded(tmp_path: Path, output: Any) -> None:
+    class Returns:
+        name = "returns"
+        description = "Returns a hostile value."
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            return ToolResult(True, output)
+
+    async with ToolHost(plugins=[ToolsPlugin(Returns())], builtins=["audit"], entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        await host.call("returns", {}, call_id="hv")
+        assert audit_records(host) == Counter({"hv": 1})
+        assert audit_record(host, "hv")["altered"]

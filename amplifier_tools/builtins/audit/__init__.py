@@ -26,7 +26,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, Final
 
-from ..._json import ENCODE_ERRORS, dumps, encodable
+from ..._json import dumps, encodable
 from ..._markers import hookimpl
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
@@ -122,7 +122,7 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         # NaN and infinities encode, but not as themselves (orjson: null; json: a non-JSON token):
         # look for them only when the encoded values could hold one.
         suspect = _may_hold_nonfinite(output_bytes) or _may_hold_nonfinite(dumps(io["arguments"]))
-    except ENCODE_ERRORS:
+    except Exception:  # not encodable as it is (a hostile __str__ too): escaped or summarized below
         suspect = True
     if suspect:
         clean = encodable(raw, altered)
@@ -169,7 +169,7 @@ def encode_record(record: dict[str, Any]) -> bytes:
     of an unexpected type...) is escaped, and ``altered`` says so."""
     try:
         return encode_body(record)
-    except ENCODE_ERRORS:
+    except Exception:  # whatever does not encode as it is, a hostile __str__ included
         altered = list(record.get("altered", ()))
         clean = encodable({k: v for k, v in record.items() if k != "altered"}, altered)
         clean["altered"] = altered
