@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="import path of a module, or an entry-point / distribution name")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-run", action="store_true", help="do not run the examples of Pure tools")
+    sub.add_parser("trust", help="accept the configuration as it is now (after reviewing a change)")
     p = sub.add_parser("audit", help="verify, tail or summarize an audit log", add_help=False)
     p.add_argument("audit_args", nargs=argparse.REMAINDER)
     p = sub.add_parser("call", help="run one call through the whole pipeline")
@@ -327,6 +328,22 @@ def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
     return (f"fix the configuration ({source})" if source else "check the configuration") + tail
 
 
+def _trust(args: argparse.Namespace) -> int:
+    """Remember the configuration this command line would use as trusted (``config_trust``)."""
+    from . import config_trust
+    from .hoststate import ensure_state_dir
+
+    host = _host(args)
+    state = config_trust.config_state(host.config_file, host.working_dir)
+    if state is None:
+        print(f"{host.config_file} lies outside the working directory: it needs no trust")
+        return EXIT_OK
+    config_trust.remember(ensure_state_dir(host.state_dir), state)
+    print(f"trusted: {state['path'] or 'no configuration file'}"
+          + (f" (sha256 {state['sha256'][:16]}…)" if state["sha256"] else ""))
+    return EXIT_OK
+
+
 def _version(args: argparse.Namespace) -> int:
     print(f"amplifier-tools {__version__}")
     try:
@@ -348,6 +365,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.command == "validate":
         return _validate(args)
+    if args.command == "trust":
+        return _trust(args)
     if args.command == "audit":
         from .builtins.audit.commands import main as audit_main
 

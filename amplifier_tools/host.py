@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from . import hookspecs
+from . import config_trust, hookspecs
 from ._markers import PROJECT_NAME, hookimpl
 from ._version import __version__
 from .amplifier_hooks import HookRegistry, ToolHandlerImpls
@@ -124,6 +124,8 @@ class ToolHost:
         working_dir: str | os.PathLike[str] | None = None,
         discover: bool = True,
     ) -> None:
+        #: Whether the host looked for its configuration itself (see ``config_trust``).
+        self.discovered_config = config is None and discover
         if config is None and discover:
             config = discover_config_file(working_dir)
         #: The file the configuration came from, named in configuration errors (None: from code).
@@ -201,6 +203,8 @@ class ToolHost:
             return
         try:
             self._make_state_dir()
+            config_trust.check(self.state_dir, self.config_file, self.working_dir,
+                               discovered=self.discovered_config)
             self._collect_plugins()
             for plugin, info, required in self._mount_order():
                 await self._mount_plugin(plugin, info, required)

@@ -338,6 +338,7 @@ async def test_a_short_write_is_never_acknowledged_and_fails_closed(
         failed = await host.call("test_echo", {"text": "private output"}, context=CTX)
         assert not failed.success and failed.output is None
         assert failed.error["type"] == "SystemError" and failed.error["plugin"] == "audit"
+        assert failed.error["code"] == "audit_unavailable"  # from the first failing call on
         assert log_path(tmp_path).stat().st_size == size  # the partial line was cut off
         blocked = await host.call("test_echo", {"text": "next"}, context=CTX)
         assert blocked.error["code"] == "audit_unavailable"

@@ -191,6 +191,8 @@ def test_config_precedence(project: Path) -> None:
     env = {"AMPLIFIER_TOOLS_CONFIG": str(project / "env.toml")}
 
     def source(*args: str, env: dict[str, str] | None = None) -> str:
+        # Each switch to another config in the working directory is a change the operator accepts.
+        assert cli(project, *args, "trust", env=env).returncode == 0
         out = cli(project, *args, "call", "demo_source", "{}", env=env)
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()

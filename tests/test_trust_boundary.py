@@ -230,3 +230,29 @@ async def test_another_workspaces_state_is_protected_too(tmp_path: Path, work: P
         read = await h.call("fs_read_file", {"path": str(other / "audit.jsonl")})
         write = await h.call("fs_write_file", {"path": str(other / "audit.jsonl"), "content": "forged"})
     assert read.error["code"] == write.error["code"] == "path_protected"
+
+
+def test_a_config_changed_planted_or_removed_between_runs_is_not_taken_on_trust(tmp_path: Path) -> None:
+    """pyproject.toml rewritten by a tool switched audit and policy off at the next start."""
+    from cli_helpers import cli
+
+    work = tmp_path / "project"
+    work.mkdir()
+    assert cli(work, "list").returncode == 0  # first start: no config here, remembered as such
+    (work / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.amplifier-tools]\n'
+                                         'disable_plugins = ["audit", "policy"]\n')
+    planted = cli(work, "list")
+    assert planted.returncode == 2
+    assert "appeared in the working directory" in planted.stderr and "amplifier-tools trust" in planted.stderr
+    assert cli(work, "trust").returncode == 0  # the operator reviewed it
+    assert cli(work, "list").returncode == 0
+    (work / "pyproject.toml").write_text('[tool.amplifier-tools]\ndisable_plugins = ["audit"]\n')
+    edited = cli(work, "list")
+    assert edited.returncode == 2 and "changed since the host last started" in edited.stderr
+    assert cli(work, "trust").returncode == 0
+    (work / "pyproject.toml").unlink()
+    removed = cli(work, "list")
+    assert removed.returncode == 2 and "is gone" in removed.stderr
+    outside = tmp_path / "elsewhere.toml"
+    outside.write_text("")
+    assert cli(work, "--config", str(outside), "list").returncode == 0  # tools cannot reach it: no trust needed

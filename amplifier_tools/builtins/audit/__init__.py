@@ -304,8 +304,8 @@ class AuditPlugin:
         return None if waiter is None else self._synced(waiter)
 
     def _write_failed(self, exc: AuditWriteError) -> None:
-        if self.settings["mode"] == "fail_closed":
-            raise exc
+        if self.settings["mode"] == "fail_closed":  # typed: the caller sees audit_unavailable from the first call
+            raise ToolSystemError(f"{exc}; the call's result is withheld", code="audit_unavailable") from exc
         if not self._warned:
             self._warned = True
             log.warning("%s; continuing without an audit record (mode fail_open)", exc)

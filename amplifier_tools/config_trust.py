@@ -1,0 +1,97 @@
+"""Trust on first use for a configuration file that tools could have written.
+
+The configuration decides whether policy and audit run and whether bash is sandboxed. When it
+lives in the working directory (``amplifier-tools.toml``, ``[tool.amplifier-tools]`` in
+``pyproject.toml``, or any config file named there), every tool that can write files — an
+unsandboxed bash, an Amplifier ``write_file``, an MCP server — could rewrite it between two runs,
+or plant one where none was. So the host remembers, in its state directory (out of the tools'
+reach), which configuration it last started with in this working directory and its SHA-256, and
+refuses to start when that changed: a new file, an edited one, or one that disappeared. The
+operator reviews the file and accepts it with ``amplifier-tools trust``.
+
+The first start in a working directory trusts what it finds (there is nothing to compare with):
+a config planted before the host ever ran is not detected. A configuration given from outside
+the working directory (``--config``/``AMPLIFIER_TOOLS_CONFIG`` elsewhere, or a mapping in code)
+is not checked: tools cannot reach it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Final
+
+from .errors import ConfigError
+from .hoststate import open_host_file
+
+TRUST_FILE: Final = "trusted-config.json"
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def config_state(config_file: str | None, working_dir: str) -> dict[str, Any] | None:
+    """What to remember about the configuration of a start, or None when it needs no trust
+    (given from outside the working directory)."""
+    root = Path(working_dir).resolve()
+    if config_file is None:
+        return {"path": None, "sha256": None}
+    path = Path(config_file).resolve()
+    if not _inside(path, root):
+        return None
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        digest = None
+    return {"path": str(path), "sha256": digest}
+
+
+def _read(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        fd = open_host_file(state_dir / TRUST_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        data = json.loads(file.read() or b"null")
+    return data if isinstance(data, dict) else None
+
+
+def remember(state_dir: Path, state: dict[str, Any]) -> None:
+    """Record ``state`` as the trusted configuration (atomically, through a host file)."""
+    temp = state_dir / f".{TRUST_FILE}.{os.getpid()}.tmp"
+    fd = open_host_file(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(json.dumps(state, sort_keys=True).encode())
+    os.replace(temp, state_dir / TRUST_FILE)
+
+
+def check(state_dir: Path, config_file: str | None, working_dir: str, *, discovered: bool) -> None:
+    """Refuse to start on a configuration in the working directory that changed since the last
+    start there (``ConfigError`` naming the file and ``amplifier-tools trust``); record it on the
+    first start. ``discovered``: the host looked for a config itself (so "none" is a state too)."""
+    if config_file is None and not discovered:
+        return  # a mapping from code
+    state = config_state(config_file, working_dir)
+    if state is None:
+        return
+    trusted = _read(state_dir)
+    if trusted is None:
+        remember(state_dir, state)
+        return
+    if trusted == state:
+        return
+    before, now = trusted.get("path"), state["path"]
+    if now is None:
+        change = f"the configuration {before} the host started with last time is gone"
+    elif before is None:
+        change = f"a configuration file appeared in the working directory: {now}"
+    elif before != now:
+        change = f"the configuration moved from {before} to {now}"
+    else:
+        change = f"the configuration file {now} changed since the host last started"
+    raise ConfigError(f"{change}; tools can write the working directory, so the host will not take it on "
+                      "trust. Review it, then accept it with: amplifier-tools trust "
+                      f"(remembered in {state_dir / TRUST_FILE})", file=now or before)
