@@ -38,8 +38,11 @@ def dumps(value: Any) -> bytes:
     if orjson is not None:
         try:
             return orjson.dumps(value, default=str, option=_ORJSON_OPTIONS)
-        except (TypeError, orjson.JSONEncodeError):
-            pass
+        except (TypeError, orjson.JSONEncodeError) as exc:
+            if "ecursion" in str(exc):
+                # Too deep for orjson (255 levels): the same on every CPython, where the stdlib
+                # encoder's limit moves with the interpreter's (3.13 writes what 3.11 cannot read).
+                raise ValueError(str(exc)) from None
     return _STDLIB.encode(value).encode("utf-8")
 
 
