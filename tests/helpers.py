@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from amplifier_tools import ToolResult, hookimpl
+from amplifier_tools import ToolResult
+from amplifier_tools.host import ToolMount
 
 
 class EchoTool:
@@ -28,17 +29,11 @@ class EchoTool:
         return ToolResult(success=True, output=input["path"] * input.get("times", 1))
 
 
-class ToolsPlugin:
-    """Mounts the given tool objects."""
+class ToolsPlugin(ToolMount):
+    """Mounts the given tool objects (the host's own ``ToolMount``, with the tools first)."""
 
     def __init__(self, *tools: Any, name: str = "tools") -> None:
-        self.name = name
-        self.tools = tools
-
-    @hookimpl
-    async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
-        for tool in self.tools:
-            await coordinator.mount("tools", tool)
+        super().__init__(name, *tools)
 
 
 def run(coro: Any) -> Any:
