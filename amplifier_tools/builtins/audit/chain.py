@@ -23,6 +23,7 @@ the log not as it left it: verification reports it as a failure.
 from __future__ import annotations
 
 import errno
+import glob
 import hashlib
 import hmac
 import json
@@ -185,13 +186,22 @@ class VerifyReport:
 
 
 def chain_files(path: str | Path) -> list[Path]:
-    """The files of a log in chain order: rotated ``<stem>.<n>.jsonl`` by n, then the live file."""
+    """The files of a log in chain order: rotated ``<stem>.<n>.jsonl`` by n, then the live file.
+
+    For a live file (``audit.jsonl``), its rotated predecessors beside it come first: after a
+    rotation the live file starts with a record that links to the last rotated one, so it can only
+    be verified together with them. A rotated file given on its own is read on its own."""
     p = Path(path)
     if p.is_dir():
         live = sorted(q for q in p.glob("*.jsonl") if not ROTATED.match(q.name))
         rotated = sorted((q for q in p.glob("*.jsonl") if ROTATED.match(q.name)),
                          key=lambda q: int(ROTATED.match(q.name).group("n")))  # type: ignore[union-attr]
         return rotated + live
+    if p.name.endswith(".jsonl") and not ROTATED.match(p.name):
+        stem = p.name[: -len(".jsonl")]
+        siblings = [(int(m.group("n")), q) for q in p.parent.glob(f"{glob.escape(stem)}.*.jsonl")
+                    if (m := ROTATED.match(q.name)) and m.group("stem") == stem]
+        return [q for _, q in sorted(siblings)] + [p]
     return [p]
 
 
