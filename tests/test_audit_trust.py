@@ -383,3 +383,28 @@ async def test_two_writers_sharing_a_tampered_log_start_one_fresh_segment(tmp_pa
     assert len(list((tmp_path / "state").glob("audit.jsonl.tampered-*"))) == 1
     report = verify(log_path(tmp_path))  # one chain, whose first record says what was found
     assert not report.ok and report.bad_line == 1 and "tampered" in (report.reason or "")
+
+
+async def test_a_record_appended_between_runs_is_tampering_never_signed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A well-formed record chained onto a log its writer closed is caught — at the next start and by
+    verify — instead of being taken for another writer's and signed at the next checkpoint."""
+    host = await make(tmp_path, monkeypatch, signed=True)
+    try:
+        assert (await call(host, "real")).success
+    finally:
+        await host.close()
+    path = log_path(tmp_path)
+    head = lines(path)[-1]["hash"]
+    forged, _ = link(encode_body({"v": 1, "kind": "call", "call_id": "forged", "tool": "test_echo"}), head)
+    with path.open("ab") as file:
+        file.write(forged)
+    caught = cli_verify(str(path), "--key-env", "K", env={"K": KEY})
+    assert caught.returncode == 1 and "while no writer ran" in caught.stdout
+    host = await make(tmp_path, monkeypatch, signed=True)
+    try:
+        refused = await call(host, "next")
+        assert not refused.success and refused.error["code"] == "audit_tampered"
+    finally:
+        await host.close()
+    assert all(r.get("call_id") != "forged" for r in lines(path))  # set aside, never continued or signed

@@ -95,6 +95,9 @@ class Anchor:
     ts: float
     key_ref: str | None = None
     hmac: str | None = None
+    #: Written by a writer closing the log: nothing may follow ``size`` until a writer adopts the
+    #: log again (a record appended between two runs is tampering, not another writer's).
+    closed: bool = False
 
     def fields(self) -> dict[str, Any]:
         """The signed members (everything but ``hmac``)."""
@@ -102,6 +105,8 @@ class Anchor:
                "hash": self.hash, "records": self.records, "ts": self.ts}
         if self.key_ref is not None:
             out["key_ref"] = self.key_ref
+        if self.closed:
+            out["closed"] = True
         return out
 
     def signed_by(self, key: bytes) -> bool:
@@ -129,7 +134,7 @@ def parse_anchor(data: bytes) -> Anchor:
     try:
         anchor = Anchor(file=record["file"], inode=record["inode"], size=record["size"], hash=record["hash"],
                         records=record["records"], ts=record["ts"], key_ref=record.get("key_ref"),
-                        hmac=record.get("hmac"))
+                        hmac=record.get("hmac"), closed=record.get("closed") is True)
     except KeyError as exc:
         raise ValueError(f"the anchor has no {exc.args[0]!r}") from None
     if not (isinstance(anchor.file, str) and type(anchor.inode) is int and type(anchor.size) is int
@@ -294,6 +299,9 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
             return failed(None, None, f"the log was {what}: the anchor says {head.records} record(s) in "
                                       f"{head.size} bytes ending in {head.hash[:16]}…, the file has {have} bytes")
         after = count - anchored_at
+        if head.closed and after:
+            return failed(None, None, f"{after} record(s) follow the end its last writer closed the log at: "
+                                      "appended while no writer ran")
         if key is not None and head.signed_by(key) and last_checkpoint_end > head.size:
             return failed(None, None, "the anchor is older than the log's last signed checkpoint: "
                                       "the anchor was rolled back")

@@ -206,6 +206,7 @@ class AuditWriter:
             self._wake.notify()
         self._thread.join(timeout=30)
         with self._lock:
+            self._anchor_closed()
             for fd in [*self._retired, self._fd, self._dir_fd]:
                 if fd is not None:
                     os.close(fd)
@@ -304,6 +305,9 @@ class AuditWriter:
         if anchor.size and not ends_with_hash(os.pread(fd, 100, max(0, anchor.size - 100)), anchor.hash):
             raise _Tampered(f"the log {self.path} was rewritten: the record at the anchored end "
                             f"({anchor.size} bytes) is not the anchored one")
+        if anchor.closed and st.st_size > anchor.size:
+            raise _Tampered(f"the log {self.path} has {st.st_size - anchor.size} byte(s) after the end its last "
+                            "writer closed it at: appended while no writer ran")
         self._head = _Head(st.st_ino, anchor.size, anchor.hash, anchor.records)
         self._file_started = first_timestamp(fd)
         self._extend(fd, st.st_size, live=True)
@@ -537,12 +541,12 @@ class AuditWriter:
             pass
         self._retired.append(fd)
 
-    def _write_anchor(self) -> None:
+    def _write_anchor(self, *, closed: bool = False) -> None:
         """Replace ``<log>.anchor`` with our head (temp file + rename in the log's directory)."""
         head = self._head
         assert head is not None and self._dir_fd is not None
         anchor = Anchor(self._leaf, head.inode, head.size, head.hash, head.records, time.time(),
-                        self.checkpoint_key_ref if self.checkpoint_key is not None else None)
+                        self.checkpoint_key_ref if self.checkpoint_key is not None else None, closed=closed)
         data = encode_anchor(anchor, self.checkpoint_key)
         temp = f"{self._anchor_leaf}.tmp-{os.getpid()}-{os.urandom(6).hex()}"  # unguessable: nothing to plant
         fd = open_host_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
@@ -557,6 +561,23 @@ class AuditWriter:
             os.close(fd)
         self._anchored = (head.inode, head.size)
         self._last_anchor = time.monotonic()
+
+    def _anchor_closed(self) -> None:
+        """At close: anchor our head marked ``closed`` if the file still ends there, so records
+        appended before the next writer adopts the log read as tampering (and are never signed)."""
+        head, fd = self._head, self._fd
+        if head is None or fd is None or self._dir_fd is None:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                on_path = os.lstat(self._leaf, dir_fd=self._dir_fd)
+                if on_path.st_ino == head.inode and os.fstat(fd).st_size == head.size:
+                    self._write_anchor(closed=True)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            log.error("audit log %s: could not mark the anchor closed: %s", self.path, exc)
 
     def _anchor_if_current(self) -> None:
         """From the thread (under the lock): anchor our head if the file still ends there."""
