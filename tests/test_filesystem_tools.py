@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,6 +192,22 @@ def test_race_symlink_flip_never_reads_or_writes_outside(tmp_path: Path) -> None
         d, parked, link = root / "d", tmp_path / "parked", tmp_path / "link"
         link.symlink_to(outside)
         os.rename(real, d)
+
+        def restore() -> None:
+            """Back to the start (d real, link a symlink, nothing parked) after a step failed: a
+            write_file that ran while d was gone made a new d (inside the root, as it may)."""
+            if d.is_symlink():
+                if link.is_symlink():
+                    os.unlink(d)
+                else:
+                    os.rename(d, link)
+            elif d.is_dir() and parked.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+            if parked.is_dir() and not d.exists():
+                os.rename(parked, d)
+            if not link.is_symlink():
+                link.symlink_to(outside)
+
         while not stop.is_set():
             try:
                 os.rename(d, parked)  # d: real directory -> gone
@@ -199,7 +216,10 @@ def test_race_symlink_flip_never_reads_or_writes_outside(tmp_path: Path) -> None
                 os.rename(parked, d)  # d: real directory again
                 flips[0] += 1
             except OSError:
-                pass
+                try:
+                    restore()
+                except OSError:
+                    pass
 
     async def hammer() -> list[Any]:
         async with ToolHost(builtins=["filesystem"], entry_points=False, working_dir=root, discover=False) as h:
