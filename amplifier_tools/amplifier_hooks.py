@@ -243,13 +243,13 @@ class ToolHandlerImpls:
         self._host = host
         self._registry = registry
 
-    def impls(self, hook: str) -> list[tuple[str, Callable[..., Any], tuple[str, ...], str]]:
-        """``(owner plugin, implementation, argument names, handler name)`` for each handler of
-        ``hook``'s Amplifier event, in call order (priority, then registration)."""
+    def impls(self, hook: str) -> list[tuple[str, Callable[..., Any], tuple[str, ...]]]:
+        """``(owner plugin, implementation, argument names)`` for each handler of ``hook``'s
+        Amplifier event, in call order (priority, then registration)."""
         event = next((e for e, h in TOOL_EVENTS.items() if h == hook), None)
         if event is None:
             return []
-        return [(r.owner, *self.functions(hook, r), r.name) for r in self._registry.tool_handlers(event)]
+        return [(r.owner, *self.functions(hook, r)) for r in self._registry.tool_handlers(event)]
 
     def functions(self, hook: str, r: Registration) -> tuple[Callable[..., Any], tuple[str, ...]]:
         """``(implementation, argument names)`` for handler ``r`` in ``hook``."""

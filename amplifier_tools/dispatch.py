@@ -134,19 +134,9 @@ class Impl:
 async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
     """``(result, cancelled)``: await ``awaitable`` to its end even if the awaiting task is
     cancelled meanwhile; ``cancelled`` says whether a cancellation arrived (the caller honours it
-    once its own work is done). The work runs in a task of its own from its first step: code that
-    binds to the current task (``asyncio.timeout``, task groups, anyio scopes) must see one task."""
-    future = asyncio.ensure_future(awaitable)
-    cancelled = await _despite_cancel(future)
-    return future.result(), cancelled
-
-
-async def _despite_cancel(awaitable: Any) -> bool:
-    """Await ``awaitable`` to its end even if the awaiting task is cancelled meanwhile.
-
-    Returns whether a cancellation arrived (the caller re-raises it once its own work is done).
-    Only for work that must finish once started, like recording a call's completion.
-    """
+    once its own work is done). Only for work that must finish once started, like recording a
+    call's completion. The work runs in a task of its own from its first step: code that binds to
+    the current task (``asyncio.timeout``, task groups, anyio scopes) must see one task."""
     future = asyncio.ensure_future(awaitable)
     cancelled = False
     while not future.done():
@@ -159,8 +149,7 @@ async def _despite_cancel(awaitable: Any) -> bool:
                 cancelled = True  # both at once: the work is done, the cancellation stands
         except BaseException:
             break  # the awaitable's own exception: raised below
-    future.result()  # the awaitable's exception (or its own cancellation), if any
-    return cancelled
+    return future.result(), cancelled  # the awaitable's exception (or its own cancellation), if any
 
 
 class _OwnCancellation(Exception):
@@ -220,8 +209,8 @@ class HookDispatcher:
         self._cache: dict[str, list[Impl]] = {}
         self._generation = -1
         #: More implementations to run in the chain, after the plain pluggy ones and before the
-        #: ``trylast`` ones: ``hook -> [(plugin, function, argnames, label)]`` (the Amplifier bridge).
-        self.extra_impls: Callable[[str], list[tuple[str, Callable[..., Any], tuple[str, ...], str]]] | None = None
+        #: ``trylast`` ones: ``hook -> [(plugin, function, argnames)]`` (the Amplifier bridge).
+        self.extra_impls: Callable[[str], list[tuple[str, Callable[..., Any], tuple[str, ...]]]] | None = None
 
     def invalidate(self) -> None:
         """Recompute the implementation lists on the next call (the set of handlers changed)."""
@@ -269,9 +258,9 @@ class HookDispatcher:
         self._cache[hook] = ordered
         return ordered
 
-    def _extra(self, extra: list[tuple[str, Callable[..., Any], tuple[str, ...], str]]) -> list[Impl]:
+    def _extra(self, extra: list[tuple[str, Callable[..., Any], tuple[str, ...]]]) -> list[Impl]:
         impls = []
-        for plugin, function, argnames, _label in extra:
+        for plugin, function, argnames in extra:
             settings = self._settings.get(plugin, self._default)
             impls.append(Impl(plugin=plugin, function=function, argnames=argnames, is_async=True,
                               fail_open=settings.fail_open, timeout=settings.hook_timeout))
@@ -487,7 +476,8 @@ class HookDispatcher:
             try:
                 out = self._start(impl, "tool_complete", kwargs)
                 if impl.is_async or (out is not None and inspect.isawaitable(out)):
-                    cancelled = await _despite_cancel(self._finish(impl, "tool_complete", out)) or cancelled
+                    _, late = await finish_despite_cancel(self._finish(impl, "tool_complete", out))
+                    cancelled = cancelled or late
             except HookFailure as failure:
                 error = self._failed(failure, context)
                 if first is None and error is not None:

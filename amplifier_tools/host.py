@@ -324,18 +324,6 @@ class ToolHost:
                                             f"this one is from {source}): load it from one place")
             plugin = load()
             self.plugin_manager.register(plugin, name=name)
-            misfit = _misfit_hooks(self.plugin_manager, plugin)
-            if misfit is not None:
-                # Never run a plugin with a misspelled hook: a typo in a policy plugin would fail open.
-                self.plugin_manager.unregister(plugin)
-                raise PluginLoadError(name, misfit)
-        except PluginLoadError as exc:
-            if self.plugin_manager.has_plugin(name):
-                self.plugin_manager.unregister(name=name)
-            if exc.reason.startswith("implements"):
-                raise
-            self._fail_plugin(name, source, f"failed to load: {exc.reason}", required, exc)
-            return
         except Exception as exc:
             if self.plugin_manager.has_plugin(name):
                 self.plugin_manager.unregister(name=name)
@@ -346,6 +334,12 @@ class ToolHost:
                            "(or disable it: disable_plugins)")
             self._fail_plugin(name, source, f"failed to load: {reason}", required, exc)
             return
+        misfit = _misfit_hooks(self.plugin_manager, plugin)
+        if misfit is not None:
+            # Never run a plugin with a misspelled hook, installed-only or not: a typo in a policy
+            # plugin would fail open.
+            self.plugin_manager.unregister(plugin)
+            raise PluginLoadError(name, misfit)
         _, reserved = plugin_section(self.config, name)
         # A plugin whose hooks wait by policy (and bound the wait themselves) declares its own
         # default, e.g. ``hook_timeout_ms = None``; the plugin's config section still overrides it.

@@ -175,10 +175,8 @@ class CallPipeline:
                 return self._after_cancel(ended, number)
             ended_result: ToolResult = ended
             return ended_result
-        try:
-            return await self._complete(call, mounted, ctx, result, started, secrets)
-        except _CancelledAfterCompletion:
-            raise asyncio.CancelledError from None  # recorded already: only the cancellation is left
+        # A cancellation arriving in here is raised only once every tool_complete observer has run.
+        return await self._complete(call, mounted, ctx, result, started, secrets)
 
     def _after_cancel(self, result: ToolResult, number: int) -> ToolResult:
         """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
@@ -314,19 +312,11 @@ class CallPipeline:
                 call, mounted, ctx, error, secrets).error
             return ToolResult(False, None, failure, {**current.metadata, "trail": trail}, call.id)
 
-        try:
-            result, _ = await self.hooks.tool_complete(call, spec, result, ctx, withheld)
-        except asyncio.CancelledError:
-            # Every observer ran to its end (the dispatcher saw to that): the call is recorded.
-            raise _CancelledAfterCompletion from None
+        result, _ = await self.hooks.tool_complete(call, spec, result, ctx, withheld)
         if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
             metadata = {**result.metadata, "trail": [converter.unstructure(decision) for decision in ctx.trail]}
             result = ToolResult(result.success, result.output, result.error, metadata, call.id)
         return result
-
-
-class _CancelledAfterCompletion(asyncio.CancelledError):
-    """A cancellation that arrived while ``tool_complete`` observers ran; they all finished."""
 
 
 def _closing_error(message: str) -> ToolSystemError:

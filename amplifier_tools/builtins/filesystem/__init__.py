@@ -18,7 +18,7 @@ from ...errors import ConfigError
 from ...hoststate import ProtectedPaths
 from ...models import Deny, ToolCall
 from ...spec import ToolSpec
-from .guard import protected_argument
+from .guard import ArgumentGuard
 from .paths import DEFAULT_WRITE_DENIED, PathRules
 from .tools import TOOL_CLASSES, ReadLog
 
@@ -69,8 +69,7 @@ class FilesystemPlugin:
 
     def __init__(self) -> None:
         self.rules: PathRules | None = None
-        self._protected: ProtectedPaths | None = None
-        self._working_dir = ""
+        self._guard: ArgumentGuard | None = None
 
     @hookimpl
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
@@ -90,8 +89,8 @@ class FilesystemPlugin:
         read_log = ReadLog()
         for cls in TOOL_CLASSES:
             await coordinator.mount("tools", cls(self.rules, settings, read_log))
-        self._protected = protected if isinstance(protected, ProtectedPaths) else None
-        self._working_dir = os.path.realpath(working_dir)
+        if isinstance(protected, ProtectedPaths):
+            self._guard = ArgumentGuard(protected, os.path.realpath(working_dir))
 
     @hookimpl(tryfirst=True)
     def tool_pre(self, call: ToolCall, spec: ToolSpec) -> Deny | None:
@@ -99,9 +98,9 @@ class FilesystemPlugin:
 
         The built-in filesystem and bash tools decide paths themselves, through the path engine
         and the sandbox; every other tool gets this best-effort check."""
-        if self._protected is None or not len(self._protected) or spec.name in BUILTIN_PATH_TOOLS:
+        if self._guard is None or spec.name in BUILTIN_PATH_TOOLS:
             return None
-        entry = protected_argument(call.arguments, self._protected, self._working_dir)
+        entry = self._guard.protected_argument(call.arguments)
         if entry is None:
             return None
         return Deny(f"an argument names {entry.path} ({entry.reason}), which no tool may touch",

@@ -3,7 +3,7 @@
 The built-in filesystem tools resolve every path through ``PathRules`` and the bash sandbox hides
 protected paths; a third-party tool (an Amplifier module's ``write_file``, an MCP server) has
 neither, and would rewrite the host's config or audit log when asked. Before such a tool runs,
-``protected_argument`` looks through its arguments for a protected path: a value under a path-like
+``ArgumentGuard.protected_argument`` looks through its arguments for a protected path: a value under a path-like
 key (``path``, ``file_path``, ``dir``, ``cwd``, ``target`` ...) resolved against the working
 directory, or a protected path (or the name of a protected file in the working directory) written
 anywhere inside a string such as a shell command.
@@ -40,24 +40,44 @@ def _strings(value: Any, key: str = "", depth: int = 0) -> Iterator[tuple[str, s
             yield from _strings(v, key, depth + 1)
 
 
-def protected_argument(arguments: Any, protected: ProtectedPaths, working_dir: str) -> ProtectedPath | None:
-    """The protected path the first offending argument value names; None when none does."""
-    entries = list(protected)
-    names = {os.path.basename(e.path) for e in entries
-             if os.path.dirname(e.path) == working_dir and not os.path.isdir(e.path)}
-    for key, text in _strings(arguments):
-        if PATH_KEYS.search(key) and text and "\x00" not in text:
-            candidate = os.path.realpath(os.path.join(working_dir, os.path.expanduser(text)))
-            entry = protected.protects(candidate)
-            if entry is not None:
-                return entry
-        for entry in entries:
-            if entry.path in text:
-                return entry
-        for name in names:
-            if re.search(rf"(^|[\s/'\"=<>|;&]){re.escape(name)}($|[\s'\";&|)])", text):
-                entry_path = os.path.join(working_dir, name)
-                found = protected.protects(entry_path)
-                if found is not None:
-                    return found
-    return None
+class ArgumentGuard:
+    """Finds a protected path named in a call's arguments (``protected_argument``).
+
+    What it compares with — the protected paths, and the names of protected files that lie
+    directly in the working directory, as one pattern — is rebuilt only when the set of protected
+    paths grows (plugins add theirs at mount), never per call.
+    """
+
+    def __init__(self, protected: ProtectedPaths, working_dir: str) -> None:
+        self._protected = protected
+        self._working_dir = working_dir
+        self._seen = -1
+        self._paths: tuple[str, ...] = ()
+        self._names: re.Pattern[str] | None = None
+
+    def _refresh(self) -> None:
+        entries = list(self._protected)
+        self._seen = len(entries)
+        self._paths = tuple(entry.path for entry in entries)
+        names = sorted({os.path.basename(e.path) for e in entries
+                        if os.path.dirname(e.path) == self._working_dir and not os.path.isdir(e.path)})
+        self._names = re.compile(rf"(^|[\s/'\"=<>|;&])({'|'.join(map(re.escape, names))})($|[\s'\";&|)])") \
+            if names else None
+
+    def protected_argument(self, arguments: Any) -> ProtectedPath | None:
+        """The protected path the first offending argument value names; None when none does."""
+        if self._seen != len(self._protected):
+            self._refresh()
+        protected, working_dir = self._protected, self._working_dir
+        for key, text in _strings(arguments):
+            if PATH_KEYS.search(key) and text and "\x00" not in text:
+                entry = protected.protects(os.path.realpath(os.path.join(working_dir, os.path.expanduser(text))))
+                if entry is not None:
+                    return entry
+            for path in self._paths:
+                if path in text:
+                    return protected.protects(path)
+            found = self._names.search(text) if self._names is not None else None
+            if found is not None:
+                return protected.protects(os.path.join(working_dir, found.group(2)))
+        return None
