@@ -28,7 +28,7 @@ except ImportError:  # the optional ``fast`` extra is not installed
 
 _STDLIB: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS if orjson is not None else 0
-#: What ``dumps`` raises for a value it cannot encode.
+#: Nesting depth beyond which ``encodable`` summarizes a value.
 MAX_DEPTH: Final = 100
 MAX_NOTES: Final = 20
 
@@ -54,7 +54,7 @@ def encoder_name() -> str:
 def _safe_repr(value: Any) -> str:
     try:
         return repr(value)
-    except Exception:  # a hostile __repr__
+    except Exception:  # a hostile __repr__, an integer too long to print
         return f"<{type(value).__name__}>"
 
 
@@ -103,8 +103,9 @@ def _encodable(value: Any, altered: list[str], where: str, depth: int) -> Any:
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in value.items():
-            name = key if isinstance(key, str) else str(key) if isinstance(key, (int, float, bool)) or key is None \
-                else _safe_repr(key)
+            # repr is str for int, float, bool and None, and _safe_repr survives what str() cannot
+            # (an integer key over 4,300 digits, a hostile __repr__).
+            name = key if isinstance(key, str) else _safe_repr(key)
             if not isinstance(key, str):
                 _note(altered, f"{where}/{name}", f"{type(key).__name__} key written as a string")
             name = _text(name, altered, f"{where}/{name!r}")

@@ -287,3 +287,52 @@ def test_every_fuzzed_call_gets_exactly_one_record_and_the_chain_verifies(tmp_pa
     recorded = [r["call_id"] for r in calls_on_disk(tmp_path)]
     assert recorded == made and len(made) >= 100
     assert verify(log_path(tmp_path)).ok
+
+
+class FailingFsync:
+    """The writer's view of ``os`` where fsync fails with EIO while ``failing`` is set."""
+
+    def __init__(self) -> None:
+        self.failing = True
+
+    def fsync(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(5, "Input/output error")
+        os.fsync(fd)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+
+async def test_a_failed_fsync_makes_the_writer_refuse_calls_until_one_succeeds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fsync = "interval" nobody waits for the fsync: its failure must still fail later calls closed
+    (it used to be logged and forgotten, the records possibly lost on a power loss)."""
+    disk = FailingFsync()
+    monkeypatch.setattr(writer_module, "os", disk)
+    host = await make(tmp_path, fsync="interval", fsync_interval_ms=10)
+    try:
+        assert (await host.call("test_anything", {"n": 1})).success
+        writer = host.plugin_manager.get_plugin("audit").writer
+        for _ in range(2000):  # bounded wait for the fsync thread's next cycle (not a timing assertion)
+            if writer.sync_error is not None:
+                break
+            await asyncio.sleep(0.005)
+        refused = await host.call("test_anything", {"n": 2})
+        assert refused.error["code"] == "audit_unavailable" and "fsync" in refused.error["message"]
+        disk.failing = False
+        for _ in range(2000):
+            if writer.healthy:
+                break
+            await asyncio.sleep(0.005)
+        assert (await host.call("test_anything", {"n": 3})).success
+    finally:
+        await host.close()
+
+
+def test_a_huge_integer_key_is_summarized_not_raised() -> None:
+    from amplifier_tools._json import encodable
+
+    altered: list[str] = []
+    assert encodable({10**5000: 1, 2: "b"}, altered) == {"<int>": 1, "2": "b"}
+    assert len(altered) == 2

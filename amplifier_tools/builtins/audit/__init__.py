@@ -20,10 +20,8 @@ import asyncio
 import datetime as dt
 import hashlib
 import logging
-import os
 import sys
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any, Final
 
 from ..._json import dumps, encodable
@@ -32,7 +30,7 @@ from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import ToolSpec
-from .chain import anchor_path, encode_body
+from .chain import anchor_path, encode_body, log_location
 from .writer import AuditWriteError, AuditWriter
 
 log = logging.getLogger("amplifier_tools.audit")
@@ -123,10 +121,12 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         # look for them only when the encoded values could hold one.
         suspect = _may_hold_nonfinite(output_bytes) or _may_hold_nonfinite(dumps(io["arguments"]))
     except Exception:  # not encodable as it is (a hostile __str__ too): escaped or summarized below
-        suspect = True
+        suspect = failed = True
+    else:
+        failed = False
     if suspect:
         clean = encodable(raw, altered)
-        if altered:
+        if altered or failed:
             io = redact(clean, secrets=secrets, paths=paths, patterns=settings["redact_patterns"])
             output_bytes = dumps(io["output"]) if result.output is not None else b""
     record: dict[str, Any] = {
@@ -205,7 +205,7 @@ class AuditPlugin:
         if configured is None and state_dir is None:
             raise ConfigError("no path configured and the host provides no session.state_dir",
                               key=f"plugins.{PLUGIN}.path")
-        path = Path(os.path.abspath(os.path.expanduser(configured if configured else Path(state_dir) / "audit.jsonl")))
+        path = log_location(configured, state_dir)
         protected = coordinator.get_capability("session.protected_paths")
         if protected is not None:
             # With a key the host refuses to start when a configured path lies where tools may write.
@@ -262,7 +262,7 @@ class AuditPlugin:
         if writer.tampered is not None:
             return f"the audit log was tampered with ({writer.tampered})"
         if not writer.healthy:
-            return f"the audit log cannot be written ({writer.error})"
+            return f"the audit log cannot be written ({writer.error or writer.sync_error})"
         return None
 
     @hookimpl(tryfirst=True)

@@ -190,6 +190,12 @@ class VerifyReport:
     after_anchor: int | None = None  # records after the anchored end (None: not checked against an anchor)
 
 
+def log_location(configured: str | None, state_dir: str | os.PathLike[str]) -> Path:
+    """Where a host's audit log lives: ``[plugins.audit] path`` when configured, else
+    ``<state_dir>/audit.jsonl`` (the plugin writes there, ``audit verify`` reads there)."""
+    return Path(os.path.abspath(os.path.expanduser(configured if configured else Path(state_dir) / "audit.jsonl")))
+
+
 def chain_files(path: str | Path) -> list[Path]:
     """The files of a log in chain order: rotated ``<stem>.<n>.jsonl`` by n, then the live file.
 

@@ -21,7 +21,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from .chain import Anchor, anchor_path, chain_files, read_anchor, read_records, verify
+from .chain import Anchor, anchor_path, chain_files, log_location, read_anchor, read_records, verify
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -83,10 +83,7 @@ def default_log(config: str | None) -> Path:
     host = ToolHost(config=config, builtins=False, entry_points=False) if config else \
         ToolHost(builtins=False, entry_points=False)
     section = host.config.get("plugins", {}).get("audit") or {}
-    configured = section.get("path") if isinstance(section, dict) else None
-    if configured:
-        return Path(os.path.abspath(os.path.expanduser(configured)))
-    return Path(host.state_dir) / "audit.jsonl"
+    return log_location(section.get("path") if isinstance(section, dict) else None, host.state_dir)
 
 
 def _live_file(path: Path) -> Path | None:

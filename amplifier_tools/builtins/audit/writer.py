@@ -118,6 +118,9 @@ class AuditWriter:
         self.on_tamper = on_tamper
         #: The last write failure (cleared by the next record written), and the tampering found, if any.
         self.error: BaseException | None = None
+        #: The last fsync failure; cleared only by a successful fsync (a later write does not prove
+        #: the earlier records reached the disk).
+        self.sync_error: BaseException | None = None
         self.tampered: str | None = None
         self._leaf = self.path.name
         self._anchor_leaf = self.anchor_path.name
@@ -151,7 +154,7 @@ class AuditWriter:
 
     @property
     def healthy(self) -> bool:
-        return self.error is None and self._thread.is_alive()
+        return self.error is None and self.sync_error is None and self._thread.is_alive()
 
     def append(self, body: bytes) -> int:
         """Chain and write one record; its sequence number (for ``wait_synced``).
@@ -622,10 +625,17 @@ class AuditWriter:
                 os.fsync(fd)
             except OSError as exc:
                 error = exc
-        for old in retired:
-            os.close(old)
+        for old in retired:  # a file set aside or rotated away may still hold unsynced records
+            try:
+                if self.fsync != "never" and error is None:
+                    os.fsync(old)
+            except OSError as exc:
+                error = exc
+            finally:
+                os.close(old)
         with self._lock:
             if error is None:
+                self.sync_error = None
                 self._synced = max(self._synced, target)
                 ready = [w for w in self._waiters if w[0] <= self._synced]
                 self._waiters = [w for w in self._waiters if w[0] > self._synced]
@@ -634,6 +644,7 @@ class AuditWriter:
                 log.error("audit log %s: fsync failed: %s", self.path, error)
                 ready, self._waiters = self._waiters, []
                 failure = AuditWriteError(error.errno, f"audit log {self.path} cannot be fsynced: {error.strerror}")
+                self.sync_error = failure  # unhealthy: fail_closed refuses calls until an fsync succeeds
             if stopping or time.monotonic() - self._last_anchor >= self.fsync_interval:
                 try:
                     self._anchor_if_current()
