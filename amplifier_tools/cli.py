@@ -82,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("schema", help="tool definitions for a model API")
     p.add_argument("--format", choices=FORMATS, default="openai")
+    p.add_argument("--json", action="store_true", help="the definitions are always JSON; accepted for uniformity")
     p = sub.add_parser("validate", help="conformance check of a tool module, plugin or distribution")
     p.add_argument("target", help="import path of a module, or an entry-point / distribution name")
     p.add_argument("--json", action="store_true")
@@ -96,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--role")
     p.add_argument("--environment")
     p.add_argument("--scope", action="append", default=[], help="grant a scope (repeatable)")
-    p.add_argument("--idempotency-key")
+    p.add_argument("--idempotency-key", help="refused for now: each invocation is a new process with its own "
+                                             "policy state, so the key could not stop a repeat")
     p.add_argument("--json", action="store_true", help="print the whole ToolResult as JSON")
     p = sub.add_parser("serve-mcp", help="serve the mounted tools to MCP clients over stdio")
     p.add_argument("--working-dir", help="session working directory (default: current directory)")
@@ -205,6 +207,18 @@ def _readable(data: dict[str, Any], indent: str = "") -> str:
         else:
             lines.append(f"{indent}{key}: {value}")
     return "\n".join(line for line in lines if line.strip())
+
+
+def _refuse_idempotency_key(args: argparse.Namespace) -> None:
+    """``call --idempotency-key`` is refused: the policy plugin keeps idempotency records in the
+    memory of one process, and every ``call`` is a new process, so the key would be forgotten
+    before the next invocation and a repeat would run again. Refusing beats pretending."""
+    if args.command == "call" and args.idempotency_key is not None:
+        raise CommandError(
+            "--idempotency-key does not work from the command line yet: each invocation is a new process and "
+            "the policy plugin keeps idempotency records in memory, so a repeated call would run again",
+            hint="pass ToolContext(idempotency_key=...) to ToolHost.call in one long-lived process; the "
+                 "command line gains a persistent store with [plugins.policy] store", status=EXIT_USAGE)
 
 
 async def _call(host: ToolHost, args: argparse.Namespace) -> int:
@@ -375,6 +389,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .mcp.__main__ import run_serve
 
         return run_serve(args.config, args.working_dir)
+    _refuse_idempotency_key(args)
     return asyncio.run(_run(args))
 
 

@@ -300,3 +300,20 @@ def test_read_file_prints_its_text_and_the_paging_notice(project: Path) -> None:
     assert "continue with offset=3" in out.stderr
     outside = cli(project, "call", "fs_read_file", '{"path": "/etc/hostname"}')
     assert outside.returncode == 4 and "AuthError[path_denied]" in outside.stderr
+
+
+def test_idempotency_key_is_refused_rather_than_ignored(project: Path) -> None:
+    """Each invocation is a new process: a key the CLI accepted would not stop a repeat."""
+    target = project / "out.txt"
+    out = cli(project, "call", "demo_greet", '{"who": "Ada"}', "--idempotency-key", "k1")
+    assert out.returncode == 2
+    assert "--idempotency-key does not work from the command line" in out.stderr
+    assert "hint:" in out.stderr and "[plugins.policy] store" in out.stderr
+    assert out.stdout == "" and not target.exists()
+
+
+def test_schema_accepts_json_like_every_other_command(project: Path) -> None:
+    out = cli(project, "schema", "--json", "--format", "anthropic")
+    assert out.returncode == 0, out.stderr
+    names = [d["name"] for d in json.loads(out.stdout)]
+    assert "demo_greet" in names

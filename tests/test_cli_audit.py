@@ -78,7 +78,7 @@ def test_the_host_puts_its_log_in_state_dir_not_in_the_project(logged: Path) -> 
 
 
 def test_audit_tail(logged: Path) -> None:
-    everything = cli(logged, "audit", "tail", "-n", "100")
+    everything = cli(logged, "audit", "tail", "-n", "100", "--json")
     assert everything.returncode == 0, everything.stderr
     records = [json.loads(line) for line in everything.stdout.splitlines()]
     assert [r["kind"] for r in records] == ["call"] * len(CALLS)
@@ -86,9 +86,21 @@ def test_audit_tail(logged: Path) -> None:
     assert [(r["error"] or {}).get("type") for r in records[3:]] == ["ContractError", "ExecutionError", "AuthError"]
     assert records[2]["scopes"] == ["vault:read"]
 
-    last_two = cli(logged, "audit", "tail", str(log_of(logged)), "-n", "2")
+    last_two = cli(logged, "audit", "tail", str(log_of(logged)), "-n", "2", "--json")
     assert last_two.returncode == 0
     assert [json.loads(line) for line in last_two.stdout.splitlines()] == records[-2:]
+
+
+def test_audit_tail_reads_as_one_line_per_call_without_json(logged: Path) -> None:
+    out = cli(logged, "audit", "tail", "-n", "3")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3
+    assert "  error  local::demo.greet  " in lines[0] and "ContractError[invalid_input]" in lines[0]
+    assert "ExecutionError" in lines[1] and "backend exploded" in lines[1]
+    assert "  error  local::demo.vault  " in lines[2] and "AuthError[missing_scope]" in lines[2]
+    ok = cli(logged, "audit", "tail", "-n", "4").stdout.splitlines()[0]
+    assert "  ok     local::demo.vault  " in ok and "anonymous" in ok
 
 
 def test_audit_stats(logged: Path) -> None:

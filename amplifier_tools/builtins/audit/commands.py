@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tail", help="the last records")
     p.add_argument("path", nargs="?", help=default)
     p.add_argument("-n", type=int, default=10)
+    p.add_argument("--json", action="store_true", help="the records themselves, one JSON object per line")
     p = sub.add_parser("stats", help="calls, error rates by category and tool, latency percentiles")
     p.add_argument("path", nargs="?", help=default)
     p.add_argument("--json", action="store_true")
@@ -140,6 +141,19 @@ def _verify(args: argparse.Namespace, path: Path) -> int:
     return 0 if ok else 1
 
 
+def tail_line(record: dict[str, object]) -> str:
+    """One record as a line for people: time, status, tool, duration, principal, and the error."""
+    if record.get("kind") != "call":  # tamper, recovered, rotated: their fields as they are
+        rest = {k: v for k, v in record.items() if k not in ("v", "kind", "ts", "prev", "hash")}
+        return f"{record.get('ts', '-')}  {record.get('kind', '?')}  {json.dumps(rest, sort_keys=True)}"
+    line = (f"{record.get('ts', '-')}  {record.get('status', '?'):<5}  {record.get('tool', '?')}  "
+            f"{record.get('duration_ms', 0)} ms  {record.get('principal', '-')}")
+    error = record.get("error")
+    if isinstance(error, dict):
+        line += f"  {error.get('type')}[{error.get('code')}]: {error.get('message')}"
+    return line
+
+
 def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int:
     args = _parser().parse_args(argv)
     path = Path(args.path) if args.path else default_log(config)
@@ -159,7 +173,7 @@ def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int
     args.path = str(path)
     if args.command == "tail":
         for record in deque(read_records(args.path), maxlen=args.n):
-            print(json.dumps(record, sort_keys=True))
+            print(json.dumps(record, sort_keys=True) if args.json else tail_line(record))
         return 0
     data = stats(args.path)
     if args.json:
