@@ -5,8 +5,11 @@ One implementation behind the CLI command and the pytest helper
 message; warnings do not fail the report.
 
 A target is an object, an import path (``package.module`` or
-``package.module:Attribute``; a class is instantiated as the host would), an
-entry-point name or a distribution name (each of its entry points is checked).
+``package.module:Attribute``; a class is instantiated as the host would), a
+built-in plugin's name (``filesystem``, ``bash``...), an entry-point name or a
+distribution name (each of its entry points is checked; ``amplifier-tools``
+itself, whose plugins are built in rather than entry points, means every
+built-in).
 The plugin is mounted with its own section of the host configuration, so a
 plugin that needs configuration can pass; when it fails for want of it, the
 report names the key.
@@ -17,7 +20,8 @@ contract is valid (name, SemVer, input/output schemas are valid JSON Schema);
 every example's input validates against the input schema and its output
 against the output schema; examples of ``Pure`` tools run and return what they
 promise; effects are consistent with policies. Examples of tools with any
-other effect are never run.
+other effect are never run. Examples run in a temporary working directory,
+with the files an example lists (``Example.files``) written into it first.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import importlib
 import importlib.metadata
 import inspect
+import os
 import re
 import tempfile
 from collections.abc import Mapping
@@ -35,6 +40,7 @@ from typing import Any
 import attrs
 
 from ._markers import PROJECT_NAME, hookimpl
+from .builtins import BUILTIN_PLUGINS
 from .config import validate_config
 from .errors import ConfigError, PluginLoadError
 from .host import ENV_DISABLE, SEED_ENTRY_POINT_GROUP, SeedModule, ToolHost, _instantiate, _load_target, _plugin_name
@@ -112,6 +118,12 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
         if callable(getattr(target, "execute", None)) and not _has_hooks(target):
             return [_Candidate("tool-under-test", _wrap_tool(target))]
         return [_Candidate(_plugin_name(target), target)]
+    if target in BUILTIN_PLUGINS or _normalized(target) == _normalized(PROJECT_NAME):
+        names = [target] if target in BUILTIN_PLUGINS else list(BUILTIN_PLUGINS)
+        for name in names:
+            report.add(f"{name}: importable" if len(names) > 1 else "importable", True,
+                       f"built-in plugin {name!r} ({BUILTIN_PLUGINS[name]})")
+        return [_Candidate(name, _load_target(BUILTIN_PLUGINS[name])) for name in names]
     found = _entry_points(target)
     if found:
         candidates = []
@@ -235,12 +247,21 @@ async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run
                 return
             report.add(check, True, f"{len(host.specs)} tool(s)" + (" with its config section" if section else ""))
             for mounted in host.tools:
-                await _check_tool(host, mounted, report, run_examples)
+                await _check_tool(host, mounted, report, run_examples, workdir)
         finally:
             await host.close()
 
 
-async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples: bool) -> None:
+def _write_example_files(workdir: str, files: Mapping[str, str]) -> None:
+    """The files an example expects, written into the temporary working directory."""
+    for relative, content in files.items():
+        path = os.path.join(workdir, *relative.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(content)
+
+
+async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples: bool, workdir: str) -> None:
     spec = mounted.spec
     name = spec.name
     report.add(f"{name}: contract", True, f"version {spec.version}, effect {spec.effect.value}")
@@ -267,6 +288,7 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
                        f"output invalid: {describe_errors(mounted.output_validator, example.output)[1]}")
             continue
         if run_examples and spec.effect is Effect.Pure:
+            _write_example_files(workdir, example.files)
             result = await host.call(name, example.input)
             if example.error_code is not None:
                 got = (result.error or {}).get("code")

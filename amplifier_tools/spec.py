@@ -157,14 +157,28 @@ class Deprecation:
     message: str | None = None
 
 
+def _check_example_files(instance: Any, attribute: Any, files: dict[str, str]) -> None:
+    """Example files are relative paths inside the workspace, with text content."""
+    for path, content in files.items():
+        parts = path.split("/")
+        if not isinstance(content, str) or not path or path.startswith("/") or ".." in parts or "" in parts:
+            raise ValueError(f"examples: files: {path!r} must be a relative path inside the workspace (no '..', "
+                             "no leading '/') mapped to text content")
+
+
 @attrs.frozen(slots=True)
 class Example:
-    """A typical or edge-case input, with its expected output or error code."""
+    """A typical or edge-case input, with its expected output or error code.
+
+    ``files`` are the files (relative path -> text) the example expects in the working
+    directory: ``validate`` writes them into the temporary workspace it runs examples in.
+    """
 
     input: dict[str, Any]
     output: Any = None
     error_code: str | None = None
     description: str = ""
+    files: dict[str, str] = attrs.field(factory=dict, validator=_check_example_files)
 
 
 def _structure(value: Any, cls: type[Any]) -> Any:

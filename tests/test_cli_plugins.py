@@ -23,8 +23,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-PACKAGE_ROOT = Path(amplifier_tools.__file__).resolve().parent.parent
-EXAMPLE_PLUGINS = PACKAGE_ROOT / "plugins"
+# The repository's plugins/ beside tests/ (not beside the package: under tox the package is installed
+# in site-packages, and a path relative to it would find nothing and skip the test for good).
+EXAMPLE_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
 
 FIXTURE_PLUGINS = '''
 from amplifier_tools import ConfigError, Deny, ToolResult, ToolSpec, hookimpl
@@ -277,8 +278,7 @@ def _example_site(tmp_path: Path, *directories: str) -> Path:
     site.mkdir()
     for directory in directories:
         root = EXAMPLE_PLUGINS / directory
-        if not (root / "pyproject.toml").is_file():
-            pytest.skip(f"example plugin {directory} is not in this checkout")
+        assert (root / "pyproject.toml").is_file(), f"example plugin {directory} is missing from {EXAMPLE_PLUGINS}"
         project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
         for package in tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]:
             shutil.copytree(root / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -309,3 +309,64 @@ def test_validate_the_example_plugins(tmp_path: Path) -> None:
     fetch = cli(work, "validate", "http-fetch", "--no-run", site=site, examples=True)
     assert fetch.returncode == 0, fetch.stdout
     assert "PASS  mounts on a fresh host: 1 tool(s) with its config section" in fetch.stdout
+
+
+# -- validate of the built-ins ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["policy", "audit", "amplifier_tools.builtins.policy:PolicyPlugin"])
+def test_validate_accepts_a_built_in_plugin_by_name(tmp_path: Path, target: str) -> None:
+    out = cli(tmp_path, "validate", target)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS  mounts on a fresh host: 0 tool(s)" in out.stdout
+    if "." not in target:
+        assert f"PASS  importable: built-in plugin {target!r}" in out.stdout
+
+
+def test_validate_of_the_distribution_checks_every_built_in(tmp_path: Path) -> None:
+    """``amplifier-tools`` has no entry points of its own: its plugins are built in."""
+    out = cli(tmp_path, "validate", "amplifier-tools", "--json")
+    checks = json.loads(out.stdout)["checks"]
+    mounted = {c["name"].split(":")[0] for c in checks if c["name"].endswith("mounts on a fresh host")}
+    assert mounted >= {"filesystem", "bash", "policy", "audit"}
+
+
+def test_validate_runs_examples_in_a_workspace_holding_their_files() -> None:
+    import os
+    from typing import Any
+
+    from amplifier_tools import ToolResult, ToolSpec, hookimpl
+    from amplifier_tools.conformance import check_target
+
+    class Head:
+        spec = ToolSpec(name="local::demo.head", version="1.0.0", description="First line of a file.", effect="Pure",
+                        input_schema={"type": "object", "properties": {"path": {"type": "string"}}},
+                        examples=[{"input": {"path": "notes/a.txt"}, "output": "first",
+                                   "files": {"notes/a.txt": "first\nsecond\n"}}])
+        name, description = spec.name, spec.description
+
+        def __init__(self, working_dir: str) -> None:
+            self.working_dir = working_dir
+
+        async def execute(self, input: dict[str, str]) -> ToolResult:
+            with open(os.path.join(self.working_dir, input["path"])) as handle:
+                return ToolResult(output=handle.readline().strip())
+
+    class HeadPlugin:
+        name = "demo-head"
+
+        @hookimpl
+        async def mount(self, coordinator: Any) -> None:
+            await coordinator.mount("tools", Head(coordinator.get_capability("session.working_dir")))
+
+    report = check_target(HeadPlugin())
+    assert report.ok, report.render()
+    assert "local::demo.head: example 1: valid; ran" in report.render()
+
+
+def test_example_files_must_stay_inside_the_workspace() -> None:
+    from amplifier_tools import ToolSpec
+
+    with pytest.raises((ValueError, TypeError), match="relative path inside the workspace"):
+        ToolSpec(name="local::demo.x", version="1.0.0", description="x", input_schema={"type": "object"},
+                 examples=[{"input": {}, "files": {"../escape.txt": "x"}}])
