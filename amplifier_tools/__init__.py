@@ -1,39 +1,78 @@
 """amplifier-tools: run AI agents' tool calls under a contract.
 
-Only re-exports the public names; each lives in its own module.
+Only re-exports the public names; each lives in its own module. The names are imported when
+first used (PEP 562), so ``import amplifier_tools`` and the command line's ``--help`` do not pay
+for jsonschema, cattrs and pluggy until something needs them.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._markers import hookimpl, hookspec
 from ._version import __version__
+
+# Imported now, not lazily: the submodule shares the name, and importing ``amplifier_tools.converter``
+# anywhere would otherwise leave the module, not the converter, as this package's attribute.
 from .converter import converter
-from .errors import (
-    AuthError,
-    ConfigError,
-    ContractError,
-    ExecutionError,
-    PluginLoadError,
-    PolicyError,
-    ToolError,
-    ToolSystemError,
-)
-from .function_tool import tool
-from .host import ToolHost
-from .models import Decision, Deny, Modify, ToolCall, ToolContext, ToolResult
-from .redaction import redact
-from .spec import (
-    Budget,
-    CircuitBreakerPolicy,
-    ConcurrencyPolicy,
-    Deprecation,
-    Effect,
-    Example,
-    IdempotencyKeyRequirement,
-    Policies,
-    RateLimit,
-    RetryPolicy,
-    Security,
-    ToolSpec,
-)
+
+#: Public name -> the module that defines it.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("AuthError", "ConfigError", "ContractError", "ExecutionError", "PluginLoadError", "PolicyError",
+                     "ToolError", "ToolSystemError"), ".errors"),
+    "tool": ".function_tool",
+    "ToolHost": ".host",
+    **dict.fromkeys(("Decision", "Deny", "Modify", "ToolCall", "ToolContext", "ToolResult"), ".models"),
+    "redact": ".redaction",
+    **dict.fromkeys(("Budget", "CircuitBreakerPolicy", "ConcurrencyPolicy", "Deprecation", "Effect", "Example",
+                     "IdempotencyKeyRequirement", "Policies", "RateLimit", "RetryPolicy", "Security", "ToolSpec"),
+                    ".spec"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'amplifier_tools' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
+if TYPE_CHECKING:
+    from .errors import (
+        AuthError,
+        ConfigError,
+        ContractError,
+        ExecutionError,
+        PluginLoadError,
+        PolicyError,
+        ToolError,
+        ToolSystemError,
+    )
+    from .function_tool import tool
+    from .host import ToolHost
+    from .models import Decision, Deny, Modify, ToolCall, ToolContext, ToolResult
+    from .redaction import redact
+    from .spec import (
+        Budget,
+        CircuitBreakerPolicy,
+        ConcurrencyPolicy,
+        Deprecation,
+        Effect,
+        Example,
+        IdempotencyKeyRequirement,
+        Policies,
+        RateLimit,
+        RetryPolicy,
+        Security,
+        ToolSpec,
+    )
 
 __all__ = [
     "AuthError", "Budget", "CircuitBreakerPolicy", "ConcurrencyPolicy", "ConfigError", "ContractError",

@@ -20,15 +20,21 @@ import sys
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
-from .config import discover_config_file, load_config_file
 from .converter import converter
-from .definitions import FORMATS, model_name
 from .errors import ConfigError, PluginLoadError
-from .host import ENV_CONFIG, ENV_DISABLE, PluginInfo, ToolHost
-from .models import ToolContext, ToolResult
+
+if TYPE_CHECKING:  # imported where used: ``--help`` and usage errors need none of them
+    from .host import PluginInfo, ToolHost
+    from .models import ToolResult
+
+# The host reads these; repeated here so that parsing the command line imports no host code
+# (tests/test_cli.py checks they agree).
+ENV_CONFIG = "AMPLIFIER_TOOLS_CONFIG"
+ENV_DISABLE = "AMPLIFIER_TOOLS_DISABLE_PLUGINS"
+FORMATS = ("openai", "anthropic", "mcp")
 
 EXIT_OK = 0
 EXIT_EXECUTION = 1
@@ -106,6 +112,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _host(args: argparse.Namespace) -> ToolHost:
+    from .host import ToolHost
+
     return ToolHost(config=args.config) if args.config else ToolHost()
 
 
@@ -181,7 +189,7 @@ async def _run(args: argparse.Namespace) -> int:
                     status=EXIT_CONTRACT,
                 )
             data = converter.unstructure(mounted.spec)
-            data["model_name"] = model_name(mounted.spec.name)
+            data["model_name"] = mounted.model_name
             data["plugin"] = mounted.plugin
             print(json.dumps(data, indent=2) if args.json else _readable(data))
             return EXIT_OK
@@ -222,6 +230,8 @@ def _refuse_idempotency_key(args: argparse.Namespace) -> None:
 
 
 async def _call(host: ToolHost, args: argparse.Namespace) -> int:
+    from .models import ToolContext
+
     raw = sys.stdin.read() if args.arguments == "-" else args.arguments
     try:
         arguments = json.loads(raw)
@@ -299,11 +309,14 @@ def _config_source(args: argparse.Namespace) -> str | None:
         return f"--config {args.config}"
     if os.environ.get(ENV_CONFIG):
         return f"${ENV_CONFIG}={os.environ[ENV_CONFIG]}"
+    from .config import discover_config_file
+
     found = discover_config_file()
     return str(found) if found is not None else None
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from .config import discover_config_file, load_config_file
     from .conformance import check_target
 
     # The same configuration as every other command: the plugin is mounted with its own section.

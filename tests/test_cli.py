@@ -317,3 +317,20 @@ def test_schema_accepts_json_like_every_other_command(project: Path) -> None:
     assert out.returncode == 0, out.stderr
     names = [d["name"] for d in json.loads(out.stdout)]
     assert "demo_greet" in names
+
+
+def test_the_command_line_names_the_same_settings_and_formats_as_the_host() -> None:
+    """cli.py repeats three constants so that ``--help`` imports no host code; they must agree."""
+    from amplifier_tools import cli as cli_module
+    from amplifier_tools import definitions, host
+
+    assert (cli_module.ENV_CONFIG, cli_module.ENV_DISABLE) == (host.ENV_CONFIG, host.ENV_DISABLE)
+    assert cli_module.FORMATS == definitions.FORMATS
+
+
+def test_help_imports_no_host_code() -> None:
+    code = ("import sys, amplifier_tools.cli as c\n"
+            "try:\n    c.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m in ('amplifier_tools.host', 'jsonschema', 'amplifier_tools.config')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
