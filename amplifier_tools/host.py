@@ -290,6 +290,8 @@ class ToolHost:
         planned = {entry["module"]: entry for entry in self.config.get("modules", [])}
         if self._entry_points:
             for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
+                if ep.value.startswith(f"{__package__}."):
+                    continue  # our own module for Amplifier coordinators (amplifier_module), not for us
                 if ep.name in disabled or (allow is not None and ep.name not in allow and ep.name not in planned):
                     continue
                 dist = getattr(ep, "dist", None)

@@ -1,0 +1,91 @@
+"""The reverse direction: our tools mounted on amplifier-core's own coordinator.
+
+Needs amplifier-core (the ``amplifier`` tox environment installs it); each call must still go
+through our host: validation, policy and the audit record.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+amplifier_core = pytest.importorskip("amplifier_core")
+
+from amplifier_tools import amplifier_module  # noqa: E402
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("first\nsecond\n")
+    config = tmp_path / "amplifier-tools.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n'
+                      '[[plugins.policy.rules]]\nname = "no-secrets"\naction = "deny"\n'
+                      'tools = ["local::fs.*"]\narguments = {"/path" = "*secret*"}\nreason = "not for agents"\n')
+    return work
+
+
+def _coordinator() -> Any:
+    from amplifier_core.testing import create_test_coordinator
+
+    return create_test_coordinator()
+
+
+async def test_the_entry_point_names_this_module() -> None:
+    group = importlib.metadata.entry_points(group="amplifier.modules")
+    found = [ep for ep in group if ep.name == "tool-amplifier-tools"]
+    assert found and found[0].load() is amplifier_module
+
+
+async def test_our_tools_run_on_amplifier_cores_coordinator_through_our_host(workspace: Path) -> None:
+    coordinator = _coordinator()
+    config = {"config": str(workspace.parent / "amplifier-tools.toml"), "working_dir": str(workspace),
+              "tools": ["local::fs.read_file", "local::fs.write_file"]}
+    await amplifier_module.mount(coordinator, config)
+    try:
+        tools = coordinator.get("tools")
+        assert {"fs_read_file", "fs_write_file"} <= set(tools) and "fs_glob" not in tools  # only those named
+        read = tools["fs_read_file"]
+        assert read.input_schema["required"] == ["path"]
+
+        ok = await read.execute({"path": "notes.txt", "_tool_call_id": "toolu_01"})
+        assert isinstance(ok, amplifier_core.ToolResult) and ok.success
+        assert "first" in json.dumps(ok.output)
+
+        invalid = await read.execute({"path": 3})  # our input validation
+        assert not invalid.success and invalid.error["type"] == "ContractError"
+        assert invalid.error["code"] == "invalid_input"
+
+        denied = await read.execute({"path": "secret.txt"})  # our policy rules
+        assert not denied.success and denied.error["type"] == "PolicyError"
+        assert "not for agents" in denied.error["message"]
+    finally:
+        await coordinator.cleanup()
+    records = [json.loads(line) for line in (workspace.parent / "state" / "audit.jsonl").read_text().splitlines()]
+    calls = [r for r in records if r["kind"] == "call"]
+    assert [r["status"] for r in calls] == ["ok", "error", "error"]
+    assert calls[0]["call_id"] == "toolu_01"  # Amplifier's call id is ours: the trails line up
+    assert calls[0]["session_id"] == coordinator.session_id
+
+
+async def test_a_tool_it_does_not_have_stops_the_mount(workspace: Path) -> None:
+    from amplifier_tools import ConfigError
+
+    with pytest.raises(ConfigError, match="names no tool of this host"):
+        await amplifier_module.mount(_coordinator(), {"config": str(workspace.parent / "amplifier-tools.toml"),
+                                                      "working_dir": str(workspace), "tools": ["local::nope"]})
+
+
+async def test_amplifier_cores_own_tool_validator_accepts_the_module(workspace: Path) -> None:
+    from amplifier_core.validation.tool import ToolValidator
+
+    report = await ToolValidator().validate(
+        "amplifier_tools.amplifier_module",
+        config={"config": str(workspace.parent / "amplifier-tools.toml"), "working_dir": str(workspace),
+                "tools": ["local::fs.read_file"]})
+    assert report.passed, report.summary()
