@@ -246,10 +246,37 @@ async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run
                 report.add(check, False, f"plugin {registered!r} was not mounted: {ENV_DISABLE} disables it")
                 return
             report.add(check, True, f"{len(host.specs)} tool(s)" + (" with its config section" if section else ""))
+            builtin_names = {} if candidate.name in BUILTIN_PLUGINS else await _builtin_tool_names()
             for mounted in host.tools:
                 await _check_tool(host, mounted, report, run_examples, workdir)
+                _check_collision(mounted, builtin_names, report)
         finally:
             await host.close()
+
+
+async def _builtin_tool_names() -> dict[str, tuple[str, str]]:
+    """Canonical and model-facing names of the built-in tools -> (tool, plugin)."""
+    with tempfile.TemporaryDirectory() as workdir:
+        os.mkdir(os.path.join(workdir, "work"))
+        async with ToolHost(config={"state_dir": os.path.join(workdir, "state")}, entry_points=False,
+                            working_dir=os.path.join(workdir, "work"), discover=False) as host:
+            names: dict[str, tuple[str, str]] = {}
+            for mounted in host.tools:
+                names[mounted.spec.name] = names[mounted.model_name] = (mounted.spec.name, mounted.plugin)
+            return names
+
+
+def _check_collision(mounted: Any, builtin_names: Mapping[str, tuple[str, str]], report: Report) -> None:
+    """A tool named like a built-in one stops every default host from starting: say so here."""
+    name = mounted.spec.name
+    clash = builtin_names.get(name) or builtin_names.get(mounted.model_name)
+    if clash is None:
+        report.add(f"{name}: name free beside the built-ins", True)
+        return
+    tool, plugin = clash
+    report.add(f"{name}: name free beside the built-ins", False,
+               f"collides with built-in tool {tool!r} of plugin {plugin!r} (model name {mounted.model_name!r}): a "
+               f"host with both refuses to start; rename the tool, or run it with disable_plugins = [{plugin!r}]")
 
 
 def _write_example_files(workdir: str, files: Mapping[str, str]) -> None:

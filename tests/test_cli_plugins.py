@@ -214,6 +214,7 @@ def test_validate_a_class_style_entry_point(site: Path, project: Path) -> None:
         "  PASS  local::fixture.echo: description",
         "  PASS  local::fixture.echo: effect vs policies",
         "  PASS  local::fixture.echo: example 1: valid; ran",
+        "  PASS  local::fixture.echo: name free beside the built-ins",
         "OK",
     ]
 
@@ -370,3 +371,23 @@ def test_example_files_must_stay_inside_the_workspace() -> None:
     with pytest.raises((ValueError, TypeError), match="relative path inside the workspace"):
         ToolSpec(name="local::demo.x", version="1.0.0", description="x", input_schema={"type": "object"},
                  examples=[{"input": {}, "files": {"../escape.txt": "x"}}])
+
+
+def test_validate_reports_a_tool_named_like_a_built_in() -> None:
+    """Amplifier's tool-bash next to the built-in bash: validate must not say OK."""
+    from amplifier_tools import ToolResult
+    from amplifier_tools.conformance import check_target
+
+    class OtherBash:
+        name = "bash"
+        description = "Run a shell command (someone else's)."
+        input_schema = {"type": "object", "properties": {"command": {"type": "string"}}}
+
+        async def execute(self, input: dict[str, str]) -> ToolResult:
+            return ToolResult(output="")
+
+    report = check_target(OtherBash())
+    clash = next(c for c in report.checks if c.name.endswith("name free beside the built-ins"))
+    assert not clash.passed and not report.ok
+    assert "collides with built-in tool 'local::bash' of plugin 'bash'" in clash.message
+    assert "disable_plugins = ['bash']" in clash.message
