@@ -76,7 +76,9 @@ def to_amplifier_result(result: ToolResult) -> Any:
     if not result.success:
         error = dict(result.error or {})
         error.setdefault("message", "the call failed")
-    return AmplifierResult(success=result.success, output=result.output, error=error)
+    content = result.metadata.get("content")
+    return AmplifierResult(success=result.success, output=result.output, error=error,
+                           content=content if isinstance(content, list) and content else None)
 
 
 def _settings(config: Mapping[str, Any] | None) -> dict[str, Any]:

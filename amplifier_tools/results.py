@@ -25,7 +25,7 @@ from .errors import (
 from .models import ToolContext, ToolResult
 from .redaction import sanitize_message
 
-_SEED_KEYS: Final = frozenset({"success", "output", "error", "metadata", "is_error", "tool_call_id"})
+_SEED_KEYS: Final = frozenset({"success", "output", "error", "metadata", "is_error", "tool_call_id", "content"})
 _AUTH_TYPES: Final = frozenset({"PermissionError", "SecurityError", "AuthenticationError", "Unauthorized"})
 _CAMEL: Final = re.compile(r"(?<!^)(?=[A-Z])")
 
@@ -74,13 +74,36 @@ def _build(get: Any, tool: str) -> ToolResult:
     metadata = get("metadata", None) or {}
     if not isinstance(metadata, Mapping):
         raise ContractError(f"tool {tool!r} returned non-mapping metadata", code="invalid_result")
+    metadata = dict(metadata)
+    content = get("content", None)
+    if content:
+        metadata["content"] = content_blocks(content, tool)
     return ToolResult(
         success=success and error is None,
         output=get("output", None),
         error=dict(error) if error is not None else None,
-        metadata=dict(metadata),
+        metadata=metadata,
         tool_call_id=get("tool_call_id", None),
     )
+
+
+def content_blocks(content: Any, tool: str) -> list[dict[str, Any]]:
+    """A seed result's ``content`` (Amplifier's text and image blocks, as objects or dicts) as plain
+    dicts, kept in ``metadata["content"]`` (``ToolResult``'s fields are fixed by the design).
+
+    Each block must be a mapping (or an object with ``model_dump()``, as pydantic blocks are) with
+    a string ``type``; anything else is the tool's ``ContractError``.
+    """
+    if not isinstance(content, (list, tuple)):
+        raise ContractError(f"tool {tool!r} returned 'content' that is not a list of blocks", code="invalid_result")
+    blocks = []
+    for index, block in enumerate(content):
+        data = block.model_dump() if callable(getattr(block, "model_dump", None)) else block
+        if not isinstance(data, Mapping) or not isinstance(data.get("type"), str):
+            raise ContractError(f"tool {tool!r} returned content block {index} without a string 'type'",
+                                code="invalid_result")
+        blocks.append(dict(data))
+    return blocks
 
 
 def _failure_summary(output: Any, tool: str, limit: int = 500) -> str:

@@ -180,12 +180,16 @@ async def test_seed_tool_module_edge_cases_behave_as_the_seed_describes(tmp_path
         assert invalid.error["type"] == "ContractError" and invalid.error["pointer"] == "/command"
         ok = await host.call("run", {"command": "true"}, call_id="call-7")
         failed = await host.call("run", {"command": "false"})
+        picture = await host.call("run", {"command": "picture"})
     assert ok.success
     # Amplifier's orchestrators pass _tool_call_id; the tool sees it, validation never did
     assert tool_module.INPUTS[0] == {"command": "true", "_tool_call_id": "call-7"}
     # a failure with output and no error keeps its output and says what it was
     assert not failed.success and failed.output["returncode"] == 2
     assert "boom: no such file" in failed.error["message"]
+    # content blocks are kept (in metadata["content"]: ToolResult's fields are fixed)
+    assert picture.success and [b["type"] for b in picture.metadata["content"]] == ["text", "image"]
+    assert picture.metadata["content"][1]["source"]["media_type"] == "image/png"
 
 
 async def test_a_module_needing_amplifier_core_says_how_to_get_it(

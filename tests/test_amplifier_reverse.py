@@ -89,3 +89,29 @@ async def test_amplifier_cores_own_tool_validator_accepts_the_module(workspace: 
         config={"config": str(workspace.parent / "amplifier-tools.toml"), "working_dir": str(workspace),
                 "tools": ["local::fs.read_file"]})
     assert report.passed, report.summary()
+
+
+async def test_content_blocks_cross_in_both_directions(workspace: Path) -> None:
+    """amplifier-core's own block objects from a seed tool are kept, and handed back to Amplifier."""
+    from amplifier_core.models import ToolResult as AmplifierResult
+
+    from amplifier_tools import ToolHost
+    from amplifier_tools.amplifier_module import to_amplifier_result
+
+    class Picture:
+        name = "picture"
+        description = "Return an image."
+        input_schema = {"type": "object"}
+
+        async def execute(self, input: dict[str, Any]) -> Any:
+            return AmplifierResult(success=True, output="see image", content=[
+                {"type": "text", "text": "see image"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}])
+
+    async with ToolHost(plugins=[Picture()], builtins=False, entry_points=False, working_dir=workspace,
+                        discover=False) as host:
+        result = await host.call("picture", {})
+    assert [b["type"] for b in result.metadata["content"]] == ["text", "image"]
+    back = to_amplifier_result(result)
+    assert back.content is not None and len(back.content) == 2
+    assert back.model_dump()["content"][1]["source"]["media_type"] == "image/png"

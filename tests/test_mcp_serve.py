@@ -170,3 +170,17 @@ def test_failed_result_becomes_is_error_with_the_typed_error_as_json() -> None:
     assert mapped.is_error is True
     assert json.loads(mapped.content[0].text) == {  # type: ignore[union-attr]
         "error": {"type": "ContractError", "code": "invalid_input", "message": "bad"}}
+
+
+def test_content_blocks_are_served_as_mcp_text_and_image_content() -> None:
+    """A seed tool's text and image blocks (Amplifier's spelling) reach MCP clients as such."""
+    result = ToolResult(True, "see image", None, {"content": [
+        {"type": "text", "text": "see image"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]})
+    mapped = to_call_tool_result(result)
+    assert [block.type for block in mapped.content] == ["text", "image"]
+    assert mapped.content[1].data == "iVBORw0KGgo=" and mapped.content[1].mime_type == "image/png"  # type: ignore[union-attr]
+    # a block MCP cannot carry: the whole result falls back to its text, never a part of the content
+    odd = ToolResult(True, "x", None, {"content": [{"type": "text", "text": "a"}, {"type": "video"}]})
+    assert [block.type for block in to_call_tool_result(odd).content] == ["text"]
+    assert to_call_tool_result(odd).content[0].text == "x"  # type: ignore[union-attr]

@@ -65,8 +65,33 @@ def to_call_tool_result(result: ToolResult) -> mcp_types.CallToolResult:
         return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], is_error=True)
     text = result.get_serialized_output(max_chars=None)
     structured = result.output if isinstance(result.output, dict) else None
-    return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)],
+    blocks = content_blocks(result.metadata.get("content"))
+    return mcp_types.CallToolResult(content=blocks or [mcp_types.TextContent(type="text", text=text)],
                                     structured_content=structured)
+
+
+def content_blocks(blocks: Any) -> list[mcp_types.ContentBlock]:
+    """A result's rich content (``metadata["content"]``: text and image blocks, in Amplifier's
+    ``{"type": "image", "source": {"media_type", "data"}}`` or MCP's ``{"data", "mimeType"}``
+    spelling) as MCP content blocks; ``[]`` when there are none or one cannot be carried, so the
+    caller falls back to the text rendering rather than sending part of the content."""
+    if not isinstance(blocks, list) or not blocks:
+        return []
+    converted: list[mcp_types.ContentBlock] = []
+    for block in blocks:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            converted.append(mcp_types.TextContent(type="text", text=block["text"]))
+            continue
+        if kind == "image":
+            source = block.get("source") if isinstance(block.get("source"), dict) else block
+            data = source.get("data")
+            mime = source.get("media_type") or source.get("mimeType")
+            if isinstance(data, str) and isinstance(mime, str):
+                converted.append(mcp_types.ImageContent(type="image", data=data, mime_type=mime))
+                continue
+        return []
+    return converted
 
 
 def build_server(host: ToolHost, settings: ServeSettings | None = None) -> Server[Any]:

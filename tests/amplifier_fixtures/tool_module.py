@@ -25,6 +25,11 @@ class RunTool(BaseTool):
 
     async def execute(self, input: dict[str, Any]) -> dict[str, Any]:
         INPUTS.append(dict(input))
+        if input["command"] == "picture":  # rich content: text and image blocks, as Amplifier's ToolResult has
+            return {"success": True, "output": "a picture",
+                    "content": [{"type": "text", "text": "a picture"},
+                                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                             "data": "iVBORw0KGgo="}}]}
         if input["command"] == "false":
             return {"success": False, "output": {"stdout": "", "stderr": "boom: no such file", "returncode": 2}}
         return {"success": True, "output": {"stdout": "ok\n", "returncode": 0}}
