@@ -345,6 +345,11 @@ def _validate(args: argparse.Namespace) -> int:
 def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
     """A specific next step for a configuration or plugin failure."""
     tail = "" if args.verbose else f"; {VERBOSE_HINT}"
+    own = exc.hint if isinstance(exc, ConfigError) else None
+    if isinstance(exc, PluginLoadError) and isinstance(exc.__cause__, ConfigError):
+        own = exc.__cause__.hint
+    if own:
+        return own
     if isinstance(exc, PluginLoadError):
         cause: BaseException | None = exc.__cause__
         if isinstance(cause, ConfigError) and cause.key:

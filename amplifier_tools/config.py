@@ -126,6 +126,17 @@ def _dotted(pointer: str) -> str:
     return ".".join(parts) or "(top level)"
 
 
+def _allowed_keys(pointer: str) -> list[str]:
+    """The keys ``CONFIG_SCHEMA`` allows beside the one at ``pointer`` (for did-you-mean hints)."""
+    schema: Any = CONFIG_SCHEMA
+    for segment in pointer.strip("/").split("/")[:-1]:
+        properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+        schema = properties.get(segment, schema.get("additionalProperties") if isinstance(schema, dict) else None)
+        if not isinstance(schema, dict):
+            return []
+    return list(schema.get("properties", {})) if isinstance(schema, dict) else []
+
+
 def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     """A checked copy of ``data``; ``ConfigError`` naming the file and key path otherwise.
 
@@ -139,7 +150,8 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     _reject_non_finite(data, "", file)
     if not _VALIDATOR.is_valid(data):
         pointer, message = schema_problems(_VALIDATOR, data, limit=1)[0]
-        raise ConfigError(message, key=_dotted(pointer), file=file)
+        expected = _allowed_keys(pointer) if message.endswith("is not an allowed property") else None
+        raise ConfigError(message, key=_dotted(pointer), file=file, expected=expected)
     if isinstance(data.get("tools"), list):
         data["modules"] = list(data.get("modules", [])) + data.pop("tools")
     if "hooks" in data:

@@ -12,6 +12,8 @@ The fifth category is serialized as ``"SystemError"``; its class is named
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Collection
 from typing import Any, ClassVar, Final
 
 CONTRACT_ERROR: Final = "ContractError"
@@ -107,7 +109,8 @@ class ConfigError(ValueError):
     The message names the key path and, when known, the file.
     """
 
-    def __init__(self, message: str, *, key: str | None = None, file: str | None = None) -> None:
+    def __init__(self, message: str, *, key: str | None = None, file: str | None = None,
+                 hint: str | None = None, expected: Collection[str] | None = None) -> None:
         where = ""
         if file:
             where = f"{file}: "
@@ -117,6 +120,18 @@ class ConfigError(ValueError):
         self.detail = message
         self.key = key
         self.file = file
+        #: What to do about it, for a person (the command line prints it as its hint line).
+        self.hint = hint
+        if hint is None and expected is not None and key:
+            self.hint = did_you_mean(key.rpartition(".")[2], expected)
+
+
+def did_you_mean(name: str, expected: Collection[str]) -> str | None:
+    """``"did you mean 'x'?"`` for a misspelled ``name`` among ``expected`` names, else None."""
+    close = difflib.get_close_matches(name, sorted(expected), n=2, cutoff=0.6)
+    if not close:
+        return None
+    return "did you mean " + " or ".join(repr(c) for c in close) + "?"
 
 
 class PluginLoadError(RuntimeError):

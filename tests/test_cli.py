@@ -335,3 +335,28 @@ def test_help_imports_no_host_code() -> None:
             "print(sorted(m for m in sys.modules if m in heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("toml", "hint"), [
+    ("defualt_timeout_ms = 5\n", "did you mean 'default_timeout_ms'"),
+    ("[context]\nprincpal = \"x\"\n", "did you mean 'principal'?"),
+])
+def test_a_misspelled_config_key_gets_a_did_you_mean_hint(tmp_path: Path, toml: str, hint: str) -> None:
+    config = tmp_path / "elsewhere.toml"
+    config.write_text(toml)
+    work = tmp_path / "work"
+    work.mkdir()
+    out = cli(work, "--config", str(config), "list")
+    assert out.returncode == 2
+    assert f"error: {config}: " in out.stderr and "is not an allowed property" in out.stderr
+    assert f"hint: {hint}" in out.stderr
+
+
+def test_a_config_that_appeared_in_the_working_directory_hints_at_trust(tmp_path: Path) -> None:
+    (tmp_path / "amplifier-tools.toml").write_text("[context]\nprincipal = \"me\"\n")
+    env = {"XDG_STATE_HOME": str(tmp_path.parent / f"{tmp_path.name}-state")}
+    assert cli(tmp_path, "list", env=env).returncode == 0  # first start: trusted as found
+    (tmp_path / "amplifier-tools.toml").write_text("[context]\nprincipal = \"someone-else\"\n")
+    out = cli(tmp_path, "list", env=env)
+    assert out.returncode == 2 and "changed since the host last started" in out.stderr
+    assert f"hint: review {tmp_path / 'amplifier-tools.toml'}, then run: amplifier-tools trust" in out.stderr
