@@ -268,6 +268,23 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
         return "pass --idempotency-key KEY"
     if error.get("retry_after") is not None:
         return f"retry in {error['retry_after']} s"
+    rule = str(error.get("rule") or "")
+    if code == "path_denied" and rule.startswith("outside_"):
+        kind = "write" if "write" in rule else "read"
+        return (f"the path is outside the filesystem plugin's {kind} roots; they are set by "
+                f"[plugins.filesystem] allowed_{kind}_paths (default: the working directory)")
+    if code == "path_denied" and rule.startswith("denied:"):
+        return "the path matches a denied pattern: [plugins.filesystem] denied_paths (or write_denied_paths)"
+    if code == "path_protected":
+        return "the path is the host's own state (config, state_dir, audit log); no tool may touch it"
+    if code == "rule_denied" and error.get("rule"):
+        return (f"denied by the policy rule {error['rule']!r} in [[plugins.policy.rules]]"
+                if error["rule"] != "default" else
+                "no [[plugins.policy.rules]] allow rule matches, and [plugins.policy] default_action = 'deny'")
+    if code == "timeout":
+        return (f"the call ran out of time; raise the tool's timeout_ms "
+                f"([tools.\"{error.get('tool') or tool}\".policies] timeout_ms) "
+                "or the host's default_timeout_ms; bash has its own: [plugins.bash] default_timeout / max_timeout")
     if error.get("type") in ("PolicyError", "AuthError"):
         who = f"plugin {error['plugin']!r}" if error.get("plugin") else "the policy"
         return f"denied by {who}; 'amplifier-tools describe {tool}' shows the tool's scopes and policies"

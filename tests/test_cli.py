@@ -360,3 +360,38 @@ def test_a_config_that_appeared_in_the_working_directory_hints_at_trust(tmp_path
     out = cli(tmp_path, "list", env=env)
     assert out.returncode == 2 and "changed since the host last started" in out.stderr
     assert f"hint: review {tmp_path / 'amplifier-tools.toml'}, then run: amplifier-tools trust" in out.stderr
+
+
+def test_a_path_outside_the_roots_hints_at_the_setting_that_governs_it(tmp_path: Path) -> None:
+    out = cli(tmp_path, "call", "local::fs.read_file", '{"path": "/etc/hostname"}',
+              env={"XDG_STATE_HOME": str(tmp_path.parent / f"{tmp_path.name}-state")})
+    assert out.returncode == 4
+    assert "hint: the path is outside the filesystem plugin's read roots" in out.stderr
+    assert "[plugins.filesystem] allowed_read_paths" in out.stderr
+    assert "describe" not in out.stderr  # describe says nothing about roots
+
+
+def test_a_timeout_hint_names_the_timeouts_not_the_policy(project: Path) -> None:
+    (project / "slow_tools.py").write_text(textwrap.dedent('''
+        import asyncio
+        from amplifier_tools import ToolResult, ToolSpec
+
+        class Slow:
+            spec = ToolSpec(name="local::demo.slow", version="1.0.0", description="Sleeps.", effect="Pure",
+                            input_schema={"type": "object"}, policies={"timeout_ms": 50})
+            name, description = spec.name, spec.description
+
+            async def execute(self, input):
+                await asyncio.sleep(5)
+                return ToolResult(output="late")
+
+        async def mount(coordinator, config):
+            await coordinator.mount("tools", Slow())
+    '''))
+    (project / "amplifier-tools.toml").write_text('[[modules]]\nmodule = "slow_tools"\n')
+    out = cli(project, "call", "demo_slow", "{}")
+    assert out.returncode == 4, out.stderr
+    assert "PolicyError[timeout]" in out.stderr
+    assert "hint: the call ran out of time; raise the tool's timeout_ms" in out.stderr
+    assert '([tools."local::demo.slow".policies] timeout_ms)' in out.stderr
+    assert "denied by" not in out.stderr
