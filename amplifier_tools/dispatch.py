@@ -129,6 +129,8 @@ class Impl:
     is_async: bool
     fail_open: bool
     timeout: float | None
+    #: pluggy's own record of the implementation (None for the Amplifier bridge's handlers).
+    hookimpl: Any = None
 
 
 async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
@@ -206,6 +208,9 @@ class HookDispatcher:
         #: The host-wide default hook timeout in seconds (None: no limit).
         self.default_timeout = default_timeout
         self._trace = trace
+        # pluggy's hook executor as it is without monitoring: when ``add_hookcall_monitoring`` or
+        # ``enable_tracing`` replaced it, each call goes through the replacement (see ``_start``).
+        self._plain_hookexec = pm._inner_hookexec
         self._cache: dict[str, list[Impl]] = {}
         self._generation = -1
         #: More implementations to run in the chain, after the plain pluggy ones and before the
@@ -252,6 +257,7 @@ class HookDispatcher:
                     is_async=inspect.iscoroutinefunction(function),
                     fail_open=settings.fail_open,
                     timeout=settings.hook_timeout,
+                    hookimpl=hookimpl,
                 )
             )
         ordered.extend(self._extra(extra))
@@ -267,10 +273,17 @@ class HookDispatcher:
         return impls
 
     def _start(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
-        """Call ``impl``; its result, or the awaitable an async implementation returned."""
-        if self._trace:
-            print(f"amplifier_tools: calling {hook} of plugin {impl.plugin!r}", file=sys.stderr)
+        """Call ``impl``; its result, or the awaitable an async implementation returned.
+
+        When pluggy's hook-call monitoring is on (``add_hookcall_monitoring``, ``enable_tracing``,
+        ``AMPLIFIER_TOOLS_TRACE``), the call goes through pluggy's executor with this one
+        implementation, so the monitors see every call as they would in any pluggy project (an async
+        implementation's outcome is its coroutine, awaited here afterwards). Otherwise it is called
+        directly: this is the hot path."""
         try:
+            hookexec = self._pm._inner_hookexec
+            if hookexec is not self._plain_hookexec and impl.hookimpl is not None:
+                return hookexec(hook, [impl.hookimpl], kwargs, True)
             return impl.function(*[kwargs[name] for name in impl.argnames])
         except Exception as exc:  # a plugin bug; the caller decides open/closed
             raise self._failure(impl, hook, exc) from exc

@@ -21,8 +21,9 @@ import importlib.metadata
 import inspect
 import logging
 import os
+import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -162,6 +163,8 @@ class ToolHost:
             default_timeout=self.config.get("hook_timeout_ms", 10_000) / 1000.0,
             trace=trace,
         )
+        if trace:  # through pluggy's hook-call monitoring (added after the dispatcher noted the plain executor)
+            self.plugin_manager.add_hookcall_monitoring(_trace_before, _trace_after)
         self.tools = ToolRegistry(self.config["tools"] if isinstance(self.config.get("tools"), dict) else None)
         #: Amplifier's hook registry: events, and ``tool:*`` handlers run inside the call chain.
         self.events = HookRegistry(self)
@@ -575,6 +578,19 @@ def _as_plugin(obj: Any, name: str) -> Any:
         return ToolMount(name, obj)
     raise PluginLoadError(name, "is neither a plugin (no @amplifier_tools.hookimpl methods), a seed-style module "
                                 "(no mount(coordinator, config)) nor a tool (no name and execute)")
+
+
+def _trace_before(hook: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """``AMPLIFIER_TOOLS_TRACE``: one line per hook call, naming the plugins called."""
+    names = ", ".join(repr(impl.plugin_name) for impl in impls)
+    print(f"amplifier_tools: calling {hook} of plugin {names}", file=sys.stderr)
+
+
+def _trace_after(outcome: Any, hook: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    names = ", ".join(repr(impl.plugin_name) for impl in impls)
+    failed = outcome.exception
+    done = f"raised {failed!r}" if failed is not None else f"returned {type(outcome.get_result()).__name__}"
+    print(f"amplifier_tools: {hook} of plugin {names} {done}", file=sys.stderr)
 
 
 def _instantiate(load: Callable[[], Any]) -> Any:

@@ -402,3 +402,24 @@ async def test_trace_env_var_prints_hook_calls(
                         working_dir=tmp_path) as host:
         await host.call("echo", {"path": "a"})
     assert "amplifier_tools: calling tool_pre of plugin 'rewriter'" in capsys.readouterr().err
+
+
+async def test_pluggy_hook_call_monitoring_sees_every_chained_call(echo: EchoTool, tmp_path: Any) -> None:
+    """A plugin author's ``add_hookcall_monitoring`` works as in any pluggy project, although the
+    dispatcher walks the implementations itself (async ones included: their outcome is awaited)."""
+    from amplifier_tools import ToolHost
+
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    host = ToolHost(plugins=[ToolsPlugin(echo), Rewriter()], builtins=False, entry_points=False,
+                    working_dir=tmp_path)
+    undo = host.plugin_manager.add_hookcall_monitoring(
+        lambda hook, impls, kwargs: seen.append((hook, tuple(i.plugin_name for i in impls))),
+        lambda outcome, hook, impls, kwargs: None)
+    async with host:
+        result = await host.call("echo", {"path": "a"})
+        assert result.success
+        assert ("tool_pre", ("rewriter",)) in seen
+        undo()
+        seen.clear()
+        await host.call("echo", {"path": "a"})
+    assert seen == []
