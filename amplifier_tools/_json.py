@@ -27,6 +27,7 @@ except ImportError:  # the optional ``fast`` extra is not installed
     orjson = None  # type: ignore[assignment]
 
 _STDLIB: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+_CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS if orjson is not None else 0
 #: Nesting depth beyond which ``encodable`` summarizes a value.
 MAX_DEPTH: Final = 100
@@ -44,6 +45,14 @@ def dumps(value: Any) -> bytes:
                 # encoder's limit moves with the interpreter's (3.13 writes what 3.11 cannot read).
                 raise ValueError(str(exc)) from None
     return _STDLIB.encode(value).encode("utf-8")
+
+
+def canonical(value: Any) -> bytes:
+    """``value`` as canonical JSON for hashing: always the stdlib encoder (sorted keys, no spaces,
+    UTF-8), so a digest does not depend on whether the ``fast`` extra is installed (the encoders
+    spell some floats differently). Unlike ``dumps`` it refuses what JSON cannot hold (NaN,
+    unknown objects) with ``ValueError``/``TypeError``."""
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def encoder_name() -> str:

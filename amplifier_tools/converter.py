@@ -8,6 +8,7 @@ lossless for ``ToolCall``, ``ToolResult``, ``ToolSpec`` and ``Decision``.
 
 from __future__ import annotations
 
+import enum
 import re
 from typing import Any
 
@@ -15,14 +16,18 @@ import cattrs
 from cattrs.v import format_exception
 
 from .models import ToolContext
-from .spec import Effect, IdempotencyKeyRequirement
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 
 converter.register_unstructure_hook(frozenset, lambda value: sorted(value))
-for _enum in (Effect, IdempotencyKeyRequirement):
-    # str-valued enums would otherwise pass through as enum members.
-    converter.register_unstructure_hook(_enum, lambda value: value.value)
+
+
+def unstructure_enum_as_value(cls: type[enum.Enum]) -> None:
+    """Unstructure the members of ``cls`` (a str-valued enum) as their values; called by the module
+    that defines the enum, so that this module imports no model (cattrs' singledispatch would
+    otherwise take the ``str`` base and pass the members through)."""
+    converter.register_unstructure_hook(cls, lambda value: value.value)
+
 converter.register_unstructure_hook(
     ToolContext,
     lambda ctx: {
@@ -59,11 +64,6 @@ def _field_path(line: str) -> str:
     if match is None:
         return line
     return f"{match['field']} {match['rule']} @ {match['path']}.{match['field']}"
-
-
-def to_json_data(obj: Any) -> Any:
-    """Plain JSON data for an attrs model (shorthand for ``converter.unstructure``)."""
-    return converter.unstructure(obj)
 
 
 def _format_exception(exc: BaseException, type_: Any) -> str:

@@ -16,7 +16,6 @@ from typing import Any, Final
 
 from .spec import Effect, ToolSpec
 
-MODEL_NAME_PATTERN: Final = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 FORMATS: Final = ("openai", "anthropic", "mcp")
 _INVALID: Final = re.compile(r"[^A-Za-z0-9_-]")
 

@@ -307,7 +307,9 @@ class HookDispatcher:
     async def _invoke(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
         """Call one implementation to completion; ``HookFailure`` if it raises or times out.
 
-        Sync implementations never create a coroutine here: this is the hot path.
+        The one way every hook implementation is called (``tool_complete`` alone splits it into
+        ``_start`` and ``_finish``, to finish an async observer despite a cancellation). A sync
+        implementation never creates a coroutine of its own here.
         """
         out = self._start(impl, hook, kwargs)
         if impl.is_async or (out is not None and inspect.isawaitable(out)):
@@ -356,9 +358,7 @@ class HookDispatcher:
         kwargs = {"call": call, "spec": spec, "context": context}
         for impl in self.impls("tool_pre"):
             try:
-                out = self._start(impl, "tool_pre", kwargs)
-                if impl.is_async or (out is not None and inspect.isawaitable(out)):
-                    out = await self._finish(impl, "tool_pre", out)
+                out = await self._invoke(impl, "tool_pre", kwargs)
             except HookFailure as failure:
                 error = self._failed(failure, context)
                 if error is not None:
@@ -414,9 +414,7 @@ class HookDispatcher:
         failed_closed = False
         for impl in self.impls("tool_post"):
             try:
-                out = self._start(impl, "tool_post", kwargs)
-                if impl.is_async or (out is not None and inspect.isawaitable(out)):
-                    out = await self._finish(impl, "tool_post", out)
+                out = await self._invoke(impl, "tool_post", kwargs)
             except HookFailure as failure:
                 error = self._failed(failure, context)
                 if error is not None and not failed_closed:
@@ -453,9 +451,7 @@ class HookDispatcher:
         kwargs = {"call": call, "spec": spec, "error": error, "context": context}
         for impl in self.impls("tool_error"):
             try:
-                out = self._start(impl, "tool_error", kwargs)
-                if impl.is_async or (out is not None and inspect.isawaitable(out)):
-                    out = await self._finish(impl, "tool_error", out)
+                out = await self._invoke(impl, "tool_error", kwargs)
             except HookFailure as failure:
                 log.error("%s (the original error stands)", failure)
                 context.record(impl.plugin, "tool_error", "failed", str(failure))

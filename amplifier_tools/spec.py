@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import attrs
 
+from .converter import converter, describe_structure_error, unstructure_enum_as_value
 from .errors import ContractError
 
 #: Canonical tool names: segments separated by ``::`` (origin, server, tool),
@@ -47,6 +48,10 @@ class IdempotencyKeyRequirement(str, enum.Enum):
     required = "required"
     optional = "optional"
     none = "none"
+
+
+unstructure_enum_as_value(Effect)
+unstructure_enum_as_value(IdempotencyKeyRequirement)
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -185,7 +190,6 @@ def _structure(value: Any, cls: type[Any]) -> Any:
     """``value`` as an instance of ``cls``: as is, or structured from plain data."""
     if value is None or isinstance(value, cls):
         return value
-    from .converter import converter, describe_structure_error  # late: converter imports this module
 
     try:
         return converter.structure(value, cls)
@@ -309,7 +313,6 @@ def spec_from_tool(tool: Any, *, name: str | None = None) -> ToolSpec:
         # The field converters accept both attrs instances (Policies(...)) and plain data.
         return ToolSpec(**fields)
     except Exception as exc:  # validators name the field; cattrs groups nested errors
-        from .converter import describe_structure_error
 
         raise ContractError(
             f"tool {label!r} has an invalid contract: {describe_structure_error(exc)}",

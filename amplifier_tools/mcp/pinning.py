@@ -12,11 +12,12 @@ changes the hash. Works on plain JSON data; never needs the SDK.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
+
+from .._json import canonical
 
 #: The definition fields covered by the hash (MCP wire names).
 HASHED_FIELDS: Final = ("name", "title", "description", "inputSchema", "outputSchema", "annotations", "execution")
@@ -26,7 +27,7 @@ HASH_PREFIX: Final = "sha256:"
 def canonical_definition(definition: Mapping[str, Any]) -> bytes:
     """The bytes that are hashed: the contract fields of ``definition`` as canonical JSON."""
     fields = {key: definition[key] for key in HASHED_FIELDS if definition.get(key) is not None}
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return canonical(fields)
 
 
 def definition_hash(definition: Mapping[str, Any]) -> str:
