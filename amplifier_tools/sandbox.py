@@ -85,6 +85,17 @@ def _visible(path: str, view: View) -> bool:
             and any(_under(path, root) for root in view.read_only))
 
 
+def _present(patterns: Iterable[str]) -> list[str]:
+    """The paths matching ``patterns`` that exist now (a literal path costs one ``lstat``, not a glob)."""
+    found: list[str] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            found += glob.glob(pattern)
+        elif os.path.lexists(pattern):
+            found.append(pattern)
+    return found
+
+
 def _mask(path: str, info: os.stat_result) -> list[str]:
     if stat.S_ISDIR(info.st_mode):
         return ["--tmpfs", path, "--remount-ro", path]
@@ -103,7 +114,7 @@ def mask_argv(view: View) -> list[str]:
     argv: list[str] = []
     masked: list[str] = []
     pinned: set[str] = set(view.writable)
-    sensitive = {os.path.realpath(p) for pattern in SENSITIVE for p in glob.glob(pattern)}
+    sensitive = {os.path.realpath(p) for p in _present(SENSITIVE)}
     for path in sorted(set(view.protected) | sensitive):  # parents before what lies below them
         if any(_under(path, done) for done in masked) or not _visible(path, view):
             continue  # already hidden

@@ -186,25 +186,28 @@ class BashTool:
                                read_only=(*engine.SYSTEM_PATHS, *s.sandbox_read_paths),
                                protected=tuple(entry.path for entry in protected if not entry.alias),
                                network=s.sandbox_network)
-            engine.mask_argv(view)  # a protected path that cannot be hidden fails the call before anything is made
         # A protected path that does not exist cannot be masked: notice one the command makes. Only inside
         # the writable roots, and only paths no plugin creates (a keyed path is host state, e.g. an audit
         # log the host may create meanwhile): in practice the config file and its location.
         missing = [entry for root in (*writable, *s.sandbox_write_paths) for entry in protected.inside(root)
                    if entry.key is None and not os.path.lexists(entry.path)]
-        out_spill = err_spill = None
-        if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
-            out_spill, err_spill = open_spill_files(s.spill_dir,
-                                                    f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
-        stdout = StreamCapture(s.max_output_bytes, out_spill)
-        stderr = StreamCapture(s.max_output_bytes, err_spill)
         status_r = status_w = -1
+        captures: list[StreamCapture] = []
         try:
             if view is not None and s.bwrap is not None:
                 status_r, status_w = os.pipe()
                 status_w = sandbox.low_status_fd(status_w)
+                # Raises (sandbox_failed) for a protected path it cannot hide, before anything is made.
                 argv = sandbox.bwrap_argv(s.bwrap, view, status_fd=status_w, bash=s.bash) + argv
                 popen["pass_fds"] = (status_w,)
+            out_spill = err_spill = None
+            if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
+                out_spill, err_spill = open_spill_files(s.spill_dir,
+                                                        f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
+            stdout = StreamCapture(s.max_output_bytes, out_spill)
+            captures.append(stdout)
+            stderr = StreamCapture(s.max_output_bytes, err_spill)
+            captures.append(stderr)
             try:
                 outcome = await process.run(argv, env=env, cwd=cwd, timeout=timeout, grace=s.kill_grace,
                                             stdout=stdout, stderr=stderr, popen=popen)
@@ -218,8 +221,8 @@ class BashTool:
                 sandbox.check_started(sandbox.read_status(status_r), stderr.text())
                 outcome.returncode = sandbox.returncode(outcome.returncode)
         finally:
-            stdout.close()
-            stderr.close()
+            for capture in captures:
+                capture.close()
             for fd in (status_r, status_w):
                 if fd != -1:
                     os.close(fd)
