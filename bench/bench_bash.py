@@ -1,6 +1,6 @@
 """Bash cases: ``echo hi`` through the full host, sandboxed (the default) and with ``sandbox = "off"``, beside raw
-``bwrap`` with the same view and a raw ``bash`` spawn, in one interleaved run; an output flood's wall time and host peak RSS growth; and the time
-from a command's deadline to its last process gone."""
+``bwrap`` with the same view and a raw ``bash`` spawn, in one interleaved run; an output flood's wall time and
+host peak RSS growth; and the time from a command's deadline to its last process gone."""
 
 from __future__ import annotations
 
