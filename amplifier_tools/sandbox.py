@@ -47,9 +47,6 @@ from .errors import ToolSystemError
 #: among them (``/bin -> usr/bin`` on merged-usr systems) are recreated as symlinks.
 SYSTEM_PATHS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 
-#: Mounted fresh: nothing of the host's below them is visible (unless a writable path is bound back).
-REPLACED: Final = ("/tmp", "/dev", "/proc")
-
 #: The host's secret files, hidden when present in the view (globs; a directory becomes empty).
 SENSITIVE: Final = (
     "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
@@ -79,10 +76,8 @@ def _under(path: str, root: str) -> bool:
 
 
 def _visible(path: str, view: View) -> bool:
-    if any(_under(path, root) for root in view.writable):
-        return True
-    return (not any(_under(path, replaced) for replaced in REPLACED)
-            and any(_under(path, root) for root in view.read_only))
+    # /tmp, /dev and /proc are mounted fresh first: below them only a bound path shows the host's files.
+    return any(_under(path, root) for root in (*view.writable, *view.read_only))
 
 
 def _present(patterns: Iterable[str]) -> list[str]:
@@ -157,8 +152,8 @@ def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap") -> list[st
            "--unshare-cgroup-try", "--cap-drop", "ALL"]
     if not view.network:
         out.append("--unshare-net")
+    out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # first: a path bound below them shows
     out += _read_only_argv(view.read_only)
-    out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     for path in sorted(set(view.writable), key=lambda p: (p.count("/"), p)):
         if os.path.isdir(path):
             out += ["--bind", path, path]

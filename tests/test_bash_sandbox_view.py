@@ -291,3 +291,14 @@ async def test_bad_sandbox_settings_name_the_key(work: Path, bad: dict[str, obje
     with pytest.raises(PluginLoadError) as info:
         await bash_host(work, **bad)
     assert f"plugins.bash.{next(iter(bad))}" in str(info.value)
+
+
+async def test_a_read_path_under_the_hosts_tmp_is_bound_over_the_private_tmp(work: Path, tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("from the host's /tmp")
+    host = await bash_host(work, sandbox_read_paths=[str(tmp_path)])
+    try:
+        result = await host.call("bash", {"command": f"cat {tmp_path}/data.txt; touch {tmp_path}/x; ls /tmp"})
+        assert "from the host's /tmp" in result.output["stdout"] and not (tmp_path / "x").exists()
+        assert "Read-only file system" in result.output["stderr"]
+    finally:
+        await host.close()
