@@ -17,7 +17,7 @@ confined process sees. Interface:
   dropped; a new session (no TIOCSTI into the caller's terminal); ``--die-with-parent``, so when
   bwrap dies the whole PID namespace dies with it, daemons included.
 - ``probe(bwrap)``: None when bubblewrap can set up such a sandbox on this host, else the reason.
-  Run once per ``bwrap`` path per process (cached); a probe never costs a call.
+  A success is cached per ``bwrap`` path for the process; callers probe at start, never per call.
 - ``unavailable(reason, setting)``: the ``ToolSystemError`` (code ``sandbox_unavailable``) a
   caller raises when no sandbox can be had, naming both fixes.
 
@@ -162,19 +162,24 @@ def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap") -> list[st
     return out
 
 
-_probed: dict[str, str | None] = {}
+_working: set[str] = set()
 _probe_lock = threading.Lock()
 
 
 def probe(bwrap: str) -> str | None:
-    """None when ``bwrap`` can set up a sandbox here, else why not; once per path per process (cached).
+    """None when ``bwrap`` can set up a sandbox here, else why not.
 
-    Blocking (up to ``PROBE_TIMEOUT`` seconds, usually a few ms): call it from a thread in async code.
+    A success is cached per path for the process; a failure is not (the next caller, e.g. the next
+    host's mount, probes again: a probe that timed out on a loaded machine is not final). Blocking
+    (up to ``PROBE_TIMEOUT`` seconds, usually a few ms): call it from a thread in async code.
     """
     with _probe_lock:
-        if bwrap not in _probed:
-            _probed[bwrap] = _run_probe(bwrap)
-        return _probed[bwrap]
+        if bwrap in _working:
+            return None
+        reason = _run_probe(bwrap)
+        if reason is None:
+            _working.add(bwrap)
+        return reason
 
 
 def _run_probe(bwrap: str) -> str | None:
