@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -16,6 +17,10 @@ from amplifier_tools import ToolHost
 BWRAP = shutil.which("bwrap")
 needs_bwrap = pytest.mark.skipif(BWRAP is None, reason="bubblewrap (bwrap) is not installed; CI installs it "
                                                         "(.ci/run), locally: apt-get install bubblewrap")
+
+#: ``sandbox_read_paths`` that make this test run's Python usable inside the sandbox (a venv or pyenv
+#: outside the system directories is not in the default view).
+PYTHON_READ_PATHS = sorted({sys.prefix, sys.base_prefix})
 
 
 async def bash_host(root: Path | str, *, builtins: tuple[str, ...] = ("bash",), **bash_config: Any) -> ToolHost:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bash_helpers import bash_host, group_members, marker, processes_with
+from bash_helpers import PYTHON_READ_PATHS, bash_host, group_members, marker, processes_with
 
 from amplifier_tools import ToolHost
 
@@ -197,7 +197,7 @@ async def test_fork_bomb_is_contained_and_reported(shared_dir: Path) -> None:
 
 
 async def test_memory_hog_is_contained_by_the_address_space_limit(tmp_path: Path) -> None:
-    host = await bash_host(tmp_path, max_memory_bytes=512 * 1024 * 1024)
+    host = await bash_host(tmp_path, max_memory_bytes=512 * 1024 * 1024, sandbox_read_paths=PYTHON_READ_PATHS)
     try:
         hog = f"{sys.executable} -c 'b = bytearray(4 * 1024 ** 3)'"
         result = await host.call("bash", {"command": hog, "timeout": 120})

@@ -21,8 +21,8 @@ from bash_helpers import bash_host, needs_bwrap
 
 from amplifier_tools import ToolHost
 from amplifier_tools.builtins.bash.capture import open_spill_files
-from amplifier_tools.builtins.bash.sandbox import mask_argv
 from amplifier_tools.errors import ConfigError, ToolSystemError
+from amplifier_tools.sandbox import View, mask_argv
 
 CONFIG_MARKER = "CONFIG-MARKER-77aa"
 STATE_MARKER = "STATE-MARKER-31bd"
@@ -111,7 +111,8 @@ async def test_sandboxed_bash_cannot_see_or_change_the_state_dir(base: Path) -> 
     victim = base / "home" / ".bashrc"
     victim.parent.mkdir()
     victim.write_text("# the user's shell profile\n")
-    host = await sandboxed_host(base, base / "etc" / "tools.toml")
+    # ``base`` read-only in the view: the state directory would be visible there, so it is masked.
+    host = await sandboxed_host(base, base / "etc" / "tools.toml", sandbox_read_paths=[str(base)])
     state = host.state_dir
     before, victim_before = tree(state), victim.read_bytes()
     try:
@@ -234,7 +235,7 @@ async def test_planting_the_missing_config_file_fails_the_call_and_names_it(base
 
 @needs_bwrap
 async def test_a_path_a_plugin_protects_after_start_is_masked_from_the_next_call(base: Path) -> None:
-    host = await sandboxed_host(base, base / "etc" / "tools.toml")
+    host = await sandboxed_host(base, base / "etc" / "tools.toml", sandbox_read_paths=[str(base)])
     log = base / "logs" / "audit.jsonl"
     log.parent.mkdir()
     log.write_text(STATE_MARKER)
@@ -254,8 +255,10 @@ def test_mask_arguments_hide_each_existing_protected_path_once(base: Path) -> No
     (state / "locks").mkdir(parents=True)
     (state / "audit.jsonl").write_text("x")
     hidden_tmp = Path("/tmp/amp-not-visible-in-the-sandbox")
-    argv = mask_argv([str(work / "conf" / "deep" / "tools.toml"), str(state), str(state / "audit.jsonl"),
-                      str(work / "amplifier-tools.toml"), str(hidden_tmp)], [str(work)])
+    protected = (str(work / "conf" / "deep" / "tools.toml"), str(state), str(state / "audit.jsonl"),
+                 str(work / "amplifier-tools.toml"), str(hidden_tmp))
+    # ``base`` read-only makes the state directory visible, so it must be masked; /tmp is replaced anyway.
+    argv = mask_argv(View(cwd=str(work), writable=(str(work),), read_only=(str(base),), protected=protected))
     assert argv == ["--tmpfs", str(state), "--remount-ro", str(state),  # audit.jsonl: below a masked dir
                     "--bind", str(work / "conf"), str(work / "conf"),  # parents pinned, outermost first
                     "--bind", str(work / "conf" / "deep"), str(work / "conf" / "deep"),
@@ -263,5 +266,5 @@ def test_mask_arguments_hide_each_existing_protected_path_once(base: Path) -> No
     (work / "conf" / "deep" / "tools.toml").unlink()
     (work / "conf" / "deep" / "tools.toml").symlink_to(state / "audit.jsonl")
     with pytest.raises(ToolSystemError) as info:
-        mask_argv([str(work / "conf" / "deep" / "tools.toml")], [str(work)])
+        mask_argv(View(cwd=str(work), writable=(str(work),), protected=(str(work / "conf" / "deep" / "tools.toml"),)))
     assert info.value.code == "sandbox_failed" and "tools.toml" in info.value.message

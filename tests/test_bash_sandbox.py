@@ -16,6 +16,7 @@ from bash_helpers import bash_host, marker, needs_bwrap, processes_with
 from test_bash_rules import corpus
 
 from amplifier_tools import ToolContext
+from amplifier_tools.sandbox import View
 
 
 @pytest.fixture
@@ -33,7 +34,7 @@ def dirs() -> Iterator[tuple[Path, Path]]:
 @needs_bwrap
 async def test_destructive_commands_outside_the_working_directory_change_nothing(dirs: tuple[Path, Path]) -> None:
     work, victim = dirs
-    host = await bash_host(work, sandbox="bubblewrap")
+    host = await bash_host(work, sandbox="bubblewrap", sandbox_read_paths=[str(victim)])
     try:
         seen = await host.call("bash", {"command": f"cat {victim}/precious.txt"})
         assert seen.success and seen.output["stdout"] == "keep me"  # visible, so the corpus is a real attempt
@@ -116,6 +117,7 @@ async def test_missing_bwrap_is_a_system_error_and_nothing_runs(tmp_path: Path,
     try:
         result = await host.call("bash", {"command": "touch ran"})
         assert result.error["type"] == "SystemError" and result.error["code"] == "sandbox_unavailable"
+        assert "bwrap" in result.error["message"] and 'sandbox = "off"' in result.error["message"]
         assert not (tmp_path / "ran").exists()
     finally:
         await host.close()
@@ -149,10 +151,9 @@ async def test_the_start_probe_runs_in_bash_when_no_single_digit_descriptor_is_f
     from amplifier_tools.builtins.bash import sandbox
 
     work, _ = dirs
-    assert "/bin/sh" in sandbox.bwrap_argv("bwrap", cwd=str(work), writable=[], network=False, status_fd=5,
-                                           bash="/bin/bash")
-    assert "/bin/sh" not in sandbox.bwrap_argv("bwrap", cwd=str(work), writable=[], network=False, status_fd=12,
-                                               bash="/bin/bash")
+    view = View(cwd=str(work), writable=(str(work),))
+    assert "/bin/sh" in sandbox.bwrap_argv("bwrap", view, status_fd=5, bash="/bin/bash")
+    assert "/bin/sh" not in sandbox.bwrap_argv("bwrap", view, status_fd=12, bash="/bin/bash")
     held = []
     while True:  # occupy every free descriptor from 3 to 9: the status pipe must keep a two-digit one
         fd = os.open(os.devnull, os.O_RDONLY)

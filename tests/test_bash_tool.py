@@ -26,7 +26,7 @@ async def test_echo_returns_stdout_stderr_exit_code_and_totals(host: ToolHost) -
     assert out["stdout"] == "hi\n" and out["stderr"] == "oops\n"
     assert out["exit_code"] == 0 and out["signal"] is None and out["timed_out"] is False
     assert out["stdout_bytes"] == 3 and out["stderr_bytes"] == 5
-    assert out["stdout_truncated"] is False and out["duration_ms"] >= 0 and out["sandboxed"] is False
+    assert out["stdout_truncated"] is False and out["duration_ms"] >= 0 and out["sandboxed"] is True
 
 
 async def test_non_zero_exit_is_an_execution_error_carrying_both_streams(host: ToolHost) -> None:

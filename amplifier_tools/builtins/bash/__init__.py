@@ -9,16 +9,24 @@ or the filesystem plugin is disabled; either holds the host's protected paths.
 The spill directory is host state: relative to ``state_dir``, created ``0700``,
 and published as a protected path (key ``plugins.bash.spill_dir``), so the host
 refuses it inside a writable root. One instance per host.
+
+The sandbox (``sandbox = "auto"``, the default) is probed once at mount, in a thread; where it
+cannot work, the tool is still mounted and every call fails with ``sandbox_unavailable`` naming
+the fix. ``sandbox = "off"`` is logged as a warning at mount and shown in the tool's description
+and tags (``describe local::bash``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import pwd
 import re
 import shutil
 from typing import Any, Final
 
+from ... import sandbox as engine
 from ..._markers import hookimpl
 from ...errors import ConfigError
 from ...hoststate import ProtectedPaths
@@ -28,6 +36,8 @@ from .rules import CommandRules
 from .tool import BashTool, Settings
 
 PLUGIN: Final = "bash"
+SANDBOX_MODES: Final = ("auto", "bubblewrap", "off", "none")  # "none": deprecated alias of "off"
+log = logging.getLogger("amplifier_tools.bash")
 
 DEFAULTS: Final[dict[str, Any]] = {
     "default_timeout": 120,
@@ -41,8 +51,10 @@ DEFAULTS: Final[dict[str, Any]] = {
     "secrets": {},
     "allow": [],
     "deny": [],
-    "sandbox": "none",
+    "sandbox": "auto",
     "sandbox_network": False,
+    "sandbox_read_paths": [],
+    "sandbox_write_paths": [],
     "user": None,
     "max_cpu_seconds": None,
     "max_memory_bytes": None,
@@ -51,7 +63,7 @@ DEFAULTS: Final[dict[str, Any]] = {
 }
 _NUMBERS: Final = ("default_timeout", "max_timeout", "kill_grace")
 _COUNTS: Final = ("max_output_bytes", "max_cpu_seconds", "max_memory_bytes", "max_processes", "max_file_size_bytes")
-_LISTS: Final = ("allowed_paths", "env_allowlist", "allow", "deny")
+_LISTS: Final = ("allowed_paths", "env_allowlist", "allow", "deny", "sandbox_read_paths", "sandbox_write_paths")
 _TABLES: Final = ("env", "secrets")
 _ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -77,8 +89,9 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
                     isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in value.items()):
                 raise ConfigError("must be a table of environment variable names to strings", key=where)
         elif key == "sandbox":
-            if value not in ("none", "bubblewrap"):
-                raise ConfigError("must be 'none' or 'bubblewrap'", key=where)
+            if value not in SANDBOX_MODES:
+                raise ConfigError("must be 'auto' (bubblewrap where it works, else calls fail), 'bubblewrap' "
+                                  "(required) or 'off' (unconfined)", key=where)
         elif key == "sandbox_network":
             if not isinstance(value, bool):
                 raise ConfigError("must be true or false", key=where)
@@ -139,6 +152,13 @@ class BashPlugin:
             rules = own_rules or coordinator.get_capability("fs.path_rules")
             return rules if isinstance(rules, PathRules) else fallback
 
+        write_paths = self._sandbox_write_paths(settings["sandbox_write_paths"], working_dir, protected)
+        writable = coordinator.get_capability("session.writable_roots")
+        if isinstance(writable, list):  # the host refuses host state inside these at start
+            writable.extend(write_paths)
+        read_paths = tuple(os.path.realpath(os.path.join(working_dir, os.path.expanduser(path)))
+                           for path in settings["sandbox_read_paths"])
+        confined, bwrap, unavailable = await self._sandbox(settings["sandbox"])
         spill_dir = settings["spill_dir"]
         if spill_dir is not None:
             spill_dir = self._spill_dir(spill_dir, coordinator, own_rules, protected)
@@ -154,15 +174,42 @@ class BashPlugin:
             env=dict(settings["env"]),
             secrets=dict(settings["secrets"]),
             rules=CommandRules(tuple(settings["allow"]), tuple(settings["deny"])),
-            sandbox=settings["sandbox"] == "bubblewrap",
+            sandbox=confined,
+            sandbox_unavailable=unavailable,
             sandbox_network=settings["sandbox_network"],
+            sandbox_read_paths=read_paths,
+            sandbox_write_paths=write_paths,
             user=_user(settings["user"]),
             limits=limits,
             bash=shutil.which("bash") or "/bin/bash",
             prlimit=shutil.which("prlimit"),
-            bwrap=shutil.which("bwrap"),
+            bwrap=bwrap,
         ), path_rules)
         await coordinator.mount("tools", self.tool)
+
+    @staticmethod
+    async def _sandbox(mode: str) -> tuple[bool, str | None, str | None]:
+        """(confined, bwrap, why no sandbox works here or None); ``off`` is logged as a warning."""
+        if mode in ("off", "none"):
+            alias = " ('none' is a deprecated alias of 'off')" if mode == "none" else ""
+            log.warning("bash runs UNCONFINED: [plugins.%s] sandbox = %r%s; commands run as the host's user with "
+                        "its whole filesystem, processes and network", PLUGIN, mode, alias)
+            return False, None, None
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            return True, None, "'bwrap' was not found on PATH"
+        return True, bwrap, await asyncio.to_thread(engine.probe, bwrap)
+
+    @staticmethod
+    def _sandbox_write_paths(paths: list[str], working_dir: str, protected: ProtectedPaths) -> tuple[str, ...]:
+        """The extra writable paths, resolved like writable roots; one inside host state is refused."""
+        rules = PathRules(working_dir, read_roots=paths, write_roots=paths, write_denied=(), protected=protected)
+        for root in rules.write_roots:
+            entry = protected.protects(root)
+            if entry is not None:
+                raise ConfigError(f"{root} lies inside {entry.path} ({entry.reason}), which the host keeps out of "
+                                  "every tool's reach", key=f"plugins.{PLUGIN}.sandbox_write_paths")
+        return rules.write_roots
 
     @staticmethod
     def _spill_dir(configured: str, coordinator: Any, own_rules: PathRules | None,

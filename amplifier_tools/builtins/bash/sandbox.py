@@ -1,106 +1,32 @@
-"""The bubblewrap sandbox: the ``bwrap`` command line around a command, and whether it started.
+"""The bash-specific part of the sandbox: the start probe around ``bash -c`` and its status pipe.
 
-Read-only view of the host's root, fresh ``/dev``, ``/proc`` and a private
-``/tmp``, the writable roots bound read-write, new IPC/PID/network/UTS (and,
-where possible, cgroup) namespaces, every capability dropped (bwrap keeps them
-for root otherwise, and a root with ``CAP_SYS_ADMIN`` can remount ``/``
-writable), a new session (no TIOCSTI on the caller's terminal), and death with
-the parent: when ``bwrap`` is killed its PID namespace goes with it, even the
-processes that left the process group.
+The view, the namespaces and the masks come from the one engine, ``amplifier_tools.sandbox``;
+this module only wraps the command so that a setup failure of bwrap (exit code 1, like any
+command) can be told apart from the command's own exit: inside the sandbox a one-line ``sh``
+writes ``started`` to a status descriptor, closes it and execs the command.
 
-The host's protected paths (``session.protected_paths``: its config file, ``state_dir``,
-the audit log...) are masked: an existing directory gets an empty read-only tmpfs in its
-place, an existing file a read-only ``/dev/null``, and the directories between a writable
-root and a masked path are bound onto themselves, so that inside the sandbox they are mount
-points that cannot be renamed or removed (which would let a command put a new file where the
-masked one was). A protected path that does not exist is not masked: bwrap would have to
-create a mount point for it on the host (see docs/bash.md for that gap).
-
-Must never fall back to running the command without the sandbox: a missing
-``bwrap`` or one that cannot set up the sandbox is a ``ToolSystemError``.
+Must never fall back to running the command without the sandbox: a missing ``bwrap`` or one
+that cannot set up the sandbox is a ``ToolSystemError``.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import stat
-from collections.abc import Iterable, Sequence
-from typing import Final
+import signal
 
+from ... import sandbox as engine
 from ...errors import ToolSystemError
 
-#: Mounted fresh in the sandbox: the host's files below them are not visible (unless a writable root
-#: below them is bound back in).
-REPLACED: Final = ("/tmp", "/dev", "/proc")
 
-
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
-def mask_argv(protected: Iterable[str], writable: Sequence[str]) -> list[str]:
-    """The bwrap arguments that hide each protected path the sandbox would otherwise show.
-
-    ``protected`` are absolute, resolved paths. Raises ``ToolSystemError`` when one of them no
-    longer resolves to itself (a component was replaced by a symlink): masking the symlink's
-    target instead would leave the protected path reachable.
-    """
-    argv: list[str] = []
-    masked: list[str] = []
-    pinned: set[str] = set(writable)
-    for path in sorted(set(protected)):  # parents before what lies below them
-        roots = [root for root in writable if _under(path, root)]
-        if any(_under(path, done) for done in masked) or (
-                not roots and any(_under(path, replaced) for replaced in REPLACED)):
-            continue  # already hidden
-        try:
-            info = os.lstat(path)
-        except FileNotFoundError:
-            continue  # never make bwrap create a mount point on the host
-        if os.path.realpath(path) != path:
-            raise ToolSystemError(f"the protected path {path} now resolves to {os.path.realpath(path)} (was a "
-                                  "component replaced by a symlink?); the sandbox cannot hide it, so the command "
-                                  "was not run", code="sandbox_failed", path=path)
-        for root in roots:  # pin the directories between the root and the masked path
-            parent, chain = os.path.dirname(path), []
-            while parent not in pinned and _under(parent, root):
-                chain.append(parent)
-                parent = os.path.dirname(parent)
-            for directory in reversed(chain):
-                argv += ["--bind", directory, directory]
-                pinned.add(directory)
-        if stat.S_ISDIR(info.st_mode):
-            argv += ["--tmpfs", path, "--remount-ro", path]
-        else:
-            argv += ["--ro-bind", "/dev/null", path]
-        masked.append(path)
-    return argv
-
-
-def bwrap_argv(bwrap: str, *, cwd: str, writable: Sequence[str], network: bool, status_fd: int,
-               bash: str, masks: Sequence[str] = ()) -> list[str]:
-    """The ``bwrap`` prefix for a command that runs in ``cwd`` with ``writable`` directories and
-    ``masks`` (from ``mask_argv``) hiding the host's protected paths.
-
-    Inside the sandbox a one-line ``sh`` probe writes ``started`` to ``status_fd``,
-    closes it and execs the command: bwrap reports its own setup failures with
-    exit code 1, like any command, so only the probe tells them apart.
-    """
-    argv = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
-            "--unshare-cgroup-try", "--cap-drop", "ALL"]
-    if not network:
-        argv.append("--unshare-net")
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    for path in writable:
-        argv += ["--bind", path, path]
-    argv += masks  # ``mask_argv``'s, after the binds: mounted on top of them
+def bwrap_argv(bwrap: str, view: engine.View, *, status_fd: int, bash: str) -> list[str]:
+    """The ``bwrap`` prefix for a command (appended after it) that runs in ``view`` and reports its
+    start on ``status_fd``."""
     probe = f"printf started >&{status_fd} && exec {status_fd}>&- && exec \"$@\""
     # The probe needs only printf and exec: a POSIX sh (dash on Debian) starts faster than bash,
     # but dash takes single-digit descriptors only (see ``low_status_fd``).
     shell = "/bin/sh" if status_fd <= 9 and os.access("/bin/sh", os.X_OK) else bash
-    argv += ["--chdir", cwd, "--", shell, "-c", probe, "sandbox-probe"]
-    return argv
+    return engine.command(view, [shell, "-c", probe, "sandbox-probe"], bwrap=bwrap)
 
 
 def low_status_fd(fd: int) -> int:
@@ -116,12 +42,6 @@ def low_status_fd(fd: int) -> int:
         return low
     os.close(low)
     return fd
-
-
-def missing_bwrap() -> ToolSystemError:
-    return ToolSystemError("sandbox = 'bubblewrap' is configured but 'bwrap' was not found on PATH; install "
-                           "bubblewrap (Debian/Ubuntu: apt-get install bubblewrap). The command was not run.",
-                           code="sandbox_unavailable")
 
 
 def read_status(fd: int) -> str:
@@ -145,3 +65,18 @@ def check_started(status: str, stderr_text: str) -> None:
         detail = stderr_text.strip().splitlines()[-1] if stderr_text.strip() else "no message"
         raise ToolSystemError(f"the bubblewrap sandbox failed to start ({detail}); the command was not run",
                               code="sandbox_failed")
+
+
+def returncode(code: int | None) -> int | None:
+    """bwrap's exit status as a Popen return code: bwrap exits ``128 + N`` when the command died of
+    signal N (it never dies of the signal itself), so that is reported as ``-N``.
+
+    Limit: a command that exits with ``128 + N`` on its own is indistinguishable and is reported as
+    killed by signal N (the shell's own convention for ``$?``).
+    """
+    if code is not None and 128 < code < 128 + signal.NSIG:
+        try:
+            return -signal.Signals(code - 128)
+        except ValueError:
+            return code
+    return code

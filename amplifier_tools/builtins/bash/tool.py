@@ -18,6 +18,7 @@ from typing import Any, Final
 
 import attrs
 
+from ... import sandbox as engine
 from ...errors import ExecutionError, ToolSystemError
 from ...hoststate import ProtectedPath, ProtectedPaths
 from ...models import ToolContext, ToolResult
@@ -46,8 +47,11 @@ class Settings:
     env: dict[str, str]
     secrets: dict[str, str]  # environment variable -> secret reference
     rules: CommandRules
-    sandbox: bool
+    sandbox: bool  # confined ("auto", "bubblewrap") or not ("off")
+    sandbox_unavailable: str | None  # why no sandbox works on this host (calls then fail), or None
     sandbox_network: bool
+    sandbox_read_paths: tuple[str, ...]  # resolved; bound read-only besides the system directories
+    sandbox_write_paths: tuple[str, ...]  # resolved; bound read-write besides the write roots
     user: tuple[int, int] | None
     limits: process.Limits
     bash: str
@@ -91,9 +95,8 @@ def make_spec(settings: Settings) -> ToolSpec:
             "duration and stdout/stderr (head and tail when long, with byte totals). A non-zero exit is a "
             "failure carrying both streams. Every process the command started is killed when it ends, times "
             "out or is cancelled. No interactive input, no TTY."
-            + (" Runs in a sandbox: read-only system, writable working directory, private /tmp"
-               + ("." if settings.sandbox_network else ", no network.") if settings.sandbox else "")),
-        tags=("shell", "exec"), effect="ExternalSideEffects",
+            + _confinement(settings)),
+        tags=("shell", "exec", "sandboxed" if settings.sandbox else "unconfined"), effect="ExternalSideEffects",
         input_schema={"type": "object", "properties": {
             "command": {"type": "string", "minLength": 1, "description": "The command line (bash syntax)"},
             "timeout": {"type": "number", "exclusiveMinimum": 0,
@@ -117,6 +120,17 @@ def make_spec(settings: Settings) -> ToolSpec:
         policies=Policies(timeout_ms=backstop * 1000.0),
         security=Security(secret_refs=tuple(sorted(set(settings.secrets.values())))),
     )
+
+
+def _confinement(settings: Settings) -> str:
+    """The description's last sentence: how the command is confined (``describe local::bash`` shows it)."""
+    if not settings.sandbox:
+        return (" UNCONFINED (sandbox = \"off\"): the command runs as the host's user and sees the host's whole "
+                "filesystem, processes and network.")
+    if settings.sandbox_unavailable is not None:
+        return f" Sandbox required but unavailable on this host ({settings.sandbox_unavailable}): every call fails."
+    return (" Runs in a bubblewrap sandbox: read-only system directories, writable working directory, private "
+            "/tmp, no home directories, no host processes" + ("." if settings.sandbox_network else ", no network."))
 
 
 class BashTool:
@@ -164,31 +178,36 @@ class BashTool:
                 popen["preexec_fn"] = preexec
         if s.user is not None:
             popen.update(user=s.user[0], group=s.user[1], extra_groups=[])
-        bwrap, masks = None, []
+        view = None
         if s.sandbox:
-            bwrap = s.bwrap
-            if bwrap is None:
-                raise sandbox.missing_bwrap()
-            masks = sandbox.mask_argv((entry.path for entry in protected if not entry.alias), writable)
-        out_spill = err_spill = None
-        if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
-            out_spill, err_spill = open_spill_files(s.spill_dir,
-                                                    f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
-        stdout = StreamCapture(s.max_output_bytes, out_spill)
-        stderr = StreamCapture(s.max_output_bytes, err_spill)
+            if s.bwrap is None or s.sandbox_unavailable is not None:
+                raise engine.unavailable(s.sandbox_unavailable or "'bwrap' was not found on PATH", "[plugins.bash]")
+            view = engine.View(cwd=cwd, writable=(*writable, *s.sandbox_write_paths),
+                               read_only=(*engine.SYSTEM_PATHS, *s.sandbox_read_paths),
+                               protected=tuple(entry.path for entry in protected if not entry.alias),
+                               network=s.sandbox_network)
         # A protected path that does not exist cannot be masked: notice one the command makes. Only inside
         # the writable roots, and only paths no plugin creates (a keyed path is host state, e.g. an audit
         # log the host may create meanwhile): in practice the config file and its location.
-        missing = [entry for root in writable for entry in protected.inside(root)
+        missing = [entry for root in (*writable, *s.sandbox_write_paths) for entry in protected.inside(root)
                    if entry.key is None and not os.path.lexists(entry.path)]
         status_r = status_w = -1
+        captures: list[StreamCapture] = []
         try:
-            if bwrap is not None:
+            if view is not None and s.bwrap is not None:
                 status_r, status_w = os.pipe()
                 status_w = sandbox.low_status_fd(status_w)
-                argv = sandbox.bwrap_argv(bwrap, cwd=cwd, writable=writable, network=s.sandbox_network,
-                                          status_fd=status_w, bash=s.bash, masks=masks) + argv
+                # Raises (sandbox_failed) for a protected path it cannot hide, before anything is made.
+                argv = sandbox.bwrap_argv(s.bwrap, view, status_fd=status_w, bash=s.bash) + argv
                 popen["pass_fds"] = (status_w,)
+            out_spill = err_spill = None
+            if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
+                out_spill, err_spill = open_spill_files(s.spill_dir,
+                                                        f"{context.call_id or 'call'}-{uuid.uuid4().hex[:8]}")
+            stdout = StreamCapture(s.max_output_bytes, out_spill)
+            captures.append(stdout)
+            stderr = StreamCapture(s.max_output_bytes, err_spill)
+            captures.append(stderr)
             try:
                 outcome = await process.run(argv, env=env, cwd=cwd, timeout=timeout, grace=s.kill_grace,
                                             stdout=stdout, stderr=stderr, popen=popen)
@@ -200,9 +219,10 @@ class BashTool:
                 os.close(status_w)
                 status_w = -1
                 sandbox.check_started(sandbox.read_status(status_r), stderr.text())
+                outcome.returncode = sandbox.returncode(outcome.returncode)
         finally:
-            stdout.close()
-            stderr.close()
+            for capture in captures:
+                capture.close()
             for fd in (status_r, status_w):
                 if fd != -1:
                     os.close(fd)

@@ -1,0 +1,204 @@
+"""The one sandbox engine: a bubblewrap command line for a minimal view of the host, and a probe.
+
+Used by the bash plugin for every command, and meant for any long-running process the host
+starts for tools (an imported MCP stdio server), so there is one place that decides what a
+confined process sees. Interface:
+
+- ``View(cwd, writable=(), read_only=SYSTEM_PATHS, protected=(), network=False)``: what the
+  process sees. ``read_only`` paths are bound read-only, ``writable`` read-write (after them, so a
+  writable root inside a system directory stays writable); ``protected`` are the host's own
+  paths (resolved; config file, ``state_dir``...), hidden wherever they would be visible, and so
+  are the host's secret files in ``SENSITIVE`` (``/etc/shadow``, ssh host keys...). Every other
+  path of the host is absent: no ``/home``, ``/root``, ``/run``, ``/var``, ``/mnt``, ``/srv``, no
+  host ``/proc`` (a fresh one for a new PID namespace), a fresh ``/dev`` and a private ``/tmp``.
+  Paths that do not exist on this host are skipped, never created on it.
+- ``command(view, argv, *, bwrap)``: the full argv (``bwrap ... -- argv``) to spawn. New PID, IPC,
+  UTS, cgroup (where possible) and, unless ``network``, network namespaces; every capability
+  dropped; a new session (no TIOCSTI into the caller's terminal); ``--die-with-parent``, so when
+  bwrap dies the whole PID namespace dies with it, daemons included.
+- ``probe(bwrap)``: None when bubblewrap can set up such a sandbox on this host, else the reason.
+  A success is cached per ``bwrap`` path for the process; callers probe at start, never per call.
+- ``unavailable(reason, setting)``: the ``ToolSystemError`` (code ``sandbox_unavailable``) a
+  caller raises when no sandbox can be had, naming both fixes.
+
+Limits (see docs/bash.md): the kernel is shared (its attack surface is not reduced beyond
+namespaces and dropped capabilities; no seccomp filter); CPU, memory and disk use are not limited
+here; everything in the read-only system directories is readable except ``SENSITIVE``; writable
+paths are fully writable, and a process running as root writes there as the host's root; with
+``network`` the host's whole network is reachable. It must never run the command unconfined: a
+missing or failing bwrap is an error, not a fallback.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+import subprocess
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import attrs
+
+from .errors import ToolSystemError
+
+#: Read-only by default: what common commands need (programs, libraries, configuration). Symlinks
+#: among them (``/bin -> usr/bin`` on merged-usr systems) are recreated as symlinks.
+SYSTEM_PATHS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+
+#: The host's secret files, hidden when present in the view (globs; a directory becomes empty).
+SENSITIVE: Final = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d",
+    "/etc/ssh/ssh_host_*_key", "/etc/ssl/private", "/etc/pki/tls/private", "/etc/security/opasswd",
+    "/etc/krb5.keytab", "/etc/credstore", "/etc/credstore.encrypted", "/etc/wireguard",
+    "/etc/NetworkManager/system-connections", "/etc/ppp/chap-secrets", "/etc/ppp/pap-secrets",
+    "/etc/ipsec.secrets", "/etc/openvpn", "/etc/letsencrypt", "/etc/kubernetes", "/etc/rancher",
+    "/etc/docker/key.json", "/etc/mysql/debian.cnf", "/etc/containers/auth.json",
+)
+
+PROBE_TIMEOUT: Final = 10.0
+
+
+@attrs.frozen
+class View:
+    """What a sandboxed process sees; every path absolute (``writable`` and ``protected`` resolved)."""
+
+    cwd: str
+    writable: tuple[str, ...] = ()
+    read_only: tuple[str, ...] = SYSTEM_PATHS
+    protected: tuple[str, ...] = ()
+    network: bool = False
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _visible(path: str, view: View) -> bool:
+    # /tmp, /dev and /proc are mounted fresh first: below them only a bound path shows the host's files.
+    return any(_under(path, root) for root in (*view.writable, *view.read_only))
+
+
+def _present(patterns: Iterable[str]) -> list[str]:
+    """The paths matching ``patterns`` that exist now (a literal path costs one ``lstat``, not a glob)."""
+    found: list[str] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            found += glob.glob(pattern)
+        elif os.path.lexists(pattern):
+            found.append(pattern)
+    return found
+
+
+def _mask(path: str, info: os.stat_result) -> list[str]:
+    if stat.S_ISDIR(info.st_mode):
+        return ["--tmpfs", path, "--remount-ro", path]
+    return ["--ro-bind", "/dev/null", path]
+
+
+def mask_argv(view: View) -> list[str]:
+    """The bwrap arguments that hide each protected path and each ``SENSITIVE`` file the view shows.
+
+    Raises ``ToolSystemError`` (``sandbox_failed``) when a protected path no longer resolves to
+    itself (a component was replaced by a symlink): masking the symlink's target instead would
+    leave the protected path reachable. The directories between a writable root and a masked path
+    are bound onto themselves, so inside the sandbox they are mount points that cannot be renamed
+    or removed (which would let a command put a new file where the masked one was).
+    """
+    argv: list[str] = []
+    masked: list[str] = []
+    pinned: set[str] = set(view.writable)
+    sensitive = {os.path.realpath(p) for p in _present(SENSITIVE)}
+    for path in sorted(set(view.protected) | sensitive):  # parents before what lies below them
+        if any(_under(path, done) for done in masked) or not _visible(path, view):
+            continue  # already hidden
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue  # never make bwrap create a mount point on the host
+        if os.path.realpath(path) != path:
+            raise ToolSystemError(f"the protected path {path} now resolves to {os.path.realpath(path)} (was a "
+                                  "component replaced by a symlink?); the sandbox cannot hide it, so the command "
+                                  "was not run", code="sandbox_failed", path=path)
+        for root in (root for root in view.writable if _under(path, root)):
+            parent, chain = os.path.dirname(path), []
+            while parent not in pinned and _under(parent, root):
+                chain.append(parent)
+                parent = os.path.dirname(parent)
+            for directory in reversed(chain):
+                argv += ["--bind", directory, directory]
+                pinned.add(directory)
+        argv += _mask(path, info)
+        masked.append(path)
+    return argv
+
+
+def _read_only_argv(paths: Iterable[str]) -> list[str]:
+    argv: list[str] = []
+    for path in sorted(set(paths), key=lambda p: (p.count("/"), p)):  # parents first
+        if not os.path.lexists(path):
+            continue  # skipped, never created on the host
+        if os.path.islink(path) and os.path.dirname(path) == "/":
+            argv += ["--symlink", os.readlink(path), path]  # /bin -> usr/bin stays a symlink
+        elif os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    return argv
+
+
+def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap") -> list[str]:
+    """``bwrap`` with the view's mounts and namespaces, then ``--`` and ``argv`` (see the module docstring)."""
+    out = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
+           "--unshare-cgroup-try", "--cap-drop", "ALL"]
+    if not view.network:
+        out.append("--unshare-net")
+    out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # first: a path bound below them shows
+    out += _read_only_argv(view.read_only)
+    for path in sorted(set(view.writable), key=lambda p: (p.count("/"), p)):
+        if os.path.isdir(path):
+            out += ["--bind", path, path]
+    out += mask_argv(view)  # after the binds: mounted on top of them
+    out += ["--remount-ro", "/", "--chdir", view.cwd, "--", *argv]
+    return out
+
+
+_working: set[str] = set()
+_probe_lock = threading.Lock()
+
+
+def probe(bwrap: str) -> str | None:
+    """None when ``bwrap`` can set up a sandbox here, else why not.
+
+    A success is cached per path for the process; a failure is not (the next caller, e.g. the next
+    host's mount, probes again: a probe that timed out on a loaded machine is not final). Blocking
+    (up to ``PROBE_TIMEOUT`` seconds, usually a few ms): call it from a thread in async code.
+    """
+    with _probe_lock:
+        if bwrap in _working:
+            return None
+        reason = _run_probe(bwrap)
+        if reason is None:
+            _working.add(bwrap)
+        return reason
+
+
+def _run_probe(bwrap: str) -> str | None:
+    argv = command(View(cwd="/"), ["/bin/sh", "-c", "exit 0"], bwrap=bwrap)
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{bwrap} could not be run ({exc})"
+    if done.returncode != 0:
+        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        return f"{bwrap} failed to set up a sandbox ({lines[-1] if lines else f'exit code {done.returncode}'})"
+    return None
+
+
+def unavailable(reason: str, setting: str) -> ToolSystemError:
+    """The error for a process that must be sandboxed where no sandbox works; ``setting`` is the
+    config section that decides it (``[plugins.bash]``)."""
+    return ToolSystemError(
+        f"no sandbox is available: {reason}. Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; "
+        "it needs unprivileged user namespaces or root), or set `sandbox = \"off\"` in "
+        f"{setting} to run unconfined. Nothing was run.", code="sandbox_unavailable", reason=reason)

@@ -1,0 +1,300 @@
+"""The default bash sandbox's view, attacked from inside (issue 14, finding 6 and the intro's leaks).
+
+Every host here uses the *default* configuration (no ``sandbox`` key) unless the test is about
+another setting: on the main branch before ``sandbox = "auto"`` these commands ran unconfined and
+read the host's environment, sockets, home, ``/etc/shadow`` and state directory.
+Working directories live outside /tmp, so that a host-/tmp listener is really outside the view.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import socket
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bash_helpers import bash_host, needs_bwrap, processes_with, wait_until
+from cli_helpers import cli
+
+from amplifier_tools import ToolHost
+from amplifier_tools.errors import ConfigError, PluginLoadError
+from amplifier_tools.sandbox import SYSTEM_PATHS
+
+pytestmark = needs_bwrap
+PYTHON_IN_VIEW = "/usr/bin/python3"
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    base = Path(tempfile.mkdtemp(prefix="amp-view-", dir="/var/tmp"))
+    (base / "work").mkdir()
+    yield base / "work"
+    shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_the_hosts_environment_is_unreachable_through_proc(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = "canary-" + os.urandom(8).hex()
+    monkeypatch.setenv("AMP_VIEW_CANARY", canary)
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": "cat /proc/$PPID/environ; cat /proc/[0-9]*/environ; env; "
+                                                     "cat /proc/1/cmdline; ls /proc"})
+        assert canary not in repr(result)
+        assert result.output["sandboxed"] is True
+        assert str(os.getpid()) not in result.output["stdout"].split()  # the host's PID does not exist here
+    finally:
+        await host.close()
+
+
+def _unix_listener(path: Path) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+    server.setblocking(False)
+    return server
+
+
+async def test_no_unix_socket_outside_the_working_directory_is_reachable(work: Path) -> None:
+    if not os.access(PYTHON_IN_VIEW, os.X_OK):
+        pytest.skip(f"{PYTHON_IN_VIEW} is needed inside the sandbox to try a connect")
+    dirs = [Path(tempfile.mkdtemp(prefix="amp-sock-", dir="/var/tmp")),  # outside the roots
+            Path(tempfile.mkdtemp(prefix="amp-sock-", dir="/tmp"))]  # the host's /tmp (replaced in the view)
+    for run in ("/run", "/var/run"):
+        if os.access(run, os.W_OK):
+            dirs.append(Path(tempfile.mkdtemp(prefix="amp-sock-", dir=run)))  # the socket directories
+    listeners = [_unix_listener(d / "agent.sock") for d in dirs]
+    try:
+        paths = [str(d / "agent.sock") for d in dirs]
+        probe = ("import socket, sys\nfor p in sys.argv[1:]:\n s = socket.socket(socket.AF_UNIX)\n try:\n"
+                 "  s.connect(p); print('CONNECTED', p)\n except OSError as e:\n  print('refused', p, e)\n")
+        host = await bash_host(work)
+        try:
+            command = f"P={_quote(probe)}; {PYTHON_IN_VIEW} -c \"$P\" {' '.join(paths)}; ls -d /run /var/run"
+            result = await host.call("bash", {"command": command, "timeout": 60})
+        finally:
+            await host.close()
+        lines = result.output["stdout"].splitlines()
+        assert [line.split()[0] for line in lines] == ["refused"] * len(paths), result.output
+        assert "No such file" in result.output["stderr"]  # neither /run nor /var/run exists in the view
+        for listener in listeners:
+            with pytest.raises(BlockingIOError):
+                listener.accept()  # nobody ever connected
+    finally:
+        for listener in listeners:
+            listener.close()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+async def test_home_directories_and_host_secret_files_are_not_visible(work: Path) -> None:
+    home = Path(tempfile.mkdtemp(prefix="amp-view-user-", dir="/home")) if os.access("/home", os.W_OK) else None
+    if home is not None:
+        (home / ".netrc").write_text("machine example.com password HOME-SECRET")
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": "ls -A /root /home; cat /root/.bash_history /etc/shadow "
+                                                     "/etc/gshadow; cat /home/*/.netrc; ls /etc/ssh"})
+        out = result.output["stdout"]
+        assert "HOME-SECRET" not in out and "root:" not in out and "_key\n" not in out + "\n"
+        assert result.output["sandboxed"] is True
+        assert "/root" in result.output["stderr"] and "/home" in result.output["stderr"]
+    finally:
+        await host.close()
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_the_host_state_directory_is_absent(work: Path) -> None:
+    host = await bash_host(work)
+    try:
+        (host.state_dir / "marker").write_text("HOST-STATE")
+        result = await host.call("bash", {"command": f"ls -A {host.state_dir}; cat {host.state_dir}/marker"})
+        assert not result.success and "HOST-STATE" not in repr(result)
+    finally:
+        await host.close()
+
+
+async def test_the_network_is_off_even_for_a_listener_on_loopback(work: Path) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected"})
+        assert not result.success and "connected" not in result.output["stdout"]
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    finally:
+        await host.close()
+        server.close()
+
+
+async def test_a_daemon_does_not_outlive_the_call(work: Path) -> None:
+    seconds = f"1000.{random.randrange(10**8):08d}"  # a unique command line to find it by
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": f"setsid nohup sleep {seconds} >/dev/null 2>&1 & echo $!"})
+        assert result.success and result.output["sandboxed"] is True
+        assert wait_until(lambda: processes_with(f"sleep {seconds}") == [], timeout=10)
+    finally:
+        await host.close()
+
+
+async def test_system_directories_are_read_only_and_merged_usr_symlinks_work(work: Path) -> None:
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": "/bin/sh -c 'echo via-bin-sh'; touch /usr/x /etc/x /x; "
+                                                     "ls /"})
+        assert "via-bin-sh" in result.output["stdout"]
+        assert result.output["stderr"].count("Read-only file system") == 3
+        visible = set(result.output["stdout"].split()) - {"via-bin-sh"}
+        expected = {os.path.basename(p) for p in SYSTEM_PATHS if os.path.lexists(p)} | {"dev", "proc", "tmp"}
+        assert visible == expected | {"var"}  # var: the parent of this test's /var/tmp working directory
+    finally:
+        await host.close()
+
+
+async def test_sandbox_auto_without_bwrap_fails_every_call_naming_both_fixes(
+        work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(work))  # no bwrap on PATH
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": "touch ran"})
+        assert (result.error["type"], result.error["code"]) == ("SystemError", "sandbox_unavailable")
+        assert "bubblewrap" in result.error["message"] and 'sandbox = "off"' in result.error["message"]
+        assert "[plugins.bash]" in result.error["message"] and not (work / "ran").exists()
+        assert "unavailable" in host.tools.resolve("local::bash").spec.description  # type: ignore[union-attr]
+    finally:
+        await host.close()
+
+
+def _fake_bwrap(directory: Path, body: str) -> None:
+    fake = directory / "bwrap"
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+
+
+async def test_a_bwrap_that_cannot_make_namespaces_fails_the_calls_with_its_reason(
+        work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = work.parent / "bin"
+    bin_dir.mkdir()
+    _fake_bwrap(bin_dir, 'echo "bwrap: No permissions to creating new namespace" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": "touch ran"})
+        assert result.error["code"] == "sandbox_unavailable" and "No permissions" in result.error["message"]
+        assert not (work / "ran").exists()
+    finally:
+        await host.close()
+
+
+async def test_the_probe_runs_once_not_per_call(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir, log = work.parent / "bin", work.parent / "bwrap.log"
+    bin_dir.mkdir()
+    _fake_bwrap(bin_dir, f'echo run >> {log}\nexec {shutil.which("bwrap")} "$@"')
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    for _ in range(2):  # a second host in the same process reuses the probe
+        host = await bash_host(work)
+        try:
+            for _ in range(3):
+                assert (await host.call("bash", {"command": "true"})).success
+        finally:
+            await host.close()
+    assert log.read_text().count("run") == 1 + 6
+
+
+async def test_sandbox_off_runs_unconfined_says_so_and_logs_a_warning(
+        work: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        host = await bash_host(work, sandbox="off")
+    try:
+        assert any("UNCONFINED" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+        spec = host.tools.resolve("local::bash").spec  # type: ignore[union-attr]
+        assert "UNCONFINED" in spec.description and "unconfined" in spec.tags
+        result = await host.call("bash", {"command": "ls -d /root"})
+        assert result.success and result.output["sandboxed"] is False
+    finally:
+        await host.close()
+
+
+def test_describe_shows_an_unconfined_bash(work: Path) -> None:
+    (work / "amplifier-tools.toml").write_text(f'state_dir = "{work.parent / "state"}"\n'
+                                               '[plugins.bash]\nsandbox = "off"\n')
+    done = cli(work, "describe", "local::bash")
+    assert done.returncode == 0, done.stderr
+    assert "UNCONFINED" in done.stdout and "unconfined" in done.stdout
+    assert "UNCONFINED" in done.stderr  # the start-up warning
+    other = work.parent / "other"
+    other.mkdir()
+    (other / "amplifier-tools.toml").write_text(f'state_dir = "{work.parent / "state2"}"\n')
+    assert "bubblewrap sandbox" in cli(other, "describe", "local::bash").stdout
+
+
+async def test_none_is_a_deprecated_alias_of_off(work: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        host = await bash_host(work, sandbox="none")
+    try:
+        assert any("deprecated" in r.getMessage() for r in caplog.records)
+        assert (await host.call("bash", {"command": "true"})).output["sandboxed"] is False
+    finally:
+        await host.close()
+
+
+async def test_extra_read_and_write_paths(work: Path) -> None:
+    shared, tools = work.parent / "shared", work.parent / "tools"
+    shared.mkdir()
+    tools.mkdir()
+    (tools / "readme").write_text("tool files")
+    host = await bash_host(work, sandbox_read_paths=[str(tools), str(work.parent / "no-such-dir")],
+                           sandbox_write_paths=["../shared"])
+    try:
+        result = await host.call("bash", {"command": f"cat {tools}/readme; echo out > {shared}/f; touch {tools}/x"})
+        assert "tool files" in result.output["stdout"] and "Read-only file system" in result.output["stderr"]
+        assert (shared / "f").read_text() == "out\n" and not (tools / "x").exists()
+        assert not (work.parent / "no-such-dir").exists()  # a missing path is skipped, never created
+    finally:
+        await host.close()
+
+
+async def test_host_state_inside_a_sandbox_write_path_is_refused_at_start(work: Path) -> None:
+    state = work.parent / "outside" / "state"
+    config = {"state_dir": str(state), "plugins": {"bash": {"sandbox_write_paths": [str(work.parent / "outside")]}}}
+    host = ToolHost(config=config, builtins=["bash"], entry_points=False, working_dir=work, discover=False)
+    with pytest.raises(ConfigError, match="inside"):
+        await host.start()
+    await host.close()
+    config = {"state_dir": str(state), "plugins": {"bash": {"sandbox_write_paths": [str(state / "sub")]}}}
+    host = ToolHost(config=config, builtins=["bash"], entry_points=False, working_dir=work, discover=False)
+    with pytest.raises(PluginLoadError, match="plugins.bash.sandbox_write_paths: .* lies inside"):
+        await host.start()
+    await host.close()
+
+
+@pytest.mark.parametrize("bad", [{"sandbox": "docker"}, {"sandbox_read_paths": "/opt"},
+                                 {"sandbox_write_paths": [""]}])
+async def test_bad_sandbox_settings_name_the_key(work: Path, bad: dict[str, object]) -> None:
+    with pytest.raises(PluginLoadError) as info:
+        await bash_host(work, **bad)
+    assert f"plugins.bash.{next(iter(bad))}" in str(info.value)
+
+
+async def test_a_read_path_under_the_hosts_tmp_is_bound_over_the_private_tmp(work: Path, tmp_path: Path) -> None:
+    (tmp_path / "data.txt").write_text("from the host's /tmp")
+    host = await bash_host(work, sandbox_read_paths=[str(tmp_path)])
+    try:
+        result = await host.call("bash", {"command": f"cat {tmp_path}/data.txt; touch {tmp_path}/x; ls /tmp"})
+        assert "from the host's /tmp" in result.output["stdout"] and not (tmp_path / "x").exists()
+        assert "Read-only file system" in result.output["stderr"]
+    finally:
+        await host.close()

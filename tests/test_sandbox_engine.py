@@ -1,0 +1,56 @@
+"""The shared sandbox engine used for a long-running stdio process that is not bash (as for an MCP server)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bash_helpers import BWRAP, needs_bwrap, processes_with, wait_until
+
+from amplifier_tools import sandbox as engine
+
+pytestmark = needs_bwrap
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="amp-engine-", dir="/var/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_stdio_process_talks_through_the_sandbox_and_its_whole_tree_dies_with_it(work: Path) -> None:
+    assert BWRAP is not None and engine.probe(BWRAP) is None
+    seconds = f"1000.{random.randrange(10**8):08d}"
+    view = engine.View(cwd=str(work), writable=(str(work),))
+    argv = engine.command(view, ["sh", "-c", f"setsid sleep {seconds} & exec cat"], bwrap=BWRAP)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(b'{"jsonrpc": "2.0"}\n')
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b'{"jsonrpc": "2.0"}\n'
+        assert wait_until(lambda: processes_with(f"sleep {seconds}") != [], timeout=10)
+    finally:
+        proc.kill()  # only bwrap itself: the PID namespace takes the daemon with it
+        proc.wait()
+    assert wait_until(lambda: processes_with(f"sleep {seconds}") == [], timeout=10)
+
+
+def test_the_command_line_names_the_view(work: Path) -> None:
+    view = engine.View(cwd=str(work), writable=(str(work),), read_only=("/usr", "/no/such/path"), network=True)
+    argv = engine.command(view, ["true"], bwrap="bwrap")
+    assert "--unshare-net" not in argv and "--die-with-parent" in argv and argv[-2:] == ["--", "true"]
+    assert "/no/such/path" not in argv  # skipped, never created on the host
+    assert argv[argv.index("--bind") + 1] == str(work) and "--cap-drop" in argv
+
+
+def test_unavailable_names_both_fixes() -> None:
+    error = engine.unavailable("'bwrap' was not found on PATH", "[mcp.servers.x]")
+    assert error.code == "sandbox_unavailable" and "bubblewrap" in error.message
+    assert 'sandbox = "off"' in error.message and "[mcp.servers.x]" in error.message
