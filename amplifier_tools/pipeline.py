@@ -107,6 +107,7 @@ class CallPipeline:
         ctx = context.for_call(call.id)
         mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
         kept_output: Any = None
+        scanned: Any = None  # the output object already scrubbed before tool_post
         events = self.hooks.has_event_observers()
         ending = False  # the tool_post or tool_error chain has begun: the other must never run
         try:
@@ -144,6 +145,7 @@ class CallPipeline:
             if self.secrets:
                 result = ToolResult(True, redact(result.output, secrets=self.secrets, patterns=False), None,
                                     result.metadata, call.id)
+            scanned = result.output
 
             def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
                 if replacement.success:
@@ -183,7 +185,7 @@ class CallPipeline:
             ended_result: ToolResult = ended
             return ended_result
         # A cancellation arriving in here is raised only once every tool_complete observer has run.
-        return await self._complete(call, mounted, ctx, result, started)
+        return await self._complete(call, mounted, ctx, result, started, scanned)
 
     def _after_cancel(self, result: ToolResult, number: int) -> ToolResult:
         """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
@@ -304,12 +306,12 @@ class CallPipeline:
 
     async def _complete(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, result: ToolResult,
-        started: float,
+        started: float, scanned: Any = None,
     ) -> ToolResult:
         metadata = dict(result.metadata)
         metadata["trail"] = [converter.unstructure(decision) for decision in ctx.trail]
         metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
-        result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
+        result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id), scanned)
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
 
@@ -326,17 +328,21 @@ class CallPipeline:
             result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
         return result
 
-    def _scrubbed(self, result: ToolResult) -> ToolResult:
+    def _scrubbed(self, result: ToolResult, scanned: Any = None) -> ToolResult:
         """``result`` with every registered secret redacted from its output, error and metadata:
         whatever ``tool_post`` hooks, ``tool_error`` recoveries or the tool's metadata added. One
-        pre-scan of the three together; untouched (the same object) when nothing matched."""
+        pre-scan of the three together (of the output only when it is not ``scanned``, the object
+        scrubbed before ``tool_post``); untouched (the same object) when nothing matched."""
         if not self.secrets:
             return result
-        parts = [result.output, result.error, result.metadata]
+        same = scanned is not None and result.output is scanned
+        parts = [None if same else result.output, result.error, result.metadata]
         clean = redact(parts, secrets=self.secrets, patterns=False)
         if clean is parts:
             return result
         output, error, metadata = clean
+        if same:
+            output = result.output
         return ToolResult(result.success, output, error, metadata, result.tool_call_id)
 
 

@@ -74,33 +74,55 @@ def _base64_middles(data: bytes) -> set[str]:
         middle = base64.b64encode(padded[:whole]).decode("ascii")[skip:]
         if len(middle) >= MIN_ENCODED_LENGTH:
             middles.add(middle)
-            middles.add(middle.replace("+", "-").replace("/", "_"))
     return middles
+
+
+def _json_escaped(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
 def secret_forms(secret: str) -> set[str]:
     """The strings searched for to find ``secret``: itself and its cheap encodings (see the module)."""
     if len(secret) < MIN_SECRET_LENGTH:
         return set()
-    forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1],
-             urllib.parse.quote(secret, safe=""), urllib.parse.quote_plus(secret, safe="")}
     raw = secret.encode("utf-8", "surrogatepass")
+    forms = {secret, _json_escaped(secret), json.dumps(secret)[1:-1], urllib.parse.quote(secret, safe="")}
     if len(raw) * 2 >= MIN_ENCODED_LENGTH:
-        forms.update((raw.hex(), raw.hex().upper()))
+        forms.add(raw.hex())
     forms.update(_base64_middles(raw))
     return forms
 
 
-def _compile(values: frozenset[str]) -> re.Pattern[str] | None:
-    forms = set().union(*(secret_forms(v) for v in values)) if values else set()
-    if not forms:
-        return None
-    # Longest first: a secret that contains another is replaced whole.
-    return re.compile("|".join(re.escape(f) for f in sorted(forms, key=lambda f: (-len(f), f))))
+_UNSTABLE_ESCAPE: Final = re.compile(r"[\x00-\x1f\ud800-\udfff]")
+
+
+@final
+class SecretMatcher:
+    """The compiled search for a set of secrets: ``needles`` for the cheap ``in`` pre-scan (each
+    form and its JSON-escaped spelling), one ``regex`` to replace them, built once per set."""
+
+    __slots__ = ("needles", "regex", "walk_on_escape")
+
+    def __init__(self, forms: set[str]) -> None:
+        self.needles = tuple(sorted(forms | {_json_escaped(f) for f in forms}))
+        # Longest first: a secret that contains another is replaced whole.
+        self.regex = re.compile("|".join(re.escape(f) for f in sorted(forms, key=lambda f: (-len(f), f))))
+        # Encoders disagree on how to escape control characters and surrogates: a secret holding
+        # one cannot be looked for in JSON text, whose every backslash then means the full walk.
+        self.walk_on_escape = any(_UNSTABLE_ESCAPE.search(f) for f in forms)
+
+    def found_in(self, text: str) -> bool:
+        """Whether any form may occur in ``text`` (one C-level substring search per needle)."""
+        return any(needle in text for needle in self.needles)
+
+
+def _compile(values: frozenset[str]) -> SecretMatcher | None:
+    forms: set[str] = set().union(*(secret_forms(v) for v in values)) if values else set()
+    return SecretMatcher(forms) if forms else None
 
 
 @functools.lru_cache(maxsize=64)
-def _compile_cached(values: frozenset[str]) -> re.Pattern[str] | None:
+def _compile_cached(values: frozenset[str]) -> SecretMatcher | None:
     return _compile(values)
 
 
@@ -124,7 +146,7 @@ class SecretSet:
     def __init__(self, values: Iterable[str] = ()) -> None:
         self._lock = threading.Lock()
         self._values: frozenset[str] = frozenset()
-        self._compiled: tuple[frozenset[str], re.Pattern[str] | None] = (self._values, None)
+        self._compiled: tuple[frozenset[str], SecretMatcher | None] = (self._values, None)
         self.update(values)
 
     def add(self, value: str) -> None:
@@ -148,8 +170,8 @@ class SecretSet:
         return iter(self._values)
 
     @property
-    def matcher(self) -> re.Pattern[str] | None:
-        """One regex for every form of every value; None while the set is empty."""
+    def matcher(self) -> SecretMatcher | None:
+        """The search for every form of every value; None while the set is empty."""
         values, compiled = self._compiled
         current = self._values
         if values is not current:
@@ -184,7 +206,7 @@ class RecordingResolver:
         return value
 
 
-def _secret_regex(secrets: Collection[str] | SecretSet) -> re.Pattern[str] | None:
+def _matcher(secrets: Collection[str] | SecretSet) -> SecretMatcher | None:
     if isinstance(secrets, SecretSet):
         return secrets.matcher
     if not secrets:
@@ -194,9 +216,9 @@ def _secret_regex(secrets: Collection[str] | SecretSet) -> re.Pattern[str] | Non
 
 def redact_text(text: str, secrets: Collection[str] | SecretSet = (), *, patterns: bool = True) -> str:
     """``text`` with secret values and credential-shaped substrings replaced."""
-    secret_re = _secret_regex(secrets)
-    if secret_re is not None:
-        text = secret_re.sub(PLACEHOLDER, text)
+    matcher = _matcher(secrets)
+    if matcher is not None and matcher.found_in(text):
+        text = matcher.regex.sub(PLACEHOLDER, text)
     if patterns and _may_hold_pattern(text):
         text = _DEFAULT_RE.sub(PLACEHOLDER, text)
     return text
@@ -224,19 +246,19 @@ def _redact_path(value: Any, parts: list[str]) -> Any:
     return value
 
 
-def _redact_strings(value: Any, secret_re: re.Pattern[str] | None, patterns: bool) -> Any:
+def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -> Any:
     if isinstance(value, str):
-        if secret_re is not None:
-            value = secret_re.sub(PLACEHOLDER, value)
+        if matcher is not None and matcher.found_in(value):
+            value = matcher.regex.sub(PLACEHOLDER, value)
         return _DEFAULT_RE.sub(PLACEHOLDER, value) if patterns and _may_hold_pattern(value) else value
     if isinstance(value, Mapping):
         return {
-            _redact_strings(key, secret_re, patterns) if isinstance(key, str) else key:
-            _redact_strings(item, secret_re, patterns)
+            _redact_strings(key, matcher, patterns) if isinstance(key, str) else key:
+            _redact_strings(item, matcher, patterns)
             for key, item in value.items()
         }
     if isinstance(value, (list, tuple)):
-        return [_redact_strings(item, secret_re, patterns) for item in value]
+        return [_redact_strings(item, matcher, patterns) for item in value]
     return value
 
 
@@ -260,29 +282,30 @@ def redact(
     """
     for rule in paths:
         value = _redact_path(value, _split_rule(rule))
-    secret_re = _secret_regex(secrets)
-    if secret_re is None and not patterns:
+    matcher = _matcher(secrets)
+    if matcher is None and not patterns:
         return value
-    if not isinstance(value, str) and not _may_match(value, secret_re, patterns):
+    if not isinstance(value, str) and not _may_match(value, matcher, patterns):
         return value
-    return _redact_strings(value, secret_re, patterns)
+    return _redact_strings(value, matcher, patterns)
 
 
-def _may_match(value: Any, secret_re: re.Pattern[str] | None, patterns: bool) -> bool:
-    """Whether any string inside ``value`` could need scrubbing: one regex scan of its JSON text.
+def _may_match(value: Any, matcher: SecretMatcher | None, patterns: bool) -> bool:
+    """Whether any string inside ``value`` could need scrubbing: substring searches of its JSON text.
 
-    Sound because, when the JSON text has no escape sequences, every string and
-    key appears in it verbatim, so a secret or a pattern trigger inside any one
-    string is also in the text; a hit anywhere only means the full walk runs.
-    Anything that escapes, or does not serialize, takes the full walk.
+    Sound because JSON escapes character by character: a string (or key) holding a secret form
+    or a pattern trigger appears in the text with that form JSON-escaped, which is one of the
+    matcher's needles (triggers have nothing to escape). A hit anywhere only means the full walk
+    runs. A secret whose escaping differs between encoders (control characters, surrogates)
+    sends any text with a backslash to the full walk; so does anything that does not serialize.
     """
     try:
         text = dumps(value).decode("utf-8")
     except Exception:  # anything that does not serialize (a hostile __str__ included): the full walk
         return True
-    if "\\" in text:
+    if matcher is not None and ((matcher.walk_on_escape and "\\" in text) or matcher.found_in(text)):
         return True
-    return bool((secret_re is not None and secret_re.search(text)) or (patterns and _may_hold_pattern(text)))
+    return patterns and _may_hold_pattern(text)
 
 
 def sanitize_message(text: str, secrets: Collection[str] | SecretSet = ()) -> str:
