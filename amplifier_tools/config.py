@@ -4,7 +4,9 @@ Sources: a mapping passed to ``ToolHost(config=...)``, or a file — TOML
 (``amplifier-tools.toml``, or ``[tool.amplifier-tools]`` in ``pyproject.toml``)
 or the seed's mount-plan YAML (``tools:``/``hooks:`` lists of
 ``{module, config}``; needs PyYAML). ``${VAR}`` in string values is replaced
-from the environment when loading a file; an unset variable is an error.
+from the environment when loading a file; an unset variable is an error. The
+substituted values are handed back to the host, which treats each as a secret
+(``${VAR}`` is how a credential reaches an MCP server's ``env``).
 
 Unknown keys and wrong types are errors naming the file and key path; nothing
 is silently ignored. Plugin sections are validated by their plugins, except
@@ -179,24 +181,28 @@ def plugin_section(config: Mapping[str, Any], plugin: str) -> tuple[dict[str, An
     return section, reserved
 
 
-def _substitute(value: Any, file: str, path: str) -> Any:
+def _substitute(value: Any, file: str, path: str, used: set[str]) -> Any:
     if isinstance(value, str):
         def replace(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in os.environ:
                 raise ConfigError(f"environment variable ${{{name}}} is not set", key=path or None, file=file)
+            used.add(os.environ[name])
             return os.environ[name]
 
         return _ENV_REF.sub(replace, value)
     if isinstance(value, dict):
-        return {k: _substitute(v, file, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        return {k: _substitute(v, file, f"{path}.{k}" if path else str(k), used) for k, v in value.items()}
     if isinstance(value, list):
-        return [_substitute(v, file, f"{path}[{i}]") for i, v in enumerate(value)]
+        return [_substitute(v, file, f"{path}[{i}]", used) for i, v in enumerate(value)]
     return value
 
 
-def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read and validate a TOML, pyproject.toml or mount-plan YAML file."""
+def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | None = None) -> dict[str, Any]:
+    """Read and validate a TOML, pyproject.toml or mount-plan YAML file.
+
+    ``substituted``, when given, receives every value a ``${VAR}`` was replaced with (the host
+    registers them as secrets)."""
     file = str(path)
     p = Path(path)
     try:
@@ -220,7 +226,8 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise ConfigError(f"not valid TOML: {exc}", file=file) from None
         if p.name == "pyproject.toml":
             data = data.get("tool", {}).get("amplifier-tools", {})
-    checked: dict[str, Any] = validate_config(_substitute(data, file, ""), file=file)
+    used: set[str] = set() if substituted is None else substituted
+    checked: dict[str, Any] = validate_config(_substitute(data, file, "", used), file=file)
     return checked
 
 

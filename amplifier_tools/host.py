@@ -43,6 +43,7 @@ from .errors import ConfigError, ContractError, PluginLoadError, ToolError, Tool
 from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
 from .pipeline import CallPipeline
+from .redaction import RecordingResolver, SecretSet
 from .registry import ToolRegistry
 from .spec import ToolSpec
 
@@ -131,9 +132,14 @@ class ToolHost:
             config = discover_config_file(working_dir)
         #: The file the configuration came from, named in configuration errors (None: from code).
         self.config_file: str | None = None
+        #: Every secret value resolved in this run (``session.secrets``): redacted from every tool's
+        #: output, every error, audit record and span.
+        self.secrets = SecretSet()
         if isinstance(config, (str, os.PathLike)):
             self.config_file = os.fspath(config)
-            self.config = load_config_file(config)
+            substituted: set[str] = set()
+            self.config = load_config_file(config, substituted=substituted)
+            self.secrets.update(substituted)
         else:
             self.config = validate_config(config)
         self._extra_plugins = list(plugins)
@@ -188,8 +194,10 @@ class ToolHost:
         self._closed = False
         self._default_context = self._make_default_context()
         # Host-level secrets (config ``secrets``) for plugins, e.g. the audit checkpoint key:
-        # a callable name -> value that raises AuthError naming an unresolvable reference.
+        # a callable name -> value that raises AuthError naming an unresolvable reference. What it
+        # resolves is registered in ``session.secrets``, as is anything a plugin adds there itself.
         self.capabilities["session.secret"] = self._default_context.secret
+        self.capabilities["session.secrets"] = self.secrets
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -217,7 +225,8 @@ class ToolHost:
             await self.close()
             raise
         default_timeout = self.config.get("default_timeout_ms", 60_000) / 1000.0
-        self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout)
+        self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout,
+                                      secrets=self.secrets)
 
     async def close(self) -> None:
         """Stop admitting calls, let in-flight calls finish, then run cleanups in reverse order.
@@ -447,6 +456,9 @@ class ToolHost:
     def _make_default_context(self) -> ToolContext:
         ctx = self.config.get("context", {})
         secret_env = dict(self.config.get("secrets", {}))
+        # The values of the [secrets] variables are secret from the start, whether or not a tool
+        # ever asks for them: a tool could read them some other way (a file, a child's environment).
+        self.secrets.update(os.environ[v] for v in secret_env.values() if v in os.environ)
 
         def from_env(name: str) -> str | None:
             variable = secret_env.get(name)
@@ -457,7 +469,7 @@ class ToolHost:
             role=ctx.get("role"),
             environment=ctx.get("environment"),
             scopes=frozenset(ctx.get("scopes", ())),
-            secrets=from_env if secret_env else None,
+            secrets=self.secrets.recording(from_env) if secret_env else None,
             session_id=self.session_id,
         )
 
@@ -506,8 +518,13 @@ class ToolHost:
                 "cause": None, "tool": getattr(call, "name", None), "call_id": call_id}, {}, call_id)
         if context is None:
             context = self._default_context
-        elif context.session_id is None:
-            context = attrs.evolve(context, session_id=self.session_id)
+        else:
+            resolver = context.secrets
+            if context.session_id is None or (resolver is not None and not (
+                    isinstance(resolver, RecordingResolver) and resolver.registry is self.secrets)):
+                # A caller's own resolver: what it hands out joins the host-wide registry.
+                context = attrs.evolve(context, session_id=context.session_id or self.session_id,
+                                       secrets=None if resolver is None else self.secrets.recording(resolver))
         return await pipeline.run(call, context)
 
     # -- introspection -----------------------------------------------------------

@@ -8,7 +8,11 @@
 
 It never raises: every failure, including a bug in a plugin or in the host,
 ends as a failed ``ToolResult`` with a typed error. It must never let output
-that failed its checks, or a resolved secret value, reach the caller.
+that failed its checks, or a resolved secret value, reach the caller: every
+value in the host-wide ``SecretSet`` (whichever tool or plugin resolved it) is
+redacted from the output before ``tool_post``, from every error message, and
+once more from the final result (output, error, metadata) before the
+``tool_complete`` observers (audit, spans) and the caller see it.
 
 Exactly once, whatever happens: every call ends in one of ``tool_post`` or
 ``tool_error``, then ``tool_complete`` once (the audit record). A call whose
@@ -34,7 +38,7 @@ from .converter import converter
 from .dispatch import HookDispatcher, finish_despite_cancel, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
 from .models import ToolCall, ToolContext, ToolResult
-from .redaction import redact
+from .redaction import SecretSet, redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
 from .retry import retry_allowed, run_with_retries
@@ -46,8 +50,11 @@ log = logging.getLogger("amplifier_tools")
 class CallPipeline:
     """Runs calls against a tool registry through a hook dispatcher."""
 
-    def __init__(self, tools: ToolRegistry, hooks: HookDispatcher, *, default_timeout: float | None) -> None:
+    def __init__(self, tools: ToolRegistry, hooks: HookDispatcher, *, default_timeout: float | None,
+                 secrets: SecretSet | None = None) -> None:
         self.tools = tools
+        #: Every secret value resolved in this run (the host's ``session.secrets``).
+        self.secrets = SecretSet() if secrets is None else secrets
         self.hooks = hooks
         self.default_timeout = default_timeout
         #: Set by ``ToolHost.close``: new calls and tools not yet started end in ``host_closing``.
@@ -99,8 +106,8 @@ class CallPipeline:
         started = time.perf_counter()
         ctx = context.for_call(call.id)
         mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
-        secrets: tuple[str, ...] = ()
         kept_output: Any = None
+        scanned: Any = None  # the output object already scrubbed before tool_post
         events = self.hooks.has_event_observers()
         ending = False  # the tool_post or tool_error chain has begun: the other must never run
         try:
@@ -117,7 +124,8 @@ class CallPipeline:
             call = await self.hooks.tool_pre(
                 call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
             )
-            secrets = tuple(ctx.secret(ref) for ref in spec.security.secret_refs)
+            for ref in spec.security.secret_refs:  # resolving registers the value host-wide
+                ctx.secret(ref)
             if self.closing:  # admitted before close, but the tool has not started: do not start it now
                 raise _closing_error(f"the host is closing; tool {spec.name!r} was not started")
             if retry_allowed(spec, ctx):
@@ -134,34 +142,35 @@ class CallPipeline:
             mounted.check_output(result.output)
 
             result = ToolResult(True, result.output, None, result.metadata, call.id)
-            if secrets:
-                result = ToolResult(True, redact(result.output, secrets=secrets, patterns=False), None,
+            if self.secrets:
+                result = ToolResult(True, redact(result.output, secrets=self.secrets, patterns=False), None,
                                     result.metadata, call.id)
+            scanned = result.output
 
             def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
                 if replacement.success:
                     try:
                         mounted.check_output(replacement.output, plugin=plugin)
                     except ContractError as exc:
-                        return self._failure_result(call, mounted, ctx, exc, secrets)
+                        return self._failure_result(call, mounted, ctx, exc)
                 return replacement
 
             ending = True
             result = await self.hooks.tool_post(
                 call, spec, result, ctx, revalidate,
-                lambda error: self._failure_result(call, mounted, ctx, error, secrets),
+                lambda error: self._failure_result(call, mounted, ctx, error),
             )
             if events:
                 await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
         except ToolError as error:
             failure: ToolError | None = error
         except asyncio.CancelledError:
-            return await self._cancelled(call, mounted, ctx, started, secrets, number, errors_ran=ending)
+            return await self._cancelled(call, mounted, ctx, started, number, errors_ran=ending)
         except Exception as exc:  # a host bug must still end as a typed result
             log.exception("unexpected failure %s %r", "ending" if ending else "running", call.name)
             failure = _internal(exc)
             if ending:  # tool_post already ran: tool_error must not run as well
-                result = self._failure_result(call, mounted, ctx, failure, secrets)
+                result = self._failure_result(call, mounted, ctx, failure)
                 failure = None
         else:
             failure = None
@@ -170,13 +179,13 @@ class CallPipeline:
             # call; a cancellation arriving meanwhile (an async tool_error hook, an event observer)
             # waits for that and is honoured afterwards.
             ended, cancelled = await finish_despite_cancel(
-                self._fail(call, mounted, ctx, failure, started, secrets, kept_output, events))
+                self._fail(call, mounted, ctx, failure, started, kept_output, events))
             if cancelled:
                 return self._after_cancel(ended, number)
             ended_result: ToolResult = ended
             return ended_result
         # A cancellation arriving in here is raised only once every tool_complete observer has run.
-        return await self._complete(call, mounted, ctx, result, started, secrets)
+        return await self._complete(call, mounted, ctx, result, started, scanned)
 
     def _after_cancel(self, result: ToolResult, number: int) -> ToolResult:
         """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
@@ -190,7 +199,7 @@ class CallPipeline:
 
     async def _cancelled(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, started: float,
-        secrets: tuple[str, ...], number: int, *, errors_ran: bool,
+        number: int, *, errors_ran: bool,
     ) -> ToolResult:
         """End a call whose task was cancelled: ``tool_error`` (unless an ending chain already
         began), ``tool_complete`` and the record, in a task a second cancellation cannot stop.
@@ -208,9 +217,9 @@ class CallPipeline:
 
         async def finish() -> ToolResult:
             if errors_ran:
-                failure = self._failure_result(call, mounted, ctx, error, secrets)
-                return await self._complete(call, mounted, ctx, failure, started, secrets)
-            return await self._fail(call, mounted, ctx, error, started, secrets, None, False, recover=False)
+                failure = self._failure_result(call, mounted, ctx, error)
+                return await self._complete(call, mounted, ctx, failure, started)
+            return await self._fail(call, mounted, ctx, error, started, None, False, recover=False)
 
         ended, _ = await finish_despite_cancel(finish())
         return self._after_cancel(ended, number)
@@ -272,19 +281,20 @@ class CallPipeline:
 
     def _failure_result(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, error: ToolError,
-        secrets: tuple[str, ...], output: Any = None,
+        output: Any = None,
     ) -> ToolResult:
         tool = mounted.spec.name if mounted is not None else None
-        if output is not None and secrets:
-            output = redact(output, secrets=secrets, patterns=False)
-        return ToolResult(False, output, error_dict(error, tool=tool, context=ctx, secrets=secrets), {}, call.id)
+        if output is not None and self.secrets:
+            output = redact(output, secrets=self.secrets, patterns=False)
+        return ToolResult(False, output, error_dict(error, tool=tool, context=ctx, secrets=self.secrets), {},
+                          call.id)
 
     async def _fail(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, error: ToolError,
-        started: float, secrets: tuple[str, ...], output: Any, events: bool, *, recover: bool = True,
+        started: float, output: Any, events: bool, *, recover: bool = True,
     ) -> ToolResult:
         spec = mounted.spec if mounted is not None else None
-        result = self._failure_result(call, mounted, ctx, error, secrets, output)
+        result = self._failure_result(call, mounted, ctx, error, output)
         recovery = await self.hooks.tool_error(call, spec, error, ctx)
         if recovery is not None and not recover:
             ctx.record("host", "tool_error", "recover_ignored", "a cancelled call cannot be recovered")
@@ -292,16 +302,16 @@ class CallPipeline:
             result = ToolResult(recovery.success, recovery.output, recovery.error, dict(recovery.metadata), call.id)
         if events:
             await self.hooks.tool_event("tool:error", event_data(call, ctx, error=result.error))
-        return await self._complete(call, mounted, ctx, result, started, secrets)
+        return await self._complete(call, mounted, ctx, result, started)
 
     async def _complete(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, result: ToolResult,
-        started: float, secrets: tuple[str, ...],
+        started: float, scanned: Any = None,
     ) -> ToolResult:
         metadata = dict(result.metadata)
         metadata["trail"] = [converter.unstructure(decision) for decision in ctx.trail]
         metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
-        result = ToolResult(result.success, result.output, result.error, metadata, call.id)
+        result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id), scanned)
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
 
@@ -309,14 +319,31 @@ class CallPipeline:
             """An observer failed closed: the output is withheld; a failed call keeps its first error."""
             trail = [converter.unstructure(decision) for decision in ctx.trail]
             failure = current.error if not current.success else self._failure_result(
-                call, mounted, ctx, error, secrets).error
+                call, mounted, ctx, error).error
             return ToolResult(False, None, failure, {**current.metadata, "trail": trail}, call.id)
 
         result, _ = await self.hooks.tool_complete(call, spec, result, ctx, withheld)
         if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
             metadata = {**result.metadata, "trail": [converter.unstructure(decision) for decision in ctx.trail]}
-            result = ToolResult(result.success, result.output, result.error, metadata, call.id)
+            result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
         return result
+
+    def _scrubbed(self, result: ToolResult, scanned: Any = None) -> ToolResult:
+        """``result`` with every registered secret redacted from its output, error and metadata:
+        whatever ``tool_post`` hooks, ``tool_error`` recoveries or the tool's metadata added. One
+        pre-scan of the three together (of the output only when it is not ``scanned``, the object
+        scrubbed before ``tool_post``); untouched (the same object) when nothing matched."""
+        if not self.secrets:
+            return result
+        same = scanned is not None and result.output is scanned
+        parts = [None if same else result.output, result.error, result.metadata]
+        clean = redact(parts, secrets=self.secrets, patterns=False)
+        if clean is parts:
+            return result
+        output, error, metadata = clean
+        if same:
+            output = result.output
+        return ToolResult(result.success, output, error, metadata, result.tool_call_id)
 
 
 def _closing_error(message: str) -> ToolSystemError:

@@ -1,28 +1,44 @@
-"""The one redaction function, used for error messages, results and audit records.
+"""The one redaction function, used for results, error messages, audit records and spans.
 
-``redact`` replaces, anywhere inside a JSON-like value: exact secret values
-(resolved ``secret_refs``), well-known credential shapes (bearer tokens, API
-keys, private-key blocks, passwords in URLs) and the values at configured
-paths (``arguments/password``, ``output/headers/*``).
+``redact`` replaces, anywhere inside a JSON-like value: secret values (the
+host-wide ``SecretSet`` of every secret resolved in this run, or a given
+collection), well-known credential shapes (bearer tokens, API keys,
+private-key blocks, passwords in URLs) and the values at configured paths
+(``arguments/password``, ``output/headers/*``; keys compared case-insensitively).
 
-Limits, stated plainly: a secret is found only as the exact string the resolver
-returned (not base64- or URL-encoded, not split across values); patterns catch
-common shapes, not every credential; secrets shorter than
-``MIN_SECRET_LENGTH`` characters are not searched for, because replacing
-every occurrence of a 1-3 character string destroys output without
-protecting anything.
+A secret is found as the exact string the resolver returned and in the forms a
+launderer gets for free: JSON string escapes (a secret holding ``"``, ``\\`` or
+non-ASCII characters, escaped with or without ``ensure_ascii``),
+percent-encoding, lower- and upper-case hex of its UTF-8 bytes, and standard or
+URL-safe base64 at any of the three byte alignments (the stable middle of the
+encoding: up to 3 characters at either end of a base64 form stay visible).
+
+Limits, stated plainly: not a secret split across lines, values or calls; not
+base64 wrapped into lines (``base64`` wraps at 76 columns), compressed,
+reversed, case-changed, or under any other transformation; not a prefix or part
+of a secret. Patterns catch common shapes, not every credential. Secrets shorter
+than ``MIN_SECRET_LENGTH`` characters are not searched for (and encoded forms
+shorter than ``MIN_ENCODED_LENGTH``), because replacing every occurrence of a
+short string destroys output without protecting anything.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import json
 import re
-from collections.abc import Collection, Iterable, Mapping
-from typing import Any, Final
+import threading
+import urllib.parse
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, Final, Union, final
 
 from ._json import dumps
 
 PLACEHOLDER: Final = "[REDACTED]"
 MIN_SECRET_LENGTH: Final = 4
+#: Encoded forms (hex, base64 middles) shorter than this are not searched for.
+MIN_ENCODED_LENGTH: Final = 8
 MAX_MESSAGE_CHARS: Final = 2_000
 
 DEFAULT_PATTERNS: Final = (
@@ -43,21 +59,166 @@ PATTERN_TRIGGERS: Final = ("-----begin", "bearer", "sk-", "pk-", "rk-", "akia", 
 def _may_hold_pattern(text: str) -> bool:
     low = text.lower()
     return any(trigger in low for trigger in PATTERN_TRIGGERS)
+
+
 _CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
-def _secret_regex(secrets: Iterable[str]) -> re.Pattern[str] | None:
-    values = sorted({s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True)
-    if not values:
+def _base64_middles(data: bytes) -> set[str]:
+    """The part of ``data``'s base64 encoding that is the same wherever ``data`` starts in a
+    longer byte string: for each of the 3 alignments, the characters that depend on ``data`` alone."""
+    middles = set()
+    for shift, skip in ((0, 0), (1, 2), (2, 3)):
+        padded = b"\0" * shift + data
+        whole = len(padded) // 3 * 3  # a trailing partial group depends on what follows
+        middle = base64.b64encode(padded[:whole]).decode("ascii")[skip:]
+        if len(middle) >= MIN_ENCODED_LENGTH:
+            middles.add(middle)
+    return middles
+
+
+def _json_escaped(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+def secret_forms(secret: str) -> set[str]:
+    """The strings searched for to find ``secret``: itself and its cheap encodings (see the module)."""
+    if len(secret) < MIN_SECRET_LENGTH:
+        return set()
+    raw = secret.encode("utf-8", "surrogatepass")
+    forms = {secret, _json_escaped(secret), json.dumps(secret)[1:-1], urllib.parse.quote(secret, safe="")}
+    if len(raw) * 2 >= MIN_ENCODED_LENGTH:
+        forms.add(raw.hex())
+    forms.update(_base64_middles(raw))
+    return forms
+
+
+_UNSTABLE_ESCAPE: Final = re.compile(r"[\x00-\x1f\ud800-\udfff]")
+
+
+@final
+class SecretMatcher:
+    """The compiled search for a set of secrets: ``needles`` for the cheap ``in`` pre-scan (each
+    form and its JSON-escaped spelling), one ``regex`` to replace them, built once per set."""
+
+    __slots__ = ("needles", "regex", "walk_on_escape")
+
+    def __init__(self, forms: set[str]) -> None:
+        self.needles = tuple(sorted(forms | {_json_escaped(f) for f in forms}))
+        # Longest first: a secret that contains another is replaced whole.
+        self.regex = re.compile("|".join(re.escape(f) for f in sorted(forms, key=lambda f: (-len(f), f))))
+        # Encoders disagree on how to escape control characters and surrogates: a secret holding
+        # one cannot be looked for in JSON text, whose every backslash then means the full walk.
+        self.walk_on_escape = any(_UNSTABLE_ESCAPE.search(f) for f in forms)
+
+    def found_in(self, text: str) -> bool:
+        """Whether any form may occur in ``text`` (one C-level substring search per needle)."""
+        return any(needle in text for needle in self.needles)
+
+
+def _compile(values: frozenset[str]) -> SecretMatcher | None:
+    forms: set[str] = set().union(*(secret_forms(v) for v in values)) if values else set()
+    return SecretMatcher(forms) if forms else None
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_cached(values: frozenset[str]) -> SecretMatcher | None:
+    return _compile(values)
+
+
+#: A mapping or a callable returning ``None`` for an unknown name (``models.SecretResolver``).
+SecretResolverLike = Union[Mapping[str, str], Callable[[str], Union[str, None]]]
+
+
+@final
+class SecretSet:
+    """The host-wide registry of secret values resolved in this run (the ``session.secrets``
+    capability): whatever is added here is redacted from every tool's output, every error,
+    every audit record and span, whichever tool or plugin resolved it.
+
+    Values are only ever added (a secret once seen stays secret for the host's life). The
+    combined matcher is compiled once per change of the set, never per call; adding is safe
+    from worker threads. It holds values in memory only and never writes them anywhere.
+    """
+
+    __slots__ = ("_compiled", "_lock", "_values")
+
+    def __init__(self, values: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        self._values: frozenset[str] = frozenset()
+        self._compiled: tuple[frozenset[str], SecretMatcher | None] = (self._values, None)
+        self.update(values)
+
+    def add(self, value: str) -> None:
+        """Register one secret value (values shorter than ``MIN_SECRET_LENGTH`` are ignored)."""
+        self.update((value,))
+
+    def update(self, values: Iterable[str]) -> None:
+        """Register several secret values at once (one recompilation)."""
+        new = {v for v in values if isinstance(v, str) and len(v) >= MIN_SECRET_LENGTH} - self._values
+        if new:
+            with self._lock:
+                self._values = self._values | new
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values
+
+    def __iter__(self) -> Any:
+        return iter(self._values)
+
+    @property
+    def matcher(self) -> SecretMatcher | None:
+        """The search for every form of every value; None while the set is empty."""
+        values, compiled = self._compiled
+        current = self._values
+        if values is not current:
+            compiled = _compile(current)
+            self._compiled = (current, compiled)
+        return compiled
+
+    def recording(self, resolver: SecretResolverLike) -> Callable[[str], str | None]:
+        """A resolver that registers every value ``resolver`` returns (a mapping's values at once)."""
+        if isinstance(resolver, RecordingResolver) and resolver.registry is self:
+            return resolver
+        return RecordingResolver(resolver, self)
+
+
+@final
+class RecordingResolver:
+    """A secret resolver that adds each value it hands out to a ``SecretSet`` before returning it."""
+
+    __slots__ = ("registry", "resolver")
+
+    def __init__(self, resolver: SecretResolverLike, registry: SecretSet) -> None:
+        self.resolver = resolver
+        self.registry = registry
+        if isinstance(resolver, Mapping):  # every value of a caller's table is a secret: known at once
+            registry.update(v for v in resolver.values() if isinstance(v, str))
+
+    def __call__(self, name: str) -> str | None:
+        resolver = self.resolver
+        value = resolver.get(name) if isinstance(resolver, Mapping) else resolver(name)
+        if isinstance(value, str):
+            self.registry.add(value)
+        return value
+
+
+def _matcher(secrets: Collection[str] | SecretSet) -> SecretMatcher | None:
+    if isinstance(secrets, SecretSet):
+        return secrets.matcher
+    if not secrets:
         return None
-    return re.compile("|".join(re.escape(v) for v in values))
+    return _compile_cached(frozenset(s for s in secrets if isinstance(s, str) and len(s) >= MIN_SECRET_LENGTH))
 
 
-def redact_text(text: str, secrets: Collection[str] = (), *, patterns: bool = True) -> str:
+def redact_text(text: str, secrets: Collection[str] | SecretSet = (), *, patterns: bool = True) -> str:
     """``text`` with secret values and credential-shaped substrings replaced."""
-    secret_re = _secret_regex(secrets)
-    if secret_re is not None:
-        text = secret_re.sub(PLACEHOLDER, text)
+    matcher = _matcher(secrets)
+    if matcher is not None and matcher.found_in(text):
+        text = matcher.regex.sub(PLACEHOLDER, text)
     if patterns and _may_hold_pattern(text):
         text = _DEFAULT_RE.sub(PLACEHOLDER, text)
     return text
@@ -72,8 +233,9 @@ def _redact_path(value: Any, parts: list[str]) -> Any:
         return PLACEHOLDER
     head, rest = parts[0], parts[1:]
     if isinstance(value, Mapping):
+        folded = head.casefold()
         return {
-            key: (_redact_path(item, rest) if head in ("*", key) else item)
+            key: (_redact_path(item, rest) if head == "*" or str(key).casefold() == folded else item)
             for key, item in value.items()
         }
     if isinstance(value, list):
@@ -84,26 +246,26 @@ def _redact_path(value: Any, parts: list[str]) -> Any:
     return value
 
 
-def _redact_strings(value: Any, secret_re: re.Pattern[str] | None, patterns: bool) -> Any:
+def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -> Any:
     if isinstance(value, str):
-        if secret_re is not None:
-            value = secret_re.sub(PLACEHOLDER, value)
+        if matcher is not None and matcher.found_in(value):
+            value = matcher.regex.sub(PLACEHOLDER, value)
         return _DEFAULT_RE.sub(PLACEHOLDER, value) if patterns and _may_hold_pattern(value) else value
     if isinstance(value, Mapping):
         return {
-            _redact_strings(key, secret_re, patterns) if isinstance(key, str) else key:
-            _redact_strings(item, secret_re, patterns)
+            _redact_strings(key, matcher, patterns) if isinstance(key, str) else key:
+            _redact_strings(item, matcher, patterns)
             for key, item in value.items()
         }
     if isinstance(value, (list, tuple)):
-        return [_redact_strings(item, secret_re, patterns) for item in value]
+        return [_redact_strings(item, matcher, patterns) for item in value]
     return value
 
 
 def redact(
     value: Any,
     *,
-    secrets: Collection[str] = (),
+    secrets: Collection[str] | SecretSet = (),
     paths: Iterable[str] = (),
     patterns: bool = True,
 ) -> Any:
@@ -113,38 +275,40 @@ def redact(
     (not a copy): treat the result as read-only.
 
     ``paths`` are ``/``-separated paths relative to ``value`` (``*`` matches any
-    one key or index); the whole value at a path becomes ``[REDACTED]``.
+    one key or index, keys compared case-insensitively); the whole value at a path becomes
+    ``[REDACTED]``.
     Then every string (keys included) is scrubbed of ``secrets`` and, with
     ``patterns``, of credential-shaped substrings.
     """
     for rule in paths:
         value = _redact_path(value, _split_rule(rule))
-    secret_re = _secret_regex(secrets)
-    if secret_re is None and not patterns:
+    matcher = _matcher(secrets)
+    if matcher is None and not patterns:
         return value
-    if not isinstance(value, str) and not _may_match(value, secret_re, patterns):
+    if not isinstance(value, str) and not _may_match(value, matcher, patterns):
         return value
-    return _redact_strings(value, secret_re, patterns)
+    return _redact_strings(value, matcher, patterns)
 
 
-def _may_match(value: Any, secret_re: re.Pattern[str] | None, patterns: bool) -> bool:
-    """Whether any string inside ``value`` could need scrubbing: one regex scan of its JSON text.
+def _may_match(value: Any, matcher: SecretMatcher | None, patterns: bool) -> bool:
+    """Whether any string inside ``value`` could need scrubbing: substring searches of its JSON text.
 
-    Sound because, when the JSON text has no escape sequences, every string and
-    key appears in it verbatim, so a secret or a pattern trigger inside any one
-    string is also in the text; a hit anywhere only means the full walk runs.
-    Anything that escapes, or does not serialize, takes the full walk.
+    Sound because JSON escapes character by character: a string (or key) holding a secret form
+    or a pattern trigger appears in the text with that form JSON-escaped, which is one of the
+    matcher's needles (triggers have nothing to escape). A hit anywhere only means the full walk
+    runs. A secret whose escaping differs between encoders (control characters, surrogates)
+    sends any text with a backslash to the full walk; so does anything that does not serialize.
     """
     try:
         text = dumps(value).decode("utf-8")
     except Exception:  # anything that does not serialize (a hostile __str__ included): the full walk
         return True
-    if "\\" in text:
+    if matcher is not None and ((matcher.walk_on_escape and "\\" in text) or matcher.found_in(text)):
         return True
-    return bool((secret_re is not None and secret_re.search(text)) or (patterns and _may_hold_pattern(text)))
+    return patterns and _may_hold_pattern(text)
 
 
-def sanitize_message(text: str, secrets: Collection[str] = ()) -> str:
+def sanitize_message(text: str, secrets: Collection[str] | SecretSet = ()) -> str:
     """An error message safe to show a model or log: redacted, without control
     characters, at most ``MAX_MESSAGE_CHARS`` long."""
     text = _CONTROL_RE.sub("?", redact_text(str(text), secrets))

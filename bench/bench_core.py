@@ -9,6 +9,8 @@ Cases (issue 2 and issue 8):
 - scaling with 1, 4, 16, 64 plugins and with 10, 100, 1,000 mounted tools.
 - 10,000 concurrent calls of a tool sleeping 50 ms: wall time against the same tool
   coroutines gathered without the host.
+- host-wide secret redaction (issue 14): a call returning a typical ~3 KB file-read result, with
+  three secrets registered in ``session.secrets`` against none (the per-call cost of the pre-scan).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import contextlib
 import statistics
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
 
@@ -191,8 +193,37 @@ async def _concurrency(quick: bool) -> list[Row]:
                       f"without the host; the sleep is 50 ms")]
 
 
+class ReadResultTool:
+    """Returns what a file read typically looks like: ~3 KB of numbered lines and a few fields."""
+
+    description = "a typical read result"
+    input_schema = SCHEMA
+    name = "reader"
+    OUTPUT: ClassVar[dict[str, Any]] = {
+        "path": "src/app/module.py", "lines_returned": 60, "total_lines": 60, "partial": False,
+        "content": "".join(f"{i:6}\tdef function_{i}(value: int) -> int: return value * {i}\n" for i in range(1, 61)),
+    }
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output=self.OUTPUT)
+
+
+async def _redaction(quick: bool) -> list[Row]:
+    n, rounds = (300, 2) if quick else (5_000, 7)
+    async with _host(0, [ReadResultTool()]) as plain, _host(0, [ReadResultTool()]) as guarded:
+        guarded.capabilities["session.secrets"].update(
+            ["deploy-key-0123456789abcdef", "ghp_notarealtoken000000000000000000000", 'pa"ss\\word-é-42'])
+        timings = await interleaved({"none": lambda: plain.call("reader", ARGS),
+                                     "three": lambda: guarded.call("reader", ARGS)}, n=n, rounds=rounds)
+    (none_us, _), (three_us, spread) = timings["none"], timings["three"]
+    size = len(str(ReadResultTool.OUTPUT))
+    return [row("secret redaction per call (3 secrets, ~3 KB result)", three_us - none_us, None, "µs/call",
+                spread=spread, notes=f"host call {three_us:.1f} µs with 3 registered secrets, {none_us:.1f} µs "
+                                     f"with none; a {size:,}-character read result with no secret in it")]
+
+
 async def _all(quick: bool) -> list[Row]:
-    return [*await _overhead(quick), *await _scaling(quick), *await _concurrency(quick)]
+    return [*await _overhead(quick), *await _scaling(quick), *await _concurrency(quick), *await _redaction(quick)]
 
 
 def run(quick: bool) -> list[Row]:

@@ -12,6 +12,10 @@ shared fsync. Every call gets a record: what cannot be encoded as it is
 escaped or summarized, and the record's ``altered`` field says where.
 The log lives in the host's ``state_dir`` by default and is registered as a
 protected path; see ``writer`` for how it is opened and checked.
+
+Records and spans are redacted with the host-wide ``session.secrets`` registry
+(every secret resolved in the run, not only the called tool's), the tool's
+``redaction_rules`` and, unless ``redact_patterns = false``, credential shapes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ..._json import dumps, encodable
 from ..._markers import hookimpl
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
-from ...redaction import redact
+from ...redaction import SecretSet, redact
 from ...spec import ToolSpec
 from .chain import anchor_path, encode_body, log_location
 from .writer import AuditWriteError, AuditWriter
@@ -84,24 +88,28 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
-def _secret_values(spec: ToolSpec | None, context: ToolContext) -> list[str]:
-    values = []
+def _register_secrets(spec: ToolSpec | None, context: ToolContext, secrets: SecretSet) -> None:
+    """The tool's own secret values join the registry (a context from outside the host may carry
+    a resolver that does not register what it resolves)."""
     for ref in spec.security.secret_refs if spec is not None else ():
         try:
-            values.append(context.secret(ref))
+            secrets.add(context.secret(ref))
         except AuthError:
             continue
-    return values
 
 
 def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
-                 original: Any, settings: dict[str, Any]) -> dict[str, Any]:
+                 original: Any, settings: dict[str, Any], secrets: SecretSet | None = None) -> dict[str, Any]:
     """The record of one call, redacted, before it is chained.
 
-    Never raises for what a caller or tool passed: values that cannot be encoded as they are
-    are escaped or summarized by ``_json.encodable`` and listed in the record's ``altered``.
+    ``secrets`` is the host-wide registry (``session.secrets``); without one, only the called
+    tool's own secret values are redacted. Never raises for what a caller or tool passed: values
+    that cannot be encoded as they are are escaped or summarized by ``_json.encodable`` and
+    listed in the record's ``altered``.
     """
-    secrets = _secret_values(spec, context)
+    if secrets is None:
+        secrets = SecretSet()
+    _register_secrets(spec, context, secrets)
     rules = spec.security.redaction_rules if spec is not None else ()
     error = result.error or {}
     try:
@@ -190,16 +198,22 @@ class AuditPlugin:
         self._warned = False
         self._coordinator: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The host-wide secret registry; a private one under a host that does not provide it.
+        self.secrets = SecretSet()
 
     @hookimpl(tryfirst=True)
     def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
         """First to mount, so that its cleanup (closing the log) runs last."""
         self.settings = parse_settings(config)
         self._coordinator = coordinator
+        registry = coordinator.get_capability("session.secrets")
+        if isinstance(registry, SecretSet):
+            self.secrets = registry
         if self.settings["otel"]:
             from .otel import ToolTelemetry
 
-            self.telemetry = ToolTelemetry(*self._providers)
+            self.telemetry = ToolTelemetry(*self._providers, secrets=self.secrets,
+                                           patterns=self.settings["redact_patterns"])
         configured = self.settings["path"]
         state_dir = coordinator.get_capability("session.state_dir")
         if configured is None and state_dir is None:
@@ -292,7 +306,8 @@ class AuditPlugin:
             return None
         # Encoded here, on the caller's side: the record is a snapshot even if the caller
         # later mutates its arguments or the tool's output.
-        body = encode_record(build_record(call, spec, result, context, original, self.settings))
+        body = encode_record(build_record(call, spec, result, context, original, self.settings,
+                                                 self.secrets))
         try:
             seq = writer.append(body)
         except AuditWriteError as exc:

@@ -6,6 +6,10 @@ imports OpenTelemetry. Spans follow the GenAI semantic conventions
 ``gen_ai.tool.call.id``, ``error.type`` on failure). The span is recorded when
 the call completes, with its start set from the measured duration, so it
 never adds a hook to the hot path of calls that are not traced.
+
+Every string put on a span (the tool name, the call id, the status message) is
+redacted with the host-wide secret registry first; no arguments or output are
+ever put on a span.
 """
 
 from __future__ import annotations
@@ -15,13 +19,17 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...models import ToolCall, ToolResult
+from ...redaction import SecretSet, redact_text
 from ...spec import ToolSpec
 
 
 class ToolTelemetry:
     """Records spans and the duration histogram through the given (or global) providers."""
 
-    def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+    def __init__(self, tracer_provider: Any = None, meter_provider: Any = None, *,
+                 secrets: SecretSet | None = None, patterns: bool = True) -> None:
+        self._secrets = SecretSet() if secrets is None else secrets
+        self._patterns = patterns
         try:
             from opentelemetry import metrics, trace
         except ImportError:
@@ -33,13 +41,17 @@ class ToolTelemetry:
         self._duration = meter.create_histogram(
             "amplifier_tools.tool.duration", unit="s", description="Duration of tool calls, by tool and error type")
 
+    def _clean(self, text: Any) -> str:
+        return redact_text(str(text), self._secrets, patterns=self._patterns)
+
     def record(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult) -> None:
         seconds = float(result.metadata.get("duration_ms", 0.0)) / 1000.0
         end = time.time_ns()
+        name = self._clean(call.name)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": call.name,
-            "gen_ai.tool.call.id": call.id,
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.call.id": self._clean(call.id),
             "gen_ai.tool.type": "function",
         }
         if spec is not None:
@@ -49,12 +61,13 @@ class ToolTelemetry:
         if error is not None:
             attributes["error.type"] = str(error.get("type"))
             attributes["amplifier_tools.error.code"] = str(error.get("code"))
-        span = self._tracer.start_span(f"execute_tool {call.name}", start_time=end - int(seconds * 1e9),
+        span = self._tracer.start_span(f"execute_tool {name}", start_time=end - int(seconds * 1e9),
                                        kind=self._trace.SpanKind.INTERNAL, attributes=attributes)
         if error is not None:
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(error.get("message", ""))[:200]))
+            message = self._clean(error.get("message", ""))[:200]
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, message))
         span.end(end_time=end)
-        metric_attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name}
+        metric_attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
         if error is not None:
             metric_attributes["error.type"] = str(error.get("type"))
         self._duration.record(seconds, attributes=metric_attributes)

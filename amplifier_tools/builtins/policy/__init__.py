@@ -321,7 +321,10 @@ class PolicyPlugin:
                             category="ContractError")
             return None
         digest = hashlib.sha256(json.dumps(call.arguments, sort_keys=True, default=str).encode()).hexdigest()
-        slot = f"idem:{spec.name}:{key}"
+        # Keyed by principal too: another principal's call with the same key is another call — it
+        # must neither replay this one's result (which may hold its secrets) nor wait for it. JSON
+        # keeps the parts apart whatever they contain (a principal may hold ':').
+        slot = "idem:" + json.dumps([context.principal, spec.name, key])
         while True:
             stored = self.state.recall(slot, self.clock())
             if stored is not None:
