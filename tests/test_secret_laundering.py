@@ -152,7 +152,7 @@ async def test_no_laundering_attempt_shows_the_canary_anywhere(tmp_path: Path, c
     config = {
         "state_dir": str(state),
         "secrets": {"deploy": DEPLOY_VAR, "idle": IDLE_VAR},
-        "plugins": {"bash": {"sandbox": "none", "secrets": {"DEPLOY": "deploy"}},
+        "plugins": {"bash": {"secrets": {"DEPLOY": "deploy"}},
                     "audit": {"otel": True, "record_output": True}},
     }
     results: list[tuple[str, ToolResult]] = []
