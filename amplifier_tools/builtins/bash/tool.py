@@ -109,7 +109,10 @@ def make_spec(settings: Settings) -> ToolSpec:
         output_schema=OUTPUT_SCHEMA,
         examples=[
             {"input": {"command": "echo hi"}, "description": "typical",
-             "output": {"stdout": "hi\n", "stderr": "", "exit_code": 0, "timed_out": False}},
+             "output": {"stdout": "hi\n", "stderr": "", "stdout_bytes": 3, "stderr_bytes": 0,
+                        "stdout_truncated": False, "stderr_truncated": False, "exit_code": 0, "signal": None,
+                        "timed_out": False, "timeout_s": 120, "duration_ms": 2.4, "cwd": "/srv/project",
+                        "sandboxed": True}},
             {"input": {"command": "ls missing-file"}, "error_code": "nonzero_exit",
              "description": "a failing command: ExecutionError with stdout and stderr"},
             {"input": {"command": "sleep 100", "timeout": 1}, "error_code": "timeout",
