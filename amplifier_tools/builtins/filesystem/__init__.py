@@ -10,7 +10,6 @@ so the read-before-write log is never shared between hosts.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Final
 
 from ..._markers import hookimpl
@@ -111,7 +110,7 @@ class FilesystemPlugin:
         for cls in TOOL_CLASSES:
             await coordinator.mount("tools", cls(self.rules, settings, read_log))
         if isinstance(protected, ProtectedPaths):
-            self._guard = ArgumentGuard(protected, os.path.realpath(working_dir))
+            self._guard = ArgumentGuard(self.rules)
 
     @hookimpl(tryfirst=True)
     def tool_pre(self, call: ToolCall, spec: ToolSpec) -> Deny | None:
@@ -121,7 +120,7 @@ class FilesystemPlugin:
         and the sandbox; every other tool gets this best-effort check."""
         if self._guard is None or spec.name in BUILTIN_PATH_TOOLS:
             return None
-        entry = self._guard.protected_argument(call.arguments)
+        entry = self._guard.protected_argument(spec.name, spec.input_schema, call.arguments)
         if entry is None:
             return None
         return Deny(f"an argument names {entry.path} ({entry.reason}), which no tool may touch",

@@ -6,13 +6,14 @@ The policy plugin's path rules decide on these, through ``PathRules.resolve_real
 - the built-in filesystem tools, whose path arguments are known: ``/path`` of ``read_file``,
   ``write_file`` and ``edit_file`` names one file; ``/path`` of ``list_dir``, ``glob`` and
   ``grep`` (default ``.``) is a *walk*: the tool reads entries below it;
-- every other tool (imported MCP tools, third-party plugins): its input schema, read once per
-  schema. A property is a path when its schema says ``"format"`` is one of ``PATH_FORMATS``, or
-  when one of the words of its name (split at ``_``, ``-`` and camelCase) is in ``PATH_WORDS``
-  (``path``, ``file_path``, ``targetFile``, ``output_dir``, ``paths``...). A string property is
-  one path; an array property's string items are each a path (``/paths/0``); object properties
-  are searched to ``MAX_DEPTH``. Every such path is treated as a walk, since what a server does
-  with it (list it, search below it) cannot be known.
+- every other tool (imported MCP tools, third-party plugins): its input schema (read once per
+  schema) and the call's own argument names. A value is a path when its schema says
+  ``"format"`` is one of ``PATH_FORMATS``, or when one of the words of its key (split at ``_``,
+  ``-`` and camelCase) is in ``PATH_WORDS`` (``path``, ``file_path``, ``targetFile``,
+  ``output_dir``, ``paths``, ``src``...), declared or not. A string is one path; each string item
+  of an array is a path (``/paths/0``); objects are searched to ``MAX_DEPTH``. Every such path
+  is treated as a walk, since what a server does with it (list it, search below it) cannot be
+  known.
 
 What it does not cover: a path the schema does not reveal (a property named ``query`` or
 ``spec`` holding a path, a path inside a free-form string or a URL, ``anyOf``/``oneOf`` branches,
@@ -35,7 +36,8 @@ PATH_FORMATS: Final = frozenset({"path", "file-path", "filepath", "file", "direc
                                  "directory-path", "uri-reference"})
 PATH_WORDS: Final = frozenset({"path", "paths", "file", "files", "filename", "filenames", "filepath",
                                "filepaths", "dir", "dirs", "directory", "directories", "folder", "folders",
-                               "cwd", "workdir", "root", "roots"})
+                               "cwd", "workdir", "root", "roots", "target", "dest", "destination", "source",
+                               "sources", "src", "location"})
 MAX_DEPTH: Final = 8
 _WORDS: Final = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 
