@@ -92,11 +92,13 @@ async def test_an_allow_rule_on_a_directory_covers_walks_of_it_and_nothing_else(
     (tmp_path / "src-evil").mkdir()
     (tmp_path / "escape").symlink_to("/etc")
     config: dict[str, Any] = {"plugins": {"policy": {"default_action": "deny", "rules": [
-        {"name": "src-only", "action": "allow", "tools": ["local::fs.*"], "arguments": {"/path": "src"}}]}}}
+        {"name": "src-only", "action": "allow", "tools": ["local::fs.*"], "arguments": {"/path": "./src"}}]}}}
     async with ToolHost(config=config, builtins=["filesystem", "policy"], entry_points=False, working_dir=tmp_path,
                         discover=False) as host:
         assert (await host.call("fs_grep", {"pattern": "x", "path": "src"})).success
         assert (await host.call("fs_read_file", {"path": "src/a.py"})).success
+        (tmp_path / "src-evil" / "src").mkdir()  # a name elsewhere that merely equals 'src'
+        assert denied_by(await host.call("fs_list_dir", {"path": "src-evil/src"}), "default")
         for arguments in ({"pattern": "x"}, {"pattern": "x", "path": "src-evil"}, {"pattern": "x", "path": "escape"},
                           {"pattern": "x", "path": "src/../escape"}):
             result = await host.call("fs_grep", arguments)

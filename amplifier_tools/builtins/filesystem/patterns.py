@@ -9,7 +9,8 @@ of three kinds, and ``*`` matches across ``/`` (``fnmatch`` semantics) in all of
   the *base* matches (the base is the allowed root for the filesystem tools, the working
   directory for policy rules; a path outside the base is taken from ``/``);
 - an **absolute** glob (``/etc/*``, ``/srv/data``): matches the path or any of its ancestors;
-- a **relative** glob (``build/*``): matches the path relative to the base, or an ancestor of it.
+- a **relative** glob (``build/*``, ``./src``: a leading ``./`` makes a name relative): matches
+  the path relative to the base, or an ancestor of it.
 
 Because an ancestor that matches makes the path match, a rule on a directory covers everything
 below it, and ``covers_walk`` (may a listing or search of a directory be allowed?) is just
@@ -57,7 +58,11 @@ class PathPattern:
     def __init__(self, text: str) -> None:
         self.text = text
         stripped = text.rstrip("/") or "/"
-        self.kind = "absolute" if stripped.startswith("/") else "relative" if "/" in stripped else "name"
+        anchored = stripped.startswith("./")  # "./src": the relative path src, not the name src
+        while stripped.startswith("./"):
+            stripped = stripped[2:]
+        self.kind = ("absolute" if stripped.startswith("/") else "relative" if anchored or "/" in stripped
+                     else "name")
         self._glob = stripped
 
     def __repr__(self) -> str:
