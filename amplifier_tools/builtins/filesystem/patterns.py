@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from pathlib import PurePosixPath
+import re
 from typing import Final
 
 WILDCARDS: Final = frozenset("*?[")
@@ -34,9 +34,17 @@ WILDCARDS: Final = frozenset("*?[")
 
 def components_below(path: str, base: str) -> tuple[str, ...] | None:
     """The components of ``path`` below ``base``, compared component-wise (``/work/app`` is not under
-    ``/work/ap``), or None when ``path`` does not lie under ``base``."""
-    p, b = PurePosixPath(path).parts, PurePosixPath(base).parts
-    return tuple(p[len(b):]) if p[: len(b)] == b else None
+    ``/work/ap``), or None when ``path`` does not lie under ``base``. Both must be normalized absolute
+    paths (``os.path.normpath``: no ``.``, ``..``, doubled or trailing ``/``)."""
+    if base == "/":
+        rest = path[1:]
+    elif path == base:
+        return ()
+    elif path.startswith(base) and path[len(base):len(base) + 1] == "/":
+        rest = path[len(base) + 1:]
+    else:
+        return None
+    return tuple(rest.split("/")) if rest else ()
 
 
 def _literal_prefix(pattern: str) -> str:
@@ -53,7 +61,7 @@ def _prefix_compatible(literal: str, directory: str) -> bool:
 class PathPattern:
     """One compiled path-rule glob (see the module docstring for its three kinds)."""
 
-    __slots__ = ("_glob", "kind", "text")
+    __slots__ = ("_glob", "_regex", "kind", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -64,24 +72,26 @@ class PathPattern:
         self.kind = ("absolute" if stripped.startswith("/") else "relative" if anchored or "/" in stripped
                      else "name")
         self._glob = stripped
+        # "the path or one of its ancestors matches" is "the path matches glob(/.*)?" for normalized paths
+        body = fnmatch.translate(stripped).removesuffix(r"\Z")
+        suffix = "" if self.kind == "name" else ".*" if stripped == "/" else r"(?:/.*)?"
+        self._regex = re.compile(body + suffix, re.DOTALL)
 
     def __repr__(self) -> str:
         return f"PathPattern({self.text!r})"
 
     def _parts(self, path: str, base: str) -> tuple[str, ...]:
         parts = components_below(path, base)
-        return parts if parts is not None else PurePosixPath(path).parts[1:]
+        return parts if parts is not None else components_below(path, "/") or ()
 
     def matches(self, path: str, base: str) -> bool:
         """Whether the resolved absolute ``path`` (or an ancestor of it) matches."""
-        glob = self._glob
+        fullmatch = self._regex.fullmatch
         if self.kind == "name":
-            return any(fnmatch.fnmatchcase(part, glob) for part in self._parts(path, base))
+            return any(fullmatch(part) for part in self._parts(path, base))
         if self.kind == "absolute":
-            parts = PurePosixPath(path).parts
-            return any(fnmatch.fnmatchcase(os.path.join(*parts[:n]), glob) for n in range(1, len(parts) + 1))
-        parts = self._parts(path, base)
-        return any(fnmatch.fnmatchcase("/".join(parts[:n]), glob) for n in range(1, len(parts) + 1))
+            return fullmatch(path) is not None
+        return fullmatch("/".join(self._parts(path, base))) is not None
 
     def may_match_below(self, directory: str, base: str) -> bool:
         """Whether some path below ``directory`` might match (over-approximated; for denying walks)."""
