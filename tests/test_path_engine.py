@@ -155,3 +155,38 @@ async def test_new_file_mode_is_configurable(tmp_path: Path, configured: Any) ->
 async def test_a_bad_new_file_mode_fails_start_naming_the_key(tmp_path: Path, bad: Any) -> None:
     with pytest.raises(PluginLoadError, match=r"plugins\.filesystem\.new_file_mode: .*e\.g\. new_file_mode = 0o640"):
         await start(tmp_path, new_file_mode=bad)
+
+
+class _SwapOnOpen:
+    """``os`` for the tools module, except that opening ``pub`` first swaps it for a symlink to ``secrets``:
+    a denied directory swapped in between the walk's listing and its open of the entry."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self.swapped = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def open(self, path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if path == "pub" and not self.swapped:
+            self.swapped = True
+            (self._root / "pub").rename(self._root / "pub-was")
+            (self._root / "pub").symlink_to("secrets")
+        return os.open(path, flags, *args, **kwargs)
+
+
+async def test_a_denied_dir_swapped_in_during_a_walk_is_not_entered(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    hostile_workspace(tmp_path)
+    (tmp_path / "pub").mkdir()
+    (tmp_path / "pub" / "p.txt").write_text(f"{SECRET}\n")
+    host = await start(tmp_path, denied_paths=["secrets*"])
+    try:
+        swap = _SwapOnOpen(tmp_path)
+        monkeypatch.setattr(fs_tools, "os", swap)
+        result = await host.call("fs_grep", {"pattern": SECRET, "glob": "**/*.txt"})
+        assert swap.swapped
+        assert result.success and "key.txt" not in str(result.output), result.output
+    finally:
+        await host.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import EchoTool, ToolsPlugin
 
 from amplifier_tools import PluginLoadError, ToolHost
 
@@ -183,3 +184,13 @@ async def test_a_path_named_only_by_its_schema_format_is_checked(workspace: Path
         assert denied_by(result, "no-secret"), result
     finally:
         await host.close()
+
+
+async def test_path_rules_resolve_without_the_filesystem_plugin(tmp_path: Path) -> None:
+    (tmp_path / "etc-link").symlink_to("/etc")
+    config = {"plugins": {"policy": {"rules": [ETC_RULE]}}}
+    async with ToolHost(config=config, builtins=["policy"], plugins=[ToolsPlugin(EchoTool())], entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        for path in ("etc-link/passwd", "/proc/self/root/etc/shadow", "x/../../../../../../../../etc/hosts"):
+            assert denied_by(await host.call("echo", {"path": path}), "no-etc"), path
+        assert (await host.call("echo", {"path": "notes.txt"})).output == "notes.txt"
