@@ -144,9 +144,15 @@ class PathRules:
     def hidden(self, directory: Resolved, relative: str) -> bool:
         """Whether a directory walk (``list_dir``, ``glob``, ``grep``) of ``directory`` must skip the entry
         ``relative`` (a path below it, ``/``-separated): it is protected or matches a denied read rule.
-        Skipped entries are never named, entered or searched."""
-        path = os.path.join(directory.path, relative)
-        return self.protects(path) is not None or self._denied_by(path, directory.root, False) is not None
+        Skipped entries are never named, entered or searched. Call it for each entry before entering
+        it: it relies on the entry's parent directories having passed it."""
+        path = f"{directory.path}/{relative}" if directory.path != "/" else f"/{relative}"
+        if self.protects(path) is not None:
+            return True
+        # The walk entered only directories that passed this check, below a start that passed
+        # ``_locate``: an ancestor cannot match, so a name pattern needs only the entry's name.
+        name = relative.rpartition("/")[2]
+        return any(p.matches_entry(path, name, directory.root) for p in self._denied)
 
     def protects(self, path: str) -> ProtectedPath | None:
         """The protected entry covering the absolute, resolved ``path``, or None."""

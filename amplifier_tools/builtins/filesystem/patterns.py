@@ -93,6 +93,15 @@ class PathPattern:
             return fullmatch(path) is not None
         return fullmatch("/".join(self._parts(path, base))) is not None
 
+    def matches_entry(self, path: str, name: str, base: str) -> bool:
+        """``matches`` for an entry ``name`` (at ``path``) met in a walk whose directories were already
+        checked: an ancestor cannot match, so a name pattern looks at ``name`` alone."""
+        if self.kind == "name":
+            return self._regex.fullmatch(name) is not None
+        if self.kind == "absolute":
+            return self._regex.fullmatch(path) is not None
+        return self.matches(path, base)
+
     def may_match_below(self, directory: str, base: str) -> bool:
         """Whether some path below ``directory`` might match (over-approximated; for denying walks)."""
         if self.kind == "name":
