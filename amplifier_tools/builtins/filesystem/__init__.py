@@ -74,11 +74,11 @@ def parse_mode(value: Any, where: str) -> int:
         try:
             value = int(value.removeprefix("0o"), 8)
         except ValueError:
-            raise ConfigError(f"{value!r} is not an octal mode; {MODE_HINT}", key=where) from None
+            raise ConfigError(f"{value!r} is not an octal mode; {MODE_HINT}", key=where, hint=MODE_HINT) from None
     if type(value) is not int or not 0 <= value <= 0o777:
         shown = oct(value) if type(value) is int else repr(value)
         raise ConfigError(f"{shown} is not a permission mode between 0o000 and 0o777 (setuid, setgid and "
-                          f"sticky bits are never set); {MODE_HINT}", key=where)
+                          f"sticky bits are never set); {MODE_HINT}", key=where, hint=MODE_HINT)
     return value
 
 

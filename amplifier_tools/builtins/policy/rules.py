@@ -79,7 +79,8 @@ def parse_rules(raw: Any, key: str) -> list[Rule]:
         paths = item.get("paths")
         if paths is not None and (not isinstance(paths, list) or not paths
                                   or not all(isinstance(v, str) and v for v in paths)):
-            raise ConfigError("must be a non-empty list of path globs ('/etc/*', '.env*')", key=f"{where}.paths")
+            raise ConfigError("must be a non-empty list of path globs", key=f"{where}.paths",
+                              hint='e.g. paths = ["/etc/*", ".env*"]; see docs/policy.md (Path rules)')
         name = str(item.get("name", f"rule {index + 1}"))
         rules.append(Rule(name=name, action=item["action"], reason=str(item.get("reason", name)),
                           arguments=tuple((k, v, PathPattern(v)) for k, v in arguments.items()),
