@@ -10,7 +10,6 @@ so the read-before-write log is never shared between hosts.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Final
 
 from ..._markers import hookimpl
@@ -39,6 +38,7 @@ DEFAULTS: Final[dict[str, Any]] = {
     "max_line_chars": 2000,
     "max_results": 1000,
     "max_matches": 200,
+    "new_file_mode": None,  # None: 0o644 & ~umask
 }
 
 
@@ -50,7 +50,9 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
         if key not in DEFAULTS:
             raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=where)
         default = DEFAULTS[key]
-        if isinstance(default, bool):
+        if key == "new_file_mode":
+            value = parse_mode(value, where)
+        elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise ConfigError("must be true or false", key=where)
         elif isinstance(default, int):
@@ -60,6 +62,24 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError("must be a list of paths or patterns", key=where)
         settings[key] = value
     return settings
+
+
+MODE_HINT: Final = 'write permission bits in octal, e.g. new_file_mode = 0o640 or "0640"'
+
+
+def parse_mode(value: Any, where: str) -> int:
+    """``new_file_mode``: permission bits only (``0o640`` in TOML, or the string ``"0640"``); setuid,
+    setgid and sticky bits are refused, since the tools never create such files."""
+    if isinstance(value, str):
+        try:
+            value = int(value.removeprefix("0o"), 8)
+        except ValueError:
+            raise ConfigError(f"{value!r} is not an octal mode; {MODE_HINT}", key=where, hint=MODE_HINT) from None
+    if type(value) is not int or not 0 <= value <= 0o777:
+        shown = oct(value) if type(value) is int else repr(value)
+        raise ConfigError(f"{shown} is not a permission mode between 0o000 and 0o777 (setuid, setgid and "
+                          f"sticky bits are never set); {MODE_HINT}", key=where, hint=MODE_HINT)
+    return value
 
 
 class FilesystemPlugin:
@@ -90,7 +110,7 @@ class FilesystemPlugin:
         for cls in TOOL_CLASSES:
             await coordinator.mount("tools", cls(self.rules, settings, read_log))
         if isinstance(protected, ProtectedPaths):
-            self._guard = ArgumentGuard(protected, os.path.realpath(working_dir))
+            self._guard = ArgumentGuard(self.rules)
 
     @hookimpl(tryfirst=True)
     def tool_pre(self, call: ToolCall, spec: ToolSpec) -> Deny | None:
@@ -100,7 +120,7 @@ class FilesystemPlugin:
         and the sandbox; every other tool gets this best-effort check."""
         if self._guard is None or spec.name in BUILTIN_PATH_TOOLS:
             return None
-        entry = self._guard.protected_argument(call.arguments)
+        entry = self._guard.protected_argument(spec.name, spec.input_schema, call.arguments)
         if entry is None:
             return None
         return Deny(f"an argument names {entry.path} ({entry.reason}), which no tool may touch",

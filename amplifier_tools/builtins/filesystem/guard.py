@@ -3,10 +3,12 @@
 The built-in filesystem tools resolve every path through ``PathRules`` and the bash sandbox hides
 protected paths; a third-party tool (an Amplifier module's ``write_file``, an MCP server) has
 neither, and would rewrite the host's config or audit log when asked. Before such a tool runs,
-``ArgumentGuard.protected_argument`` looks through its arguments for a protected path: a value under a path-like
-key (``path``, ``file_path``, ``dir``, ``cwd``, ``target`` ...) resolved against the working
-directory, or a protected path (or the name of a protected file in the working directory) written
-anywhere inside a string such as a shell command.
+``ArgumentGuard.protected_argument`` looks through its arguments for a protected path: every path
+argument the policy's path rules would see (``arguments.path_arguments``: by schema ``format`` and
+by name — ``path``, ``file_path``, ``dir``, ``cwd``, ``target`` ...), resolved by the path engine
+(``PathRules.resolve_real``: ``..``, symlinks, ``/proc`` magic links), or a protected path (or the
+name of a protected file in the working directory) written anywhere inside a string such as a
+shell command.
 
 What it does not cover: it reads arguments, not what a tool does with them — a path built inside
 the tool, an encoded or split path, a glob, or a command that computes one is not seen. It is
@@ -21,9 +23,11 @@ import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from ...hoststate import ProtectedPath, ProtectedPaths
+from ...errors import ContractError
+from ...hoststate import ProtectedPath
+from .arguments import path_arguments
+from .paths import PathRules
 
-PATH_KEYS: Final = re.compile(r"(path|file|dir|folder|cwd|target|dest|source|src|root|location)", re.I)
 MAX_DEPTH: Final = 16
 
 
@@ -48,9 +52,10 @@ class ArgumentGuard:
     paths grows (plugins add theirs at mount), never per call.
     """
 
-    def __init__(self, protected: ProtectedPaths, working_dir: str) -> None:
-        self._protected = protected
-        self._working_dir = working_dir
+    def __init__(self, rules: PathRules) -> None:
+        self._rules = rules
+        self._protected = rules.protected
+        self._working_dir = rules.working_dir
         self._seen = -1
         self._paths: tuple[str, ...] = ()
         self._names: re.Pattern[str] | None = None
@@ -64,16 +69,19 @@ class ArgumentGuard:
         self._names = re.compile(rf"(^|[\s/'\"=<>|;&])({'|'.join(map(re.escape, names))})($|[\s'\";&|)])") \
             if names else None
 
-    def protected_argument(self, arguments: Any) -> ProtectedPath | None:
+    def protected_argument(self, tool: str, schema: Any, arguments: Any) -> ProtectedPath | None:
         """The protected path the first offending argument value names; None when none does."""
         if self._seen != len(self._protected):
             self._refresh()
         protected, working_dir = self._protected, self._working_dir
-        for key, text in _strings(arguments):
-            if PATH_KEYS.search(key) and text and "\x00" not in text:
-                entry = protected.protects(os.path.realpath(os.path.join(working_dir, os.path.expanduser(text))))
-                if entry is not None:
-                    return entry
+        for argument in path_arguments(tool, schema, arguments):
+            try:
+                entry = protected.protects(self._rules.resolve_real(argument.value))
+            except ContractError:
+                continue  # not a path at all (NUL byte, a pipe): the text scan below still runs
+            if entry is not None:
+                return entry
+        for _, text in _strings(arguments):
             for path in self._paths:
                 if path in text:
                     return protected.protects(path)

@@ -37,18 +37,17 @@ look like ordinary directories; hard links are only detected for writes
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import PurePosixPath
 from typing import Final
 
 import attrs
 
 from ...errors import AuthError, ContractError, ExecutionError, ToolError
 from ...hoststate import ProtectedPath, ProtectedPaths
+from .patterns import PathPattern, components_below
 
 MAX_PATH_BYTES: Final = 4096
 MAX_SYMLINK_HOPS: Final = 40
@@ -97,6 +96,8 @@ class PathRules:
         self.write_roots = tuple(self._root(r) for r in write_roots)
         self.denied = tuple(denied)
         self.write_denied = tuple(write_denied)
+        self._denied = tuple(PathPattern(p) for p in self.denied)
+        self._write_denied = tuple(PathPattern(p) for p in self.write_denied)
         self.allow_hardlinks = allow_hardlinks
 
     def _root(self, root: str) -> str:
@@ -116,11 +117,7 @@ class PathRules:
                                 pointer="/path")
         return os.path.normpath(os.path.join(self.working_dir, os.path.expanduser(path)))
 
-    @staticmethod
-    def _inside(path: str, root: str) -> tuple[str, ...] | None:
-        """The components of ``path`` below ``root``, compared component-wise, or None."""
-        p, r = PurePosixPath(path).parts, PurePosixPath(root).parts
-        return tuple(p[len(r):]) if p[: len(r)] == r else None
+    _inside = staticmethod(components_below)
 
     def _locate(self, absolute: str, roots: tuple[str, ...], original: str, write: bool) -> Resolved:
         best: Resolved | None = None
@@ -132,24 +129,72 @@ class PathRules:
             kind = "write" if write else "read"
             raise _deny(f"{original!r} is outside the allowed {kind} roots ({', '.join(roots) or 'none'})",
                         f"outside_{kind}_roots", original)
-        for pattern in self.denied + (self.write_denied if write else ()):
-            if self._matches(pattern, best):
-                raise _deny(f"{original!r} matches the denied path rule {pattern!r}", f"denied:{pattern}",
-                            original)
+        pattern = self._denied_by(best.path, best.root, write)
+        if pattern is not None:
+            raise _deny(f"{original!r} matches the denied path rule {pattern.text!r}", f"denied:{pattern.text}",
+                        original)
         return best
+
+    def _denied_by(self, path: str, root: str, write: bool) -> PathPattern | None:
+        for pattern in self._denied + (self._write_denied if write else ()):
+            if pattern.matches(path, root):
+                return pattern
+        return None
+
+    def hidden(self, directory: Resolved, relative: str) -> bool:
+        """Whether a directory walk (``list_dir``, ``glob``, ``grep``) of ``directory`` must skip the entry
+        ``relative`` (a path below it, ``/``-separated): it is protected or matches a denied read rule.
+        Skipped entries are never named, entered or searched. Call it for each entry before entering
+        it: it relies on the entry's parent directories having passed it."""
+        path = f"{directory.path}/{relative}" if directory.path != "/" else f"/{relative}"
+        if self.protects(path) is not None:
+            return True
+        # The walk entered only directories that passed this check, below a start that passed
+        # ``_locate``: an ancestor cannot match, so a name pattern needs only the entry's name.
+        name = relative.rpartition("/")[2]
+        return any(p.matches_entry(path, name, directory.root) for p in self._denied)
 
     def protects(self, path: str) -> ProtectedPath | None:
         """The protected entry covering the absolute, resolved ``path``, or None."""
         return self.protected.protects(path)
 
-    @staticmethod
-    def _matches(pattern: str, resolved: Resolved) -> bool:
-        if "/" not in pattern:  # a name: matches any component
-            return any(fnmatch.fnmatchcase(part, pattern) for part in resolved.parts)
-        if pattern.startswith("/"):
-            return resolved.path == pattern.rstrip("/") or resolved.path.startswith(pattern.rstrip("/") + "/")
-        return fnmatch.fnmatchcase(resolved.relative, pattern) or fnmatch.fnmatchcase(
-            resolved.relative, pattern.rstrip("/") + "/*")
+    def resolve_real(self, path: str) -> str:
+        """The path ``path`` leads to, for path rules: absolute, ``..`` collapsed, every symlink followed
+        the way the tools' walk follows it (its target read with ``readlink`` and joined textually),
+        missing components taken as written. Roots and denied rules are not applied.
+
+        ``/proc`` magic links resolve like symlinks (``/proc/self/root`` -> ``/``, ``/proc/self/cwd``,
+        ``/dev/fd/N`` -> the open file's path); one that leads to no path (a pipe, socket,
+        anonymous inode or deleted file) is refused: ``ContractError`` ``unresolvable_path``, as are
+        loops. Reads only metadata (``lstat``, ``readlink``), never contents.
+        """
+        current = self.normalize(path)
+        for _ in range(MAX_SYMLINK_HOPS):
+            done = "/"
+            parts = current.split("/")[1:]
+            restart: str | None = None
+            for index, part in enumerate(parts):
+                if not part:
+                    continue
+                candidate = os.path.join(done, part)
+                try:
+                    if not stat.S_ISLNK(os.lstat(candidate).st_mode):
+                        done = candidate
+                        continue
+                    target = os.readlink(candidate)
+                except OSError:  # missing or unreachable: the rest is taken as written
+                    return os.path.join(candidate, *parts[index + 1:])
+                if (done == "/proc" or done.startswith("/proc/")) and (":" in target
+                                                                        or target.endswith(" (deleted)")):
+                    raise ContractError(f"{path!r} leads through {candidate} to {target!r}, which is not a path",
+                                        code="unresolvable_path", pointer="/path", path=path)
+                restart = os.path.normpath(os.path.join(done, target, *parts[index + 1:]))
+                break
+            if restart is None:
+                return done
+            current = restart
+        raise ContractError(f"{path!r}: too many symbolic links", code="unresolvable_path", pointer="/path",
+                            path=path)
 
     def resolve(self, path: str, *, write: bool = False) -> Resolved:
         """Lexical resolution and rule check only (no filesystem access)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from typing import Any, Final
 
 SNIFF_BYTES: Final = 8192
@@ -57,11 +58,18 @@ def page_lines(fd: int, *, offset: int, limit: int, max_line_chars: int, encodin
     return {"lines": lines, "total_lines": total, "truncated_lines": truncated_lines, "eof": eof}
 
 
+def permission_bits(mode: int) -> int:
+    """The ``rwx`` bits of ``mode``: a rewritten file never keeps setuid, setgid or sticky, since its
+    owner becomes the host's user and its content the model's."""
+    return stat.S_IMODE(mode) & 0o777
+
+
 def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
     """Write ``data`` to a temp file in the same directory, fsync, then rename over ``name``.
 
     A crash leaves the old content or the new one, never a torn file; the temp
-    file is removed when anything fails.
+    file is removed when anything fails. ``mode`` is applied with ``fchmod`` (not
+    subject to the umask) and must be permission bits only (``permission_bits``).
     """
     tmp = f".{name}.{secrets.token_hex(6)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)

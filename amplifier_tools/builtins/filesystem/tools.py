@@ -15,7 +15,7 @@ from ...errors import ContractError, ExecutionError
 from ...models import ToolResult
 from ...spec import ToolSpec
 from .paths import PathRules, os_error
-from .textio import SNIFF_BYTES, atomic_replace, looks_binary, page_lines
+from .textio import SNIFF_BYTES, atomic_replace, looks_binary, page_lines, permission_bits
 
 VERSION = "1.0.0"
 IGNORED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".tox", ".venv"})
@@ -143,7 +143,8 @@ class WriteFile(FilesystemTool):
     spec = ToolSpec(
         name="local::fs.write_file", version=VERSION, title="Write file",
         description="Create or replace a text file atomically (temp file, fsync, rename), creating parent "
-                    "directories inside an allowed write root; keeps the mode of a replaced file. Does not "
+                    "directories inside an allowed write root; keeps the permission bits of a replaced file (never "
+                    "setuid, setgid or sticky). Does not "
                     "write through symlinks, hard links or special files.",
         tags=("fs", "write"), effect="IdempotentWrite", idempotency_key="optional",
         input_schema={"type": "object", "properties": {
@@ -168,7 +169,9 @@ class WriteFile(FilesystemTool):
             existing = self.rules.check_replace(dir_fd, name, path)
             if existing is not None and self.settings["require_read_before_write"]:
                 self.read_log.check(existing, path)
-            mode = stat.S_IMODE(existing.st_mode) if existing is not None else 0o666 & ~UMASK
+            mode = (permission_bits(existing.st_mode) if existing is not None
+                    else self.settings["new_file_mode"] if self.settings["new_file_mode"] is not None
+                    else 0o644 & ~UMASK)
             atomic_replace(dir_fd, name, data, mode)
             self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
         return {"path": resolved.path, "bytes_written": len(data), "created": existing is None}
@@ -223,7 +226,7 @@ class EditFile(FilesystemTool):
                                      "replace_all", code="not_unique", occurrences=count)
             updated = text.replace(old, new) if input.get("replace_all") else text.replace(old, new, 1)
             atomic_replace(dir_fd, name, updated.encode("utf-8", errors="surrogateescape"),
-                           stat.S_IMODE(existing.st_mode))
+                           permission_bits(existing.st_mode))
             self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
         return {"path": resolved.path, "replacements": count if input.get("replace_all") else 1}
 
@@ -254,8 +257,7 @@ class ListDir(FilesystemTool):
 
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
         with self.rules.open_dir(input.get("path", ".")) as (fd, resolved):
-            names = sorted(name for name in os.listdir(fd)
-                           if self.rules.protects(os.path.join(resolved.path, name)) is None)
+            names = sorted(name for name in os.listdir(fd) if not self.rules.hidden(resolved, name))
             cap = self.settings["max_results"]
             entries = []
             for name in names[:cap]:
@@ -269,7 +271,7 @@ class ListDir(FilesystemTool):
 
 def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
     """(relative path, dir fd, name) of every regular file under ``start``; never follows symlinks,
-    never enters or yields a protected path."""
+    never enters or yields a protected or denied path (``PathRules.hidden``)."""
     with rules.open_dir(start) as (top_fd, top):
         stack: list[tuple[int, str, bool]] = [(os.dup(top_fd), "", True)]
         while stack:
@@ -280,7 +282,7 @@ def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
                 dirs = []
                 for entry in entries:
                     rel = f"{prefix}{entry.name}"
-                    if entry.is_symlink() or rules.protects(os.path.join(top.path, rel)) is not None:
+                    if entry.is_symlink() or rules.hidden(top, rel):
                         continue
                     if entry.is_dir(follow_symlinks=False):
                         if entry.name in IGNORED_DIRS:

@@ -37,7 +37,7 @@ from ...errors import ConfigError
 from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...spec import IdempotencyKeyRequirement, ToolSpec
 from .breaker import CircuitBreaker
-from .rules import Rule, matches, parse_rules
+from .rules import Rule, matches, parse_rules, path_engine
 from .state import MemoryState, PolicyState, monotonic
 
 PLUGIN: Final = "policy"
@@ -297,14 +297,14 @@ class PolicyPlugin:
         ``default_action = "deny"``, where a call that no allow rule matches is denied."""
         if not self.rules and self.default_action == "allow":
             return None
-        path_rules = self._coordinator.get_capability("fs.path_rules") if self._coordinator else None
+        path_rules = path_engine(self._coordinator)
         principal, role, environment = context.principal, context.role, context.environment
         for rule in self._deny_rules:
-            if matches(rule, spec.name, call.arguments, principal, role, environment, path_rules):
+            if matches(rule, spec, call.arguments, principal, role, environment, path_rules):
                 return Deny(f"denied by rule {rule.name!r}: {rule.reason}", code="rule_denied",
                             details={"rule": rule.name})
         for rule in self._allow_rules:
-            if matches(rule, spec.name, call.arguments, principal, role, environment, path_rules):
+            if matches(rule, spec, call.arguments, principal, role, environment, path_rules):
                 context.record(PLUGIN, "tool_pre", "allow", f"allowed by rule {rule.name!r}", rule=rule.name)
                 return None
         if self.default_action == "deny":

@@ -6,24 +6,36 @@ deny — they only matter under ``default_action = "deny"``, where a call no
 allow rule matches is refused.
 
 A rule matches a call when every given selector matches: ``tools``,
-``principals``, ``roles``, ``environments`` (lists of globs) and ``arguments``
-(JSON pointer -> glob on the value). For path arguments of the filesystem
-tools the value is first resolved by the filesystem plugin's ``PathRules``
-(capability ``fs.path_rules``), so ``../`` and relative spellings cannot slip
-past a glob such as ``/etc/*``.
+``principals``, ``roles``, ``environments`` (lists of globs), ``arguments``
+(JSON pointer -> glob on the value) and ``paths`` (globs on every path argument).
+
+Path arguments are decided by the filesystem plugin's path engine, the same one
+behind its tools' ``denied_paths``: which arguments are paths is
+``filesystem.arguments.path_arguments`` (known for the filesystem tools, read
+from the schema and the argument names for imported tools), each is resolved
+with ``PathRules.resolve_real`` (``..``, symlinks, ``/proc/self/root``...) and
+matched with ``PathPattern`` against the working directory. A path argument
+that lists or searches below it (a *walk*) is denied by a rule that may match
+anything below it. An unusable path (NUL byte, a magic link to a pipe) matches
+every deny rule on paths and no allow rule. docs/policy.md states the semantics.
 """
 
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from typing import Any, Final
 
 import attrs
 
 from ...errors import ConfigError, ContractError
+from ...spec import ToolSpec
+from ..filesystem.arguments import PathArgument, path_arguments
+from ..filesystem.paths import PathRules
+from ..filesystem.patterns import PathPattern
 
 SELECTORS: Final = ("tools", "principals", "roles", "environments")
-RULE_KEYS: Final = frozenset({"name", "action", "reason", "arguments", *SELECTORS})
+RULE_KEYS: Final = frozenset({"name", "action", "reason", "arguments", "paths", *SELECTORS})
 
 
 @attrs.frozen
@@ -35,7 +47,8 @@ class Rule:
     principals: tuple[str, ...] | None = None
     roles: tuple[str, ...] | None = None
     environments: tuple[str, ...] | None = None
-    arguments: tuple[tuple[str, str], ...] = ()
+    arguments: tuple[tuple[str, str, PathPattern], ...] = ()  # pointer, glob, the glob as a path pattern
+    paths: tuple[PathPattern, ...] | None = None
 
 
 def parse_rules(raw: Any, key: str) -> list[Rule]:
@@ -63,9 +76,15 @@ def parse_rules(raw: Any, key: str) -> list[Rule]:
         if not isinstance(arguments, dict) or not all(
                 isinstance(k, str) and k.startswith("/") and isinstance(v, str) for k, v in arguments.items()):
             raise ConfigError("must map JSON pointers ('/path') to glob strings", key=f"{where}.arguments")
+        paths = item.get("paths")
+        if paths is not None and (not isinstance(paths, list) or not paths
+                                  or not all(isinstance(v, str) and v for v in paths)):
+            raise ConfigError("must be a non-empty list of path globs", key=f"{where}.paths",
+                              hint='e.g. paths = ["/etc/*", ".env*"]; see docs/policy.md (Path rules)')
         name = str(item.get("name", f"rule {index + 1}"))
         rules.append(Rule(name=name, action=item["action"], reason=str(item.get("reason", name)),
-                          arguments=tuple(arguments.items()), **fields))
+                          arguments=tuple((k, v, PathPattern(v)) for k, v in arguments.items()),
+                          paths=tuple(PathPattern(p) for p in paths) if paths is not None else None, **fields))
     return rules
 
 
@@ -80,28 +99,71 @@ def _pointer(data: Any, pointer: str) -> tuple[bool, Any]:
         part = raw.replace("~1", "/").replace("~0", "~")
         if isinstance(data, dict) and part in data:
             data = data[part]
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
         else:
             return False, None
     return True, data
 
 
-def matches(rule: Rule, tool: str, arguments: Any, principal: str, role: str | None, environment: str | None,
-            path_rules: Any) -> bool:
-    """Whether ``rule`` applies to this call."""
+_ENGINES: dict[str, PathRules] = {}
+
+
+def path_engine(coordinator: Any) -> PathRules | None:
+    """The path engine path rules resolve with: the filesystem plugin's (capability ``fs.path_rules``),
+    else one for the host's working directory (resolution only: no roots or denied rules apply)."""
+    if coordinator is None:
+        return None
+    engine = coordinator.get_capability("fs.path_rules")
+    if isinstance(engine, PathRules):
+        return engine
+    working_dir = coordinator.get_capability("session.working_dir")
+    if not isinstance(working_dir, str):
+        return None
+    if working_dir not in _ENGINES:
+        _ENGINES[working_dir] = PathRules(working_dir, read_roots=[working_dir], write_roots=[working_dir])
+    return _ENGINES[working_dir]
+
+
+def _paths_match(deny: bool, patterns: Sequence[PathPattern], found: list[PathArgument], engine: PathRules) -> bool:
+    """A deny rule matches when any path matches (for a walk: or may match below it) or is unusable; an
+    allow rule when every path is usable and matched."""
+    if not found:
+        return False
+    base = engine.working_dir
+    for argument in found:
+        try:
+            resolved = engine.resolve_real(argument.value)
+        except ContractError:
+            return deny  # fail closed: an unusable path is caught by a deny rule and never earns an allow
+        hit = any(p.matches(resolved, base) or (deny and argument.walk and p.may_match_below(resolved, base))
+                  for p in patterns)
+        if hit == deny:
+            return deny
+    return not deny
+
+
+def matches(rule: Rule, spec: ToolSpec, arguments: Any, principal: str, role: str | None, environment: str | None,
+            path_rules: PathRules | None) -> bool:
+    """Whether ``rule`` applies to this call of ``spec``."""
+    tool = spec.name
     if not (_any(rule.tools, tool) and _any(rule.principals, principal) and _any(rule.roles, role)
             and _any(rule.environments, environment)):
         return False
-    for pointer, pattern in rule.arguments:
-        found, value = _pointer(arguments, pointer)
-        if not found:
-            return False
-        text = str(value)
-        if path_rules is not None and tool.startswith("local::fs.") and pointer in ("/path",):
-            try:
-                text = path_rules.normalize(text)  # the same normalization the filesystem tools apply
-            except ContractError:
-                # fail closed: an unusable path is caught by a deny rule and never earns an allow
-                return rule.action == "deny"
-        if not fnmatch.fnmatchcase(text, pattern):
+    deny = rule.action == "deny"
+    if path_rules is not None and (rule.paths is not None or rule.arguments):
+        found = path_arguments(tool, spec.input_schema, arguments)
+    else:
+        found = []
+    if rule.paths is not None and (path_rules is None or not _paths_match(deny, rule.paths, found, path_rules)):
+        return False
+    for pointer, pattern, path_pattern in rule.arguments:
+        at = [a for a in found if a.pointer == pointer or a.pointer.startswith(pointer + "/")]
+        if at and path_rules is not None:
+            if not _paths_match(deny, (path_pattern,), at, path_rules):
+                return False
+            continue
+        present, value = _pointer(arguments, pointer)
+        if not present or not fnmatch.fnmatchcase(str(value), pattern):
             return False
     return True

@@ -1,0 +1,141 @@
+"""Which arguments of a call are paths: the input of every path rule that is not the tools' own.
+
+The policy plugin's path rules decide on these, through ``PathRules.resolve_real`` and
+``PathPattern``. Two sources:
+
+- the built-in filesystem tools, whose path arguments are known: ``/path`` of ``read_file``,
+  ``write_file`` and ``edit_file`` names one file; ``/path`` of ``list_dir``, ``glob`` and
+  ``grep`` (default ``.``) is a *walk*: the tool reads entries below it;
+- every other tool (imported MCP tools, third-party plugins): its input schema (read once per
+  schema) and the call's own argument names. A value is a path when its schema says
+  ``"format"`` is one of ``PATH_FORMATS``, or when one of the words of its key (split at ``_``,
+  ``-`` and camelCase) is in ``PATH_WORDS`` (``path``, ``file_path``, ``targetFile``,
+  ``output_dir``, ``paths``, ``src``...), declared or not. A string is one path; each string item
+  of an array is a path (``/paths/0``); objects are searched to ``MAX_DEPTH``. Every such path
+  is treated as a walk, since what a server does with it (list it, search below it) cannot be
+  known.
+
+What it does not cover: a path the schema does not reveal (a property named ``query`` or
+``spec`` holding a path, a path inside a free-form string or a URL, ``anyOf``/``oneOf`` branches,
+``additionalProperties``), and what a server really does with a path — it may resolve it
+differently (against its own working directory, through its own symlinks), and we cannot verify
+that.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+import attrs
+
+FILE_TOOLS: Final = frozenset({"local::fs.read_file", "local::fs.write_file", "local::fs.edit_file"})
+WALK_TOOLS: Final = frozenset({"local::fs.list_dir", "local::fs.glob", "local::fs.grep"})
+PATH_FORMATS: Final = frozenset({"path", "file-path", "filepath", "file", "directory", "dir", "dir-path",
+                                 "directory-path", "uri-reference"})
+PATH_WORDS: Final = frozenset({"path", "paths", "file", "files", "filename", "filenames", "filepath",
+                               "filepaths", "dir", "dirs", "directory", "directories", "folder", "folders",
+                               "cwd", "workdir", "root", "roots", "target", "dest", "destination", "source",
+                               "sources", "src", "location"})
+MAX_DEPTH: Final = 8
+_WORDS: Final = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+
+
+@attrs.frozen
+class PathArgument:
+    """One path in a call's arguments: where it is, its text, and whether the tool reads below it."""
+
+    pointer: str
+    value: Any  # a string when usable; anything else is refused by the rules (fail closed)
+    walk: bool
+
+
+#: A location: property names from the top, ``None`` standing for "every item of an array".
+Location = tuple[str | None, ...]
+
+
+def _is_path_name(name: str) -> bool:
+    return any(word.lower() in PATH_WORDS for word in _WORDS.findall(name))
+
+
+def _locations(schema: Any, prefix: Location, depth: int) -> Iterator[Location]:
+    """Locations the schema marks as paths by ``format`` or by a property's name."""
+    if depth > MAX_DEPTH or not isinstance(schema, Mapping):
+        return
+    properties = schema.get("properties")
+    for name, sub in properties.items() if isinstance(properties, Mapping) else ():
+        if not isinstance(sub, Mapping):
+            continue
+        here = (*prefix, str(name))
+        if sub.get("format") in PATH_FORMATS or _is_path_name(str(name)):
+            yield here
+            yield (*here, None)
+        items = sub.get("items")
+        if isinstance(items, Mapping):
+            if items.get("format") in PATH_FORMATS:
+                yield (*here, None)
+            yield from _locations(items, (*here, None), depth + 1)
+        yield from _locations(sub, here, depth + 1)
+
+
+_CACHE: dict[str, tuple[Any, tuple[Location, ...]]] = {}
+
+
+def schema_locations(tool: str, schema: Any) -> tuple[Location, ...]:
+    """The path locations of a tool's input schema (cached per tool while its schema object is the same)."""
+    cached = _CACHE.get(tool)
+    if cached is not None and cached[0] is schema:
+        return cached[1]
+    found = tuple(dict.fromkeys(_locations(schema, (), 0)))
+    _CACHE[tool] = (schema, found)
+    return found
+
+
+def _escape(part: str) -> str:
+    return part.replace("~", "~0").replace("/", "~1")
+
+
+def _at(data: Any, location: Location, pointer: str) -> Iterator[tuple[str, Any]]:
+    """The values at ``location`` in ``data``, with their JSON pointers."""
+    if not location:
+        yield pointer, data
+        return
+    head, rest = location[0], location[1:]
+    if head is None:
+        if isinstance(data, list):
+            for index, item in enumerate(data):
+                yield from _at(item, rest, f"{pointer}/{index}")
+    elif isinstance(data, Mapping) and head in data:
+        yield from _at(data[head], rest, f"{pointer}/{_escape(head)}")
+
+
+def _named(data: Any, pointer: str, path_name: bool, depth: int) -> Iterator[tuple[str, Any]]:
+    """Strings under a path-like key in the call's own arguments (schemas may not declare them)."""
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(data, str):
+        if path_name:
+            yield pointer, data
+    elif isinstance(data, Mapping):
+        for key, value in data.items():
+            yield from _named(value, f"{pointer}/{_escape(str(key))}", _is_path_name(str(key)), depth + 1)
+    elif isinstance(data, list):
+        for index, item in enumerate(data):
+            yield from _named(item, f"{pointer}/{index}", path_name, depth + 1)
+
+
+def path_arguments(tool: str, schema: Any, arguments: Any) -> list[PathArgument]:
+    """Every path in ``arguments`` of a call of ``tool`` (its ``input_schema``: ``schema``)."""
+    if tool in FILE_TOOLS or tool in WALK_TOOLS:
+        value = arguments.get("path", "." if tool in WALK_TOOLS else None) if isinstance(arguments, Mapping) \
+            else None
+        return [PathArgument("/path", value, tool in WALK_TOOLS)]
+    found: dict[str, str] = {}
+    for location in schema_locations(tool, schema):
+        for pointer, value in _at(arguments, location, ""):
+            if isinstance(value, str):
+                found.setdefault(pointer, value)
+    for pointer, value in _named(arguments, "", False, 0):
+        found.setdefault(pointer, value)
+    return [PathArgument(pointer, value, True) for pointer, value in found.items()]

@@ -1,0 +1,192 @@
+"""Attack tests for the one path engine (issue 14, findings 1 and 8): directory walks never name or
+search denied entries, and rewritten files never keep setuid, setgid or sticky bits."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amplifier_tools import PluginLoadError, ToolHost
+from amplifier_tools.builtins.filesystem import tools as fs_tools
+
+SECRET = "TOKEN-8c1f"
+
+
+async def start(root: Path, **plugin_config: Any) -> ToolHost:
+    host = ToolHost(config={"plugins": {"filesystem": plugin_config}} if plugin_config else None,
+                    builtins=["filesystem"], entry_points=False, working_dir=root, discover=False)
+    await host.start()
+    return host
+
+
+def hostile_workspace(root: Path) -> None:
+    """A workspace whose secrets sit in every kind of denied place, plus one visible file."""
+    (root / "visible.txt").write_text(f"public {SECRET}\n")
+    (root / "secrets").mkdir()
+    (root / "secrets" / "key.txt").write_text(f"{SECRET}\n")
+    (root / "secrets-old.txt").write_text(f"{SECRET}\n")
+    (root / ".env").write_text(f"API={SECRET}\n")
+    (root / "sub").mkdir()
+    (root / "sub" / ".env.local").write_text(f"API={SECRET}\n")
+    (root / "build").mkdir()
+    (root / "build" / "out.txt").write_text(f"{SECRET}\n")
+    (root / "private").mkdir()
+    (root / "private" / "notes.txt").write_text(f"{SECRET}\n")
+
+
+@pytest.fixture
+async def denied_host(tmp_path: Path) -> AsyncIterator[ToolHost]:
+    hostile_workspace(tmp_path)
+    host = await start(tmp_path, denied_paths=["secrets*", ".env*", "build/*", str(tmp_path / "private")])
+    yield host
+    await host.close()
+
+
+DENIED_NAMES = ("secrets", "key.txt", "secrets-old.txt", ".env", ".env.local", "out.txt", "private", "notes.txt")
+
+
+async def test_grep_never_searches_or_names_denied_entries(denied_host: ToolHost) -> None:
+    result = await denied_host.call("fs_grep", {"pattern": SECRET})
+    assert result.success, result.error
+    assert [m["file"] for m in result.output["matches"]] == ["visible.txt"]
+    assert result.output["files_searched"] == 1
+
+
+async def test_glob_never_names_denied_entries(denied_host: ToolHost) -> None:
+    result = await denied_host.call("fs_glob", {"pattern": "**"})
+    assert result.success, result.error
+    assert result.output["matches"] == ["visible.txt"]
+    assert not any(name in str(result.output) for name in DENIED_NAMES)
+
+
+async def test_list_dir_never_names_denied_entries(denied_host: ToolHost) -> None:
+    top = await denied_host.call("fs_list_dir", {"path": "."})
+    names = {entry["name"] for entry in top.output["entries"]}
+    assert names == {"visible.txt", "sub", "build"}  # 'build' itself is not denied by 'build/*'; its entries are
+    assert (await denied_host.call("fs_list_dir", {"path": "build"})).output["entries"] == []
+    assert (await denied_host.call("fs_list_dir", {"path": "sub"})).output["entries"] == []
+
+
+@pytest.mark.parametrize("start", ["secrets", "private", "sub/.env.local", "build/out.txt"])
+async def test_a_walk_rooted_at_a_denied_path_is_refused(denied_host: ToolHost, start: str) -> None:
+    for tool, args in (("fs_grep", {"pattern": "."}), ("fs_glob", {"pattern": "**"}), ("fs_list_dir", {})):
+        result = await denied_host.call(tool, {**args, "path": start})
+        assert result.error is not None and result.error["code"] == "path_denied", (tool, result)
+        assert SECRET not in str(result.error)
+
+
+async def test_a_symlink_inside_the_root_to_a_denied_dir_is_refused(tmp_path: Path) -> None:
+    hostile_workspace(tmp_path)
+    (tmp_path / "innocent").symlink_to("secrets")
+    host = await start(tmp_path, denied_paths=["secrets*", ".env*", "build/*", str(tmp_path / "private")])
+    try:
+        for tool, args in (("fs_read_file", {"path": "innocent/key.txt"}),
+                           ("fs_grep", {"pattern": ".", "path": "innocent"}),
+                           ("fs_glob", {"pattern": "**", "path": "innocent"}),
+                           ("fs_list_dir", {"path": "innocent"})):
+            result = await host.call(tool, args)
+            assert result.error is not None and result.error["rule"] == "denied:secrets*", (tool, result)
+        walk = await host.call("fs_grep", {"pattern": SECRET})  # the walk lists the link, never follows it
+        assert [m["file"] for m in walk.output["matches"]] == ["visible.txt"]
+    finally:
+        await host.close()
+
+
+async def test_a_fifo_in_a_grep_walk_does_not_block(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text(f"{SECRET}\n")
+    os.mkfifo(tmp_path / "pipe")
+    host = await start(tmp_path)
+    try:
+        result = await host.call("fs_grep", {"pattern": SECRET})
+        assert [m["file"] for m in result.output["matches"]] == ["a.txt"]
+        single = await host.call("fs_grep", {"pattern": SECRET, "path": "pipe"})
+        assert single.error["rule"] == "special_file"
+    finally:
+        await host.close()
+
+
+# -- finding 8: modes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("before", [0o4755, 0o2755, 0o6755, 0o1644])
+async def test_a_replaced_file_keeps_its_permission_bits_but_never_setuid_setgid_or_sticky(
+        tmp_path: Path, before: int) -> None:
+    host = await start(tmp_path)
+    try:
+        for tool, args in (("fs_write_file", {"content": "x = 1\n"}),
+                           ("fs_edit_file", {"old_string": "1", "new_string": "2"})):
+            target = tmp_path / f"{tool}.sh"
+            target.write_text("x = 1\n")
+            os.chmod(target, before)
+            result = await host.call(tool, {"path": target.name, **args})
+            assert result.success, result.error
+            assert stat.S_IMODE(target.stat().st_mode) == before & 0o777, tool
+    finally:
+        await host.close()
+
+
+async def test_a_new_file_is_0644_minus_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fs_tools, "UMASK", 0o002)  # a group-writable umask must not make new files 0664
+    host = await start(tmp_path)
+    try:
+        assert (await host.call("fs_write_file", {"path": "new.txt", "content": "x"})).success
+        assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == 0o644
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize("configured", [0o600, "0640", "0o640"])
+async def test_new_file_mode_is_configurable(tmp_path: Path, configured: Any) -> None:
+    host = await start(tmp_path, new_file_mode=configured)
+    try:
+        assert (await host.call("fs_write_file", {"path": "new.txt", "content": "x"})).success
+        expected = configured if isinstance(configured, int) else 0o640
+        assert stat.S_IMODE((tmp_path / "new.txt").stat().st_mode) == expected
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize("bad", [0o4755, 0o1000, -1, "rw-r--r--", True, 1.5])
+async def test_a_bad_new_file_mode_fails_start_naming_the_key(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(PluginLoadError, match=r"plugins\.filesystem\.new_file_mode: .*e\.g\. new_file_mode = 0o640"):
+        await start(tmp_path, new_file_mode=bad)
+
+
+class _SwapOnOpen:
+    """``os`` for the tools module, except that opening ``pub`` first swaps it for a symlink to ``secrets``:
+    a denied directory swapped in between the walk's listing and its open of the entry."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self.swapped = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def open(self, path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if path == "pub" and not self.swapped:
+            self.swapped = True
+            (self._root / "pub").rename(self._root / "pub-was")
+            (self._root / "pub").symlink_to("secrets")
+        return os.open(path, flags, *args, **kwargs)
+
+
+async def test_a_denied_dir_swapped_in_during_a_walk_is_not_entered(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    hostile_workspace(tmp_path)
+    (tmp_path / "pub").mkdir()
+    (tmp_path / "pub" / "p.txt").write_text(f"{SECRET}\n")
+    host = await start(tmp_path, denied_paths=["secrets*"])
+    try:
+        swap = _SwapOnOpen(tmp_path)
+        monkeypatch.setattr(fs_tools, "os", swap)
+        result = await host.call("fs_grep", {"pattern": SECRET, "glob": "**/*.txt"})
+        assert swap.swapped
+        assert result.success and "key.txt" not in str(result.output), result.output
+    finally:
+        await host.close()
