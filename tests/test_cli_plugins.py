@@ -325,9 +325,14 @@ def test_validate_accepts_a_built_in_plugin_by_name(tmp_path: Path, target: str)
 
 
 def test_validate_of_the_distribution_checks_every_built_in(tmp_path: Path) -> None:
-    """``amplifier-tools`` has no entry points of its own: its plugins are built in."""
+    """``amplifier-tools`` has no entry points of its own: its plugins are built in, and every one of
+    them passes (their examples run in a workspace holding the files they name)."""
     out = cli(tmp_path, "validate", "amplifier-tools", "--json")
-    checks = json.loads(out.stdout)["checks"]
+    report = json.loads(out.stdout)
+    assert out.returncode == 0 and report["ok"], [c for c in report["checks"] if not c["passed"]]
+    checks = report["checks"]
+    ran = [c["name"] for c in checks if c["message"] == "valid; ran"]
+    assert {"local::fs.read_file: example 1", "local::fs.grep: example 1", "local::fs.glob: example 1"} <= set(ran)
     mounted = {c["name"].split(":")[0] for c in checks if c["name"].endswith("mounts on a fresh host")}
     assert mounted >= {"filesystem", "bash", "policy", "audit"}
 

@@ -93,7 +93,8 @@ class ReadFile(FilesystemTool):
             "lines_returned": {"type": "integer"}, "total_lines": {"type": ["integer", "null"]},
             "partial": {"type": "boolean"}, "truncated_lines": {"type": "integer"}, "notice": {"type": "string"},
         }, "required": ["content", "path", "lines_returned", "partial"]},
-        examples=[{"input": {"path": "README.md", "limit": 20}, "description": "first 20 lines"},
+        examples=[{"input": {"path": "README.md", "limit": 20}, "description": "first 20 lines",
+                   "files": {"README.md": "# A project\n\nWhat it does.\n"}},
                   {"input": {"path": "/etc/shadow"}, "error_code": "path_denied"}],
     )
 
@@ -346,7 +347,7 @@ class Glob(FilesystemTool):
         output_schema={"type": "object", "properties": {
             "matches": {"type": "array", "items": {"type": "string"}}, "omitted": {"type": "integer"}},
             "required": ["matches", "omitted"]},
-        examples=[{"input": {"pattern": "**/*.md"}}],
+        examples=[{"input": {"pattern": "**/*.md"}, "files": {"docs/index.md": "# Docs\n"}}],
     )
 
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
@@ -374,7 +375,8 @@ class Grep(FilesystemTool):
         output_schema={"type": "object", "properties": {
             "matches": {"type": "array"}, "files_searched": {"type": "integer"},
             "truncated": {"type": "boolean"}}, "required": ["matches", "files_searched", "truncated"]},
-        examples=[{"input": {"pattern": "TODO", "glob": "**/*.py"}}],
+        examples=[{"input": {"pattern": "TODO", "glob": "**/*.py"},
+                   "files": {"app/main.py": "def main():\n    pass  # TODO: parse arguments\n"}}],
     )
 
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
