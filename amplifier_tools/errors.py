@@ -128,10 +128,10 @@ class ConfigError(ValueError):
 
 def did_you_mean(name: str, expected: Collection[str]) -> str | None:
     """``"did you mean 'x'?"`` for a misspelled ``name`` among ``expected`` names, else None."""
-    close = difflib.get_close_matches(name, sorted(expected), n=2, cutoff=0.6)
+    close = difflib.get_close_matches(name, sorted(expected), n=1, cutoff=0.6)
     if not close:
         return None
-    return "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return f"did you mean {close[0]!r}?"
 
 
 class PluginLoadError(RuntimeError):

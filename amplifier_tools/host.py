@@ -39,7 +39,7 @@ from .config import discover_config_file, load_config_file, plugin_section, vali
 from .coordinator import Coordinator
 from .definitions import tool_definitions
 from .dispatch import HookDispatcher, PluginManager, PluginSettings
-from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError
+from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError, did_you_mean
 from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
 from .pipeline import CallPipeline
@@ -422,11 +422,13 @@ class ToolHost:
         unused = self.tools.unused_overrides()
         if unused:
             raise ConfigError(f"names no mounted tool (mounted: {', '.join(sorted(s.name for s in self.specs))})",
-                              key=f"tools.{unused[0]}")
+                              key=f"tools.{unused[0]}", file=self.config_file,
+                              hint=did_you_mean(unused[0], [s.name for s in self.specs]))
         loaded = {info.name for info in self.plugins} | {f.name for f in self.failed_plugins} | self._disabled()
         for name in self.config.get("plugins", {}):
             if name not in loaded:
-                raise ConfigError("names no installed plugin", key=f"plugins.{name}")
+                raise ConfigError(f"names no installed plugin (loaded: {', '.join(sorted(loaded))})",
+                                  key=f"plugins.{name}", file=self.config_file, hint=did_you_mean(name, loaded))
 
     def _make_state_dir(self) -> None:
         """Create ``state_dir`` (0700) or stop the start naming the key and what is wrong."""

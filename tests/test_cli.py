@@ -395,3 +395,14 @@ def test_a_timeout_hint_names_the_timeouts_not_the_policy(project: Path) -> None
     assert "hint: the call ran out of time; raise the tool's timeout_ms" in out.stderr
     assert '([tools."local::demo.slow".policies] timeout_ms)' in out.stderr
     assert "denied by" not in out.stderr
+
+
+def test_a_misspelled_plugin_key_gets_a_did_you_mean_hint(tmp_path: Path) -> None:
+    config = tmp_path / "elsewhere.toml"
+    config.write_text("[plugins.bash]\ndefualt_timeout = 5\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = cli(work, "--config", str(config), "list")
+    assert out.returncode == 2
+    assert "plugins.bash.defualt_timeout: unknown key" in out.stderr
+    assert "hint: did you mean 'default_timeout'?" in out.stderr

@@ -101,3 +101,14 @@ async def test_default_context_comes_from_config(host_factory: Any, monkeypatch:
     ctx = host.default_context
     assert ctx.principal == "ci-bot" and ctx.scopes == frozenset({"fs:read"})
     assert ctx.secret("TOKEN") == "tok-123456"
+
+
+async def test_a_section_for_no_installed_plugin_names_the_file_and_the_likely_plugin(tmp_path: Path) -> None:
+    config = tmp_path / "amplifier-tools.toml"
+    config.write_text("[plugins.filesytem]\nmax_results = 5\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    with pytest.raises(ConfigError) as caught:
+        await ToolHost(config=config, working_dir=work, entry_points=False).start()
+    assert str(caught.value).startswith(f"{config}: plugins.filesytem: names no installed plugin")
+    assert caught.value.hint == "did you mean 'filesystem'?"

@@ -80,7 +80,8 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
                 "checkpoint_key_ref": "the name of a secret reference"}
     for key, value in config.items():
         if key not in DEFAULTS:
-            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=f"plugins.{PLUGIN}.{key}")
+            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=f"plugins.{PLUGIN}.{key}",
+                              expected=DEFAULTS)
         if not checks[key](value):
             raise ConfigError(f"must be {expected.get(key, 'a positive number')}, got {value!r}",
                               key=f"plugins.{PLUGIN}.{key}")

@@ -74,7 +74,7 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
     for key, value in config.items():
         where = f"plugins.{PLUGIN}.{key}"
         if key not in DEFAULTS:
-            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=where)
+            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=where, expected=DEFAULTS)
         if key in _NUMBERS:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ConfigError("must be a positive number of seconds", key=where)

@@ -48,7 +48,7 @@ def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
     for key, value in config.items():
         where = f"plugins.{PLUGIN}.{key}"
         if key not in DEFAULTS:
-            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=where)
+            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=where, expected=DEFAULTS)
         default = DEFAULTS[key]
         if key == "new_file_mode":
             value = parse_mode(value, where)

@@ -153,7 +153,8 @@ class PolicyPlugin:
     def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
         for key in config:
             if key not in KEYS:
-                raise ConfigError(f"unknown key (expected one of {sorted(KEYS)})", key=f"plugins.{PLUGIN}.{key}")
+                raise ConfigError(f"unknown key (expected one of {sorted(KEYS)})", key=f"plugins.{PLUGIN}.{key}",
+                                  expected=KEYS)
         self.rules = parse_rules(config.get("rules", []), f"plugins.{PLUGIN}.rules")
         self._deny_rules = [rule for rule in self.rules if rule.action == "deny"]
         self._allow_rules = [rule for rule in self.rules if rule.action == "allow"]

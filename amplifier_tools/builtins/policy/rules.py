@@ -62,7 +62,8 @@ def parse_rules(raw: Any, key: str) -> list[Rule]:
             raise ConfigError("must be a table", key=where)
         unknown = set(item) - RULE_KEYS
         if unknown:
-            raise ConfigError(f"unknown key {sorted(unknown)[0]!r} (expected {sorted(RULE_KEYS)})", key=where)
+            raise ConfigError(f"unknown key {sorted(unknown)[0]!r} (expected {sorted(RULE_KEYS)})",
+                              key=f"{where}.{sorted(unknown)[0]}", expected=RULE_KEYS)
         if item.get("action") not in ("allow", "deny"):
             raise ConfigError("action must be 'allow' or 'deny'", key=f"{where}.action")
         fields: dict[str, Any] = {}
