@@ -249,7 +249,26 @@ class ToolHandlerImpls:
         event = next((e for e, h in TOOL_EVENTS.items() if h == hook), None)
         if event is None:
             return []
-        return [(r.owner, *self.functions(hook, r)) for r in self._registry.tool_handlers(event)]
+        impls = [(r.owner, *self.functions(hook, r)) for r in self._registry.tool_handlers(event)]
+        if hook == "tool_error":  # Amplifier emits tool:post for a result with success=False too
+            impls = [(r.owner, *self.reported_failure(r)) for r in self._registry.tool_handlers("tool:post")] + impls
+        return impls
+
+    def reported_failure(self, r: Registration) -> tuple[Callable[..., Any], tuple[str, ...]]:
+        """``tool:post`` handler ``r`` for a failure the tool itself reported (a result with
+        ``success=False``, such as bash's non-zero exit), as Amplifier's orchestrators deliver it:
+        ``tool_result`` holds the output and the error. Its ``deny`` withholds the output, its
+        ``modify`` replaces the result (a recovery). Not called for failures the tool raised or
+        the host decided (those reach ``tool:error`` handlers only)."""
+        async def post_failure(call: ToolCall, spec: Any, error: Any, context: ToolContext) -> ToolResult | None:
+            reported = getattr(error, "reported", None)
+            if not isinstance(reported, ToolResult):
+                return None
+            failed = ToolResult(False, reported.output, {"type": error.category, "code": error.code,
+                                                          "message": error.message}, {}, call.id)
+            parsed = await self._run(r, event_data(call, context, tool_result=result_data(failed)))
+            return await self._post_outcome(r, parsed, call, spec, failed, context)
+        return post_failure, ("call", "spec", "error", "context")
 
     def functions(self, hook: str, r: Registration) -> tuple[Callable[..., Any], tuple[str, ...]]:
         """``(implementation, argument names)`` for handler ``r`` in ``hook``."""

@@ -39,6 +39,9 @@ class ToolError(Exception):
     category: ClassVar[str] = SYSTEM_ERROR
     default_code: ClassVar[str] = "error"
     default_retryable: ClassVar[bool] = False
+    #: The result a tool returned to report this failure (``success=False``), or None when the
+    #: failure was raised by the tool or decided by the host. Never serialized.
+    reported: Any = None
 
     def __init__(
         self,

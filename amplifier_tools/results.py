@@ -141,13 +141,15 @@ def error_from_result(result: ToolResult, tool: str) -> ToolError:
         for key, value in payload.items()
         if key not in ("type", "code", "message", "retryable", "cause") and _is_scalar(value)
     }
-    return cls(
+    error = cls(
         message,
         code=code if isinstance(code, str) else None,
         retryable=bool(payload["retryable"]) if "retryable" in payload else None,
         cause=str(payload.get("cause") or reported or "") or None,
         **details,
     )
+    error.reported = result
+    return error
 
 
 def _is_scalar(value: Any) -> bool:

@@ -224,3 +224,28 @@ async def test_handlers_registered_with_on_and_reading_older_keys_work(tmp_path:
         assert (await host.call("echo", {"path": "a"})).success
     (data,) = seen
     assert data["result"]["output"] == "a" and data["session_id"] == host.session_id
+
+
+@pytest.mark.parametrize(("action", "output", "code"), [
+    ("continue", {"stdout": "", "stderr": "boom: no such file", "returncode": 2}, "returned_failure"),
+    ("deny", None, "hook_denied"),
+])
+async def test_tool_post_handlers_also_see_a_failure_the_tool_reported(
+    tmp_path: Path, action: str, output: Any, code: str
+) -> None:
+    """Amplifier's orchestrators emit tool:post for a result with success=False (bash's non-zero
+    exit): its handlers must see it, with the output, and may withhold it."""
+    config = {"modules": [{"module": "amplifier_fixtures.tool_module"},
+                          {"module": MODULE, "config": {"action": action, "event": "tool:post"}}]}
+    async with ToolHost(config=config, builtins=False, entry_points=False, working_dir=tmp_path,
+                        discover=False) as host:
+        failed = await host.call("run", {"command": "false"})
+        raised = await host.call("run", {"command": 3})  # the host's own refusal: not a tool:post event
+    assert not failed.success and failed.output == output
+    if code == "hook_denied":
+        assert failed.error["code"] == "hook_denied"
+    (_, event, data), = hook_module.SEEN
+    assert event == "tool:post" and data["tool_result"]["success"] is False
+    assert data["tool_result"]["output"]["stderr"] == "boom: no such file"
+    assert "boom: no such file" in data["tool_result"]["error"]["message"]
+    assert not raised.success
