@@ -516,3 +516,12 @@ def test_per_tool_policy_override_errors_name_the_key_not_the_mounting_plugin() 
     message = str(info.value)
     assert "tools.t.policies.rate_limit.limit" in message
     assert "plugin 'tools'" not in message
+
+
+async def test_a_rule_without_a_reason_is_named_once(tmp_path: Any, echo: Any) -> None:
+    config = {"plugins": {"policy": {"rules": [{"name": "no-echo", "action": "deny", "tools": ["echo"]}]}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(echo)], builtins=["policy"], entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert result.error["code"] == "rule_denied"
+    assert result.error["message"] == "denied by plugin 'policy': denied by rule 'no-echo'"

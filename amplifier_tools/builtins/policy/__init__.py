@@ -302,7 +302,8 @@ class PolicyPlugin:
         principal, role, environment = context.principal, context.role, context.environment
         for rule in self._deny_rules:
             if matches(rule, spec, call.arguments, principal, role, environment, path_rules):
-                return Deny(f"denied by rule {rule.name!r}: {rule.reason}", code="rule_denied",
+                return Deny(f"denied by rule {rule.name!r}" + (f": {rule.reason}" if rule.reason else ""),
+                            code="rule_denied",
                             details={"rule": rule.name})
         for rule in self._allow_rules:
             if matches(rule, spec, call.arguments, principal, role, environment, path_rules):

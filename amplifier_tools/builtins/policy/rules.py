@@ -83,7 +83,7 @@ def parse_rules(raw: Any, key: str) -> list[Rule]:
             raise ConfigError("must be a non-empty list of path globs", key=f"{where}.paths",
                               hint='e.g. paths = ["/etc/*", ".env*"]; see docs/policy.md (Path rules)')
         name = str(item.get("name", f"rule {index + 1}"))
-        rules.append(Rule(name=name, action=item["action"], reason=str(item.get("reason", name)),
+        rules.append(Rule(name=name, action=item["action"], reason=str(item.get("reason", "")),
                           arguments=tuple((k, v, PathPattern(v)) for k, v in arguments.items()),
                           paths=tuple(PathPattern(p) for p in paths) if paths is not None else None, **fields))
     return rules
