@@ -51,6 +51,16 @@ DENY_MISSES = [
     "printf -v 'a[$(touch {M})]' 1",
     "x='a[$(touch {M})]'; [[ x -eq 0 ]]",
 ]
+#: Found while building the parser: more ways to run a command the old reader did not see.
+REVIEW_FINDINGS = [
+    "mapfile -C 'touch {M} #' -c 1 a <<< x",
+    "compgen -C 'touch {M}' w",
+    "jobs -x touch {M}",
+    "tou\\\nch {M}",
+    "env foo='a[$(touch {M})]' bash -c '((foo))'",
+    "$\"touch\" {M}",
+    "a=(); echo ${a['$(touch {M})']}",
+]
 
 
 def _runs_hidden_command(template: str, tmp_path: Path) -> bool:
@@ -61,12 +71,12 @@ def _runs_hidden_command(template: str, tmp_path: Path) -> bool:
 
 
 @needs_bash
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS)
 def test_the_attack_runs_a_hidden_command_in_real_bash(template: str, tmp_path: Path) -> None:
     assert _runs_hidden_command(template, tmp_path)
 
 
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS)
 def test_an_allow_list_denies_the_attack(template: str) -> None:
     with pytest.raises(PolicyError) as info:
         ALLOW.check(template.replace("{M}", "/tmp/m"))
@@ -74,7 +84,7 @@ def test_an_allow_list_denies_the_attack(template: str) -> None:
     assert "[plugins.bash] allow" in info.value.message
 
 
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS)
 def test_a_deny_rule_denies_the_attack(template: str) -> None:
     with pytest.raises(PolicyError) as info:
         DENY.check(template.replace("{M}", "/tmp/m"))
@@ -134,6 +144,8 @@ def test_a_fail_closed_denial_says_what_could_not_be_read(command: str, what: st
     "flock /tmp/lock -c 'touch m'",
     "exec 3>/dev/null; touch m",
     "env -S 'nice -n 1 touch' m",
+    "watch -n 1 touch m",
+    "watch -x touch m",
 ])
 def test_a_readable_wrapper_has_its_inner_command_checked(command: str) -> None:
     with pytest.raises(PolicyError) as info:

@@ -47,9 +47,10 @@ _EXPANSIONS: Final = frozenset({"simple_expansion", "expansion", "command_substi
 _ARITH_TEST_OPERATORS: Final = frozenset({"-eq", "-ne", "-lt", "-le", "-gt", "-ge"})
 #: Builtins whose arguments name variables (a subscript in such a name is evaluated, commands included).
 _NAME_BUILTINS: Final = frozenset({"read", "mapfile", "readarray", "printf", "getopts", "wait", "declare", "typeset",
-                                   "local", "export", "readonly", "unset", "test", "[", "let", "shift"})
+                                   "local", "export", "readonly", "unset", "test", "[", "[[", "let"})
 #: Builtins that store text in the variables they name.
 _TEXT_WRITERS: Final = frozenset({"read", "mapfile", "readarray", "printf", "getopts", "wait"})
+_ASSIGNING_WRAPPERS: Final = frozenset({"env", "sudo"})
 _NEVER_READ: Final = {
     "eval": "eval runs a string the rules cannot read",
     "source": "source runs a file the rules cannot read",
@@ -58,6 +59,8 @@ _NEVER_READ: Final = {
     "coproc": "coproc is not read by the parser",
     "alias": "an alias changes what a later command name runs",
     "enable": "enable loads or hides builtins",
+    "compgen": "compgen -C/-F runs a string the rules cannot read",
+    "fc": "fc runs commands from the history",
 }
 _DANGEROUS_ASSIGNMENT: Final = re.compile(
     r"^(PATH|BASH_ENV|ENV|PS[0-4]|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|BASH_LOADABLES_PATH|LD_[A-Z_]*|GCONV_PATH|IFS)$")
@@ -163,7 +166,8 @@ class _Reader:
         for name, where in self.arith_names.items():
             if name in self.tainted or _BASH_TEXT_VARS.match(name) or (
                     name.upper() == name and name not in self.integers):
-                self.closed(f"variable {name!r} in an arithmetic expression may hold text that bash evaluates "
+                what = f"positional parameter ${name}" if name.isdigit() else f"variable {name!r}"
+                self.closed(f"{what} in an arithmetic expression may hold text that bash evaluates "
                             "(an array subscript in it runs commands)", where)
 
     # -- command strings ----------------------------------------------------------------------------------
@@ -172,6 +176,13 @@ class _Reader:
         if depth > MAX_DEPTH:
             self.closed("commands nested too deeply", command)
             return
+        if "\\\n" in command:
+            # bash removes backslash-newline before it splits words ("r\<newline>m" is rm); tree-sitter
+            # does not always. Read the joined text as well (more parts can only deny more).
+            self.read_tree(command.replace("\\\n", ""), depth)
+        self.read_tree(command, depth)
+
+    def read_tree(self, command: str, depth: int) -> None:
         source = command.encode("utf-8", "surrogateescape")
         tree = _PARSER.parse(source)
         if tree.root_node.has_error:
@@ -274,32 +285,41 @@ class _Reader:
             self.closed(_NEVER_READ[name], where)
         elif name == "hash" and any(a.text.startswith("-") and "p" in a.text for a in args):
             self.closed("hash -p changes what a later command name runs", where)
+        elif name == "jobs" and any(a.text == "-x" for a in args):
+            self.closed("jobs -x runs a command the rules do not read", where)
+        elif name in _ASSIGNING_WRAPPERS:
+            for arg in args:  # env NAME=VALUE …: the value reaches the commands inside
+                assigned = re.match(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", arg.text, re.S)
+                if assigned and (arg.dynamic or not _INTEGER.match(assigned.group(2))):
+                    self.tainted.setdefault(assigned.group(1), where)
         if name in _NAME_BUILTINS:
             self.name_arguments(name, args, where)
         self.parts.append(Part(name, tuple(a.text for a in args), program.text if program.text != name else ""))
 
     def name_arguments(self, name: str, args: tuple[Word, ...], where: str) -> None:
         """Variable names given to builtins: a subscript in one is evaluated; text writers taint it."""
-        for index, arg in enumerate(args):
+        if name == "let":
+            for arg in args:
+                self.let(arg, where)
+            return
+        if name in ("mapfile", "readarray") and any(a.text.startswith("-C") for a in args):
+            self.closed(f"{name} -C runs a callback string the rules cannot read", where)
+        for arg in _names_given(name, args):
             text = arg.text
-            if "[" in text and "]" in text:
-                subscript = text[text.index("[") + 1:text.rindex("]")]
-                if arg.dynamic or not (_SAFE_SUBSCRIPT.match(subscript) or _NAME.match(subscript)):
+            if arg.dynamic:
+                self.closed(f"a variable name given to {name} is only known at run time", where)
+                continue
+            base, bracket, rest = text.partition("[")
+            base = base.split("=", 1)[0]
+            if bracket and "]" in rest:
+                subscript = rest[:rest.index("]")] if "=" in rest else rest[:rest.rindex("]")]
+                if not (_SAFE_SUBSCRIPT.match(subscript) or _NAME.match(subscript)):
                     self.closed(f"an array subscript in a variable name given to {name} (bash evaluates it)",
                                 where)
                 elif _NAME.match(subscript):
                     self.arith_names.setdefault(subscript, where)
-            if name == "let":
-                self.let(arg, where)
-            elif name in _TEXT_WRITERS:
-                base = text.split("[", 1)[0]
-                if name == "printf" and text.startswith("-v") and len(text) > 2:
-                    base = text[2:].split("[", 1)[0]
-                if _NAME.match(base) and (name != "printf" or text.startswith("-v") or (
-                        index > 0 and args[index - 1].text == "-v")):
-                    self.tainted.setdefault(base, where)
-        if name in ("read", "mapfile", "readarray", "getopts") and any(a.dynamic for a in args):
-            self.closed(f"a variable name given to {name} is only known at run time", where)
+            if name in _TEXT_WRITERS and _NAME.match(base):
+                self.tainted.setdefault(base, where)
 
     def let(self, arg: Word, where: str) -> None:
         if arg.dynamic or re.search(r"[$`\[\]'\"\\]", arg.text):
@@ -353,7 +373,7 @@ class _Reader:
                         if operand is not None:
                             self.arithmetic(operand, depth)
             elif sub.type == "unary_expression" and sub.child_count > 1 and _text(sub.children[0]) == "-v":
-                self.name_arguments("[[", (self.word(sub.children[1], depth),), _text(node))
+                self.name_arguments("[[", (Word("-v"), self.word(sub.children[1], depth)), _text(node))
         for child in node.children:
             if child.type not in ("binary_expression", "unary_expression"):
                 self.walk(child, depth)
@@ -387,9 +407,10 @@ class _Reader:
                 if name is not None:
                     self.taint(_text(name), node)
             if ":" in operators:  # ${x:offset:length}: both are arithmetic
-                for child in children:
+                after = children[[_text(c) for c in children].index(":"):]
+                for child in after:
                     if child.type in ("variable_name", "word", "simple_expansion", "expansion",
-                                      "binary_expression", "number") and child != children[2]:
+                                      "binary_expression", "number", "unary_expression", "parenthesized_expression"):
                         self.arithmetic(child, depth)
         for sub in _descendants(node):
             if sub.type in ("command_substitution", "process_substitution", "arithmetic_expansion") and sub != node:
@@ -426,6 +447,9 @@ class _Reader:
                 pass
             else:
                 self.closed(f"the expansion {_text(node)!r} inside {where}", node)
+        elif kind == "string" and [c.type for c in node.children] in (['"', "simple_expansion", '"'],
+                                                                      ['"', "expansion", '"']):
+            self.arithmetic(node.children[1], depth, where)  # "$n" -gt 0
         elif kind in ("string", "raw_string", "ansi_c_string", "concatenation", "translated_string"):
             self.closed(f"a quoted string inside {where}", node)
         elif kind == "variable_assignment":
@@ -499,7 +523,8 @@ def _pieces(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:
     """The leaves of a word: quoted strings opened, expansions kept whole."""
     if node.type in ("concatenation", "string", "translated_string"):
         for child in node.children:
-            yield from _pieces(child)
+            if not (node.type == "translated_string" and child.type == "$"):
+                yield from _pieces(child)
     else:
         yield node
 
@@ -508,3 +533,38 @@ def _descendants(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:
     for child in node.children:
         yield child
         yield from _descendants(child)
+
+
+#: Options of ``read``/``mapfile``/``readarray`` that take a value which is not a variable name.
+_VALUE_OPTIONS: Final = {"read": "dinNptu", "mapfile": "dnOsuCc", "readarray": "dnOsuCc"}
+
+
+def _names_given(name: str, args: tuple[Word, ...]) -> list[Word]:
+    """The arguments of builtin ``name`` that are variable names (``printf -v NAME``, ``read A B``, …)."""
+    if name in ("printf", "wait", "test", "[", "[["):
+        flag = "-v" if name in ("printf", "test", "[", "[[") else "-p"
+        names = [args[i + 1] for i, a in enumerate(args[:-1]) if a.text == flag]
+        if name == "printf":
+            names += [type(a)(a.text[2:], a.dynamic) for a in args if a.text.startswith("-v") and len(a.text) > 2]
+        return names
+    if name == "getopts":
+        operands = [a for a in args if not a.text.startswith("-")]
+        return operands[1:2]
+    names: list[Word] = []
+    takes = _VALUE_OPTIONS.get(name, "")
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg.text.startswith("-") and not arg.dynamic and len(arg.text) > 1:
+            letters = arg.text[1:]
+            for position, letter in enumerate(letters):
+                if letter in takes:
+                    skip = position == len(letters) - 1
+                    break
+            continue
+        names.append(arg)
+    if name in ("mapfile", "readarray"):
+        return names[-1:]
+    return names

@@ -129,6 +129,8 @@ def unwrap(words: Sequence[Word]) -> Unwrapped:
         if name in ("find", "fd", "fdfind"):
             inner = _find_exec(name, current[1:])
             return Unwrapped((*commands, *inner.commands), (*strings, *inner.strings), inner.reason)
+        if name == "watch":
+            return _watch(current[1:], commands, strings)
         spec = WRAPPERS.get(name)
         if spec is None:
             return Unwrapped(tuple(commands), tuple(strings))
@@ -314,3 +316,19 @@ def _find_exec(name: str, args: Sequence[Word]) -> Unwrapped:
             index = end
         index += 1
     return Unwrapped(tuple(commands), tuple(strings))
+
+
+_WATCH: Final = _spec("-n --interval -q --equexit", "-d --differences -t --no-title -b --beep -e --errexit -g "
+                      "--chgexit -c --color -C --no-color -p --precise -w --no-wrap -x --exec -r --no-rerun")
+
+
+def _watch(args: Sequence[Word], commands: list[tuple[Word, ...]], strings: list[Word]) -> Unwrapped:
+    """``watch CMD…`` runs ``sh -c "CMD…"``; ``watch -x CMD…`` runs the argv."""
+    rest, _, reason = _options("watch", _WATCH, args)
+    if reason is not None or not rest:
+        return Unwrapped(tuple(commands), tuple(strings), reason)
+    if any(w.text in ("-x", "--exec") for w in args[:len(args) - len(rest)]):
+        nested = unwrap(rest)
+        return Unwrapped((*commands, *nested.commands), (*strings, *nested.strings), nested.reason)
+    string = type(rest[0])(" ".join(w.text for w in rest), any(w.dynamic for w in rest))
+    return Unwrapped(tuple(commands), (*strings, string))
