@@ -543,10 +543,10 @@ def _names_given(name: str, args: tuple[Word, ...]) -> list[Word]:
     """The arguments of builtin ``name`` that are variable names (``printf -v NAME``, ``read A B``, …)."""
     if name in ("printf", "wait", "test", "[", "[["):
         flag = "-v" if name in ("printf", "test", "[", "[[") else "-p"
-        names = [args[i + 1] for i, a in enumerate(args[:-1]) if a.text == flag]
+        flagged = [args[i + 1] for i, a in enumerate(args[:-1]) if a.text == flag]
         if name == "printf":
-            names += [type(a)(a.text[2:], a.dynamic) for a in args if a.text.startswith("-v") and len(a.text) > 2]
-        return names
+            flagged += [Word(a.text[2:], a.dynamic) for a in args if a.text.startswith("-v") and len(a.text) > 2]
+        return flagged
     if name == "getopts":
         operands = [a for a in args if not a.text.startswith("-")]
         return operands[1:2]
