@@ -61,6 +61,13 @@ REVIEW_FINDINGS = [
     "$\"touch\" {M}",
     "a=(); echo ${a['$(touch {M})']}",
 ]
+#: Where tree-sitter's grammar reads bash differently (the old reader got these right; they must stay right).
+GRAMMAR_GAPS = [
+    "time { touch {M}; }",
+    "exec 3>&1 touch {M}",
+    "true 2>/dev/null; ls >/dev/null 2>&1 && exec 2>&1 touch {M}",
+    "cat <<EOF touch {M}\nx\nEOF\nexec 2>/dev/null touch {M}",
+]
 
 
 def _runs_hidden_command(template: str, tmp_path: Path) -> bool:
@@ -71,12 +78,12 @@ def _runs_hidden_command(template: str, tmp_path: Path) -> bool:
 
 
 @needs_bash
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + GRAMMAR_GAPS)
 def test_the_attack_runs_a_hidden_command_in_real_bash(template: str, tmp_path: Path) -> None:
     assert _runs_hidden_command(template, tmp_path)
 
 
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + GRAMMAR_GAPS)
 def test_an_allow_list_denies_the_attack(template: str) -> None:
     with pytest.raises(PolicyError) as info:
         ALLOW.check(template.replace("{M}", "/tmp/m"))
@@ -84,7 +91,7 @@ def test_an_allow_list_denies_the_attack(template: str) -> None:
     assert "[plugins.bash] allow" in info.value.message
 
 
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + GRAMMAR_GAPS)
 def test_a_deny_rule_denies_the_attack(template: str) -> None:
     with pytest.raises(PolicyError) as info:
         DENY.check(template.replace("{M}", "/tmp/m"))

@@ -75,6 +75,10 @@ _INTEGER_SPECIALS: Final = frozenset({"#", "?", "$", "!"})
 _FD_VARIABLE: Final = re.compile(r"(?:(?<=^)|(?<=[\s;&|(]))\{[A-Za-z_][A-Za-z0-9_]*\}(?=[<>])")
 _GLOB: Final = re.compile(r"[*?]|\[.*\]|\{[^{}\s]*(,|\.\.)[^{}\s]*\}")
 
+_WORD_NODES: Final = frozenset({"command_name", "word", "string", "raw_string", "ansi_c_string", "concatenation",
+                                "number", "simple_expansion", "expansion", "command_substitution",
+                                "process_substitution", "arithmetic_expansion", "translated_string",
+                                "extglob_pattern", "regex"})
 _PARSER: Final = tree_sitter.Parser(tree_sitter.Language(tree_sitter_bash.language()))
 
 
@@ -208,6 +212,8 @@ class _Reader:
         kind = node.type
         if kind == "command":
             self.command(node, depth)
+        elif kind == "redirected_statement":
+            self.redirected(node, depth)
         elif kind == "declaration_command" or kind == "unset_command":
             self.declaration(node, depth)
         elif kind == "variable_assignment":
@@ -225,7 +231,7 @@ class _Reader:
             if variable is not None:
                 self.taint(_text(variable), node)
             for child in node.children:
-                if child is not variable:
+                if child != variable:
                     self.walk(child, depth)
         elif kind == "test_command":
             self.test(node, depth)
@@ -245,21 +251,38 @@ class _Reader:
             for child in node.children:
                 self.walk(child, depth)
 
-    def command(self, node: tree_sitter.Node, depth: int) -> None:
+    def command(self, node: tree_sitter.Node, depth: int, redirects: tuple[tree_sitter.Node, ...] = ()) -> None:
+        """One ``command`` node (and the redirections tree-sitter hung beside it) -> its words."""
         words: list[Word] = []
-        for child in node.children:
+        for child in (*node.children, *redirects):
             if child.type == "variable_assignment":
                 self.assignment(child, depth)
-            elif child.type in ("command_name", "word", "string", "raw_string", "ansi_c_string", "concatenation",
-                                "number", "simple_expansion", "expansion", "command_substitution",
-                                "process_substitution", "arithmetic_expansion", "translated_string",
-                                "extglob_pattern", "regex"):
+            elif child.type in _WORD_NODES:
                 target = child.children[0] if child.type == "command_name" and child.child_count else child
                 words.append(self.word(target, depth))
+            elif child.type in ("file_redirect", "heredoc_redirect", "herestring_redirect"):
+                # tree-sitter hangs the words after a redirection on it ("exec 3>&1 rm x", "cat <<EOF rm");
+                # to bash they are words of the command.
+                extra = _redirect_words(child)
+                for sub in child.children:
+                    if sub not in extra:
+                        self.walk(sub, depth)
+                words.extend(self.word(sub, depth) for sub in extra)
             else:
                 self.walk(child, depth)
         if words:
             self.simple(words, _text(node), depth)
+
+    def redirected(self, node: tree_sitter.Node, depth: int) -> None:
+        body = node.child_by_field_name("body")
+        redirects = tuple(c for c in node.children if c != body)
+        if body is not None and body.type == "command":
+            self.command(body, depth, redirects)
+            return
+        if any(_redirect_words(r) for r in redirects):
+            self.closed("words after the redirection of a compound command", node)
+        for child in node.children:
+            self.walk(child, depth)
 
     def simple(self, words: list[Word], where: str, depth: int) -> None:
         """One simple command's words -> parts (wrappers unwrapped) and unreadable constructs."""
@@ -275,6 +298,10 @@ class _Reader:
                 self.read_string(string.text, depth + 1)
 
     def argv(self, argv: tuple[Word, ...], where: str) -> None:
+        while argv and not argv[0].dynamic and argv[0].text in ("{", "!"):
+            argv = argv[1:]  # "time { rm x; }": tree-sitter reads the reserved words after time as words
+        if not argv or (not argv[0].dynamic and argv[0].text == "}"):
+            return
         program = argv[0]
         if program.dynamic:
             self.closed("the program name is only known at run time", where)
@@ -457,7 +484,7 @@ class _Reader:
             if name is not None and name.type == "variable_name":
                 self.integers.add(_text(name))
             for child in node.children:
-                if child is not name:
+                if child != name:
                     self.arithmetic(child, depth, where)
         elif kind == "subscript":
             base = node.child_by_field_name("name")
@@ -513,6 +540,16 @@ class _Reader:
             dynamic = True
         # A dynamic word is never a program name; its source text is what a pattern can match.
         return Word(_text(node) if dynamic else "".join(pieces), dynamic)
+
+
+def _redirect_words(redirect: tree_sitter.Node) -> list[tree_sitter.Node]:
+    """Words tree-sitter attached to a redirection that bash gives to the command instead."""
+    if redirect.type == "file_redirect":
+        return [c for i, c in enumerate(redirect.children)
+                if redirect.field_name_for_child(i) == "destination"][1:]
+    if redirect.type == "heredoc_redirect":
+        return [c for i, c in enumerate(redirect.children) if redirect.field_name_for_child(i) == "argument"]
+    return []
 
 
 def _unquoted(node: tree_sitter.Node) -> str:
