@@ -22,6 +22,7 @@ script file, git aliases). The sandbox is the boundary.
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Final
 
 import attrs
@@ -83,31 +84,54 @@ def canonical(part: Part) -> tuple[Part, bool]:
 
 
 @attrs.frozen
+class Pattern:
+    """One allow or deny pattern, compiled once.
+
+    ``whole``: the pattern has a space and is matched on program and arguments; ``by_path``: its
+    program word has a ``/`` and is matched on the program as written, not its basename.
+    """
+
+    text: str
+    regex: re.Pattern[str]
+    whole: bool
+    by_path: bool
+
+    @classmethod
+    def compile(cls, text: str) -> Pattern:
+        text = text.strip()
+        return cls(text, re.compile(fnmatch.translate(text)), " " in text, "/" in text.split(" ", 1)[0])
+
+    def matches(self, part: Part, *, allow: bool) -> bool:
+        path = part.path or part.program
+        # Under an allow list a program named by a path outside the system directories is that path
+        # (``./ls`` is a script, not ls); a deny rule on ``ls`` catches every ``…/ls``.
+        qualified = allow and "/" in part.path and path.rsplit("/", 1)[0] not in SYSTEM_DIRS
+        program = path if qualified or self.by_path else part.program
+        if not self.whole:
+            return self.regex.match(program) is not None
+        if self.regex.match(" ".join((program, *part.args))) is not None:
+            return True
+        canon, config = canonical(part)
+        return canon is not part and not (allow and config) and self.regex.match(
+            " ".join((program, *canon.args))) is not None
+
+
+@attrs.frozen
 class CommandRules:
     """``allow`` and ``deny`` patterns; ``check`` raises ``PolicyError`` (``command_denied``) for a denied command."""
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
+    _allow: tuple[Pattern, ...] = attrs.field(init=False, repr=False, eq=False)
+    _deny: tuple[Pattern, ...] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_allow", tuple(Pattern.compile(p) for p in self.allow))
+        object.__setattr__(self, "_deny", tuple(Pattern.compile(p) for p in self.deny))
 
     @property
     def active(self) -> bool:
         return bool(self.allow or self.deny)
-
-    @staticmethod
-    def _match(pattern: str, part: Part, *, allow: bool) -> bool:
-        pattern = pattern.strip()
-        path = part.path or part.program
-        # Under an allow list a program named by a path outside the system directories is that path
-        # (``./ls`` is a script, not ls); a deny rule on ``ls`` catches every ``…/ls``.
-        qualified = allow and bool(part.path) and "/" in part.path and path.rsplit("/", 1)[0] not in SYSTEM_DIRS
-        program = path if qualified or "/" in pattern.split(" ", 1)[0] else part.program
-        if " " not in pattern:
-            return fnmatch.fnmatchcase(program, pattern)
-        canon, config = canonical(part)
-        subjects = [" ".join((program, *part.args))]
-        if canon is not part and not (allow and config):
-            subjects.append(" ".join((program, *canon.args)))
-        return any(fnmatch.fnmatchcase(subject, pattern) for subject in subjects)
 
     def check(self, command: str) -> Parsed:
         """The parsed command when every part passes; ``PolicyError`` naming the rule and part otherwise."""
@@ -115,12 +139,12 @@ class CommandRules:
             return Parsed(())
         parsed = parse_command(command)
         for part in parsed.parts:
-            for pattern in self.deny:
-                if self._match(pattern, part, allow=False):
+            for pattern in self._deny:
+                if pattern.matches(part, allow=False):
                     raise PolicyError(
-                        f"command denied by deny rule {pattern!r}: {str(part)!r} (command word {part.program!r}); "
-                        f"hint: the rule is in {_HINT_DENY}", code="command_denied", rule=f"deny:{pattern}",
-                        part=str(part))
+                        f"command denied by deny rule {pattern.text!r}: {str(part)!r} (command word "
+                        f"{part.program!r}); hint: the rule is in {_HINT_DENY}", code="command_denied",
+                        rule=f"deny:{pattern.text}", part=str(part))
         if parsed.error is not None:
             raise self._closed("unparsable", f"the command is not valid bash to the parser ({parsed.error})",
                                command)
@@ -128,7 +152,7 @@ class CommandRules:
             raise self._closed("unreadable", unreadable.reason, unreadable.text)
         if self.allow:
             for part in parsed.parts:
-                if not any(self._match(pattern, part, allow=True) for pattern in self.allow):
+                if not any(pattern.matches(part, allow=True) for pattern in self._allow):
                     where = f"program {part.path!r}" if part.path else f"command word {part.program!r}"
                     raise PolicyError(f"command denied: {str(part)!r} ({where}) matches no allow rule; hint: add a "
                                       f"pattern to {_HINT_ALLOW}", code="command_denied", rule="not_allowed",

@@ -30,6 +30,7 @@ on any input.
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 from collections.abc import Iterator
 from typing import Final
@@ -41,6 +42,8 @@ import tree_sitter_bash
 from .wrappers import Unwrapped, unwrap
 
 MAX_DEPTH: Final = 8
+CACHE_SIZE: Final = 512
+CACHE_MAX_CHARS: Final = 4096
 #: Node types that expand at run time; a word containing one is dynamic.
 _EXPANSIONS: Final = frozenset({"simple_expansion", "expansion", "command_substitution", "process_substitution",
                                 "arithmetic_expansion"})
@@ -126,7 +129,21 @@ class Parsed:
 
 
 def parse_command(command: str) -> Parsed:
-    """The parts of ``command`` and what in it could not be read; never raises."""
+    """The parts of ``command`` and what in it could not be read; never raises.
+
+    Results for short commands are cached (an agent repeats its commands; ``Parsed`` is immutable).
+    """
+    if len(command) <= CACHE_MAX_CHARS:
+        return _parse_cached(command)
+    return _parse(command)
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _parse_cached(command: str) -> Parsed:
+    return _parse(command)
+
+
+def _parse(command: str) -> Parsed:
     reader = _Reader()
     try:
         reader.read_string(command, 0)
@@ -511,6 +528,10 @@ class _Reader:
 
     def word(self, node: tree_sitter.Node, depth: int) -> Word:
         """The text of one word after quote removal; substitutions in it are read as commands."""
+        if node.type == "word" or node.type == "number":  # the common case: one plain word
+            text = _text(node)
+            if "\\" not in text and not _GLOB.search(text):
+                return Word(text)
         dynamic = False
         pieces: list[str] = []
         for piece in _pieces(node):
