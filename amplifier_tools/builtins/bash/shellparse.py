@@ -66,7 +66,7 @@ _NEVER_READ: Final = {
     "fc": "fc runs commands from the history",
 }
 _DANGEROUS_ASSIGNMENT: Final = re.compile(
-    r"^(PATH|BASH_ENV|ENV|PS[0-4]|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|BASH_LOADABLES_PATH|LD_[A-Z_]*|GCONV_PATH|IFS)$")
+    r"^(PATH|BASH_ENV|ENV|PS[0-4]|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|BASH_LOADABLES_PATH|LD_[A-Z_]*|GCONV_PATH)$")
 #: Variables bash itself sets to text (so an integer assignment in the command line does not make them safe).
 _BASH_TEXT_VARS: Final = re.compile(
     r"^(_|REPLY|OPTARG|MAPFILE|COPROC.*|PWD|OLDPWD|FUNCNAME|DIRSTACK|HOSTNAME|GROUPS|BASH.*|COMP.*|READLINE.*)$")
