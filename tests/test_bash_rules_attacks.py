@@ -104,7 +104,7 @@ def test_a_deny_rule_denies_the_attack(template: str) -> None:
     ("((ls[$(touch m)]))", "command substitution inside an array subscript"),
     ("echo $(( $(touch m) + 1 ))", "command substitution inside an arithmetic expression"),
     ("x='$(touch m)'; echo ${x@P}", "transformation"),
-    ("cat <<EOF\n$(touch m)\nEOF", "here-document"),
+    ("cat <<EOF\n$(touch m)\nEOF", "command substitution inside a here-document"),
     ("echo ${x:-$(touch m)}", "command substitution inside a parameter expansion"),
     ("printf -v 'a[$(touch m)]' 1", "array subscript in a variable name given to printf"),
     ("trap 'touch m' EXIT", "trap"),

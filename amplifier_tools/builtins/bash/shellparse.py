@@ -82,6 +82,8 @@ _WORD_NODES: Final = frozenset({"command_name", "word", "string", "raw_string", 
                                 "number", "simple_expansion", "expansion", "command_substitution",
                                 "process_substitution", "arithmetic_expansion", "translated_string",
                                 "extglob_pattern", "regex"})
+_CONDITIONS: Final = frozenset({"binary_expression", "unary_expression", "parenthesized_expression",
+                                "negated_expression"})
 _PARSER: Final = tree_sitter.Parser(tree_sitter.Language(tree_sitter_bash.language()))
 
 
@@ -251,10 +253,27 @@ class _Reader:
                 if child != variable:
                     self.walk(child, depth)
         elif kind == "test_command":
-            self.test(node, depth)
-        elif kind == "heredoc_body":
-            if any(c.type in _EXPANSIONS for c in _descendants(node)):
-                self.closed("an expansion inside a here-document", node)
+            self.condition(node, depth)
+        elif kind == "heredoc_body":  # an unquoted body expands; its substitutions are not read
+            siblings = node.parent.children if node.parent is not None else []
+            start = next((_text(c) for c in siblings if c.type == "heredoc_start"), "")
+            if any(quote in start for quote in "'\"\\"):
+                return  # <<'EOF': a literal body
+            if any(opener in _text(node) for opener in ("`", "$(", "$[")):  # the grammar misses backticks here
+                self.closed("a command substitution inside a here-document", node)
+                return
+            for sub in _descendants(node):
+                if sub.type in ("command_substitution", "process_substitution"):
+                    self.closed("a command substitution inside a here-document", node)
+                    break
+                if sub.type in ("expansion", "simple_expansion", "arithmetic_expansion") and (
+                        sub.parent is None or sub.parent.type == "heredoc_body"):
+                    self.walk(sub, depth)
+        elif kind == "command_substitution" and node.child_count and node.children[0].type == "`":
+            # Inside backticks bash removes the backslash before ` \ $ and parses the text again
+            # (nested `echo \`rm x\``); the grammar keeps the escaped backticks as words.
+            inner = _text(node)[1:-1]
+            self.read_string(re.sub(r"\\([`\\$])", r"\1", inner), depth + 1)
         elif kind in ("command_substitution", "process_substitution"):
             for child in node.children:
                 self.walk(child, depth)
@@ -407,61 +426,55 @@ class _Reader:
     def taint(self, name: str, node: tree_sitter.Node) -> None:
         self.tainted.setdefault(name, _text(node)[:80])
 
-    def test(self, node: tree_sitter.Node, depth: int) -> None:
-        for sub in _descendants(node):
-            if sub.type == "binary_expression":
-                operator = sub.child_by_field_name("operator")
-                if operator is not None and _text(operator) in _ARITH_TEST_OPERATORS:
-                    for side in ("left", "right"):
-                        operand = sub.child_by_field_name(side)
-                        if operand is not None:
-                            self.arithmetic(operand, depth)
-            elif sub.type == "unary_expression" and sub.child_count > 1 and _text(sub.children[0]) == "-v":
-                self.name_arguments("[[", (Word("-v"), self.word(sub.children[1], depth)), _text(node))
-        for child in node.children:
-            if child.type not in ("binary_expression", "unary_expression"):
-                self.walk(child, depth)
-        for sub in _descendants(node):  # substitutions in the operands of string tests are still commands
-            if sub.type in ("command_substitution", "process_substitution") and not self._in_arith(sub, node):
-                self.walk(sub, depth)
-
-    @staticmethod
-    def _in_arith(sub: tree_sitter.Node, top: tree_sitter.Node) -> bool:
-        parent = sub.parent
-        while parent is not None and parent != top:
-            operator = parent.child_by_field_name("operator") if parent.type == "binary_expression" else None
+    def condition(self, node: tree_sitter.Node, depth: int) -> None:
+        """``[[ … ]]``: ``-eq``/``-lt``/… compare arithmetic expressions; ``-v`` names a variable."""
+        if node.type == "binary_expression":
+            operator = node.child_by_field_name("operator")
             if operator is not None and _text(operator) in _ARITH_TEST_OPERATORS:
-                return True
-            parent = parent.parent
-        return False
+                for side in ("left", "right"):
+                    operand = node.child_by_field_name(side)
+                    if operand is not None:
+                        self.arithmetic(operand, depth)
+                return
+        elif node.type == "unary_expression" and node.child_count > 1 and _text(node.children[0]) == "-v":
+            self.name_arguments("[[", (Word("-v"), self.word(node.children[1], depth)), _text(node))
+        for child in node.children:
+            if child.type in _CONDITIONS:
+                self.condition(child, depth)
+            else:
+                self.walk(child, depth)
 
     # -- expansions ----------------------------------------------------------------------------------------
 
     def expansion(self, node: tree_sitter.Node, depth: int) -> None:
         """``$x`` / ``${…}`` outside arithmetic: transformations and hidden substitutions are unreadable."""
-        operators = [_text(c) for c in node.children if c.type not in ("variable_name", "subscript", "${", "}", "$")]
-        if node.type == "expansion":
-            children = node.children
-            if len(children) > 1 and _text(children[1]) == "!":
-                self.closed("an indirect expansion ${!…} (bash evaluates the name it holds)", node)
-            if "@" in operators:
-                self.closed("a ${…@…} transformation (bash evaluates its result)", node)
-            if any(op in ("=", ":=") for op in operators):
-                name = next((c for c in children if c.type == "variable_name"), None)
-                if name is not None:
-                    self.taint(_text(name), node)
-            if ":" in operators:  # ${x:offset:length}: both are arithmetic
-                after = children[[_text(c) for c in children].index(":"):]
-                for child in after:
-                    if child.type in ("variable_name", "word", "simple_expansion", "expansion",
-                                      "binary_expression", "number", "unary_expression", "parenthesized_expression"):
-                        self.arithmetic(child, depth)
-        for sub in _descendants(node):
-            if sub.type in ("command_substitution", "process_substitution", "arithmetic_expansion") and sub != node:
+        for sub in (node, *_descendants(node)):
+            if sub.type == "expansion":
+                self.parameter(sub, depth)
+            elif sub.type in ("command_substitution", "process_substitution", "arithmetic_expansion"):
                 self.closed("a command substitution inside a parameter expansion", node)
-                break
-            if sub.type == "subscript":
+                return
+            elif sub.type == "subscript":
                 self.subscript(sub, depth)
+
+    def parameter(self, node: tree_sitter.Node, depth: int) -> None:
+        """One ``${…}``: its operators (``!``, ``@``, ``:=``, ``:offset:length``)."""
+        children = node.children
+        operators = [_text(c) for c in children if c.type not in ("variable_name", "subscript", "${", "}", "$")]
+        if len(children) > 1 and _text(children[1]) == "!":
+            self.closed("an indirect expansion ${!…} (bash evaluates the name it holds)", node)
+        if "@" in operators:
+            self.closed("a ${…@…} transformation (bash evaluates its result)", node)
+        if any(op in ("=", ":=") for op in operators):
+            name = next((c for c in children if c.type == "variable_name"), None)
+            if name is not None:
+                self.taint(_text(name), node)
+        if ":" in operators:  # ${x:offset:length}: both are arithmetic
+            after = children[[_text(c) for c in children].index(":"):]
+            for child in after:
+                if child.type in ("variable_name", "word", "simple_expansion", "expansion", "binary_expression",
+                                  "number", "unary_expression", "parenthesized_expression"):
+                    self.arithmetic(child, depth)
 
     def subscript(self, node: tree_sitter.Node, depth: int) -> None:
         index = node.child_by_field_name("index")
