@@ -191,3 +191,26 @@ async def test_denied_command_is_a_policy_error_naming_rule_and_part_and_never_r
         assert (await host.call("bash", {"command": "echo fine"})).success
     finally:
         await host.close()
+
+
+async def test_an_unreadable_command_is_refused_by_the_tool_with_the_reason_and_never_runs(tmp_path: Path) -> None:
+    host = await bash_host(tmp_path, deny=["rm"])
+    try:
+        result = await host.call("bash", {"command": "x='a[$(touch marker)]'; [[ x -eq 0 ]]"})
+        assert not result.success
+        assert result.error["type"] == "PolicyError" and result.error["code"] == "command_denied"
+        assert result.error["rule"] == "unreadable"
+        assert "variable 'x' in an arithmetic expression" in result.error["reason"]
+        assert "[plugins.bash] deny" in result.error["message"]
+        assert not (tmp_path / "marker").exists()
+    finally:
+        await host.close()
+
+
+async def test_without_rules_the_tool_does_not_refuse_what_the_parser_cannot_read(tmp_path: Path) -> None:
+    host = await bash_host(tmp_path)
+    try:
+        result = await host.call("bash", {"command": "x='$(echo hi)'; echo ${x@P}"})
+        assert result.error is None or result.error["code"] != "command_denied"
+    finally:
+        await host.close()
