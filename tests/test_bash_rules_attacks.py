@@ -236,3 +236,18 @@ def test_a_denial_names_the_rule_and_the_command_word() -> None:
         CommandRules(allow=("ls",)).check("ls; curl x")
     assert info.value.details == {"rule": "not_allowed", "part": "curl x"}
     assert "command word 'curl'" in info.value.message and "[plugins.bash] allow" in info.value.message
+
+
+@pytest.mark.parametrize("command", [
+    'n=$(wc -l < f); [ "$n" -gt 5 ] && echo big',
+    "n=$(wc -l < f); test $n -gt 5 && echo big",
+    "cat > f <<EOF\n$HOME ${USER}\nEOF",
+    "cat > f.py <<'EOF'\nprint($(x))\nEOF",
+    "for f in $(ls); do echo $f; done",
+    "find . -name '*.py' | xargs grep -n foo",
+    "git commit -m \"fix: x (y)\" && git log --oneline -n 5 | cat",
+    "printf '[%s]\\n' a && read -p 'ok [y/n] ' a",
+])
+def test_common_commands_are_not_refused_by_a_deny_list(command: str) -> None:
+    parsed = CommandRules(deny=("rm",)).check(command)
+    assert parsed.unreadable == () and parsed.error is None

@@ -253,7 +253,7 @@ class _Reader:
                 if child != variable:
                     self.walk(child, depth)
         elif kind == "test_command":
-            self.condition(node, depth)
+            self.condition(node, depth, arithmetic=node.child_count > 0 and node.children[0].type == "[[")
         elif kind == "heredoc_body":  # an unquoted body expands; its substitutions are not read
             siblings = node.parent.children if node.parent is not None else []
             start = next((_text(c) for c in siblings if c.type == "heredoc_start"), "")
@@ -426,11 +426,14 @@ class _Reader:
     def taint(self, name: str, node: tree_sitter.Node) -> None:
         self.tainted.setdefault(name, _text(node)[:80])
 
-    def condition(self, node: tree_sitter.Node, depth: int) -> None:
-        """``[[ … ]]``: ``-eq``/``-lt``/… compare arithmetic expressions; ``-v`` names a variable."""
+    def condition(self, node: tree_sitter.Node, depth: int, arithmetic: bool) -> None:
+        """``[[ … ]]``: ``-eq``/``-lt``/… compare arithmetic expressions; ``-v`` names a variable.
+
+        ``[ … ]`` (``arithmetic`` false) compares integers without evaluating them.
+        """
         if node.type == "binary_expression":
             operator = node.child_by_field_name("operator")
-            if operator is not None and _text(operator) in _ARITH_TEST_OPERATORS:
+            if arithmetic and operator is not None and _text(operator) in _ARITH_TEST_OPERATORS:
                 for side in ("left", "right"):
                     operand = node.child_by_field_name(side)
                     if operand is not None:
@@ -440,7 +443,7 @@ class _Reader:
             self.name_arguments("[[", (Word("-v"), self.word(node.children[1], depth)), _text(node))
         for child in node.children:
             if child.type in _CONDITIONS:
-                self.condition(child, depth)
+                self.condition(child, depth, arithmetic)
             else:
                 self.walk(child, depth)
 
