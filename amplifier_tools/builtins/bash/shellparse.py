@@ -3,7 +3,7 @@
 ``parse_command`` returns every simple command ("part") bash would run, wrappers
 unwrapped (see ``wrappers.py``), and every construct that could run a command
 the reader cannot see ("unreadable"). Command rules (``rules.py``) fail closed
-on the latter. The tree-sitter parser is created once per process.
+on the latter. The tree-sitter parser is created once per thread.
 
 Unreadable, because bash would evaluate text the reader cannot follow:
 - command or process substitutions inside arithmetic, array subscripts,
@@ -32,6 +32,7 @@ from __future__ import annotations
 import codecs
 import functools
 import re
+import threading
 from collections.abc import Iterator
 from typing import Final
 
@@ -84,7 +85,15 @@ _WORD_NODES: Final = frozenset({"command_name", "word", "string", "raw_string", 
                                 "extglob_pattern", "regex"})
 _CONDITIONS: Final = frozenset({"binary_expression", "unary_expression", "parenthesized_expression",
                                 "negated_expression"})
-_PARSER: Final = tree_sitter.Parser(tree_sitter.Language(tree_sitter_bash.language()))
+_BASH: Final = tree_sitter.Language(tree_sitter_bash.language())
+_PARSERS = threading.local()  # a tree-sitter parser is not safe to share between threads; one per thread
+
+
+def _parser() -> tree_sitter.Parser:
+    parser: tree_sitter.Parser | None = getattr(_PARSERS, "parser", None)
+    if parser is None:
+        parser = _PARSERS.parser = tree_sitter.Parser(_BASH)
+    return parser
 
 
 @attrs.frozen
@@ -207,13 +216,13 @@ class _Reader:
 
     def read_tree(self, command: str, depth: int) -> None:
         source = command.encode("utf-8", "surrogateescape")
-        tree = _PARSER.parse(source)
+        tree = _parser().parse(source)
         if tree.root_node.has_error:
             # tree-sitter cannot read bash's "{fd}>file" at the start of a command: the same text with a
             # plain descriptor (same length, so offsets hold) has the same commands.
             rewritten = _FD_VARIABLE.sub(lambda m: " " * (len(m.group()) - 1) + "9", command)
             if rewritten != command:
-                retry = _PARSER.parse(rewritten.encode("utf-8", "surrogateescape"))
+                retry = _parser().parse(rewritten.encode("utf-8", "surrogateescape"))
                 if not retry.root_node.has_error:
                     tree = retry
         bad = _first_error(tree.root_node) if tree.root_node.has_error else None
