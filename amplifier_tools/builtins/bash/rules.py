@@ -28,7 +28,8 @@ from typing import Final
 import attrs
 
 from ...errors import PolicyError
-from .shellparse import Parsed, Part, Unreadable, Word, parse_command
+from .shellparse import Parsed, Part, Unreadable, parse_command
+from .wrappers import Word
 
 __all__ = ["GLOBAL_OPTIONS", "CommandRules", "Parsed", "Part", "Unreadable", "Word", "parse_command", "parts_of"]
 

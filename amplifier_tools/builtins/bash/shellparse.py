@@ -40,7 +40,7 @@ import attrs
 import tree_sitter
 import tree_sitter_bash
 
-from .wrappers import Unwrapped, unwrap
+from .wrappers import Unwrapped, Word, unwrap
 
 MAX_DEPTH: Final = 8
 CACHE_SIZE: Final = 512
@@ -94,14 +94,6 @@ def _parser() -> tree_sitter.Parser:
     if parser is None:
         parser = _PARSERS.parser = tree_sitter.Parser(_BASH)
     return parser
-
-
-@attrs.frozen
-class Word:
-    """One shell word after quote removal; ``dynamic`` when bash would expand it at run time."""
-
-    text: str
-    dynamic: bool = False
 
 
 @attrs.frozen

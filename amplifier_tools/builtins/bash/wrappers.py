@@ -16,15 +16,21 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import attrs
 
-if TYPE_CHECKING:
-    from .shellparse import Word
-
 MAX_WRAPPERS: Final = 16
 SHELLS: Final = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "ash", "rbash"})
+
+
+@attrs.frozen
+class Word:
+    """One shell word after quote removal; ``dynamic`` when bash would expand it at run time
+    (then ``text`` is its source text)."""
+
+    text: str
+    dynamic: bool = False
 
 
 @attrs.frozen
@@ -142,7 +148,7 @@ def unwrap(words: Sequence[Word]) -> Unwrapped:
             return Unwrapped(tuple(commands), tuple(strings), reason)
         if string is not None:
             if rest:  # env -S STRING ARGS: the string's words, then the arguments
-                string = type(string)(" ".join([string.text, *(shlex.quote(w.text) for w in rest)]),
+                string = Word(" ".join([string.text, *(shlex.quote(w.text) for w in rest)]),
                                       string.dynamic or any(w.dynamic for w in rest))
             return Unwrapped(tuple(commands), (*strings, string))
         if name in NO_OPERAND_COMMAND:
@@ -191,7 +197,7 @@ def _options(name: str, spec: WrapperSpec, args: Sequence[Word]) -> tuple[tuple[
                 return None, None, None
             if option in spec.string:
                 if eq:
-                    string = type(word)(value, word.dynamic)
+                    string = Word(value, word.dynamic)
                 elif index + 1 < len(args):
                     string = args[index + 1]
                     index += 1
@@ -226,7 +232,7 @@ def _options(name: str, spec: WrapperSpec, args: Sequence[Word]) -> tuple[tuple[
                 if option in spec.string:
                     value = text[position + 1:]
                     if value:
-                        string = type(word)(value, word.dynamic)
+                        string = Word(value, word.dynamic)
                     elif index + 1 < len(args):
                         string, taken = args[index + 1], 2
                     break
@@ -330,5 +336,5 @@ def _watch(args: Sequence[Word], commands: list[tuple[Word, ...]], strings: list
     if any(w.text in ("-x", "--exec") for w in args[:len(args) - len(rest)]):
         nested = unwrap(rest)
         return Unwrapped((*commands, *nested.commands), (*strings, *nested.strings), nested.reason)
-    string = type(rest[0])(" ".join(w.text for w in rest), any(w.dynamic for w in rest))
+    string = Word(" ".join(w.text for w in rest), any(w.dynamic for w in rest))
     return Unwrapped(tuple(commands), (*strings, string))
