@@ -251,3 +251,11 @@ def test_a_denial_names_the_rule_and_the_command_word() -> None:
 def test_common_commands_are_not_refused_by_a_deny_list(command: str) -> None:
     parsed = CommandRules(deny=("rm",)).check(command)
     assert parsed.unreadable == () and parsed.error is None
+
+
+@pytest.mark.parametrize("command", ["echo x; " * 8000, "((" + "1+" * 30000 + "1))", "x" * (64 * 1024 + 1)])
+def test_a_huge_command_is_refused_unread_in_bounded_time(command: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        CommandRules(deny=("rm",)).check(command)
+    assert info.value.details["rule"] == "unreadable"
+    assert any(w in info.value.details["reason"] for w in ("syntax nodes", "nested too deeply", "longer than"))

@@ -45,6 +45,11 @@ from .wrappers import Unwrapped, Word, unwrap
 MAX_DEPTH: Final = 8
 CACHE_SIZE: Final = 512
 CACHE_MAX_CHARS: Final = 4096
+#: Bounds on the work one check does on the event loop: characters parsed, syntax nodes walked (a
+#: typical command has under 100 nodes; 5,000 take a few tenths of a second on a loaded machine).
+#: A larger command is refused unread when rules exist.
+MAX_CHARS: Final = 64 * 1024
+MAX_NODES: Final = 5_000
 #: Node types that expand at run time; a word containing one is dynamic.
 _EXPANSIONS: Final = frozenset({"simple_expansion", "expansion", "command_substitution", "process_substitution",
                                 "arithmetic_expansion"})
@@ -147,17 +152,18 @@ def _parse_cached(command: str) -> Parsed:
 
 
 def _parse(command: str) -> Parsed:
+    if len(command) > MAX_CHARS:
+        return Parsed((), (Unreadable(f"the command is longer than {MAX_CHARS} characters", command[:80]),))
     reader = _Reader()
     try:
         reader.read_string(command, 0)
     except RecursionError:  # pathological nesting: the tree is deeper than Python's stack
         reader.unreadable.append(Unreadable("the command is nested too deeply", command[:80]))
+    except _TooLarge:
+        reader.unreadable.append(Unreadable(f"the command has more than {MAX_NODES} syntax nodes",
+                                            command[:80]))
     reader.finish()
     return Parsed(tuple(reader.parts), tuple(reader.unreadable), reader.error)
-
-
-def _text(node: tree_sitter.Node) -> str:
-    return (node.text or b"").decode("utf-8", "surrogateescape")
 
 
 def _first_error(node: tree_sitter.Node) -> tree_sitter.Node | None:
@@ -171,6 +177,10 @@ def _first_error(node: tree_sitter.Node) -> tree_sitter.Node | None:
     return None
 
 
+class _TooLarge(Exception):
+    """The command line has more syntax nodes than ``MAX_NODES``."""
+
+
 class _Reader:
     """Walks syntax trees; collects parts, unreadable constructs and variable use for arithmetic."""
 
@@ -181,9 +191,18 @@ class _Reader:
         self.tainted: dict[str, str] = {}  # variable -> where it was given text
         self.integers: set[str] = set()  # variables given integers
         self.arith_names: dict[str, str] = {}  # variable read in arithmetic -> where
+        self.budget = MAX_NODES
+        self.source = b""  # the text the nodes being walked come from
+
+    def text(self, node: tree_sitter.Node) -> str:
+        # Sliced here: Node.text copies the whole source on every call.
+        return self.source[node.start_byte:node.end_byte].decode("utf-8", "surrogateescape")
+
+    def unquoted(self, node: tree_sitter.Node) -> str:
+        return "".join(self.text(c) for c in node.children if c.type in ("word", "number"))
 
     def closed(self, reason: str, node: tree_sitter.Node | str) -> None:
-        text = node if isinstance(node, str) else _text(node)
+        text = node if isinstance(node, str) else self.text(node)
         self.unreadable.append(Unreadable(reason, text[:80]))
 
     def finish(self) -> None:
@@ -216,7 +235,7 @@ class _Reader:
             if rewritten != command:
                 retry = _parser().parse(rewritten.encode("utf-8", "surrogateescape"))
                 if not retry.root_node.has_error:
-                    tree = retry
+                    tree, source = retry, rewritten.encode("utf-8", "surrogateescape")
         bad = _first_error(tree.root_node) if tree.root_node.has_error else None
         if bad is not None:
             kind = f"missing {bad.type!r}" if bad.is_missing else "a syntax error"
@@ -224,11 +243,18 @@ class _Reader:
             if self.error is None:
                 self.error = message
             return
-        self.walk(tree.root_node, depth)
+        outer, self.source = self.source, source  # a shell string is read while its caller's tree is open
+        try:
+            self.walk(tree.root_node, depth)
+        finally:
+            self.source = outer
 
     # -- statements -----------------------------------------------------------------------------------------
 
     def walk(self, node: tree_sitter.Node, depth: int) -> None:
+        self.budget -= 1
+        if self.budget < 0:
+            raise _TooLarge
         kind = node.type
         if kind == "command":
             self.command(node, depth)
@@ -249,7 +275,7 @@ class _Reader:
         elif kind in ("for_statement", "select_statement"):
             variable = node.child_by_field_name("variable")
             if variable is not None:
-                self.taint(_text(variable), node)
+                self.taint(self.text(variable), node)
             for child in node.children:
                 if child != variable:
                     self.walk(child, depth)
@@ -257,10 +283,10 @@ class _Reader:
             self.condition(node, depth, arithmetic=node.child_count > 0 and node.children[0].type == "[[")
         elif kind == "heredoc_body":  # an unquoted body expands; its substitutions are not read
             siblings = node.parent.children if node.parent is not None else []
-            start = next((_text(c) for c in siblings if c.type == "heredoc_start"), "")
+            start = next((self.text(c) for c in siblings if c.type == "heredoc_start"), "")
             if any(quote in start for quote in "'\"\\"):
                 return  # <<'EOF': a literal body
-            if any(opener in _text(node) for opener in ("`", "$(", "$[")):  # the grammar misses backticks here
+            if any(opener in self.text(node) for opener in ("`", "$(", "$[")):  # the grammar misses backticks here
                 self.closed("a command substitution inside a here-document", node)
                 return
             for sub in _descendants(node):
@@ -273,7 +299,7 @@ class _Reader:
         elif kind == "command_substitution" and node.child_count and node.children[0].type == "`":
             # Inside backticks bash removes the backslash before ` \ $ and parses the text again
             # (nested `echo \`rm x\``); the grammar keeps the escaped backticks as words.
-            inner = _text(node)[1:-1]
+            inner = self.text(node)[1:-1]
             self.read_string(re.sub(r"\\([`\\$])", r"\1", inner), depth + 1)
         elif kind in ("command_substitution", "process_substitution"):
             for child in node.children:
@@ -308,7 +334,7 @@ class _Reader:
             else:
                 self.walk(child, depth)
         if words:
-            self.simple(words, _text(node), depth)
+            self.simple(words, self.text(node), depth)
 
     def redirected(self, node: tree_sitter.Node, depth: int) -> None:
         body = node.child_by_field_name("body")
@@ -396,7 +422,7 @@ class _Reader:
             self.integers.add(assigned.group(1))
 
     def declaration(self, node: tree_sitter.Node, depth: int) -> None:
-        keyword = _text(node.children[0]) if node.child_count else ""
+        keyword = self.text(node.children[0]) if node.child_count else ""
         for child in node.children[1:]:
             if child.type == "variable_assignment":
                 self.assignment(child, depth)
@@ -405,27 +431,27 @@ class _Reader:
             if word.text.startswith("-") and keyword in ("declare", "typeset", "local") and (
                     "i" in word.text or "n" in word.text):
                 self.closed(f"{keyword} {word.text} makes bash evaluate the variable's value later", node)
-            self.name_arguments(keyword, (word,), _text(node))
-        self.parts.append(Part(keyword, tuple(_text(c) for c in node.children[1:])))
+            self.name_arguments(keyword, (word,), self.text(node))
+        self.parts.append(Part(keyword, tuple(self.text(c) for c in node.children[1:])))
 
     def assignment(self, node: tree_sitter.Node, depth: int) -> None:
         name_node = node.child_by_field_name("name")
         value = node.child_by_field_name("value")
-        name = _text(name_node) if name_node is not None else ""
+        name = self.text(name_node) if name_node is not None else ""
         if name_node is not None and name_node.type == "subscript":
             self.subscript(name_node, depth)
             base = name_node.child_by_field_name("name")
-            name = _text(base) if base is not None else name
+            name = self.text(base) if base is not None else name
         if _DANGEROUS_ASSIGNMENT.match(name):
             self.closed(f"an assignment to {name} changes what later commands run", node)
-        if value is None or _INTEGER.match(_text(value)):
+        if value is None or _INTEGER.match(self.text(value)):
             self.integers.add(name)
         else:
             self.taint(name, node)
             self.walk(value, depth)
 
     def taint(self, name: str, node: tree_sitter.Node) -> None:
-        self.tainted.setdefault(name, _text(node)[:80])
+        self.tainted.setdefault(name, self.text(node)[:80])
 
     def condition(self, node: tree_sitter.Node, depth: int, arithmetic: bool) -> None:
         """``[[ … ]]``: ``-eq``/``-lt``/… compare arithmetic expressions; ``-v`` names a variable.
@@ -434,14 +460,14 @@ class _Reader:
         """
         if node.type == "binary_expression":
             operator = node.child_by_field_name("operator")
-            if arithmetic and operator is not None and _text(operator) in _ARITH_TEST_OPERATORS:
+            if arithmetic and operator is not None and self.text(operator) in _ARITH_TEST_OPERATORS:
                 for side in ("left", "right"):
                     operand = node.child_by_field_name(side)
                     if operand is not None:
                         self.arithmetic(operand, depth)
                 return
-        elif node.type == "unary_expression" and node.child_count > 1 and _text(node.children[0]) == "-v":
-            self.name_arguments("[[", (Word("-v"), self.word(node.children[1], depth)), _text(node))
+        elif node.type == "unary_expression" and node.child_count > 1 and self.text(node.children[0]) == "-v":
+            self.name_arguments("[[", (Word("-v"), self.word(node.children[1], depth)), self.text(node))
         for child in node.children:
             if child.type in _CONDITIONS:
                 self.condition(child, depth, arithmetic)
@@ -464,17 +490,17 @@ class _Reader:
     def parameter(self, node: tree_sitter.Node, depth: int) -> None:
         """One ``${…}``: its operators (``!``, ``@``, ``:=``, ``:offset:length``)."""
         children = node.children
-        operators = [_text(c) for c in children if c.type not in ("variable_name", "subscript", "${", "}", "$")]
-        if len(children) > 1 and _text(children[1]) == "!":
+        operators = [self.text(c) for c in children if c.type not in ("variable_name", "subscript", "${", "}", "$")]
+        if len(children) > 1 and self.text(children[1]) == "!":
             self.closed("an indirect expansion ${!…} (bash evaluates the name it holds)", node)
         if "@" in operators:
             self.closed("a ${…@…} transformation (bash evaluates its result)", node)
         if any(op in ("=", ":=") for op in operators):
             name = next((c for c in children if c.type == "variable_name"), None)
             if name is not None:
-                self.taint(_text(name), node)
+                self.taint(self.text(name), node)
         if ":" in operators:  # ${x:offset:length}: both are arithmetic
-            after = children[[_text(c) for c in children].index(":"):]
+            after = children[[self.text(c) for c in children].index(":"):]
             for child in after:
                 if child.type in ("variable_name", "word", "simple_expansion", "expansion", "binary_expression",
                                   "number", "unary_expression", "parenthesized_expression"):
@@ -482,20 +508,23 @@ class _Reader:
 
     def subscript(self, node: tree_sitter.Node, depth: int) -> None:
         index = node.child_by_field_name("index")
-        if index is not None and not _SAFE_SUBSCRIPT.match(_text(index)):
+        if index is not None and not _SAFE_SUBSCRIPT.match(self.text(index)):
             self.arithmetic(index, depth, where="an array subscript")
 
     def arithmetic(self, node: tree_sitter.Node, depth: int, where: str = "an arithmetic expression") -> None:
         """Everything in an arithmetic context: numbers and integer-only variables are readable, no more."""
+        self.budget -= 1
+        if self.budget < 0:
+            raise _TooLarge
         kind = node.type
         if kind in ("command_substitution", "process_substitution", "heredoc_body"):
             self.closed(f"a command substitution inside {where}", node)
         elif kind in ("number", "((", "))", "$((", "$[", "]", "(", ")", ";", "for", "test_operator"):
             pass
         elif kind in ("variable_name", "word"):
-            text = _text(node)
+            text = self.text(node)
             if _NAME.match(text):
-                self.arith_names.setdefault(text, _text(node.parent) if node.parent is not None else text)
+                self.arith_names.setdefault(text, self.text(node.parent) if node.parent is not None else text)
             elif not _INTEGER.match(text) and not _OPERATOR.fullmatch(text):
                 self.closed(f"the text {text!r} inside {where}", node)
         elif kind in ("simple_expansion", "expansion"):
@@ -503,11 +532,11 @@ class _Reader:
             others = [c for c in node.children if c.type not in ("variable_name", "special_variable_name", "$",
                                                                   "${", "}")]
             if len(names) == 1 and not others and names[0].type == "variable_name":
-                self.arith_names.setdefault(_text(names[0]), _text(node))
-            elif len(names) == 1 and not others and _text(names[0]) in _INTEGER_SPECIALS:
+                self.arith_names.setdefault(self.text(names[0]), self.text(node))
+            elif len(names) == 1 and not others and self.text(names[0]) in _INTEGER_SPECIALS:
                 pass
             else:
-                self.closed(f"the expansion {_text(node)!r} inside {where}", node)
+                self.closed(f"the expansion {self.text(node)!r} inside {where}", node)
         elif kind == "string" and [c.type for c in node.children] in (['"', "simple_expansion", '"'],
                                                                       ['"', "expansion", '"']):
             self.arithmetic(node.children[1], depth, where)  # "$n" -gt 0
@@ -516,37 +545,37 @@ class _Reader:
         elif kind == "variable_assignment":
             name = node.child_by_field_name("name")
             if name is not None and name.type == "variable_name":
-                self.integers.add(_text(name))
+                self.integers.add(self.text(name))
             for child in node.children:
                 if child != name:
                     self.arithmetic(child, depth, where)
         elif kind == "subscript":
             base = node.child_by_field_name("name")
             if base is not None:
-                self.arith_names.setdefault(_text(base), _text(node))
+                self.arith_names.setdefault(self.text(base), self.text(node))
             index = node.child_by_field_name("index")
             if index is not None:
                 self.arithmetic(index, depth, "an array subscript")
         else:  # operators and the expressions they join
-            if node.child_count == 0 and not _OPERATOR.fullmatch(_text(node)):
-                self.closed(f"the text {_text(node)!r} inside {where}", node)
+            if node.child_count == 0 and not _OPERATOR.fullmatch(self.text(node)):
+                self.closed(f"the text {self.text(node)!r} inside {where}", node)
             for child in node.children:
                 self.arithmetic(child, depth, where)
             if kind in ("binary_expression", "postfix_expression", "unary_expression"):
                 target = node.child_by_field_name("left") or (node.children[0] if node.child_count else None)
                 operator = node.child_by_field_name("operator")
-                if target is not None and operator is not None and "=" in _text(operator) and _text(
+                if target is not None and operator is not None and "=" in self.text(operator) and self.text(
                         operator) not in ("==", "!=", "<=", ">="):
-                    self.integers.add(_text(target))
+                    self.integers.add(self.text(target))
                 if kind == "postfix_expression" and target is not None:
-                    self.integers.add(_text(target))
+                    self.integers.add(self.text(target))
 
     # -- words -----------------------------------------------------------------------------------------------
 
     def word(self, node: tree_sitter.Node, depth: int) -> Word:
         """The text of one word after quote removal; substitutions in it are read as commands."""
         if node.type == "word" or node.type == "number":  # the common case: one plain word
-            text = _text(node)
+            text = self.text(node)
             if "\\" not in text and not _GLOB.search(text):
                 return Word(text)
         dynamic = False
@@ -557,27 +586,27 @@ class _Reader:
                 dynamic = True
                 self.walk(piece, depth)
             elif kind == "raw_string":
-                pieces.append(_text(piece)[1:-1])
+                pieces.append(self.text(piece)[1:-1])
             elif kind == "ansi_c_string":
-                body = _text(piece)[2:-1]
+                body = self.text(piece)[2:-1]
                 try:
                     pieces.append(codecs.decode(body.encode("latin-1", "backslashreplace"), "unicode_escape"))
                 except (UnicodeDecodeError, ValueError):
                     pieces.append(body)
                     dynamic = True
             elif kind == "string_content":
-                pieces.append(re.sub(r"\\([$`\"\\\n])", r"\1", _text(piece)))
+                pieces.append(re.sub(r"\\([$`\"\\\n])", r"\1", self.text(piece)))
             elif kind in ('"', "$\""):
                 pass
             else:
-                text = _text(piece)
+                text = self.text(piece)
                 if _GLOB.search(text) or text.startswith("~"):
                     dynamic = dynamic or bool(_GLOB.search(text))
                 pieces.append(re.sub(r"\\(.)", r"\1", text.replace("\\\n", "")))
-        if not dynamic and node.type == "concatenation" and _GLOB.search(_unquoted(node)):
+        if not dynamic and node.type == "concatenation" and _GLOB.search(self.unquoted(node)):
             dynamic = True
         # A dynamic word is never a program name; its source text is what a pattern can match.
-        return Word(_text(node) if dynamic else "".join(pieces), dynamic)
+        return Word(self.text(node) if dynamic else "".join(pieces), dynamic)
 
 
 def _redirect_words(redirect: tree_sitter.Node) -> list[tree_sitter.Node]:
@@ -588,10 +617,6 @@ def _redirect_words(redirect: tree_sitter.Node) -> list[tree_sitter.Node]:
     if redirect.type == "heredoc_redirect":
         return [c for i, c in enumerate(redirect.children) if redirect.field_name_for_child(i) == "argument"]
     return []
-
-
-def _unquoted(node: tree_sitter.Node) -> str:
-    return "".join(_text(c) for c in node.children if c.type in ("word", "number"))
 
 
 def _pieces(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:
