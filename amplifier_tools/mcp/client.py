@@ -32,12 +32,15 @@ from ..spec import ToolSpec
 from .contract import build_spec
 from .pinning import check_pins, definition_hash
 from .settings import ServerSettings
-from .transport import stdio_process
+from .transport import StdioServer, stdio_process
 
 log = logging.getLogger("amplifier_tools.mcp")
 
 CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__version__)
 _DEAD_CODES: Final = frozenset({mcp_types.CONNECTION_CLOSED})
+#: Host variables every server gets unless ``env`` sets them: where programs are and how text is
+#: encoded, nothing secret. ``HOME`` is not among them (it leads to credentials).
+BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
 class ServerConnection:
@@ -53,6 +56,7 @@ class ServerConnection:
         self.restarts = 0
         self._session: ClientSession | None = None
         self._process: Any = None
+        self._server: StdioServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._lock = asyncio.Lock()
@@ -61,8 +65,12 @@ class ServerConnection:
     # -- lifecycle ---------------------------------------------------------
 
     def environment(self) -> dict[str, str]:
-        """The child's whole environment: ``env_passthrough`` names copied from ours, then ``env``."""
-        env = {name: os.environ[name] for name in self.settings.env_passthrough if name in os.environ}
+        """The child's whole environment, an allowlist: the non-secret basics
+        (``BASIC_ENV``: ``PATH`` — ``os.defpath`` when the host has none — and the locale and
+        time zone) and the ``env_passthrough`` names copied from ours, then ``env``."""
+        names = (*BASIC_ENV, *self.settings.env_passthrough)
+        env = {name: os.environ[name] for name in names if name in os.environ}
+        env.setdefault("PATH", os.defpath)
         env.update(self.settings.env)
         return env
 
@@ -86,10 +94,12 @@ class ServerConnection:
         stderr = subprocess.DEVNULL if s.stderr == "discard" else None
         try:
             async with stdio_process(s.command, list(s.args), env=self.environment(),
-                                     cwd=s.cwd or self.working_dir, stderr=stderr) as (process, read, write):
-                self._process = process
-                self.pid = process.pid
-                async with ClientSession(read, write, client_info=CLIENT_INFO) as session:
+                                     cwd=s.cwd or self.working_dir, stderr=stderr,
+                                     max_message_bytes=s.max_message_bytes) as server:
+                self._server = server
+                self._process = server.process
+                self.pid = server.process.pid
+                async with ClientSession(server.read, server.write, client_info=CLIENT_INFO) as session:
                     init = await session.initialize()
                     tools: list[mcp_types.Tool] = []
                     cursor: str | None = None
@@ -198,6 +208,14 @@ class ServerConnection:
     def _died(self, exc: BaseException) -> ExecutionError:
         code = self._process.returncode if self._process is not None else None
         self._session = None
+        oversized = self._server.oversized if self._server is not None else None
+        if oversized is not None:
+            limit = self.settings.max_message_bytes
+            return ExecutionError(
+                f"MCP server {self.settings.name!r} sent a message larger than {limit} bytes "
+                f"(plugins.mcp.servers.{self.settings.name}.max_message_bytes); it was stopped "
+                "and is restarted on the next call", code="mcp_message_too_large", retryable=False,
+                limit=limit, received_bytes=oversized)
         return ExecutionError(
             f"MCP server {self.settings.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
