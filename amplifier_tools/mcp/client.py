@@ -30,6 +30,7 @@ from ..errors import ContractError, ExecutionError, PolicyError
 from ..models import ToolContext, ToolResult
 from ..spec import ToolSpec
 from .contract import build_spec
+from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
 from .settings import ServerSettings
 from .transport import StdioServer, stdio_process
@@ -222,7 +223,13 @@ class ServerConnection:
 
 
 class McpTool:
-    """One imported tool: the contract built from the server's definition, calls sent to it."""
+    """One imported tool: the contract built from the server's definition, calls sent to it.
+
+    Its schemas came from the server: their regular expressions run on RE2 (``pattern_engine``,
+    read by the registry), never on Python's backtracking ``re``.
+    """
+
+    pattern_engine = staticmethod(compile_pattern)
 
     def __init__(self, connection: ServerConnection, remote_name: str, spec: ToolSpec, digest: str) -> None:
         self.connection = connection
@@ -319,6 +326,12 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
         if s.require_pins and name not in s.pins:
             log.warning("MCP server %r tool %r has no pin and require_pins is set; not mounted", s.name, name)
             continue
+        refusal = _pattern_refusal(s.name, name, definition)
+        if refusal is not None:
+            if s.on_unsupported_pattern == "refuse":
+                raise refusal
+            log.warning("%s; not mounted (on_unsupported_pattern = 'skip')", refusal.message)
+            continue
         digest = connection.hashes[name]
         try:
             spec = build_spec(server=s.name, definition=definition, digest=digest,
@@ -331,3 +344,18 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
         tools.append(McpTool(connection, name, spec, digest))
     connection.freeze_definitions({tool.remote_name: tool.definition_hash for tool in tools})
     return tools
+
+
+def _pattern_refusal(server: str, tool: str, definition: Mapping[str, Any]) -> ContractError | None:
+    """A ``ContractError`` (``unsupported_pattern``) for the first schema part RE2 cannot run."""
+    for which in ("inputSchema", "outputSchema"):
+        problems = unsupported_patterns(definition.get(which))
+        if problems:
+            pointer, reason = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            return ContractError(
+                f"MCP server {server!r} tool {tool!r}: {which} at {pointer}: {reason}{more}; refused by "
+                f"plugins.mcp.servers.{server}.on_unsupported_pattern (set it to 'skip' to start without "
+                "this tool)", code="unsupported_pattern", server=server, tool=tool, schema=which,
+                pointer=pointer)
+    return None

@@ -10,7 +10,8 @@ variables (all optional):
 
 Tools: ``big`` answers with one text block of ``bytes`` characters on a single line;
 ``environ`` returns this process's environment as JSON; ``parent_environ`` returns the text
-of ``/proc/<parent pid>/environ`` (or the error); ``echo`` returns ``{"text": ...}`` as structured content.
+of ``/proc/<parent pid>/environ`` (or the error); ``echo`` (and every tool from
+``HOSTILE_TOOLS``) returns ``{"text": ...}`` as structured content.
 """
 
 from __future__ import annotations
@@ -53,10 +54,9 @@ def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
             return text(f"unreadable: {exc}")
     if name == "environ":
         return text(json.dumps(dict(os.environ)))
-    if name == "echo":
-        return {"content": [{"type": "text", "text": arguments.get("text", "")}],
-                "structuredContent": {"text": arguments.get("text", "")}}
-    return {"content": [{"type": "text", "text": f"unknown tool {name}"}], "isError": True}
+    # echo, and every tool listed through HOSTILE_TOOLS
+    return {"content": [{"type": "text", "text": arguments.get("text", "")}],
+            "structuredContent": {"text": arguments.get("text", "")}}
 
 
 def main() -> None:
