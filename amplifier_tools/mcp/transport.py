@@ -50,7 +50,7 @@ ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
 WriteStream = MemoryObjectSendStream[SessionMessage]
 
 
-def _parse(line: bytes) -> SessionMessage | Exception:
+def _parse(line: bytearray) -> SessionMessage | Exception:
     try:
         text = line.decode("utf-8", errors="replace")
         return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False))
@@ -162,9 +162,9 @@ async def stdio_process(
                     buffer += chunk
                     start = 0
                     while (end := buffer.find(b"\n", scan_from)) >= 0 and end - start <= max_message_bytes:
-                        line = bytes(buffer[start:end])
+                        line = buffer[start:end]  # the one copy of a message
                         start = scan_from = end + 1
-                        if line.strip():
+                        if line and not line.isspace():
                             await read_send.send(_parse(line))
                     del buffer[:start]
                     if len(buffer) > max_message_bytes:
