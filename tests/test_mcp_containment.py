@@ -150,3 +150,12 @@ async def test_bad_max_message_bytes_is_a_config_error_naming_the_key(tmp_path: 
     with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.h\.max_message_bytes"):
         async with hostile(tmp_path, max_message_bytes=value):
             pass
+
+
+async def test_tool_list_over_the_cap_fails_start_naming_the_setting(tmp_path: Path) -> None:
+    from amplifier_tools import PluginLoadError
+
+    long_tool = {"name": "long", "description": "d" * 5000, "inputSchema": {"type": "object"}}
+    with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.h\.max_message_bytes"):
+        async with hostile(tmp_path, tools=[long_tool], max_message_bytes=1024):
+            pass

@@ -93,6 +93,7 @@ class ServerConnection:
     async def _run(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
         s = self.settings
         stderr = subprocess.DEVNULL if s.stderr == "discard" else None
+        self._server = None  # a previous run's state must not describe this one
         try:
             async with stdio_process(s.command, list(s.args), env=self.environment(),
                                      cwd=s.cwd or self.working_dir, stderr=stderr,
@@ -120,7 +121,10 @@ class ServerConnection:
                     ready.set_result(None)
                     await stop.wait()
         except BaseException as exc:
-            if not ready.done():
+            too_large = self._too_large()
+            if not ready.done() and too_large is not None:
+                ready.set_exception(too_large)
+            elif not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else ExecutionError(
                     f"MCP server {s.name!r} start was cancelled", code="mcp_start_failed"))
             elif not isinstance(exc, (Exception, asyncio.CancelledError)):
@@ -209,17 +213,25 @@ class ServerConnection:
     def _died(self, exc: BaseException) -> ExecutionError:
         code = self._process.returncode if self._process is not None else None
         self._session = None
-        oversized = self._server.oversized if self._server is not None else None
-        if oversized is not None:
-            limit = self.settings.max_message_bytes
-            return ExecutionError(
-                f"MCP server {self.settings.name!r} sent a message larger than {limit} bytes "
-                f"(plugins.mcp.servers.{self.settings.name}.max_message_bytes); it was stopped "
-                "and is restarted on the next call", code="mcp_message_too_large", retryable=False,
-                limit=limit, received_bytes=oversized)
+        too_large = self._too_large()
+        if too_large is not None:
+            return too_large
         return ExecutionError(
             f"MCP server {self.settings.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
+
+
+    def _too_large(self) -> ExecutionError | None:
+        """The error for a server whose last message passed ``max_message_bytes``, else None."""
+        oversized = self._server.oversized if self._server is not None else None
+        if oversized is None:
+            return None
+        limit = self.settings.max_message_bytes
+        return ExecutionError(
+            f"MCP server {self.settings.name!r} sent a message larger than {limit} bytes "
+            f"(plugins.mcp.servers.{self.settings.name}.max_message_bytes); it was stopped "
+            "and is restarted on the next call", code="mcp_message_too_large", retryable=False,
+            limit=limit, received_bytes=oversized)
 
 
 class McpTool:

@@ -44,8 +44,8 @@ _WRAPPER: Final = (
 
 
 def subreaper_available() -> bool:
-    """Whether servers can be started as child subreapers (Linux with ``/proc``)."""
-    return sys.platform.startswith("linux") and os.path.isdir("/proc/self")
+    """Whether servers can be started as child subreapers (Linux with ``/proc``, a known interpreter)."""
+    return sys.platform.startswith("linux") and os.path.isdir("/proc/self") and bool(sys.executable)
 
 
 def subreaper_argv(executable: str, args: Sequence[str]) -> list[str]:
