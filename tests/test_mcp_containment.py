@@ -109,9 +109,10 @@ async def test_setsid_grandchild_does_not_outlive_close(tmp_path: Path) -> None:
 # -- message size ------------------------------------------------------------------------------
 
 async def test_message_over_the_cap_fails_the_call_naming_the_setting_and_restarts(tmp_path: Path) -> None:
-    pid_file = tmp_path / "pid"
-    async with hostile(tmp_path, max_message_bytes=100_000, env={"HOSTILE_PID_FILE": str(pid_file)}) as host:
-        first = read_pid(pid_file)
+    pid_file, escaped_file = tmp_path / "pid", tmp_path / "escaped"
+    async with hostile(tmp_path, max_message_bytes=100_000, env={"HOSTILE_PID_FILE": str(pid_file),
+                                                                 "HOSTILE_ESCAPE_FILE": str(escaped_file)}) as host:
+        first, escaped = read_pid(pid_file), read_pid(escaped_file)
         result = await host.call("mcp::h::big", {"bytes": 5_000_000})
         assert not result.success
         assert result.error is not None and result.error["type"] == "ExecutionError"
@@ -121,6 +122,7 @@ async def test_message_over_the_cap_fails_the_call_naming_the_setting_and_restar
         # Never buffered whole: reading stopped soon after the limit.
         assert result.error["received_bytes"] < 100_000 + 2 * 65_536
         assert wait_dead(first, 5.0), "a server that broke the limit is stopped"
+        assert wait_dead(escaped, 5.0), "with its whole tree"
         again = await host.call("mcp::h::echo", {"text": "ok"})  # restarted, as after a crash
         assert again.success and again.output == {"text": "ok"}
         assert read_pid(pid_file) != first

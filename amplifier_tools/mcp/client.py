@@ -220,7 +220,6 @@ class ServerConnection:
             f"MCP server {self.settings.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
 
-
     def _too_large(self) -> ExecutionError | None:
         """The error for a server whose last message passed ``max_message_bytes``, else None."""
         oversized = self._server.oversized if self._server is not None else None

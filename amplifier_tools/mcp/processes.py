@@ -7,6 +7,9 @@ subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``, kept across ``execve``): orphans 
 its tree are re-parented to the server instead of to init, so while the server lives its
 ``/proc`` descendants are its whole tree. ``kill_descendants`` SIGKILLs them, walking
 ``/proc`` until none is left (a process forked between two walks is found by the next one).
+A server asked to exit may go before its children (they are then re-parented to init), so
+the tree is pinned first (``pin_descendants``: pid and start time) and what survives the
+server's exit is killed after it (``kill_pinned``), with whatever descends from it by then.
 
 Why not make the host the subreaper: its orphans would then be re-parented to the host,
 mixed with every other child the host has (bash calls, other servers) and left as zombies
@@ -15,12 +18,13 @@ child watchers. A per-server subreaper keeps the side effects inside the server:
 that it does not reap stay zombies of the server until it exits.
 
 Limits (without a PID namespace, which only the sandbox gives): a server that clears its
-own subreaper flag and double-forks, or that starts a process after the sweep while it is
-being stopped, or that dies on its own and leaves children behind, can leave a process the
-sweep never sees; so can anything that escapes through another service (``systemd-run``,
+own subreaper flag and double-forks, or that itself starts a process after the tree was
+pinned and then exits, or that dies on its own and leaves children behind, can leave a
+process the sweep never sees; so can anything that escapes through another service (``systemd-run``,
 ``at``). Linux only (other systems: the server runs without the wrapper; only its process
 group is killed). This module never signals a process that is not a descendant of the pid
-it was given at the moment of the walk (each victim is pinned with a pidfd and re-checked).
+it was given at the moment of the walk (each victim is pinned with a pidfd and re-checked),
+or that is not a process it pinned (same pid and start time).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Final
+from contextlib import suppress
+from typing import Final, NamedTuple
 
 #: ``prctl`` option number (linux/prctl.h).
 PR_SET_CHILD_SUBREAPER: Final = 36
@@ -57,13 +62,23 @@ def subreaper_argv(executable: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _WRAPPER, executable, *args]
 
 
-def _ppid_and_state(pid: int) -> tuple[int, str] | None:
+class _Stat(NamedTuple):
+    state: str
+    ppid: int
+    started: int  # clock ticks after boot: with the pid, it names one process
+
+
+def _stat(pid: int) -> _Stat | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rpartition(b")")[2].split()
     except OSError:
         return None
-    return int(fields[1]), fields[0].decode()
+    return _Stat(fields[0].decode(), int(fields[1]), int(fields[19]))
+
+
+def _live(stat: _Stat | None) -> bool:
+    return stat is not None and stat.state not in ("Z", "X")
 
 
 def descendants(root: int) -> list[int]:
@@ -76,9 +91,9 @@ def descendants(root: int) -> list[int]:
     for name in names:
         if not name.isdigit():
             continue
-        info = _ppid_and_state(int(name))
-        if info is not None and info[1] not in ("Z", "X"):
-            children.setdefault(info[0], []).append(int(name))
+        stat = _stat(int(name))
+        if stat is not None and _live(stat):
+            children.setdefault(stat.ppid, []).append(int(name))
     found: list[int] = []
     frontier = [root]
     while frontier:
@@ -93,16 +108,14 @@ def _kill_if_still_under(pid: int, tree: set[int]) -> None:
     try:
         pidfd = os.pidfd_open(pid)
     except (OSError, AttributeError):  # gone, or no pidfd (old kernel): signal by pid
-        info = _ppid_and_state(pid)
-        if info is not None and info[0] in tree:
-            try:
+        stat = _stat(pid)
+        if stat is not None and stat.ppid in tree:
+            with suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
         return
     try:
-        info = _ppid_and_state(pid)  # the pidfd pins the process: this is the one we walked
-        if info is not None and info[0] in tree:
+        stat = _stat(pid)  # the pidfd pins the process: this is the one we walked
+        if stat is not None and stat.ppid in tree:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except OSError:
         pass
@@ -126,3 +139,36 @@ def kill_descendants(root: int) -> int:
             _kill_if_still_under(pid, tree)
         killed.update(found)
     return len(killed)
+
+
+#: A process named so that a reused pid is not mistaken for it: ``(pid, start time)``.
+Pinned = tuple[int, int]
+
+
+def pin_descendants(root: int) -> list[Pinned]:
+    """The descendants of ``root`` now, named by pid and start time, for ``kill_pinned`` later.
+
+    Taken before a server is asked to exit: it may exit before its children, which are then
+    re-parented away from it (to init) and no longer found under it.
+    """
+    pinned = []
+    for pid in descendants(root):
+        stat = _stat(pid)
+        if stat is not None:
+            pinned.append((pid, stat.started))
+    return pinned
+
+
+def kill_pinned(pinned: Sequence[Pinned]) -> int:
+    """SIGKILL each pinned process still alive (the same process: same start time) and every
+    descendant it has now; the number of pinned processes that were still alive."""
+    alive = 0
+    for pid, started in pinned:
+        stat = _stat(pid)
+        if not _live(stat) or stat is None or stat.started != started:
+            continue
+        alive += 1
+        kill_descendants(pid)
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return alive

@@ -7,8 +7,9 @@ time, so children a server started can outlive it. This module spawns the
 server with exactly the environment it is given, in a new session (its own
 process group) and as a child subreaper (:mod:`.processes`), speaks
 newline-delimited JSON-RPC with the SDK's own message types, and on close
-kills the server's descendants, ends the server, and then SIGKILLs whatever
-is left of its group. It never leaves the group running when the context
+pins the server's descendants, ends the server (stdin closed, then SIGTERM,
+then SIGKILL), and then SIGKILLs whatever is left of its group and of the
+pinned tree. It never leaves the group running when the context
 exits, even under cancellation.
 
 Messages are read into one ``bytearray`` and scanned for newlines only in the
@@ -38,7 +39,7 @@ import mcp_types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
-from .processes import kill_descendants, subreaper_argv, subreaper_available
+from .processes import kill_descendants, kill_pinned, pin_descendants, subreaper_argv, subreaper_available
 
 #: Seconds a server gets to exit after its stdin closes, then after SIGTERM.
 EXIT_GRACE_S: Final = 1.0
@@ -82,18 +83,21 @@ async def _sweep(pid: int) -> None:
 
 
 async def _stop(process: anyio.abc.Process) -> None:
-    await _sweep(process.pid)
+    # Its children may exit gracefully while the server does (an `npx` server is a child of
+    # npx), but they are pinned first: once the server has exited they are no longer under it.
+    pinned = await anyio.to_thread.run_sync(pin_descendants, process.pid)
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         if process.stdin is not None:
             await process.stdin.aclose()
     if not await _wait_exit(process, EXIT_GRACE_S):
-        await _sweep(process.pid)  # whatever it started during the grace period
+        await _sweep(process.pid)
         kill_group(process.pid, signal.SIGTERM)
         if not await _wait_exit(process, TERM_GRACE_S):
             kill_group(process.pid, signal.SIGKILL)
             await _wait_exit(process, TERM_GRACE_S)
-    # Whatever the leader did, no member of its group may survive it.
+    # Whatever the leader did, no member of its group and nothing it started may survive it.
     kill_group(process.pid, signal.SIGKILL)
+    await anyio.to_thread.run_sync(kill_pinned, pinned)
     for pipe in (process.stdout, process.stderr):
         if pipe is not None:
             with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
