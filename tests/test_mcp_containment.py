@@ -16,22 +16,11 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import FIXTURES, REPO, alive, read_pid, wait_dead
+from mcp_helpers import HOSTILE_SERVER, REPO, alive, hostile, read_pid, wait_dead
 
 from amplifier_tools import ToolHost
 
-HOSTILE_SERVER = str(FIXTURES / "hostile_server.py")
 CANARY = "canary-7c1e-host-secret"
-
-
-def hostile(tmp_path: Path, *, tools: list[dict[str, Any]] | None = None, **server: Any) -> ToolHost:
-    """A host importing the hostile server as ``h`` (``env`` adds to its environment)."""
-    env = dict(server.pop("env", {}))
-    if tools is not None:
-        env["HOSTILE_TOOLS"] = json.dumps(tools)
-    section = {"command": sys.executable, "args": [HOSTILE_SERVER], "env": env, **server}
-    return ToolHost(config={"plugins": {"mcp": {"servers": {"h": section}}}}, builtins=["mcp"],
-                    entry_points=False, working_dir=tmp_path, discover=False)
 
 
 # -- the environment ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("mcp")
 pytest.importorskip("re2")
 
-from test_mcp_containment import hostile
+from mcp_helpers import hostile
 
 from amplifier_tools import Effect, PluginLoadError, ToolHost, ToolResult, ToolSpec
 
