@@ -134,14 +134,17 @@ class ToolRegistry:
                 code="duplicate_tool",
                 plugins=[self._tools[owner].plugin, plugin],
             )
-        input_validator = compile_validator(spec.input_schema, owner=spec.name, which="input_schema")
+        # A tool whose schemas come from outside the host names a linear-time regex engine.
+        patterns = getattr(tool, "pattern_engine", None)
+        input_validator = compile_validator(spec.input_schema, owner=spec.name, which="input_schema",
+                                            patterns=patterns)
         if spec.input_schema.get("type", "object") != "object":
             raise ContractError(
                 f"tool {spec.name!r}: input_schema must describe an object (type 'object')",
                 code="invalid_schema",
             )
         output_validator = (
-            compile_validator(spec.output_schema, owner=spec.name, which="output_schema")
+            compile_validator(spec.output_schema, owner=spec.name, which="output_schema", patterns=patterns)
             if spec.output_schema is not None
             else None
         )

@@ -8,12 +8,22 @@ pointer (RFC 6901).
 ``check_json_data`` rejects what jsonschema would let through silently but JSON
 cannot carry: non-string keys, NaN and infinities, bytes, sets and arbitrary
 objects.
+
+Regular expressions (``pattern``, ``patternProperties``) run on Python's ``re``
+unless the caller passes another engine (``patterns``): a schema from outside
+the host (an imported MCP server) must come with a linear-time one, because a
+backtracking engine lets a schema's author freeze the host with one string.
+That engine is used for ``pattern``, ``patternProperties`` and the
+``additionalProperties`` that depends on them; ``unevaluatedProperties`` and a
+nested ``$schema`` (which makes jsonschema switch to a stock validator) still
+use ``re`` here, so whoever passes an engine must refuse schemas that combine
+them with patterns (:mod:`amplifier_tools.mcp.patterns` does).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Protocol
 
 import jsonschema
@@ -21,7 +31,7 @@ import jsonschema.exceptions
 import jsonschema.validators
 
 from .errors import ContractError
-from .schema_fastpath import compile_check
+from .schema_fastpath import CompiledPattern, PatternCompiler, compile_check
 
 
 class Validator(Protocol):
@@ -32,12 +42,15 @@ class Validator(Protocol):
     def iter_errors(self, instance: Any) -> Iterable[jsonschema.exceptions.ValidationError]: ...
 
 
-def compile_validator(schema: dict[str, Any], *, owner: str, which: str) -> Validator:
+def compile_validator(
+    schema: dict[str, Any], *, owner: str, which: str, patterns: PatternCompiler | None = None
+) -> Validator:
     """Check ``schema`` against its metaschema and return a reusable validator.
 
     The draft is taken from ``$schema`` (default 2020-12). Raises
     ``ContractError`` naming ``owner`` (the tool), ``which`` schema and the
-    pointer of the bad keyword.
+    pointer of the bad keyword. ``patterns`` compiles the schema's regular
+    expressions instead of ``re.compile`` (see the module's docstring).
     """
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
@@ -49,7 +62,60 @@ def compile_validator(schema: dict[str, Any], *, owner: str, which: str) -> Vali
             code="invalid_schema",
             pointer=pointer,
         ) from None
-    return CompiledSchema(cls(schema), compile_check(schema))
+    if patterns is None:
+        return CompiledSchema(cls(schema), compile_check(schema))
+    return CompiledSchema(_with_patterns(cls, patterns)(schema), compile_check(schema, patterns))
+
+
+def _with_patterns(cls: Any, compile_pattern: PatternCompiler) -> Any:
+    """``cls`` with its regex keywords running on ``compile_pattern`` (jsonschema's own logic)."""
+    compiled: dict[str, CompiledPattern] = {}
+
+    def find(pattern: str) -> CompiledPattern:
+        regex = compiled.get(pattern)
+        if regex is None:
+            regex = compiled[pattern] = compile_pattern(pattern)
+        return regex
+
+    def pattern(validator: Any, patrn: str, instance: Any, schema: Any) -> Iterator[Any]:
+        if validator.is_type(instance, "string") and find(patrn).search(instance) is None:
+            yield jsonschema.exceptions.ValidationError(f"{instance!r} does not match {patrn!r}")
+
+    def pattern_properties(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        if not validator.is_type(instance, "object"):
+            return
+        for patrn, subschema in value.items():
+            regex = find(patrn)
+            for key, item in instance.items():
+                if regex.search(key) is not None:
+                    yield from validator.descend(item, subschema, path=key, schema_path=patrn)
+
+    stock_additional = cls.VALIDATORS.get("additionalProperties")
+
+    def additional_properties(validator: Any, extra: Any, instance: Any, schema: Any) -> Iterator[Any]:
+        regexes = [find(p) for p in schema.get("patternProperties", {})]
+        if not regexes or stock_additional is None:  # no regex involved: jsonschema's own keyword
+            if stock_additional is not None:
+                yield from stock_additional(validator, extra, instance, schema)
+            return
+        if not validator.is_type(instance, "object"):
+            return
+        known = schema.get("properties", {})
+        extras = {key for key in instance
+                  if key not in known and not any(r.search(key) is not None for r in regexes)}
+        if validator.is_type(extra, "object"):
+            for key in extras:
+                yield from validator.descend(instance[key], extra, path=key)
+        elif not extra and extras:
+            verb = "does" if len(extras) == 1 else "do"
+            joined = ", ".join(repr(each) for each in sorted(extras))
+            names = ", ".join(repr(each) for each in sorted(schema["patternProperties"]))
+            yield jsonschema.exceptions.ValidationError(f"{joined} {verb} not match any of the regexes: {names}")
+
+    keywords = {"pattern": pattern, "patternProperties": pattern_properties,
+                "additionalProperties": additional_properties}
+    return jsonschema.validators.extend(cls, {k: v for k, v in keywords.items() if k in cls.VALIDATORS})
+
 
 
 class CompiledSchema:

@@ -12,15 +12,29 @@ speed, never correctness. A schema using any other keyword (``$ref``,
 ``allOf``, ``if``, ``patternProperties``, ``format`` assertions ...) is not
 compiled at all. ``tests/test_schema_fastpath.py`` checks the two agree on
 random instances with hypothesis.
+
+``pattern`` is compiled with the engine the caller names (``compile_pattern``;
+Python's ``re`` for the host's own schemas): this module never chooses a regex
+engine for a schema it was not told to trust.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 Check = Callable[[Any], bool]
+
+
+class CompiledPattern(Protocol):
+    """A compiled regular expression: what ``pattern`` keywords need of one."""
+
+    def search(self, string: str) -> object: ...
+
+
+#: Compiles a JSON Schema ``pattern``; raises (any exception) when it cannot.
+PatternCompiler = Callable[[str], CompiledPattern]
 
 #: Keywords that only annotate and never change validity.
 _ANNOTATIONS: Final = frozenset(
@@ -54,12 +68,15 @@ _TYPE_CHECKS: Final[dict[str, Check]] = {
 _DRAFTS: Final = ("2020-12", "2019-09", "draft-07", "draft-06")
 
 
-def compile_check(schema: Any) -> Check | None:
-    """A predicate equivalent to ``validator.is_valid`` for ``True`` answers, or None."""
+def compile_check(schema: Any, compile_pattern: PatternCompiler = re.compile) -> Check | None:
+    """A predicate equivalent to ``validator.is_valid`` for ``True`` answers, or None.
+
+    ``compile_pattern`` compiles the ``pattern`` keywords (the engine the validator uses too).
+    """
     dialect = schema.get("$schema") if isinstance(schema, dict) else None
     if dialect is not None and not any(d in str(dialect) for d in _DRAFTS):
         return None
-    return _compile(schema)
+    return _compile(schema, compile_pattern)
 
 
 def _always(value: Any) -> bool:
@@ -89,7 +106,7 @@ def _size(kind: type[str] | type[list[Any]], size: int, at_least: bool) -> Check
     return lambda value: not isinstance(value, kind) or len(value) <= size
 
 
-def _matches(regex: re.Pattern[str]) -> Check:
+def _matches(regex: CompiledPattern) -> Check:
     return lambda value: not isinstance(value, str) or regex.search(value) is not None
 
 
@@ -97,7 +114,7 @@ def _each_item(item: Check) -> Check:
     return lambda value: not isinstance(value, list) or all(item(i) for i in value)
 
 
-def _compile(schema: Any) -> Check | None:
+def _compile(schema: Any, compile_pattern: PatternCompiler) -> Check | None:
     if schema is True or schema == {}:
         return _always
     if not isinstance(schema, dict) or not set(schema) <= _SUPPORTED:
@@ -137,18 +154,18 @@ def _compile(schema: Any) -> Check | None:
             checks.append(_size(kind_, size, at_least))
     if "pattern" in schema:
         try:
-            regex = re.compile(schema["pattern"])
-        except (re.error, TypeError):
+            regex = compile_pattern(schema["pattern"])
+        except Exception:  # the engine's own error type; jsonschema then decides (and reports)
             return None
         checks.append(_matches(regex))
 
     if "items" in schema:
-        item_check = _compile(schema["items"])
+        item_check = _compile(schema["items"], compile_pattern)
         if item_check is None:
             return None
         checks.append(_each_item(item_check))
 
-    object_check = _compile_object(schema)
+    object_check = _compile_object(schema, compile_pattern)
     if object_check is False:
         return None
     if object_check is not None and object_check is not True:
@@ -177,7 +194,7 @@ def _bound_check(op: str, bound: float) -> Check:
     return lambda v: not _numeric(v) or not v >= bound
 
 
-def _compile_object(schema: dict[str, Any]) -> Check | bool | None:
+def _compile_object(schema: dict[str, Any], compile_pattern: PatternCompiler) -> Check | bool | None:
     """The object keywords' check; None when there are none, False when not compilable."""
     keys = {"properties", "required", "additionalProperties", "minProperties", "maxProperties"}
     if not keys & set(schema):
@@ -191,7 +208,7 @@ def _compile_object(schema: dict[str, Any]) -> Check | bool | None:
         return False
     compiled: dict[str, Check] = {}
     for name, sub in properties.items():
-        check = _compile(sub)
+        check = _compile(sub, compile_pattern)
         if check is None:
             return False
         compiled[name] = check
@@ -201,7 +218,7 @@ def _compile_object(schema: dict[str, Any]) -> Check | bool | None:
     elif extra is False:
         extra_check = _never
     else:
-        extra_check = _compile(extra)
+        extra_check = _compile(extra, compile_pattern)
         if extra_check is None:
             return False
     min_props = schema.get("minProperties", 0)

@@ -1,6 +1,7 @@
 """MCP cases: the cost of calling an MCP tool through the host (import: full pipeline +
 the plugin's transport) against the SDK's own client calling the same server directly,
-and the cost of serving a tool through serve-mcp against a bare SDK server (in-process).
+and the cost of serving a tool through serve-mcp against a bare SDK server (in-process),
+and the time to read one large single-line response (tests/mcp_fixtures/hostile_server.py).
 
 Both sides of each case run in the same process, interleaved; the fixture server is
 tests/mcp_fixtures/fixture_server.py (a real subprocess).
@@ -20,6 +21,7 @@ from amplifier_tools.mcp import sdk_available
 from .harness import Row, interleaved, row, run_async
 
 FIXTURE = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_fixtures" / "fixture_server.py")
+HOSTILE = str(Path(FIXTURE).parent / "hostile_server.py")
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 ARGS = {"a": 2, "b": 3}
 
@@ -77,7 +79,8 @@ async def _all(quick: bool) -> list[Row]:
         s = await interleaved({"ours": lambda: ours.call_tool("add", ARGS),
                                "bare": lambda: bare.call_tool("add", ARGS)}, n=n, rounds=rounds, warmup=20)
     serve_added = s["ours"][0] - s["bare"][0]
-    return [
+    big = await _large_messages(quick)
+    return [*big,
         row("mcp import: call via host vs SDK client (stdio subprocess)", t["host"][0], t["sdk"][0], "µs/call",
             ratio=t["host"][0] / t["sdk"][0], target="≤ +15% over the SDK client",
             met=t["host"][0] <= 1.15 * t["sdk"][0], spread=t["host"][1],
@@ -88,6 +91,24 @@ async def _all(quick: bool) -> list[Row]:
         row("mcp import: host start with one server (spawn, initialize, list)", start_ms, None, "ms",
             notes="fixture server; Python interpreter start dominates"),
     ]
+
+
+async def _large_messages(quick: bool) -> list[Row]:
+    """Seconds for one call whose response is a single 8 MB (and, in a full run, 32 MB) line."""
+    limit = 64 * 1024 * 1024
+    server = {"command": sys.executable, "args": [HOSTILE], "env": ENV, "max_message_bytes": limit}
+    rows = []
+    async with ToolHost(config={"plugins": {"mcp": {"servers": {"h": server}}}}, builtins=["mcp"],
+                        entry_points=False, discover=False) as host:
+        for megabytes, before in ((8, "1.4 s"), (32, "13 s"))[: 1 if quick else 2]:
+            started = time.perf_counter()
+            result = await host.call("mcp::h::big", {"bytes": megabytes * 1024 * 1024})
+            seconds = time.perf_counter() - started
+            assert result.success, result.error
+            rows.append(row(f"mcp import: one {megabytes} MB single-line response", seconds * 1000, None, "ms",
+                            notes=f"linear buffering (was {before} with quadratic buffering); "
+                                  "includes the server writing it and JSON parsing"))
+    return rows
 
 
 def run(quick: bool) -> list[Row]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -10,6 +11,7 @@ from typing import Any
 
 FIXTURES = Path(__file__).parent / "mcp_fixtures"
 FIXTURE_SERVER = str(FIXTURES / "fixture_server.py")
+HOSTILE_SERVER = str(FIXTURES / "hostile_server.py")
 REPO = str(Path(__file__).resolve().parent.parent)
 
 
@@ -18,6 +20,19 @@ def fixture_server(**settings: Any) -> dict[str, Any]:
     env = dict(settings.pop("env", {}))
     env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
     return {"command": sys.executable, "args": [FIXTURE_SERVER], "env": env, **settings}
+
+
+def hostile(tmp_path: Path, *, tools: list[dict[str, Any]] | None = None, **server: Any) -> Any:
+    """A ``ToolHost`` importing the hostile server as ``h``: ``tools`` are extra tool
+    definitions it lists, ``env`` adds to its environment, other keys are server settings."""
+    from amplifier_tools import ToolHost
+
+    env = dict(server.pop("env", {}))
+    if tools is not None:
+        env["HOSTILE_TOOLS"] = json.dumps(tools)
+    section = {"command": sys.executable, "args": [HOSTILE_SERVER], "env": env, **server}
+    return ToolHost(config={"plugins": {"mcp": {"servers": {"h": section}}}}, builtins=["mcp"],
+                    entry_points=False, working_dir=tmp_path, discover=False)
 
 
 def alive(pid: int) -> bool:

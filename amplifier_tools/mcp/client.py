@@ -30,14 +30,18 @@ from ..errors import ContractError, ExecutionError, PolicyError
 from ..models import ToolContext, ToolResult
 from ..spec import ToolSpec
 from .contract import build_spec
+from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
 from .settings import ServerSettings
-from .transport import stdio_process
+from .transport import StdioServer, stdio_process
 
 log = logging.getLogger("amplifier_tools.mcp")
 
 CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__version__)
 _DEAD_CODES: Final = frozenset({mcp_types.CONNECTION_CLOSED})
+#: Host variables every server gets unless ``env`` sets them: where programs are and how text is
+#: encoded, nothing secret. ``HOME`` is not among them (it leads to credentials).
+BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
 class ServerConnection:
@@ -53,6 +57,7 @@ class ServerConnection:
         self.restarts = 0
         self._session: ClientSession | None = None
         self._process: Any = None
+        self._server: StdioServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._lock = asyncio.Lock()
@@ -61,8 +66,12 @@ class ServerConnection:
     # -- lifecycle ---------------------------------------------------------
 
     def environment(self) -> dict[str, str]:
-        """The child's whole environment: ``env_passthrough`` names copied from ours, then ``env``."""
-        env = {name: os.environ[name] for name in self.settings.env_passthrough if name in os.environ}
+        """The child's whole environment, an allowlist: the non-secret basics
+        (``BASIC_ENV``: ``PATH`` — ``os.defpath`` when the host has none — and the locale and
+        time zone) and the ``env_passthrough`` names copied from ours, then ``env``."""
+        names = (*BASIC_ENV, *self.settings.env_passthrough)
+        env = {name: os.environ[name] for name in names if name in os.environ}
+        env.setdefault("PATH", os.defpath)
         env.update(self.settings.env)
         return env
 
@@ -84,12 +93,15 @@ class ServerConnection:
     async def _run(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
         s = self.settings
         stderr = subprocess.DEVNULL if s.stderr == "discard" else None
+        self._server = None  # a previous run's state must not describe this one
         try:
             async with stdio_process(s.command, list(s.args), env=self.environment(),
-                                     cwd=s.cwd or self.working_dir, stderr=stderr) as (process, read, write):
-                self._process = process
-                self.pid = process.pid
-                async with ClientSession(read, write, client_info=CLIENT_INFO) as session:
+                                     cwd=s.cwd or self.working_dir, stderr=stderr,
+                                     max_message_bytes=s.max_message_bytes) as server:
+                self._server = server
+                self._process = server.process
+                self.pid = server.process.pid
+                async with ClientSession(server.read, server.write, client_info=CLIENT_INFO) as session:
                     init = await session.initialize()
                     tools: list[mcp_types.Tool] = []
                     cursor: str | None = None
@@ -109,7 +121,10 @@ class ServerConnection:
                     ready.set_result(None)
                     await stop.wait()
         except BaseException as exc:
-            if not ready.done():
+            too_large = self._too_large()
+            if not ready.done() and too_large is not None:
+                ready.set_exception(too_large)
+            elif not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else ExecutionError(
                     f"MCP server {s.name!r} start was cancelled", code="mcp_start_failed"))
             elif not isinstance(exc, (Exception, asyncio.CancelledError)):
@@ -198,13 +213,34 @@ class ServerConnection:
     def _died(self, exc: BaseException) -> ExecutionError:
         code = self._process.returncode if self._process is not None else None
         self._session = None
+        too_large = self._too_large()
+        if too_large is not None:
+            return too_large
         return ExecutionError(
             f"MCP server {self.settings.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
 
+    def _too_large(self) -> ExecutionError | None:
+        """The error for a server whose last message passed ``max_message_bytes``, else None."""
+        oversized = self._server.oversized if self._server is not None else None
+        if oversized is None:
+            return None
+        limit = self.settings.max_message_bytes
+        return ExecutionError(
+            f"MCP server {self.settings.name!r} sent a message larger than {limit} bytes "
+            f"(plugins.mcp.servers.{self.settings.name}.max_message_bytes); it was stopped "
+            "and is restarted on the next call", code="mcp_message_too_large", retryable=False,
+            limit=limit, received_bytes=oversized)
+
 
 class McpTool:
-    """One imported tool: the contract built from the server's definition, calls sent to it."""
+    """One imported tool: the contract built from the server's definition, calls sent to it.
+
+    Its schemas came from the server: their regular expressions run on RE2 (``pattern_engine``,
+    read by the registry), never on Python's backtracking ``re``.
+    """
+
+    pattern_engine = staticmethod(compile_pattern)
 
     def __init__(self, connection: ServerConnection, remote_name: str, spec: ToolSpec, digest: str) -> None:
         self.connection = connection
@@ -301,6 +337,12 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
         if s.require_pins and name not in s.pins:
             log.warning("MCP server %r tool %r has no pin and require_pins is set; not mounted", s.name, name)
             continue
+        refusal = _pattern_refusal(s.name, name, definition)
+        if refusal is not None:
+            if s.on_unsupported_pattern == "refuse":
+                raise refusal
+            log.warning("%s; not mounted (on_unsupported_pattern = 'skip')", refusal.message)
+            continue
         digest = connection.hashes[name]
         try:
             spec = build_spec(server=s.name, definition=definition, digest=digest,
@@ -313,3 +355,18 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
         tools.append(McpTool(connection, name, spec, digest))
     connection.freeze_definitions({tool.remote_name: tool.definition_hash for tool in tools})
     return tools
+
+
+def _pattern_refusal(server: str, tool: str, definition: Mapping[str, Any]) -> ContractError | None:
+    """A ``ContractError`` (``unsupported_pattern``) for the first schema part RE2 cannot run."""
+    for which in ("inputSchema", "outputSchema"):
+        problems = unsupported_patterns(definition.get(which))
+        if problems:
+            pointer, reason = problems[0]
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            return ContractError(
+                f"MCP server {server!r} tool {tool!r}: {which} at {pointer}: {reason}{more}; refused by "
+                f"plugins.mcp.servers.{server}.on_unsupported_pattern (set it to 'skip' to start without "
+                "this tool)", code="unsupported_pattern", server=server, tool=tool, schema=which,
+                pointer=pointer)
+    return None

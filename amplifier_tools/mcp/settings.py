@@ -17,6 +17,8 @@ from ..spec import Effect
 PLUGIN: Final = "mcp"
 _SERVER_NAME: Final = re.compile(r"^[A-Za-z0-9_\-]+$")
 _ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Largest JSON-RPC message (one line) read from a server unless configured: 16 MiB.
+DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 
 
 @attrs.frozen
@@ -45,6 +47,8 @@ class ServerSettings:
     timeout_ms: float | None = None
     startup_timeout_ms: float = 10_000.0
     max_restarts: int = 3
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    on_unsupported_pattern: str = "refuse"
     tools: Mapping[str, ToolOverride] = attrs.field(factory=dict)
 
 
@@ -99,6 +103,8 @@ _SERVER_KEYS: Final[dict[str, _Check]] = {
     "timeout_ms": (_is_positive, "a positive number"),
     "startup_timeout_ms": (_is_positive, "a positive number"),
     "max_restarts": (lambda v: type(v) is int and v >= 0, "a non-negative integer"),
+    "max_message_bytes": (lambda v: type(v) is int and v >= 1024, "an integer number of bytes, at least 1024"),
+    "on_unsupported_pattern": (lambda v: v in ("refuse", "skip"), "'refuse' or 'skip'"),
     "tools": (lambda v: isinstance(v, Mapping), "a table of tool name -> settings"),
 }
 _SERVE_KEYS: Final[dict[str, _Check]] = {

@@ -1,23 +1,33 @@
-"""The stdio transport to an imported MCP server: one child process in its own group.
+"""The stdio transport to an imported MCP server: one child process tree, bounded messages.
 
 Why not the SDK's ``stdio_client``: it hides the process (so nothing can
 report or check its pid), always merges a default environment into the
 child's, and only kills the process group when the leader fails to exit in
 time, so children a server started can outlive it. This module spawns the
 server with exactly the environment it is given, in a new session (its own
-process group), speaks newline-delimited JSON-RPC with the SDK's own message
-types, and on close ends the server and then SIGKILLs whatever is left of its
-group. It never leaves the group running when the context exits, even under
-cancellation.
+process group) and as a child subreaper (:mod:`.processes`), speaks
+newline-delimited JSON-RPC with the SDK's own message types, and on close
+pins the server's descendants, ends the server (stdin closed, then SIGTERM,
+then SIGKILL), and then SIGKILLs whatever is left of its group and of the
+pinned tree. It never leaves the group running when the context
+exits, even under cancellation.
+
+Messages are read into one ``bytearray`` and scanned for newlines only in the
+bytes not scanned yet (linear in the message size). A message longer than
+``max_message_bytes`` is never buffered whole: once the unfinished line passes
+the limit, reading stops, ``StdioServer.oversized`` records it, the session's
+stream ends (the calls in flight fail) and the server tree is killed.
 
 Limits: if the host process itself is SIGKILLed, nothing here runs; a server
 then sees EOF on stdin (well-behaved servers exit) but its children may stay.
-POSIX only.
+What the process-tree kill does not cover is in :mod:`.processes`. POSIX only.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -27,20 +37,24 @@ import anyio
 import anyio.abc
 import mcp_types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from anyio.streams.text import TextReceiveStream
 from mcp.shared.message import SessionMessage
+
+from .processes import kill_descendants, kill_pinned, pin_descendants, subreaper_argv, subreaper_available
 
 #: Seconds a server gets to exit after its stdin closes, then after SIGTERM.
 EXIT_GRACE_S: Final = 1.0
 TERM_GRACE_S: Final = 1.0
+#: Bytes asked of the server's stdout per read.
+READ_CHUNK: Final = 1 << 16
 
 ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
 WriteStream = MemoryObjectSendStream[SessionMessage]
 
 
-def _parse(line: str) -> SessionMessage | Exception:
+def _parse(line: bytearray) -> SessionMessage | Exception:
     try:
-        return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        text = line.decode("utf-8", errors="replace")
+        return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False))
     except ValueError as exc:  # the session surfaces it to its message handler
         return exc
 
@@ -63,21 +77,57 @@ async def _wait_exit(process: anyio.abc.Process, seconds: float) -> bool:
     return process.returncode is not None
 
 
+async def _sweep(pid: int) -> None:
+    """Kill the server's descendants (it is a subreaper: that is its whole tree while it lives)."""
+    await anyio.to_thread.run_sync(kill_descendants, pid)
+
+
 async def _stop(process: anyio.abc.Process) -> None:
+    # Its children may exit gracefully while the server does (an `npx` server is a child of
+    # npx), but they are pinned first: once the server has exited they are no longer under it.
+    pinned = await anyio.to_thread.run_sync(pin_descendants, process.pid)
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         if process.stdin is not None:
             await process.stdin.aclose()
     if not await _wait_exit(process, EXIT_GRACE_S):
+        await _sweep(process.pid)
         kill_group(process.pid, signal.SIGTERM)
         if not await _wait_exit(process, TERM_GRACE_S):
             kill_group(process.pid, signal.SIGKILL)
             await _wait_exit(process, TERM_GRACE_S)
-    # Whatever the leader did, no member of its group may survive it.
+    # Whatever the leader did, no member of its group and nothing it started may survive it.
     kill_group(process.pid, signal.SIGKILL)
+    await anyio.to_thread.run_sync(kill_pinned, pinned)
     for pipe in (process.stdout, process.stderr):
         if pipe is not None:
             with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await pipe.aclose()
+
+
+class StdioServer:
+    """A running stdio server: its process, the session's streams, and why reading stopped."""
+
+    __slots__ = ("oversized", "process", "read", "write")
+
+    def __init__(self, process: anyio.abc.Process, read: ReadStream, write: WriteStream) -> None:
+        self.process = process
+        self.read = read
+        self.write = write
+        #: Bytes of the unfinished message when it passed ``max_message_bytes``, else None.
+        self.oversized: int | None = None
+
+
+def _resolve(command: str, env: Mapping[str, str], cwd: str | None) -> str:
+    """``command`` as the child would find it (``PATH`` from ``env``), or ``FileNotFoundError``."""
+    if "/" in command:
+        path = os.path.join(cwd or os.getcwd(), command)
+        if os.access(path, os.X_OK) and os.path.isfile(path):
+            return os.path.abspath(path)
+    else:
+        found = shutil.which(command, path=env.get("PATH", os.defpath))
+        if found is not None:
+            return os.path.abspath(found)
+    raise FileNotFoundError(errno.ENOENT, "no such executable", command)
 
 
 @asynccontextmanager
@@ -88,29 +138,52 @@ async def stdio_process(
     env: Mapping[str, str],
     cwd: str | None = None,
     stderr: int | IO[Any] | None = None,
-) -> AsyncIterator[tuple[anyio.abc.Process, ReadStream, WriteStream]]:
-    """Run ``command`` as an MCP stdio server; yield ``(process, read, write)`` streams.
+    max_message_bytes: int,
+) -> AsyncIterator[StdioServer]:
+    """Run ``command`` as an MCP stdio server; yield its ``StdioServer``.
 
-    ``env`` is the child's whole environment. Raises ``OSError`` when the
-    command cannot be started.
+    ``env`` is the child's whole environment (its ``PATH`` finds ``command``).
+    Raises ``OSError`` when the command cannot be started.
     """
-    process = await anyio.open_process(
-        [command, *args], env=dict(env), cwd=cwd, stderr=stderr, start_new_session=True
-    )
+    executable = _resolve(command, env, cwd)
+    argv = subreaper_argv(executable, args) if subreaper_available() else [executable, *args]
+    process = await anyio.open_process(argv, env=dict(env), cwd=cwd, stderr=stderr, start_new_session=True)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
+    server = StdioServer(process, read_recv, write_send)
 
     async def reader() -> None:
         assert process.stdout is not None
-        buffer = ""
+        buffer = bytearray()
         try:
             async with read_send:
-                async for chunk in TextReceiveStream(process.stdout, errors="replace"):
-                    lines = (buffer + chunk).split("\n")
-                    buffer = lines.pop()
-                    for line in lines:
-                        if line.strip():
+                while True:
+                    try:
+                        chunk = await process.stdout.receive(READ_CHUNK)
+                    except anyio.EndOfStream:
+                        return
+                    scan_from = len(buffer)  # what is already buffered holds no newline
+                    buffer += chunk
+                    start = 0
+                    while (end := buffer.find(b"\n", scan_from)) >= 0 and end - start <= max_message_bytes:
+                        line = buffer[start:end]  # the one copy of a message
+                        start = scan_from = end + 1
+                        if line and not line.isspace():
                             await read_send.send(_parse(line))
+                    del buffer[:start]
+                    if len(buffer) > max_message_bytes:
+                        # The server is broken: its tree goes before the calls in flight fail
+                        # (when the stream ends here), not at the next call.
+                        server.oversized = len(buffer)
+                        kill_descendants(process.pid)
+                        kill_group(process.pid)
+                        break
+            # Drain to EOF (discarding) so the pipe, paused while unread, can close.
+            with anyio.move_on_after(TERM_GRACE_S):
+                while await process.stdout.receive(READ_CHUNK):
+                    pass
+        except anyio.EndOfStream:
+            pass
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             pass  # the session or the process went away; the session sees the stream end
 
@@ -129,7 +202,7 @@ async def stdio_process(
             group.start_soon(reader)
             group.start_soon(writer)
             try:
-                yield process, read_recv, write_send
+                yield server
             finally:
                 with anyio.CancelScope(shield=True):
                     await _stop(process)
@@ -137,4 +210,5 @@ async def stdio_process(
                         await stream.aclose()
                 group.cancel_scope.cancel()
     finally:
+        kill_descendants(process.pid)
         kill_group(process.pid)

@@ -1,0 +1,94 @@
+"""Regular expressions in imported schemas: run on RE2 (linear time), or refused at mount.
+
+An MCP server writes its tools' input and output schemas, and JSON Schema's ``pattern`` and
+``patternProperties`` are regular expressions the host must run on every call. On Python's
+backtracking ``re`` one pattern such as ``^(a+)+$`` and a 30-character string freeze the event
+loop for minutes. So every imported tool's schemas are checked with RE2 (google-re2, the
+``mcp`` extra), which matches in time linear in the text: ``compile_pattern`` is the engine
+the registry uses for them (``McpTool.pattern_engine``), and ``unsupported_patterns`` lists,
+at mount, what RE2 cannot run so the tool is refused (or skipped) instead of checked on
+``re``. The host's own tools keep ``re``.
+
+Limits: JSON Schema patterns are ECMA-262; RE2 has no lookaround and no backreferences, so
+patterns using them are refused, never approximated. ``\\uXXXX`` escapes are translated to
+RE2's ``\\x{XXXX}``; other ECMA-262 differences (``\\d``/``\\w`` are ASCII in both; ``$``
+matches only at the end, ``[^]``, ``\\cX``) are whatever RE2 makes of them. A schema is refused
+too when it nests ``$schema`` below its root, or combines ``unevaluatedProperties`` with
+``patternProperties``, because jsonschema would then evaluate the patterns on ``re``. Refusal
+is decided by keyword name wherever it appears (also inside ``const``, ``enum``, ``default``
+and ``examples`` data): it errs towards refusing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+import re2
+
+from ..schema_fastpath import CompiledPattern
+
+_ECMA_ESCAPE: Final = re.compile(r"\\(u([0-9A-Fa-f]{4})|.)", re.DOTALL)
+_OPTIONS: Final = re2.Options()
+_OPTIONS.log_errors = False  # a refused pattern is reported by us, not logged to stderr by RE2
+
+
+def _to_re2(pattern: str) -> str:
+    return _ECMA_ESCAPE.sub(lambda m: f"\\x{{{m.group(2)}}}" if m.group(2) else m.group(0), pattern)
+
+
+def compile_pattern(pattern: str) -> CompiledPattern:
+    """``pattern`` compiled by RE2; ``re2.error`` when RE2 cannot run it."""
+    compiled: CompiledPattern = re2.compile(_to_re2(pattern), _OPTIONS)
+    return compiled
+
+
+def _pointer(parts: tuple[str, ...]) -> str:
+    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
+
+
+def _reason(pattern: str) -> str | None:
+    try:
+        compile_pattern(pattern)
+    except re2.error as exc:
+        detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        return f"RE2 cannot run it ({detail}; lookaround and backreferences are not supported)"
+    return None
+
+
+def unsupported_patterns(schema: Any) -> list[tuple[str, str]]:
+    """``(JSON pointer, reason)`` for each part of ``schema`` that cannot run on RE2, in order.
+
+    Walks every object in the document (a ``$ref`` may point anywhere in it).
+    """
+    problems: list[tuple[str, str]] = []
+    with_pattern_properties: list[str] = []
+    unevaluated: list[str] = []
+    stack: list[tuple[tuple[str, ...], Any]] = [((), schema)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(((*path, str(i)), item) for i, item in reversed(list(enumerate(node))))
+            continue
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("pattern"), str):
+            reason = _reason(node["pattern"])
+            if reason is not None:
+                problems.append((_pointer((*path, "pattern")), reason))
+        if isinstance(node.get("patternProperties"), dict):
+            with_pattern_properties.append(_pointer(path))
+            for key in node["patternProperties"]:
+                reason = _reason(key)
+                if reason is not None:
+                    problems.append((_pointer((*path, "patternProperties", key)), reason))
+        if path and isinstance(node.get("$schema"), str):
+            problems.append((_pointer((*path, "$schema")),
+                             "a $schema below the root would check the patterns beneath it on Python's re"))
+        if "unevaluatedProperties" in node:
+            unevaluated.append(_pointer((*path, "unevaluatedProperties")))
+        stack.extend(((*path, key), value) for key, value in reversed(list(node.items())))
+    if unevaluated and with_pattern_properties:
+        problems.append((unevaluated[0], "unevaluatedProperties together with patternProperties would "
+                                         "check the patterns on Python's re"))
+    return problems

@@ -1,0 +1,94 @@
+"""A hostile stdio MCP server for the containment tests, speaking JSON-RPC by hand (no SDK).
+
+It answers ``initialize``, ``tools/list`` and ``tools/call`` and is steered by environment
+variables (all optional):
+
+``HOSTILE_TOOLS``      JSON list of extra tool definitions to list (hostile schemas).
+``HOSTILE_PID_FILE``   receives this process's pid.
+``HOSTILE_ESCAPE_FILE``  at start, runs ``setsid sleep 1000 &`` through ``sh`` (a grandchild in
+                       another session and process group, orphaned at once) and writes its pid.
+
+Tools: ``big`` answers with one text block of ``bytes`` characters on a single line;
+``environ`` returns this process's environment as JSON; ``parent_environ`` returns the text
+of ``/proc/<parent pid>/environ`` (or the error); ``echo`` (and every tool from
+``HOSTILE_TOOLS``) returns ``{"text": ...}`` as structured content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+TOOLS: list[dict[str, Any]] = [
+    {"name": "big", "description": "One huge line.",
+     "inputSchema": {"type": "object", "properties": {"bytes": {"type": "integer"}}}},
+    {"name": "parent_environ", "description": "Read the parent's environment.",
+     "inputSchema": {"type": "object"}},
+    {"name": "environ", "description": "This process's own environment.",
+     "inputSchema": {"type": "object"}},
+    {"name": "echo", "description": "Echo.",
+     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}},
+]
+
+
+def send(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def text(value: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": value}], "isError": False}
+
+
+def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    if name == "big":
+        return text("x" * int(arguments.get("bytes", 0)))
+    if name == "parent_environ":
+        try:
+            with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+                return text(f.read().replace(b"\0", b"\n").decode(errors="replace"))
+        except OSError as exc:
+            return text(f"unreadable: {exc}")
+    if name == "environ":
+        return text(json.dumps(dict(os.environ)))
+    # echo, and every tool listed through HOSTILE_TOOLS
+    return {"content": [{"type": "text", "text": arguments.get("text", "")}],
+            "structuredContent": {"text": arguments.get("text", "")}}
+
+
+def main() -> None:
+    if os.environ.get("HOSTILE_PID_FILE"):
+        with open(os.environ["HOSTILE_PID_FILE"], "w") as f:
+            f.write(str(os.getpid()))
+    if os.environ.get("HOSTILE_ESCAPE_FILE"):
+        out = subprocess.run(["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!"],
+                             capture_output=True, text=True, check=True)
+        with open(os.environ["HOSTILE_ESCAPE_FILE"], "w") as f:
+            f.write(out.stdout.strip())
+    tools = TOOLS + json.loads(os.environ.get("HOSTILE_TOOLS", "[]"))
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        method, rid = request.get("method"), request.get("id")
+        if rid is None:
+            continue  # a notification
+        if method == "initialize":
+            result: dict[str, Any] = {"protocolVersion": request["params"]["protocolVersion"],
+                                      "capabilities": {"tools": {}},
+                                      "serverInfo": {"name": "hostile", "version": "1.0.0"}}
+        elif method == "tools/list":
+            result = {"tools": tools}
+        elif method == "tools/call":
+            result = call(request["params"]["name"], request["params"].get("arguments") or {})
+        else:
+            send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no such method"}})
+            continue
+        send({"jsonrpc": "2.0", "id": rid, "result": result})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Attacks by an imported MCP server on the host (issue 14, finding 7), with a hostile fixture
+server (tests/mcp_fixtures/hostile_server.py): what it can read, what it leaves running, what
+it can make the host spend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp_helpers import HOSTILE_SERVER, REPO, alive, hostile, read_pid, wait_dead
+
+from amplifier_tools import ToolHost
+
+CANARY = "canary-7c1e-host-secret"
+
+
+# -- the environment ---------------------------------------------------------------------------
+
+async def test_server_environment_holds_no_host_secret_and_gets_path_and_locale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEPLOY_TOKEN", CANARY)
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    async with hostile(tmp_path) as host:  # no PATH configured: the server gets the host's
+        result = await host.call("mcp::h::environ", {})
+    env = json.loads(result.output)
+    assert CANARY not in json.dumps(env)
+    assert env["PATH"] == os.environ["PATH"] and env["LANG"] == "C.UTF-8"
+    assert "HOME" not in env
+
+
+async def test_configured_env_wins_over_the_basic_variables(tmp_path: Path) -> None:
+    async with hostile(tmp_path, env={"PATH": "/usr/bin:/bin"}) as host:
+        env = json.loads((await host.call("mcp::h::environ", {})).output)
+    assert env["PATH"] == "/usr/bin:/bin"
+
+
+async def test_bare_command_is_found_on_the_path_the_server_gets(tmp_path: Path) -> None:
+    config = {"command": Path(sys.executable).name, "args": [HOSTILE_SERVER],
+              "env": {"PATH": str(Path(sys.executable).parent)}}
+    async with ToolHost(config={"plugins": {"mcp": {"servers": {"h": config}}}}, builtins=["mcp"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        assert (await host.call("mcp::h::echo", {"text": "hi"})).output == {"text": "hi"}
+
+
+_HOST_IN_A_PROCESS = """
+import asyncio, json, sys
+from amplifier_tools import ToolHost
+
+async def main():
+    section = {"command": sys.executable, "args": [sys.argv[1]]}
+    async with ToolHost(config={"plugins": {"mcp": {"servers": {"h": section}}}}, builtins=["mcp"],
+                        entry_points=False, working_dir=sys.argv[2], discover=False) as host:
+        print(json.dumps((await host.call("mcp::h::parent_environ", {})).output))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="needs the MCP sandbox: the server runs as the host's user "
+                                       "and can read /proc/<host pid>/environ")
+def test_server_cannot_read_the_host_environment_through_proc(tmp_path: Path) -> None:
+    # /proc/<pid>/environ shows the environment a process started with, so the canary must be
+    # in the host process's initial environment: run the host in its own process.
+    env = {**os.environ, "DEPLOY_TOKEN": CANARY, "PYTHONPATH": REPO}
+    out = subprocess.run([sys.executable, "-c", _HOST_IN_A_PROCESS, HOSTILE_SERVER, str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert "PATH=" in out.stdout or "unreadable" in out.stdout  # the tool did run
+    assert CANARY not in out.stdout
+
+
+# -- the process tree --------------------------------------------------------------------------
+
+async def test_setsid_grandchild_does_not_outlive_close(tmp_path: Path) -> None:
+    pid_file, escaped_file = tmp_path / "pid", tmp_path / "escaped"
+    async with hostile(tmp_path, env={"HOSTILE_PID_FILE": str(pid_file),
+                                      "HOSTILE_ESCAPE_FILE": str(escaped_file)}):
+        server, escaped = read_pid(pid_file), read_pid(escaped_file)
+        assert alive(server) and alive(escaped)
+        # The grandchild left the server's session and process group, and its parent is gone.
+        assert os.getsid(escaped) != os.getsid(server) and os.getpgid(escaped) != os.getpgid(server)
+    try:
+        assert wait_dead(server, 10.0)
+        assert wait_dead(escaped, 10.0), "the setsid grandchild survived host.close()"
+    finally:
+        if alive(escaped):
+            os.kill(escaped, 9)
+
+
+# -- message size ------------------------------------------------------------------------------
+
+async def test_message_over_the_cap_fails_the_call_naming_the_setting_and_restarts(tmp_path: Path) -> None:
+    pid_file, escaped_file = tmp_path / "pid", tmp_path / "escaped"
+    async with hostile(tmp_path, max_message_bytes=100_000, env={"HOSTILE_PID_FILE": str(pid_file),
+                                                                 "HOSTILE_ESCAPE_FILE": str(escaped_file)}) as host:
+        first, escaped = read_pid(pid_file), read_pid(escaped_file)
+        result = await host.call("mcp::h::big", {"bytes": 5_000_000})
+        assert not result.success
+        assert result.error is not None and result.error["type"] == "ExecutionError"
+        assert result.error["code"] == "mcp_message_too_large"
+        assert "plugins.mcp.servers.h.max_message_bytes" in result.error["message"]
+        assert result.error["limit"] == 100_000
+        # Never buffered whole: reading stopped soon after the limit.
+        assert result.error["received_bytes"] < 100_000 + 2 * 65_536
+        assert wait_dead(first, 5.0), "a server that broke the limit is stopped"
+        assert wait_dead(escaped, 5.0), "with its whole tree"
+        again = await host.call("mcp::h::echo", {"text": "ok"})  # restarted, as after a crash
+        assert again.success and again.output == {"text": "ok"}
+        assert read_pid(pid_file) != first
+
+
+async def test_message_under_the_cap_is_read_whole(tmp_path: Path) -> None:
+    async with hostile(tmp_path, max_message_bytes=100_000) as host:
+        result = await host.call("mcp::h::big", {"bytes": 99_000})
+    assert result.success and result.output == "x" * 99_000
+
+
+async def test_large_single_line_message_is_read_in_linear_time(tmp_path: Path) -> None:
+    # Quadratic buffering took 13 s for 32 MB; linear reading takes well under a second.
+    size = 32 * 1024 * 1024
+    async with hostile(tmp_path, max_message_bytes=64 * 1024 * 1024) as host:
+        start = time.perf_counter()
+        result = await host.call("mcp::h::big", {"bytes": size})
+        elapsed = time.perf_counter() - start
+    assert result.success and len(result.output) == size
+    assert elapsed < 5.0, f"a {size} byte message took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("value", [0, 100, "16MiB", True, 1.5e6])
+async def test_bad_max_message_bytes_is_a_config_error_naming_the_key(tmp_path: Path, value: Any) -> None:
+    from amplifier_tools import PluginLoadError
+
+    with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.h\.max_message_bytes"):
+        async with hostile(tmp_path, max_message_bytes=value):
+            pass
+
+
+async def test_tool_list_over_the_cap_fails_start_naming_the_setting(tmp_path: Path) -> None:
+    from amplifier_tools import PluginLoadError
+
+    long_tool = {"name": "long", "description": "d" * 5000, "inputSchema": {"type": "object"}}
+    with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.h\.max_message_bytes"):
+        async with hostile(tmp_path, tools=[long_tool], max_message_bytes=1024):
+            pass
