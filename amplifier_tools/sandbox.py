@@ -31,11 +31,14 @@ missing or failing bwrap is an error, not a fallback.
 
 from __future__ import annotations
 
+import asyncio
 import glob
+import json
 import os
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Final
 
@@ -146,10 +149,15 @@ def _read_only_argv(paths: Iterable[str]) -> list[str]:
     return argv
 
 
-def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap") -> list[str]:
-    """``bwrap`` with the view's mounts and namespaces, then ``--`` and ``argv`` (see the module docstring)."""
+def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap", info_fd: int | None = None) -> list[str]:
+    """``bwrap`` with the view's mounts and namespaces, then ``--`` and ``argv`` (see the module docstring).
+
+    With ``info_fd``, bwrap writes ``{"child-pid": N}`` there: N is the sandbox's first process (PID 1
+    of its namespace) as the host sees it; see ``wait_namespace_gone``."""
     out = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
            "--unshare-cgroup-try", "--cap-drop", "ALL"]
+    if info_fd is not None:
+        out += ["--info-fd", str(info_fd)]
     if not view.network:
         out.append("--unshare-net")
     out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # first: a path bound below them shows
@@ -202,3 +210,41 @@ def unavailable(reason: str, setting: str) -> ToolSystemError:
         f"no sandbox is available: {reason}. Install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; "
         "it needs unprivileged user namespaces or root), or set `sandbox = \"off\"` in "
         f"{setting} to run unconfined. Nothing was run.", code="sandbox_unavailable", reason=reason)
+
+
+def child_pid(info: str) -> int | None:
+    """The namespace's first process from what bwrap wrote to its ``--info-fd`` (None if nothing)."""
+    try:
+        data = json.loads(info) if info.strip() else None
+    except ValueError:
+        return None
+    pid = data.get("child-pid") if isinstance(data, dict) else None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
+
+
+async def wait_namespace_gone(pid: int | None, timeout: float) -> bool:
+    """Wait until the sandbox whose first process is ``pid`` has no process left; True if it is gone.
+
+    When a PID namespace's first process exits, the kernel kills every other process in the
+    namespace and completes that exit only after they are all gone, so the first process turning
+    into a zombie (or vanishing) means the whole sandbox is gone. Killing bwrap alone does not wait
+    for that (its child dies of ``--die-with-parent`` a moment later): callers that promise nothing
+    outlives a call wait here. Polls /proc (the process is not our child); bounded by ``timeout``.
+    """
+    if pid is None:
+        return True
+    deadline = time.monotonic() + timeout
+    while not _exited(pid):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.002)
+    return True

@@ -54,3 +54,33 @@ def test_unavailable_names_both_fixes() -> None:
     error = engine.unavailable("'bwrap' was not found on PATH", "[mcp.servers.x]")
     assert error.code == "sandbox_unavailable" and "bubblewrap" in error.message
     assert 'sandbox = "off"' in error.message and "[mcp.servers.x]" in error.message
+
+
+async def test_wait_namespace_gone_returns_only_when_no_process_of_the_sandbox_is_left(work: Path) -> None:
+    """Killing bwrap does not wait for its namespace; ``wait_namespace_gone`` does (the bash tool's
+    promise that nothing outlives a call rests on it)."""
+    import os
+
+    assert BWRAP is not None
+    seconds = [f"1000.{random.randrange(10**8):08d}" for _ in range(3)]
+    read_fd, write_fd = os.pipe()
+    view = engine.View(cwd=str(work), writable=(str(work),))
+    script = " & ".join(f"sleep {s}" for s in seconds) + " & wait"
+    argv = engine.command(view, ["sh", "-c", script], bwrap=BWRAP, info_fd=write_fd)
+    proc = subprocess.Popen(argv, pass_fds=(write_fd,), start_new_session=True)
+    os.close(write_fd)
+    try:
+        assert wait_until(lambda: all(processes_with(f"sleep {s}") for s in seconds), timeout=10)
+        first = engine.child_pid(os.read(read_fd, 65536).decode())
+        os.close(read_fd)
+        assert first is not None and first != proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+    assert await engine.wait_namespace_gone(first, 5.0)
+    assert all(processes_with(f"sleep {s}") == [] for s in seconds)  # at once: no wait_until here
+
+
+def test_child_pid_reads_bwraps_info() -> None:
+    assert engine.child_pid('{\n    "child-pid": 4242\n}\n') == 4242
+    assert engine.child_pid("") is None and engine.child_pid("not json") is None

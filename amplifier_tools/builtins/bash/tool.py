@@ -194,15 +194,16 @@ class BashTool:
         # log the host may create meanwhile): in practice the config file and its location.
         missing = [entry for root in (*writable, *s.sandbox_write_paths) for entry in protected.inside(root)
                    if entry.key is None and not os.path.lexists(entry.path)]
-        status_r = status_w = -1
+        status_r = status_w = info_r = info_w = -1
         captures: list[StreamCapture] = []
         try:
             if view is not None and s.bwrap is not None:
                 status_r, status_w = os.pipe()
                 status_w = sandbox.low_status_fd(status_w)
+                info_r, info_w = os.pipe()
                 # Raises (sandbox_failed) for a protected path it cannot hide, before anything is made.
-                argv = sandbox.bwrap_argv(s.bwrap, view, status_fd=status_w, bash=s.bash) + argv
-                popen["pass_fds"] = (status_w,)
+                argv = sandbox.bwrap_argv(s.bwrap, view, status_fd=status_w, bash=s.bash, info_fd=info_w) + argv
+                popen["pass_fds"] = (status_w, info_w)
             out_spill = err_spill = None
             if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
                 out_spill, err_spill = open_spill_files(s.spill_dir,
@@ -218,6 +219,12 @@ class BashTool:
                 if s.sandbox:
                     raise ToolSystemError(f"could not start bwrap: {exc.strerror}", code="sandbox_failed") from None
                 raise ExecutionError(f"could not start bash: {exc.strerror}", code="spawn_failed") from None
+            finally:
+                if info_r != -1:  # bwrap is dead: wait until its namespace is too (even when cancelled)
+                    os.close(info_w)
+                    info_w = -1
+                    await engine.wait_namespace_gone(engine.child_pid(sandbox.read_status(info_r)),
+                                                     process.KILL_WAIT)
             if s.sandbox:
                 os.close(status_w)
                 status_w = -1
@@ -226,7 +233,7 @@ class BashTool:
         finally:
             for capture in captures:
                 capture.close()
-            for fd in (status_r, status_w):
+            for fd in (status_r, status_w, info_r, info_w):
                 if fd != -1:
                     os.close(fd)
         planted = [entry for entry in missing if os.path.lexists(entry.path)]
