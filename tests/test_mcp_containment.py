@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -52,11 +53,12 @@ async def test_bare_command_is_found_on_the_path_the_server_gets(tmp_path: Path)
 
 
 _HOST_IN_A_PROCESS = """
-import asyncio, json, sys
+import asyncio, json, os, sys
 from amplifier_tools import ToolHost
 
 async def main():
-    section = {"command": sys.executable, "args": [sys.argv[1]]}
+    section = {"command": sys.executable, "args": [sys.argv[1]], "sandbox": sys.argv[3],
+               "sandbox_read_paths": sorted({sys.prefix, sys.base_prefix, os.path.dirname(sys.argv[1])})}
     async with ToolHost(config={"plugins": {"mcp": {"servers": {"h": section}}}}, builtins=["mcp"],
                         entry_points=False, working_dir=sys.argv[2], discover=False) as host:
         print(json.dumps((await host.call("mcp::h::parent_environ", {})).output))
@@ -65,16 +67,28 @@ asyncio.run(main())
 """
 
 
-@pytest.mark.xfail(strict=True, reason="needs the MCP sandbox: the server runs as the host's user "
-                                       "and can read /proc/<host pid>/environ")
-def test_server_cannot_read_the_host_environment_through_proc(tmp_path: Path) -> None:
+def _parent_environ_seen_by_the_server(tmp_path: Path, sandbox: str) -> str:
     # /proc/<pid>/environ shows the environment a process started with, so the canary must be
     # in the host process's initial environment: run the host in its own process.
     env = {**os.environ, "DEPLOY_TOKEN": CANARY, "PYTHONPATH": REPO}
-    out = subprocess.run([sys.executable, "-c", _HOST_IN_A_PROCESS, HOSTILE_SERVER, str(tmp_path)],
-                         env=env, capture_output=True, text=True, timeout=60, check=True)
-    assert "PATH=" in out.stdout or "unreadable" in out.stdout  # the tool did run
-    assert CANARY not in out.stdout
+    out = subprocess.run([sys.executable, "-c", _HOST_IN_A_PROCESS, HOSTILE_SERVER, str(tmp_path), sandbox],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "PATH=" in out.stdout or "unreadable" in out.stdout or "No such file" in out.stdout  # the tool ran
+    return out.stdout
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed (.ci/run installs it)")
+def test_a_sandboxed_server_cannot_read_the_host_environment_through_proc(tmp_path: Path) -> None:
+    """In its own PID namespace the server's parent is the sandbox's first process, and the
+    host's /proc does not exist there: every host secret in the host's environment is out of reach."""
+    assert CANARY not in _parent_environ_seen_by_the_server(tmp_path, "auto")
+
+
+def test_an_unconfined_server_can_read_the_host_environment_as_documented(tmp_path: Path) -> None:
+    """``sandbox = "off"`` (the default) is the host's user with the host's /proc: docs/mcp.md says
+    so. This holds the documentation to the truth: if it fails, update the docs."""
+    assert CANARY in _parent_environ_seen_by_the_server(tmp_path, "off")
 
 
 # -- the process tree --------------------------------------------------------------------------
@@ -149,4 +163,43 @@ async def test_tool_list_over_the_cap_fails_start_naming_the_setting(tmp_path: P
     long_tool = {"name": "long", "description": "d" * 5000, "inputSchema": {"type": "object"}}
     with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.h\.max_message_bytes"):
         async with hostile(tmp_path, tools=[long_tool], max_message_bytes=1024):
+            pass
+
+
+# -- the sandbox's settings --------------------------------------------------------------------
+
+SANDBOX_READ = sorted({sys.prefix, sys.base_prefix, os.path.dirname(HOSTILE_SERVER)})
+
+
+async def test_a_sandboxed_server_answers_and_its_parent_is_not_the_host(tmp_path: Path) -> None:
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (.ci/run installs it)")
+    async with hostile(tmp_path, sandbox="auto", sandbox_read_paths=SANDBOX_READ) as host:
+        assert (await host.call("mcp::h::echo", {"text": "hi"})).output == {"text": "hi"}
+        parent = (await host.call("mcp::h::parent_environ", {})).output
+    assert CANARY not in json.dumps(parent)
+
+
+async def test_sandbox_auto_without_bubblewrap_refuses_to_start_the_server(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from amplifier_tools import PluginLoadError
+
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else "/bin/" + name)
+    with pytest.raises(PluginLoadError) as caught:
+        async with hostile(tmp_path, sandbox="auto", sandbox_read_paths=SANDBOX_READ):
+            pass
+    cause = caught.value.__cause__
+    assert cause is not None and getattr(cause, "code", None) == "sandbox_unavailable"
+    assert "[plugins.mcp.servers.h]" in str(cause) and 'sandbox = "off"' in str(cause)
+
+
+async def test_a_program_outside_the_view_names_sandbox_read_paths(tmp_path: Path) -> None:
+    from amplifier_tools import PluginLoadError
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed (.ci/run installs it)")
+    if os.path.realpath(sys.executable).startswith(("/usr/", "/bin/", "/opt/")):
+        pytest.skip("this interpreter lies in a system directory, which the sandbox shows")
+    with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.h\.sandbox_read_paths: the server's program"):
+        async with hostile(tmp_path, sandbox="auto"):  # the interpreter is not under a system directory
             pass

@@ -10,10 +10,12 @@ then, so the core runs without it.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any, Final
 
 from .._markers import hookimpl
 from ..errors import ConfigError
+from ..hoststate import ProtectedPaths
 from .settings import PLUGIN, McpSettings, parse_settings
 
 __all__ = ["McpImportPlugin", "MISSING_SDK_MESSAGE", "sdk_available"]
@@ -56,9 +58,19 @@ class McpImportPlugin:
         from .client import ServerConnection, import_server
 
         working_dir = coordinator.get_capability("session.working_dir") or "."
+        found = coordinator.get_capability("session.protected_paths")
+        protected = found if isinstance(found, ProtectedPaths) else ProtectedPaths()
+        writable = coordinator.get_capability("session.writable_roots")
+        for server in self.settings.servers:  # the host refuses its own state inside these at start
+            if server.sandbox != "off" and isinstance(writable, list):
+                writable.extend(os.path.realpath(os.path.expanduser(p)) for p in server.sandbox_write_paths)
+
+        def protected_now() -> list[str]:
+            return [entry.path for entry in protected if not entry.alias]
+
         try:
             for server in self.settings.servers:
-                connection = ServerConnection(server, working_dir)
+                connection = ServerConnection(server, working_dir, protected_now)
                 self.connections.append(connection)
                 for tool in await import_server(connection):
                     await coordinator.mount("tools", tool)

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -29,6 +29,7 @@ from .._version import __version__
 from ..errors import ContractError, ExecutionError, PolicyError
 from ..models import ToolContext, ToolResult
 from ..spec import ToolSpec
+from .confinement import Wrap, sandbox_wrap
 from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
@@ -47,9 +48,13 @@ BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 class ServerConnection:
     """A live session with one stdio MCP server, restarted on demand after it dies."""
 
-    def __init__(self, settings: ServerSettings, working_dir: str) -> None:
+    def __init__(self, settings: ServerSettings, working_dir: str,
+                 protected: Callable[[], Iterable[str]] = tuple) -> None:
         self.settings = settings
         self.working_dir = working_dir
+        #: The host's protected paths as they are now (masked in a sandboxed server's view).
+        self.protected = protected
+        self._wrap: Wrap | None = None
         self.pid: int | None = None
         self.server_info: mcp_types.Implementation | None = None
         self.definitions: dict[str, dict[str, Any]] = {}
@@ -77,6 +82,8 @@ class ServerConnection:
 
     async def start(self) -> None:
         """Start the server, initialize the session and list its tools (all pages)."""
+        # Before anything starts: a sandbox that cannot be had fails the start (never runs unconfined).
+        self._wrap = await sandbox_wrap(self.settings, self.working_dir, self.protected())
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._run(ready, self._stop), name=f"mcp-server-{self.settings.name}")
@@ -97,7 +104,7 @@ class ServerConnection:
         try:
             async with stdio_process(s.command, list(s.args), env=self.environment(),
                                      cwd=s.cwd or self.working_dir, stderr=stderr,
-                                     max_message_bytes=s.max_message_bytes) as server:
+                                     max_message_bytes=s.max_message_bytes, wrap=self._wrap) as server:
                 self._server = server
                 self._process = server.process
                 self.pid = server.process.pid

@@ -49,6 +49,10 @@ class ServerSettings:
     max_restarts: int = 3
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     on_unsupported_pattern: str = "refuse"
+    sandbox: str = "off"
+    sandbox_read_paths: tuple[str, ...] = ()
+    sandbox_write_paths: tuple[str, ...] = ()
+    sandbox_network: bool = False
     tools: Mapping[str, ToolOverride] = attrs.field(factory=dict)
 
 
@@ -105,6 +109,12 @@ _SERVER_KEYS: Final[dict[str, _Check]] = {
     "max_restarts": (lambda v: type(v) is int and v >= 0, "a non-negative integer"),
     "max_message_bytes": (lambda v: type(v) is int and v >= 1024, "an integer number of bytes, at least 1024"),
     "on_unsupported_pattern": (lambda v: v in ("refuse", "skip"), "'refuse' or 'skip'"),
+    "sandbox": (lambda v: v in ("off", "auto", "bubblewrap"), "'off', 'auto' or 'bubblewrap'"),
+    "sandbox_read_paths": (lambda v: _is_str_list(v) and all(p.startswith(("/", "~")) for p in v),
+                           "a list of absolute paths"),
+    "sandbox_write_paths": (lambda v: _is_str_list(v) and all(p.startswith(("/", "~")) for p in v),
+                            "a list of absolute paths"),
+    "sandbox_network": (lambda v: isinstance(v, bool), "true or false"),
     "tools": (lambda v: isinstance(v, Mapping), "a table of tool name -> settings"),
 }
 _SERVE_KEYS: Final[dict[str, _Check]] = {
@@ -123,7 +133,7 @@ def _checked(section: Any, keys: Mapping[str, _Check], where: str) -> dict[str, 
     out: dict[str, Any] = {}
     for key, value in section.items():
         if key not in keys:
-            raise ConfigError(f"unknown key (expected one of {sorted(keys)})", key=f"{where}.{key}")
+            raise ConfigError(f"unknown key (expected one of {sorted(keys)})", key=f"{where}.{key}", expected=keys)
         check, expected = keys[key]
         if not check(value):
             raise ConfigError(f"must be {expected}, got {value!r}", key=f"{where}.{key}")
@@ -167,7 +177,7 @@ def parse_settings(config: Mapping[str, Any]) -> McpSettings:
             raise ConfigError("missing 'command' (only stdio servers are supported)", key=f"{at}.command")
         fields["tools"] = {tool: _tool_override(value, f"{at}.tools.{tool}")
                            for tool, value in fields.get("tools", {}).items()}
-        for key in ("args", "env_passthrough"):
+        for key in ("args", "env_passthrough", "sandbox_read_paths", "sandbox_write_paths"):
             if key in fields:
                 fields[key] = tuple(fields[key])
         servers.append(ServerSettings(name=name, **fields))

@@ -29,7 +29,7 @@ import errno
 import os
 import shutil
 import signal
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import IO, Any, Final
 
@@ -139,14 +139,19 @@ async def stdio_process(
     cwd: str | None = None,
     stderr: int | IO[Any] | None = None,
     max_message_bytes: int,
+    wrap: Callable[[Sequence[str]], list[str]] | None = None,
 ) -> AsyncIterator[StdioServer]:
     """Run ``command`` as an MCP stdio server; yield its ``StdioServer``.
 
-    ``env`` is the child's whole environment (its ``PATH`` finds ``command``).
-    Raises ``OSError`` when the command cannot be started.
+    ``env`` is the child's whole environment (its ``PATH`` finds ``command``). ``wrap`` turns the
+    resolved argv into the argv to spawn (the sandbox, whose PID namespace holds the whole tree, so
+    the subreaper wrapper is not used then). Raises ``OSError`` when the command cannot be started.
     """
     executable = _resolve(command, env, cwd)
-    argv = subreaper_argv(executable, args) if subreaper_available() else [executable, *args]
+    if wrap is not None:
+        argv = wrap([executable, *args])
+    else:
+        argv = subreaper_argv(executable, args) if subreaper_available() else [executable, *args]
     process = await anyio.open_process(argv, env=dict(env), cwd=cwd, stderr=stderr, start_new_session=True)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)

@@ -1,0 +1,77 @@
+"""An imported stdio server in the one sandbox engine (``amplifier_tools.sandbox``), per server.
+
+``[plugins.mcp.servers.<name>] sandbox = "off" | "auto" | "bubblewrap"`` (default ``"off"``). With
+``"auto"`` or ``"bubblewrap"`` the server runs in bubblewrap's minimal view: the system directories
+read-only, ``sandbox_read_paths`` read-only, ``sandbox_write_paths`` read-write (host state inside
+them stops the start, as for every writable root), its working directory read-only unless
+writable, a private ``/tmp``, its own ``/proc`` in a new PID namespace (so the host's
+``/proc/<pid>/environ``, where every host secret is, does not exist there), no home directories,
+no ``/run`` sockets, the host's protected paths masked, no network unless ``sandbox_network``;
+the whole namespace dies with the server. Where no sandbox works the server does not start
+(``sandbox_unavailable``, naming the fixes): it never falls back to running unconfined.
+
+Limits: a server's program, interpreter and libraries must lie in the view — one installed under a
+home directory or a virtual environment elsewhere needs its directories in ``sandbox_read_paths``
+(the start fails naming the setting when the program itself is not visible; a missing library only
+shows as the server failing to start, with its stderr). The rest is the engine's (see
+``amplifier_tools/sandbox.py`` and docs/bash.md): a shared kernel, no CPU or memory limits, system
+directories readable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+
+from .. import sandbox as engine
+from ..errors import ConfigError
+from .settings import ServerSettings
+
+Wrap = Callable[[Sequence[str]], list[str]]
+
+
+def _absolute(paths: Iterable[str]) -> tuple[str, ...]:
+    return tuple(os.path.realpath(os.path.expanduser(path)) for path in paths)
+
+
+def _visible(path: str, view: engine.View) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/")
+               for root in (*view.read_only, *view.writable))
+
+
+def view_for(settings: ServerSettings, working_dir: str, protected: Iterable[str]) -> engine.View:
+    """What the server sees (see the module docstring)."""
+    cwd = os.path.realpath(settings.cwd or working_dir)
+    writable = _absolute(settings.sandbox_write_paths)
+    read_only = (*engine.SYSTEM_PATHS, *_absolute(settings.sandbox_read_paths))
+    if not any(cwd == root or cwd.startswith(root.rstrip("/") + "/") for root in (*writable, *read_only)):
+        read_only = (*read_only, cwd)
+    return engine.View(cwd=cwd, writable=writable, read_only=read_only, protected=tuple(protected),
+                       network=settings.sandbox_network)
+
+
+async def sandbox_wrap(settings: ServerSettings, working_dir: str, protected: Iterable[str]) -> Wrap | None:
+    """The function that turns the server's resolved argv into its sandboxed argv, or None for
+    ``sandbox = "off"``. Raises ``ToolSystemError`` (``sandbox_unavailable``) when bubblewrap is
+    missing or cannot make a sandbox here. The probe runs once per process, in a thread."""
+    if settings.sandbox == "off":
+        return None
+    where = f"[plugins.mcp.servers.{settings.name}]"
+    bwrap = shutil.which("bwrap")
+    reason = "'bwrap' was not found on PATH" if bwrap is None else await asyncio.to_thread(engine.probe, bwrap)
+    if reason is not None or bwrap is None:
+        raise engine.unavailable(reason or "'bwrap' was not found on PATH", where)
+    view = view_for(settings, working_dir, protected)
+    key = f"plugins.mcp.servers.{settings.name}.sandbox_read_paths"
+
+    def wrap(argv: Sequence[str]) -> list[str]:
+        program = os.path.realpath(argv[0])
+        if not (_visible(argv[0], view) and _visible(program, view)):
+            raise ConfigError(f"the server's program {argv[0]} ({program}) lies outside the sandbox's view; add "
+                              "its directories (and those of its interpreter and libraries) to "
+                              "sandbox_read_paths", key=key)
+        return engine.command(view, argv, bwrap=bwrap)
+
+    return wrap
