@@ -27,7 +27,8 @@ from .converter import converter
 from .errors import ConfigError, PluginLoadError
 
 if TYPE_CHECKING:  # imported where used: ``--help`` and usage errors need none of them
-    from .host import PluginInfo, ToolHost
+    from .host import ToolHost
+    from .loader import PluginInfo
     from .models import ToolResult
 
 # The host reads these; repeated here so that parsing the command line imports no host code

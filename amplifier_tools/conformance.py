@@ -43,7 +43,8 @@ from ._markers import PROJECT_NAME, hookimpl
 from .builtins import BUILTIN_PLUGINS
 from .config import validate_config
 from .errors import ConfigError, PluginLoadError
-from .host import ENV_DISABLE, SEED_ENTRY_POINT_GROUP, SeedModule, ToolHost, _instantiate, _load_target, _plugin_name
+from .host import ENV_DISABLE, ToolHost
+from .loader import SEED_ENTRY_POINT_GROUP, SeedModule, instantiate, load_target, plugin_name
 from .schema import describe_errors
 from .spec import Effect, IdempotencyKeyRequirement
 
@@ -114,16 +115,16 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
     if not isinstance(target, str):
         if isinstance(target, type) and _has_hooks(target):
             cls = target
-            target = _instantiate(lambda: cls)
+            target = instantiate(lambda: cls)
         if callable(getattr(target, "execute", None)) and not _has_hooks(target):
             return [_Candidate("tool-under-test", _wrap_tool(target))]
-        return [_Candidate(_plugin_name(target), target)]
+        return [_Candidate(plugin_name(target), target)]
     if target in BUILTIN_PLUGINS or _normalized(target) == _normalized(PROJECT_NAME):
         names = [target] if target in BUILTIN_PLUGINS else list(BUILTIN_PLUGINS)
         for name in names:
             report.add(f"{name}: importable" if len(names) > 1 else "importable", True,
                        f"built-in plugin {name!r} ({BUILTIN_PLUGINS[name]})")
-        return [_Candidate(name, _load_target(BUILTIN_PLUGINS[name])) for name in names]
+        return [_Candidate(name, load_target(BUILTIN_PLUGINS[name])) for name in names]
     found = _entry_points(target)
     if found:
         candidates = []
@@ -134,7 +135,7 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
             origin += f", distribution {dist.name} {dist.version})" if dist is not None else ")"
             try:
                 # One implementation of "what an entry point yields" with the host: a class is instantiated.
-                loaded = _instantiate(ep.load) if group == PROJECT_NAME else ep.load()
+                loaded = instantiate(ep.load) if group == PROJECT_NAME else ep.load()
             except Exception as exc:
                 report.add(f"{label}importable", False, f"{origin}: {type(exc).__name__}: {exc}")
                 continue
@@ -143,7 +144,7 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
         return candidates
     module_name, _, attribute = target.partition(":")
     try:
-        loaded = _load_target(target)
+        loaded = load_target(target)
     except Exception as exc:
         note = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module_name and not attribute:
@@ -153,7 +154,7 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
     report.add("importable", True, f"{'object' if attribute else 'module'} {target}")
     if callable(getattr(loaded, "execute", None)) and not _has_hooks(loaded) and not isinstance(loaded, ModuleType):
         return [_Candidate("tool-under-test", _wrap_tool(loaded))]
-    name = _plugin_name(loaded) if attribute else module_name
+    name = plugin_name(loaded) if attribute else module_name
     seed_config: dict[str, Any] = {}
     for entry in config.get("modules", []):
         if entry.get("module") in (target, module_name):
@@ -219,7 +220,7 @@ def _missing_config(exc: BaseException) -> ConfigError | None:
 async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run_examples: bool,
                          config: Mapping[str, Any], label: str) -> None:
     section = {k: v for k, v in config.get("plugins", {}).get(candidate.name, {}).items() if k != "enabled"}
-    registered = _plugin_name(plugin)
+    registered = plugin_name(plugin)
     fresh: dict[str, Any] = {"plugins": {registered: section}} if section else {}
     if config.get("secrets"):
         fresh["secrets"] = dict(config["secrets"])

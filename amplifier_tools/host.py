@@ -14,7 +14,6 @@ whatever its source (configure it or disable it); a bad per-tool override in
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import importlib.metadata
@@ -25,13 +24,12 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import attrs
 
 from . import config_trust, hookspecs
-from ._markers import PROJECT_NAME, hookimpl
+from ._markers import PROJECT_NAME
 from ._version import __version__
 from .amplifier_hooks import HookRegistry, ToolHandlerImpls
 from .builtins import BUILTIN_PLUGINS
@@ -41,6 +39,22 @@ from .definitions import tool_definitions
 from .dispatch import HookDispatcher, PluginManager, PluginSettings
 from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError, did_you_mean
 from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
+from .loader import (
+    ENTRY_POINT_GROUP,
+    SEED_ENTRY_POINT_GROUP,
+    FailedPlugin,
+    PluginInfo,
+    SeedModule,
+    ToolMount,
+    as_plugin,
+    env_names,
+    instantiate,
+    load_target,
+    misfit_hooks,
+    plugin_name,
+    seed_from_config,
+    seed_from_entry_point,
+)
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
 from .pipeline import CallPipeline
 from .redaction import RecordingResolver, SecretSet
@@ -49,58 +63,13 @@ from .spec import ToolSpec
 
 log = logging.getLogger("amplifier_tools")
 
-ENTRY_POINT_GROUP = "amplifier_tools"
-SEED_ENTRY_POINT_GROUP = "amplifier.modules"
+__all__ = ["ENTRY_POINT_GROUP", "ENV_CONFIG", "ENV_DISABLE", "ENV_LOAD", "ENV_TRACE", "SEED_ENTRY_POINT_GROUP",
+           "FailedPlugin", "PluginInfo", "SeedModule", "ToolHost", "ToolMount"]
+
 ENV_CONFIG = "AMPLIFIER_TOOLS_CONFIG"
 ENV_DISABLE = "AMPLIFIER_TOOLS_DISABLE_PLUGINS"
 ENV_LOAD = "AMPLIFIER_TOOLS_LOAD_PLUGINS"
 ENV_TRACE = "AMPLIFIER_TOOLS_TRACE"
-
-
-@attrs.frozen
-class PluginInfo:
-    """A loaded plugin: its name, where it came from, and the hooks it implements."""
-
-    name: str
-    source: str  # "builtin", "code", "entry_point", "module"
-    distribution: str | None
-    version: str | None
-    hooks: tuple[str, ...]
-
-
-@attrs.frozen
-class FailedPlugin:
-    """A plugin that could not be loaded or mounted, and why."""
-
-    name: str
-    source: str
-    reason: str
-
-
-def _env_names(name: str) -> set[str]:
-    return {part.strip() for part in os.environ.get(name, "").split(",") if part.strip()}
-
-
-class SeedModule:
-    """Adapts a seed-style ``async def mount(coordinator, config)`` to a plugin."""
-
-    def __init__(self, name: str, mount_function: Callable[..., Any], config: Mapping[str, Any]) -> None:
-        self.name = name
-        self._mount = mount_function
-        self._config = dict(config)
-        #: A tool ``mount`` returned instead of mounting it (the host mounts it).
-        self.returned_tool: Any = None
-
-    @hookimpl
-    async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> Any:
-        out = self._mount(coordinator, {**self._config, **config})
-        if inspect.isawaitable(out):
-            out = await out
-        # The seed allows returning the tool itself, a cleanup callable, or None.
-        if out is not None and hasattr(out, "execute"):
-            self.returned_tool = out
-            return None
-        return out if callable(out) else None
 
 
 class ToolHost:
@@ -263,12 +232,12 @@ class ToolHost:
     # -- plugin loading -------------------------------------------------------
 
     def _disabled(self) -> set[str]:
-        return _env_names(ENV_DISABLE) | set(self.config.get("disable_plugins", [])) | {
+        return env_names(ENV_DISABLE) | set(self.config.get("disable_plugins", [])) | {
             name for name, section in self.config.get("plugins", {}).items() if section.get("enabled") is False
         }
 
     def _allowlist(self) -> set[str] | None:
-        names = _env_names(ENV_LOAD) | set(self.config.get("load_plugins", []))
+        names = env_names(ENV_LOAD) | set(self.config.get("load_plugins", []))
         return names or None
 
     def _required(self, name: str) -> bool:
@@ -285,18 +254,18 @@ class ToolHost:
             for name, module_path in wanted.items():
                 if name in disabled:
                     continue
-                self._queue(name, functools.partial(_load_target, module_path), "builtin",
+                self._queue(name, functools.partial(load_target, module_path), "builtin",
                             "amplifier-tools", __version__, required=True)
         for plugin in self._extra_plugins:
-            name = _plugin_name(plugin)
+            name = plugin_name(plugin)
             if name not in disabled:
-                self._queue(name, functools.partial(_as_plugin, plugin, name), "code", None, None, required=True)
+                self._queue(name, functools.partial(as_plugin, plugin, name), "code", None, None, required=True)
         if self._entry_points:
             for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
                     continue
                 dist = getattr(ep, "dist", None)
-                self._queue(ep.name, functools.partial(_instantiate, ep.load), "entry_point",
+                self._queue(ep.name, functools.partial(instantiate, ep.load), "entry_point",
                             dist.name if dist else None,
                             dist.version if dist else None, required=self._required(ep.name))
         planned = {entry["module"]: entry for entry in self.config.get("modules", [])}
@@ -310,16 +279,16 @@ class ToolHost:
                 entry = planned.pop(ep.name, None)
                 if entry is not None:  # named in the mount plan: the installed module, with the plan's config
                     self._check_one_config_source(ep.name, entry)
-                    load = functools.partial(_seed_from_entry_point, ep, entry.get("config", {}))
+                    load = functools.partial(seed_from_entry_point, ep, entry.get("config", {}))
                 else:
-                    load = functools.partial(_seed_from_entry_point, ep, {})
+                    load = functools.partial(seed_from_entry_point, ep, {})
                 self._queue(ep.name, load, "module", dist.name if dist else None, dist.version if dist else None,
                             required=entry is not None or self._required(ep.name))
         for name, entry in planned.items():
             if name in disabled:
                 continue
             self._check_one_config_source(name, entry)
-            self._queue(name, functools.partial(_seed_from_config, entry), "module", None, None, required=True)
+            self._queue(name, functools.partial(seed_from_config, entry), "module", None, None, required=True)
 
     def _check_one_config_source(self, name: str, entry: Mapping[str, Any]) -> None:
         """A module's config comes from one place: the mount plan entry or ``[plugins.NAME]``."""
@@ -348,7 +317,7 @@ class ToolHost:
                            "(or disable it: disable_plugins)")
             self._fail_plugin(name, source, f"failed to load: {reason}", required, exc)
             return
-        misfit = _misfit_hooks(self.plugin_manager, plugin)
+        misfit = misfit_hooks(self.plugin_manager, plugin)
         if misfit is not None:
             # Never run a plugin with a misspelled hook, installed-only or not: a typo in a policy
             # plugin would fail open.
@@ -541,64 +510,6 @@ class ToolHost:
         return tool_definitions(self.specs, format)
 
 
-def _misfit_hooks(pm: PluginManager, plugin: Any) -> str | None:
-    """Why ``plugin`` cannot be run as written: an implementation of a hook that does not exist
-    (with a did-you-mean), or a hook wrapper on a hook the host calls; None when it is fine."""
-    known = sorted(name for name, caller in vars(pm.hook).items() if caller.has_spec())
-    for caller in pm.get_hookcallers(plugin) or []:
-        if not caller.has_spec():
-            close = difflib.get_close_matches(caller.name, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f" (hooks: {', '.join(known)})"
-            return f"implements unknown hook {caller.name!r}{hint}"
-        for impl in caller.get_hookimpls():
-            if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
-                return (f"implements {caller.name} as a hook wrapper; the host calls each implementation "
-                        "itself (use tryfirst/trylast for order)")
-    return None
-
-
-def _plugin_name(plugin: Any) -> str:
-    name = getattr(plugin, "name", None)
-    if isinstance(name, str) and name:
-        return name
-    if isinstance(plugin, ModuleType):
-        return plugin.__name__
-    return type(plugin).__name__ if not isinstance(plugin, type) else plugin.__name__
-
-
-class ToolMount:
-    """A plugin that mounts tools given to ``ToolHost(plugins=[...])`` directly (e.g. ``@tool`` functions)."""
-
-    def __init__(self, name: str, *tools: Any) -> None:
-        self.name = name
-        self.tools = tools
-
-    @hookimpl
-    async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> None:
-        for tool in self.tools:
-            await coordinator.mount("tools", tool)
-
-
-def _has_hookimpls(obj: Any) -> bool:
-    marker = f"{PROJECT_NAME}_impl"
-    return any(hasattr(getattr(obj, attr, None), marker) for attr in dir(obj) if not attr.startswith("__"))
-
-
-def _as_plugin(obj: Any, name: str) -> Any:
-    """What ``ToolHost(plugins=[obj])`` registers: a pluggy plugin as it is, a seed-style module
-    (a ``mount(coordinator, config)`` without hook markers) through ``SeedModule``, a tool (``@tool``
-    function or an object with ``name`` and ``execute``) through ``ToolMount``; anything else is
-    refused, naming what it lacks."""
-    if _has_hookimpls(obj):
-        return obj
-    if callable(getattr(obj, "mount", None)):
-        return SeedModule(name, obj.mount, {})
-    if callable(getattr(obj, "execute", None)) and isinstance(getattr(obj, "name", None), str):
-        return ToolMount(name, obj)
-    raise PluginLoadError(name, "is neither a plugin (no @amplifier_tools.hookimpl methods), a seed-style module "
-                                "(no mount(coordinator, config)) nor a tool (no name and execute)")
-
-
 def _trace_before(hook: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
     """``AMPLIFIER_TOOLS_TRACE``: one line per hook call, naming the plugins called."""
     names = ", ".join(repr(impl.plugin_name) for impl in impls)
@@ -610,39 +521,3 @@ def _trace_after(outcome: Any, hook: str, impls: Sequence[Any], kwargs: Mapping[
     failed = outcome.exception
     done = f"raised {failed!r}" if failed is not None else f"returned {type(outcome.get_result()).__name__}"
     print(f"amplifier_tools: {hook} of plugin {names} {done}", file=sys.stderr)
-
-
-def _instantiate(load: Callable[[], Any]) -> Any:
-    """An entry point may name a module, an object, or a class; a class gets one
-    instance per host, which is how a plugin keeps per-host state."""
-    loaded = load()
-    return loaded() if isinstance(loaded, type) else loaded
-
-
-def _load_target(target: str) -> Any:
-    """``"package.module"`` or ``"package.module:Attribute"`` (a class is instantiated per host)."""
-    module_name, _, attribute = target.partition(":")
-    module = importlib.import_module(module_name)
-    return _instantiate(lambda: getattr(module, attribute) if attribute else module)
-
-
-def _mount_function(name: str, loaded: Any) -> Callable[..., Any]:
-    """The seed ``mount`` callable of an entry-point target or an imported module."""
-    mount = getattr(loaded, "mount", None) if isinstance(loaded, ModuleType) else loaded
-    if not callable(mount):
-        raise PluginLoadError(name, "module has no callable 'mount(coordinator, config)'")
-    result: Callable[..., Any] = mount
-    return result
-
-
-def _seed_from_entry_point(ep: importlib.metadata.EntryPoint, config: Mapping[str, Any]) -> SeedModule:
-    return SeedModule(ep.name, _mount_function(ep.name, ep.load()), config)
-
-
-def _seed_from_config(entry: Mapping[str, Any]) -> SeedModule:
-    """A mount-plan entry: ``module`` names an ``amplifier.modules`` entry point or an import path."""
-    name = entry["module"]
-    for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return SeedModule(name, _mount_function(name, ep.load()), entry.get("config", {}))
-    return SeedModule(name, _mount_function(name, importlib.import_module(name)), entry.get("config", {}))

@@ -161,12 +161,39 @@ def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap", info_fd: i
     if not view.network:
         out.append("--unshare-net")
     out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # first: a path bound below them shows
+    out += _proc_argv()
     out += _read_only_argv(view.read_only)
     for path in sorted(set(view.writable), key=lambda p: (p.count("/"), p)):
         if os.path.isdir(path):
             out += ["--bind", path, path]
     out += mask_argv(view)  # after the binds: mounted on top of them
     out += ["--remount-ro", "/", "--chdir", view.cwd, "--", *argv]
+    return out
+
+
+#: Kernel interfaces under the fresh ``/proc`` that act on the whole machine, made read-only (the
+#: list container runtimes use). uid 0 writes sysctls without any capability: a writable
+#: ``/proc/sys/kernel/core_pattern`` lets a sandboxed root run a program as root on the host.
+PROC_READ_ONLY: Final = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+#: Kernel state hidden under the fresh ``/proc`` (files get ``/dev/null``, directories an empty tmpfs).
+PROC_MASKED_FILES: Final = ("/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+                            "/proc/sched_debug", "/proc/kallsyms")
+PROC_MASKED_DIRS: Final = ("/proc/acpi", "/proc/scsi", "/proc/asound")
+
+
+def _proc_argv() -> list[str]:
+    """Read-only binds and masks over the sandbox's ``/proc``; what this kernel's ``/proc`` lacks
+    is skipped (the fresh ``/proc`` has the same entries as the host's)."""
+    out: list[str] = []
+    for path in PROC_READ_ONLY:
+        if os.path.exists(path):
+            out += ["--ro-bind", path, path]
+    for path in PROC_MASKED_FILES:
+        if os.path.exists(path):
+            out += ["--ro-bind", "/dev/null", path]
+    for path in PROC_MASKED_DIRS:
+        if os.path.isdir(path):
+            out += ["--tmpfs", path, "--remount-ro", path]
     return out
 
 

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from amplifier_tools import ToolResult
-from amplifier_tools.host import ToolMount
+from amplifier_tools.loader import ToolMount
 
 
 class EchoTool:

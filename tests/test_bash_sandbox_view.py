@@ -298,3 +298,21 @@ async def test_a_read_path_under_the_hosts_tmp_is_bound_over_the_private_tmp(wor
         assert "Read-only file system" in result.output["stderr"]
     finally:
         await host.close()
+
+
+async def test_root_in_the_sandbox_cannot_change_the_kernel_through_proc_sys(work: Path) -> None:
+    """uid 0 writes sysctls without any capability: a writable /proc/sys/kernel/core_pattern let a
+    sandboxed command have the kernel run its program as root on the host (found by attack). Each
+    write puts back the value that is there, so a failure of this test changes nothing."""
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": (
+            "for f in /proc/sys/kernel/core_pattern /proc/sys/kernel/panic /proc/sys/vm/overcommit_memory; do "
+            "v=$(cat $f); if (echo \"$v\" > $f) 2>/dev/null; then echo \"WRITABLE $f\"; else echo \"refused $f\"; fi; "
+            "done; if [ -e /proc/sysrq-trigger ] && (: > /proc/sysrq-trigger) 2>/dev/null; "
+            "then echo WRITABLE-sysrq; fi")})
+        out = result.output["stdout"]
+        assert result.output["sandboxed"] is True and "WRITABLE" not in out, out
+        assert out.count("refused") == 3
+    finally:
+        await host.close()

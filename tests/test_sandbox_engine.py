@@ -84,3 +84,14 @@ async def test_wait_namespace_gone_returns_only_when_no_process_of_the_sandbox_i
 def test_child_pid_reads_bwraps_info() -> None:
     assert engine.child_pid('{\n    "child-pid": 4242\n}\n') == 4242
     assert engine.child_pid("") is None and engine.child_pid("not json") is None
+
+
+def test_any_sandboxed_process_finds_proc_sys_read_only(work: Path) -> None:
+    """The engine, not the bash plugin, makes the kernel's global knobs read-only: an MCP server
+    in the sandbox gets the same view (see test_root_in_the_sandbox_cannot_change_the_kernel...)."""
+    assert BWRAP is not None
+    view = engine.View(cwd=str(work), writable=(str(work),))
+    script = "v=$(cat /proc/sys/kernel/core_pattern); (echo \"$v\" > /proc/sys/kernel/core_pattern) 2>&1 || true"
+    done = subprocess.run(engine.command(view, ["sh", "-c", script], bwrap=BWRAP), capture_output=True, text=True,
+                          timeout=30)
+    assert "Read-only file system" in done.stdout + done.stderr

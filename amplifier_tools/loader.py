@@ -1,0 +1,171 @@
+"""Finding and loading plugins: what an entry point, an import path, a seed-style module or an
+object passed in code becomes before the host registers it.
+
+Public helpers, used by the host and the conformance checker (``validate``): ``instantiate``
+(a class gets one instance per host), ``load_target`` (``package.module[:Attribute]``),
+``plugin_name``, ``as_plugin`` (what ``ToolHost(plugins=[...])`` accepts), ``misfit_hooks``
+(unknown hooks and wrappers refused at registration), ``seed_from_entry_point`` and
+``seed_from_config`` (Amplifier-style modules as ``SeedModule`` plugins). The host keeps the
+order, the config sections and the failure policy (``host.py``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+import attrs
+
+from ._markers import PROJECT_NAME, hookimpl
+from .coordinator import Coordinator
+from .dispatch import PluginManager
+from .errors import PluginLoadError
+
+ENTRY_POINT_GROUP = "amplifier_tools"
+SEED_ENTRY_POINT_GROUP = "amplifier.modules"
+
+
+@attrs.frozen
+class PluginInfo:
+    """A loaded plugin: its name, where it came from, and the hooks it implements."""
+
+    name: str
+    source: str  # "builtin", "code", "entry_point", "module"
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+
+
+@attrs.frozen
+class FailedPlugin:
+    """A plugin that could not be loaded or mounted, and why."""
+
+    name: str
+    source: str
+    reason: str
+
+
+def env_names(name: str) -> set[str]:
+    return {part.strip() for part in os.environ.get(name, "").split(",") if part.strip()}
+
+
+class SeedModule:
+    """Adapts a seed-style ``async def mount(coordinator, config)`` to a plugin."""
+
+    def __init__(self, name: str, mount_function: Callable[..., Any], config: Mapping[str, Any]) -> None:
+        self.name = name
+        self._mount = mount_function
+        self._config = dict(config)
+        #: A tool ``mount`` returned instead of mounting it (the host mounts it).
+        self.returned_tool: Any = None
+
+    @hookimpl
+    async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> Any:
+        out = self._mount(coordinator, {**self._config, **config})
+        if inspect.isawaitable(out):
+            out = await out
+        # The seed allows returning the tool itself, a cleanup callable, or None.
+        if out is not None and hasattr(out, "execute"):
+            self.returned_tool = out
+            return None
+        return out if callable(out) else None
+
+
+def misfit_hooks(pm: PluginManager, plugin: Any) -> str | None:
+    """Why ``plugin`` cannot be run as written: an implementation of a hook that does not exist
+    (with a did-you-mean), or a hook wrapper on a hook the host calls; None when it is fine."""
+    known = sorted(name for name, caller in vars(pm.hook).items() if caller.has_spec())
+    for caller in pm.get_hookcallers(plugin) or []:
+        if not caller.has_spec():
+            close = difflib.get_close_matches(caller.name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f" (hooks: {', '.join(known)})"
+            return f"implements unknown hook {caller.name!r}{hint}"
+        for impl in caller.get_hookimpls():
+            if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):
+                return (f"implements {caller.name} as a hook wrapper; the host calls each implementation "
+                        "itself (use tryfirst/trylast for order)")
+    return None
+
+
+def plugin_name(plugin: Any) -> str:
+    name = getattr(plugin, "name", None)
+    if isinstance(name, str) and name:
+        return name
+    if isinstance(plugin, ModuleType):
+        return plugin.__name__
+    return type(plugin).__name__ if not isinstance(plugin, type) else plugin.__name__
+
+
+class ToolMount:
+    """A plugin that mounts tools given to ``ToolHost(plugins=[...])`` directly (e.g. ``@tool`` functions)."""
+
+    def __init__(self, name: str, *tools: Any) -> None:
+        self.name = name
+        self.tools = tools
+
+    @hookimpl
+    async def mount(self, coordinator: Coordinator, config: dict[str, Any]) -> None:
+        for tool in self.tools:
+            await coordinator.mount("tools", tool)
+
+
+def has_hookimpls(obj: Any) -> bool:
+    marker = f"{PROJECT_NAME}_impl"
+    return any(hasattr(getattr(obj, attr, None), marker) for attr in dir(obj) if not attr.startswith("__"))
+
+
+def as_plugin(obj: Any, name: str) -> Any:
+    """What ``ToolHost(plugins=[obj])`` registers: a pluggy plugin as it is, a seed-style module
+    (a ``mount(coordinator, config)`` without hook markers) through ``SeedModule``, a tool (``@tool``
+    function or an object with ``name`` and ``execute``) through ``ToolMount``; anything else is
+    refused, naming what it lacks."""
+    if has_hookimpls(obj):
+        return obj
+    if callable(getattr(obj, "mount", None)):
+        return SeedModule(name, obj.mount, {})
+    if callable(getattr(obj, "execute", None)) and isinstance(getattr(obj, "name", None), str):
+        return ToolMount(name, obj)
+    raise PluginLoadError(name, "is neither a plugin (no @amplifier_tools.hookimpl methods), a seed-style module "
+                                "(no mount(coordinator, config)) nor a tool (no name and execute)")
+
+
+def instantiate(load: Callable[[], Any]) -> Any:
+    """An entry point may name a module, an object, or a class; a class gets one
+    instance per host, which is how a plugin keeps per-host state."""
+    loaded = load()
+    return loaded() if isinstance(loaded, type) else loaded
+
+
+def load_target(target: str) -> Any:
+    """``"package.module"`` or ``"package.module:Attribute"`` (a class is instantiated per host)."""
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    return instantiate(lambda: getattr(module, attribute) if attribute else module)
+
+
+def mount_function(name: str, loaded: Any) -> Callable[..., Any]:
+    """The seed ``mount`` callable of an entry-point target or an imported module."""
+    mount = getattr(loaded, "mount", None) if isinstance(loaded, ModuleType) else loaded
+    if not callable(mount):
+        raise PluginLoadError(name, "module has no callable 'mount(coordinator, config)'")
+    result: Callable[..., Any] = mount
+    return result
+
+
+def seed_from_entry_point(ep: importlib.metadata.EntryPoint, config: Mapping[str, Any]) -> SeedModule:
+    return SeedModule(ep.name, mount_function(ep.name, ep.load()), config)
+
+
+def seed_from_config(entry: Mapping[str, Any]) -> SeedModule:
+    """A mount-plan entry: ``module`` names an ``amplifier.modules`` entry point or an import path."""
+    name = entry["module"]
+    for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return SeedModule(name, mount_function(name, ep.load()), entry.get("config", {}))
+    return SeedModule(name, mount_function(name, importlib.import_module(name)), entry.get("config", {}))
