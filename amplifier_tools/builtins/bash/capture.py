@@ -13,14 +13,11 @@ FIFO, fails the call before anything runs instead of making the host write elsew
 
 from __future__ import annotations
 
-import asyncio
 import os
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO
 
 from ...errors import ToolSystemError
 from ...hoststate import ensure_state_dir, open_host_dir, open_host_file
-
-READ_CHUNK: Final = 256 * 1024
 
 
 class StreamCapture:
@@ -79,15 +76,6 @@ class StreamCapture:
         if self.spill_path:
             out[f"{name}_file"] = self.spill_path
         return out
-
-
-async def pump(reader: asyncio.StreamReader, capture: StreamCapture) -> None:
-    """Feed ``capture`` from ``reader`` until end of file, a chunk at a time."""
-    while True:
-        chunk = await reader.read(READ_CHUNK)
-        if not chunk:
-            return
-        capture.feed(chunk)
 
 
 def open_spill_files(directory: str, call_id: str) -> tuple[tuple[str, BinaryIO], tuple[str, BinaryIO]]:

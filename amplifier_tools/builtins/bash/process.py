@@ -21,7 +21,6 @@ on a child.
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import resource
 import signal
@@ -219,7 +218,3 @@ def describe_returncode(returncode: int | None) -> tuple[int | None, str | None]
         except ValueError:
             return None, f"signal {-returncode}"
     return returncode, None
-
-
-def is_missing_program(exc: OSError) -> bool:
-    return exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC)
