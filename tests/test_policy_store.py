@@ -1,0 +1,228 @@
+"""Shared policy stores (SQLite, Redis) across real host processes.
+
+Each multi-process test spawns host processes (``policy_store_worker.py``) that share one
+store: a SQLite file in one ``state_dir``, or a ``redis-server`` the tests start on
+127.0.0.1 (``redis_server.py``). The default run keeps the call counts lean; the ``slow``
+variants run the issue's full 4 x 2,000 calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ToolsPlugin
+from redis_server import RedisServer
+
+from amplifier_tools import ConfigError, ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools.builtins.policy.store import open_store
+
+WORKER = str(Path(__file__).with_name("policy_store_worker.py"))
+ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The ``store`` setting for each kind of shared store (Redis: a fresh server)."""
+    if request.param == "sqlite":
+        return "sqlite"
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
+
+
+def work(tmp_path: Path) -> Path:
+    """A working directory beside (not around) the state directory."""
+    (tmp_path / "work").mkdir(exist_ok=True)
+    return tmp_path / "work"
+
+
+def spawn(spec: dict[str, Any]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, WORKER, json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def run_hosts(specs: list[dict[str, Any]], timeout: float = 120) -> list[dict[str, Any]]:
+    procs = [spawn(spec) for spec in specs]
+    outs = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, stderr
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    return outs
+
+
+def live_counters(store: str, state_dir: Path, prefix: str) -> dict[str, float]:
+    """The store's live rate-limit counters, as ``policy status`` reads them."""
+    async def read() -> list[dict[str, Any]]:
+        shared = open_store(store, "amplifier-tools:", 2.0, state_dir)
+        try:
+            return await shared.status()
+        finally:
+            await shared.close()
+    return {row["key"]: float(row["value"]) for row in asyncio.run(read()) if row["key"].startswith(prefix)}
+
+
+def rate_limited_fleet(store: str, tmp_path: Path, calls: int) -> None:
+    spec = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": calls, "parallel": 8,
+            "tool": {"name": "limited", "description": "limited", "effect": "Pure",
+                     "policies": {"rate_limit": {"limit": 50, "interval_ms": 3_600_000}}}}
+    outs = run_hosts([spec] * 4)
+    admitted = sum(out["codes"].get("ok", 0) for out in outs)
+    assert admitted + sum(out["codes"].get("rate_limited", 0) for out in outs) == 4 * calls
+    windows = live_counters(store, tmp_path / "state", "rate:limited@")
+    assert windows and all(value <= 50 for value in windows.values())  # never over the limit in any window
+    assert sum(windows.values()) == admitted and max(windows.values()) == 50  # and the limit is reached
+
+
+def test_four_hosts_share_one_rate_limit_of_50_per_window(store: str, tmp_path: Path) -> None:
+    rate_limited_fleet(store, tmp_path, calls=300)
+
+
+@pytest.mark.slow
+def test_four_hosts_x_2000_calls_share_one_rate_limit_of_50_per_window(store: str, tmp_path: Path) -> None:
+    rate_limited_fleet(store, tmp_path, calls=2000)
+
+
+def test_a_concurrency_cap_of_8_holds_across_4_hosts(store: str, tmp_path: Path) -> None:
+    inflight = tmp_path / "inflight"
+    spec = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 24, "parallel": 6, "hold": 0.03,
+            "inflight": str(inflight),
+            "tool": {"name": "capped", "description": "capped", "effect": "Pure",
+                     "policies": {"timeout_ms": 30_000, "concurrency": {"limit": 8}}}}
+    outs = run_hosts([spec] * 4)
+    assert sum(out["codes"].get("ok", 0) for out in outs) == 4 * 24  # all queued and ran
+    peak = int((tmp_path / "inflight.max").read_text())
+    assert peak <= 8, f"{peak} calls in flight fleet-wide"
+    assert peak >= 4  # the hosts did overlap: the cap, not luck, kept it at 8
+
+
+def test_slots_of_a_sigkilled_host_come_back_after_the_lease_ttl(store: str, tmp_path: Path) -> None:
+    """A host killed while holding both slots: they stay taken until the lease runs out, then
+    exactly two are granted again (none lost, none granted twice)."""
+    started = tmp_path / "started"
+    tool = {"name": "held", "description": "held", "effect": "Pure",
+            "policies": {"timeout_ms": 1000, "concurrency": {"limit": 2, "queue": False}}}
+    victim = spawn({"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 2, "parallel": 2,
+                    "hold": 0.9, "started": str(started), "tool": tool})
+    deadline = time.monotonic() + 30
+    while not (started.exists() and len(started.read_text().splitlines()) == 2):
+        assert time.monotonic() < deadline and victim.poll() is None, victim.stderr.read() if victim.stderr else ""
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = time.monotonic()
+    probe = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 3, "parallel": 3, "hold": 0.3,
+             "tool": tool}
+    (early,) = run_hosts([probe])
+    if time.monotonic() - killed_at < 2.5:  # well inside the lease (1 s timeout + 2 s grace)
+        assert early["codes"] == {"concurrency_limited": 3}
+    time.sleep(max(0.0, killed_at + 3.2 - time.monotonic()))
+    (late,) = run_hosts([probe])
+    assert late["codes"] == {"ok": 2, "concurrency_limited": 1}
+
+
+def test_idempotency_holds_across_hosts_per_principal(store: str, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    spec = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 3, "parallel": 3, "hold": 0.05,
+            "runs": str(runs), "key": "order-42", "principal": "alice", "arguments": {"n": 1},
+            "tool": {"name": "order", "description": "order", "effect": "IdempotentWrite",
+                     "idempotency_key": "optional", "input_schema": {"type": "object"}}}
+    outs = run_hosts([spec] * 4)
+    assert len(runs.read_text().splitlines()) == 1  # the tool ran once fleet-wide
+    outputs = [o for out in outs for o in out["outputs"]]
+    assert len(outputs) == 12 and all(o == outputs[0] for o in outputs)
+    assert sum(out["replayed"] for out in outs) == 11
+    (bob,) = run_hosts([{**spec, "principal": "bob", "calls": 1}])
+    assert bob["replayed"] == 0 and bob["outputs"][0]["run"] == 2  # another principal: its own call
+    (conflict,) = run_hosts([{**spec, "arguments": {"n": 2}, "calls": 1}])
+    assert conflict["codes"] == {"idempotency_conflict": 1}
+
+
+# -- Redis down ----------------------------------------------------------------------------------
+
+
+class Quick:
+    spec = ToolSpec(name="quick", description="quick", effect="Pure",
+                    policies={"rate_limit": {"limit": 1000, "interval_ms": 1000}})
+    name, description = "quick", "quick"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="done")
+
+
+async def test_redis_down_fails_closed_within_the_deadline_and_recovers(redis_server: RedisServer,
+                                                                        tmp_path: Path) -> None:
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": redis_server.url,
+                                                                 "store_timeout_ms": 500}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Quick())], builtins=["policy"], entry_points=False,
+                        discover=False, working_dir=work(tmp_path)) as host:
+        assert (await host.call("quick", {})).success
+        redis_server.stop()
+        begun = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*(host.call("quick", {}) for _ in range(5))), 10)
+        assert time.monotonic() - begun < 3  # no call hangs: each store operation is bounded
+        for result in results:
+            assert not result.success and result.error is not None
+            assert result.error["code"] == "policy_store_unavailable" and result.error["retryable"] is True
+        redis_server.start()
+        recovered = await asyncio.wait_for(host.call("quick", {}), 10)
+        assert recovered.success, recovered.error
+
+
+async def test_redis_down_falls_back_to_local_memory_when_configured(redis_server: RedisServer,
+                                                                     tmp_path: Path) -> None:
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {
+        "store": redis_server.url, "store_unavailable": "local", "store_timeout_ms": 500}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Quick())], builtins=["policy"], entry_points=False,
+                        discover=False, working_dir=work(tmp_path)) as host:
+        redis_server.stop()
+        result = await asyncio.wait_for(host.call("quick", {}, context=ToolContext()), 10)
+        assert result.success
+        assert any(step.get("action") == "store_unavailable" for step in result.metadata["trail"])
+        redis_server.start()
+        again = await asyncio.wait_for(host.call("quick", {}), 10)
+        assert again.success and not any(step.get("action") == "store_unavailable"
+                                         for step in again.metadata["trail"])
+
+
+# -- configuration ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value"), [("store", "postgres://x"), ("store_unavailable", "maybe"),
+                                            ("store_prefix", ""), ("store_timeout_ms", 0)])
+async def test_a_bad_store_setting_is_refused_naming_the_key(key: str, value: Any, tmp_path: Path) -> None:
+    host = ToolHost(config={"plugins": {"policy": {key: value}}}, builtins=["policy"], entry_points=False,
+                    discover=False, working_dir=work(tmp_path))
+    with pytest.raises(Exception) as raised:
+        await host.start()
+    error = raised.value if isinstance(raised.value, ConfigError) else raised.value.__cause__
+    assert f"plugins.policy.{key}" in str(raised.value) or f"plugins.policy.{key}" in str(error)
+
+
+async def test_the_sqlite_file_is_host_state_that_tools_cannot_reach(tmp_path: Path) -> None:
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": "sqlite"}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Quick())], builtins=["policy"], entry_points=False,
+                        discover=False, working_dir=work(tmp_path)) as host:
+        assert (await host.call("quick", {})).success
+        database = tmp_path / "state" / "policy.sqlite3"
+        assert database.is_file() and (database.stat().st_mode & 0o077) == 0
+        assert host.protected_paths.protects(str(database.resolve())) is not None
