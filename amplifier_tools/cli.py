@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("trust", help="accept the configuration as it is now (after reviewing a change)")
     p = sub.add_parser("audit", help="verify, tail or summarize an audit log", add_help=False)
     p.add_argument("audit_args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("policy", help="the policy store's live state")
+    policy = p.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
+    status = policy.add_parser("status", help="live counters, leases, records of the configured store")
+    status.add_argument("--json", action="store_true")
     p = sub.add_parser("call", help="run one call through the whole pipeline")
     p.add_argument("tool")
     p.add_argument("arguments", nargs="?", default="{}", help="JSON object, or - to read it from stdin")
@@ -413,6 +417,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .builtins.audit.commands import main as audit_main
 
         return audit_main(args.audit_args, config=args.config)
+    if args.command == "policy":
+        from .builtins.policy.commands import status
+
+        return status(args.config, as_json=args.json)
     if args.command == "serve-mcp":
         from .mcp.__main__ import run_serve
 

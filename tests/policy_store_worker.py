@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from helpers import ToolsPlugin
 
-from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools import ExecutionError, ToolContext, ToolHost, ToolResult, ToolSpec
 
 
 def bump(path: str, delta: int) -> None:
@@ -42,10 +42,11 @@ def bump(path: str, delta: int) -> None:
 
 class Tool:
     def __init__(self, spec: dict[str, Any], hold: float, runs: str | None, inflight: str | None,
-                 started: str | None) -> None:
+                 started: str | None, fail: bool = False) -> None:
         self.spec = ToolSpec(**spec)
         self.name, self.description = self.spec.name, self.spec.description
         self.hold, self.runs, self.inflight, self.started = hold, runs, inflight, started
+        self.fail = fail
 
     async def execute(self, input: dict[str, Any]) -> ToolResult:
         if self.inflight:
@@ -56,6 +57,8 @@ class Tool:
                     f.write("x\n")
             if self.hold:
                 await asyncio.sleep(self.hold)
+            if self.fail:
+                raise ExecutionError("backend down", code="backend_down")
             count = 0
             if self.runs:
                 with open(self.runs, "a") as f:
@@ -68,7 +71,8 @@ class Tool:
 
 
 async def main(spec: dict[str, Any]) -> dict[str, Any]:
-    tool = Tool(spec["tool"], spec.get("hold", 0.0), spec.get("runs"), spec.get("inflight"), spec.get("started"))
+    tool = Tool(spec["tool"], spec.get("hold", 0.0), spec.get("runs"), spec.get("inflight"), spec.get("started"),
+                spec.get("fail", False))
     config = {"state_dir": spec["state_dir"], "plugins": {"policy": spec.get("policy", {})}}
     work = Path(spec["state_dir"]).parent / "work"
     work.mkdir(exist_ok=True)

@@ -157,6 +157,27 @@ def test_idempotency_holds_across_hosts_per_principal(store: str, tmp_path: Path
     assert conflict["codes"] == {"idempotency_conflict": 1}
 
 
+def test_a_call_budget_is_shared_by_the_hosts(store: str, tmp_path: Path) -> None:
+    spec = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 5, "parallel": 5,
+            "principal": "alice",
+            "tool": {"name": "metered", "description": "metered", "effect": "Pure",
+                     "policies": {"budgets": [{"per": "principal", "max_calls": 5, "max_seconds": 600,
+                                               "window_ms": 3_600_000}]}}}
+    outs = run_hosts([spec] * 4)
+    assert sum(out["codes"].get("ok", 0) for out in outs) == 5
+    assert sum(out["codes"].get("budget_exceeded", 0) for out in outs) == 15
+
+
+def test_a_breaker_opened_by_one_host_rejects_calls_on_another(store: str, tmp_path: Path) -> None:
+    tool = {"name": "flaky", "description": "flaky", "effect": "Pure",
+            "policies": {"circuit_breaker": {"failure_threshold": 3, "cooldown_ms": 60_000}}}
+    base = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "tool": tool}
+    (failing,) = run_hosts([{**base, "calls": 3, "fail": True}])
+    assert failing["codes"] == {"backend_down": 3}
+    (other,) = run_hosts([{**base, "calls": 2}])
+    assert other["codes"] == {"circuit_open": 2}
+
+
 # -- Redis down ----------------------------------------------------------------------------------
 
 

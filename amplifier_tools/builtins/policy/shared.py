@@ -373,7 +373,8 @@ class SharedPolicy:
 
         def step(data: Any, now: float) -> tuple[Any, Any]:
             state = CircuitBreaker.restore(policy, data)
-            return state.snapshot(), state.record(now, failed, probe)
+            changed = state.record(now, failed, probe)
+            return state.snapshot(), changed
 
         changed = await self.store.update(key, step, self._breaker_ttl(policy))
         if changed is not None and spec is not None:

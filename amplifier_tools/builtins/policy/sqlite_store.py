@@ -223,6 +223,8 @@ class SQLiteStore:
             for kind, query in queries:
                 for key, value, expires in db.execute(f"{query} WHERE key LIKE ? ESCAPE '\\' AND expires > ? "
                                                       "ORDER BY 1", (like, now)):
+                    if kind == "record":
+                        value = json.loads(value)
                     rows.append({"key": key[len(self.prefix):], "kind": kind, "value": value,
                                  "expires_in": round(expires - now, 3)})
             return rows
