@@ -617,6 +617,9 @@ class PolicyPlugin:
         else:
             failed = error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout"
         if held.shared is not None and self.shared is not None:
+            shared = held.shared
+            if shared.lease is None and shared.breaker is None and shared.claim is None and not shared.budgets:
+                return None  # a rate-limit token is spent once admitted: nothing to release
             return self.shared.complete(held, failed, result, spec)
         changed = self._settle(held, failed=failed, result=result)
         if changed is not None and spec is not None:

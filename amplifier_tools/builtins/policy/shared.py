@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import socket
+import sys
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -86,6 +87,9 @@ class SharedPolicy:
         left = self.plugin._time_left(spec, context, started)
         bound = self.timeout if left is None else max(min(self.timeout, left), 0.001)
         try:
+            if sys.version_info >= (3, 11):  # no task per operation
+                async with asyncio.timeout(bound):
+                    return await work
             return await asyncio.wait_for(work, bound)
         except asyncio.TimeoutError:
             raise StoreUnavailable(f"{self.store.kind} store {self.store.where} did not answer within "
