@@ -23,7 +23,7 @@ import pytest
 from helpers import ToolsPlugin
 from redis_server import RedisServer
 
-from amplifier_tools import ConfigError, ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools import ConfigError, ExecutionError, ToolContext, ToolHost, ToolResult, ToolSpec
 from amplifier_tools.builtins.policy.store import open_store
 
 WORKER = str(Path(__file__).with_name("policy_store_worker.py"))
@@ -176,6 +176,54 @@ def test_a_breaker_opened_by_one_host_rejects_calls_on_another(store: str, tmp_p
     assert failing["codes"] == {"backend_down": 3}
     (other,) = run_hosts([{**base, "calls": 2}])
     assert other["codes"] == {"circuit_open": 2}
+
+
+class Gated:
+    """Fails while ``fail`` is set; otherwise waits for ``gate`` (so a probe stays in flight)."""
+
+    def __init__(self, gate: asyncio.Event, entered: list[str]) -> None:
+        self.spec = ToolSpec(name="gated", description="gated", effect="Pure",
+                             policies={"circuit_breaker": {"failure_threshold": 1, "cooldown_ms": 300}})
+        self.name, self.description = "gated", "gated"
+        self.gate, self.entered, self.fail = gate, entered, False
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.entered.append("x")
+        if self.fail:
+            raise ExecutionError("backend down", code="backend_down")
+        await self.gate.wait()
+        return ToolResult(output="ok")
+
+
+async def test_one_half_open_probe_across_hosts(store: str, tmp_path: Path) -> None:
+    """Two hosts (two plugins, two store connections) after the cooldown: one probe fleet-wide."""
+    gate, entered = asyncio.Event(), []
+    tools = [Gated(gate, entered), Gated(gate, entered)]
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": store}}}
+    hosts = [ToolHost(config=config, plugins=[ToolsPlugin(tool)], builtins=["policy"], entry_points=False,
+                      discover=False, working_dir=work(tmp_path)) for tool in tools]
+    for host in hosts:
+        await host.start()
+    try:
+        tools[0].fail = True
+        assert (await hosts[0].call("gated", {})).error["code"] == "backend_down"
+        assert (await hosts[1].call("gated", {})).error["code"] == "circuit_open"  # opened fleet-wide
+        tools[0].fail = False
+        await asyncio.sleep(0.35)  # past the cooldown
+        entered.clear()
+        calls = [asyncio.ensure_future(host.call("gated", {})) for host in hosts for _ in range(4)]
+        while not entered:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert len(entered) == 1  # exactly one probe is running
+        gate.set()
+        results = await asyncio.wait_for(asyncio.gather(*calls), 10)
+        codes = sorted("ok" if r.success else r.error["code"] for r in results)
+        assert codes == ["circuit_open"] * 7 + ["ok"]
+        assert (await hosts[1].call("gated", {})).success  # the probe closed it for every host
+    finally:
+        for host in hosts:
+            await host.close()
 
 
 # -- Redis down ----------------------------------------------------------------------------------
