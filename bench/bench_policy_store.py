@@ -10,7 +10,6 @@ cases start their own ``redis-server`` on 127.0.0.1 (skipped, with a note, when 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil

@@ -89,7 +89,7 @@ class SQLiteStore:
     def _sweep(db: sqlite3.Connection, now: float) -> None:
         """Delete every expired row, so the file does not grow without bound."""
         for table in ("counters", "leases", "records", "blobs"):
-            db.execute(f"DELETE FROM {table} WHERE expires <= ?", (now,))  # noqa: S608 (fixed names)
+            db.execute(f"DELETE FROM {table} WHERE expires <= ?", (now,))
 
     # -- counters ---------------------------------------------------------------------
 
