@@ -42,20 +42,22 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, unix: bool = False) -> None:
         self.binary = require_redis_server()
         self.directory = directory
         self.port = free_port()
+        self.socket = str(directory / "redis.sock") if unix else None
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"unix://{self.socket}?db=0" if self.socket else f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--save", "", "--appendonly", "no", "--protected-mode", "yes"],
+             "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+             *(["--unixsocket", self.socket, "--unixsocketperm", "700"] if self.socket else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

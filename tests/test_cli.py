@@ -348,6 +348,14 @@ def test_idempotency_key_replays_across_invocations_without_running_the_tool(pro
     assert runs.read_text() == "a\na\n"
 
 
+def test_policy_status_before_any_decision_shows_nothing_and_creates_nothing(project: Path) -> None:
+    out = cli(project, "policy", "status")
+    assert out.returncode == 0, out.stderr
+    store_line, message = out.stdout.splitlines()
+    assert store_line.startswith("store: sqlite ") and message == "no live policy state"
+    assert not Path(store_line.split(" ", 2)[2]).exists()
+
+
 def test_schema_accepts_json_like_every_other_command(project: Path) -> None:
     out = cli(project, "schema", "--json", "--format", "anthropic")
     assert out.returncode == 0, out.stderr

@@ -273,6 +273,19 @@ async def test_redis_down_falls_back_to_local_memory_when_configured(redis_serve
                                          for step in again.metadata["trail"])
 
 
+async def test_a_unix_socket_url_reaches_redis(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    server = RedisServer(tmp_path_factory.mktemp("redis-unix"), unix=True).start()
+    try:
+        config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": server.url}}}
+        async with ToolHost(config=config, plugins=[ToolsPlugin(Quick())], builtins=["policy"], entry_points=False,
+                            discover=False, working_dir=work(tmp_path)) as host:
+            assert (await host.call("quick", {})).success
+            rows = await host.plugin_manager.get_plugin("policy").shared.store.status()
+        assert [row["value"] for row in rows if row["key"].startswith("rate:quick@")] == [1.0]
+    finally:
+        server.stop()
+
+
 # -- configuration ---------------------------------------------------------------------------------
 
 

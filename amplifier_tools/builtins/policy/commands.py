@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from typing import Any
 
 from .store import StoreUnavailable, open_store, parse_store
@@ -32,6 +33,8 @@ def _value(row: dict[str, Any]) -> str:
 
 async def _status(store: str, prefix: str, timeout: float, state_dir: str) -> tuple[str, list[dict[str, Any]]]:
     shared = open_store(store, prefix, timeout, state_dir)
+    if store == "sqlite" and not os.path.exists(shared.where):
+        return f"{shared.kind} {shared.where}", []  # nothing decided yet: create nothing
     try:
         rows = await shared.status()
     finally:

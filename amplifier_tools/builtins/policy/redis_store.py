@@ -148,7 +148,8 @@ class RedisStore:
     kind = "redis"
 
     def __init__(self, url: str, prefix: str, timeout: float) -> None:
-        self.where = url.split("@")[-1] if "@" in url else url  # never show a password
+        scheme, _, rest = url.partition("://")
+        self.where = f"{scheme}://{rest.rpartition('@')[2]}"  # never show a password
         self.prefix = prefix
         self.client = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                               health_check_interval=30)
