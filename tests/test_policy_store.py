@@ -257,6 +257,31 @@ async def test_redis_down_fails_closed_within_the_deadline_and_recovers(redis_se
         assert recovered.success, recovered.error
 
 
+async def test_a_redis_that_stops_answering_fails_calls_within_the_store_timeout(redis_server: RedisServer,
+                                                                                   tmp_path: Path) -> None:
+    """SIGSTOP: the connection stays open but nothing answers; each call still ends in time."""
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": redis_server.url,
+                                                                 "store_timeout_ms": 300}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Quick())], builtins=["policy"], entry_points=False,
+                        discover=False, working_dir=work(tmp_path)) as host:
+        assert (await host.call("quick", {})).success
+        assert redis_server.process is not None
+        redis_server.process.send_signal(signal.SIGSTOP)
+        try:
+            begun = time.monotonic()
+            results = await asyncio.wait_for(asyncio.gather(*(host.call("quick", {}) for _ in range(3))), 10)
+            assert time.monotonic() - begun < 2
+            assert [r.error["code"] for r in results if r.error] == ["policy_store_unavailable"] * 3
+            begun = time.monotonic()
+            cut = await asyncio.wait_for(host.call("quick", {}, context=ToolContext().with_timeout(0.1)), 10)
+            assert cut.error is not None and cut.error["code"] == "policy_store_unavailable"
+            assert time.monotonic() - begun < 0.25  # bounded by the call's deadline, before the store timeout
+        finally:
+            redis_server.process.send_signal(signal.SIGCONT)
+        recovered = await asyncio.wait_for(host.call("quick", {}), 10)
+        assert recovered.success, recovered.error
+
+
 async def test_redis_down_falls_back_to_local_memory_when_configured(redis_server: RedisServer,
                                                                      tmp_path: Path) -> None:
     config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {

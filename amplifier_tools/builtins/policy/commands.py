@@ -36,7 +36,7 @@ async def _status(store: str, prefix: str, timeout: float, state_dir: str) -> tu
     if store == "sqlite" and not os.path.exists(shared.where):
         return f"{shared.kind} {shared.where}", []  # nothing decided yet: create nothing
     try:
-        rows = await shared.status()
+        rows = await asyncio.wait_for(shared.status(), 10 * timeout)
     finally:
         await shared.close()
     for row in rows:  # idempotency records show their state, never the stored result
@@ -61,8 +61,8 @@ def status(config: str | None, *, as_json: bool) -> int:
         return 0
     try:
         where, rows = asyncio.run(_status(store, prefix, timeout, str(host.state_dir)))
-    except StoreUnavailable as exc:
-        print(f"error: {exc}")
+    except (StoreUnavailable, asyncio.TimeoutError) as exc:
+        print(f"error: {exc or 'the policy store did not answer'}")
         return 1
     if as_json:
         print(json.dumps({"store": where, "keys": rows}, indent=2))

@@ -151,7 +151,10 @@ class RedisStore:
         scheme, _, rest = url.partition("://")
         self.where = f"{scheme}://{rest.rpartition('@')[2]}"  # never show a password
         self.prefix = prefix
-        self.client = aioredis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+        # No socket_timeout: redis-py would then run every send in a task of its own (wait_for), and
+        # the plugin bounds every operation itself (store timeout, call deadline). A cancelled
+        # command makes redis-py drop its connection, so no late reply is read by the next one.
+        self.client = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout,
                                               health_check_interval=30)
         self._scripts = {name: self.client.register_script(text) for name, text in (
             ("take", TAKE), ("untake", UNTAKE), ("lease", LEASE), ("renew", RENEW), ("reserve", RESERVE),
