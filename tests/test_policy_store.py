@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -309,6 +310,31 @@ async def test_a_unix_socket_url_reaches_redis(tmp_path_factory: pytest.TempPath
         assert [row["value"] for row in rows if row["key"].startswith("rate:quick@")] == [1.0]
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("mode", ["fail", "local"])
+async def test_a_locked_sqlite_store_fails_closed_or_falls_back_and_recovers(mode: str, tmp_path: Path) -> None:
+    """Another process holds the database's write lock past the store timeout."""
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {
+        "store": "sqlite", "store_timeout_ms": 200, "store_unavailable": mode}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Quick())], builtins=["policy"], entry_points=False,
+                        discover=False, working_dir=work(tmp_path)) as host:
+        assert (await host.call("quick", {})).success
+        locker = sqlite3.connect(tmp_path / "state" / "policy.sqlite3", isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+        try:
+            begun = time.monotonic()
+            result = await host.call("quick", {})
+            assert time.monotonic() - begun < 2
+            if mode == "fail":
+                assert result.error is not None and result.error["code"] == "policy_store_unavailable"
+            else:
+                assert result.success
+                assert any(step.get("action") == "store_unavailable" for step in result.metadata["trail"])
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert (await host.call("quick", {})).success
 
 
 # -- configuration ---------------------------------------------------------------------------------

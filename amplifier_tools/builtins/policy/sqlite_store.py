@@ -224,9 +224,15 @@ class SQLiteStore:
     # -- records --------------------------------------------------------------------------
 
     async def get(self, key: str) -> Any:
-        row = self._run(lambda db, now: db.execute("SELECT value FROM blobs WHERE key = ? AND expires > ?",
-                                                   (self.prefix + key, now)).fetchone())
-        return json.loads(row[0]) if row else None
+        try:  # a read: its own implicit transaction, no write lock
+            db = self._db
+            if db is None:
+                db = self._db = self._connect()
+            rows = db.execute("SELECT value FROM blobs WHERE key = ? AND expires > ?",
+                              (self.prefix + key, time.time())).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+        return json.loads(rows[0][0]) if rows else None
 
     async def update(self, key: str, step: Update, ttl: float) -> Any:
         def work(db: sqlite3.Connection, now: float) -> Any:
