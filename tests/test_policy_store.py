@@ -227,6 +227,40 @@ async def test_one_half_open_probe_across_hosts(store: str, tmp_path: Path) -> N
             await host.close()
 
 
+class Everything:
+    """A tool under every stateful policy at once."""
+
+    spec = ToolSpec(name="everything", description="everything", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"rate_limit": {"limit": 2, "interval_ms": 60_000}, "concurrency": {"limit": 2},
+                              "circuit_breaker": {"failure_threshold": 1, "cooldown_ms": 1000},
+                              "budgets": [{"per": "principal", "max_calls": 10, "max_seconds": 60}]})
+    name, description = "everything", "everything"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        if input.get("fail"):
+            raise ExecutionError("backend down", code="backend_down")
+        return ToolResult(output="done")
+
+
+async def test_every_key_expires_and_prefixes_keep_deployments_apart(store: str, tmp_path: Path) -> None:
+    results = {}
+    for prefix in ("team-a:", "team-b:"):
+        config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": store, "store_prefix": prefix}}}
+        async with ToolHost(config=config, plugins=[ToolsPlugin(Everything())], builtins=["policy"],
+                            entry_points=False, discover=False, working_dir=work(tmp_path)) as host:
+            keyed = ToolContext(idempotency_key="k")
+            results[prefix] = [await host.call("everything", {}, context=keyed),
+                               await host.call("everything", {"fail": True}),
+                               await host.call("everything", {"n": 3})]
+            rows = await host.plugin_manager.get_plugin("policy").shared.store.status()
+        kinds = {row["key"].split(":")[0].split("@")[0] for row in rows}
+        assert {"rate", "budget", "breaker", "idem"} <= kinds, kinds
+        assert all(row["expires_in"] > 0 for row in rows), [row for row in rows if row["expires_in"] <= 0]
+    for prefix in ("team-a:", "team-b:"):  # team-a's open breaker did not open team-b's
+        codes = [r.error["code"] if r.error else "ok" for r in results[prefix]]
+        assert codes == ["ok", "backend_down", "circuit_open"]
+
+
 # -- Redis down ----------------------------------------------------------------------------------
 
 
