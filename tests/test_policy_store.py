@@ -350,7 +350,7 @@ async def test_a_unix_socket_url_reaches_redis(tmp_path_factory: pytest.TempPath
 async def test_a_locked_sqlite_store_fails_closed_or_falls_back_and_recovers(mode: str, tmp_path: Path) -> None:
     """Another process holds the database's write lock past the store timeout."""
     config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {
-        "store": "sqlite", "store_timeout_ms": 200, "store_unavailable": mode}}}
+        "store": "sqlite", "store_timeout_ms": 500, "store_unavailable": mode}}}
     async with ToolHost(config=config, plugins=[ToolsPlugin(Quick())], builtins=["policy"], entry_points=False,
                         discover=False, working_dir=work(tmp_path)) as host:
         assert (await host.call("quick", {})).success
@@ -362,6 +362,10 @@ async def test_a_locked_sqlite_store_fails_closed_or_falls_back_and_recovers(mod
             assert time.monotonic() - begun < 2
             if mode == "fail":
                 assert result.error is not None and result.error["code"] == "policy_store_unavailable"
+                begun = time.monotonic()
+                cut = await host.call("quick", {}, context=ToolContext().with_timeout(0.05))
+                assert cut.error is not None and cut.error["code"] == "policy_store_unavailable"
+                assert time.monotonic() - begun < 0.15  # the call's deadline, not the store timeout
             else:
                 assert result.success
                 assert any(step.get("action") == "store_unavailable" for step in result.metadata["trail"])

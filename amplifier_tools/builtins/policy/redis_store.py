@@ -229,6 +229,9 @@ class RedisStore:
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
 
+    def limit_wait(self, seconds: float) -> None:
+        """Nothing: the plugin bounds each Redis operation with a timer."""
+
     async def status(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         client: Any = self.client  # replies are bytes (no decode_responses)

@@ -82,9 +82,15 @@ class SharedPolicy:
 
     async def _op(self, work: Awaitable[T], spec: ToolSpec, context: ToolContext, started: float) -> T:
         """One store operation, bounded by the store timeout and the call's wait bound."""
-        if self.bounded_by_store:
-            return await work
         left = self.plugin._time_left(spec, context, started)
+        if self.bounded_by_store:  # SQLite: its busy timeout bounds a wait for another process's lock
+            if left is None or left >= self.timeout:
+                return await work
+            self.store.limit_wait(max(left, 0.001))
+            try:
+                return await work
+            finally:
+                self.store.limit_wait(self.timeout)
         bound = self.timeout if left is None else max(min(self.timeout, left), 0.001)
         try:
             if sys.version_info >= (3, 11):  # no task per operation

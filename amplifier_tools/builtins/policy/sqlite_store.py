@@ -85,6 +85,16 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
 
+    def limit_wait(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for another process's lock in the next statements (busy timeout)."""
+        try:
+            db = self._db
+            if db is None:
+                db = self._db = self._connect()
+            db.execute(f"PRAGMA busy_timeout = {max(int(seconds * 1000), 1)}")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+
     @staticmethod
     def _sweep(db: sqlite3.Connection, now: float) -> None:
         """Delete every expired row, so the file does not grow without bound."""

@@ -81,6 +81,10 @@ class SharedStore(Protocol):
     async def update(self, key: str, step: Update, ttl: float) -> Any:
         """Atomically read, transform and write one record (breakers); ``step``'s result."""
 
+    def limit_wait(self, seconds: float) -> None:
+        """Bound the store's own waits in the next operations (SQLite's busy timeout); Redis does
+        nothing here, its operations are bounded by the plugin's timer."""
+
     async def status(self) -> list[dict[str, Any]]:
         """Every live key under the prefix, with its value: ``{"key", "kind", "value", "expires_in"}``."""
 
