@@ -261,6 +261,44 @@ async def test_every_key_expires_and_prefixes_keep_deployments_apart(store: str,
         assert codes == ["ok", "backend_down", "circuit_open"]
 
 
+class Held:
+    """Runs until ``gate`` opens; under a time budget of 1 s per principal."""
+
+    spec = ToolSpec(name="timed", description="timed", effect="Pure",
+                    policies={"timeout_ms": 1000,
+                              "budgets": [{"per": "principal", "max_seconds": 1, "window_ms": 3_600_000}]})
+    name, description = "timed", "timed"
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        self.gate = gate
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        await self.gate.wait()
+        return ToolResult(output="done")
+
+
+async def test_a_time_budget_is_reserved_fleet_wide_before_a_call_runs(store: str, tmp_path: Path) -> None:
+    """Host A's running call reserved the whole second; host B is refused until A settles."""
+    gate = asyncio.Event()
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": store}}}
+    hosts = [ToolHost(config=config, plugins=[ToolsPlugin(Held(gate))], builtins=["policy"], entry_points=False,
+                      discover=False, working_dir=work(tmp_path)) for _ in range(2)]
+    for host in hosts:
+        await host.start()
+    try:
+        running = asyncio.ensure_future(hosts[0].call("timed", {}))
+        await asyncio.sleep(0.1)
+        refused = await hosts[1].call("timed", {})
+        assert refused.error is not None and refused.error["code"] == "budget_exceeded"
+        assert "reserved by calls in flight" in refused.error["message"]
+        gate.set()
+        assert (await running).success  # settled: ~0.1 s spent, the reservation released
+        assert (await hosts[1].call("timed", {})).success
+    finally:
+        for host in hosts:
+            await host.close()
+
+
 # -- Redis down ----------------------------------------------------------------------------------
 
 
