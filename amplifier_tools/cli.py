@@ -97,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("trust", help="accept the configuration as it is now (after reviewing a change)")
     p = sub.add_parser("audit", help="verify, tail or summarize an audit log", add_help=False)
     p.add_argument("audit_args", nargs=argparse.REMAINDER)
+    p = sub.add_parser("policy", help="the policy store's live state")
+    policy = p.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
+    status = policy.add_parser("status", help="live counters, leases, records of the configured store")
+    status.add_argument("--json", action="store_true")
     p = sub.add_parser("call", help="run one call through the whole pipeline")
     p.add_argument("tool")
     p.add_argument("arguments", nargs="?", default="{}", help="JSON object, or - to read it from stdin")
@@ -104,8 +108,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--role")
     p.add_argument("--environment")
     p.add_argument("--scope", action="append", default=[], help="grant a scope (repeatable)")
-    p.add_argument("--idempotency-key", help="refused for now: each invocation is a new process with its own "
-                                             "policy state, so the key could not stop a repeat")
+    p.add_argument("--idempotency-key", help="replay the stored result of an earlier call with this key and "
+                                             "these arguments (kept in <state_dir>/policy.sqlite3 unless "
+                                             "[plugins.policy] store says otherwise)")
     p.add_argument("--json", action="store_true", help="print the whole ToolResult as JSON")
     p = sub.add_parser("serve-mcp", help="serve the mounted tools to MCP clients over stdio")
     p.add_argument("--working-dir", help="session working directory (default: current directory)")
@@ -115,7 +120,11 @@ def _parser() -> argparse.ArgumentParser:
 def _host(args: argparse.Namespace) -> ToolHost:
     from .host import ToolHost
 
-    return ToolHost(config=args.config) if args.config else ToolHost()
+    host = ToolHost(config=args.config) if args.config else ToolHost()
+    # Every invocation is a new process: policy state (idempotency records, budgets, rate limits)
+    # must outlive it, so the policy plugin uses <state_dir>/policy.sqlite3 unless a store is configured.
+    host.capabilities.setdefault("policy.default_store", "sqlite")
+    return host
 
 
 @functools.lru_cache(maxsize=1)
@@ -216,18 +225,6 @@ def _readable(data: dict[str, Any], indent: str = "") -> str:
         else:
             lines.append(f"{indent}{key}: {value}")
     return "\n".join(line for line in lines if line.strip())
-
-
-def _refuse_idempotency_key(args: argparse.Namespace) -> None:
-    """``call --idempotency-key`` is refused: the policy plugin keeps idempotency records in the
-    memory of one process, and every ``call`` is a new process, so the key would be forgotten
-    before the next invocation and a repeat would run again. Refusing beats pretending."""
-    if args.command == "call" and args.idempotency_key is not None:
-        raise CommandError(
-            "--idempotency-key does not work from the command line yet: each invocation is a new process and "
-            "the policy plugin keeps idempotency records in memory, so a repeated call would run again",
-            hint="pass ToolContext(idempotency_key=...) to ToolHost.call in one long-lived process; the "
-                 "command line gains a persistent store with [plugins.policy] store", status=EXIT_USAGE)
 
 
 async def _call(host: ToolHost, args: argparse.Namespace) -> int:
@@ -421,11 +418,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .builtins.audit.commands import main as audit_main
 
         return audit_main(args.audit_args, config=args.config)
+    if args.command == "policy":
+        from .builtins.policy.commands import status
+
+        return status(args.config, as_json=args.json)
     if args.command == "serve-mcp":
         from .mcp.__main__ import run_serve
 
         return run_serve(args.config, args.working_dir)
-    _refuse_idempotency_key(args)
     return asyncio.run(_run(args))
 
 

@@ -302,14 +302,58 @@ def test_read_file_prints_its_text_and_the_paging_notice(project: Path) -> None:
     assert outside.returncode == 4 and "AuthError[path_denied]" in outside.stderr
 
 
-def test_idempotency_key_is_refused_rather_than_ignored(project: Path) -> None:
-    """Each invocation is a new process: a key the CLI accepted would not stop a repeat."""
-    target = project / "out.txt"
-    out = cli(project, "call", "demo_greet", '{"who": "Ada"}', "--idempotency-key", "k1")
-    assert out.returncode == 2
-    assert "--idempotency-key does not work from the command line" in out.stderr
-    assert "hint:" in out.stderr and "[plugins.policy] store" in out.stderr
-    assert out.stdout == "" and not target.exists()
+COUNTER_MODULE = '''
+from pathlib import Path
+from amplifier_tools import ToolResult, ToolSpec
+
+class Stamp:
+    spec = ToolSpec(
+        name="local::demo.stamp", version="1.0.0", description="Append a line to runs.txt.",
+        effect="IdempotentWrite", idempotency_key="optional",
+        input_schema={"type": "object", "properties": {"line": {"type": "string"}}, "required": ["line"]},
+    )
+    name, description = spec.name, spec.description
+
+    async def execute(self, input):
+        runs = Path("runs.txt")
+        with runs.open("a") as f:
+            f.write(input["line"] + "\\n")
+        return ToolResult(output=f"run {len(runs.read_text().splitlines())}")
+
+async def mount(coordinator, config):
+    await coordinator.mount("tools", Stamp())
+'''
+
+
+def test_idempotency_key_replays_across_invocations_without_running_the_tool(project: Path) -> None:
+    """Each invocation is a new process; the key holds through <state_dir>/policy.sqlite3."""
+    (project / "stamp_tools.py").write_text(COUNTER_MODULE)
+    (project / "amplifier-tools.toml").write_text(textwrap.dedent('''
+        [[modules]]
+        module = "stamp_tools"
+    '''))
+    runs = project / "runs.txt"
+    first = cli(project, "call", "demo_stamp", '{"line": "a"}', "--idempotency-key", "k1", "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["output"] == "run 1"
+    again = cli(project, "call", "demo_stamp", '{"line": "a"}', "--idempotency-key", "k1", "--json")
+    assert again.returncode == 0, again.stderr
+    replayed = json.loads(again.stdout)
+    assert replayed["output"] == "run 1" and replayed["metadata"]["replayed"] is True
+    assert runs.read_text() == "a\n"  # the tool ran once
+    other = cli(project, "call", "demo_stamp", '{"line": "a"}', "--idempotency-key", "k2", "--json")
+    assert json.loads(other.stdout)["output"] == "run 2"
+    conflict = cli(project, "call", "demo_stamp", '{"line": "b"}', "--idempotency-key", "k1")
+    assert conflict.returncode != 0 and "idempotency_conflict" in conflict.stderr
+    assert runs.read_text() == "a\na\n"
+
+
+def test_policy_status_before_any_decision_shows_nothing_and_creates_nothing(project: Path) -> None:
+    out = cli(project, "policy", "status")
+    assert out.returncode == 0, out.stderr
+    store_line, message = out.stdout.splitlines()
+    assert store_line.startswith("store: sqlite ") and message == "no live policy state"
+    assert not Path(store_line.split(" ", 2)[2]).exists()
 
 
 def test_schema_accepts_json_like_every_other_command(project: Path) -> None:

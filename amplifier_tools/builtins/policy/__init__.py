@@ -20,7 +20,9 @@ timeout. ``held_resources()`` counts what is held, for tests.
 The policy values come from each tool's ``spec.policies`` and
 ``spec.security`` (overridable per tool in ``[tools."<name>"]``); the plugin's
 own section holds ``rules``, ``default_action`` and ``idempotency_window_ms``.
-State is per host process (see ``state.py`` for what a shared store needs).
+State is per host process by default (``store = "memory"``); ``store =
+"sqlite"`` or a Redis URL moves it into a shared store (``store.py``), decided
+by ``shared.py``.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...spec import IdempotencyKeyRequirement, ToolSpec
 from .breaker import CircuitBreaker
 from .rules import Rule, matches, parse_rules, path_engine
+from .shared import SharedHeld, SharedPolicy
 from .state import MemoryState, PolicyState, monotonic
+from .store import open_store, parse_store
 
 PLUGIN: Final = "policy"
-KEYS: Final = frozenset({"rules", "default_action", "idempotency_window_ms"})
+KEYS: Final = frozenset({"rules", "default_action", "idempotency_window_ms", "store", "store_unavailable",
+                         "store_prefix", "store_timeout_ms"})
 COUNTED_FAILURES: Final = frozenset({"ExecutionError", "SystemError"})
 #: Outcomes that are neither success nor failure: the call was cut off, not answered by the tool
 #: (so are errors attributed to a plugin).
@@ -104,7 +109,7 @@ class Slots:
 class _Held:
     """What one call took in ``tool_pre``: given back if it is not admitted, released at ``tool_complete``."""
 
-    __slots__ = ("admitted", "breaker", "budgets", "idempotency", "probe", "rate", "slots", "started")
+    __slots__ = ("admitted", "breaker", "budgets", "idempotency", "probe", "rate", "shared", "slots", "started")
 
     def __init__(self) -> None:
         self.admitted = False
@@ -115,6 +120,7 @@ class _Held:
         self.rate: tuple[str, int] | None = None  # the rate-limit token: (key, window)
         self.idempotency: tuple[str, str, asyncio.Future[ToolResult | None]] | None = None
         self.started = 0.0
+        self.shared: SharedHeld | None = None  # what it took from a shared store
 
 
 class PolicyPlugin:
@@ -146,11 +152,13 @@ class PolicyPlugin:
         self._coordinator: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._rate_keys: dict[str, str] = {}
+        #: The shared store's decision path (None: ``store = "memory"``, all state in this process).
+        self.shared: SharedPolicy | None = None
 
     # -- lifecycle -------------------------------------------------------------
 
     @hookimpl
-    def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
+    def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
         for key in config:
             if key not in KEYS:
                 raise ConfigError(f"unknown key (expected one of {sorted(KEYS)})", key=f"plugins.{PLUGIN}.{key}",
@@ -169,6 +177,25 @@ class PolicyPlugin:
         if isinstance(default_ms, (int, float)) and not isinstance(default_ms, bool):
             self.default_timeout = default_ms / 1000.0
         self._coordinator = coordinator
+        store, unavailable, prefix, timeout = parse_store(config)
+        if store == "memory" and "store" not in config:
+            # The command line asks for a store that outlives its one-call processes.
+            store = coordinator.get_capability("policy.default_store") or "memory"
+        if store == "memory":
+            return None
+        state_dir = coordinator.get_capability("session.state_dir")
+        shared = open_store(store, prefix, timeout, state_dir)
+        protected = coordinator.get_capability("session.protected_paths")
+        if store == "sqlite" and protected is not None:
+            for suffix in ("", "-wal", "-shm"):
+                protected.add(f"{shared.where}{suffix}", "the policy store")
+        self.shared = SharedPolicy(self, shared, unavailable, timeout)
+        return shared.close
+
+    @property
+    def store(self) -> str:
+        """Where the policy state lives: ``memory``, or the shared store's kind and place."""
+        return "memory" if self.shared is None else f"{self.shared.store.kind}:{self.shared.store.where}"
 
     def held_resources(self) -> dict[str, int]:
         """What calls hold right now (read-only; all zero when no call is in flight): ``calls`` with
@@ -204,6 +231,20 @@ class PolicyPlugin:
             denied = self._check_rules(call, spec, context)
             if denied is not None:
                 return denied
+        if self.shared is not None:
+            policies = spec.policies
+            if context.idempotency_key is not None or spec.idempotency_key is IdempotencyKeyRequirement.required \
+                    or policies.circuit_breaker is not None or policies.budgets or policies.rate_limit is not None \
+                    or policies.concurrency is not None:
+                held = _Held()
+                held.shared = SharedHeld()
+                self._held[id(context)] = held  # registered first: tool_complete gives back what it took
+                return self.shared.admit(call, spec, context, held)
+            return None
+        return self._local_pre(call, spec, context)
+
+    def _local_pre(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
+        """The decisions in this process's memory (``store = "memory"``, or a shared store's fallback)."""
         policies = spec.policies
         if context.idempotency_key is not None or spec.idempotency_key is IdempotencyKeyRequirement.required:
             return self._pre_waiting(call, spec, context, _Held(), idempotency=True)
@@ -276,6 +317,11 @@ class PolicyPlugin:
         held.admitted = True
         held.started = self.clock()
         self._held[id(context)] = held
+
+    def _forget(self, context: ToolContext, held: _Held) -> None:
+        """Stop tracking a call that was not admitted (its resources are given back by the caller)."""
+        if self._held.get(id(context)) is held:
+            del self._held[id(context)]
 
     def _abandon(self, context: ToolContext, held: _Held) -> None:
         if self._held.get(id(context)) is held:
@@ -554,17 +600,19 @@ class PolicyPlugin:
 
     @hookimpl
     def tool_complete(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult,
-                      context: ToolContext) -> None:
+                      context: ToolContext) -> Any:
         # Keyed by the call's own context object, not by its id: two calls may share a caller-given
         # call id, and one must never release (or replay) what the other holds.
         if self._replays:
             self._replays.pop(id(context), None)
         held = self._held.pop(id(context), None)
         if held is None:
-            return
+            return None
         if not held.admitted:  # its tool_pre never finished (the coroutine was dropped): it used nothing
+            if held.shared is not None and self.shared is not None:
+                return self.shared.give_back(held.shared)
             self._give_back(held)
-            return
+            return None
         error = result.error
         if error is None:
             failed: bool | None = False
@@ -573,6 +621,12 @@ class PolicyPlugin:
             failed = None  # cut off, or decided by a plugin (a later veto, a hook failure): says nothing of the tool
         else:
             failed = error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout"
+        if held.shared is not None and self.shared is not None:
+            shared = held.shared
+            if shared.lease is None and shared.breaker is None and shared.claim is None and not shared.budgets:
+                return None  # a rate-limit token is spent once admitted: nothing to release
+            return self.shared.complete(held, failed, result, spec)
         changed = self._settle(held, failed=failed, result=result)
         if changed is not None and spec is not None:
             self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
+        return None

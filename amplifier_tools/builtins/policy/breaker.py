@@ -8,7 +8,7 @@ breaker was still closed) never moves the breaker out of half-open.
 from __future__ import annotations
 
 from collections import deque
-from typing import Final
+from typing import Any, Final
 
 from ...spec import CircuitBreakerPolicy
 
@@ -29,6 +29,22 @@ class CircuitBreaker:
         self._tokens = 0
         self._outcomes: deque[tuple[float, bool]] = deque()
         self._failures = 0  # failures among _outcomes, kept in step so recording is O(1)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The breaker as JSON data, for a shared store (``restore`` reads it back)."""
+        return {"state": self.state, "opened_at": self.opened_at, "probe": self.probe, "tokens": self._tokens,
+                "outcomes": [[at, failed] for at, failed in self._outcomes]}
+
+    @classmethod
+    def restore(cls, policy: CircuitBreakerPolicy, data: dict[str, Any] | None) -> CircuitBreaker:
+        """A breaker from ``snapshot`` data (None: a new, closed breaker)."""
+        breaker = cls(policy)
+        if data:
+            breaker.state, breaker.opened_at, breaker.probe = data["state"], data["opened_at"], data["probe"]
+            breaker._tokens = data["tokens"]
+            breaker._outcomes = deque((at, bool(failed)) for at, failed in data["outcomes"])
+            breaker._failures = sum(failed for _, failed in breaker._outcomes)
+        return breaker
 
     def admit(self, now: float) -> tuple[bool, str | None, int | None]:
         """(allowed, new state if it changed, probe token if this call is the probe).

@@ -1,12 +1,10 @@
-"""Policy state behind one interface, so a shared store can back it later.
+"""Per-process policy state (``store = "memory"``, the library default).
 
 ``PolicyState`` holds fixed-window counters (rate limits, budgets) and the
-idempotency results; ``MemoryState`` keeps them in this process. A shared
-store (Redis, a database) would implement the same methods with atomic
-increments (``INCRBY`` with an expiry per window key) and a set-if-absent for
-idempotency keys; concurrency caps and circuit breakers would need a
-distributed semaphore and shared breaker records, which is why they stay
-per process here (documented in docs/policy.md).
+idempotency results; ``MemoryState`` keeps them in this process, read and
+written synchronously on the plugin's fast path. Concurrency slots and breakers
+live in the plugin itself. State shared by processes (SQLite, Redis) is a
+different, asynchronous interface: ``SharedStore`` in ``store.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,78 @@
+"""``amplifier-tools policy status``: the live counters of the configured policy store.
+
+Finds the store as the command line's host would (config file, ``state_dir``,
+``[plugins.policy] store``, ``sqlite`` when none is set) and lists every live key
+under the deployment's prefix: rate-limit and budget counters per window,
+concurrency leases and budget reservations with their holders, idempotency
+records (running or stored — never their content) and breaker records.
+
+Limits: read-only and a snapshot (counters move while it reads); a ``memory``
+store lives inside each host process, so there is nothing to show from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+from .store import StoreUnavailable, open_store, parse_store
+
+
+def _value(row: dict[str, Any]) -> str:
+    value = row["value"]
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict) and "state" in value:
+        return f"breaker {value['state']}"
+    if isinstance(value, dict):
+        return f"{len(value)} held"
+    return str(value)
+
+
+async def _status(store: str, prefix: str, timeout: float, state_dir: str) -> tuple[str, list[dict[str, Any]]]:
+    shared = open_store(store, prefix, timeout, state_dir)
+    if store == "sqlite" and not os.path.exists(shared.where):
+        return f"{shared.kind} {shared.where}", []  # nothing decided yet: create nothing
+    try:
+        rows = await asyncio.wait_for(shared.status(), 10 * timeout)
+    finally:
+        await shared.close()
+    for row in rows:  # idempotency records show their state, never the stored result
+        if row["key"].startswith("idem:") and isinstance(row["value"], dict):
+            row["value"] = "stored" if "value" in row["value"] else "running"
+    return f"{shared.kind} {shared.where}", rows
+
+
+def status(config: str | None, *, as_json: bool) -> int:
+    """Print the live policy state; 0, or 1 when the store does not answer."""
+    from ...host import ToolHost
+
+    host = ToolHost(config=config, builtins=False, entry_points=False) if config else \
+        ToolHost(builtins=False, entry_points=False)
+    section = host.config.get("plugins", {}).get("policy") or {}
+    store, _, prefix, timeout = parse_store(section)
+    if "store" not in section:
+        store = "sqlite"  # the command line's default
+    if store == "memory":
+        print("[plugins.policy] store = \"memory\": each host process keeps its own policy state; "
+              "nothing to show from outside")
+        return 0
+    try:
+        where, rows = asyncio.run(_status(store, prefix, timeout, str(host.state_dir)))
+    except (StoreUnavailable, asyncio.TimeoutError) as exc:
+        print(f"error: {exc or 'the policy store did not answer'}")
+        return 1
+    if as_json:
+        print(json.dumps({"store": where, "keys": rows}, indent=2))
+        return 0
+    print(f"store: {where}")
+    if not rows:
+        print("no live policy state")
+        return 0
+    width = max(len(row["key"]) for row in rows)
+    print(f"{'KEY'.ljust(width)}  {'VALUE'.ljust(24)}  EXPIRES IN")
+    for row in rows:
+        print(f"{row['key'].ljust(width)}  {_value(row).ljust(24)}  {row['expires_in']:g} s")
+    return 0

@@ -1,0 +1,260 @@
+"""``SharedStore`` in Redis (redis-py's asyncio client): many hosts on many machines, one set of limits.
+
+Every decision is one Lua script, so it is one atomic round trip: N hosts see
+exactly one rate limit, one pool of concurrency leases, one budget and one set
+of idempotency records. Windows and lease expiries use the server's clock
+(``TIME`` inside the script), so hosts with skewed clocks agree on window edges.
+Every key gets a ``PEXPIRE``: counters live two windows, leases their TTL,
+idempotency records the idempotency window, breaker records a few cooldowns.
+
+Breaker records change by an optimistic transaction (``WATCH``/``MULTI``), as
+they change only on failures and state changes; a closed breaker admits a call
+with one ``GET``. Connection errors and timeouts raise ``StoreUnavailable``;
+the client reconnects by itself on the next operation.
+
+Limits: scripts build the window's key from the base key, so a Redis Cluster
+would need all of a deployment's keys in one hash slot (give ``store_prefix`` a
+``{hash tag}``); a failover to a replica that had not received the last writes
+forgets them (a few admitted calls counted twice at most, a lease freed early).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, WatchError
+
+from .store import StoreUnavailable, Update
+
+NOW: Final = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+
+TAKE: Final = NOW + """
+local interval = tonumber(ARGV[1])
+local w = math.floor(now / interval)
+local k = KEYS[1] .. '@' .. w
+local v = redis.call('INCR', k)
+if v == 1 then redis.call('PEXPIRE', k, interval * 2) end
+if v > tonumber(ARGV[2]) then
+  redis.call('DECR', k)
+  return {0, w, tostring((w + 1) * interval - now)}
+end
+return {1, w, '0'}
+"""
+
+UNTAKE: Final = """
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECR', KEYS[1]) end
+return 1
+"""
+
+LEASE: Final = NOW + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+local ttl = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+return 1
+"""
+
+RENEW: Final = NOW + """
+local expires = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not expires or tonumber(expires) <= now then return 0 end
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+return 1
+"""
+
+RESERVE: Final = NOW + """
+local interval = tonumber(ARGV[1])
+local max_calls, max_seconds, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local w = math.floor(now / interval)
+local base = KEYS[1]
+local calls = base .. ':calls@' .. w
+if max_calls >= 0 and tonumber(redis.call('GET', calls) or '0') >= max_calls then return {'calls', w, '0'} end
+local reserve = 0
+if max_seconds >= 0 then
+  local pool, amounts = base .. ':reserved@' .. w, base .. ':amounts@' .. w
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', pool, '-inf', now)) do redis.call('HDEL', amounts, gone) end
+  redis.call('ZREMRANGEBYSCORE', pool, '-inf', now)
+  local reserved = 0
+  for _, amount in ipairs(redis.call('HVALS', amounts)) do reserved = reserved + tonumber(amount) end
+  local spent = tonumber(redis.call('GET', base .. ':seconds@' .. w) or '0')
+  local left = max_seconds - spent - reserved
+  if left <= 0 then
+    if spent >= max_seconds then return {'used', w, '0'} end
+    return {'reserved', w, '0'}
+  end
+  reserve = left
+  if want >= 0 and want < left then reserve = want end
+  local ttl = tonumber(ARGV[6])
+  redis.call('ZADD', pool, now + ttl, ARGV[5])
+  redis.call('HSET', amounts, ARGV[5], tostring(reserve))
+  redis.call('PEXPIRE', pool, interval * 2 + ttl)
+  redis.call('PEXPIRE', amounts, interval * 2 + ttl)
+end
+redis.call('INCR', calls)
+redis.call('PEXPIRE', calls, interval * 2)
+return {'ok', w, tostring(reserve)}
+"""
+
+SETTLE: Final = """
+local base, w, holder = KEYS[1], ARGV[1], ARGV[2]
+redis.call('ZREM', base .. ':reserved@' .. w, holder)
+redis.call('HDEL', base .. ':amounts@' .. w, holder)
+local elapsed = tonumber(ARGV[3])
+if elapsed < 0 then
+  local calls = base .. ':calls@' .. w
+  if redis.call('EXISTS', calls) == 1 then redis.call('DECR', calls) end
+else
+  local seconds = base .. ':seconds@' .. w
+  redis.call('INCRBYFLOAT', seconds, elapsed)
+  redis.call('PEXPIRE', seconds, tonumber(ARGV[4]))
+end
+return 1
+"""
+
+CLAIM: Final = """
+local v = redis.call('HMGET', KEYS[1], 'value', 'digest')
+if v[2] then
+  if v[1] then return {'stored', v[2], v[1]} end
+  return {'running', v[2]}
+end
+redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'digest', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return {'claimed'}
+"""
+
+RESOLVE: Final = """
+if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then
+  if not redis.call('HGET', KEYS[1], 'value') then redis.call('DEL', KEYS[1]) end
+  return 1
+end
+redis.call('HSET', KEYS[1], 'value', ARGV[2], 'digest', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+
+def _ms(seconds: float) -> int:
+    return max(int(seconds * 1000), 1)
+
+
+class RedisStore:
+    """Policy state in the Redis server at ``url``; keys are stored under ``prefix``."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, prefix: str, timeout: float) -> None:
+        scheme, _, rest = url.partition("://")
+        self.where = f"{scheme}://{rest.rpartition('@')[2]}"  # never show a password
+        self.prefix = prefix
+        # No socket_timeout: redis-py would then run every send in a task of its own (wait_for), and
+        # the plugin bounds every operation itself (store timeout, call deadline). A cancelled
+        # command makes redis-py drop its connection, so no late reply is read by the next one.
+        self.client = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout,
+                                              health_check_interval=30)
+        self._scripts = {name: self.client.register_script(text) for name, text in (
+            ("take", TAKE), ("untake", UNTAKE), ("lease", LEASE), ("renew", RENEW), ("reserve", RESERVE),
+            ("settle", SETTLE), ("claim", CLAIM), ("resolve", RESOLVE))}
+
+    async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await self._scripts[name](keys=[self.prefix + key for key in keys], args=args)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+
+    async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+        taken, window, retry_after = await self._script("take", [key], [_ms(interval), limit])
+        return bool(taken), int(window), float(retry_after) / 1000.0
+
+    async def untake(self, key: str, interval: float, window: int) -> None:
+        await self._script("untake", [f"{key}@{window}"], [])
+
+    async def lease(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        return bool(await self._script("lease", [key], [limit, holder, _ms(ttl)]))
+
+    async def renew(self, key: str, holder: str, ttl: float) -> bool:
+        return bool(await self._script("renew", [key], [holder, _ms(ttl)]))
+
+    async def release(self, key: str, holder: str) -> None:
+        try:
+            await self.client.zrem(self.prefix + key, holder)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+
+    async def reserve(self, key: str, interval: float, max_calls: int | None, max_seconds: float | None,
+                      want: float | None, holder: str, ttl: float) -> tuple[str, int, float]:
+        outcome, window, reserved = await self._script("reserve", [key], [
+            _ms(interval), -1 if max_calls is None else max_calls, -1 if max_seconds is None else max_seconds,
+            -1 if want is None else want, holder, _ms(ttl)])
+        return outcome.decode(), int(window), float(reserved)
+
+    async def settle(self, key: str, interval: float, window: int, holder: str, elapsed: float | None) -> None:
+        await self._script("settle", [key], [window, holder, -1 if elapsed is None else elapsed, _ms(2 * interval)])
+
+    async def claim(self, key: str, digest: str, holder: str, ttl: float) -> tuple[str, str | None, str | None]:
+        out = await self._script("claim", [key], [holder, digest, _ms(ttl)])
+        state = out[0].decode()
+        return state, out[1].decode() if len(out) > 1 else None, out[2].decode() if len(out) > 2 else None
+
+    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> None:
+        await self._script("resolve", [key], [holder, value or "", digest, _ms(ttl)])
+
+    async def get(self, key: str) -> Any:
+        try:
+            raw = await self.client.get(self.prefix + key)
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+        return None if raw is None else json.loads(raw)
+
+    async def update(self, key: str, step: Update, ttl: float) -> Any:
+        full = self.prefix + key
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(full)
+                        raw = await pipe.get(full)
+                        seconds, micros = await pipe.time()
+                        new, result = step(None if raw is None else json.loads(raw), seconds + micros / 1e6)
+                        pipe.multi()  # type: ignore[no-untyped-call]
+                        pipe.set(full, json.dumps(new), px=_ms(ttl))
+                        await pipe.execute()
+                        return result
+                    except WatchError:
+                        continue  # another host changed the record first: decide again on its value
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+
+    def limit_wait(self, seconds: float) -> None:
+        """Nothing: the plugin bounds each Redis operation with a timer."""
+
+    async def status(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        client: Any = self.client  # replies are bytes (no decode_responses)
+        try:
+            async for raw_key in client.scan_iter(match=self.prefix.replace("*", r"\*") + "*", count=500):
+                full = raw_key.decode()
+                kind = (await client.type(full)).decode()
+                value: Any
+                if kind == "string":
+                    text = (await client.get(full) or b"").decode()
+                    value = json.loads(text) if text.startswith("{") else float(text)
+                elif kind == "zset":
+                    value = {m.decode(): s for m, s in await client.zrange(full, 0, -1, withscores=True)}
+                elif kind == "hash":
+                    fields = await client.hgetall(full)
+                    value = {k.decode(): v.decode()[:80] for k, v in fields.items()}
+                else:
+                    continue
+                rows.append({"key": full[len(self.prefix):], "kind": kind, "value": value,
+                             "expires_in": round(max(await client.pttl(full), 0) / 1000.0, 3)})
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+        return sorted(rows, key=lambda row: row["key"])
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -1,0 +1,391 @@
+"""The policy plugin's decisions against a shared store (SQLite, Redis) instead of process memory.
+
+``SharedPolicy.admit`` decides a call in the plugin's order — idempotency,
+circuit breaker, budgets, rate limit, concurrency — each step one atomic store
+operation, and records what the call took in a ``SharedHeld``; ``complete``
+releases and settles it, ``give_back`` undoes it for a call that was not
+admitted. Concurrency slots are leases renewed while the call runs, so a host
+that dies loses its slots only until the lease expires.
+
+Every store operation is bounded by the store timeout and by the call's own
+wait bound. When the store does not answer, the call fails closed with
+``policy_store_unavailable`` (retryable; plugin-attributed, so no breaker counts
+it) or, with ``store_unavailable = "local"``, is decided by the per-process
+memory path instead (recorded in the trail). Releases that fail are logged and
+left to the keys' expiry: they never fail a call that already ran.
+
+Limits: slot waiters poll (no fleet-wide first-come-first-served order); two
+budgets of one call are reserved one after the other, not in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import itertools
+import json
+import logging
+import os
+import socket
+import sys
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from ...models import Deny, ToolCall, ToolContext, ToolResult
+from ...redaction import redact
+from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
+from .breaker import CLOSED, CircuitBreaker
+from .store import SharedStore, StoreUnavailable
+
+if TYPE_CHECKING:
+    from . import PolicyPlugin, _Held
+
+PLUGIN: Final = "policy"
+LEASE_GRACE: Final = 2.0  # seconds a lease outlives the longest attempt, for renewal and clock jitter
+LEASE_DEFAULT: Final = 30.0  # a lease's base when the tool has no timeout (renewed while it runs)
+POLL_FIRST, POLL_MAX = 0.005, 0.1
+log = logging.getLogger("amplifier_tools.policy")
+T = TypeVar("T")
+_holders = itertools.count(1)
+_HOST = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def new_holder() -> str:
+    """A holder id unique in the fleet: host name, process id, a counter."""
+    return f"{_HOST}:{next(_holders)}"
+
+
+class SharedHeld:
+    """What one call took from the shared store."""
+
+    __slots__ = ("breaker", "budgets", "claim", "lease", "rate", "renewer")
+
+    def __init__(self) -> None:
+        self.rate: tuple[str, float, int] | None = None  # (key, interval, window)
+        self.budgets: list[tuple[str, float, int, str]] = []  # (key, interval, window, holder)
+        self.lease: tuple[str, str, float] | None = None  # (key, holder, ttl)
+        self.claim: tuple[str, str, str] | None = None  # (slot, holder, digest)
+        self.breaker: tuple[str, Any, int | None, bool] | None = None  # (key, policy, probe, closed at admission)
+        self.renewer: asyncio.Task[None] | None = None
+
+
+class SharedPolicy:
+    """The decision path of one ``PolicyPlugin`` against one ``SharedStore``."""
+
+    def __init__(self, plugin: PolicyPlugin, store: SharedStore, unavailable: str, timeout: float) -> None:
+        self.plugin = plugin
+        self.store = store
+        self.unavailable = unavailable
+        self.timeout = timeout
+        self.bounded_by_store = store.kind == "sqlite"  # SQLite's busy timeout bounds its own waits
+
+    async def _op(self, work: Awaitable[T], spec: ToolSpec, context: ToolContext, started: float) -> T:
+        """One store operation, bounded by the store timeout and the call's wait bound."""
+        left = self.plugin._time_left(spec, context, started)
+        if self.bounded_by_store:  # SQLite: its busy timeout bounds a wait for another process's lock
+            if left is None or left >= self.timeout:
+                return await work
+            self.store.limit_wait(max(left, 0.001))
+            try:
+                return await work
+            finally:
+                self.store.limit_wait(self.timeout)
+        bound = self.timeout if left is None else max(min(self.timeout, left), 0.001)
+        try:
+            if sys.version_info >= (3, 11):  # no task per operation
+                async with asyncio.timeout(bound):
+                    return await work
+            return await asyncio.wait_for(work, bound)
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(f"{self.store.kind} store {self.store.where} did not answer within "
+                                   f"{bound:.3g} s") from None
+
+    async def _quietly(self, work: Awaitable[Any]) -> None:
+        """A release: bounded, and on failure logged and left to the key's expiry."""
+        try:
+            await (work if self.bounded_by_store else asyncio.wait_for(work, self.timeout))
+        except (StoreUnavailable, asyncio.TimeoutError, OSError) as exc:
+            log.warning("policy store: a release failed (%s); the key's expiry reclaims it", exc)
+
+    # -- admission -----------------------------------------------------------------------
+
+    async def admit(self, call: ToolCall, spec: ToolSpec, context: ToolContext, held: _Held) -> Any:
+        plugin = self.plugin
+        started = plugin.clock()
+        shared = held.shared
+        assert shared is not None
+        try:
+            verdict = await self._decide(call, spec, context, shared, started)
+        except StoreUnavailable as exc:
+            plugin._forget(context, held)
+            self._background(self.give_back(shared))
+            if self.unavailable == "local":
+                log.warning("policy store unavailable (%s): deciding %s in this process", exc, spec.name)
+                context.record(PLUGIN, "tool_pre", "store_unavailable",
+                               f"policy store unavailable ({exc}): decided by this process's memory",
+                               store=self.store.kind)
+                out = plugin._local_pre(call, spec, context)
+                return await out if inspect.isawaitable(out) else out
+            return Deny(f"policy store unavailable: {exc}", code="policy_store_unavailable",
+                        details={"retryable": True, "store": self.store.kind})
+        except BaseException:
+            plugin._forget(context, held)
+            self._background(self.give_back(shared))
+            raise
+        if verdict is not None:
+            plugin._forget(context, held)
+            await self.give_back(shared)
+            return verdict
+        held.admitted = True
+        held.started = plugin.clock()
+        if shared.lease is not None:
+            shared.renewer = asyncio.get_running_loop().create_task(self._renew(*shared.lease))
+        return None
+
+    def _background(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self.plugin._tasks.add(task)
+        task.add_done_callback(self.plugin._tasks.discard)
+
+    async def _decide(self, call: ToolCall, spec: ToolSpec, context: ToolContext, shared: SharedHeld,
+                      started: float) -> Deny | None:
+        policies = spec.policies
+        if context.idempotency_key is not None or spec.idempotency_key is IdempotencyKeyRequirement.required:
+            verdict = await self._idempotency(call, spec, context, shared, started)
+            if verdict is not None:
+                return verdict
+        if policies.circuit_breaker is not None:
+            verdict = await self._breaker(spec, context, shared, started)
+            if verdict is not None:
+                return verdict
+        if policies.budgets:
+            verdict = await self._budgets(spec, context, shared, started)
+            if verdict is not None:
+                return verdict
+        if policies.rate_limit is not None:
+            verdict = await self._rate_limit(spec, context, shared, started)
+            if verdict is not None:
+                return verdict
+        if policies.concurrency is not None:
+            return await self._concurrency(spec, context, shared, started)
+        return None
+
+    async def _idempotency(self, call: ToolCall, spec: ToolSpec, context: ToolContext, shared: SharedHeld,
+                           started: float) -> Deny | None:
+        key = context.idempotency_key
+        if key is None:
+            return Deny(f"{spec.name!r} requires an idempotency key", code="idempotency_key_required",
+                        category="ContractError")
+        digest = hashlib.sha256(json.dumps(call.arguments, sort_keys=True, default=str).encode()).hexdigest()
+        slot = "idem:" + json.dumps([context.principal, spec.name, key])
+        holder = new_holder()
+        longest = self.plugin._longest_run(spec, context)
+        ttl = (self.plugin.idempotency_window if longest is None else longest) + LEASE_GRACE
+        delay = POLL_FIRST
+        while True:
+            state, stored_digest, value = await self._op(self.store.claim(slot, digest, holder, ttl),
+                                                         spec, context, started)
+            if state == "claimed":
+                shared.claim = (slot, holder, digest)
+                return None
+            if state == "stored":
+                if stored_digest != digest:
+                    return Deny(f"idempotency key {key!r} was used with different arguments",
+                                code="idempotency_conflict", category="ContractError")
+                stored = json.loads(value or "{}")
+                self.plugin._replays[id(context)] = ToolResult(True, stored.get("output"), None,
+                                                               stored.get("metadata") or {}, call.id)
+                return Deny(f"replayed the result stored for idempotency key {key!r}", code="idempotent_replay")
+            left = self.plugin._time_left(spec, context, started)
+            if left is not None and left <= 0:
+                return Deny(f"a call with idempotency key {key!r} is still running", code="idempotency_in_progress")
+            await asyncio.sleep(delay if left is None else min(delay, left))
+            delay = min(delay * 2, POLL_MAX)
+
+    async def _breaker(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld, started: float) -> Deny | None:
+        policy = spec.policies.circuit_breaker
+        assert policy is not None
+        key = f"breaker:{spec.name}"
+        data = await self._op(self.store.get(key), spec, context, started)
+        if data is None or data["state"] == CLOSED:  # a closed breaker admits without a write
+            shared.breaker = (key, policy, None, True)
+            return None
+
+        def step(data: Any, now: float) -> tuple[Any, Any]:
+            breaker = CircuitBreaker.restore(policy, data)
+            allowed, changed, probe = breaker.admit(now)
+            return breaker.snapshot(), (allowed, changed, probe, breaker.retry_after(now))
+
+        allowed, changed, probe, retry_after = await self._op(
+            self.store.update(key, step, self._breaker_ttl(policy)), spec, context, started)
+        if changed is not None:
+            context.record(PLUGIN, "tool_pre", "circuit", f"circuit {changed}: probe call", state=changed)
+            self.plugin._emit_soon(f"circuit:{changed}", {"tool": spec.name})
+        if not allowed:
+            return Deny(f"circuit for {spec.name!r} is open", code="circuit_open",
+                        details={"retry_after": round(retry_after, 3)})
+        shared.breaker = (key, policy, probe, False)
+        return None
+
+    @staticmethod
+    def _breaker_ttl(policy: CircuitBreakerPolicy) -> float:
+        return 2 * (policy.window_ms + policy.cooldown_ms) / 1000.0 + 60.0
+
+    async def _budgets(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld, started: float) -> Deny | None:
+        subjects = {"principal": context.principal, "role": context.role, "environment": context.environment}
+        longest = self.plugin._longest_run(spec, context)
+        for budget in spec.policies.budgets:
+            subject = subjects[budget.per]
+            if subject is None:
+                continue
+            key = f"budget:{budget.per}:{subject}"
+            interval = budget.window_ms / 1000.0
+            holder = new_holder()
+            ttl = (interval if longest is None else longest) + LEASE_GRACE
+            outcome, window, _ = await self._op(
+                self.store.reserve(key, interval, budget.max_calls, budget.max_seconds,
+                                   longest if budget.max_seconds is not None else None, holder, ttl),
+                spec, context, started)
+            if outcome == "calls":
+                return Deny(f"call budget of {budget.per} {subject!r} is used up "
+                            f"({budget.max_calls} calls per {budget.window_ms:g} ms)", code="budget_exceeded",
+                            details={"budget": f"{budget.per}:calls"})
+            if outcome != "ok":
+                held_by = "used up" if outcome == "used" else "reserved by calls in flight"
+                return Deny(f"time budget of {budget.per} {subject!r} is {held_by} "
+                            f"({budget.max_seconds:g} s per {budget.window_ms:g} ms)", code="budget_exceeded",
+                            details={"budget": f"{budget.per}:seconds"})
+            shared.budgets.append((key, interval, window, holder))
+        return None
+
+    async def _rate_limit(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld,
+                          started: float) -> Deny | None:
+        limit = spec.policies.rate_limit
+        assert limit is not None
+        interval = limit.interval_ms / 1000.0
+        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
+        waited = 0.0
+        while True:
+            taken, window, retry_after = await self._op(self.store.take(key, interval, limit.limit),
+                                                        spec, context, started)
+            if taken:
+                shared.rate = (key, interval, window)
+                if waited:
+                    context.record(PLUGIN, "tool_pre", "waited", f"rate limit: waited {waited:.3f} s")
+                return None
+            verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
+                           f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
+            if not self.plugin._may_queue(spec, verdict, self.plugin._time_left(spec, context, started)):
+                return verdict
+            await self.plugin.sleep(retry_after)
+            waited += retry_after
+
+    def lease_ttl(self, spec: ToolSpec) -> float:
+        """A slot lease lasts one attempt's timeout plus a grace, and is renewed every third of it."""
+        timeout_ms = spec.policies.timeout_ms
+        base = timeout_ms / 1000.0 if timeout_ms is not None else self.plugin.default_timeout
+        return (LEASE_DEFAULT if base is None else base) + LEASE_GRACE
+
+    async def _concurrency(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld,
+                           started: float) -> Deny | None:
+        policy = spec.policies.concurrency
+        assert policy is not None
+        key, holder, ttl = f"slots:{spec.name}", new_holder(), self.lease_ttl(spec)
+        delay = POLL_FIRST
+        while True:
+            if await self._op(self.store.lease(key, policy.limit, holder, ttl), spec, context, started):
+                shared.lease = (key, holder, ttl)
+                return None
+            if not policy.queue:
+                return self.plugin._no_slot(spec, None)
+            left = self.plugin._time_left(spec, context, started)
+            if left is not None and left <= 0:
+                return self.plugin._no_slot(spec, self.plugin.clock() - started)
+            await asyncio.sleep(delay if left is None else min(delay, left))
+            delay = min(delay * 2, POLL_MAX)
+
+    async def _renew(self, key: str, holder: str, ttl: float) -> None:
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                if not await asyncio.wait_for(self.store.renew(key, holder, ttl), self.timeout):
+                    log.warning("policy store: the lease %s of %s had expired before renewal", holder, key)
+                    return
+            except (StoreUnavailable, asyncio.TimeoutError, OSError) as exc:
+                log.warning("policy store: renewing a lease of %s failed (%s)", key, exc)
+
+    # -- release -------------------------------------------------------------------------------
+
+    async def give_back(self, shared: SharedHeld) -> None:
+        """Undo what a call that was not admitted took: it counts against nothing."""
+        if shared.renewer is not None:
+            shared.renewer.cancel()
+        if shared.lease is not None:
+            await self._quietly(self.store.release(*shared.lease[:2]))
+        if shared.breaker is not None and shared.breaker[2] is not None:
+            await self._quietly(self._abandon(shared.breaker))
+        for key, interval, window, holder in shared.budgets:
+            await self._quietly(self.store.settle(key, interval, window, holder, None))
+        if shared.rate is not None:
+            await self._quietly(self.store.untake(*shared.rate))
+        if shared.claim is not None:
+            slot, holder, digest = shared.claim
+            await self._quietly(self.store.resolve(slot, holder, digest, None, 0))
+        shared.lease = shared.breaker = shared.rate = shared.claim = None
+        shared.budgets = []
+
+    async def _abandon(self, breaker: tuple[str, Any, int | None, bool]) -> None:
+        key, policy, probe, _ = breaker
+
+        def step(data: Any, now: float) -> tuple[Any, Any]:
+            state = CircuitBreaker.restore(policy, data)
+            state.abandon(probe)
+            return state.snapshot(), None
+
+        await self.store.update(key, step, self._breaker_ttl(policy))
+
+    async def complete(self, held: _Held, failed: bool | None, result: ToolResult, spec: ToolSpec | None) -> None:
+        """Release an admitted call's lease, settle its budgets, count its outcome, store its result."""
+        shared = held.shared
+        assert shared is not None
+        if shared.renewer is not None:
+            shared.renewer.cancel()
+            shared.renewer = None
+        if shared.lease is not None:
+            await self._quietly(self.store.release(*shared.lease[:2]))
+        elapsed = self.plugin.clock() - held.started
+        for key, interval, window, holder in shared.budgets:
+            await self._quietly(self.store.settle(key, interval, window, holder, elapsed))
+        if shared.breaker is not None:
+            await self._quietly(self._record(shared.breaker, failed, spec))
+        if shared.claim is not None:
+            slot, holder, digest = shared.claim
+            value = None
+            if failed is False and result.success:
+                rules = spec.security.redaction_rules if spec is not None else ()
+                metadata = {k: v for k, v in result.metadata.items() if k != "trail"}
+                value = json.dumps(redact({"output": result.output, "metadata": metadata},
+                                          paths=[r for r in rules if r.startswith("output")]), default=str)
+            await self._quietly(self.store.resolve(slot, holder, digest, value, self.plugin.idempotency_window))
+        shared.lease = shared.breaker = shared.rate = shared.claim = None
+        shared.budgets = []
+
+    async def _record(self, breaker: tuple[str, Any, int | None, bool], failed: bool | None,
+                      spec: ToolSpec | None) -> None:
+        key, policy, probe, closed = breaker
+        if failed is None:
+            if probe is not None:
+                await self._abandon(breaker)
+            return
+        if closed and not failed and policy.failure_rate is None:
+            return  # only failures can trip a closed breaker without a failure rate
+
+        def step(data: Any, now: float) -> tuple[Any, Any]:
+            state = CircuitBreaker.restore(policy, data)
+            changed = state.record(now, failed, probe)
+            return state.snapshot(), changed
+
+        changed = await self.store.update(key, step, self._breaker_ttl(policy))
+        if changed is not None and spec is not None:
+            self.plugin._emit_soon(f"circuit:{changed}", {"tool": spec.name})

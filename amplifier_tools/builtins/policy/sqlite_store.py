@@ -1,0 +1,279 @@
+"""``SharedStore`` in an embedded SQLite file (stdlib ``sqlite3``, WAL): one machine, many processes.
+
+Every decision is one short ``BEGIN IMMEDIATE`` transaction, so processes on
+this machine that share the file (the CLI's invocations, several hosts with one
+``state_dir``) see one rate limit, one budget, one set of concurrency leases,
+one breaker and one set of idempotency records. Times are this machine's wall
+clock (``time.time``), the one clock all its processes share. Expired rows are
+deleted as keys are touched and in a sweep every few hundred transactions.
+
+The file is host state: its directory is created ``0700`` and the file is
+created and checked with ``open_host_file`` (regular, ours, no symlink) before
+SQLite opens it. Limits: the queries run on the event loop's thread (a
+transaction is tens of microseconds; a writer waiting on another process's lock
+waits at most the store timeout, as SQLite's busy timeout); not for network
+file systems, where SQLite's locking is unreliable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from ...hoststate import ensure_state_dir, open_host_file
+from .store import StoreUnavailable, Update
+
+SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value REAL NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (key TEXT NOT NULL, holder TEXT NOT NULL, amount REAL NOT NULL,
+                                   expires REAL NOT NULL, PRIMARY KEY (key, holder));
+CREATE TABLE IF NOT EXISTS records (key TEXT PRIMARY KEY, holder TEXT, digest TEXT NOT NULL, value TEXT,
+                                    expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires REAL NOT NULL);
+"""
+SWEEP_EVERY: Final = 500
+#: With RETURNING (SQLite 3.35+) a rate-limit decision is one statement, its own transaction.
+ONE_STATEMENT: Final = sqlite3.sqlite_version_info >= (3, 35, 0)
+TAKE: Final = ("INSERT INTO counters VALUES (?, 1, ?) ON CONFLICT(key) DO UPDATE SET value = value + 1 "
+               "WHERE value < ? RETURNING value")
+
+
+class SQLiteStore:
+    """Policy state in ``path``; keys are stored under ``prefix``."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: str, prefix: str, timeout: float) -> None:
+        self.where = path
+        self.prefix = prefix
+        self.timeout = timeout
+        self._db: sqlite3.Connection | None = None
+        self._ops = 0
+
+    def _connect(self) -> sqlite3.Connection:
+        directory = ensure_state_dir(Path(self.where).parent)
+        os.close(open_host_file(directory / Path(self.where).name, os.O_RDWR | os.O_CREAT))
+        db = sqlite3.connect(self.where, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power loss may lose the last decisions, never corrupt
+        db.executescript(SCHEMA)
+        return db
+
+    def _run(self, work: Any, *args: Any) -> Any:
+        """Run ``work(db, now, *args)`` as one immediate transaction."""
+        try:
+            db = self._db
+            if db is None:
+                db = self._db = self._connect()
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                now = time.time()
+                self._ops += 1
+                if self._ops % SWEEP_EVERY == 0:
+                    for table in ("counters", "leases", "records", "blobs"):
+                        db.execute(f"DELETE FROM {table} WHERE expires <= ?", (now,))
+                out = work(db, now, *args)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return out
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+
+    def limit_wait(self, seconds: float) -> None:
+        """Wait at most ``seconds`` for another process's lock in the next statements (busy timeout)."""
+        try:
+            db = self._db
+            if db is None:
+                db = self._db = self._connect()
+            db.execute(f"PRAGMA busy_timeout = {max(int(seconds * 1000), 1)}")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+
+    @staticmethod
+    def _sweep(db: sqlite3.Connection, now: float) -> None:
+        """Delete every expired row, so the file does not grow without bound."""
+        for table in ("counters", "leases", "records", "blobs"):
+            db.execute(f"DELETE FROM {table} WHERE expires <= ?", (now,))
+
+    # -- counters ---------------------------------------------------------------------
+
+    @staticmethod
+    def _counter(db: sqlite3.Connection, key: str, now: float) -> float:
+        row = db.execute("SELECT value FROM counters WHERE key = ? AND expires > ?", (key, now)).fetchone()
+        return float(row[0]) if row else 0.0
+
+    @staticmethod
+    def _add_live(db: sqlite3.Connection, key: str, amount: float, now: float, expires: float) -> None:
+        db.execute("INSERT INTO counters VALUES (?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+                   "value = CASE WHEN counters.expires > ? THEN counters.value ELSE 0 END + excluded.value, "
+                   "expires = max(counters.expires, excluded.expires)", (key, amount, expires, now))
+
+    async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+        if ONE_STATEMENT:  # a window's key is never reused after it expires, so no expiry check is needed
+            now = time.time()
+            window = int(now // interval)
+            try:
+                db = self._db
+                if db is None:
+                    db = self._db = self._connect()
+                # fetchall: the statement must run to its end, else its implicit transaction stays open
+                taken = db.execute(TAKE, (f"{self.prefix}{key}@{window}", (window + 2) * interval, limit)).fetchall()
+                self._ops += 1
+                if self._ops % SWEEP_EVERY == 0:
+                    self._run(self._sweep)
+            except sqlite3.Error as exc:
+                raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+            return (True, window, 0.0) if taken else (False, window, (window + 1) * interval - now)
+
+        def work(db: sqlite3.Connection, now: float) -> tuple[bool, int, float]:
+            window = int(now // interval)
+            full = f"{self.prefix}{key}@{window}"
+            if self._counter(db, full, now) >= limit:
+                return False, window, (window + 1) * interval - now
+            self._add_live(db, full, 1, now, (window + 2) * interval)
+            return True, window, 0.0
+        result: tuple[bool, int, float] = self._run(work)
+        return result
+
+    async def untake(self, key: str, interval: float, window: int) -> None:
+        def work(db: sqlite3.Connection, now: float) -> None:
+            db.execute("UPDATE counters SET value = value - 1 WHERE key = ? AND expires > ?",
+                       (f"{self.prefix}{key}@{window}", now))
+        self._run(work)
+
+    # -- leases -----------------------------------------------------------------------
+
+    async def lease(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        def work(db: sqlite3.Connection, now: float) -> bool:
+            full = self.prefix + key
+            db.execute("DELETE FROM leases WHERE key = ? AND expires <= ?", (full, now))
+            (held,) = db.execute("SELECT count(*) FROM leases WHERE key = ?", (full,)).fetchone()
+            if held >= limit:
+                return False
+            db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, 1, ?)", (full, holder, now + ttl))
+            return True
+        return bool(self._run(work))
+
+    async def renew(self, key: str, holder: str, ttl: float) -> bool:
+        def work(db: sqlite3.Connection, now: float) -> bool:
+            return db.execute("UPDATE leases SET expires = ? WHERE key = ? AND holder = ? AND expires > ?",
+                              (now + ttl, self.prefix + key, holder, now)).rowcount > 0
+        return bool(self._run(work))
+
+    async def release(self, key: str, holder: str) -> None:
+        self._run(lambda db, now: db.execute("DELETE FROM leases WHERE key = ? AND holder = ?",
+                                             (self.prefix + key, holder)))
+
+    # -- budgets ----------------------------------------------------------------------
+
+    async def reserve(self, key: str, interval: float, max_calls: int | None, max_seconds: float | None,
+                      want: float | None, holder: str, ttl: float) -> tuple[str, int, float]:
+        def work(db: sqlite3.Connection, now: float) -> tuple[str, int, float]:
+            window = int(now // interval)
+            base = f"{self.prefix}{key}"
+            calls = f"{base}:calls@{window}"
+            if max_calls is not None and self._counter(db, calls, now) >= max_calls:
+                return "calls", window, 0.0
+            reserve = 0.0
+            if max_seconds is not None:
+                pool = f"{base}:reserved@{window}"
+                db.execute("DELETE FROM leases WHERE key = ? AND expires <= ?", (pool, now))
+                (reserved,) = db.execute("SELECT coalesce(sum(amount), 0) FROM leases WHERE key = ?",
+                                         (pool,)).fetchone()
+                spent = self._counter(db, f"{base}:seconds@{window}", now)
+                left = max_seconds - spent - reserved
+                if left <= 0:
+                    return ("used" if spent >= max_seconds else "reserved"), window, 0.0
+                reserve = left if want is None else min(left, want)
+                db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)", (pool, holder, reserve, now + ttl))
+            self._add_live(db, calls, 1, now, (window + 2) * interval)
+            return "ok", window, reserve
+        result: tuple[str, int, float] = self._run(work)
+        return result
+
+    async def settle(self, key: str, interval: float, window: int, holder: str, elapsed: float | None) -> None:
+        def work(db: sqlite3.Connection, now: float) -> None:
+            base = f"{self.prefix}{key}"
+            db.execute("DELETE FROM leases WHERE key = ? AND holder = ?", (f"{base}:reserved@{window}", holder))
+            if elapsed is None:
+                db.execute("UPDATE counters SET value = value - 1 WHERE key = ? AND expires > ?",
+                           (f"{base}:calls@{window}", now))
+            else:
+                self._add_live(db, f"{base}:seconds@{window}", elapsed, now, (window + 2) * interval)
+        self._run(work)
+
+    # -- idempotency --------------------------------------------------------------------
+
+    async def claim(self, key: str, digest: str, holder: str, ttl: float) -> tuple[str, str | None, str | None]:
+        def work(db: sqlite3.Connection, now: float) -> tuple[str, str | None, str | None]:
+            full = self.prefix + key
+            row = db.execute("SELECT digest, value FROM records WHERE key = ? AND expires > ?", (full, now)).fetchone()
+            if row is not None:
+                return ("running", row[0], None) if row[1] is None else ("stored", row[0], row[1])
+            db.execute("INSERT OR REPLACE INTO records VALUES (?, ?, ?, NULL, ?)", (full, holder, digest, now + ttl))
+            return "claimed", None, None
+        result: tuple[str, str | None, str | None] = self._run(work)
+        return result
+
+    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> None:
+        def work(db: sqlite3.Connection, now: float) -> None:
+            full = self.prefix + key
+            if value is None:
+                db.execute("DELETE FROM records WHERE key = ? AND holder = ? AND value IS NULL", (full, holder))
+            else:
+                db.execute("UPDATE records SET value = ?, digest = ?, expires = ? WHERE key = ? AND holder = ?",
+                           (value, digest, now + ttl, full, holder))
+        self._run(work)
+
+    # -- records --------------------------------------------------------------------------
+
+    async def get(self, key: str) -> Any:
+        try:  # a read: its own implicit transaction, no write lock
+            db = self._db
+            if db is None:
+                db = self._db = self._connect()
+            rows = db.execute("SELECT value FROM blobs WHERE key = ? AND expires > ?",
+                              (self.prefix + key, time.time())).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+        return json.loads(rows[0][0]) if rows else None
+
+    async def update(self, key: str, step: Update, ttl: float) -> Any:
+        def work(db: sqlite3.Connection, now: float) -> Any:
+            full = self.prefix + key
+            row = db.execute("SELECT value FROM blobs WHERE key = ? AND expires > ?", (full, now)).fetchone()
+            new, result = step(json.loads(row[0]) if row else None, now)
+            db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?, ?)", (full, json.dumps(new), now + ttl))
+            return result
+        return self._run(work)
+
+    async def status(self) -> list[dict[str, Any]]:
+        def work(db: sqlite3.Connection, now: float) -> list[dict[str, Any]]:
+            like = self.prefix.replace("%", r"\%").replace("_", r"\_") + "%"
+            rows: list[dict[str, Any]] = []
+            queries = (("counter", "SELECT key, value, expires FROM counters"),
+                       ("lease", "SELECT key || ' ' || holder, amount, expires FROM leases"),
+                       ("idempotency", "SELECT key, CASE WHEN value IS NULL THEN 'running' ELSE 'stored' END, "
+                                       "expires FROM records"),
+                       ("record", "SELECT key, value, expires FROM blobs"))
+            for kind, query in queries:
+                for key, value, expires in db.execute(f"{query} WHERE key LIKE ? ESCAPE '\\' AND expires > ? "
+                                                      "ORDER BY 1", (like, now)):
+                    if kind == "record":
+                        value = json.loads(value)
+                    rows.append({"key": key[len(self.prefix):], "kind": kind, "value": value,
+                                 "expires_in": round(expires - now, 3)})
+            return rows
+        result: list[dict[str, Any]] = self._run(work)
+        return result
+
+    async def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None

@@ -1,0 +1,129 @@
+"""Shared policy stores: the interface, the settings, and the factory.
+
+A ``SharedStore`` holds the policy state that must outlive one process or span
+several hosts: fixed-window counters (rate limits), budgets (calls counted,
+execution seconds reserved before a call and settled after), leases
+(concurrency slots that expire unless renewed), idempotency claims and records,
+and circuit-breaker records. Every method is one atomic decision in the store
+(one transaction, one script), and every key it writes carries an expiry.
+
+Windows and lease expiries are computed on the *store's* clock (SQLite: this
+machine's wall clock; Redis: the server's ``TIME``), so hosts with skewed clocks
+still agree on window edges. ``MemoryState`` (``state.py``) stays the per-process
+default; the plugin keeps its synchronous fast path for it.
+
+Limits: a store raises ``StoreUnavailable`` for anything that keeps it from
+answering (connection refused, timeout, locked database); the plugin turns that
+into ``policy_store_unavailable`` or a per-process fallback. Stores never see
+secrets in clear: idempotent results are redacted by the plugin first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any, Final, Protocol
+
+from ...errors import ConfigError
+
+PLUGIN: Final = "policy"
+DEFAULT_PREFIX: Final = "amplifier-tools:"
+DEFAULT_TIMEOUT_MS: Final = 2000
+SQLITE_FILE: Final = "policy.sqlite3"
+
+Update = Callable[[Any, float], tuple[Any, Any]]
+"""A read-modify-write step: (stored value or None, the store's now) -> (value to store, result)."""
+
+
+class StoreUnavailable(Exception):
+    """The store did not answer (down, unreachable, locked, timed out); the message says which."""
+
+
+class SharedStore(Protocol):
+    """Policy state shared by processes. Keys are given without the deployment prefix."""
+
+    kind: str
+    where: str
+
+    async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+        """Take one unit of ``key``'s current window if fewer than ``limit`` are taken:
+        (taken, window, seconds until the next window)."""
+
+    async def untake(self, key: str, interval: float, window: int) -> None:
+        """Give back one unit of ``key`` in ``window`` (a call that was not admitted after all)."""
+
+    async def lease(self, key: str, limit: int, holder: str, ttl: float) -> bool:
+        """Take a lease on one of ``limit`` slots of ``key`` for ``ttl`` seconds; expired leases are free."""
+
+    async def renew(self, key: str, holder: str, ttl: float) -> bool:
+        """Extend ``holder``'s lease; False when it had already expired (and may have been taken)."""
+
+    async def release(self, key: str, holder: str) -> None:
+        """Give back ``holder``'s lease."""
+
+    async def reserve(self, key: str, interval: float, max_calls: int | None, max_seconds: float | None,
+                      want: float | None, holder: str, ttl: float) -> tuple[str, int, float]:
+        """Count a call against budget ``key`` and reserve execution seconds for it (at most ``want``,
+        at most what is left): (``ok`` | ``calls`` | ``used`` | ``reserved``, window, seconds reserved)."""
+
+    async def settle(self, key: str, interval: float, window: int, holder: str, elapsed: float | None) -> None:
+        """End ``holder``'s reservation: add ``elapsed`` execution seconds, or (None) give back the call."""
+
+    async def claim(self, key: str, digest: str, holder: str, ttl: float) -> tuple[str, str | None, str | None]:
+        """Claim an idempotency slot: (``claimed``, ..) | (``running``, digest, None) | (``stored``, digest, value)."""
+
+    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> None:
+        """End ``holder``'s claim: store ``value`` for ``ttl`` seconds, or (None) drop the claim."""
+
+    async def get(self, key: str) -> Any:
+        """The record ``update`` last wrote for ``key`` (None when absent or expired)."""
+
+    async def update(self, key: str, step: Update, ttl: float) -> Any:
+        """Atomically read, transform and write one record (breakers); ``step``'s result."""
+
+    def limit_wait(self, seconds: float) -> None:
+        """Bound the store's own waits in the next operations (SQLite's busy timeout); Redis does
+        nothing here, its operations are bounded by the plugin's timer."""
+
+    async def status(self) -> list[dict[str, Any]]:
+        """Every live key under the prefix, with its value: ``{"key", "kind", "value", "expires_in"}``."""
+
+    async def close(self) -> None: ...
+
+
+def parse_store(config: dict[str, Any]) -> tuple[str, str, str, float]:
+    """(store, store_unavailable, store_prefix, store timeout in seconds) from ``[plugins.policy]``."""
+    store = config.get("store", "memory")
+    if not isinstance(store, str) or not (store in ("memory", "sqlite")
+                                          or store.startswith(("redis://", "rediss://", "unix://"))):
+        raise ConfigError("must be 'memory', 'sqlite' or a Redis URL", key=f"plugins.{PLUGIN}.store",
+                          hint="e.g. store = \"redis://127.0.0.1:6379/0\" (rediss:// for TLS, unix:///path/redis.sock)")
+    unavailable = config.get("store_unavailable", "fail")
+    if unavailable not in ("fail", "local"):
+        raise ConfigError("must be 'fail' or 'local'", key=f"plugins.{PLUGIN}.store_unavailable",
+                          hint="'fail' refuses calls while the store is down; 'local' falls back to this process")
+    prefix = config.get("store_prefix", DEFAULT_PREFIX)
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError("must be a non-empty string", key=f"plugins.{PLUGIN}.store_prefix",
+                          hint="one prefix per deployment, e.g. \"team-a:prod:\"")
+    timeout = config.get("store_timeout_ms", DEFAULT_TIMEOUT_MS)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+        raise ConfigError("must be a positive number", key=f"plugins.{PLUGIN}.store_timeout_ms")
+    return store, unavailable, prefix, timeout / 1000.0
+
+
+def open_store(store: str, prefix: str, timeout: float, state_dir: str | os.PathLike[str] | None) -> SharedStore:
+    """The shared store ``store`` names (not ``memory``); Redis is imported only when configured."""
+    if store == "sqlite":
+        if state_dir is None:
+            raise ConfigError("'sqlite' needs the host's state_dir, and this host has none",
+                              key=f"plugins.{PLUGIN}.store", hint="use a ToolHost (it has a state_dir) or 'memory'")
+        from .sqlite_store import SQLiteStore
+
+        return SQLiteStore(os.path.join(os.fspath(state_dir), SQLITE_FILE), prefix, timeout)
+    try:
+        from .redis_store import RedisStore
+    except ImportError:
+        raise ConfigError("a Redis store needs the redis client", key=f"plugins.{PLUGIN}.store",
+                          hint="pip install 'amplifier-tools[redis]'") from None
+    return RedisStore(store, prefix, timeout)
