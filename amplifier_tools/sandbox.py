@@ -35,6 +35,7 @@ import asyncio
 import glob
 import json
 import os
+import signal
 import stat
 import subprocess
 import threading
@@ -259,19 +260,39 @@ def _exited(pid: int) -> bool:
 
 
 async def wait_namespace_gone(pid: int | None, timeout: float) -> bool:
-    """Wait until the sandbox whose first process is ``pid`` has no process left; True if it is gone.
+    """End the sandbox whose first process is ``pid`` and wait until no process of it is left;
+    True if it is gone within ``timeout``.
 
     When a PID namespace's first process exits, the kernel kills every other process in the
     namespace and completes that exit only after they are all gone, so the first process turning
-    into a zombie (or vanishing) means the whole sandbox is gone. Killing bwrap alone does not wait
-    for that (its child dies of ``--die-with-parent`` a moment later): callers that promise nothing
-    outlives a call wait here. Polls /proc (the process is not our child); bounded by ``timeout``.
+    into a zombie (or vanishing) means the whole sandbox is gone. Killing bwrap alone is not
+    enough: its child is meant to die with it (``--die-with-parent``), but that was seen to fail
+    now and then, leaving the namespace running under init. So the first process is SIGKILLed
+    here too — through a pidfd, and only while it is still a ``bwrap`` (a pid reused meanwhile by
+    another program is left alone). Polls /proc (the process is not our child).
     """
     if pid is None:
         return True
+    _kill_first_process(pid)
     deadline = time.monotonic() + timeout
     while not _exited(pid):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(0.002)
     return True
+
+
+def _kill_first_process(pid: int) -> None:
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:  # gone already
+        return
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        if stat[stat.find(b"(") + 1:stat.rfind(b")")] == b"bwrap" and not _exited(pid):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)

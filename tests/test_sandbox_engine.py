@@ -57,8 +57,9 @@ def test_unavailable_names_both_fixes() -> None:
 
 
 async def test_wait_namespace_gone_returns_only_when_no_process_of_the_sandbox_is_left(work: Path) -> None:
-    """Killing bwrap does not wait for its namespace; ``wait_namespace_gone`` does (the bash tool's
-    promise that nothing outlives a call rests on it)."""
+    """Killing bwrap does not wait for its namespace (and ``--die-with-parent`` was seen to leave the
+    namespace running under init now and then); ``wait_namespace_gone`` ends it and waits (the bash
+    tool's promise that nothing outlives a call rests on it). Failed about one run in four before."""
     import os
 
     assert BWRAP is not None
