@@ -259,6 +259,9 @@ def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -
         }
     if isinstance(value, (list, tuple)):
         return [_redact_strings(item, matcher, patterns) for item in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and matcher is not None \
+            and matcher.found_in(str(value)):
+        return PLACEHOLDER  # a numeric secret (a PIN, an account number) returned as a JSON number
     return value
 
 

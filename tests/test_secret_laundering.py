@@ -263,3 +263,61 @@ def test_the_matcher_is_compiled_once_per_change_of_the_secret_set() -> None:
     assert secrets.matcher is not first and secrets.matcher is secrets.matcher
     secrets.add("abc")  # too short to search for: ignored
     assert len(secrets) == 2
+
+
+async def test_a_numeric_secret_returned_as_a_json_number_is_redacted(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: the walk rewrote strings only, so a PIN or account number returned as a
+    number passed through every tool (and on into the audit log and spans)."""
+    secret = "918273645546372819"
+    monkeypatch.setenv("AMP_TEST_NUMERIC_SECRET", secret)
+
+    @tool(name="account", effect="Pure")
+    def account() -> dict[str, Any]:
+        """Return the account number as a number."""
+        return {"number": int(os.environ["AMP_TEST_NUMERIC_SECRET"]), "other": 42}
+
+    places = _places(tmp_path)
+    config = {**places.pop("config"), "secrets": {"acct": "AMP_TEST_NUMERIC_SECRET"},
+              "plugins": {"audit": {"record_output": True}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(account)], builtins=["audit"], entry_points=False,
+                        discover=False, **places) as host:
+        result = await host.call("account", {})
+        log = Path(host.capabilities["audit.path"])
+    assert result.output == {"number": PLACEHOLDER, "other": 42}
+    assert secret not in log.read_text()
+
+
+async def test_a_secret_in_a_tools_version_stays_out_of_the_audit_log_and_spans(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: an imported server's version string (SemVer build metadata may hold any
+    text) went into the record's tool_version and the span attributes unredacted."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    secret = "Zq7ucanary9Kx2Tok"
+    monkeypatch.setenv("AMP_TEST_VERSION_SECRET", secret)
+
+    class Versioned:
+        name, description = "versioned", "A tool whose version carries a secret."
+        version = f"1.0.0+{secret}"
+        input_schema = {"type": "object"}
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            return ToolResult(output="ok")
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    places = _places(tmp_path)
+    config = {**places.pop("config"), "secrets": {"v": "AMP_TEST_VERSION_SECRET"}, "plugins": {"audit": {"otel": True}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Versioned()), AuditPlugin(tracer_provider=provider)],
+                        builtins=False, entry_points=False, discover=False, **places) as host:
+        assert (await host.call("versioned", {})).success
+        log = Path(host.capabilities["audit.path"])
+    assert secret not in log.read_text()
+    assert '"tool_version":"1.0.0+[REDACTED]"' in log.read_text()
+    spans = exporter.get_finished_spans()
+    assert spans and secret not in repr([dict(s.attributes or {}) for s in spans])

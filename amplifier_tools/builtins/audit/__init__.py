@@ -117,7 +117,12 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         changed = original is not call.arguments and original != call.arguments
     except RecursionError:
         changed = True
-    raw = {"arguments": call.arguments, "original_arguments": original if changed else None,
+    # Who and what: the tool name and call id come from the caller, the version from the tool (an
+    # imported server's own string), so they are redacted like the rest.
+    about = {"tool": call.name, "tool_version": spec.version if spec is not None else None, "call_id": call.id,
+             "trace_id": context.trace_id, "principal": context.principal, "role": context.role,
+             "environment": context.environment, "scopes": sorted(context.scopes)}
+    raw = {"about": about, "arguments": call.arguments, "original_arguments": original if changed else None,
            "output": result.output, "trail": result.metadata.get("trail", []),
            "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
                      "plugin": error.get("plugin")} if error else None}
@@ -142,16 +147,16 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         "v": SCHEMA_VERSION,
         "kind": "call",
         "ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"),
-        "call_id": call.id,
+        "call_id": io["about"]["call_id"],
         "session_id": context.session_id,
-        "trace_id": context.trace_id,
-        "tool": call.name,
-        "tool_version": spec.version if spec is not None else None,
+        "trace_id": io["about"]["trace_id"],
+        "tool": io["about"]["tool"],
+        "tool_version": io["about"]["tool_version"],
         "effect": spec.effect.value if spec is not None else None,
-        "principal": context.principal,
-        "role": context.role,
-        "environment": context.environment,
-        "scopes": sorted(context.scopes),
+        "principal": io["about"]["principal"],
+        "role": io["about"]["role"],
+        "environment": io["about"]["environment"],
+        "scopes": io["about"]["scopes"],
         "arguments": io["arguments"],
         "original_arguments": io["original_arguments"],
         "trail": io["trail"],

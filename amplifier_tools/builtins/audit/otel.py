@@ -55,12 +55,12 @@ class ToolTelemetry:
             "gen_ai.tool.type": "function",
         }
         if spec is not None:
-            attributes["amplifier_tools.tool.version"] = spec.version
+            attributes["amplifier_tools.tool.version"] = self._clean(spec.version)  # an imported server's string
             attributes["amplifier_tools.tool.effect"] = spec.effect.value
         error = result.error
         if error is not None:
-            attributes["error.type"] = str(error.get("type"))
-            attributes["amplifier_tools.error.code"] = str(error.get("code"))
+            attributes["error.type"] = self._clean(error.get("type"))
+            attributes["amplifier_tools.error.code"] = self._clean(error.get("code"))
         span = self._tracer.start_span(f"execute_tool {name}", start_time=end - int(seconds * 1e9),
                                        kind=self._trace.SpanKind.INTERNAL, attributes=attributes)
         if error is not None:
@@ -69,5 +69,5 @@ class ToolTelemetry:
         span.end(end_time=end)
         metric_attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}
         if error is not None:
-            metric_attributes["error.type"] = str(error.get("type"))
+            metric_attributes["error.type"] = attributes["error.type"]
         self._duration.record(seconds, attributes=metric_attributes)
