@@ -203,3 +203,16 @@ async def test_a_program_outside_the_view_names_sandbox_read_paths(tmp_path: Pat
     with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.h\.sandbox_read_paths: the server's program"):
         async with hostile(tmp_path, sandbox="auto"):  # the interpreter is not under a system directory
             pass
+
+
+async def test_a_server_listing_too_many_tools_fails_start_naming_max_tools(tmp_path: Path) -> None:
+    """Found by attack: 100,000 listed tools (a 5 MB message, under the size cap) drove the host
+    to about a gigabyte and minutes of CPU while mounting them."""
+    from amplifier_tools import PluginLoadError
+
+    many = [{"name": f"t{i}", "inputSchema": {"type": "object"}} for i in range(30)]
+    with pytest.raises(PluginLoadError, match=r"lists more than 25 tools.*plugins\.mcp\.servers\.h\.max_tools"):
+        async with hostile(tmp_path, tools=many, max_tools=25):
+            pass
+    async with hostile(tmp_path, tools=many, max_tools=40) as host:  # room for them and the fixture's own
+        assert (await host.call("mcp::h::t29", {"text": "x"})).success

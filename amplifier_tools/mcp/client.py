@@ -116,6 +116,11 @@ class ServerConnection:
                         params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
                         page = await session.list_tools(params=params)
                         tools.extend(page.tools)
+                        if len(tools) > s.max_tools:  # each costs memory and mount time: stop reading
+                            raise ExecutionError(
+                                f"MCP server {s.name!r} lists more than {s.max_tools} tools; raise "
+                                f"plugins.mcp.servers.{s.name}.max_tools if that is expected",
+                                code="mcp_too_many_tools", setting=f"plugins.mcp.servers.{s.name}.max_tools")
                         cursor = page.next_cursor
                         if not cursor:
                             break
@@ -127,7 +132,8 @@ class ServerConnection:
                     self._session = session
                     ready.set_result(None)
                     await stop.wait()
-        except BaseException as exc:
+        except BaseException as caught:
+            exc = _single(caught)
             too_large = self._too_large()
             if not ready.done() and too_large is not None:
                 ready.set_exception(too_large)
@@ -312,6 +318,16 @@ def _remote_error(text: str | None) -> dict[str, Any] | None:
         return None
     error = data.get("error") if isinstance(data, dict) else None
     return error if isinstance(error, dict) and "type" in error else None
+
+
+def _single(exc: BaseException) -> BaseException:
+    """The one exception inside (nested) exception groups of one, as anyio's task groups wrap a
+    failure, so a start failure says what happened instead of 'unhandled errors in a TaskGroup'."""
+    while True:
+        inner = getattr(exc, "exceptions", None)
+        if not isinstance(inner, (list, tuple)) or len(inner) != 1 or not isinstance(inner[0], BaseException):
+            return exc
+        exc = inner[0]
 
 
 async def import_server(connection: ServerConnection) -> list[McpTool]:

@@ -19,6 +19,8 @@ _SERVER_NAME: Final = re.compile(r"^[A-Za-z0-9_\-]+$")
 _ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Largest JSON-RPC message (one line) read from a server unless configured: 16 MiB.
 DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+#: Most tools one server may list unless configured (each costs memory and time to mount).
+DEFAULT_MAX_TOOLS: Final = 1000
 
 
 @attrs.frozen
@@ -48,6 +50,7 @@ class ServerSettings:
     startup_timeout_ms: float = 10_000.0
     max_restarts: int = 3
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_tools: int = DEFAULT_MAX_TOOLS
     on_unsupported_pattern: str = "refuse"
     sandbox: str = "off"
     sandbox_read_paths: tuple[str, ...] = ()
@@ -108,6 +111,7 @@ _SERVER_KEYS: Final[dict[str, _Check]] = {
     "startup_timeout_ms": (_is_positive, "a positive number"),
     "max_restarts": (lambda v: type(v) is int and v >= 0, "a non-negative integer"),
     "max_message_bytes": (lambda v: type(v) is int and v >= 1024, "an integer number of bytes, at least 1024"),
+    "max_tools": (lambda v: type(v) is int and v >= 1, "a positive integer"),
     "on_unsupported_pattern": (lambda v: v in ("refuse", "skip"), "'refuse' or 'skip'"),
     "sandbox": (lambda v: v in ("off", "auto", "bubblewrap"), "'off', 'auto' or 'bubblewrap'"),
     "sandbox_read_paths": (lambda v: _is_str_list(v) and all(p.startswith(("/", "~")) for p in v),
