@@ -143,15 +143,17 @@ async def mcp_host(root: Path, rules: list[dict[str, Any]]) -> ToolHost:
 
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
-    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "inner").mkdir(parents=True)
     (tmp_path / "ok.txt").write_text("fine\n")
     (tmp_path / "secret.txt").write_text("S3CRET\n")
     (tmp_path / "link").symlink_to("secret.txt")
+    (tmp_path / "jump").symlink_to("sub/inner")  # jump/.. is sub to the kernel, the workspace on paper
     return tmp_path
 
 
 @pytest.mark.parametrize("arguments", [
     {"path": "secret.txt"}, {"path": "sub/../secret.txt"}, {"path": "./sub/./../secret.txt"}, {"path": "link"},
+    {"path": "jump/../../secret.txt"},  # read by the server as sub/inner/../../secret.txt
 ])
 async def test_an_imported_tools_path_is_resolved_before_the_rule(workspace: Path, arguments: dict[str, Any]) -> None:
     rule = {"name": "no-secret", "action": "deny", "tools": ["mcp::*"],

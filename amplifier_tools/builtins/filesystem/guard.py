@@ -76,11 +76,13 @@ class ArgumentGuard:
         protected, working_dir = self._protected, self._working_dir
         for argument in path_arguments(tool, schema, arguments):
             try:
-                entry = protected.protects(self._rules.resolve_real(argument.value))
+                spellings = self._rules.resolve_real(argument.value)
             except ContractError:
                 continue  # not a path at all (NUL byte, a pipe): the text scan below still runs
-            if entry is not None:
-                return entry
+            for resolved in spellings:
+                entry = protected.protects(resolved)
+                if entry is not None:
+                    return entry
         for _, text in _strings(arguments):
             for path in self._paths:
                 if path in text:

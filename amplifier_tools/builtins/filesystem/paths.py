@@ -158,23 +158,38 @@ class PathRules:
         """The protected entry covering the absolute, resolved ``path``, or None."""
         return self.protected.protects(path)
 
-    def resolve_real(self, path: str) -> str:
-        """The path ``path`` leads to, for path rules: absolute, ``..`` collapsed, every symlink followed
-        the way the tools' walk follows it (its target read with ``readlink`` and joined textually),
-        missing components taken as written. Roots and denied rules are not applied.
+    def resolve_real(self, path: str) -> tuple[str, ...]:
+        """The paths ``path`` may lead to, for path rules: absolute, every symlink followed (its target
+        read with ``readlink``), missing components taken as written. Roots and denied rules are not
+        applied. Two spellings, deduplicated, because two kinds of tool open a path two ways:
 
-        ``/proc`` magic links resolve like symlinks (``/proc/self/root`` -> ``/``, ``/proc/self/cwd``,
-        ``/dev/fd/N`` -> the open file's path); one that leads to no path (a pipe, socket,
-        anonymous inode or deleted file) is refused: ``ContractError`` ``unresolvable_path``, as are
-        loops. Reads only metadata (``lstat``, ``readlink``), never contents.
+        - as the filesystem tools' walk does: ``..`` collapsed first, then symlinks followed;
+        - as the kernel does (a third-party tool, an MCP server): components in order, so a ``..``
+          after a symlink leaves the symlink's *target* (``link/../passwd`` with ``link -> /etc/ssl``
+          is ``/etc/passwd``).
+
+        A deny rule matches when either does; an allow rule needs both. ``/proc`` magic links resolve
+        like symlinks (``/proc/self/root`` -> ``/``, ``/proc/self/cwd``, ``/dev/fd/N`` -> the open
+        file's path); one that leads to no path (a pipe, socket, anonymous inode or deleted file) is
+        refused: ``ContractError`` ``unresolvable_path``, as are loops. Reads only metadata
+        (``lstat``, ``readlink``), never contents.
         """
-        current = self.normalize(path)
+        lexical = self._readlinks(self.normalize(path), path)
+        physical = self._readlinks(os.path.join(self.working_dir, os.path.expanduser(path)), path)
+        return (lexical,) if physical == lexical else (lexical, physical)
+
+    def _readlinks(self, current: str, original: str) -> str:
+        """``current`` (absolute) with each component taken in order: ``.`` skipped, ``..`` leaving
+        the path resolved so far, a symlink replaced by its target and the walk started again."""
         for _ in range(MAX_SYMLINK_HOPS):
             done = "/"
             parts = current.split("/")[1:]
             restart: str | None = None
             for index, part in enumerate(parts):
-                if not part:
+                if part in ("", "."):
+                    continue
+                if part == "..":
+                    done = os.path.dirname(done)
                     continue
                 candidate = os.path.join(done, part)
                 try:
@@ -183,22 +198,18 @@ class PathRules:
                         continue
                     target = os.readlink(candidate)
                 except OSError:  # missing or unreachable: the rest is taken as written
-                    return os.path.join(candidate, *parts[index + 1:])
+                    return os.path.normpath(os.path.join(candidate, *parts[index + 1:]))
                 if (done == "/proc" or done.startswith("/proc/")) and (":" in target
                                                                         or target.endswith(" (deleted)")):
-                    raise ContractError(f"{path!r} leads through {candidate} to {target!r}, which is not a path",
-                                        code="unresolvable_path", pointer="/path", path=path)
-                restart = os.path.normpath(os.path.join(done, target, *parts[index + 1:]))
+                    raise ContractError(f"{original!r} leads through {candidate} to {target!r}, which is not a "
+                                        "path", code="unresolvable_path", pointer="/path", path=original)
+                restart = os.path.join(done, target, *parts[index + 1:])
                 break
             if restart is None:
                 return done
             current = restart
-        raise ContractError(f"{path!r}: too many symbolic links", code="unresolvable_path", pointer="/path",
-                            path=path)
-
-    def resolve(self, path: str, *, write: bool = False) -> Resolved:
-        """Lexical resolution and rule check only (no filesystem access)."""
-        return self._locate(self.normalize(path), self.write_roots if write else self.read_roots, path, write)
+        raise ContractError(f"{original!r}: too many symbolic links", code="unresolvable_path", pointer="/path",
+                            path=original)
 
     # -- safe opening ------------------------------------------------------------
 

@@ -13,8 +13,8 @@ of three kinds, and ``*`` matches across ``/`` (``fnmatch`` semantics) in all of
   the path relative to the base, or an ancestor of it.
 
 Because an ancestor that matches makes the path match, a rule on a directory covers everything
-below it, and ``covers_walk`` (may a listing or search of a directory be allowed?) is just
-``matches``. ``may_match_below`` answers the deny side of a walk: could some entry below the
+below it, so whether a listing or search of a directory may be allowed is just ``matches``.
+``may_match_below`` answers the deny side of a walk: could some entry below the
 directory match? It is decided on the pattern's literal prefix and over-approximates (a name
 pattern may match below any directory): it is for refusing, never for allowing.
 

@@ -28,8 +28,6 @@ by ``shared.py``.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
@@ -38,10 +36,11 @@ from ..._markers import hookimpl
 from ...errors import ConfigError
 from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...spec import IdempotencyKeyRequirement, ToolSpec
+from ..filesystem.paths import PathRules
 from .breaker import CircuitBreaker
-from .rules import Rule, matches, parse_rules, path_engine
+from .rules import CallPaths, Rule, matches, parse_rules, path_engine
 from .shared import SharedHeld, SharedPolicy
-from .state import MemoryState, PolicyState, monotonic
+from .state import MemoryState, PolicyState, idempotency_slot, monotonic
 from .store import open_store, parse_store
 
 PLUGIN: Final = "policy"
@@ -140,6 +139,8 @@ class PolicyPlugin:
         self.rules: list[Rule] = []
         self._deny_rules: list[Rule] = []
         self._allow_rules: list[Rule] = []
+        #: The path engine of path rules when the filesystem plugin publishes none (by working dir).
+        self._path_engines: dict[str, PathRules] = {}
         self.default_action = "allow"
         self.idempotency_window = 24 * 3600.0
         self.default_timeout: float | None = DEFAULT_TIMEOUT
@@ -344,15 +345,16 @@ class PolicyPlugin:
         ``default_action = "deny"``, where a call that no allow rule matches is denied."""
         if not self.rules and self.default_action == "allow":
             return None
-        path_rules = path_engine(self._coordinator)
+        engine = path_engine(self._coordinator, self._path_engines)
+        paths = CallPaths(engine, spec, call.arguments) if engine is not None else None
         principal, role, environment = context.principal, context.role, context.environment
         for rule in self._deny_rules:
-            if matches(rule, spec, call.arguments, principal, role, environment, path_rules):
+            if matches(rule, spec, call.arguments, principal, role, environment, paths):
                 return Deny(f"denied by rule {rule.name!r}" + (f": {rule.reason}" if rule.reason else ""),
                             code="rule_denied",
                             details={"rule": rule.name})
         for rule in self._allow_rules:
-            if matches(rule, spec, call.arguments, principal, role, environment, path_rules):
+            if matches(rule, spec, call.arguments, principal, role, environment, paths):
                 context.record(PLUGIN, "tool_pre", "allow", f"allowed by rule {rule.name!r}", rule=rule.name)
                 return None
         if self.default_action == "deny":
@@ -368,11 +370,7 @@ class PolicyPlugin:
                 return Deny(f"{spec.name!r} requires an idempotency key", code="idempotency_key_required",
                             category="ContractError")
             return None
-        digest = hashlib.sha256(json.dumps(call.arguments, sort_keys=True, default=str).encode()).hexdigest()
-        # Keyed by principal too: another principal's call with the same key is another call — it
-        # must neither replay this one's result (which may hold its secrets) nor wait for it. JSON
-        # keeps the parts apart whatever they contain (a principal may hold ':').
-        slot = "idem:" + json.dumps([context.principal, spec.name, key])
+        slot, digest = idempotency_slot(context.principal, spec.name, key, call.arguments)
         while True:
             stored = self.state.recall(slot, self.clock())
             if stored is not None:

@@ -107,12 +107,11 @@ def _pointer(data: Any, pointer: str) -> tuple[bool, Any]:
     return True, data
 
 
-_ENGINES: dict[str, PathRules] = {}
-
-
-def path_engine(coordinator: Any) -> PathRules | None:
+def path_engine(coordinator: Any, fallback: dict[str, PathRules]) -> PathRules | None:
     """The path engine path rules resolve with: the filesystem plugin's (capability ``fs.path_rules``),
-    else one for the host's working directory (resolution only: no roots or denied rules apply)."""
+    else one for the host's working directory, kept in ``fallback`` (the policy plugin's own) —
+    resolution only: no roots or denied rules apply. Looked up per call: the filesystem plugin may
+    mount after the policy plugin."""
     if coordinator is None:
         return None
     engine = coordinator.get_capability("fs.path_rules")
@@ -121,47 +120,72 @@ def path_engine(coordinator: Any) -> PathRules | None:
     working_dir = coordinator.get_capability("session.working_dir")
     if not isinstance(working_dir, str):
         return None
-    if working_dir not in _ENGINES:
-        _ENGINES[working_dir] = PathRules(working_dir, read_roots=[working_dir], write_roots=[working_dir])
-    return _ENGINES[working_dir]
+    if working_dir not in fallback:
+        fallback[working_dir] = PathRules(working_dir, read_roots=[working_dir], write_roots=[working_dir])
+    return fallback[working_dir]
 
 
-def _paths_match(deny: bool, patterns: Sequence[PathPattern], found: list[PathArgument], engine: PathRules) -> bool:
-    """A deny rule matches when any path matches (for a walk: or may match below it) or is unusable; an
-    allow rule when every path is usable and matched."""
+class CallPaths:
+    """The path arguments of one call and where they lead, found and resolved once and shared by
+    every rule checked against the call (a policy with several path rules resolves each path once)."""
+
+    def __init__(self, engine: PathRules, spec: ToolSpec, arguments: Any) -> None:
+        self.engine = engine
+        self._spec = spec
+        self._arguments = arguments
+        self._found: list[PathArgument] | None = None
+        self._resolved: dict[str, tuple[str, ...] | None] = {}
+
+    @property
+    def found(self) -> list[PathArgument]:
+        if self._found is None:
+            self._found = path_arguments(self._spec.name, self._spec.input_schema, self._arguments)
+        return self._found
+
+    def resolve(self, value: Any) -> tuple[str, ...] | None:
+        """The paths ``value`` may lead to (``PathRules.resolve_real``); None when it is unusable."""
+        if not isinstance(value, str):
+            return None
+        if value not in self._resolved:
+            try:
+                self._resolved[value] = self.engine.resolve_real(value)
+            except ContractError:
+                self._resolved[value] = None
+        return self._resolved[value]
+
+
+def _paths_match(deny: bool, patterns: Sequence[PathPattern], found: list[PathArgument], paths: CallPaths) -> bool:
+    """A deny rule matches when any spelling of any path matches (for a walk: or may match below it)
+    or a path is unusable; an allow rule when every spelling of every path is usable and matched."""
     if not found:
         return False
-    base = engine.working_dir
+    base = paths.engine.working_dir
     for argument in found:
-        try:
-            resolved = engine.resolve_real(argument.value)
-        except ContractError:
+        spellings = paths.resolve(argument.value)
+        if spellings is None:
             return deny  # fail closed: an unusable path is caught by a deny rule and never earns an allow
-        hit = any(p.matches(resolved, base) or (deny and argument.walk and p.may_match_below(resolved, base))
-                  for p in patterns)
-        if hit == deny:
-            return deny
+        for resolved in spellings:
+            hit = any(p.matches(resolved, base) or (deny and argument.walk and p.may_match_below(resolved, base))
+                      for p in patterns)
+            if hit == deny:
+                return deny
     return not deny
 
 
 def matches(rule: Rule, spec: ToolSpec, arguments: Any, principal: str, role: str | None, environment: str | None,
-            path_rules: PathRules | None) -> bool:
-    """Whether ``rule`` applies to this call of ``spec``."""
-    tool = spec.name
-    if not (_any(rule.tools, tool) and _any(rule.principals, principal) and _any(rule.roles, role)
+            paths: CallPaths | None) -> bool:
+    """Whether ``rule`` applies to this call of ``spec`` (``paths``: the call's paths, None without an engine)."""
+    if not (_any(rule.tools, spec.name) and _any(rule.principals, principal) and _any(rule.roles, role)
             and _any(rule.environments, environment)):
         return False
     deny = rule.action == "deny"
-    if path_rules is not None and (rule.paths is not None or rule.arguments):
-        found = path_arguments(tool, spec.input_schema, arguments)
-    else:
-        found = []
-    if rule.paths is not None and (path_rules is None or not _paths_match(deny, rule.paths, found, path_rules)):
+    found = paths.found if paths is not None and (rule.paths is not None or rule.arguments) else []
+    if rule.paths is not None and (paths is None or not _paths_match(deny, rule.paths, found, paths)):
         return False
     for pointer, pattern, path_pattern in rule.arguments:
         at = [a for a in found if a.pointer == pointer or a.pointer.startswith(pointer + "/")]
-        if at and path_rules is not None:
-            if not _paths_match(deny, (path_pattern,), at, path_rules):
+        if at and paths is not None:
+            if not _paths_match(deny, (path_pattern,), at, paths):
                 return False
             continue
         present, value = _pointer(arguments, pointer)
