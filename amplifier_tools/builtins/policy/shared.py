@@ -21,7 +21,6 @@ budgets of one call are reserved one after the other, not in one transaction.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import inspect
 import itertools
 import json
@@ -36,6 +35,7 @@ from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker
+from .state import idempotency_slot
 from .store import SharedStore, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -177,11 +177,9 @@ class SharedPolicy:
         if key is None:
             return Deny(f"{spec.name!r} requires an idempotency key", code="idempotency_key_required",
                         category="ContractError")
-        digest = hashlib.sha256(json.dumps(call.arguments, sort_keys=True, default=str).encode()).hexdigest()
-        slot = "idem:" + json.dumps([context.principal, spec.name, key])
+        slot, digest = idempotency_slot(context.principal, spec.name, key, call.arguments)
         holder = new_holder()
-        longest = self.plugin._longest_run(spec, context)
-        ttl = (self.plugin.idempotency_window if longest is None else longest) + LEASE_GRACE
+        ttl = self._held_for(spec, context, started, self.plugin.idempotency_window)
         delay = POLL_FIRST
         while True:
             state, stored_digest, value = await self._op(self.store.claim(slot, digest, holder, ttl),
@@ -228,6 +226,16 @@ class SharedPolicy:
         shared.breaker = (key, policy, probe, False)
         return None
 
+    def _held_for(self, spec: ToolSpec, context: ToolContext, started: float, unbounded: float) -> float:
+        """How long a claim or reservation taken now must last: the admission waits still ahead of
+        the call (rate limit, concurrency: up to ``_time_left``), then its longest run, plus grace
+        — without the waits a claim could expire while its call still queued, and a duplicate on
+        another host would run the tool again. ``unbounded`` when the call has no bound at all."""
+        longest = self.plugin._longest_run(spec, context)
+        if longest is None:
+            return unbounded + LEASE_GRACE
+        return (self.plugin._time_left(spec, context, started) or 0.0) + longest + LEASE_GRACE
+
     @staticmethod
     def _breaker_ttl(policy: CircuitBreakerPolicy) -> float:
         return 2 * (policy.window_ms + policy.cooldown_ms) / 1000.0 + 60.0
@@ -242,7 +250,7 @@ class SharedPolicy:
             key = f"budget:{budget.per}:{subject}"
             interval = budget.window_ms / 1000.0
             holder = new_holder()
-            ttl = (interval if longest is None else longest) + LEASE_GRACE
+            ttl = self._held_for(spec, context, started, interval)
             outcome, window, _ = await self._op(
                 self.store.reserve(key, interval, budget.max_calls, budget.max_seconds,
                                    longest if budget.max_seconds is not None else None, holder, ttl),

@@ -63,19 +63,20 @@ class SQLiteStore:
         db.executescript(SCHEMA)
         return db
 
-    def _run(self, work: Any, *args: Any) -> Any:
-        """Run ``work(db, now, *args)`` as one immediate transaction."""
+    def _run(self, work: Any, *args: Any, read_only: bool = False) -> Any:
+        """Run ``work(db, now, *args)`` as one immediate transaction (a deferred one, which takes no
+        write lock and so holds up no deciding host, with ``read_only``)."""
         try:
             db = self._db
             if db is None:
                 db = self._db = self._connect()
-            db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
             try:
                 now = time.time()
-                self._ops += 1
-                if self._ops % SWEEP_EVERY == 0:
-                    for table in ("counters", "leases", "records", "blobs"):
-                        db.execute(f"DELETE FROM {table} WHERE expires <= ?", (now,))
+                if not read_only:
+                    self._ops += 1
+                    if self._ops % SWEEP_EVERY == 0:
+                        self._sweep(db, now)
                 out = work(db, now, *args)
             except BaseException:
                 db.execute("ROLLBACK")
@@ -270,7 +271,7 @@ class SQLiteStore:
                     rows.append({"key": key[len(self.prefix):], "kind": kind, "value": value,
                                  "expires_in": round(expires - now, 3)})
             return rows
-        result: list[dict[str, Any]] = self._run(work)
+        result: list[dict[str, Any]] = self._run(work, read_only=True)
         return result
 
     async def close(self) -> None:

@@ -9,9 +9,12 @@ different, asynchronous interface: ``SharedStore`` in ``store.py``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from collections.abc import Callable
 from typing import Any, Protocol
+
+from ..._json import canonical, dumps
 
 
 class Clock(Protocol):
@@ -74,4 +77,18 @@ def monotonic() -> float:
     return time.monotonic()
 
 
-Sleeper = Callable[[float], Any]
+def idempotency_slot(principal: str, tool: str, key: str, arguments: Any) -> tuple[str, str]:
+    """``(slot, digest)`` of an idempotency key, the same in every store and on every host.
+
+    The slot is keyed by principal too: another principal's call with the same key is another call
+    — it must neither replay this one's result (which may hold its secrets) nor wait for it. JSON
+    keeps the parts apart whatever they contain (a principal may hold ':'). The digest is of the
+    arguments' canonical JSON (``_json.canonical``: the same bytes whatever encoder a host has);
+    arguments that JSON cannot hold as they are fall back to the host's encoder.
+    """
+    slot = "idem:" + json.dumps([principal, tool, key])
+    try:
+        encoded = canonical(arguments)
+    except (TypeError, ValueError):
+        encoded = dumps(arguments)
+    return slot, hashlib.sha256(encoded).hexdigest()

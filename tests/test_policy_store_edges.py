@@ -1,0 +1,144 @@
+"""The SQLite policy store at the edges: a cancelled call, a closing host, a full disk, a file
+swapped for a symlink, and an idempotency claim that must outlive the call's queueing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ToolsPlugin
+
+from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
+
+
+class Slow:
+    """Holds its one concurrency slot until cancelled."""
+
+    spec = ToolSpec(name="slow", description="Hold the slot.", effect="Pure",
+                    policies={"concurrency": {"limit": 1, "queue": False}, "timeout_ms": 60000})
+    name, description = spec.name, spec.description
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.started.set()
+        await asyncio.sleep(30)
+        return ToolResult(output="done")
+
+
+class Quick:
+    spec = ToolSpec(name="quick", description="Count against a rate limit.", effect="Pure",
+                    policies={"rate_limit": {"limit": 1000, "interval_ms": 60000, "per": "principal"}})
+    name, description = spec.name, spec.description
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="done")
+
+
+def _host(tmp_path: Path, *tools: Any) -> ToolHost:
+    (tmp_path / "work").mkdir(exist_ok=True)
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": "sqlite", "store_timeout_ms": 500}}}
+    return ToolHost(config=config, plugins=[ToolsPlugin(*tools)], builtins=["policy"], entry_points=False,
+                    discover=False, working_dir=tmp_path / "work")
+
+
+def _leases(tmp_path: Path) -> list[Any]:
+    with sqlite3.connect(tmp_path / "state" / "policy.sqlite3") as db:
+        return db.execute("SELECT key, holder FROM leases").fetchall()
+
+
+async def test_a_cancelled_call_gives_its_lease_back(tmp_path: Path) -> None:
+    tool = Slow()
+    async with _host(tmp_path, tool) as host:
+        task = asyncio.ensure_future(host.call("slow", {}))
+        await tool.started.wait()
+        assert len(_leases(tmp_path)) == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert _leases(tmp_path) == []
+        follower = asyncio.ensure_future(host.call("slow", {}))  # the slot is free again
+        await asyncio.wait_for(tool.started.wait(), 5)
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+
+
+async def test_closing_the_host_with_a_call_in_flight_gives_the_lease_back(tmp_path: Path) -> None:
+    tool = Slow()
+    host = _host(tmp_path, tool)
+    await host.start()
+    task = asyncio.ensure_future(host.call("slow", {}))
+    await tool.started.wait()
+    await host.close()
+    await asyncio.gather(task, return_exceptions=True)
+    assert _leases(tmp_path) == []
+
+
+async def test_a_wal_file_swapped_for_a_symlink_never_writes_through_it(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.symlink(victim, tmp_path / "state" / "policy.sqlite3-wal")
+    async with _host(tmp_path, Quick()) as host:
+        await host.call("quick", {})
+    assert victim.read_text() == "precious\n"
+
+
+async def test_a_full_disk_fails_calls_closed_and_the_store_recovers(tmp_path: Path) -> None:
+    async with _host(tmp_path, Quick()) as host:
+        assert (await host.call("quick", {})).success
+        store: Any = host.plugin_manager.get_plugin("policy").shared.store  # type: ignore[union-attr]
+        db = store._db
+        db.execute("CREATE TABLE filler(x)")
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages + 3}")
+        with pytest.raises(sqlite3.Error):  # the database cannot grow: what a full disk looks like to SQLite
+            while True:
+                db.execute("INSERT INTO filler VALUES (randomblob(3000))")
+        # Each new principal needs a new counter row: sooner or later one needs a page there is none of.
+        outcomes = [await host.call("quick", {}, context=ToolContext(principal=f"p{i}")) for i in range(300)]
+        failed = [r for r in outcomes if not r.success]
+        assert failed and all(r.error["code"] == "policy_store_unavailable" for r in failed)
+        assert not any(r.success for r in outcomes[outcomes.index(failed[0]):])  # closed from then on
+        db.execute("DROP TABLE filler")
+        db.execute("PRAGMA max_page_count = 1073741823")
+        assert (await host.call("quick", {})).success
+
+
+class Writer:
+    """An idempotent write behind a concurrency cap of 1 (so a call can queue)."""
+
+    spec = ToolSpec(name="writer", description="Write once.", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"concurrency": {"limit": 1, "queue": True}, "timeout_ms": 5000})
+    name, description = spec.name, spec.description
+
+    def __init__(self) -> None:
+        self.runs: list[str | None] = []
+
+    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
+        self.runs.append(context.idempotency_key)
+        await asyncio.sleep(input["hold"])
+        return ToolResult(output="done")
+
+
+@pytest.mark.slow
+async def test_an_idempotency_claim_outlives_the_calls_queueing_and_run(tmp_path: Path) -> None:
+    """Found by review: the claim lasted the call's longest run from when it was taken, before the
+    call queued for its slot; a duplicate arriving after that ran the write a second time."""
+    tool = Writer()
+    async with _host(tmp_path, tool) as host:
+        started = time.monotonic()
+        blocker = asyncio.ensure_future(host.call("writer", {"hold": 4.5}))
+        await asyncio.sleep(0.1)
+        first = asyncio.ensure_future(host.call("writer", {"hold": 4.0}, context=ToolContext(idempotency_key="K")))
+        await asyncio.sleep(7.3 - (time.monotonic() - started))  # past 5 s + grace, with `first` still running
+        duplicate = await host.call("writer", {"hold": 4.0}, context=ToolContext(idempotency_key="K"))
+        await asyncio.gather(blocker, first)
+    assert tool.runs.count("K") == 1
+    assert duplicate.success and duplicate.metadata.get("replayed")
