@@ -88,6 +88,7 @@ async def main(spec: dict[str, Any]) -> dict[str, Any]:
         results = await asyncio.gather(*(one() for _ in range(spec.get("calls", 1))))
     codes = Counter("ok" if r.success else r.error["code"] for r in results)
     return {"codes": dict(codes), "outputs": [r.output for r in results if r.success],
+            "errors": sorted({f"{r.error['code']}: {r.error['message']}" for r in results if not r.success}),
             "replayed": sum(bool(r.success and r.metadata.get("replayed")) for r in results)}
 
 
