@@ -61,6 +61,11 @@ REVIEW_FINDINGS = [
     "$\"touch\" {M}",
     "a=(); echo ${a['$(touch {M})']}",
 ]
+#: Found by the review of the merged parser: env assignments that are not shell names, or that bash obeys.
+ENV_FINDINGS = [
+    "env X-Y=1 touch {M}",
+    "env 'BASH_FUNC_ls%%=() { touch {M}; }' bash -c ls",
+]
 #: Where tree-sitter's grammar reads bash differently (the old reader got these right; they must stay right).
 GRAMMAR_GAPS = [
     "time { touch {M}; }",
@@ -78,12 +83,12 @@ def _runs_hidden_command(template: str, tmp_path: Path) -> bool:
 
 
 @needs_bash
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + GRAMMAR_GAPS)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + ENV_FINDINGS + GRAMMAR_GAPS)
 def test_the_attack_runs_a_hidden_command_in_real_bash(template: str, tmp_path: Path) -> None:
     assert _runs_hidden_command(template, tmp_path)
 
 
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + GRAMMAR_GAPS)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + ENV_FINDINGS + GRAMMAR_GAPS)
 def test_an_allow_list_denies_the_attack(template: str) -> None:
     with pytest.raises(PolicyError) as info:
         ALLOW.check(template.replace("{M}", "/tmp/m"))
@@ -91,7 +96,7 @@ def test_an_allow_list_denies_the_attack(template: str) -> None:
     assert "[plugins.bash] allow" in info.value.message
 
 
-@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + GRAMMAR_GAPS)
+@pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + ENV_FINDINGS + GRAMMAR_GAPS)
 def test_a_deny_rule_denies_the_attack(template: str) -> None:
     with pytest.raises(PolicyError) as info:
         DENY.check(template.replace("{M}", "/tmp/m"))
@@ -112,6 +117,10 @@ def test_a_deny_rule_denies_the_attack(template: str) -> None:
     ("eval 'touch m'", "eval"),
     ("source ./x.sh", "source"),
     ("PATH=.:$PATH ls", "assignment to PATH"),
+    ("env LD_AUDIT=/tmp/x.so ls", "env sets LD_AUDIT"),
+    ("env BASH_FUNC_ls%%='() { :; }' bash -c ls", "env sets BASH_FUNC_ls%%"),
+    # bash runs PS4 under xtrace; it reads PS4 from the environment only when not running as root
+    ("env PS4='$(touch m)' SHELLOPTS=xtrace bash -c true", "env sets PS4"),
     ("$(echo touch) m", "program name is only known at run time"),
     ("bash -c \"$cmd\"", "command string is only known at run time"),
     ("bash script.sh", "script file"),

@@ -28,10 +28,9 @@ from typing import Final
 import attrs
 
 from ...errors import PolicyError
-from .shellparse import Parsed, Part, Unreadable, parse_command
-from .wrappers import Word
+from .shellparse import Parsed, Part, parse_command
 
-__all__ = ["GLOBAL_OPTIONS", "CommandRules", "Parsed", "Part", "Unreadable", "Word", "parse_command", "parts_of"]
+__all__ = ["GLOBAL_OPTIONS", "CommandRules", "Parsed", "Part", "parse_command", "parts_of"]
 
 #: Directories whose programs an allow rule names by basename; ``./ls`` or ``/tmp/ls`` is not ``ls``.
 SYSTEM_DIRS: Final = frozenset({"/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/usr/local/sbin"})

@@ -40,7 +40,7 @@ import attrs
 import tree_sitter
 import tree_sitter_bash
 
-from .wrappers import Unwrapped, Word, unwrap
+from .wrappers import Unwrapped, Word, changes_what_runs, unwrap
 
 MAX_DEPTH: Final = 8
 CACHE_SIZE: Final = 512
@@ -71,8 +71,6 @@ _NEVER_READ: Final = {
     "compgen": "compgen -C/-F runs a string the rules cannot read",
     "fc": "fc runs commands from the history",
 }
-_DANGEROUS_ASSIGNMENT: Final = re.compile(
-    r"^(PATH|BASH_ENV|ENV|PS[0-4]|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|BASH_LOADABLES_PATH|LD_[A-Z_]*|GCONV_PATH)$")
 #: Variables bash itself sets to text (so an integer assignment in the command line does not make them safe).
 _BASH_TEXT_VARS: Final = re.compile(
     r"^(_|REPLY|OPTARG|MAPFILE|COPROC.*|PWD|OLDPWD|FUNCNAME|DIRSTACK|HOSTNAME|GROUPS|BASH.*|COMP.*|READLINE.*)$")
@@ -442,7 +440,7 @@ class _Reader:
             self.subscript(name_node, depth)
             base = name_node.child_by_field_name("name")
             name = self.text(base) if base is not None else name
-        if _DANGEROUS_ASSIGNMENT.match(name):
+        if changes_what_runs(name):
             self.closed(f"an assignment to {name} changes what later commands run", node)
         if value is None or _INTEGER.match(self.text(value)):
             self.integers.add(name)

@@ -14,6 +14,7 @@ runs a command it is given (``ssh``, ``watch``, ``parallel``, ``make``,
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from typing import Final
@@ -22,6 +23,17 @@ import attrs
 
 MAX_WRAPPERS: Final = 16
 SHELLS: Final = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "ash", "rbash"})
+#: Variables that change what a later command runs: the search path, the dynamic loader, the
+#: startup files, prompts and options bash expands or obeys, and exported functions
+#: (``BASH_FUNC_name%%``, which bash imports as a function that shadows a command).
+_RUN_CHANGING_VARIABLE: Final = re.compile(
+    r"^(PATH|BASH_ENV|ENV|PS[0-4]|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|BASH_LOADABLES_PATH|LD_[A-Z_]*|GCONV_PATH"
+    r"|BASH_FUNC_.*)$")
+
+
+def changes_what_runs(variable: str) -> bool:
+    """Whether setting ``variable`` (in the shell or through ``env``) changes what later commands run."""
+    return _RUN_CHANGING_VARIABLE.match(variable) is not None
 
 
 @attrs.frozen
@@ -246,9 +258,10 @@ def _options(name: str, spec: WrapperSpec, args: Sequence[Word]) -> tuple[tuple[
             if string is not None and name != "env":
                 return None, string, None
             continue
-        if spec.assignments and "=" in text and text.split("=", 1)[0].isidentifier():
-            if text.split("=", 1)[0] in ("PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_ENV", "ENV"):
-                return None, None, f"{name} sets {text.split('=', 1)[0]}, which changes what runs"
+        if spec.assignments and "=" in text:  # env: every word with "=" before the command is a NAME=VALUE
+            variable = text.split("=", 1)[0]
+            if changes_what_runs(variable):
+                return None, None, f"{name} sets {variable}, which changes what runs"
             index += 1
             continue
         if operands:
