@@ -14,8 +14,10 @@ confined process sees. Interface:
   Paths that do not exist on this host are skipped, never created on it.
 - ``command(view, argv, *, bwrap)``: the full argv (``bwrap ... -- argv``) to spawn. New PID, IPC,
   UTS, cgroup (where possible) and, unless ``network``, network namespaces; every capability
-  dropped; a new session (no TIOCSTI into the caller's terminal); ``--die-with-parent``, so when
-  bwrap dies the whole PID namespace dies with it, daemons included.
+  dropped; a new session (no TIOCSTI into the caller's terminal); ``--die-with-parent``. The
+  namespace's first process is reported on ``info_fd``; ``wait_namespace_gone`` kills it and so
+  the whole PID namespace, daemons included (``--die-with-parent`` alone was seen to fail).
+- ``find_bwrap()``: the ``bwrap`` on PATH and, when it cannot make a sandbox here, why not.
 - ``probe(bwrap)``: None when bubblewrap can set up such a sandbox on this host, else the reason.
   A success is cached per ``bwrap`` path for the process; callers probe at start, never per call.
 - ``unavailable(reason, setting)``: the ``ToolSystemError`` (code ``sandbox_unavailable``) a
@@ -35,6 +37,7 @@ import asyncio
 import glob
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -46,6 +49,7 @@ from typing import Final
 import attrs
 
 from .errors import ToolSystemError
+from .procfs import is_live, proc_stat
 
 #: Read-only by default: what common commands need (programs, libraries, configuration). Symlinks
 #: among them (``/bin -> usr/bin`` on merged-usr systems) are recreated as symlinks.
@@ -79,7 +83,8 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _visible(path: str, view: View) -> bool:
+def visible(path: str, view: View) -> bool:
+    """Whether ``path`` (absolute) is inside one of the view's bound roots."""
     # /tmp, /dev and /proc are mounted fresh first: below them only a bound path shows the host's files.
     return any(_under(path, root) for root in (*view.writable, *view.read_only))
 
@@ -115,7 +120,7 @@ def mask_argv(view: View) -> list[str]:
     pinned: set[str] = set(view.writable)
     sensitive = {os.path.realpath(p) for p in _present(SENSITIVE)}
     for path in sorted(set(view.protected) | sensitive):  # parents before what lies below them
-        if any(_under(path, done) for done in masked) or not _visible(path, view):
+        if any(_under(path, done) for done in masked) or not visible(path, view):
             continue  # already hidden
         try:
             info = os.lstat(path)
@@ -198,6 +203,14 @@ def _proc_argv() -> list[str]:
     return out
 
 
+async def find_bwrap() -> tuple[str | None, str | None]:
+    """(the ``bwrap`` on PATH or None, why no sandbox can be had here or None); probes in a thread."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None, "'bwrap' was not found on PATH"
+    return bwrap, await asyncio.to_thread(probe, bwrap)
+
+
 _working: set[str] = set()
 _probe_lock = threading.Lock()
 
@@ -250,15 +263,6 @@ def child_pid(info: str) -> int | None:
     return pid if isinstance(pid, int) and pid > 0 else None
 
 
-def _exited(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return True
-    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
-
-
 async def wait_namespace_gone(pid: int | None, timeout: float) -> bool:
     """End the sandbox whose first process is ``pid`` and wait until no process of it is left;
     True if it is gone within ``timeout``.
@@ -270,12 +274,16 @@ async def wait_namespace_gone(pid: int | None, timeout: float) -> bool:
     now and then, leaving the namespace running under init. So the first process is SIGKILLed
     here too — through a pidfd, and only while it is still a ``bwrap`` (a pid reused meanwhile by
     another program is left alone). Polls /proc (the process is not our child).
+
+    Limit: the pid comes from bwrap's info fd, read after bwrap has exited. Had the first process
+    died and another bwrap been given its pid in that moment (the pid space wrapping around within
+    microseconds), that sandbox would be killed.
     """
     if pid is None:
         return True
     _kill_first_process(pid)
     deadline = time.monotonic() + timeout
-    while not _exited(pid):
+    while is_live(pid):
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(0.002)
@@ -288,9 +296,8 @@ def _kill_first_process(pid: int) -> None:
     except OSError:  # gone already
         return
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-        if stat[stat.find(b"(") + 1:stat.rfind(b")")] == b"bwrap" and not _exited(pid):
+        first = proc_stat(pid)  # the pidfd pins the process from here on
+        if first is not None and first.comm == "bwrap" and first.live:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except OSError:
         pass

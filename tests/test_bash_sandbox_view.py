@@ -22,7 +22,7 @@ import pytest
 from bash_helpers import bash_host, needs_bwrap, processes_with, wait_until
 from cli_helpers import cli
 
-from amplifier_tools import ToolHost
+from amplifier_tools import ToolHost, sandbox
 from amplifier_tools.errors import ConfigError, PluginLoadError
 from amplifier_tools.sandbox import SYSTEM_PATHS
 
@@ -112,6 +112,27 @@ async def test_home_directories_and_host_secret_files_are_not_visible(work: Path
         await host.close()
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.skipif(not os.access("/opt", os.W_OK), reason="needs a writable /opt to plant a host key")
+async def test_a_host_key_file_is_unreadable_though_its_directory_shows(
+        work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file matching ``SENSITIVE`` (as ``/etc/ssh/ssh_host_*_key`` does) is masked, its siblings are not."""
+    keys = Path(tempfile.mkdtemp(prefix="amp-view-ssh-", dir="/opt"))
+    try:
+        (keys / "ssh_host_ed25519_key").write_text("HOST-KEY-SECRET")
+        (keys / "ssh_config").write_text("PUBLIC-CONFIG")
+        monkeypatch.setattr(sandbox, "SENSITIVE", (*sandbox.SENSITIVE, f"{keys}/ssh_host_*_key"))
+        host = await bash_host(work)
+        try:
+            result = await host.call("bash", {"command": f"cat {keys}/ssh_config; cat {keys}/ssh_host_ed25519_key"})
+            assert result.output["sandboxed"] is True
+            assert "PUBLIC-CONFIG" in result.output["stdout"]
+            assert "HOST-KEY-SECRET" not in repr(result)
+        finally:
+            await host.close()
+    finally:
+        shutil.rmtree(keys, ignore_errors=True)
 
 
 async def test_the_host_state_directory_is_absent(work: Path) -> None:

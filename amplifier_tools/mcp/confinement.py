@@ -20,10 +20,10 @@ directories readable.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import shutil
 from collections.abc import Callable, Iterable, Sequence
+
+import attrs
 
 from .. import sandbox as engine
 from ..errors import ConfigError
@@ -36,20 +36,14 @@ def _absolute(paths: Iterable[str]) -> tuple[str, ...]:
     return tuple(os.path.realpath(os.path.expanduser(path)) for path in paths)
 
 
-def _visible(path: str, view: engine.View) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/")
-               for root in (*view.read_only, *view.writable))
-
-
 def view_for(settings: ServerSettings, working_dir: str, protected: Iterable[str]) -> engine.View:
     """What the server sees (see the module docstring)."""
     cwd = os.path.realpath(settings.cwd or working_dir)
     writable = _absolute(settings.sandbox_write_paths)
     read_only = (*engine.SYSTEM_PATHS, *_absolute(settings.sandbox_read_paths))
-    if not any(cwd == root or cwd.startswith(root.rstrip("/") + "/") for root in (*writable, *read_only)):
-        read_only = (*read_only, cwd)
-    return engine.View(cwd=cwd, writable=writable, read_only=read_only, protected=tuple(protected),
+    view = engine.View(cwd=cwd, writable=writable, read_only=read_only, protected=tuple(protected),
                        network=settings.sandbox_network)
+    return view if engine.visible(cwd, view) else attrs.evolve(view, read_only=(*read_only, cwd))
 
 
 async def sandbox_wrap(settings: ServerSettings, working_dir: str, protected: Iterable[str]) -> Wrap | None:
@@ -59,16 +53,15 @@ async def sandbox_wrap(settings: ServerSettings, working_dir: str, protected: It
     if settings.sandbox == "off":
         return None
     where = f"[plugins.mcp.servers.{settings.name}]"
-    bwrap = shutil.which("bwrap")
-    reason = "'bwrap' was not found on PATH" if bwrap is None else await asyncio.to_thread(engine.probe, bwrap)
-    if reason is not None or bwrap is None:
-        raise engine.unavailable(reason or "'bwrap' was not found on PATH", where)
+    bwrap, reason = await engine.find_bwrap()
+    if bwrap is None or reason is not None:
+        raise engine.unavailable(reason or "no usable bwrap", where)
     view = view_for(settings, working_dir, protected)
     key = f"plugins.mcp.servers.{settings.name}.sandbox_read_paths"
 
     def wrap(argv: Sequence[str]) -> list[str]:
         program = os.path.realpath(argv[0])
-        if not (_visible(argv[0], view) and _visible(program, view)):
+        if not (engine.visible(argv[0], view) and engine.visible(program, view)):
             raise ConfigError(f"the server's program {argv[0]} ({program}) lies outside the sandbox's view; add "
                               "its directories (and those of its interpreter and libraries) to "
                               "sandbox_read_paths", key=key)

@@ -34,7 +34,9 @@ import signal
 import sys
 from collections.abc import Sequence
 from contextlib import suppress
-from typing import Final, NamedTuple
+from typing import Final
+
+from ..procfs import proc_stat
 
 #: ``prctl`` option number (linux/prctl.h).
 PR_SET_CHILD_SUBREAPER: Final = 36
@@ -62,25 +64,6 @@ def subreaper_argv(executable: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _WRAPPER, executable, *args]
 
 
-class _Stat(NamedTuple):
-    state: str
-    ppid: int
-    started: int  # clock ticks after boot: with the pid, it names one process
-
-
-def _stat(pid: int) -> _Stat | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-    except OSError:
-        return None
-    return _Stat(fields[0].decode(), int(fields[1]), int(fields[19]))
-
-
-def _live(stat: _Stat | None) -> bool:
-    return stat is not None and stat.state not in ("Z", "X")
-
-
 def descendants(root: int) -> list[int]:
     """Live (non-zombie) descendants of ``root`` from one walk of ``/proc``, parents first."""
     children: dict[int, list[int]] = {}
@@ -91,8 +74,8 @@ def descendants(root: int) -> list[int]:
     for name in names:
         if not name.isdigit():
             continue
-        stat = _stat(int(name))
-        if stat is not None and _live(stat):
+        stat = proc_stat(name)
+        if stat is not None and stat.live:
             children.setdefault(stat.ppid, []).append(int(name))
     found: list[int] = []
     frontier = [root]
@@ -108,13 +91,13 @@ def _kill_if_still_under(pid: int, tree: set[int]) -> None:
     try:
         pidfd = os.pidfd_open(pid)
     except (OSError, AttributeError):  # gone, or no pidfd (old kernel): signal by pid
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         if stat is not None and stat.ppid in tree:
             with suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         return
     try:
-        stat = _stat(pid)  # the pidfd pins the process: this is the one we walked
+        stat = proc_stat(pid)  # the pidfd pins the process: this is the one we walked
         if stat is not None and stat.ppid in tree:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     except OSError:
@@ -153,7 +136,7 @@ def pin_descendants(root: int) -> list[Pinned]:
     """
     pinned = []
     for pid in descendants(root):
-        stat = _stat(pid)
+        stat = proc_stat(pid)
         if stat is not None:
             pinned.append((pid, stat.started))
     return pinned
@@ -164,8 +147,8 @@ def kill_pinned(pinned: Sequence[Pinned]) -> int:
     descendant it has now; the number of pinned processes that were still alive."""
     alive = 0
     for pid, started in pinned:
-        stat = _stat(pid)
-        if not _live(stat) or stat is None or stat.started != started:
+        stat = proc_stat(pid)
+        if stat is None or not stat.live or stat.started != started:
             continue
         alive += 1
         kill_descendants(pid)

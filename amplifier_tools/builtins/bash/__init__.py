@@ -18,7 +18,6 @@ and tags (``describe local::bash``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import pwd
@@ -195,10 +194,8 @@ class BashPlugin:
             log.warning("bash runs UNCONFINED: [plugins.%s] sandbox = %r%s; commands run as the host's user with "
                         "its whole filesystem, processes and network", PLUGIN, mode, alias)
             return False, None, None
-        bwrap = shutil.which("bwrap")
-        if bwrap is None:
-            return True, None, "'bwrap' was not found on PATH"
-        return True, bwrap, await asyncio.to_thread(engine.probe, bwrap)
+        bwrap, reason = await engine.find_bwrap()
+        return True, bwrap, reason
 
     @staticmethod
     def _sandbox_write_paths(paths: list[str], working_dir: str, protected: ProtectedPaths) -> tuple[str, ...]:

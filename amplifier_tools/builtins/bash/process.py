@@ -11,8 +11,9 @@ whole process group: SIGTERM (+SIGCONT for stopped members), a grace period,
 then SIGKILL, and waits until no live member is left. Background children
 (``sleep 1000 &``) and grandchildren stay in the group and die with it. A
 process that leaves the group (``setsid``, a double fork into a new session)
-is *not* found without the sandbox; with the sandbox the PID namespace dies
-with ``bwrap``.
+is *not* found without the sandbox; with the sandbox the bash tool kills the
+PID namespace's first process, and with it every process in the namespace
+(``sandbox.wait_namespace_gone``).
 
 Must never leave a process of the call behind, and never block the event loop
 on a child.
@@ -31,6 +32,7 @@ from typing import Any, Final
 
 import attrs
 
+from ...procfs import proc_stat
 from .capture import StreamCapture
 
 POLL_INTERVAL: Final = 0.02
@@ -102,24 +104,13 @@ class _Protocol(asyncio.SubprocessProtocol):
         self.exited.set()
 
 
-def _stat_fields(pid: str) -> tuple[str, int] | None:
-    """(state, process group) of ``/proc/<pid>``, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rfind(b")") + 2:].split()
-    return fields[0].decode(), int(fields[2])
-
-
 def live_members(pgid: int) -> list[int]:
     """Pids in process group ``pgid`` that are not zombies (a /proc scan)."""
     out = []
     for name in os.listdir("/proc"):
         if name.isdigit():
-            fields = _stat_fields(name)
-            if fields is not None and fields[1] == pgid and fields[0] not in ("Z", "X"):
+            stat = proc_stat(name)
+            if stat is not None and stat.pgid == pgid and stat.live:
                 out.append(int(name))
     return out
 

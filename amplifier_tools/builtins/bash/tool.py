@@ -11,6 +11,7 @@ up, and never let the host's environment through except the allowlisted names.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from ..filesystem.paths import PathRules
 from . import process, sandbox
 from .capture import StreamCapture, open_spill_files
 from .rules import CommandRules
+
+log = logging.getLogger(__name__)
 
 VERSION: Final = "1.0.0"
 BASE_ENV: Final = ("PATH", "HOME", "LANG", "TERM")
@@ -223,8 +226,10 @@ class BashTool:
                 if info_r != -1:  # bwrap is dead: wait until its namespace is too (even when cancelled)
                     os.close(info_w)
                     info_w = -1
-                    await engine.wait_namespace_gone(engine.child_pid(sandbox.read_status(info_r)),
-                                                     process.KILL_WAIT)
+                    first = engine.child_pid(sandbox.read_status(info_r))
+                    if not await engine.wait_namespace_gone(first, process.KILL_WAIT):
+                        log.warning("bash: the sandbox of call %s (first process %s) was still running %.0f s "
+                                    "after its end", context.call_id, first, process.KILL_WAIT)
             if s.sandbox:
                 os.close(status_w)
                 status_w = -1
