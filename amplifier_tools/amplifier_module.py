@@ -20,6 +20,9 @@ back as ``amplifier_core.ToolResult`` (``success``, ``output``, ``error`` with o
 fields), and a failed call is a result, never an exception. The host closes through the
 coordinator's cleanup.
 
+Installed Amplifier modules (``amplifier.modules`` entry points) are not loaded into this host
+unless our configuration's ``modules`` names them: the Amplifier session mounts its own.
+
 Limits: Amplifier's own ``tool:pre`` hooks run in its orchestrator before ``execute``; ours run
 inside it, so a call passes both (each can deny). The principal, role and scopes of each call are
 the host's configured ``[context]``; Amplifier passes no caller identity to a tool.
@@ -99,7 +102,9 @@ def _settings(config: Mapping[str, Any] | None) -> dict[str, Any]:
 async def mount(coordinator: Any, config: Mapping[str, Any] | None = None) -> list[AmplifierTool]:
     """Start a ``ToolHost`` and mount its tools on the Amplifier ``coordinator``; returns them."""
     settings = _settings(config)
-    host = ToolHost(config=settings.get("config"), working_dir=settings.get("working_dir"))
+    # The session mounts its own Amplifier modules; loading every installed one again inside our host
+    # would mount a second tool-bash (or any module's tools) beside ours.
+    host = ToolHost(config=settings.get("config"), working_dir=settings.get("working_dir"), installed_modules=False)
     await host.start()
     try:
         wanted = settings.get("tools")

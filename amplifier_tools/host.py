@@ -81,8 +81,11 @@ class ToolHost:
     ``./pyproject.toml``; ``discover=False`` (the default for library use is
     True) starts from an empty configuration. ``plugins`` registers plugin
     objects directly (after the built-ins); ``builtins=False`` and
-    ``entry_points=False`` skip those sources (useful in tests). Many calls may
-    run concurrently on one host.
+    ``entry_points=False`` skip those sources (useful in tests).
+    ``installed_modules=False`` loads an installed Amplifier module (an ``amplifier.modules``
+    entry point) only when the configuration's mount plan names it; the reverse direction
+    (``amplifier_module``) uses it, since there the Amplifier session mounts its own modules.
+    Many calls may run concurrently on one host.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class ToolHost:
         plugins: Iterable[Any] = (),
         builtins: bool | Iterable[str] = True,
         entry_points: bool = True,
+        installed_modules: bool = True,
         working_dir: str | os.PathLike[str] | None = None,
         discover: bool = True,
     ) -> None:
@@ -114,6 +118,7 @@ class ToolHost:
         self._extra_plugins = list(plugins)
         self._builtins = builtins
         self._entry_points = entry_points
+        self._installed_modules = installed_modules
         wd = working_dir or self.config.get("working_dir") or os.getcwd()
         self.working_dir = str(Path(wd).expanduser().resolve())
         configured_state = self.config.get("state_dir")
@@ -274,6 +279,8 @@ class ToolHost:
                 if ep.value.startswith(f"{__package__}."):
                     continue  # our own module for Amplifier coordinators (amplifier_module), not for us
                 if ep.name in disabled or (allow is not None and ep.name not in allow and ep.name not in planned):
+                    continue
+                if not self._installed_modules and ep.name not in planned:
                     continue
                 dist = getattr(ep, "dist", None)
                 entry = planned.pop(ep.name, None)

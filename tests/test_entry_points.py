@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from amplifier_tools import PluginLoadError, ToolHost
+from amplifier_tools import PluginLoadError, ToolHost, amplifier_module
 from amplifier_tools.pytest_plugin import HookRecorder as Recorder
 
 PLUGIN_SOURCE = '''
@@ -270,3 +270,42 @@ async def test_plugins_argument_accepts_seed_modules_and_tools_and_refuses_the_r
     with pytest.raises(PluginLoadError, match="neither a plugin"):
         async with ToolHost(plugins=[object()], builtins=False, entry_points=False, working_dir=tmp_path):
             pass
+
+
+class FakeCoordinator:
+    """What ``amplifier_module.mount`` uses of an Amplifier coordinator."""
+
+    session_id = "amp-session"
+
+    def __init__(self) -> None:
+        self.mounted: dict[str, Any] = {}
+        self.cleanups: list[Any] = []
+
+    async def mount(self, kind: str, tool: Any, name: str) -> None:
+        self.mounted[name] = tool
+
+    def register_cleanup(self, cleanup: Any) -> None:
+        self.cleanups.append(cleanup)
+
+
+async def test_the_reverse_module_does_not_load_the_installed_amplifier_modules(
+        with_site: Path, tmp_path: Path) -> None:
+    """Mounted on an Amplifier session, the host left installed modules to the session (it loaded them
+    all too: an installed tool-bash collided with ours, found by review)."""
+    coordinator = FakeCoordinator()
+    await amplifier_module.mount(coordinator, {"working_dir": str(tmp_path)})
+    try:
+        assert "bash" in coordinator.mounted and "seed_read" not in coordinator.mounted
+    finally:
+        for cleanup in coordinator.cleanups:
+            await cleanup()
+
+
+async def test_without_installed_modules_a_planned_module_still_loads(with_site: Path, tmp_path: Path) -> None:
+    (tmp_path / "n.txt").write_text("hi")
+    config = {"tools": [{"module": "seed-read", "config": {"prefix": ">> "}}]}
+    async with ToolHost(config=config, builtins=False, working_dir=tmp_path, installed_modules=False) as host:
+        result = await host.call("seed_read", {"path": str(tmp_path / "n.txt")})
+    assert result.output == ">> hi"
+    async with ToolHost(config={}, builtins=False, working_dir=tmp_path, installed_modules=False) as host:
+        assert "seed-read" not in [i.name for i in host.plugins]
