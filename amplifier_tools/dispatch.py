@@ -280,15 +280,17 @@ class HookDispatcher:
         implementation, so the monitors see every call as they would in any pluggy project (an async
         implementation's outcome is its coroutine, awaited here afterwards). Otherwise it is called
         directly: this is the hot path."""
+        hookexec = self._pm._inner_hookexec
+        monitored = hookexec is not self._plain_hookexec and impl.hookimpl is not None
         try:
-            hookexec = self._pm._inner_hookexec
-            if hookexec is not self._plain_hookexec and impl.hookimpl is not None:
+            if monitored:
                 return hookexec(hook, [impl.hookimpl], kwargs, True)
             return impl.function(*[kwargs[name] for name in impl.argnames])
         except Exception as exc:  # a plugin bug; the caller decides open/closed
-            raise self._failure(impl, hook, exc) from exc
+            raise self._failure(impl, hook, exc, monitored) from exc
         except asyncio.CancelledError as exc:  # raised by a sync function: its own doing, never ours
-            raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError")) from exc
+            raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError"),
+                                monitored) from exc
 
     async def _finish(self, impl: Impl, hook: str, awaitable: Any) -> Any:
         """Await an async implementation's result under the plugin's hook timeout.
@@ -316,9 +318,11 @@ class HookDispatcher:
             out = await self._finish(impl, hook, out)
         return out
 
-    def _failure(self, impl: Impl, hook: str, exc: Exception) -> HookFailure:
-        if self._trace:
-            print(f"amplifier_tools: {hook} {impl.plugin} raised {exc!r}", file=sys.stderr)
+    def _failure(self, impl: Impl, hook: str, exc: Exception, monitored: bool = False) -> HookFailure:
+        """The failure of one implementation; traced (``AMPLIFIER_TOOLS_TRACE``) unless pluggy's
+        monitors saw it raised already (``monitored``): an async implementation fails after them."""
+        if self._trace and not monitored:
+            print(f"amplifier_tools: {hook} of plugin {impl.plugin!r} raised {exc!r} (awaited)", file=sys.stderr)
         return HookFailure(impl, hook, exc)
 
     def _failed(self, failure: HookFailure, context: ToolContext) -> ToolError | None:

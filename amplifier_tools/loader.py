@@ -11,7 +11,6 @@ order, the config sections and the failure policy (``host.py``).
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.metadata
 import inspect
@@ -25,7 +24,7 @@ import attrs
 from ._markers import PROJECT_NAME, hookimpl
 from .coordinator import Coordinator
 from .dispatch import PluginManager
-from .errors import PluginLoadError
+from .errors import PluginLoadError, did_you_mean
 
 ENTRY_POINT_GROUP = "amplifier_tools"
 SEED_ENTRY_POINT_GROUP = "amplifier.modules"
@@ -83,8 +82,8 @@ def misfit_hooks(pm: PluginManager, plugin: Any) -> str | None:
     known = sorted(name for name, caller in vars(pm.hook).items() if caller.has_spec())
     for caller in pm.get_hookcallers(plugin) or []:
         if not caller.has_spec():
-            close = difflib.get_close_matches(caller.name, known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f" (hooks: {', '.join(known)})"
+            close = did_you_mean(caller.name, known)
+            hint = f"; {close}" if close else f" (hooks: {', '.join(known)})"
             return f"implements unknown hook {caller.name!r}{hint}"
         for impl in caller.get_hookimpls():
             if impl.plugin is plugin and (impl.hookwrapper or impl.wrapper):

@@ -406,7 +406,8 @@ async def test_trace_env_var_prints_hook_calls(
 
 async def test_pluggy_hook_call_monitoring_sees_every_chained_call(echo: EchoTool, tmp_path: Any) -> None:
     """A plugin author's ``add_hookcall_monitoring`` works as in any pluggy project, although the
-    dispatcher walks the implementations itself (async ones included: their outcome is awaited)."""
+    dispatcher walks the implementations itself. As in any pluggy project, an async implementation's
+    outcome is the coroutine it returned (the host awaits it after the monitors ran)."""
     from amplifier_tools import ToolHost
 
     seen: list[tuple[str, tuple[str, ...]]] = []
@@ -423,3 +424,33 @@ async def test_pluggy_hook_call_monitoring_sees_every_chained_call(echo: EchoToo
         seen.clear()
         await host.call("echo", {"path": "a"})
     assert seen == []
+
+
+async def test_trace_prints_each_hook_failure_once(
+    echo: EchoTool, tmp_path: Any, monkeypatch: Any, capsys: Any
+) -> None:
+    """A sync failure is seen by pluggy's monitor, an async one only when awaited: one line each
+    (a sync failure was printed twice, found by review)."""
+    from amplifier_tools import ToolHost
+
+    class SyncBoom:
+        name = "sync-boom"
+
+        @hookimpl
+        def tool_post(self, call: Any, result: Any) -> None:
+            raise RuntimeError("plain-hook-failed")
+
+    class AsyncBoom:
+        name = "async-boom"
+
+        @hookimpl
+        async def tool_post(self, call: Any, result: Any) -> None:
+            raise RuntimeError("coroutine-hook-failed")
+
+    monkeypatch.setenv("AMPLIFIER_TOOLS_TRACE", "1")
+    config = {"plugins": {"sync-boom": {"on_error": "ignore"}, "async-boom": {"on_error": "ignore"}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(echo), SyncBoom(), AsyncBoom()], builtins=False,
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        await host.call("echo", {"path": "a"})
+    err = capsys.readouterr().err
+    assert err.count("plain-hook-failed") == 1 and err.count("coroutine-hook-failed") == 1, err
