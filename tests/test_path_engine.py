@@ -190,3 +190,43 @@ async def test_a_denied_dir_swapped_in_during_a_walk_is_not_entered(tmp_path: Pa
         assert result.success and "key.txt" not in str(result.output), result.output
     finally:
         await host.close()
+
+
+def _resolution(method: Any, current: str) -> str:
+    try:
+        return str(method(current, current))
+    except Exception as exc:  # compared by kind
+        return f"error:{getattr(exc, 'code', type(exc).__name__)}"
+
+
+def test_the_kernels_resolution_agrees_with_the_component_walk(tmp_path: Path) -> None:
+    """``resolve_real`` asks the kernel (an O_PATH open and its /proc/self/fd link) and falls back
+    to a component walk; on a hostile tree both must give the same path for every spelling."""
+    import itertools
+    import random
+
+    from amplifier_tools.builtins.filesystem.paths import PathRules
+
+    root = tmp_path / "w"
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "f").write_text("x")
+    (root / "a" / "g").write_text("x")
+    os.mkfifo(root / "a" / "fifo")
+    links = {"up": "..", "abs": str(root / "a" / "b"), "rel": "a/b", "deep": "a/b/f", "dangling": "nowhere/x",
+             "loop1": "loop2", "loop2": "loop1", "self": ".", "file_as_dir": "a/g", "to_fifo": "a/fifo",
+             "chain": "rel", "root": "/", "proc": "/proc/self/root" + str(root)}
+    for name, target in links.items():
+        (root / name).symlink_to(target)
+    (root / "a" / "back").symlink_to("../rel")
+    parts = [*links, "a", "b", "f", "g", "back", "..", ".", "missing", "fifo"]
+    rng = random.Random(14)
+    spellings = {"/".join(combo) for combo in itertools.product(parts[:8], repeat=2)}
+    spellings |= {"/".join(rng.choice(parts) for _ in range(rng.randint(1, 5))) for _ in range(1500)}
+    rules = PathRules(str(root), read_roots=[str(root)], write_roots=[str(root)])
+    checked = 0
+    for spelling in sorted(spellings):
+        for current in (rules.normalize(spelling), os.path.join(str(root), spelling)):
+            assert _resolution(rules._followed, current) == _resolution(rules._readlinks, current), \
+                spelling
+            checked += 1
+    assert checked > 2000

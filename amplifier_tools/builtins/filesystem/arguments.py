@@ -24,6 +24,7 @@ that.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
@@ -55,6 +56,7 @@ class PathArgument:
 Location = tuple[str | None, ...]
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_path_name(name: str) -> bool:
     return any(word.lower() in PATH_WORDS for word in _WORDS.findall(name))
 

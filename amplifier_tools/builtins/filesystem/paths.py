@@ -174,9 +174,61 @@ class PathRules:
         refused: ``ContractError`` ``unresolvable_path``, as are loops. Reads only metadata
         (``lstat``, ``readlink``), never contents.
         """
-        lexical = self._readlinks(self.normalize(path), path)
-        physical = self._readlinks(os.path.join(self.working_dir, os.path.expanduser(path)), path)
+        normalized = self.normalize(path)
+        lexical = self._followed(normalized, path)
+        joined = os.path.join(self.working_dir, os.path.expanduser(path))
+        if joined == normalized:  # no ".", ".." or "//": one spelling
+            return (lexical,)
+        physical = self._followed(joined, path)
         return (lexical,) if physical == lexical else (lexical, physical)
+
+    def _followed(self, current: str, original: str) -> str:
+        """``current`` (absolute) resolved by the kernel itself: an ``O_PATH`` open (which never opens
+        a FIFO or device for I/O) and a ``readlink`` of its ``/proc/self/fd`` entry, whatever the
+        depth. A missing last component below an existing directory is taken as written; every other
+        case (a deeper missing part, a dangling symlink, no ``/proc``) goes through ``_readlinks``,
+        which gives the same answer component by component."""
+        try:
+            fd = os.open(current, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            parent, name = os.path.split(current)
+            if name in ("", ".", ".."):
+                return self._readlinks(current, original)
+            try:
+                fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                return self._readlinks(current, original)
+            try:
+                resolved = self._fd_path(fd, original)
+                os.lstat(name, dir_fd=fd)  # a name that exists here is a dangling symlink: follow it
+            except FileNotFoundError:
+                return os.path.join(resolved, name)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+            return self._readlinks(current, original)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ContractError(f"{original!r}: too many symbolic links", code="unresolvable_path",
+                                    pointer="/path", path=original) from None
+            return self._readlinks(current, original)
+        try:
+            return self._fd_path(fd, original)
+        except OSError:  # no /proc here
+            return self._readlinks(current, original)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _fd_path(fd: int, original: str) -> str:
+        """The path the kernel reports for ``fd``; ``ContractError`` when it is not one (a pipe,
+        socket or anonymous inode reached through a ``/proc`` magic link, or a deleted file)."""
+        found = os.readlink(f"/proc/self/fd/{fd}")
+        if not found.startswith("/") or (found.endswith(" (deleted)") and os.fstat(fd).st_nlink == 0):
+            raise ContractError(f"{original!r} leads to {found!r}, which is not a path", code="unresolvable_path",
+                                pointer="/path", path=original)
+        return found
 
     def _readlinks(self, current: str, original: str) -> str:
         """``current`` (absolute) with each component taken in order: ``.`` skipped, ``..`` leaving
