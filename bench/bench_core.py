@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import statistics
+import tempfile
 import time
 from typing import Any, ClassVar
 
@@ -132,6 +134,38 @@ async def _overhead(quick: bool) -> list[Row]:
     return rows
 
 
+@contextlib.asynccontextmanager
+async def _default_host(tool: Any) -> Any:
+    """``ToolHost()`` as a user gets it (every built-in: filesystem, bash, policy, audit with its
+    default durability, mcp) in a fresh working directory, plus the tool and 4 no-op plugins."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp" if os.path.isdir("/var/tmp") else None) as base:
+        work = os.path.join(base, "work")
+        os.mkdir(work)
+        with open(os.path.join(work, ARGS["path"]), "w") as readme:  # the file the calls name exists
+            readme.write("# a project\n")
+        async with ToolHost(plugins=[Mount([tool]), *(noop_plugin(i) for i in range(4))], entry_points=False,
+                            working_dir=work, discover=False) as host:
+            yield host
+
+
+async def _default_overhead(quick: bool) -> list[Row]:
+    """Issue 16: the default host against the bare host and a direct execute, interleaved."""
+    n, rounds = (300, 2) if quick else (5_000, 7)
+    tool = NoopTool()
+    async with _default_host(tool) as default, _host(4, [tool]) as bare:
+        timings = await interleaved({"default": lambda: default.call("noop", ARGS),
+                                     "bare": lambda: bare.call("noop", ARGS),
+                                     "direct": lambda: tool.execute(ARGS)}, n=n, rounds=rounds)
+    (default_us, spread), (bare_us, _), (direct_us, _) = timings["default"], timings["bare"], timings["direct"]
+    overhead = default_us - direct_us
+    return [row("default host overhead per call (every built-in + 4 no-op plugins)", overhead, bare_us - direct_us,
+                "µs/call", ratio=overhead / max(bare_us - direct_us, 1e-9), target="≤ 20 µs (issue 16)",
+                met=overhead <= 20, spread=spread,
+                notes=f"default host {default_us:.1f} µs/call (default audit durability); reference = the bare "
+                      f"host with the same 4 plugins, {bare_us - direct_us:.1f} µs over a direct execute; "
+                      "ratio = default/bare overhead")]
+
+
 async def _scaling(quick: bool) -> list[Row]:
     n, rounds = (200, 1) if quick else (3_000, 5)
     rows: list[Row] = []
@@ -223,7 +257,8 @@ async def _redaction(quick: bool) -> list[Row]:
 
 
 async def _all(quick: bool) -> list[Row]:
-    return [*await _overhead(quick), *await _scaling(quick), *await _concurrency(quick), *await _redaction(quick)]
+    return [*await _overhead(quick), *await _default_overhead(quick), *await _scaling(quick),
+            *await _concurrency(quick), *await _redaction(quick)]
 
 
 def run(quick: bool) -> list[Row]:
