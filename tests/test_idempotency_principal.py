@@ -1,10 +1,14 @@
-"""Idempotency records belong to a principal: another principal reusing a key is another call."""
+"""Idempotency records belong to a principal: another principal reusing a key is another call.
+
+Each test runs on the in-process store and on the shared SQLite store (the CLI's default)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import ToolsPlugin
 
 from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
@@ -27,15 +31,29 @@ class Vault:
         return ToolResult(output={"secret_of": context.principal})
 
 
-async def _host(tool: Vault) -> ToolHost:
-    host = ToolHost(plugins=[ToolsPlugin(tool), PolicyPlugin()], builtins=False, entry_points=False, discover=False)
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> dict[str, Any]:
+    (tmp_path / "work").mkdir()
+    return {"state_dir": str(tmp_path / "state"), "work": tmp_path / "work"}
+
+
+async def _host(tool: Vault, store: str, state: dict[str, Any]) -> ToolHost:
+    config = {"state_dir": state["state_dir"], "plugins": {"policy": {"store": store}}}
+    host = ToolHost(config=config, plugins=[ToolsPlugin(tool), PolicyPlugin()], builtins=False, entry_points=False,
+                    discover=False, working_dir=state["work"])
     await host.start()
     return host
 
 
-async def test_another_principal_with_the_same_key_gets_a_fresh_run_never_the_first_result() -> None:
+async def test_another_principal_with_the_same_key_gets_a_fresh_run_never_the_first_result(
+        store: str, state: dict[str, Any]) -> None:
     tool = Vault()
-    host = await _host(tool)
+    host = await _host(tool, store, state)
     try:
         alice = await host.call("vault", {"v": 1}, context=ToolContext(principal="alice", idempotency_key="k"))
         bob = await host.call("vault", {"v": 1}, context=ToolContext(principal="bob", idempotency_key="k"))
@@ -47,9 +65,10 @@ async def test_another_principal_with_the_same_key_gets_a_fresh_run_never_the_fi
     assert tool.runs == ["alice", "bob"]
 
 
-async def test_another_principal_with_other_arguments_is_not_a_conflict() -> None:
+async def test_another_principal_with_other_arguments_is_not_a_conflict(
+        store: str, state: dict[str, Any]) -> None:
     tool = Vault()
-    host = await _host(tool)
+    host = await _host(tool, store, state)
     try:
         await host.call("vault", {"v": 1}, context=ToolContext(principal="alice", idempotency_key="k"))
         bob = await host.call("vault", {"v": 2}, context=ToolContext(principal="bob", idempotency_key="k"))
@@ -58,10 +77,11 @@ async def test_another_principal_with_other_arguments_is_not_a_conflict() -> Non
     assert bob.success and bob.output == {"secret_of": "bob"}
 
 
-async def test_another_principal_is_not_blocked_while_the_first_call_with_the_key_is_in_flight() -> None:
+async def test_another_principal_is_not_blocked_while_the_first_call_with_the_key_is_in_flight(
+        store: str, state: dict[str, Any]) -> None:
     tool = Vault()
     tool.gate = asyncio.Event()
-    host = await _host(tool)
+    host = await _host(tool, store, state)
     try:
         alice = asyncio.ensure_future(
             host.call("vault", {"v": 1}, context=ToolContext(principal="alice", idempotency_key="k")))
@@ -81,9 +101,10 @@ async def test_another_principal_is_not_blocked_while_the_first_call_with_the_ke
     assert first.output == {"secret_of": "alice"}
 
 
-async def test_the_same_principal_still_replays_its_own_result() -> None:
+async def test_the_same_principal_still_replays_its_own_result(
+        store: str, state: dict[str, Any]) -> None:
     tool = Vault()
-    host = await _host(tool)
+    host = await _host(tool, store, state)
     try:
         ctx = ToolContext(principal="alice", idempotency_key="k")
         first = await host.call("vault", {"v": 1}, context=ctx)
@@ -94,9 +115,10 @@ async def test_the_same_principal_still_replays_its_own_result() -> None:
     assert tool.runs == ["alice"]
 
 
-async def test_a_principal_containing_the_separator_cannot_reach_another_slot() -> None:
+async def test_a_principal_containing_the_separator_cannot_reach_another_slot(
+        store: str, state: dict[str, Any]) -> None:
     tool = Vault()
-    host = await _host(tool)
+    host = await _host(tool, store, state)
     try:
         await host.call("vault", {"v": 1}, context=ToolContext(principal="a", idempotency_key="b:k"))
         other = await host.call("vault", {"v": 1}, context=ToolContext(principal="a:b", idempotency_key="k"))
