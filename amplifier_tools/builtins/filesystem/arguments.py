@@ -98,33 +98,39 @@ def _escape(part: str) -> str:
     return part.replace("~", "~0").replace("/", "~1")
 
 
-def _at(data: Any, location: Location, pointer: str) -> Iterator[tuple[str, Any]]:
-    """The values at ``location`` in ``data``, with their JSON pointers."""
+def _pointer(keys: tuple[str | int, ...]) -> str:
+    return "".join(f"/{_escape(key)}" if isinstance(key, str) else f"/{key}" for key in keys)
+
+
+def _at(data: Any, location: Location, keys: tuple[str | int, ...], found: dict[str, str]) -> None:
+    """Add the strings at ``location`` in ``data`` to ``found`` (by JSON pointer, first one kept)."""
     if not location:
-        yield pointer, data
+        if isinstance(data, str):
+            found.setdefault(_pointer(keys), data)
         return
     head, rest = location[0], location[1:]
     if head is None:
         if isinstance(data, list):
             for index, item in enumerate(data):
-                yield from _at(item, rest, f"{pointer}/{index}")
+                _at(item, rest, (*keys, index), found)
     elif isinstance(data, Mapping) and head in data:
-        yield from _at(data[head], rest, f"{pointer}/{_escape(head)}")
+        _at(data[head], rest, (*keys, head), found)
 
 
-def _named(data: Any, pointer: str, path_name: bool, depth: int) -> Iterator[tuple[str, Any]]:
-    """Strings under a path-like key in the call's own arguments (schemas may not declare them)."""
-    if depth > MAX_DEPTH:
-        return
+def _named(data: Any, keys: tuple[str | int, ...], path_name: bool, depth: int, found: dict[str, str]) -> None:
+    """Add the strings under a path-like key in the call's own arguments (schemas may not declare them)."""
     if isinstance(data, str):
         if path_name:
-            yield pointer, data
-    elif isinstance(data, Mapping):
-        for key, value in data.items():
-            yield from _named(value, f"{pointer}/{_escape(str(key))}", _is_path_name(str(key)), depth + 1)
-    elif isinstance(data, list):
-        for index, item in enumerate(data):
-            yield from _named(item, f"{pointer}/{index}", path_name, depth + 1)
+            found.setdefault(_pointer(keys), data)
+    elif depth < MAX_DEPTH:
+        if isinstance(data, Mapping):
+            for key, value in data.items():
+                if isinstance(value, (str, Mapping, list)):
+                    name = str(key)
+                    _named(value, (*keys, name), _is_path_name(name), depth + 1, found)
+        elif isinstance(data, list):
+            for index, item in enumerate(data):
+                _named(item, (*keys, index), path_name, depth + 1, found)
 
 
 def path_arguments(tool: str, schema: Any, arguments: Any) -> list[PathArgument]:
@@ -135,9 +141,6 @@ def path_arguments(tool: str, schema: Any, arguments: Any) -> list[PathArgument]
         return [PathArgument("/path", value, tool in WALK_TOOLS)]
     found: dict[str, str] = {}
     for location in schema_locations(tool, schema):
-        for pointer, value in _at(arguments, location, ""):
-            if isinstance(value, str):
-                found.setdefault(pointer, value)
-    for pointer, value in _named(arguments, "", False, 0):
-        found.setdefault(pointer, value)
+        _at(arguments, location, (), found)
+    _named(arguments, (), False, 0, found)
     return [PathArgument(pointer, value, True) for pointer, value in found.items()]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
 from typing import Any, Final
 
 from ...errors import ContractError
@@ -31,17 +30,18 @@ from .paths import PathRules
 MAX_DEPTH: Final = 16
 
 
-def _strings(value: Any, key: str = "", depth: int = 0) -> Iterator[tuple[str, str]]:
-    if depth > MAX_DEPTH:
-        return
+def _strings(value: Any, found: list[str], depth: int) -> list[str]:
+    """Every string in ``value`` (to ``MAX_DEPTH``), appended to ``found``."""
     if isinstance(value, str):
-        yield key, value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield from _strings(v, str(k), depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _strings(v, key, depth + 1)
+        found.append(value)
+    elif depth < MAX_DEPTH:
+        if isinstance(value, dict):
+            for item in value.values():
+                _strings(item, found, depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                _strings(item, found, depth + 1)
+    return found
 
 
 class ArgumentGuard:
@@ -57,17 +57,20 @@ class ArgumentGuard:
         self._protected = rules.protected
         self._working_dir = rules.working_dir
         self._seen = -1
-        self._paths: tuple[str, ...] = ()
-        self._names: re.Pattern[str] | None = None
+        self._pattern: re.Pattern[str] | None = None
 
     def _refresh(self) -> None:
         entries = list(self._protected)
         self._seen = len(entries)
-        self._paths = tuple(entry.path for entry in entries)
         names = sorted({os.path.basename(e.path) for e in entries
                         if os.path.dirname(e.path) == self._working_dir and not os.path.isdir(e.path)})
-        self._names = re.compile(rf"(^|[\s/'\"=<>|;&])({'|'.join(map(re.escape, names))})($|[\s'\";&|)])") \
-            if names else None
+        # One pattern, one search per string: a protected path anywhere in it (group "path"), or the
+        # name of a protected file in the working directory as a word of its own (group "name").
+        paths = "|".join(map(re.escape, sorted({e.path for e in entries}, key=len, reverse=True)))
+        alternatives = [f"(?P<path>{paths})"] if paths else []
+        if names:
+            alternatives.append(rf"(?:^|[\s/'\"=<>|;&])(?P<name>{'|'.join(map(re.escape, names))})(?:$|[\s'\";&|)])")
+        self._pattern = re.compile("|".join(alternatives)) if alternatives else None
 
     def protected_argument(self, tool: str, schema: Any, arguments: Any) -> ProtectedPath | None:
         """The protected path the first offending argument value names; None when none does."""
@@ -83,11 +86,13 @@ class ArgumentGuard:
                 entry = protected.protects(resolved)
                 if entry is not None:
                     return entry
-        for _, text in _strings(arguments):
-            for path in self._paths:
-                if path in text:
-                    return protected.protects(path)
-            found = self._names.search(text) if self._names is not None else None
+        pattern = self._pattern
+        if pattern is None:
+            return None
+        for text in _strings(arguments, [], 0):
+            found = pattern.search(text)
             if found is not None:
-                return protected.protects(os.path.join(working_dir, found.group(2)))
+                path = found.group("path") if found.group("path") is not None else \
+                    os.path.join(working_dir, found.group("name"))
+                return protected.protects(path)
         return None
