@@ -3,6 +3,7 @@ linear time, or the tool is refused at mount; the host's own tools keep Python's
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -117,3 +118,31 @@ async def test_host_own_tools_keep_python_re(tmp_path: Path) -> None:
                         discover=False) as host:
         assert (await host.call("local_lookahead", {"p": "abc1"})).success
         assert not (await host.call("local_lookahead", {"p": "abc"})).success
+
+
+#: RE2's DFA explodes on this (2^n states for "the n-th character from the end is an a"); its
+#: fallback costs time per character times the program's size (found by review: 11 s end to end).
+DFA_BOMB = "^[ab]*a[ab]{999}$"
+
+
+async def test_a_pattern_too_large_for_re2_to_run_fast_is_refused_at_start(tmp_path: Path) -> None:
+    schema = {"type": "object", "properties": {"text": {"type": "string", "pattern": DFA_BOMB}}}
+    with pytest.raises(PluginLoadError) as caught:
+        async with hostile(tmp_path, tools=[evil_tool(output=schema)]):
+            pass
+    assert "instructions, more than 1000" in str(caught.value) and "outputSchema" in str(caught.value)
+
+
+async def test_a_long_string_against_a_costly_pattern_fails_validation_without_stalling(tmp_path: Path) -> None:
+    """Below the size limit a DFA-exploding pattern still costs per character: a string too long for
+    the work bound is not matched (the call fails validation) instead of stalling the event loop."""
+    schema = {"type": "object", "properties": {"text": {"type": "string", "pattern": "^[ab]*a[ab]{400}$"}}}
+    rng = random.Random(7)  # random text: every position starts new DFA states
+    long_text = "".join(rng.choice("ab") for _ in range(600_000))
+    async with hostile(tmp_path, tools=[evil_tool(output=schema)]) as host:
+        start = time.perf_counter()
+        result = await host.call("mcp::h::evil", {"text": long_text})
+        elapsed = time.perf_counter() - start
+        assert not result.success and result.error is not None and result.error["type"] == "ContractError"
+        assert elapsed < 3.0, f"checking the output took {elapsed:.1f} s"
+        assert (await host.call("mcp::h::evil", {"text": "a" + "b" * 400})).success

@@ -16,11 +16,15 @@ matches only at the end, ``[^]``, ``\\cX``) are whatever RE2 makes of them. A sc
 too when it nests ``$schema`` below its root, or combines ``unevaluatedProperties`` with
 ``patternProperties``, because jsonschema would then evaluate the patterns on ``re``. Refusal
 is decided by keyword name wherever it appears (also inside ``const``, ``enum``, ``default``
-and ``examples`` data): it errs towards refusing.
+and ``examples`` data): it errs towards refusing. A pattern whose RE2 program is larger than
+``MAX_PROGRAM_SIZE`` instructions is refused too, and a string longer than ``MAX_MATCH_WORK``
+divided by the program's size is not matched at all (it fails validation): RE2's fallback when
+its DFA explodes costs time per character times program size.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any, Final
 
@@ -28,6 +32,7 @@ import re2
 
 from ..schema_fastpath import CompiledPattern
 
+log = logging.getLogger(__name__)
 _ECMA_ESCAPE: Final = re.compile(r"\\(u([0-9A-Fa-f]{4})|.)", re.DOTALL)
 _OPTIONS: Final = re2.Options()
 _OPTIONS.log_errors = False  # a refused pattern is reported by us, not logged to stderr by RE2
@@ -37,10 +42,45 @@ def _to_re2(pattern: str) -> str:
     return _ECMA_ESCAPE.sub(lambda m: f"\\x{{{m.group(2)}}}" if m.group(2) else m.group(0), pattern)
 
 
+#: RE2 is linear in the text, but a pattern whose DFA explodes (``[ab]*a[ab]{999}``) falls back to a
+#: simulation costing time per character *times* the program's size: a server that writes the
+#: pattern and the value could stall the event loop for minutes. Larger programs are refused.
+MAX_PROGRAM_SIZE: Final = 1000
+#: Characters x program instructions one match may cost (about a quarter second at worst); a longer
+#: string counts as not matching, and the call fails validation instead of stalling the loop.
+MAX_MATCH_WORK: Final = 20_000_000
+
+
+class PatternTooLarge(re2.error):  # type: ignore[misc]  # re2 has no type hints
+    """A pattern RE2 could compile, refused for its size (``MAX_PROGRAM_SIZE``)."""
+
+
+class BoundedPattern:
+    """An RE2 pattern that refuses (does not match) a string too long for ``MAX_MATCH_WORK``."""
+
+    __slots__ = ("_regex", "max_length")
+
+    def __init__(self, regex: Any, size: int) -> None:
+        self._regex = regex
+        self.max_length = MAX_MATCH_WORK // max(size, 1)
+
+    def search(self, string: str) -> object:
+        if len(string) > self.max_length:
+            log.warning("an imported schema's pattern was not run on a %d-character string (at most %d for "
+                        "this pattern); the value counts as not matching", len(string), self.max_length)
+            return None
+        return self._regex.search(string)
+
+
 def compile_pattern(pattern: str) -> CompiledPattern:
-    """``pattern`` compiled by RE2; ``re2.error`` when RE2 cannot run it."""
-    compiled: CompiledPattern = re2.compile(_to_re2(pattern), _OPTIONS)
-    return compiled
+    """``pattern`` compiled by RE2; ``re2.error`` when RE2 cannot run it or its program is larger
+    than ``MAX_PROGRAM_SIZE``."""
+    compiled = re2.compile(_to_re2(pattern), _OPTIONS)
+    size = max(compiled.programsize, compiled.reverseprogramsize)
+    if size > MAX_PROGRAM_SIZE:
+        raise PatternTooLarge(f"its RE2 program has {size} instructions, more than {MAX_PROGRAM_SIZE} (a pattern this "
+                              "large could stall the host on a long string)")
+    return BoundedPattern(compiled, size)
 
 
 def _pointer(parts: tuple[str, ...]) -> str:
@@ -50,6 +90,8 @@ def _pointer(parts: tuple[str, ...]) -> str:
 def _reason(pattern: str) -> str | None:
     try:
         compile_pattern(pattern)
+    except PatternTooLarge as exc:
+        return f"refused: {exc}"
     except re2.error as exc:
         detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
         return f"RE2 cannot run it ({detail}; lookaround and backreferences are not supported)"
