@@ -90,7 +90,11 @@ class ServerConnection:
         try:
             await asyncio.wait_for(asyncio.shield(ready), self.settings.startup_timeout_ms / 1000.0)
         except BaseException as exc:
+            if not ready.done() and self._task is not None:  # still starting: stop it now (close() would
+                self._task.cancel()                             # wait up to 10 s for the start to end)
             await self.close()
+            if ready.done() and not ready.cancelled():
+                ready.exception()  # retrieved: the start's own failure is what is raised below
             if isinstance(exc, asyncio.TimeoutError):
                 raise ExecutionError(
                     f"MCP server {self.settings.name!r} did not start within "
@@ -222,6 +226,9 @@ class ServerConnection:
                                  code="mcp_protocol_error", mcp_code=exc.code) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             raise self._died(exc) from None
+        except ValueError as exc:  # pydantic's ValidationError: a result that is no CallToolResult
+            raise ExecutionError(f"MCP server {self.settings.name!r} sent a malformed tools/call result: "
+                                 f"{str(exc)[:500]}", code="mcp_protocol_error") from None
 
     def _died(self, exc: BaseException) -> ExecutionError:
         code = self._process.returncode if self._process is not None else None

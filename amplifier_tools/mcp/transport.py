@@ -180,7 +180,7 @@ async def stdio_process(
                         # The server is broken: its tree goes before the calls in flight fail
                         # (when the stream ends here), not at the next call.
                         server.oversized = len(buffer)
-                        kill_descendants(process.pid)
+                        await _sweep(process.pid)  # a /proc walk: off the event loop
                         kill_group(process.pid)
                         break
             # Drain to EOF (discarding) so the pipe, paused while unread, can close.
@@ -215,5 +215,6 @@ async def stdio_process(
                         await stream.aclose()
                 group.cancel_scope.cancel()
     finally:
-        kill_descendants(process.pid)
-        kill_group(process.pid)
+        if process.returncode is None:  # once the leader is reaped its pid may be another process's
+            kill_descendants(process.pid)
+            kill_group(process.pid)

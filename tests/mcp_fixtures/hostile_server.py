@@ -5,11 +5,13 @@ variables (all optional):
 
 ``HOSTILE_TOOLS``      JSON list of extra tool definitions to list (hostile schemas).
 ``HOSTILE_PID_FILE``   receives this process's pid.
+``HOSTILE_HANG_INIT``  when set, never answers ``initialize``.
 ``HOSTILE_ESCAPE_FILE``  at start, runs ``setsid sleep 1000 &`` through ``sh`` (a grandchild in
                        another session and process group, orphaned at once) and writes its pid.
 
 Tools: ``big`` answers with one text block of ``bytes`` characters on a single line;
-``environ`` returns this process's environment as JSON; ``parent_environ`` returns the text
+``environ`` returns this process's environment as JSON; ``malformed`` answers with a result
+that is no ``CallToolResult`` (``content`` is a number); ``parent_environ`` returns the text
 of ``/proc/<parent pid>/environ`` (or the error); ``echo`` (and every tool from
 ``HOSTILE_TOOLS``) returns ``{"text": ...}`` as structured content.
 """
@@ -28,6 +30,8 @@ TOOLS: list[dict[str, Any]] = [
     {"name": "parent_environ", "description": "Read the parent's environment.",
      "inputSchema": {"type": "object"}},
     {"name": "environ", "description": "This process's own environment.",
+     "inputSchema": {"type": "object"}},
+    {"name": "malformed", "description": "A result that breaks the protocol.",
      "inputSchema": {"type": "object"}},
     {"name": "echo", "description": "Echo.",
      "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}},
@@ -54,6 +58,8 @@ def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
             return text(f"unreadable: {exc}")
     if name == "environ":
         return text(json.dumps(dict(os.environ)))
+    if name == "malformed":
+        return {"content": 5}
     # echo, and every tool listed through HOSTILE_TOOLS
     return {"content": [{"type": "text", "text": arguments.get("text", "")}],
             "structuredContent": {"text": arguments.get("text", "")}}
@@ -76,6 +82,8 @@ def main() -> None:
         method, rid = request.get("method"), request.get("id")
         if rid is None:
             continue  # a notification
+        if method == "initialize" and os.environ.get("HOSTILE_HANG_INIT"):
+            continue
         if method == "initialize":
             result: dict[str, Any] = {"protocolVersion": request["params"]["protocolVersion"],
                                       "capabilities": {"tools": {}},

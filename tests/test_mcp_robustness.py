@@ -1,0 +1,37 @@
+"""An imported server that misbehaves at start or in a result (found by review): typed errors,
+in the time the settings promise."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp_helpers import hostile
+
+from amplifier_tools import PluginLoadError
+
+
+async def test_a_server_that_never_initializes_fails_the_start_within_its_startup_timeout(tmp_path: Path) -> None:
+    """The start waited for its own cleanup 10 s past ``startup_timeout_ms`` (12 s for 1 s)."""
+    host = hostile(tmp_path, env={"HOSTILE_HANG_INIT": "1"}, startup_timeout_ms=1000)
+    start = time.monotonic()
+    with pytest.raises(PluginLoadError) as caught:
+        await host.start()
+    elapsed = time.monotonic() - start
+    await host.close()
+    assert "did not start within 1000 ms" in str(caught.value)
+    assert elapsed < 4.0, f"the start failed after {elapsed:.1f} s"
+
+
+async def test_a_malformed_call_result_is_a_protocol_error(tmp_path: Path) -> None:
+    """It was a bare pydantic ValidationError, reported as an internal error."""
+    async with hostile(tmp_path) as host:
+        result = await host.call("mcp::h::malformed", {})
+        assert not result.success and result.error is not None
+        assert result.error["code"] == "mcp_protocol_error", result.error
+        assert "malformed tools/call result" in result.error["message"]
+        assert (await host.call("mcp::h::echo", {"text": "still here"})).success
