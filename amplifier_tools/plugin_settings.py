@@ -51,6 +51,13 @@ from .errors import ConfigError
 T = TypeVar("T")
 A = TypeVar("A", bound=AttrsInstance)
 
+#: The classes marked ``@settings_class`` (and those nested in them).
+_SETTINGS: set[type[Any]] = set()
+
+
+def _is_settings(t: Any) -> bool:
+    return isinstance(t, type) and t in _SETTINGS
+
 
 @attrs.frozen
 class Expect:
@@ -108,7 +115,7 @@ EnvNames = Annotated[tuple[str, ...], Expect("a list of environment variable nam
 def structure_settings(config: Mapping[str, Any], cls: type[T], where: str) -> T:
     """``config`` (a plugin's table) as an instance of the settings class ``cls``; a ``ConfigError``
     naming the key below ``where`` (``plugins.<name>``) for the first problem."""
-    if cls not in _SETTINGS:
+    if not _is_settings(cls):
         raise TypeError(f"{cls.__name__} is not marked @settings_class, so it would not be structured strictly")
     if not isinstance(config, Mapping):
         raise ConfigError(f"must be a table, got {_shown(config)}", key=where)
@@ -130,9 +137,6 @@ def settings_class(cls: type[A]) -> type[A]:
     return cls
 
 
-_SETTINGS: set[type[Any]] = set()
-
-
 def _structure_fn(cls: type[Any]) -> Callable[[Any, Any], Any]:
     """The structure function of a settings class: cattrs' own, with a strict hook per field."""
     hooks: dict[str, Any] = {field.name: override(struct_hook=_field_hook(field.type))
@@ -147,7 +151,7 @@ def _structure_fn(cls: type[Any]) -> Callable[[Any, Any], Any]:
     return table
 
 
-converter.register_structure_hook_factory(lambda t: t in _SETTINGS, _structure_fn)
+converter.register_structure_hook_factory(_is_settings, _structure_fn)
 
 
 def _field_hook(t: Any) -> Callable[[Any, Any], Any]:
@@ -221,7 +225,7 @@ def _fits(value: Any, t: Any) -> bool:
     expect, t = _split(t)
     if expect is not None and expect.check is not None:
         return _fits(value, t) and expect.check(value)
-    if t is Any or t in _SETTINGS:
+    if t is Any or _is_settings(t):
         return True
     if t is bool:
         return isinstance(value, bool)
@@ -262,7 +266,7 @@ def _describe(t: Any) -> str:
     expect, t = _split(_without_none(t))
     if expect is not None:
         return expect.description
-    if t in _SETTINGS:
+    if _is_settings(t):
         return "a table"
     if t is bool:
         return "true or false"
@@ -279,7 +283,7 @@ def _describe(t: Any) -> str:
 
 
 def _plural(t: Any) -> str:
-    return "tables" if t in _SETTINGS else _PLURALS.get(t, "values")
+    return "tables" if _is_settings(t) else _PLURALS.get(t, "values")
 
 
 def _one_of(words: list[str]) -> str:

@@ -19,6 +19,7 @@ from amplifier_tools.builtins.filesystem.settings import FilesystemSettings
 from amplifier_tools.builtins.policy.settings import PolicySettings
 from amplifier_tools.errors import ConfigError
 from amplifier_tools.mcp.settings import McpSettings
+from amplifier_tools.models import ToolContext
 from amplifier_tools.plugin_settings import structure_settings
 
 SETTINGS: dict[str, type[Any]] = {"filesystem": FilesystemSettings, "bash": BashSettings, "audit": AuditSettings,
@@ -230,6 +231,11 @@ def test_a_nested_table_gets_its_defaults_too() -> None:
                                PolicySettings, "plugins.policy").rules
     assert [rule.name for rule in rules] == ["no-etc", "rule 2"]  # unnamed: its place in the list
     assert (rules[1].tools, rules[1].principals, rules[1].reason) == (("*",), None, "")
+
+
+def test_only_a_settings_class_is_structured_this_way() -> None:
+    with pytest.raises(TypeError, match="not marked @settings_class"):
+        structure_settings({}, ToolContext, "plugins.x")
 
 
 def test_settings_are_frozen() -> None:
