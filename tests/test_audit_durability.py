@@ -97,7 +97,7 @@ async def test_interval_is_the_default_and_a_stalled_fsync_holds_back_no_record(
     host = await make(tmp_path, fsync_interval_ms=1)
     try:
         plugin = host.plugin_manager.get_plugin("audit")
-        assert plugin.settings["fsync"] == "interval" and plugin.settings["fsync_interval_ms"] == 1
+        assert plugin.settings.fsync == "interval" and plugin.settings.fsync_interval_ms == 1
         disk.release.clear()  # the disk stops answering fsync: calls go on, every record is written
         for i in range(300):
             assert (await host.call("test_anything", {"i": i})).success

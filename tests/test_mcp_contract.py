@@ -11,7 +11,8 @@ from amplifier_tools import Effect
 from amplifier_tools.errors import ConfigError
 from amplifier_tools.mcp.contract import build_spec, effect_from_annotations
 from amplifier_tools.mcp.pinning import check_pins, definition_hash
-from amplifier_tools.mcp.settings import parse_settings
+from amplifier_tools.mcp.settings import McpSettings
+from amplifier_tools.plugin_settings import structure_settings
 
 
 @pytest.mark.parametrize(("hints", "effect"), [
@@ -72,5 +73,5 @@ def test_tool_name_that_is_not_a_valid_segment_is_rejected() -> None:
 ])
 def test_bad_config_is_a_config_error_naming_the_key(config: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError) as info:
-        parse_settings(config)
+        structure_settings(config, McpSettings, "plugins.mcp")
     assert info.value.key == key

@@ -16,7 +16,8 @@ from typing import Any, Final
 from .._markers import hookimpl
 from ..errors import ConfigError
 from ..hoststate import ProtectedPaths
-from .settings import PLUGIN, McpSettings, parse_settings
+from ..plugin_settings import structure_settings
+from .settings import PLUGIN, McpSettings
 
 __all__ = ["McpImportPlugin", "MISSING_SDK_MESSAGE", "sdk_available"]
 
@@ -50,7 +51,7 @@ class McpImportPlugin:
 
     @hookimpl
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
-        self.settings = parse_settings(config)
+        self.settings = structure_settings(config, McpSettings, f"plugins.{PLUGIN}")
         if not self.settings.servers:
             return None
         if not sdk_available():
@@ -61,7 +62,7 @@ class McpImportPlugin:
         found = coordinator.get_capability("session.protected_paths")
         protected = found if isinstance(found, ProtectedPaths) else ProtectedPaths()
         writable = coordinator.get_capability("session.writable_roots")
-        for server in self.settings.servers:  # the host refuses its own state inside these at start
+        for server in self.settings.servers.values():  # the host refuses its own state inside these at start
             if server.sandbox != "off" and isinstance(writable, list):
                 writable.extend(os.path.realpath(os.path.expanduser(p)) for p in server.sandbox_write_paths)
 
@@ -69,8 +70,8 @@ class McpImportPlugin:
             return [entry.path for entry in protected if not entry.alias]
 
         try:
-            for server in self.settings.servers:
-                connection = ServerConnection(server, working_dir, protected_now)
+            for name, server in self.settings.servers.items():
+                connection = ServerConnection(name, server, working_dir, protected_now)
                 self.connections.append(connection)
                 for tool in await import_server(connection):
                     await coordinator.mount("tools", tool)

@@ -48,8 +48,10 @@ BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 class ServerConnection:
     """A live session with one stdio MCP server, restarted on demand after it dies."""
 
-    def __init__(self, settings: ServerSettings, working_dir: str,
+    def __init__(self, name: str, settings: ServerSettings, working_dir: str,
                  protected: Callable[[], Iterable[str]] = tuple) -> None:
+        #: The server's name: its key in ``[plugins.mcp.servers]``.
+        self.name = name
         self.settings = settings
         self.working_dir = working_dir
         #: The host's protected paths as they are now (masked in a sandboxed server's view).
@@ -83,10 +85,10 @@ class ServerConnection:
     async def start(self) -> None:
         """Start the server, initialize the session and list its tools (all pages)."""
         # Before anything starts: a sandbox that cannot be had fails the start (never runs unconfined).
-        self._wrap = await sandbox_wrap(self.settings, self.working_dir, self.protected())
+        self._wrap = await sandbox_wrap(self.name, self.settings, self.working_dir, self.protected())
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
-        self._task = asyncio.create_task(self._run(ready, self._stop), name=f"mcp-server-{self.settings.name}")
+        self._task = asyncio.create_task(self._run(ready, self._stop), name=f"mcp-server-{self.name}")
         try:
             await asyncio.wait_for(asyncio.shield(ready), self.settings.startup_timeout_ms / 1000.0)
         except BaseException as exc:
@@ -97,7 +99,7 @@ class ServerConnection:
                 ready.exception()  # retrieved: the start's own failure is what is raised below
             if isinstance(exc, asyncio.TimeoutError):
                 raise ExecutionError(
-                    f"MCP server {self.settings.name!r} did not start within "
+                    f"MCP server {self.name!r} did not start within "
                     f"{self.settings.startup_timeout_ms:g} ms", code="mcp_start_timeout") from None
             raise
 
@@ -122,9 +124,9 @@ class ServerConnection:
                         tools.extend(page.tools)
                         if len(tools) > s.max_tools:  # each costs memory and mount time: stop reading
                             raise ExecutionError(
-                                f"MCP server {s.name!r} lists more than {s.max_tools} tools; raise "
-                                f"plugins.mcp.servers.{s.name}.max_tools if that is expected",
-                                code="mcp_too_many_tools", setting=f"plugins.mcp.servers.{s.name}.max_tools")
+                                f"MCP server {self.name!r} lists more than {s.max_tools} tools; raise "
+                                f"plugins.mcp.servers.{self.name}.max_tools if that is expected",
+                                code="mcp_too_many_tools", setting=f"plugins.mcp.servers.{self.name}.max_tools")
                         cursor = page.next_cursor
                         if not cursor:
                             break
@@ -143,7 +145,7 @@ class ServerConnection:
                 ready.set_exception(too_large)
             elif not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else ExecutionError(
-                    f"MCP server {s.name!r} start was cancelled", code="mcp_start_failed"))
+                    f"MCP server {self.name!r} start was cancelled", code="mcp_start_failed"))
             elif not isinstance(exc, (Exception, asyncio.CancelledError)):
                 raise
         finally:
@@ -161,7 +163,7 @@ class ServerConnection:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             except Exception:
-                log.exception("MCP server %r failed while closing", self.settings.name)
+                log.exception("MCP server %r failed while closing", self.name)
 
     @property
     def alive(self) -> bool:
@@ -177,17 +179,17 @@ class ServerConnection:
                 return self._session
             if self.restarts >= self.settings.max_restarts:
                 raise ExecutionError(
-                    f"MCP server {self.settings.name!r} is down and was restarted "
+                    f"MCP server {self.name!r} is down and was restarted "
                     f"{self.restarts} time(s), the configured maximum", code="mcp_server_unavailable")
             self.restarts += 1
-            log.warning("restarting MCP server %r (restart %d)", self.settings.name, self.restarts)
+            log.warning("restarting MCP server %r (restart %d)", self.name, self.restarts)
             await self.close()
             try:
                 await self.start()
             except ExecutionError:
                 raise
             except Exception as exc:
-                raise ExecutionError(f"MCP server {self.settings.name!r} could not be restarted: {exc}",
+                raise ExecutionError(f"MCP server {self.name!r} could not be restarted: {exc}",
                                      code="mcp_restart_failed") from exc
             changed = [name for name, digest in (self._mounted_hashes or {}).items()
                        if self.hashes.get(name) != digest]
@@ -196,7 +198,7 @@ class ServerConnection:
                 self.restarts = self.settings.max_restarts  # do not keep restarting a changed server
                 name = changed[0]
                 raise ContractError(
-                    f"MCP server {self.settings.name!r} tool {name!r} definition changed on restart: "
+                    f"MCP server {self.name!r} tool {name!r} definition changed on restart: "
                     f"mounted {(self._mounted_hashes or {})[name]}, server now sends {self.hashes.get(name)}",
                     code="pin_mismatch")
             assert self._session is not None
@@ -220,9 +222,9 @@ class ServerConnection:
             if exc.code in _DEAD_CODES or not self.alive:
                 raise self._died(exc) from None
             if exc.code == mcp_types.REQUEST_TIMEOUT:
-                raise PolicyError(f"MCP server {self.settings.name!r} did not answer in time",
+                raise PolicyError(f"MCP server {self.name!r} did not answer in time",
                                   code="timeout") from None
-            raise ExecutionError(f"MCP server {self.settings.name!r} returned error {exc.code}: {exc.message}",
+            raise ExecutionError(f"MCP server {self.name!r} returned error {exc.code}: {exc.message}",
                                  code="mcp_protocol_error", mcp_code=exc.code) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             raise self._died(exc) from None
@@ -237,7 +239,7 @@ class ServerConnection:
         if too_large is not None:
             return too_large
         return ExecutionError(
-            f"MCP server {self.settings.name!r} died during the call (exit status {code}); "
+            f"MCP server {self.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
 
     def _too_large(self) -> ExecutionError | None:
@@ -247,8 +249,8 @@ class ServerConnection:
             return None
         limit = self.settings.max_message_bytes
         return ExecutionError(
-            f"MCP server {self.settings.name!r} sent a message larger than {limit} bytes "
-            f"(plugins.mcp.servers.{self.settings.name}.max_message_bytes); it was stopped "
+            f"MCP server {self.name!r} sent a message larger than {limit} bytes "
+            f"(plugins.mcp.servers.{self.name}.max_message_bytes); it was stopped "
             "and is restarted on the next call", code="mcp_message_too_large", retryable=False,
             limit=limit, received_bytes=oversized)
 
@@ -294,7 +296,7 @@ def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResul
     run by ``serve-mcp``), its type, code and message are kept as
     ``remote_type``/``remote_code``/``remote_message``.
     """
-    metadata = {"mcp": {"server": tool.connection.settings.name, "tool": tool.remote_name,
+    metadata = {"mcp": {"server": tool.connection.name, "tool": tool.remote_name,
                         "server_version": tool.connection.server_info.version if tool.connection.server_info else None,
                         "definition_sha256": tool.definition_hash}}
     text = _text(result)
@@ -343,31 +345,31 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
     Raises ``ContractError`` (code ``pin_mismatch``) naming the tool and both
     hashes when a pin is not met and ``on_pin_mismatch = "refuse"``.
     """
-    s = connection.settings
+    s, server = connection.settings, connection.name
     await connection.start()
     version = connection.server_info.version if connection.server_info else None
     problems = check_pins(version=version, pinned_version=s.version, hashes=connection.hashes, pins=s.pins)
     skipped: set[str] = set()
     for problem in problems:
-        message = problem.describe(s.name)
+        message = problem.describe(server)
         if s.on_pin_mismatch == "refuse" or problem.tool is None:
             raise ContractError(message + " (refused: on_pin_mismatch = 'refuse')", code="pin_mismatch",
-                                server=s.name, tool=problem.tool, pinned=problem.pinned, actual=problem.actual)
+                                server=server, tool=problem.tool, pinned=problem.pinned, actual=problem.actual)
         log.warning("%s; not mounted", message)
         skipped.add(problem.tool)
     unknown = sorted(set(s.tools) - set(connection.definitions))
     if unknown:
-        raise ContractError(f"MCP server {s.name!r} lists no tool {unknown[0]!r} named in "
-                            f"plugins.mcp.servers.{s.name}.tools", code="unknown_tool")
+        raise ContractError(f"MCP server {server!r} lists no tool {unknown[0]!r} named in "
+                            f"plugins.mcp.servers.{server}.tools", code="unknown_tool")
     tools = []
     for name, definition in connection.definitions.items():
         override = s.tools.get(name)
         if name in skipped or (override is not None and not override.enabled):
             continue
         if s.require_pins and name not in s.pins:
-            log.warning("MCP server %r tool %r has no pin and require_pins is set; not mounted", s.name, name)
+            log.warning("MCP server %r tool %r has no pin and require_pins is set; not mounted", server, name)
             continue
-        refusal = _pattern_refusal(s.name, name, definition)
+        refusal = _pattern_refusal(server, name, definition)
         if refusal is not None:
             if s.on_unsupported_pattern == "refuse":
                 raise refusal
@@ -375,12 +377,12 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
             continue
         digest = connection.hashes[name]
         try:
-            spec = build_spec(server=s.name, definition=definition, digest=digest,
+            spec = build_spec(server=server, definition=definition, digest=digest,
                               server_name=connection.server_info.name if connection.server_info else None,
                               server_version=version, effect=override.effect if override else None,
                               timeout_ms=s.timeout_ms)
         except (ValueError, TypeError) as exc:
-            raise ContractError(f"MCP server {s.name!r} tool {name!r} has an unusable definition: {exc}",
+            raise ContractError(f"MCP server {server!r} tool {name!r} has an unusable definition: {exc}",
                                 code="invalid_contract") from exc
         tools.append(McpTool(connection, name, spec, digest))
     connection.freeze_definitions({tool.remote_name: tool.definition_hash for tool in tools})

@@ -46,18 +46,19 @@ def view_for(settings: ServerSettings, working_dir: str, protected: Iterable[str
     return view if engine.visible(cwd, view) else attrs.evolve(view, read_only=(*read_only, cwd))
 
 
-async def sandbox_wrap(settings: ServerSettings, working_dir: str, protected: Iterable[str]) -> Wrap | None:
+async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, protected: Iterable[str]
+                       ) -> Wrap | None:
     """The function that turns the server's resolved argv into its sandboxed argv, or None for
     ``sandbox = "off"``. Raises ``ToolSystemError`` (``sandbox_unavailable``) when bubblewrap is
     missing or cannot make a sandbox here. The probe runs once per process, in a thread."""
     if settings.sandbox == "off":
         return None
-    where = f"[plugins.mcp.servers.{settings.name}]"
+    where = f"[plugins.mcp.servers.{name}]"
     bwrap, reason = await engine.find_bwrap()
     if bwrap is None or reason is not None:
         raise engine.unavailable(reason or "no usable bwrap", where)
     view = view_for(settings, working_dir, protected)
-    key = f"plugins.mcp.servers.{settings.name}.sandbox_read_paths"
+    key = f"plugins.mcp.servers.{name}.sandbox_read_paths"
 
     def wrap(argv: Sequence[str]) -> list[str]:
         program = os.path.realpath(argv[0])

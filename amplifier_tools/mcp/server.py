@@ -30,7 +30,8 @@ from ..config import plugin_section
 from ..errors import ConfigError
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
-from .settings import PLUGIN, ServeSettings, parse_settings
+from ..plugin_settings import structure_settings
+from .settings import PLUGIN, McpSettings, ServeSettings
 
 
 def serve_settings(host: ToolHost) -> ServeSettings:
@@ -41,7 +42,7 @@ def serve_settings(host: ToolHost) -> ServeSettings:
     if isinstance(serve, ServeSettings):
         return serve
     own, _ = plugin_section(host.config, PLUGIN)
-    return parse_settings(own).serve
+    return structure_settings(own, McpSettings, f"plugins.{PLUGIN}").serve
 
 
 def caller_context(host: ToolHost, settings: ServeSettings) -> ToolContext:

@@ -32,63 +32,17 @@ from ..._json import dumps, encodable
 from ..._markers import hookimpl
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
+from ...plugin_settings import structure_settings
 from ...redaction import SecretSet, redact
 from ...spec import ToolSpec
 from .chain import anchor_path, encode_body, log_location
+from .settings import AuditSettings
 from .writer import AuditWriteError, AuditWriter
 
 log = logging.getLogger("amplifier_tools.audit")
 
 PLUGIN: Final = "audit"
 SCHEMA_VERSION: Final = 1
-DEFAULTS: Final[dict[str, Any]] = {
-    "path": None,  # default: <state_dir>/audit.jsonl
-    "fsync": "interval",
-    "fsync_every": 100,
-    "fsync_interval_ms": 100,
-    "rotate_bytes": None,
-    "rotate_seconds": None,
-    "mode": "fail_closed",
-    "record_output": False,
-    "redact_patterns": True,
-    "otel": False,
-    "checkpoint_key_ref": None,  # a secret ref (host config ``secrets``) holding the HMAC key
-    "checkpoint_every": 1000,
-}
-
-
-def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """Settings with defaults; ``ConfigError`` naming the key on anything unknown or wrong."""
-    settings = dict(DEFAULTS)
-    checks = {
-        "path": lambda v: isinstance(v, str) and v != "",
-        "fsync": lambda v: v in ("always", "interval", "never"),
-        "fsync_every": lambda v: type(v) is int and v > 0,
-        "fsync_interval_ms": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-        "rotate_bytes": lambda v: type(v) is int and v > 0,
-        "rotate_seconds": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0,
-        "mode": lambda v: v in ("fail_closed", "fail_open"),
-        "record_output": lambda v: isinstance(v, bool),
-        "redact_patterns": lambda v: isinstance(v, bool),
-        "otel": lambda v: isinstance(v, bool),
-        "checkpoint_key_ref": lambda v: isinstance(v, str) and v != "",
-        "checkpoint_every": lambda v: type(v) is int and v > 0,
-    }
-    expected = {"path": "a file path", "fsync": "'always', 'interval' or 'never'",
-                "mode": "'fail_closed' or 'fail_open'", "record_output": "true or false",
-                "redact_patterns": "true or false", "otel": "true or false",
-                "checkpoint_key_ref": "the name of a secret reference"}
-    for key, value in config.items():
-        if key not in DEFAULTS:
-            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=f"plugins.{PLUGIN}.{key}",
-                              expected=DEFAULTS)
-        if not checks[key](value):
-            raise ConfigError(f"must be {expected.get(key, 'a positive number')}, got {value!r}",
-                              key=f"plugins.{PLUGIN}.{key}")
-        settings[key] = value
-    return settings
-
-
 def _register_secrets(spec: ToolSpec | None, context: ToolContext, secrets: SecretSet) -> None:
     """The tool's own secret values join the registry (a context from outside the host may carry
     a resolver that does not register what it resolves)."""
@@ -100,7 +54,7 @@ def _register_secrets(spec: ToolSpec | None, context: ToolContext, secrets: Secr
 
 
 def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
-                 original: Any, settings: dict[str, Any], secrets: SecretSet | None = None) -> dict[str, Any]:
+                 original: Any, settings: AuditSettings, secrets: SecretSet | None = None) -> dict[str, Any]:
     """The record of one call, redacted, before it is chained.
 
     ``secrets`` is the host-wide registry (``session.secrets``); without one, only the called
@@ -129,7 +83,7 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     paths = [*rules, *(r.replace("arguments/", "original_arguments/", 1) for r in rules if r.startswith("arguments/"))]
     altered: list[str] = []
     try:
-        io = redact(raw, secrets=secrets, paths=paths, patterns=settings["redact_patterns"])
+        io = redact(raw, secrets=secrets, paths=paths, patterns=settings.redact_patterns)
         output_bytes = dumps(io["output"]) if result.output is not None else b""
         # NaN and infinities encode, but not as themselves (orjson: null; json: a non-JSON token):
         # look for them only when the encoded values could hold one.
@@ -141,7 +95,7 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     if suspect:
         clean = encodable(raw, altered)
         if altered or failed:
-            io = redact(clean, secrets=secrets, paths=paths, patterns=settings["redact_patterns"])
+            io = redact(clean, secrets=secrets, paths=paths, patterns=settings.redact_patterns)
             output_bytes = dumps(io["output"]) if result.output is not None else b""
     record: dict[str, Any] = {
         "v": SCHEMA_VERSION,
@@ -167,7 +121,7 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         "attempts": result.metadata.get("attempts", 1),
         "duration_ms": round(float(result.metadata.get("duration_ms", 0.0)), 3),
     }
-    if settings["record_output"]:
+    if settings.record_output:
         record["output"] = io["output"]
     if altered:
         record["altered"] = altered
@@ -198,7 +152,7 @@ class AuditPlugin:
     def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         self._providers = (tracer_provider, meter_provider)
         self.telemetry: Any = None
-        self.settings: dict[str, Any] = dict(DEFAULTS)
+        self.settings = AuditSettings()
         self.writer: AuditWriter | None = None
         self._original: dict[int, Any] = {}
         self._warned = False
@@ -210,17 +164,17 @@ class AuditPlugin:
     @hookimpl(tryfirst=True)
     def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
         """First to mount, so that its cleanup (closing the log) runs last."""
-        self.settings = parse_settings(config)
+        self.settings = structure_settings(config, AuditSettings, f"plugins.{PLUGIN}")
         self._coordinator = coordinator
         registry = coordinator.get_capability("session.secrets")
         if isinstance(registry, SecretSet):
             self.secrets = registry
-        if self.settings["otel"]:
+        if self.settings.otel:
             from .otel import ToolTelemetry
 
             self.telemetry = ToolTelemetry(*self._providers, secrets=self.secrets,
-                                           patterns=self.settings["redact_patterns"])
-        configured = self.settings["path"]
+                                           patterns=self.settings.redact_patterns)
+        configured = self.settings.path
         state_dir = coordinator.get_capability("session.state_dir")
         if configured is None and state_dir is None:
             raise ConfigError("no path configured and the host provides no session.state_dir",
@@ -232,7 +186,7 @@ class AuditPlugin:
             key = f"plugins.{PLUGIN}.path" if configured else None
             protected.add(path, "the audit log", key=key)
             protected.add(anchor_path(path), "the audit log's anchor", key=key)
-        key_ref = self.settings["checkpoint_key_ref"]
+        key_ref = self.settings.checkpoint_key_ref
         secret = None
         if key_ref is not None:
             try:
@@ -241,15 +195,15 @@ class AuditPlugin:
                 raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
                                   key=f"plugins.{PLUGIN}.checkpoint_key_ref") from None
         try:
-            self.writer = AuditWriter(path, fsync=self.settings["fsync"], fsync_every=self.settings["fsync_every"],
-                                      fsync_interval_ms=self.settings["fsync_interval_ms"],
-                                      rotate_bytes=self.settings["rotate_bytes"],
-                                      rotate_seconds=self.settings["rotate_seconds"],
+            self.writer = AuditWriter(path, fsync=self.settings.fsync, fsync_every=self.settings.fsync_every,
+                                      fsync_interval_ms=self.settings.fsync_interval_ms,
+                                      rotate_bytes=self.settings.rotate_bytes,
+                                      rotate_seconds=self.settings.rotate_seconds,
                                       checkpoint_key=secret, checkpoint_key_ref=key_ref or "",
-                                      checkpoint_every=self.settings["checkpoint_every"],
+                                      checkpoint_every=self.settings.checkpoint_every,
                                       on_tamper=self._tampered)
         except OSError as exc:
-            if self.settings["mode"] == "fail_closed":
+            if self.settings.mode == "fail_closed":
                 raise ConfigError(f"cannot open the audit log {path}: {exc.strerror or exc}",
                                   key=f"plugins.{PLUGIN}.path") from None
             log.warning("audit log %s cannot be opened (%s); calls go unrecorded (mode fail_open)", path, exc)
@@ -261,7 +215,7 @@ class AuditPlugin:
         """The writer found the log not as it left it: say so where it cannot be rewritten."""
         print(f"amplifier-tools audit: TAMPERING: {reason}"
               + (f"; the untrusted file was kept as {moved_to}" if moved_to else "")
-              + ("; refusing further calls (mode fail_closed)" if self.settings["mode"] == "fail_closed" else ""),
+              + ("; refusing further calls (mode fail_closed)" if self.settings.mode == "fail_closed" else ""),
               file=sys.stderr)
         data = {"reason": reason, "moved_to": moved_to,
                 "path": str(self.writer.path) if self.writer is not None else None}
@@ -289,7 +243,7 @@ class AuditPlugin:
     def tool_pre(self, call: ToolCall, context: ToolContext) -> None:
         # By the call's own context object: a caller-chosen call id need not be unique.
         self._original[id(context)] = call.arguments
-        if self.settings["mode"] == "fail_closed":
+        if self.settings.mode == "fail_closed":
             problem = self._unavailable()
             if problem is not None:
                 raise ToolSystemError(f"{problem}; refusing to run unrecorded calls",
@@ -319,13 +273,13 @@ class AuditPlugin:
         except AuditWriteError as exc:
             self._write_failed(exc)
             return None
-        if self.settings["fsync"] != "always":
+        if self.settings.fsync != "always":
             return None
         waiter = writer.wait_synced(seq)
         return None if waiter is None else self._synced(waiter)
 
     def _write_failed(self, exc: AuditWriteError) -> None:
-        if self.settings["mode"] == "fail_closed":  # typed: the caller sees audit_unavailable from the first call
+        if self.settings.mode == "fail_closed":  # typed: the caller sees audit_unavailable from the first call
             raise ToolSystemError(f"{exc}; the call's result is withheld", code="audit_unavailable") from exc
         if not self._warned:
             self._warned = True

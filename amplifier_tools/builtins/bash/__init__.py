@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import re
 import shutil
 from typing import Any, Final
 
@@ -29,83 +28,15 @@ from ... import sandbox as engine
 from ..._markers import hookimpl
 from ...errors import ConfigError
 from ...hoststate import ProtectedPaths
+from ...plugin_settings import structure_settings
 from ..filesystem.paths import PathRules
 from .process import Limits
 from .rules import CommandRules
+from .settings import BashSettings
 from .tool import BashTool, Settings
 
 PLUGIN: Final = "bash"
-SANDBOX_MODES: Final = ("auto", "bubblewrap", "off", "none")  # "none": deprecated alias of "off"
 log = logging.getLogger("amplifier_tools.bash")
-
-DEFAULTS: Final[dict[str, Any]] = {
-    "default_timeout": 120,
-    "max_timeout": 600,
-    "kill_grace": 2,
-    "max_output_bytes": 32 * 1024,
-    "spill_dir": None,
-    "allowed_paths": None,  # None: the filesystem plugin's write roots, else the working directory
-    "env_allowlist": [],
-    "env": {},
-    "secrets": {},
-    "allow": [],
-    "deny": [],
-    "sandbox": "auto",
-    "sandbox_network": False,
-    "sandbox_read_paths": [],
-    "sandbox_write_paths": [],
-    "user": None,
-    "max_cpu_seconds": None,
-    "max_memory_bytes": None,
-    "max_processes": None,
-    "max_file_size_bytes": None,
-}
-_NUMBERS: Final = ("default_timeout", "max_timeout", "kill_grace")
-_COUNTS: Final = ("max_output_bytes", "max_cpu_seconds", "max_memory_bytes", "max_processes", "max_file_size_bytes")
-_LISTS: Final = ("allowed_paths", "env_allowlist", "allow", "deny", "sandbox_read_paths", "sandbox_write_paths")
-_TABLES: Final = ("env", "secrets")
-_ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def parse_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The plugin's settings with defaults; ``ConfigError`` naming ``plugins.bash.<key>`` otherwise."""
-    settings = dict(DEFAULTS)
-    for key, value in config.items():
-        where = f"plugins.{PLUGIN}.{key}"
-        if key not in DEFAULTS:
-            raise ConfigError(f"unknown key (expected one of {sorted(DEFAULTS)})", key=where, expected=DEFAULTS)
-        if key in _NUMBERS:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError("must be a positive number of seconds", key=where)
-        elif key in _COUNTS:
-            if type(value) is not int or value <= 0:
-                raise ConfigError("must be a positive integer", key=where)
-        elif key in _LISTS:
-            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-                raise ConfigError("must be a list of non-empty strings", key=where)
-        elif key in _TABLES:
-            if not isinstance(value, dict) or not all(
-                    isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in value.items()):
-                raise ConfigError("must be a table of environment variable names to strings", key=where)
-        elif key == "sandbox":
-            if value not in SANDBOX_MODES:
-                raise ConfigError("must be 'auto' (bubblewrap where it works, else calls fail), 'bubblewrap' "
-                                  "(required) or 'off' (unconfined)", key=where)
-        elif key == "sandbox_network":
-            if not isinstance(value, bool):
-                raise ConfigError("must be true or false", key=where)
-        elif key == "spill_dir" and not isinstance(value, str):
-            raise ConfigError("must be a directory path", key=where)
-        elif key == "user" and (isinstance(value, bool) or not isinstance(value, (str, int))):
-            raise ConfigError("must be a user name or uid", key=where)
-        settings[key] = value
-    for name in settings["env_allowlist"]:
-        if not _ENV_NAME.match(name):
-            raise ConfigError(f"{name!r} is not an environment variable name", key=f"plugins.{PLUGIN}.env_allowlist")
-    if settings["default_timeout"] > settings["max_timeout"]:
-        raise ConfigError("must not exceed max_timeout", key=f"plugins.{PLUGIN}.default_timeout")
-    return settings
-
 
 def _user(value: str | int | None) -> tuple[int, int] | None:
     """``(uid, gid)`` to run commands as, or None for the host's own user."""
@@ -131,13 +62,13 @@ class BashPlugin:
 
     @hookimpl
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
-        settings = parse_settings(config)
+        settings = structure_settings(config, BashSettings, f"plugins.{PLUGIN}")
         working_dir = coordinator.get_capability("session.working_dir")
         found = coordinator.get_capability("session.protected_paths")
         protected = found if isinstance(found, ProtectedPaths) else ProtectedPaths()
         own_rules: PathRules | None = None
-        if settings["allowed_paths"] is not None:
-            roots = settings["allowed_paths"]
+        if settings.allowed_paths is not None:
+            roots = settings.allowed_paths
             own_rules = PathRules(working_dir, read_roots=roots, write_roots=roots, write_denied=(),
                                   protected=protected)
             writable = coordinator.get_capability("session.writable_roots")
@@ -151,34 +82,34 @@ class BashPlugin:
             rules = own_rules or coordinator.get_capability("fs.path_rules")
             return rules if isinstance(rules, PathRules) else fallback
 
-        write_paths = self._sandbox_write_paths(settings["sandbox_write_paths"], working_dir, protected)
+        write_paths = self._sandbox_write_paths(settings.sandbox_write_paths, working_dir, protected)
         writable = coordinator.get_capability("session.writable_roots")
         if isinstance(writable, list):  # the host refuses host state inside these at start
             writable.extend(write_paths)
         read_paths = tuple(os.path.realpath(os.path.join(working_dir, os.path.expanduser(path)))
-                           for path in settings["sandbox_read_paths"])
-        confined, bwrap, unavailable = await self._sandbox(settings["sandbox"])
-        spill_dir = settings["spill_dir"]
+                           for path in settings.sandbox_read_paths)
+        confined, bwrap, unavailable = await self._sandbox(settings.sandbox)
+        spill_dir = settings.spill_dir
         if spill_dir is not None:
             spill_dir = self._spill_dir(spill_dir, coordinator, own_rules, protected)
-        limits = Limits(settings["max_cpu_seconds"], settings["max_memory_bytes"], settings["max_processes"],
-                        settings["max_file_size_bytes"])
+        limits = Limits(settings.max_cpu_seconds, settings.max_memory_bytes, settings.max_processes,
+                        settings.max_file_size_bytes)
         self.tool = BashTool(Settings(
-            default_timeout=float(settings["default_timeout"]),
-            max_timeout=float(settings["max_timeout"]),
-            kill_grace=float(settings["kill_grace"]),
-            max_output_bytes=settings["max_output_bytes"],
+            default_timeout=settings.default_timeout,
+            max_timeout=settings.max_timeout,
+            kill_grace=settings.kill_grace,
+            max_output_bytes=settings.max_output_bytes,
             spill_dir=spill_dir,
-            env_allowlist=tuple(settings["env_allowlist"]),
-            env=dict(settings["env"]),
-            secrets=dict(settings["secrets"]),
-            rules=CommandRules(tuple(settings["allow"]), tuple(settings["deny"])),
+            env_allowlist=settings.env_allowlist,
+            env=dict(settings.env),
+            secrets=dict(settings.secrets),
+            rules=CommandRules(settings.allow, settings.deny),
             sandbox=confined,
             sandbox_unavailable=unavailable,
-            sandbox_network=settings["sandbox_network"],
+            sandbox_network=settings.sandbox_network,
             sandbox_read_paths=read_paths,
             sandbox_write_paths=write_paths,
-            user=_user(settings["user"]),
+            user=_user(settings.user),
             limits=limits,
             bash=shutil.which("bash") or "/bin/bash",
             prlimit=shutil.which("prlimit"),
@@ -198,7 +129,7 @@ class BashPlugin:
         return True, bwrap, reason
 
     @staticmethod
-    def _sandbox_write_paths(paths: list[str], working_dir: str, protected: ProtectedPaths) -> tuple[str, ...]:
+    def _sandbox_write_paths(paths: tuple[str, ...], working_dir: str, protected: ProtectedPaths) -> tuple[str, ...]:
         """The extra writable paths, resolved like writable roots; one inside host state is refused."""
         rules = PathRules(working_dir, read_roots=paths, write_roots=paths, write_denied=(), protected=protected)
         for root in rules.write_roots:

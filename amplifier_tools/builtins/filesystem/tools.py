@@ -15,6 +15,7 @@ from ...errors import ContractError, ExecutionError
 from ...models import ToolResult
 from ...spec import ToolSpec
 from .paths import PathRules, os_error
+from .settings import FilesystemSettings
 from .textio import SNIFF_BYTES, atomic_replace, looks_binary, page_lines, permission_bits
 
 VERSION = "1.0.0"
@@ -53,7 +54,7 @@ class FilesystemTool(abc.ABC):
 
     spec: ToolSpec
 
-    def __init__(self, rules: PathRules, settings: dict[str, Any], read_log: ReadLog) -> None:
+    def __init__(self, rules: PathRules, settings: FilesystemSettings, read_log: ReadLog) -> None:
         self.rules = rules
         self.settings = settings
         self.read_log = read_log
@@ -108,19 +109,19 @@ class ReadFile(FilesystemTool):
                                 pointer="/encoding") from None
         offset = input.get("offset", 1)
         paging = "limit" in input or "offset" in input
-        limit = input.get("limit", self.settings["default_limit"])
+        limit = input.get("limit", self.settings.default_limit)
         fd, st, resolved = self.rules.open_file(path)
         try:
-            if not paging and st.st_size > self.settings["max_size"]:
+            if not paging and st.st_size > self.settings.max_size:
                 raise ExecutionError(
-                    f"{path!r} is {st.st_size} bytes, more than max_size ({self.settings['max_size']}); "
+                    f"{path!r} is {st.st_size} bytes, more than max_size ({self.settings.max_size}); "
                     "read it in pages with offset and limit (e.g. offset=1, limit=2000)",
                     code="file_too_large", size=st.st_size)
             head = os.pread(fd, SNIFF_BYTES, 0)
             if looks_binary(head):
                 raise ExecutionError(f"{path!r} looks like a binary file ({st.st_size} bytes); not shown",
                                      code="binary_file", size=st.st_size)
-            page = page_lines(fd, offset=offset, limit=limit, max_line_chars=self.settings["max_line_chars"],
+            page = page_lines(fd, offset=offset, limit=limit, max_line_chars=self.settings.max_line_chars,
                               encoding=encoding)
         finally:
             os.close(fd)
@@ -168,10 +169,10 @@ class WriteFile(FilesystemTool):
             if not name:
                 raise ExecutionError(f"{path!r} is a directory", code="is_a_directory")
             existing = self.rules.check_replace(dir_fd, name, path)
-            if existing is not None and self.settings["require_read_before_write"]:
+            if existing is not None and self.settings.require_read_before_write:
                 self.read_log.check(existing, path)
             mode = (permission_bits(existing.st_mode) if existing is not None
-                    else self.settings["new_file_mode"] if self.settings["new_file_mode"] is not None
+                    else self.settings.new_file_mode if self.settings.new_file_mode is not None
                     else 0o644 & ~UMASK)
             atomic_replace(dir_fd, name, data, mode)
             self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
@@ -207,9 +208,9 @@ class EditFile(FilesystemTool):
             existing = self.rules.check_replace(dir_fd, name, path)
             if existing is None:
                 raise ExecutionError(f"{path!r} does not exist", code="not_found")
-            if existing.st_size > self.settings["max_size"]:
+            if existing.st_size > self.settings.max_size:
                 raise ExecutionError(f"{path!r} is larger than max_size", code="file_too_large")
-            if self.settings["require_read_before_write"]:
+            if self.settings.require_read_before_write:
                 self.read_log.check(existing, path)
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
@@ -259,7 +260,7 @@ class ListDir(FilesystemTool):
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
         with self.rules.open_dir(input.get("path", ".")) as (fd, resolved):
             names = sorted(name for name in os.listdir(fd) if not self.rules.hidden(resolved, name))
-            cap = self.settings["max_results"]
+            cap = self.settings.max_results
             entries = []
             for name in names[:cap]:
                 try:
@@ -353,7 +354,7 @@ class Glob(FilesystemTool):
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
         regex = glob_regex(input["pattern"])
         found = sorted(rel for rel, _, _ in _walk(self.rules, input.get("path", ".")) if regex.match(rel))
-        cap = self.settings["max_results"]
+        cap = self.settings.max_results
         return {"matches": found[:cap], "omitted": max(0, len(found) - cap)}
 
 
@@ -388,8 +389,8 @@ class Grep(FilesystemTool):
                                 pointer="/pattern") from None
         only = glob_regex(input["glob"]) if "glob" in input else None
         context = input.get("context", 0)
-        cap = input.get("max_matches", self.settings["max_matches"])
-        max_file = self.settings["max_size"]
+        cap = input.get("max_matches", self.settings.max_matches)
+        max_file = self.settings.max_size
         matches: list[dict[str, Any]] = []
         searched = 0
         start = input.get("path", ".")

@@ -19,7 +19,8 @@ timeout. ``held_resources()`` counts what is held, for tests.
 
 The policy values come from each tool's ``spec.policies`` and
 ``spec.security`` (overridable per tool in ``[tools."<name>"]``); the plugin's
-own section holds ``rules``, ``default_action`` and ``idempotency_window_ms``.
+own section (``settings.PolicySettings``) holds ``rules``, ``default_action`` and
+``idempotency_window_ms``.
 State is per host process by default (``store = "memory"``); ``store =
 "sqlite"`` or a Redis URL moves it into a shared store (``store.py``), decided
 by ``shared.py``.
@@ -33,19 +34,18 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Final
 
 from ..._markers import hookimpl
-from ...errors import ConfigError
 from ...models import Deny, ToolCall, ToolContext, ToolResult
+from ...plugin_settings import structure_settings
 from ...spec import IdempotencyKeyRequirement, ToolSpec
 from ..filesystem.paths import PathRules
 from .breaker import CircuitBreaker
-from .rules import CallPaths, Rule, matches, parse_rules, path_engine
+from .rules import CallPaths, Rule, matches, path_engine
+from .settings import PolicySettings
 from .shared import SharedHeld, SharedPolicy
 from .state import MemoryState, PolicyState, idempotency_slot, monotonic
-from .store import open_store, parse_store
+from .store import open_store
 
 PLUGIN: Final = "policy"
-KEYS: Final = frozenset({"rules", "default_action", "idempotency_window_ms", "store", "store_unavailable",
-                         "store_prefix", "store_timeout_ms"})
 COUNTED_FAILURES: Final = frozenset({"ExecutionError", "SystemError"})
 #: Outcomes that are neither success nor failure: the call was cut off, not answered by the tool
 #: (so are errors attributed to a plugin).
@@ -136,13 +136,9 @@ class PolicyPlugin:
         self.clock = clock
         self.sleep = sleep
         self.state: PolicyState = state if state is not None else MemoryState()
-        self.rules: list[Rule] = []
-        self._deny_rules: list[Rule] = []
-        self._allow_rules: list[Rule] = []
+        self._configure(PolicySettings())
         #: The path engine of path rules when the filesystem plugin publishes none (by working dir).
         self._path_engines: dict[str, PathRules] = {}
-        self.default_action = "allow"
-        self.idempotency_window = 24 * 3600.0
         self.default_timeout: float | None = DEFAULT_TIMEOUT
         self._slots: dict[str, Slots] = {}
         self._breakers: dict[str, CircuitBreaker] = {}
@@ -160,38 +156,34 @@ class PolicyPlugin:
 
     @hookimpl
     def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
-        for key in config:
-            if key not in KEYS:
-                raise ConfigError(f"unknown key (expected one of {sorted(KEYS)})", key=f"plugins.{PLUGIN}.{key}",
-                                  expected=KEYS)
-        self.rules = parse_rules(config.get("rules", []), f"plugins.{PLUGIN}.rules")
-        self._deny_rules = [rule for rule in self.rules if rule.action == "deny"]
-        self._allow_rules = [rule for rule in self.rules if rule.action == "allow"]
-        self.default_action = config.get("default_action", "allow")
-        if self.default_action not in ("allow", "deny"):
-            raise ConfigError("must be 'allow' or 'deny'", key=f"plugins.{PLUGIN}.default_action")
-        window = config.get("idempotency_window_ms", 24 * 3600 * 1000)
-        if not isinstance(window, (int, float)) or isinstance(window, bool) or window <= 0:
-            raise ConfigError("must be a positive number", key=f"plugins.{PLUGIN}.idempotency_window_ms")
-        self.idempotency_window = window / 1000.0
+        settings = structure_settings(config, PolicySettings, f"plugins.{PLUGIN}")
+        self._configure(settings)
         default_ms = coordinator.get_capability("session.default_timeout_ms")
         if isinstance(default_ms, (int, float)) and not isinstance(default_ms, bool):
             self.default_timeout = default_ms / 1000.0
         self._coordinator = coordinator
-        store, unavailable, prefix, timeout = parse_store(config)
-        if store == "memory" and "store" not in config:
+        store, timeout = settings.store, settings.store_timeout_ms / 1000.0
+        if "store" not in config:
             # The command line asks for a store that outlives its one-call processes.
-            store = coordinator.get_capability("policy.default_store") or "memory"
+            store = coordinator.get_capability("policy.default_store") or store
         if store == "memory":
             return None
         state_dir = coordinator.get_capability("session.state_dir")
-        shared = open_store(store, prefix, timeout, state_dir)
+        shared = open_store(store, settings.store_prefix, timeout, state_dir)
         protected = coordinator.get_capability("session.protected_paths")
         if store == "sqlite" and protected is not None:
             for suffix in ("", "-wal", "-shm"):
                 protected.add(f"{shared.where}{suffix}", "the policy store")
-        self.shared = SharedPolicy(self, shared, unavailable, timeout)
+        self.shared = SharedPolicy(self, shared, settings.store_unavailable, timeout)
         return shared.close
+
+    def _configure(self, settings: PolicySettings) -> None:
+        """Keep what the decisions read, as plain attributes."""
+        self.rules: tuple[Rule, ...] = settings.rules
+        self._deny_rules = [rule for rule in self.rules if rule.action == "deny"]
+        self._allow_rules = [rule for rule in self.rules if rule.action == "allow"]
+        self.default_action: str = settings.default_action
+        self.idempotency_window = settings.idempotency_window_ms / 1000.0  # seconds
 
     @property
     def store(self) -> str:

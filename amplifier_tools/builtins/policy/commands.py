@@ -17,7 +17,9 @@ import json
 import os
 from typing import Any
 
-from .store import StoreUnavailable, open_store, parse_store
+from ...plugin_settings import structure_settings
+from .settings import PolicySettings
+from .store import StoreUnavailable, open_store
 
 
 def _value(row: dict[str, Any]) -> str:
@@ -52,15 +54,15 @@ def status(config: str | None, *, as_json: bool) -> int:
     host = ToolHost(config=config, builtins=False, entry_points=False) if config else \
         ToolHost(builtins=False, entry_points=False)
     section = host.config.get("plugins", {}).get("policy") or {}
-    store, _, prefix, timeout = parse_store(section)
-    if "store" not in section:
-        store = "sqlite"  # the command line's default
+    settings = structure_settings(section, PolicySettings, "plugins.policy")
+    store = settings.store if "store" in section else "sqlite"  # the command line's default
     if store == "memory":
         print("[plugins.policy] store = \"memory\": each host process keeps its own policy state; "
               "nothing to show from outside")
         return 0
     try:
-        where, rows = asyncio.run(_status(store, prefix, timeout, str(host.state_dir)))
+        where, rows = asyncio.run(_status(store, settings.store_prefix, settings.store_timeout_ms / 1000.0,
+                                          str(host.state_dir)))
     except (StoreUnavailable, asyncio.TimeoutError) as exc:
         print(f"error: {exc or 'the policy store did not answer'}")
         return 1

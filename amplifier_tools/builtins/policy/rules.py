@@ -23,70 +23,53 @@ every deny rule on paths and no allow rule. docs/policy.md states the semantics.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Final, Literal
 
 import attrs
 
-from ...errors import ConfigError, ContractError
+from ...errors import ContractError
+from ...plugin_settings import Expect, settings_class
 from ...spec import ToolSpec
 from ..filesystem.arguments import PathArgument, path_arguments
 from ..filesystem.paths import PathRules
 from ..filesystem.patterns import PathPattern
 
-SELECTORS: Final = ("tools", "principals", "roles", "environments")
-RULE_KEYS: Final = frozenset({"name", "action", "reason", "arguments", "paths", *SELECTORS})
+PATHS_HINT: Final = 'e.g. paths = ["/etc/*", ".env*"]; see docs/policy.md (Path rules)'
+#: Globs on a call's tool name, principal, role or environment.
+Globs = Annotated[tuple[str, ...], Expect("a list of glob strings")]
+Pointers = Annotated[Mapping[str, str], Expect("a table mapping JSON pointers ('/path') to glob strings",
+                                              lambda table: all(key.startswith("/") for key in table))]
+PathGlobs = Annotated[tuple[str, ...], Expect("a non-empty list of path globs",
+                                              lambda globs: bool(globs) and "" not in globs, hint=PATHS_HINT)]
 
 
+def _argument_patterns(rule: Rule) -> tuple[tuple[str, str, PathPattern], ...]:
+    return tuple((pointer, glob, PathPattern(glob)) for pointer, glob in rule.arguments.items())
+
+
+def _path_patterns(rule: Rule) -> tuple[PathPattern, ...] | None:
+    return tuple(PathPattern(glob) for glob in rule.paths) if rule.paths is not None else None
+
+
+@settings_class
 @attrs.frozen
 class Rule:
-    name: str
-    action: str
-    reason: str
-    tools: tuple[str, ...] = ("*",)
-    principals: tuple[str, ...] | None = None
-    roles: tuple[str, ...] | None = None
-    environments: tuple[str, ...] | None = None
-    arguments: tuple[tuple[str, str, PathPattern], ...] = ()  # pointer, glob, the glob as a path pattern
-    paths: tuple[PathPattern, ...] | None = None
+    """One ``[[plugins.policy.rules]]`` table, with its globs on paths compiled once."""
 
-
-def parse_rules(raw: Any, key: str) -> list[Rule]:
-    """Rules from config; ``ConfigError`` naming ``key[index].field``."""
-    if not isinstance(raw, list):
-        raise ConfigError("must be a list of rule tables", key=key)
-    rules = []
-    for index, item in enumerate(raw):
-        where = f"{key}[{index}]"
-        if not isinstance(item, dict):
-            raise ConfigError("must be a table", key=where)
-        unknown = set(item) - RULE_KEYS
-        if unknown:
-            raise ConfigError(f"unknown key {sorted(unknown)[0]!r} (expected {sorted(RULE_KEYS)})",
-                              key=f"{where}.{sorted(unknown)[0]}", expected=RULE_KEYS)
-        if item.get("action") not in ("allow", "deny"):
-            raise ConfigError("action must be 'allow' or 'deny'", key=f"{where}.action")
-        fields: dict[str, Any] = {}
-        for selector in SELECTORS:
-            if selector in item:
-                value = item[selector]
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise ConfigError("must be a list of glob strings", key=f"{where}.{selector}")
-                fields[selector] = tuple(value)
-        arguments = item.get("arguments", {})
-        if not isinstance(arguments, dict) or not all(
-                isinstance(k, str) and k.startswith("/") and isinstance(v, str) for k, v in arguments.items()):
-            raise ConfigError("must map JSON pointers ('/path') to glob strings", key=f"{where}.arguments")
-        paths = item.get("paths")
-        if paths is not None and (not isinstance(paths, list) or not paths
-                                  or not all(isinstance(v, str) and v for v in paths)):
-            raise ConfigError("must be a non-empty list of path globs", key=f"{where}.paths",
-                              hint='e.g. paths = ["/etc/*", ".env*"]; see docs/policy.md (Path rules)')
-        name = str(item.get("name", f"rule {index + 1}"))
-        rules.append(Rule(name=name, action=item["action"], reason=str(item.get("reason", "")),
-                          arguments=tuple((k, v, PathPattern(v)) for k, v in arguments.items()),
-                          paths=tuple(PathPattern(p) for p in paths) if paths is not None else None, **fields))
-    return rules
+    action: Literal["allow", "deny"]
+    name: str = ""  # "": named by its place in the list ("rule 3"), see ``PolicySettings``
+    reason: str = ""
+    tools: Globs = ("*",)
+    principals: Globs | None = None
+    roles: Globs | None = None
+    environments: Globs | None = None
+    arguments: Pointers = attrs.field(factory=dict)  # JSON pointer -> glob on the value
+    paths: PathGlobs | None = None
+    argument_patterns: tuple[tuple[str, str, PathPattern], ...] = attrs.field(
+        init=False, repr=False, eq=False, default=attrs.Factory(_argument_patterns, takes_self=True))
+    path_patterns: tuple[PathPattern, ...] | None = attrs.field(
+        init=False, repr=False, eq=False, default=attrs.Factory(_path_patterns, takes_self=True))
 
 
 def _any(patterns: tuple[str, ...] | None, value: str | None) -> bool:
@@ -179,10 +162,10 @@ def matches(rule: Rule, spec: ToolSpec, arguments: Any, principal: str, role: st
             and _any(rule.environments, environment)):
         return False
     deny = rule.action == "deny"
-    found = paths.found if paths is not None and (rule.paths is not None or rule.arguments) else []
-    if rule.paths is not None and (paths is None or not _paths_match(deny, rule.paths, found, paths)):
+    found = paths.found if paths is not None and (rule.path_patterns is not None or rule.arguments) else []
+    if rule.path_patterns is not None and (paths is None or not _paths_match(deny, rule.path_patterns, found, paths)):
         return False
-    for pointer, pattern, path_pattern in rule.arguments:
+    for pointer, pattern, path_pattern in rule.argument_patterns:
         at = [a for a in found if a.pointer == pointer or a.pointer.startswith(pointer + "/")]
         if at and paths is not None:
             if not _paths_match(deny, (path_pattern,), at, paths):

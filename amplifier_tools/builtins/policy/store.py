@@ -1,4 +1,4 @@
-"""Shared policy stores: the interface, the settings, and the factory.
+"""Shared policy stores: the interface and the factory.
 
 A ``SharedStore`` holds the policy state that must outlive one process or span
 several hosts: fixed-window counters (rate limits), budgets (calls counted,
@@ -27,8 +27,6 @@ from typing import Any, Final, Protocol
 from ...errors import ConfigError
 
 PLUGIN: Final = "policy"
-DEFAULT_PREFIX: Final = "amplifier-tools:"
-DEFAULT_TIMEOUT_MS: Final = 2000
 SQLITE_FILE: Final = "policy.sqlite3"
 
 Update = Callable[[Any, float], tuple[Any, Any]]
@@ -89,27 +87,6 @@ class SharedStore(Protocol):
         """Every live key under the prefix, with its value: ``{"key", "kind", "value", "expires_in"}``."""
 
     async def close(self) -> None: ...
-
-
-def parse_store(config: dict[str, Any]) -> tuple[str, str, str, float]:
-    """(store, store_unavailable, store_prefix, store timeout in seconds) from ``[plugins.policy]``."""
-    store = config.get("store", "memory")
-    if not isinstance(store, str) or not (store in ("memory", "sqlite")
-                                          or store.startswith(("redis://", "rediss://", "unix://"))):
-        raise ConfigError("must be 'memory', 'sqlite' or a Redis URL", key=f"plugins.{PLUGIN}.store",
-                          hint="e.g. store = \"redis://127.0.0.1:6379/0\" (rediss:// for TLS, unix:///path/redis.sock)")
-    unavailable = config.get("store_unavailable", "fail")
-    if unavailable not in ("fail", "local"):
-        raise ConfigError("must be 'fail' or 'local'", key=f"plugins.{PLUGIN}.store_unavailable",
-                          hint="'fail' refuses calls while the store is down; 'local' falls back to this process")
-    prefix = config.get("store_prefix", DEFAULT_PREFIX)
-    if not isinstance(prefix, str) or not prefix:
-        raise ConfigError("must be a non-empty string", key=f"plugins.{PLUGIN}.store_prefix",
-                          hint="one prefix per deployment, e.g. \"team-a:prod:\"")
-    timeout = config.get("store_timeout_ms", DEFAULT_TIMEOUT_MS)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ConfigError("must be a positive number", key=f"plugins.{PLUGIN}.store_timeout_ms")
-    return store, unavailable, prefix, timeout / 1000.0
 
 
 def open_store(store: str, prefix: str, timeout: float, state_dir: str | os.PathLike[str] | None) -> SharedStore:

@@ -1,0 +1,331 @@
+"""One settings path for every built-in plugin: its ``[plugins.<name>]`` table, structured by the
+one converter into the plugin's frozen attrs class, with one error format.
+
+A plugin declares its settings as a frozen attrs class marked ``@settings_class`` (field defaults
+are the plugin's defaults) and builds it with ``structure_settings(config, cls, "plugins.<name>")``.
+Every problem — an unknown key, a value of the wrong type, a broken rule, at the top or in a nested
+table or list — is one ``ConfigError`` naming the full key (``plugins.bash.max_timeout``,
+``plugins.mcp.servers.fs.command``, ``plugins.policy.rules[2].action``) and saying what the key
+must be; an unknown key also gets a did-you-mean hint. The first problem is reported: unknown keys
+before values (a misspelled key is the likelier cause), the rest in the order of the fields.
+
+Strict types. Config comes from TOML or JSON, and a setting is never coerced into something else:
+``true`` is not an integer, ``1.9`` is not a count, ``5`` is not a path, ``"rm"`` is not a list.
+cattrs' own hooks do coerce (``int("5")``, ``int(1.9)``, ``str(5)``), and the shared converter
+structures ``ToolSpec`` and the per-tool overrides with them, so making ``int`` or ``str`` strict
+there would change what a tool contract accepts. The strictness is scoped to settings classes
+instead: ``@settings_class`` registers the class, and every attrs class nested in its fields, for a
+hook factory on the one converter. The factory builds each class's structure function with cattrs'
+``make_dict_structure_fn`` — unknown keys, required keys, defaults and error locations stay
+cattrs' — and gives each field a strict hook that checks the value's JSON type against the field's
+type (every element of a list or table of plain values included) before the converter structures
+it. A nested settings class is checked by its own hook, so its errors keep their path.
+
+Rules. A field typed ``Annotated[T, Expect("a positive integer", check)]`` says what the key must
+be and the rule beyond its type (``check`` gets a value already of type ``T``); other fields are
+described from their type ("true or false", "'a' or 'b'", "a list of strings"). A rule across
+fields is an attrs validator raising ``Invalid(message, at=(field,))``.
+
+Limits: the types are what TOML and JSON hold — bool, int, float, str, None, ``Literal``, a
+str-valued ``Enum``, ``tuple[X, ...]``, ``Mapping[str, X]``, unions of these, and settings classes.
+A list or table of plain values is reported at its key, not at the element. An attrs validator runs
+whenever the class is built; an ``Expect`` rule only when a table is structured.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Annotated, Any, Final, Literal, TypeVar, Union, get_args, get_origin
+
+import attrs
+import cattrs
+from attrs import AttrsInstance
+from cattrs.gen import make_dict_structure_fn, override
+
+from .converter import converter
+from .errors import ConfigError
+
+T = TypeVar("T")
+A = TypeVar("A", bound=AttrsInstance)
+
+#: The classes marked ``@settings_class`` (and those nested in them).
+_SETTINGS: set[type[Any]] = set()
+
+
+def _is_settings(t: Any) -> bool:
+    return isinstance(t, type) and t in _SETTINGS
+
+
+@attrs.frozen
+class Expect:
+    """What a setting must be, for an ``Annotated`` field type.
+
+    ``description`` completes "must be …"; ``check`` is the rule on a value of the right type;
+    ``parse`` replaces the type check for a setting spelled more than one way (it returns the
+    value to keep or raises ``Invalid``); ``hint`` is the next step printed with the error.
+    """
+
+    description: str
+    check: Callable[[Any], bool] | None = None
+    parse: Callable[[Any], Any] | None = None
+    hint: str | None = None
+
+
+class Invalid(ValueError):
+    """A setting refused by a rule: ``message`` follows the key; ``at`` locates it below the
+    table being structured (a validator of a class names its field this way)."""
+
+    def __init__(self, message: str, *, at: tuple[str | int, ...] = (), hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.at = at
+        self.hint = hint
+
+
+def _positive(value: float) -> bool:
+    return value > 0  # NaN compares false: refused
+
+
+#: An integer above zero: a size, a count, a limit.
+Count = Annotated[int, Expect("a positive integer", _positive)]
+#: A number above zero (an integer or a float), e.g. milliseconds.
+Number = Annotated[float, Expect("a positive number", _positive)]
+#: A duration above zero, in seconds (an integer or a float).
+Seconds = Annotated[float, Expect("a positive number of seconds", _positive)]
+#: A string that is not empty.
+Text = Annotated[str, Expect("a non-empty string", bool)]
+#: A list of strings none of which is empty (paths, globs, patterns).
+Strings = Annotated[tuple[str, ...], Expect("a list of non-empty strings", lambda items: "" not in items)]
+
+_ENV_NAME: Final = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def env_names(names: Iterable[str]) -> bool:
+    """Whether every one of ``names`` is an environment variable name (``[A-Za-z_][A-Za-z0-9_]*``)."""
+    return all(_ENV_NAME.match(name) for name in names)
+
+
+#: Names of environment variables to pass through.
+EnvNames = Annotated[tuple[str, ...], Expect("a list of environment variable names", env_names)]
+
+
+def structure_settings(config: Mapping[str, Any], cls: type[T], where: str) -> T:
+    """``config`` (a plugin's table) as an instance of the settings class ``cls``; a ``ConfigError``
+    naming the key below ``where`` (``plugins.<name>``) for the first problem."""
+    if not _is_settings(cls):
+        raise TypeError(f"{cls.__name__} is not marked @settings_class, so it would not be structured strictly")
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"must be a table, got {_shown(config)}", key=where)
+    try:
+        return converter.structure(config, cls)
+    except cattrs.BaseValidationError as exc:
+        raise _config_error(exc, where) from None
+
+
+def settings_class(cls: type[A]) -> type[A]:
+    """Mark the attrs class ``cls``, and the attrs classes in its fields, as settings classes:
+    the one converter structures them strictly (see the module docstring)."""
+    attrs.resolve_types(cls)
+    if cls not in _SETTINGS:
+        _SETTINGS.add(cls)
+        for field in attrs.fields(cls):
+            for nested in _attrs_classes(field.type):
+                settings_class(nested)
+    return cls
+
+
+def _structure_fn(cls: type[Any]) -> Callable[[Any, Any], Any]:
+    """The structure function of a settings class: cattrs' own, with a strict hook per field."""
+    hooks: dict[str, Any] = {field.name: override(struct_hook=_field_hook(field.type))
+                             for field in attrs.fields(cls) if field.init}
+    structure = make_dict_structure_fn(cls, converter, **hooks)
+
+    def table(value: Any, _: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise Invalid(f"must be a table, got {_shown(value)}")
+        return structure(value, cls)
+
+    return table
+
+
+converter.register_structure_hook_factory(_is_settings, _structure_fn)
+
+
+def _field_hook(t: Any) -> Callable[[Any, Any], Any]:
+    optional = _is_union(t) and type(None) in get_args(t)
+    inner = _without_none(t)
+    expect, base = _split(inner)
+    description = _describe(t)
+
+    def hook(value: Any, _: Any) -> Any:
+        if value is None and optional:
+            return None
+        if expect is not None and expect.parse is not None:
+            return expect.parse(value)
+        if not _fits(value, base) or (expect is not None and expect.check is not None and not expect.check(value)):
+            raise Invalid(f"must be {description}, got {_shown(value)}", hint=expect.hint if expect else None)
+        return _build(value, base)
+
+    return hook
+
+
+# -- types -------------------------------------------------------------------------------------
+
+
+def _is_union(t: Any) -> bool:
+    return get_origin(t) in (Union, types.UnionType)
+
+
+def _without_none(t: Any) -> Any:
+    """``t`` without ``None`` among its members (``X | None`` -> ``X``)."""
+    if not _is_union(t):
+        return t
+    members = [m for m in get_args(t) if m is not type(None)]
+    return members[0] if len(members) == 1 else Union[tuple(members)]
+
+
+def _split(t: Any) -> tuple[Expect | None, Any]:
+    """(the ``Expect`` of an ``Annotated`` type or None, the type underneath)."""
+    if get_origin(t) is Annotated:
+        base, *extras = get_args(t)
+        return next((e for e in extras if isinstance(e, Expect)), None), base
+    return None, t
+
+
+def _choices(t: Any) -> tuple[Any, ...] | None:
+    """The values of a ``Literal`` or a str-valued ``Enum``; None for other types."""
+    if get_origin(t) is Literal:
+        return get_args(t)
+    if isinstance(t, type) and issubclass(t, enum.Enum):
+        return tuple(member.value for member in t)
+    return None
+
+
+def _is_sequence(t: Any) -> bool:
+    return get_origin(t) in (tuple, list)
+
+
+def _is_mapping(t: Any) -> bool:
+    return get_origin(t) in (dict, Mapping)
+
+
+def _attrs_classes(t: Any) -> Iterator[type[Any]]:
+    if isinstance(t, type) and attrs.has(t):
+        yield t
+    for arg in get_args(t):
+        yield from _attrs_classes(arg)
+
+
+def _fits(value: Any, t: Any) -> bool:
+    """Whether ``value``, as TOML or JSON hold it, is of type ``t`` without any conversion. A
+    settings class fits any value: its own hook checks it (and locates the error)."""
+    expect, t = _split(t)
+    if expect is not None and expect.check is not None:
+        return _fits(value, t) and expect.check(value)
+    if t is Any or _is_settings(t):
+        return True
+    if t is bool:
+        return isinstance(value, bool)
+    if t is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if t is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t is str:
+        return isinstance(value, str)
+    if t is type(None):
+        return value is None
+    choices = _choices(t)
+    if choices is not None:
+        return isinstance(value, str) and value in choices
+    if _is_union(t):
+        return any(_fits(value, member) for member in get_args(t))
+    if _is_sequence(t):
+        (item, *_) = get_args(t)
+        return isinstance(value, (list, tuple)) and all(_fits(v, item) for v in value)
+    if _is_mapping(t):
+        key, item = get_args(t)
+        return isinstance(value, Mapping) and all(_fits(k, key) and _fits(v, item) for k, v in value.items())
+    raise TypeError(f"settings cannot hold {t!r}")  # a programming error in a settings class
+
+
+def _build(value: Any, t: Any) -> Any:
+    """``value`` (which fits ``t``) structured by the converter; a union by the member it fits."""
+    if _is_union(t):
+        return _build(value, next(member for member in get_args(t) if _fits(value, member)))
+    return converter.structure(value, t)
+
+
+_PLURALS = {bool: "true or false values", int: "integers", float: "numbers", str: "strings"}
+
+
+def _describe(t: Any) -> str:
+    """What a value of type ``t`` is, to complete "must be …"."""
+    expect, t = _split(_without_none(t))
+    if expect is not None:
+        return expect.description
+    if _is_settings(t):
+        return "a table"
+    if t is bool:
+        return "true or false"
+    choices = _choices(t)
+    if choices is not None:
+        return _one_of([repr(choice) for choice in choices])
+    if _is_union(t):
+        return _one_of([_describe(member) for member in get_args(t)])
+    if _is_sequence(t):
+        return f"a list of {_plural(get_args(t)[0])}"
+    if _is_mapping(t):
+        return f"a table of {_plural(get_args(t)[1])}"
+    return {int: "an integer", float: "a number", str: "a string"}.get(t, repr(t))
+
+
+def _plural(t: Any) -> str:
+    return "tables" if _is_settings(t) else _PLURALS.get(t, "values")
+
+
+def _one_of(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _problems(exc: BaseException, path: tuple[str | int, ...], t: Any
+              ) -> Iterator[tuple[tuple[str | int, ...], BaseException, Any]]:
+    """Every leaf of cattrs' error tree, with its path below the table and the type expected there."""
+    if isinstance(exc, (cattrs.ClassValidationError, cattrs.IterableValidationError)):
+        located, unlocated = exc.group_exceptions()
+        for sub, note in located:  # a field of a class, or an index or key of a list or table
+            step = note.name if isinstance(note, cattrs.AttributeValidationNote) else note.index
+            yield from _problems(sub, (*path, step), note.type)
+        for sub in unlocated:
+            yield from _problems(sub, path, t)
+    else:
+        yield path, exc, t
+
+
+def _key(where: str, path: tuple[str | int, ...]) -> str:
+    return where + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path)
+
+
+def _config_error(exc: BaseException, where: str) -> ConfigError:
+    """The ``ConfigError`` for the first problem in ``exc`` (unknown keys first)."""
+    problems = sorted(_problems(exc, (), None), key=lambda p: not isinstance(p[1], cattrs.ForbiddenExtraKeysError))
+    path, problem, t = problems[0]
+    if isinstance(problem, cattrs.ForbiddenExtraKeysError):
+        expected = sorted(field.name for field in attrs.fields(problem.cl) if field.init)
+        return ConfigError(f"unknown key (expected one of {expected})",
+                           key=_key(where, (*path, sorted(problem.extra_fields)[0])), expected=expected)
+    if isinstance(problem, Invalid):
+        return ConfigError(problem.message, key=_key(where, (*path, *problem.at)), hint=problem.hint)
+    if isinstance(problem, KeyError) and path:  # cattrs: a required key is missing
+        return ConfigError(f"missing {path[-1]!r}: must be {_describe(t)}", key=_key(where, path))
+    return ConfigError(f"invalid: {problem}", key=_key(where, path))
