@@ -229,7 +229,7 @@ class ServerConnection:
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
             raise self._died(exc) from None
         except ValueError as exc:  # pydantic's ValidationError: a result that is no CallToolResult
-            raise ExecutionError(f"MCP server {self.settings.name!r} sent a malformed tools/call result: "
+            raise ExecutionError(f"MCP server {self.name!r} sent a malformed tools/call result: "
                                  f"{str(exc)[:500]}", code="mcp_protocol_error") from None
 
     def _died(self, exc: BaseException) -> ExecutionError:
