@@ -161,10 +161,18 @@ def seed_from_entry_point(ep: importlib.metadata.EntryPoint, config: Mapping[str
     return SeedModule(ep.name, mount_function(ep.name, ep.load()), config)
 
 
-def seed_from_config(entry: Mapping[str, Any]) -> SeedModule:
-    """A mount-plan entry: ``module`` names an ``amplifier.modules`` entry point or an import path."""
+def seed_from_config(entry: Mapping[str, Any]) -> Any:
+    """A mount-plan entry: ``module`` names an ``amplifier.modules`` entry point or an import path.
+    An imported module with ``@hookimpl`` hooks is a plugin of ours and is registered as it is
+    (its settings come from ``[plugins.<name>]``, as for any plugin)."""
     name = entry["module"]
     for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
         if ep.name == name:
             return SeedModule(name, mount_function(name, ep.load()), entry.get("config", {}))
-    return SeedModule(name, mount_function(name, importlib.import_module(name)), entry.get("config", {}))
+    module = importlib.import_module(name)
+    if has_hookimpls(module):
+        if entry.get("config"):
+            raise PluginLoadError(name, f"is an amplifier-tools plugin (it has @hookimpl hooks): give its settings "
+                                        f"in [plugins.{name}], not in the mount plan entry's config")
+        return module
+    return SeedModule(name, mount_function(name, module), entry.get("config", {}))

@@ -295,6 +295,47 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else f"{text[:77]}..."
 
 
+def check_json_types(data: Mapping[str, Any], cls: type[Any], where: str) -> None:
+    """Refuse any value in ``data`` (a table for the attrs class ``cls``, such as a per-tool override
+    of a ``ToolSpec``) that is not of its field's JSON type as written: the converter that builds
+    ``cls`` afterwards would coerce it (a scope string into its letters, ``true`` into 1 ms).
+    Unknown keys and values are left to that converter; ``ConfigError`` names the key below ``where``."""
+    _check_table(data, cls, where)
+
+
+def _check_table(data: Mapping[str, Any], cls: type[Any], where: str) -> None:
+    attrs.resolve_types(cls)
+    fields = {field.name: field.type for field in attrs.fields(cls)}
+    for name, value in data.items():
+        if name in fields:
+            _check_value(value, fields[name], f"{where}.{name}")
+
+
+def _check_value(value: Any, t: Any, key: str) -> None:
+    if value is None and _is_union(t) and type(None) in get_args(t):
+        return
+    inner = _split(_without_none(t))[1]
+    nested = inner if isinstance(inner, type) and attrs.has(inner) else None
+    if nested is not None:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"must be a table, got {_shown(value)}", key=key)
+        _check_table(value, nested, key)
+        return
+    if _is_sequence(inner) and get_args(inner) and isinstance(get_args(inner)[0], type) \
+            and attrs.has(get_args(inner)[0]):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"must be a list of tables, got {_shown(value)}", key=key)
+        for index, item in enumerate(value):
+            _check_value(item, get_args(inner)[0], f"{key}[{index}]")
+        return
+    try:
+        fits = _fits(value, t)
+    except TypeError:  # a type settings never hold: left to the converter
+        return
+    if not fits:
+        raise ConfigError(f"must be {_describe(t)}, got {_shown(value)}", key=key)
+
+
 # -- errors ------------------------------------------------------------------------------------
 
 

@@ -76,9 +76,11 @@ def apply_overrides(spec: ToolSpec, overrides: Mapping[str, Any], *, key: str) -
     Raises ``ConfigError`` naming ``key`` and the field on unknown or invalid keys.
     """
     from .converter import converter, describe_structure_error
+    from .plugin_settings import check_json_types
 
     data = converter.unstructure(spec)
     merged = _deep_merge(data, dict(overrides), key)
+    check_json_types(overrides, ToolSpec, key)  # unknown keys first (_deep_merge), then types as written
     try:
         result: ToolSpec = converter.structure(merged, ToolSpec)
     except Exception as exc:

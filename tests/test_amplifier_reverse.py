@@ -36,10 +36,28 @@ def _coordinator() -> Any:
     return create_test_coordinator()
 
 
-async def test_the_entry_point_names_this_module() -> None:
+async def test_the_entry_point_names_this_modules_mount_function() -> None:
+    """amplifier-core calls what the entry point loads (it named the module: 'module' object is not
+    callable, found by a new-user trial)."""
     group = importlib.metadata.entry_points(group="amplifier.modules")
     found = [ep for ep in group if ep.name == "tool-amplifier-tools"]
-    assert found and found[0].load() is amplifier_module
+    assert found and found[0].load() is amplifier_module.mount
+
+
+async def test_amplifier_cores_module_loader_mounts_our_tools(workspace: Path) -> None:
+    """The way an Amplifier session mounts a module named in its mount plan: ``ModuleLoader.load``."""
+    from amplifier_core.loader import ModuleLoader
+
+    coordinator = _coordinator()
+    config = {"config": str(workspace.parent / "amplifier-tools.toml"), "working_dir": str(workspace),
+              "tools": ["local::fs.read_file"]}
+    mount = await ModuleLoader(coordinator=coordinator).load("tool-amplifier-tools", config)
+    await mount(coordinator)
+    try:
+        result = await coordinator.get("tools")["fs_read_file"].execute({"path": "notes.txt"})
+        assert isinstance(result, amplifier_core.ToolResult) and result.success
+    finally:
+        await coordinator.cleanup()
 
 
 async def test_our_tools_run_on_amplifier_cores_coordinator_through_our_host(workspace: Path) -> None:

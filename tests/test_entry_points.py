@@ -309,3 +309,41 @@ async def test_without_installed_modules_a_planned_module_still_loads(with_site:
     assert result.output == ">> hi"
     async with ToolHost(config={}, builtins=False, working_dir=tmp_path, installed_modules=False) as host:
         assert "seed-read" not in [i.name for i in host.plugins]
+
+
+PLUGIN_MODULE = '''
+from amplifier_tools import hookimpl
+
+class Note:
+    name = "note"
+    description = "Return a note."
+    input_schema = {"type": "object"}
+
+    async def execute(self, input):
+        return {"success": True, "output": "noted"}
+
+@hookimpl
+async def mount(coordinator):
+    await coordinator.mount("tools", Note())
+'''
+
+
+async def test_a_plugin_module_named_in_the_mount_plan_loads_as_a_plugin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module written as docs/plugins.md shows (``@hookimpl`` hooks) failed when named in
+    ``[[modules]]``: "implements unknown hook '_mount'" (found by a new-user trial)."""
+    (tmp_path / "note_plugin.py").write_text(PLUGIN_MODULE)
+    (tmp_path / "typo_plugin.py").write_text("from amplifier_tools import hookimpl\n\n@hookimpl\n"
+                                             "def tool_pree(call):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    async with ToolHost(config={"modules": [{"module": "note_plugin"}]}, builtins=False, entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        assert (await host.call("note", {})).output == "noted"
+    with pytest.raises(PluginLoadError, match="unknown hook 'tool_pree'; did you mean 'tool_pre'"):
+        async with ToolHost(config={"modules": [{"module": "typo_plugin"}]}, builtins=False, entry_points=False,
+                            working_dir=tmp_path, discover=False):
+            pass
+    with pytest.raises(PluginLoadError, match=r"\[plugins.note_plugin\]"):
+        async with ToolHost(config={"modules": [{"module": "note_plugin", "config": {"x": 1}}]}, builtins=False,
+                            entry_points=False, working_dir=tmp_path, discover=False):
+            pass

@@ -242,3 +242,37 @@ def test_settings_are_frozen() -> None:
     bash = structure_settings({}, BashSettings, "plugins.bash")
     with pytest.raises(AttributeError):
         bash.max_timeout = 1  # type: ignore[misc]
+
+
+# -- per-tool overrides ([tools."name"]) are checked as written, like plugin tables -------------------
+
+
+@pytest.mark.parametrize(("override", "key", "expected"), [
+    ({"security": {"required_scopes": "fs:read"}}, "security.required_scopes", "a list of strings"),
+    ({"policies": {"timeout_ms": True}}, "policies.timeout_ms", "a number"),
+    ({"policies": {"timeout_ms": "5"}}, "policies.timeout_ms", "a number"),
+    ({"policies": {"concurrency": {"limit": 2.5}}}, "policies.concurrency.limit", "an integer"),
+    ({"policies": {"rate_limit": {"limit": "30", "interval_ms": 60000}}}, "policies.rate_limit.limit", "an integer"),
+    ({"policies": {"budgets": [{"per": "principal", "max_calls": True}]}}, "policies.budgets[0].max_calls",
+     "an integer"),
+    ({"description": 5}, "description", "a string"),
+])
+def test_a_tool_override_of_the_wrong_type_is_refused_not_coerced(
+        override: dict[str, Any], key: str, expected: str) -> None:
+    """Found by a new-user trial: a scope string became its letters, ``true`` became a 1 ms timeout."""
+    from amplifier_tools.registry import apply_overrides
+    from amplifier_tools.spec import ToolSpec
+
+    with pytest.raises(ConfigError) as caught:
+        apply_overrides(ToolSpec(name="local::x", description="d"), override, key="tools.local::x")
+    assert caught.value.key == f"tools.local::x.{key}"
+    assert f"must be {expected}" in str(caught.value)
+
+
+async def test_a_host_refuses_a_scope_string_in_a_tool_override(tmp_path: Path) -> None:
+    config = {"tools": {"local::fs.read_file": {"security": {"required_scopes": "fs:read"}}}}
+    with pytest.raises(ConfigError) as caught:
+        async with ToolHost(config=config, builtins=["filesystem"], entry_points=False, discover=False,
+                            working_dir=tmp_path):
+            pass
+    assert "tools.local::fs.read_file.security.required_scopes" in str(caught.value)
