@@ -35,3 +35,16 @@ async def test_a_malformed_call_result_is_a_protocol_error(tmp_path: Path) -> No
         assert result.error["code"] == "mcp_protocol_error", result.error
         assert "malformed tools/call result" in result.error["message"]
         assert (await host.call("mcp::h::echo", {"text": "still here"})).success
+
+
+@pytest.mark.parametrize("command", ["true", "no-such-mcp-server-xyz"])
+async def test_a_server_that_cannot_start_is_named_in_the_error(tmp_path: Path, command: str) -> None:
+    """'MCPError: Connection closed' and a bare FileNotFoundError named no server (new-user trial)."""
+    from amplifier_tools import ToolHost
+
+    config = {"plugins": {"mcp": {"servers": {"github": {"command": command, "sandbox": "off"}}}}}
+    with pytest.raises(PluginLoadError) as caught:
+        async with ToolHost(config=config, builtins=["mcp"], entry_points=False, working_dir=tmp_path,
+                            discover=False):
+            pass
+    assert "MCP server 'github'" in str(caught.value) and "plugins.mcp.servers.github" in str(caught.value)

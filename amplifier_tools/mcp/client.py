@@ -26,7 +26,7 @@ from mcp.client.session import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from .._version import __version__
-from ..errors import ContractError, ExecutionError, PolicyError
+from ..errors import ContractError, ExecutionError, PolicyError, ToolError
 from ..models import ToolContext, ToolResult
 from ..spec import ToolSpec
 from .confinement import Wrap, sandbox_wrap
@@ -346,7 +346,14 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
     hashes when a pin is not met and ``on_pin_mismatch = "refuse"``.
     """
     s, server = connection.settings, connection.name
-    await connection.start()
+    try:
+        await connection.start()
+    except ToolError:
+        raise
+    except Exception as exc:  # the SDK's or the OS's own error: say which server, and where it is set
+        raise ExecutionError(f"MCP server {server!r} could not start: {type(exc).__name__}: {exc} "
+                             f"(check plugins.mcp.servers.{server}.command and args)", code="mcp_start_failed",
+                             setting=f"plugins.mcp.servers.{server}") from exc
     version = connection.server_info.version if connection.server_info else None
     problems = check_pins(version=version, pinned_version=s.version, hashes=connection.hashes, pins=s.pins)
     skipped: set[str] = set()
