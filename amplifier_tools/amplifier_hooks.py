@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from .definitions import model_name
+from .errors import did_you_mean
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 from .results import normalize_result
 
@@ -88,6 +89,11 @@ class HookRegistry:
         handlers.sort(key=lambda r: (r.priority, r.order))
         if event in TOOL_EVENTS:
             self._host.dispatcher.invalidate()
+        else:
+            close = did_you_mean(event, TOOL_EVENTS)
+            if close is not None:  # Amplifier accepts any event name: a typo would silently never run
+                log.warning("plugin %r registered handler %r for event %r, which no tool call emits; %s",
+                            owner, entry.name, event, close)
 
         def unregister() -> None:
             if entry in handlers:

@@ -249,3 +249,23 @@ async def test_tool_post_handlers_also_see_a_failure_the_tool_reported(
     assert data["tool_result"]["output"]["stderr"] == "boom: no such file"
     assert "boom: no such file" in data["tool_result"]["error"]["message"]
     assert not raised.success
+
+
+async def test_a_handler_for_a_misspelled_tool_event_is_reported(
+        tmp_path: Path, echo: EchoTool, caplog: pytest.LogCaptureFixture) -> None:
+    """Amplifier accepts any event name, so ``tool_pre`` registered silently and never ran (new-user trial)."""
+
+    class Misspelled:
+        name = "misspelled"
+
+        @hookimpl
+        def mount(self, coordinator: Any) -> None:
+            coordinator.hooks.register("tool_pre", lambda event, data: {"action": "deny"}, name="gate")
+            coordinator.hooks.register("session:start", lambda event, data: None, name="fine")
+
+    caplog.set_level("WARNING", logger="amplifier_tools")
+    async with ToolHost(plugins=[ToolsPlugin(echo), Misspelled()], builtins=False, entry_points=False,
+                        working_dir=tmp_path, discover=False):
+        pass
+    warnings = [r.getMessage() for r in caplog.records if "no tool call emits" in r.getMessage()]
+    assert len(warnings) == 1 and "'gate'" in warnings[0] and "did you mean 'tool:pre'?" in warnings[0]
