@@ -68,21 +68,23 @@ def remember(state_dir: Path, state: dict[str, Any]) -> None:
     os.replace(temp, state_dir / TRUST_FILE)
 
 
-def check(state_dir: Path, config_file: str | None, working_dir: str, *, discovered: bool) -> None:
+def check(state_dir: Path, config_file: str | None, working_dir: str, *,
+          discovered: bool) -> dict[str, Any] | None:
     """Refuse to start on a configuration in the working directory that changed since the last
-    start there (``ConfigError`` naming the file and ``amplifier-tools trust``); record it on the
-    first start. ``discovered``: the host looked for a config itself (so "none" is a state too)."""
+    start there (``ConfigError`` naming the file and ``amplifier-tools trust``). On the first start
+    it returns the state to ``remember`` once the host has started (a start that fails, on a typo
+    in the file say, records nothing: the fixed file is still the first). ``discovered``: the host
+    looked for a config itself (so "none" is a state too)."""
     if config_file is None and not discovered:
-        return  # a mapping from code
+        return None  # a mapping from code
     state = config_state(config_file, working_dir)
     if state is None:
-        return
+        return None
     trusted = _read(state_dir)
     if trusted is None:
-        remember(state_dir, state)
-        return
+        return state
     if trusted == state:
-        return
+        return None
     before, now = trusted.get("path"), state["path"]
     if now is None:
         change = f"the configuration {before} the host started with last time is gone"

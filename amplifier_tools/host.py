@@ -188,13 +188,15 @@ class ToolHost:
             return
         try:
             self._make_state_dir()
-            config_trust.check(self.state_dir, self.config_file, self.working_dir,
-                               discovered=self.discovered_config)
+            first_trust = config_trust.check(self.state_dir, self.config_file, self.working_dir,
+                                             discovered=self.discovered_config)
             self._collect_plugins()
             for plugin, info, required in self._mount_order():
                 await self._mount_plugin(plugin, info, required)
             self._check_config_references()
             self._check_protected_paths()
+            if first_trust is not None:
+                config_trust.remember(self.state_dir, first_trust)
         except BaseException:
             await self.close()
             raise

@@ -450,3 +450,18 @@ def test_a_misspelled_plugin_key_gets_a_did_you_mean_hint(tmp_path: Path) -> Non
     assert out.returncode == 2
     assert "plugins.bash.defualt_timeout: unknown key" in out.stderr
     assert "hint: did you mean 'default_timeout'?" in out.stderr
+
+
+def test_fixing_a_typo_in_a_first_config_needs_no_trust(tmp_path: Path) -> None:
+    """A first start that failed on the file's own mistake recorded it as trusted, so each fix then
+    asked for ``amplifier-tools trust`` (new-user trial)."""
+    config = tmp_path / "amplifier-tools.toml"
+    config.write_text("[plugins.bash]\nmax_timout = 600\n")
+    env = {"XDG_STATE_HOME": str(tmp_path.parent / f"{tmp_path.name}-state")}
+    out = cli(tmp_path, "list", env=env)
+    assert out.returncode == 2 and "plugins.bash.max_timout" in out.stderr
+    config.write_text("[plugins.bash]\nmax_timeout = 600\n")
+    fixed = cli(tmp_path, "list", env=env)
+    assert fixed.returncode == 0, fixed.stderr
+    config.write_text("[plugins.bash]\nmax_timeout = 900\n")  # once started, a change is not taken on trust
+    assert "changed since the host last started" in cli(tmp_path, "list", env=env).stderr
