@@ -377,9 +377,13 @@ class ToolHost:
             if isinstance(exc, ContractError) and exc.code == "duplicate_tool":
                 # Never fall back to another tool of the same name: a call would silently run the wrong one.
                 first, second = exc.details.get("plugins", ["?", info.name])
+                if first == second:  # one plugin mounting two tools of one name: its own bug
+                    raise PluginLoadError(info.name, f"{exc.message}: it mounts two tools of that name; "
+                                                     "give each tool its own name") from exc
                 raise ConfigError(f"{exc.message}; keep one: disable_plugins = [{second!r}] (or {first!r}), "
                                   "or mount it under another name", key="disable_plugins",
-                                  file=self.config_file) from exc
+                                  file=self.config_file, hint=f"add {second!r} (or {first!r}) to disable_plugins "
+                                  "in the configuration") from exc
             if isinstance(exc, ConfigError):
                 located = ConfigError(exc.detail, key=exc.key, file=exc.file or self.config_file)
                 if exc.key is not None and exc.key.startswith("tools."):
