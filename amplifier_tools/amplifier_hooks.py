@@ -26,6 +26,7 @@ chain, ``modify`` chains ``data``); ``emit`` returns the outcome, and delivers t
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
 from collections.abc import Callable
@@ -224,7 +225,8 @@ def event_data(call: ToolCall, context: ToolContext | None = None, **extra: Any)
     ``result`` beside ``tool_result``, ``name``/``input`` beside ``tool_name``/``tool_input``, and
     ``msg`` beside ``message`` in ``error``."""
     name = call.name if isinstance(call.name, str) else str(call.name)
-    arguments = dict(call.arguments) if isinstance(call.arguments, dict) else call.arguments
+    # A copy all the way down: a handler changing it in place must not change the call unvalidated.
+    arguments = copy.deepcopy(call.arguments)
     short = model_name(name)
     data = {"tool_name": short, "name": short, "tool_canonical_name": name, "tool_input": arguments,
             "input": arguments, "tool_call_id": call.id,

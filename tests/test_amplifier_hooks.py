@@ -14,7 +14,7 @@ import pytest
 from amplifier_fixtures import hook_module
 from helpers import EchoTool, ToolsPlugin
 
-from amplifier_tools import ToolHost, hookimpl
+from amplifier_tools import ToolHost, ToolResult, hookimpl
 
 MODULE = "amplifier_fixtures.hook_module"
 MODULE_B = "amplifier_fixtures.hook_module_b"
@@ -269,3 +269,33 @@ async def test_a_handler_for_a_misspelled_tool_event_is_reported(
         pass
     warnings = [r.getMessage() for r in caplog.records if "no tool call emits" in r.getMessage()]
     assert len(warnings) == 1 and "'gate'" in warnings[0] and "did you mean 'tool:pre'?" in warnings[0]
+
+
+async def test_a_handler_changing_tool_input_in_place_changes_nothing(tmp_path: Path) -> None:
+    """Only ``modify`` rewrites a call (re-validated, attributed); a nested in-place change reached the
+    tool unvalidated before."""
+    seen: list[Any] = []
+
+    class Nested:
+        name = "nested"
+        description = "nested"
+        input_schema = {"type": "object", "properties": {"opts": {"type": "object"}}}
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            seen.append(input)
+            return ToolResult(output="ok")
+
+    class Meddler:
+        name = "meddler"
+
+        @hookimpl
+        def mount(self, coordinator: Any) -> None:
+            def meddle(event: str, data: dict[str, Any]) -> None:
+                data["tool_input"]["opts"]["evil"] = True
+                data["tool_input"]["added"] = 1
+            coordinator.hooks.register("tool:pre", meddle, name="meddle")
+
+    async with ToolHost(plugins=[ToolsPlugin(Nested()), Meddler()], builtins=False, entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        assert (await host.call("nested", {"opts": {"safe": 1}})).success
+    assert seen == [{"opts": {"safe": 1}}]
