@@ -110,6 +110,10 @@ def env_names(names: Iterable[str]) -> bool:
 
 #: Names of environment variables to pass through.
 EnvNames = Annotated[tuple[str, ...], Expect("a list of environment variable names", env_names)]
+#: Environment variables to set: names to values (a NUL byte cannot be in an environment).
+EnvTable = Annotated[Mapping[str, str], Expect("a table of environment variable names to strings without NUL bytes",
+                                               lambda table: env_names(table) and
+                                               all("\x00" not in value for value in table.values()))]
 
 
 def structure_settings(config: Mapping[str, Any], cls: type[T], where: str) -> T:

@@ -96,6 +96,13 @@ async def test_each_plugin_reads_its_table_through_the_one_path(plugin: str, tmp
     ("policy", {"rules": [{"action": "deny", "name": 5}]}, "plugins.policy.rules[0].name", "a string"),
     ("policy", {"rules": [{"action": "deny", "reason": 404}]}, "plugins.policy.rules[0].reason", "a string"),
     ("mcp", server(cwd=5), "plugins.mcp.servers.fs.cwd", "a directory path"),
+    # an environment holds names and NUL-free strings (found by review: a raw ValueError at start)
+    ("mcp", server(env={"A=B": "x"}), "plugins.mcp.servers.fs.env",
+     "a table of environment variable names to strings without NUL bytes"),
+    ("mcp", server(env={"X": "a\x00b"}), "plugins.mcp.servers.fs.env",
+     "a table of environment variable names to strings without NUL bytes"),
+    ("bash", {"env": {"X": "a\x00b"}}, "plugins.bash.env",
+     "a table of environment variable names to strings without NUL bytes"),
     ("mcp", {"serve": {"principal": 5}}, "plugins.mcp.serve.principal", "a string"),
     # a string is not a list
     ("filesystem", {"allowed_read_paths": "/srv"}, "plugins.filesystem.allowed_read_paths",

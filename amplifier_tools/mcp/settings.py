@@ -11,7 +11,7 @@ from typing import Annotated, Any, Final, Literal
 
 import attrs
 
-from ..plugin_settings import Count, EnvNames, Expect, Invalid, Number, Text, settings_class
+from ..plugin_settings import Count, EnvNames, EnvTable, Expect, Invalid, Number, Text, settings_class
 from ..spec import Effect
 
 PLUGIN: Final = "mcp"
@@ -43,7 +43,7 @@ class ServerSettings:
     command: Annotated[str, Expect("the command that starts the server (a non-empty string; only stdio servers "
                                    "are supported)", bool)]
     args: tuple[str, ...] = ()
-    env: Mapping[str, str] = attrs.field(factory=dict)
+    env: EnvTable = attrs.field(factory=dict)
     env_passthrough: EnvNames = ()
     cwd: Annotated[str, Expect("a directory path")] | None = None
     stderr: Literal["inherit", "discard"] = "inherit"

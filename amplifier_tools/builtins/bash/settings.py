@@ -7,14 +7,12 @@ plugin resolves them at mount (paths, the user, the sandbox probe) into the tool
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Literal
 
 import attrs
 
-from ...plugin_settings import Count, EnvNames, Expect, Invalid, Seconds, Strings, env_names, settings_class
+from ...plugin_settings import Count, EnvNames, EnvTable, Expect, Invalid, Seconds, Strings, settings_class
 
-EnvTable = Annotated[Mapping[str, str], Expect("a table of environment variable names to strings", env_names)]
 #: "none" is a deprecated alias of "off" (logged at mount).
 Sandbox = Annotated[Literal["auto", "bubblewrap", "off", "none"],
                     Expect("'auto' (bubblewrap where it works, else calls fail), 'bubblewrap' (required) or 'off' "
