@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
-from .converter import converter
+from ._converter import converter
 from .errors import ConfigError, PluginLoadError
 
 if TYPE_CHECKING:  # imported where used: ``--help`` and usage errors need none of them
