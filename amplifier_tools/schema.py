@@ -5,6 +5,14 @@ every call (``compile_validator``). A call pays only for ``is_valid``; the slowe
 error walk runs only for invalid data, to name the offending field by JSON
 pointer (RFC 6901).
 
+Checking a schema against its metaschema costs milliseconds (jsonschema resolves the 2020-12
+metaschema's ``$dynamicRef`` at every step), and the check depends on the schema's content only.
+So a schema whose content digest (``schema_digest``) is known to pass is not checked again: the
+built-in tools' schemas (``_checked_schemas``, which ``tests/test_schema.py`` keeps equal to what
+the built-ins mount and checks against the metaschema) and every schema this process has already
+checked. Any other schema — a plugin's, an MCP server's, a built-in's under a non-default
+configuration — is checked at mount as before.
+
 ``check_json_data`` rejects what jsonschema would let through silently but JSON
 cannot carry: non-string keys, NaN and infinities, bytes, sets and arbitrary
 objects.
@@ -22,6 +30,8 @@ them with patterns (:mod:`amplifier_tools.mcp.patterns` does).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Final, Protocol
@@ -30,8 +40,15 @@ import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
 
+from ._checked_schemas import BUILTIN_SCHEMA_DIGESTS
 from .errors import ContractError
 from .schema_fastpath import CompiledPattern, PatternCompiler, compile_check
+
+#: Digests of the schemas known to pass their metaschema (see the module's docstring).
+_CHECKED: set[str] = set(BUILTIN_SCHEMA_DIGESTS)
+#: How many checked schemas a process remembers beyond the built-ins' (a host importing MCP servers
+#: whose schemas change would otherwise grow the set for ever).
+_MAX_REMEMBERED: Final = 4096
 
 
 class Validator(Protocol):
@@ -53,18 +70,47 @@ def compile_validator(
     expressions instead of ``re.compile`` (see the module's docstring).
     """
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        pointer = _pointer(exc.absolute_path)
-        raise ContractError(
-            f"tool {owner!r}: {which} is not a valid JSON Schema at {pointer or '/'}: {exc.message}",
-            code="invalid_schema",
-            pointer=pointer,
-        ) from None
+    digest = schema_digest(schema)
+    if digest is None or digest not in _CHECKED:
+        try:
+            cls.check_schema(schema)
+        except jsonschema.exceptions.SchemaError as exc:
+            pointer = _pointer(exc.absolute_path)
+            raise ContractError(
+                f"tool {owner!r}: {which} is not a valid JSON Schema at {pointer or '/'}: {exc.message}",
+                code="invalid_schema",
+                pointer=pointer,
+            ) from None
+        if digest is not None and len(_CHECKED) < len(BUILTIN_SCHEMA_DIGESTS) + _MAX_REMEMBERED:
+            _CHECKED.add(digest)
     if patterns is None:
         return CompiledSchema(cls(schema), compile_check(schema))
     return CompiledSchema(_with_patterns(cls, patterns)(schema), compile_check(schema, patterns))
+
+
+def schema_digest(schema: Any) -> str | None:
+    """The SHA-256 of ``schema``'s canonical JSON (sorted keys, no spaces), or None when it holds
+    anything but plain JSON values (exact ``dict``, ``list``, ``str``, ``int``, ``float``, ``bool``,
+    ``None``; finite numbers): a tuple, say, is written like a list by ``json`` but is no array to
+    jsonschema, so two schemas with one digest always get the same answer from the metaschema."""
+    try:  # raises on a cycle, and on most values that are not JSON
+        text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    stack = [schema]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            if any(type(key) is not str for key in value):  # json writes 1 and "1" alike
+                return None
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif not (kind is str or kind is int or kind is bool or value is None
+                  or (kind is float and math.isfinite(value))):
+            return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _with_patterns(cls: Any, compile_pattern: PatternCompiler) -> Any:
