@@ -11,7 +11,9 @@ So a schema whose content digest (``schema_digest``) is known to pass is not che
 built-in tools' schemas (``_checked_schemas``, which ``tests/test_schema.py`` keeps equal to what
 the built-ins mount and checks against the metaschema) and every schema this process has already
 checked. Any other schema — a plugin's, an MCP server's, a built-in's under a non-default
-configuration — is checked at mount as before.
+configuration — is checked at mount as before. jsonschema itself is imported when first needed:
+a host whose schemas are all known and all compile to the fast path (``schema_fastpath``) starts,
+lists and describes its tools without it.
 
 ``check_json_data`` rejects what jsonschema would let through silently but JSON
 cannot carry: non-string keys, NaN and infinities, bytes, sets and arbitrary
@@ -33,12 +35,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Final, Protocol
-
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._checked_schemas import BUILTIN_SCHEMA_DIGESTS
 from .errors import ContractError
@@ -49,6 +47,9 @@ _CHECKED: set[str] = set(BUILTIN_SCHEMA_DIGESTS)
 #: How many checked schemas a process remembers beyond the built-ins' (a host importing MCP servers
 #: whose schemas change would otherwise grow the set for ever).
 _MAX_REMEMBERED: Final = 4096
+
+if TYPE_CHECKING:
+    import jsonschema.exceptions
 
 
 class Validator(Protocol):
@@ -69,23 +70,33 @@ def compile_validator(
     pointer of the bad keyword. ``patterns`` compiles the schema's regular
     expressions instead of ``re.compile`` (see the module's docstring).
     """
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     digest = schema_digest(schema)
     if digest is None or digest not in _CHECKED:
-        try:
-            cls.check_schema(schema)
-        except jsonschema.exceptions.SchemaError as exc:
-            pointer = _pointer(exc.absolute_path)
-            raise ContractError(
-                f"tool {owner!r}: {which} is not a valid JSON Schema at {pointer or '/'}: {exc.message}",
-                code="invalid_schema",
-                pointer=pointer,
-            ) from None
+        _check_schema(schema, owner=owner, which=which)
         if digest is not None and len(_CHECKED) < len(BUILTIN_SCHEMA_DIGESTS) + _MAX_REMEMBERED:
             _CHECKED.add(digest)
-    if patterns is None:
-        return CompiledSchema(cls(schema), compile_check(schema))
-    return CompiledSchema(_with_patterns(cls, patterns)(schema), compile_check(schema, patterns))
+    return CompiledSchema(schema, patterns)
+
+
+def _check_schema(schema: dict[str, Any], *, owner: str, which: str) -> None:
+    import jsonschema.exceptions
+
+    try:
+        _validator_class(schema).check_schema(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        pointer = _pointer(exc.absolute_path)
+        raise ContractError(
+            f"tool {owner!r}: {which} is not a valid JSON Schema at {pointer or '/'}: {exc.message}",
+            code="invalid_schema",
+            pointer=pointer,
+        ) from None
+
+
+def _validator_class(schema: dict[str, Any]) -> Any:
+    """The jsonschema validator of the draft ``$schema`` names (default 2020-12)."""
+    import jsonschema.validators
+
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
 
 
 def schema_digest(schema: Any) -> str | None:
@@ -115,6 +126,9 @@ def schema_digest(schema: Any) -> str | None:
 
 def _with_patterns(cls: Any, compile_pattern: PatternCompiler) -> Any:
     """``cls`` with its regex keywords running on ``compile_pattern`` (jsonschema's own logic)."""
+    import jsonschema.exceptions
+    import jsonschema.validators
+
     compiled: dict[str, CompiledPattern] = {}
 
     def find(pattern: str) -> CompiledPattern:
@@ -169,28 +183,41 @@ class CompiledSchema:
 
     ``is_valid`` tries the fast predicate first and asks jsonschema only when it
     says no (or when the schema could not be compiled), so jsonschema decides
-    every rejection.
+    every rejection. The jsonschema validator is made when first asked for.
     """
 
-    __slots__ = ("_fast", "_validator")
+    __slots__ = ("_fast", "_patterns", "_schema", "_validator")
 
-    def __init__(self, validator: Validator, fast: Callable[[Any], bool] | None) -> None:
-        self._validator = validator
-        self._fast = fast
+    def __init__(self, schema: dict[str, Any], patterns: PatternCompiler | None = None) -> None:
+        self._schema = schema
+        self._patterns = patterns
+        self._fast = compile_check(schema) if patterns is None else compile_check(schema, patterns)
+        self._validator: Validator | None = None
 
     @property
     def compiled(self) -> bool:
         """Whether the fast path is in use for this schema."""
         return self._fast is not None
 
+    @property
+    def validator(self) -> Validator:
+        """The jsonschema validator (``patterns`` running the regex keywords, when given)."""
+        validator = self._validator
+        if validator is None:
+            cls = _validator_class(self._schema)
+            if self._patterns is not None:
+                cls = _with_patterns(cls, self._patterns)
+            validator = self._validator = cls(self._schema)
+        return validator
+
     def is_valid(self, instance: Any) -> bool:
         fast = self._fast
         if fast is not None and fast(instance):
             return True
-        return self._validator.is_valid(instance)
+        return self.validator.is_valid(instance)
 
     def iter_errors(self, instance: Any) -> Iterable[jsonschema.exceptions.ValidationError]:
-        return self._validator.iter_errors(instance)
+        return self.validator.iter_errors(instance)
 
 
 def _pointer(path: Iterable[Any]) -> str:

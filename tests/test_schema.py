@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
+import amplifier_tools
 from amplifier_tools import ContractError, ToolHost
 from amplifier_tools._checked_schemas import BUILTIN_SCHEMA_DIGESTS
 from amplifier_tools.schema import compile_validator, schema_digest
@@ -70,3 +74,20 @@ def test_an_invalid_schema_is_refused_every_time() -> None:
     for _ in range(2):
         with pytest.raises(ContractError, match="not a valid JSON Schema at /type"):
             compile_validator({"type": "objekt"}, owner="t", which="input_schema")
+
+
+def test_a_host_with_the_builtins_alone_starts_without_importing_jsonschema(tmp_path: Path) -> None:
+    """Start-up time (bench/bench_cli.py): the built-ins' schemas are known valid and compile to the fast
+    path, and no configuration means none to validate, so jsonschema is not imported until a call needs it."""
+    code = ("import asyncio, sys\n"
+            "from amplifier_tools import ToolHost\n"
+            "async def main():\n"
+            "    async with ToolHost(entry_points=False, discover=False) as host:\n"
+            "        assert len(host.tools) >= 7\n"
+            "        print('after start:', 'jsonschema' in sys.modules)\n"
+            "        result = await host.call('local::fs.list_dir', {'path': 1})\n"
+            "        print('after a bad call:', result.error['code'], 'jsonschema' in sys.modules)\n"
+            "asyncio.run(main())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(Path(amplifier_tools.__file__).parent.parent)})
+    assert out.stdout.splitlines() == ["after start: False", "after a bad call: invalid_input True"], out.stderr
