@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .errors import ConfigError
-from .schema import Validator, schema_problems
+from .schema import CompiledSchema, Validator, schema_problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,12 +122,10 @@ CONFIG_SCHEMA: Final[dict[str, Any]] = {
 
 @functools.cache
 def _validator() -> Validator:
-    """The validator of ``CONFIG_SCHEMA``, made when a configuration is first checked (jsonschema is
-    imported then: a host started without configuration never needs it)."""
-    import jsonschema
+    """The validator of ``CONFIG_SCHEMA``: the compiled fast path, jsonschema for what it does not
+    accept (imported then, with the messages), made when a configuration is first checked."""
+    return CompiledSchema(CONFIG_SCHEMA)
 
-    validator: Validator = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
-    return validator
 
 _ENV_REF: Final = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
