@@ -119,7 +119,6 @@ CONFIG_SCHEMA: Final[dict[str, Any]] = {
 }
 
 
-
 @functools.cache
 def _validator() -> Validator:
     """The validator of ``CONFIG_SCHEMA``: the compiled fast path, jsonschema for what it does not
