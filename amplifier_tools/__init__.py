@@ -2,7 +2,7 @@
 
 Only re-exports the public names; each lives in its own module. The names are imported when
 first used (PEP 562), so ``import amplifier_tools`` and the command line's ``--help`` do not pay
-for jsonschema, cattrs and pluggy until something needs them.
+for jsonschema, cattrs and pluggy until something needs them (``tests/test_cli.py`` checks).
 """
 
 from __future__ import annotations
@@ -10,15 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._markers import hookimpl, hookspec
 from ._version import __version__
 
-# Imported now, not lazily: the submodule shares the name, and importing ``amplifier_tools.converter``
-# anywhere would otherwise leave the module, not the converter, as this package's attribute.
-from .converter import converter
-
-#: Public name -> the module that defines it.
+#: Public name -> the module that defines it. No module may share a public name: importing
+#: ``amplifier_tools.NAME`` would set the package's attribute ``NAME`` to that module.
 _LAZY: dict[str, str] = {
+    "converter": "._converter",
+    **dict.fromkeys(("hookimpl", "hookspec"), "._markers"),
     **dict.fromkeys(("AuthError", "ConfigError", "ContractError", "ExecutionError", "PluginLoadError", "PolicyError",
                      "ToolError", "ToolSystemError"), ".errors"),
     "tool": ".function_tool",
@@ -45,6 +43,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from ._converter import converter
+    from ._markers import hookimpl, hookspec
     from .errors import (
         AuthError,
         ConfigError,

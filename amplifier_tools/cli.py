@@ -10,23 +10,18 @@ with ``| head``). Errors print one line and a hint line on stderr;
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
-import importlib.metadata
 import json
-import logging
 import os
 import sys
-import traceback
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
-from .converter import converter
-from .errors import ConfigError, PluginLoadError
 
-if TYPE_CHECKING:  # imported where used: ``--help`` and usage errors need none of them
+if TYPE_CHECKING:  # imported where used: ``--help`` and usage errors need none of them (tests/test_cli.py)
+    from pathlib import Path
+
     from .host import ToolHost
     from .loader import PluginInfo
     from .models import ToolResult
@@ -127,8 +122,17 @@ def _host(args: argparse.Namespace) -> ToolHost:
     return host
 
 
+def _data(obj: Any) -> Any:
+    """``obj`` (an attrs object) as JSON data; cattrs is imported only by the commands that print some."""
+    from ._converter import converter
+
+    return converter.unstructure(obj)
+
+
 @functools.lru_cache(maxsize=1)
 def _packages_distributions() -> Mapping[str, list[str]]:
+    import importlib.metadata
+
     return importlib.metadata.packages_distributions()
 
 
@@ -141,6 +145,8 @@ def _distribution(info: PluginInfo) -> tuple[str | None, str | None]:
     names = _packages_distributions().get(info.name.partition(".")[0], [])
     if not names:
         return None, None
+    import importlib.metadata
+
     try:
         return names[0], importlib.metadata.version(names[0])
     except importlib.metadata.PackageNotFoundError:
@@ -178,11 +184,11 @@ async def _run(args: argparse.Namespace) -> int:
         if args.command == "plugins":
             loaded = []
             for info in host.plugins:
-                data = converter.unstructure(info)
+                data = _data(info)
                 data["distribution"], data["version"] = _distribution(info)
                 loaded.append(data)
             if args.json:
-                print(json.dumps({"loaded": loaded, "failed": [converter.unstructure(f) for f in host.failed_plugins]},
+                print(json.dumps({"loaded": loaded, "failed": [_data(f) for f in host.failed_plugins]},
                                  indent=2))
             else:
                 table = [["PLUGIN", "SOURCE", "DISTRIBUTION", "HOOKS"]]
@@ -198,7 +204,7 @@ async def _run(args: argparse.Namespace) -> int:
                     f"unknown tool {args.tool!r}", hint="see 'amplifier-tools list' for the mounted tools",
                     status=EXIT_CONTRACT,
                 )
-            data = converter.unstructure(mounted.spec)
+            data = _data(mounted.spec)
             data["model_name"] = mounted.model_name
             data["plugin"] = mounted.plugin
             print(json.dumps(data, indent=2) if args.json else _readable(data))
@@ -293,7 +299,7 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
 
 def _print_result(result: ToolResult, *, as_json: bool, verbose: bool = False, tool: str = "TOOL") -> None:
     if as_json:
-        print(json.dumps(converter.unstructure(result), indent=2, default=str))
+        print(json.dumps(_data(result), indent=2, default=str))
     elif result.success and isinstance(result.output, dict) and isinstance(result.output.get("content"), str):
         # Text-returning tools (read_file): the text itself; the paging notice goes to stderr.
         print(result.output["content"])
@@ -340,7 +346,7 @@ def _validate(args: argparse.Namespace) -> int:
     report = check_target(args.target, run_examples=not args.no_run, config=config)
     if args.json:
         print(json.dumps({"target": report.target, "ok": report.ok, "config": str(path) if path else None,
-                          "checks": [converter.unstructure(c) for c in report.checks]}, indent=2))
+                          "checks": [_data(c) for c in report.checks]}, indent=2))
     else:
         print(report.render())
     if report.ok:
@@ -359,6 +365,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
     """A specific next step for a configuration or plugin failure."""
+    from .errors import ConfigError, PluginLoadError
+
     tail = "" if args.verbose else f"; {VERBOSE_HINT}"
     own = exc.hint if isinstance(exc, ConfigError) else None
     if isinstance(exc, PluginLoadError) and isinstance(exc.__cause__, ConfigError):
@@ -392,6 +400,10 @@ def _trust(args: argparse.Namespace) -> int:
 
 
 def _version(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .errors import ConfigError, PluginLoadError
+
     print(f"amplifier-tools {__version__}")
     try:
         infos = asyncio.run(_loaded_plugins(args))
@@ -426,10 +438,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .mcp.__main__ import run_serve
 
         return run_serve(args.config, args.working_dir)
+    import asyncio
+
     return asyncio.run(_run(args))
 
 
 def _main(args: argparse.Namespace) -> int:
+    import traceback
+
+    from .errors import ConfigError, PluginLoadError
+
     try:
         return _dispatch(args)
     except CommandError as exc:
@@ -463,6 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "audit":
             parser.error(f"unrecognized arguments: {' '.join(extras)}")
         args.audit_args = [*extras, *args.audit_args]
+    import logging
+
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         status = _main(args)

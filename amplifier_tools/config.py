@@ -15,6 +15,7 @@ for the host's reserved keys (``enabled``, ``on_error``, ``hook_timeout_ms``).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -23,10 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-import jsonschema
-
 from .errors import ConfigError
-from .schema import schema_problems
+from .schema import CompiledSchema, Validator, schema_problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -119,7 +118,14 @@ CONFIG_SCHEMA: Final[dict[str, Any]] = {
     "additionalProperties": False,
 }
 
-_VALIDATOR: Final = jsonschema.Draft202012Validator(CONFIG_SCHEMA)
+
+@functools.cache
+def _validator() -> Validator:
+    """The validator of ``CONFIG_SCHEMA``: the compiled fast path, jsonschema for what it does not
+    accept (imported then, with the messages), made when a configuration is first checked."""
+    return CompiledSchema(CONFIG_SCHEMA)
+
+
 _ENV_REF: Final = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -150,8 +156,9 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
         raise ConfigError(f"configuration must be a table/mapping, got {type(raw).__name__}", file=file)
     data: dict[str, Any] = dict(raw)
     _reject_non_finite(data, "", file)
-    if not _VALIDATOR.is_valid(data):
-        pointer, message = schema_problems(_VALIDATOR, data, limit=1)[0]
+    validator = _validator()
+    if not validator.is_valid(data):
+        pointer, message = schema_problems(validator, data, limit=1)[0]
         expected = _allowed_keys(pointer) if message.endswith("is not an allowed property") else None
         raise ConfigError(message, key=_dotted(pointer), file=file, expected=expected)
     if isinstance(data.get("tools"), list):

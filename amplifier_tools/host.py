@@ -254,6 +254,8 @@ class ToolHost:
     def _collect_plugins(self) -> None:
         disabled = self._disabled()
         allow = self._allowlist()
+        # One scan of the installed distributions for both groups (each entry_points(group=...) reads them all).
+        installed = importlib.metadata.entry_points() if self._entry_points else None
         if self._builtins:
             wanted = BUILTIN_PLUGINS if self._builtins is True else {
                 name: BUILTIN_PLUGINS[name] for name in self._builtins if name in BUILTIN_PLUGINS
@@ -267,8 +269,8 @@ class ToolHost:
             name = plugin_name(plugin)
             if name not in disabled:
                 self._queue(name, functools.partial(as_plugin, plugin, name), "code", None, None, required=True)
-        if self._entry_points:
-            for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if installed is not None:
+            for ep in installed.select(group=ENTRY_POINT_GROUP):
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
                     continue
                 dist = getattr(ep, "dist", None)
@@ -276,8 +278,8 @@ class ToolHost:
                             dist.name if dist else None,
                             dist.version if dist else None, required=self._required(ep.name))
         planned = {entry["module"]: entry for entry in self.config.get("modules", [])}
-        if self._entry_points:
-            for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
+        if installed is not None:
+            for ep in installed.select(group=SEED_ENTRY_POINT_GROUP):
                 if ep.value.startswith(f"{__package__}."):
                     continue  # our own module for Amplifier coordinators (amplifier_module), not for us
                 if ep.name in disabled or (allow is not None and ep.name not in allow and ep.name not in planned):

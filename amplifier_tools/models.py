@@ -2,8 +2,8 @@
 return (``Deny``, ``Modify``), what goes out (``ToolResult``) and the decision
 trail (``Decision``).
 
-All are attrs classes; JSON conversion lives in :mod:`amplifier_tools.converter`,
-never in methods here.
+All are attrs classes; JSON conversion lives in ``amplifier_tools.converter`` (defined in
+:mod:`amplifier_tools._converter`), never in methods here.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ import sys
 import time
 from typing import Any
 
+from ._converter import converter
 from .amplifier_hooks import event_data, result_data
-from .converter import converter
 from .dispatch import HookDispatcher, finish_despite_cancel, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
 from .models import ToolCall, ToolContext, ToolResult

@@ -45,7 +45,7 @@ import cattrs
 from attrs import AttrsInstance
 from cattrs.gen import make_dict_structure_fn, override
 
-from .converter import converter
+from ._converter import converter
 from .errors import ConfigError
 
 T = TypeVar("T")

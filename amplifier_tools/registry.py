@@ -75,7 +75,7 @@ def apply_overrides(spec: ToolSpec, overrides: Mapping[str, Any], *, key: str) -
 
     Raises ``ConfigError`` naming ``key`` and the field on unknown or invalid keys.
     """
-    from .converter import converter, describe_structure_error
+    from ._converter import converter, describe_structure_error
     from .plugin_settings import check_json_types
 
     data = converter.unstructure(spec)

@@ -10,13 +10,14 @@ a contract asking for it is refused when the tool is mounted.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-import tenacity
+from typing import TYPE_CHECKING, Any
 
 from .errors import ToolError
 from .models import ToolContext
 from .spec import Effect, ToolSpec
+
+if TYPE_CHECKING:
+    import tenacity
 
 
 def retry_allowed(spec: ToolSpec, context: ToolContext) -> bool:
@@ -41,6 +42,8 @@ async def run_with_retries(
     """
     if not retry_allowed(spec, context):
         return await attempt(), 1
+    import tenacity  # here: most tools have no retry policy, and start-up need not pay for it
+
     policy = spec.policies.retry
     assert policy is not None
     initial, cap = policy.initial_backoff_ms / 1000.0, policy.max_backoff_ms / 1000.0

@@ -5,6 +5,16 @@ every call (``compile_validator``). A call pays only for ``is_valid``; the slowe
 error walk runs only for invalid data, to name the offending field by JSON
 pointer (RFC 6901).
 
+Checking a schema against its metaschema costs milliseconds (jsonschema resolves the 2020-12
+metaschema's ``$dynamicRef`` at every step), and the check depends on the schema's content only.
+So a schema whose content digest (``schema_digest``) is known to pass is not checked again: the
+built-in tools' schemas (``_checked_schemas``, which ``tests/test_schema.py`` keeps equal to what
+the built-ins mount and checks against the metaschema) and every schema this process has already
+checked. Any other schema — a plugin's, an MCP server's, a built-in's under a non-default
+configuration — is checked at mount as before. jsonschema itself is imported when first needed:
+a host whose schemas are all known and all compile to the fast path (``schema_fastpath``) starts,
+lists and describes its tools without it.
+
 ``check_json_data`` rejects what jsonschema would let through silently but JSON
 cannot carry: non-string keys, NaN and infinities, bytes, sets and arbitrary
 objects.
@@ -22,16 +32,24 @@ them with patterns (:mod:`amplifier_tools.mcp.patterns` does).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Final, Protocol
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
-import jsonschema
-import jsonschema.exceptions
-import jsonschema.validators
-
+from ._checked_schemas import BUILTIN_SCHEMA_DIGESTS
 from .errors import ContractError
 from .schema_fastpath import CompiledPattern, PatternCompiler, compile_check
+
+#: Digests of the schemas known to pass their metaschema (see the module's docstring).
+_CHECKED: set[str] = set(BUILTIN_SCHEMA_DIGESTS)
+#: How many checked schemas a process remembers beyond the built-ins' (a host importing MCP servers
+#: whose schemas change would otherwise grow the set for ever).
+_MAX_REMEMBERED: Final = 4096
+
+if TYPE_CHECKING:
+    import jsonschema.exceptions
 
 
 class Validator(Protocol):
@@ -52,9 +70,19 @@ def compile_validator(
     pointer of the bad keyword. ``patterns`` compiles the schema's regular
     expressions instead of ``re.compile`` (see the module's docstring).
     """
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    digest = schema_digest(schema)
+    if digest is None or digest not in _CHECKED:
+        _check_schema(schema, owner=owner, which=which)
+        if digest is not None and len(_CHECKED) < len(BUILTIN_SCHEMA_DIGESTS) + _MAX_REMEMBERED:
+            _CHECKED.add(digest)
+    return CompiledSchema(schema, patterns)
+
+
+def _check_schema(schema: dict[str, Any], *, owner: str, which: str) -> None:
+    import jsonschema.exceptions
+
     try:
-        cls.check_schema(schema)
+        _validator_class(schema).check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:
         pointer = _pointer(exc.absolute_path)
         raise ContractError(
@@ -62,13 +90,45 @@ def compile_validator(
             code="invalid_schema",
             pointer=pointer,
         ) from None
-    if patterns is None:
-        return CompiledSchema(cls(schema), compile_check(schema))
-    return CompiledSchema(_with_patterns(cls, patterns)(schema), compile_check(schema, patterns))
+
+
+def _validator_class(schema: dict[str, Any]) -> Any:
+    """The jsonschema validator of the draft ``$schema`` names (default 2020-12)."""
+    import jsonschema.validators
+
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+
+
+def schema_digest(schema: Any) -> str | None:
+    """The SHA-256 of ``schema``'s canonical JSON (sorted keys, no spaces), or None when it holds
+    anything but plain JSON values (exact ``dict``, ``list``, ``str``, ``int``, ``float``, ``bool``,
+    ``None``; finite numbers): a tuple, say, is written like a list by ``json`` but is no array to
+    jsonschema, so two schemas with one digest always get the same answer from the metaschema."""
+    try:  # raises on a cycle, and on most values that are not JSON
+        text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    stack = [schema]
+    while stack:
+        value = stack.pop()
+        kind = type(value)
+        if kind is dict:
+            if any(type(key) is not str for key in value):  # json writes 1 and "1" alike
+                return None
+            stack.extend(value.values())
+        elif kind is list:
+            stack.extend(value)
+        elif not (kind is str or kind is int or kind is bool or value is None
+                  or (kind is float and math.isfinite(value))):
+            return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _with_patterns(cls: Any, compile_pattern: PatternCompiler) -> Any:
     """``cls`` with its regex keywords running on ``compile_pattern`` (jsonschema's own logic)."""
+    import jsonschema.exceptions
+    import jsonschema.validators
+
     compiled: dict[str, CompiledPattern] = {}
 
     def find(pattern: str) -> CompiledPattern:
@@ -123,28 +183,41 @@ class CompiledSchema:
 
     ``is_valid`` tries the fast predicate first and asks jsonschema only when it
     says no (or when the schema could not be compiled), so jsonschema decides
-    every rejection.
+    every rejection. The jsonschema validator is made when first asked for.
     """
 
-    __slots__ = ("_fast", "_validator")
+    __slots__ = ("_fast", "_patterns", "_schema", "_validator")
 
-    def __init__(self, validator: Validator, fast: Callable[[Any], bool] | None) -> None:
-        self._validator = validator
-        self._fast = fast
+    def __init__(self, schema: dict[str, Any], patterns: PatternCompiler | None = None) -> None:
+        self._schema = schema
+        self._patterns = patterns
+        self._fast = compile_check(schema) if patterns is None else compile_check(schema, patterns)
+        self._validator: Validator | None = None
 
     @property
     def compiled(self) -> bool:
         """Whether the fast path is in use for this schema."""
         return self._fast is not None
 
+    @property
+    def validator(self) -> Validator:
+        """The jsonschema validator (``patterns`` running the regex keywords, when given)."""
+        validator = self._validator
+        if validator is None:
+            cls = _validator_class(self._schema)
+            if self._patterns is not None:
+                cls = _with_patterns(cls, self._patterns)
+            validator = self._validator = cls(self._schema)
+        return validator
+
     def is_valid(self, instance: Any) -> bool:
         fast = self._fast
         if fast is not None and fast(instance):
             return True
-        return self._validator.is_valid(instance)
+        return self.validator.is_valid(instance)
 
     def iter_errors(self, instance: Any) -> Iterable[jsonschema.exceptions.ValidationError]:
-        return self._validator.iter_errors(instance)
+        return self.validator.iter_errors(instance)
 
 
 def _pointer(path: Iterable[Any]) -> str:

@@ -10,8 +10,10 @@ The host treats ``False`` as "ask jsonschema" — jsonschema stays the authority
 for every rejection and every error message — so a gap here can only cost
 speed, never correctness. A schema using any other keyword (``$ref``,
 ``allOf``, ``if``, ``patternProperties``, ``format`` assertions ...) is not
-compiled at all. ``tests/test_schema_fastpath.py`` checks the two agree on
-random instances with hypothesis.
+compiled at all. ``oneOf`` is compiled only when each branch names its ``type`` and no two
+branches share one (``integer`` and ``number`` count as shared): a value one branch accepts
+then fails every other branch's ``type``, so "exactly one" is "any".
+``tests/test_schema_fastpath.py`` checks the two agree on random instances with hypothesis.
 
 ``pattern`` is compiled with the engine the caller names (``compile_pattern``;
 Python's ``re`` for the host's own schemas): this module never chooses a regex
@@ -44,7 +46,7 @@ _ANNOTATIONS: Final = frozenset(
 _SUPPORTED: Final = _ANNOTATIONS | frozenset(
     {"type", "properties", "required", "additionalProperties", "enum", "const", "minimum", "maximum",
      "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength", "pattern", "items", "minItems",
-     "maxItems", "minProperties", "maxProperties"}
+     "maxItems", "minProperties", "maxProperties", "oneOf"}
 )
 
 
@@ -159,6 +161,12 @@ def _compile(schema: Any, compile_pattern: PatternCompiler) -> Check | None:
             return None
         checks.append(_matches(regex))
 
+    if "oneOf" in schema:
+        one_of = _compile_one_of(schema["oneOf"], compile_pattern)
+        if one_of is None:
+            return None
+        checks.append(one_of)
+
     if "items" in schema:
         item_check = _compile(schema["items"], compile_pattern)
         if item_check is None:
@@ -176,6 +184,29 @@ def _compile(schema: Any, compile_pattern: PatternCompiler) -> Check | None:
     if len(checks) == 1:
         return checks[0]
     return _all_of(tuple(checks))
+
+
+def _compile_one_of(branches: Any, compile_pattern: PatternCompiler) -> Check | None:
+    """``oneOf`` whose branches have pairwise disjoint ``type``s (see the module's docstring), or None."""
+    if not isinstance(branches, list) or not branches:
+        return None
+    seen: set[str] = set()
+    tests: list[Check] = []
+    for branch in branches:
+        kind = branch.get("type") if isinstance(branch, dict) else None
+        names = {kind} if isinstance(kind, str) else set(kind) if isinstance(kind, list) else set()
+        if not names or not all(isinstance(n, str) for n in names):
+            return None
+        if "integer" in names or "number" in names:
+            names |= {"integer", "number"}  # jsonschema's integer is a number (1.0 included)
+        if names & seen:
+            return None
+        seen |= names
+        test = _compile(branch, compile_pattern)
+        if test is None:
+            return None
+        tests.append(test)
+    return tests[0] if len(tests) == 1 else _any_of(tests)
 
 
 def _numeric(value: Any) -> bool:

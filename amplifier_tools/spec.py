@@ -16,7 +16,7 @@ from typing import Any, Final
 
 import attrs
 
-from .converter import converter, describe_structure_error, unstructure_enum_as_value
+from ._converter import converter, describe_structure_error, unstructure_enum_as_value
 from .errors import ContractError
 
 #: Canonical tool names: segments separated by ``::`` (origin, server, tool),

@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from helpers import EchoTool, ToolsPlugin
 
 from amplifier_tools import ConfigError, ToolHost
-from amplifier_tools.config import load_config_file
+from amplifier_tools.config import CONFIG_SCHEMA, load_config_file
+from amplifier_tools.schema_fastpath import compile_check
 
 
 @pytest.mark.parametrize(
@@ -26,6 +28,18 @@ def test_invalid_config_names_the_key(config: Any, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         ToolHost(config=config)
     assert fragment in str(info.value)
+
+
+@pytest.mark.parametrize("config", [
+    {}, {"tools": {"x": {"policies": {}}}}, {"tools": [{"module": "m"}]}, {"tools": "x"}, {"tools": [{"config": {}}]},
+    {"tools": [{"module": "m"}], "modules": [{"module": "n", "config": {"a": 1}}]}, {"context": {"principal": "me"}},
+    {"plugins": {"p": {"on_error": "x"}}}, {"default_timeout_ms": 0}, {"secrets": {"K": "ENV_K"}},
+])
+def test_the_configuration_schema_compiles_to_the_fast_path_that_agrees_with_jsonschema(config: Any) -> None:
+    """Start-up: a valid configuration is checked without jsonschema (imported only to name what is wrong)."""
+    check = compile_check(CONFIG_SCHEMA)
+    assert check is not None
+    assert check(config) == jsonschema.Draft202012Validator(CONFIG_SCHEMA).is_valid(config)
 
 
 async def test_tool_overrides_change_policies(host_factory: Any, echo: EchoTool) -> None:

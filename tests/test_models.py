@@ -6,6 +6,7 @@ import builtins
 import json
 from typing import Any, Literal
 
+import cattrs
 import pytest
 from helpers import ToolsPlugin
 from hypothesis import given
@@ -138,3 +139,17 @@ def test_function_tool_refuses_types_without_a_schema() -> None:
         @tool
         def bad(x: Custom) -> None:
             """Nope."""
+
+
+
+def test_no_module_of_the_package_shares_a_public_name() -> None:
+    """The package exports its names lazily; a module sharing one (as ``converter`` did) would
+    replace the package's attribute with the module as soon as anything imported it."""
+    import pkgutil
+
+    modules = {module.name for module in pkgutil.iter_modules(amplifier_tools.__path__)}
+    assert modules & set(amplifier_tools.__all__) == set()
+    from amplifier_tools import _converter
+
+    assert isinstance(amplifier_tools.converter, cattrs.Converter)
+    assert amplifier_tools.converter is _converter.converter

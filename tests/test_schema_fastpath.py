@@ -43,6 +43,21 @@ def leaf_schemas() -> st.SearchStrategy[dict[str, Any]]:
     )
 
 
+#: Type sets that no two ``oneOf`` branches may share (integer and number overlap).
+disjoint_types = st.lists(st.sampled_from([["string"], ["boolean"], ["null"], ["object"], ["array"], ["number"],
+                                           ["integer"], ["string", "null"], ["array", "boolean"]]),
+                          min_size=1, max_size=3).filter(
+    lambda kinds: len({n if n != "integer" else "number" for k in kinds for n in k})
+    == sum(len(k) for k in kinds))
+
+
+def one_of(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[list[dict[str, Any]]]:
+    """``oneOf`` branches with disjoint types: each an ``inner`` schema with its ``type`` set."""
+    return disjoint_types.flatmap(lambda kinds: st.tuples(*(
+        inner.map(lambda branch, kind=kind: {**branch, "type": kind if len(kind) > 1 else kind[0]})
+        for kind in kinds)).map(list))
+
+
 schemas = st.recursive(
     leaf_schemas(),
     lambda inner: st.fixed_dictionaries(
@@ -55,6 +70,7 @@ schemas = st.recursive(
             "items": inner,
             "minProperties": st.integers(0, 2),
             "maxProperties": st.integers(0, 4),
+            "oneOf": one_of(inner),
         },
     ),
     max_leaves=6,
@@ -81,6 +97,10 @@ def test_fast_path_accepts_only_what_jsonschema_accepts(schema: dict[str, Any], 
         {"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": True},
         {"type": "object", "patternProperties": {"^a": {"type": "string"}}},
         {"items": [{"type": "string"}]},
+        {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 2}]},  # 3 matches both
+        {"oneOf": [{"type": ["string", "null"]}, {"type": "null"}]},
+        {"oneOf": [{"type": "string"}, {"minLength": 2}]},  # a branch without a type
+        {"oneOf": []},
     ],
 )
 def test_schemas_outside_the_subset_are_left_to_jsonschema(schema: dict[str, Any]) -> None:
