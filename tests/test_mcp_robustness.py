@@ -48,3 +48,19 @@ async def test_a_server_that_cannot_start_is_named_in_the_error(tmp_path: Path, 
                             discover=False):
             pass
     assert "MCP server 'github'" in str(caught.value) and "plugins.mcp.servers.github" in str(caught.value)
+
+
+@pytest.mark.parametrize("server", [{"cwd": "/"}, {"sandbox_read_paths": ["/"]}, {"sandbox_write_paths": ["/"]}])
+async def test_a_sandboxed_server_cannot_bind_the_whole_host(tmp_path: Path, server: dict[str, str]) -> None:
+    """``/`` bound over the fresh /proc, /dev and /tmp showed the host's processes and homes, or broke
+    the sandbox's start ("Can't make symlink at /bin"); found by review."""
+    from amplifier_tools import ConfigError
+    from amplifier_tools.mcp.confinement import view_for
+    from amplifier_tools.mcp.settings import ServerSettings
+
+    settings = ServerSettings(command="server", sandbox="auto", **server)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        view_for(settings, str(tmp_path), (), "fs")
+    key = next(iter(server))
+    assert caught.value.key == f"plugins.mcp.servers.fs.{key}" and "cannot bind /" in str(caught.value)
+    assert view_for(ServerSettings(command="server"), str(tmp_path), (), "fs").cwd == str(tmp_path.resolve())

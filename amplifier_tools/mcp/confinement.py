@@ -36,11 +36,20 @@ def _absolute(paths: Iterable[str]) -> tuple[str, ...]:
     return tuple(os.path.realpath(os.path.expanduser(path)) for path in paths)
 
 
-def view_for(settings: ServerSettings, working_dir: str, protected: Iterable[str]) -> engine.View:
-    """What the server sees (see the module docstring)."""
+def view_for(settings: ServerSettings, working_dir: str, protected: Iterable[str], name: str = "") -> engine.View:
+    """What the server sees (see the module docstring). ``ConfigError`` for a directory to bind that
+    is ``/`` itself: bound over the view's fresh ``/proc``, ``/dev`` and ``/tmp`` it would show the
+    host's (its processes' command lines, its home directories) or break the sandbox's start."""
+    where = f"plugins.mcp.servers.{name}"
     cwd = os.path.realpath(settings.cwd or working_dir)
     writable = _absolute(settings.sandbox_write_paths)
     read_only = (*engine.SYSTEM_PATHS, *_absolute(settings.sandbox_read_paths))
+    for key, paths in (("cwd", (cwd,)), ("sandbox_write_paths", writable), ("sandbox_read_paths", read_only)):
+        if "/" in paths:
+            raise ConfigError("the sandbox cannot bind / (the whole host) into the server's view; name the "
+                              "directories the server needs" + (" (the host's working directory is /: set cwd)"
+                                                                 if key == "cwd" and not settings.cwd else ""),
+                              key=f"{where}.{key}")
     view = engine.View(cwd=cwd, writable=writable, read_only=read_only, protected=tuple(protected),
                        network=settings.sandbox_network)
     return view if engine.visible(cwd, view) else attrs.evolve(view, read_only=(*read_only, cwd))
@@ -57,7 +66,7 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
     bwrap, reason = await engine.find_bwrap()
     if bwrap is None or reason is not None:
         raise engine.unavailable(reason or "no usable bwrap", where)
-    view = view_for(settings, working_dir, protected)
+    view = view_for(settings, working_dir, protected, name)
     key = f"plugins.mcp.servers.{name}.sandbox_read_paths"
 
     def wrap(argv: Sequence[str]) -> list[str]:
