@@ -169,6 +169,19 @@ async def test_dead_server_is_an_execution_error_and_restarts_on_the_next_call(t
         assert second != first and alive(second) and not alive(first)
 
 
+async def test_a_restarted_server_reporting_another_version_than_pinned_is_refused(tmp_path: Path) -> None:
+    """Only the tool hashes were compared on restart (found by review)."""
+    version = tmp_path / "version"
+    version.write_text("1.4.2")
+    async with host_with(tmp_path, version="1.4.2", env={"FIXTURE_VERSION_FILE": str(version)}) as host:
+        assert (await host.call("mcp::fx::echo", {"text": "pinned"})).success
+        version.write_text("6.6.6")
+        await host.call("mcp::fx::crash", {})
+        result = await host.call("mcp::fx::echo", {"text": "after restart"})
+        assert result.error is not None and result.error["code"] == "pin_mismatch", result.error
+        assert "'6.6.6'" in result.error["message"] and "'1.4.2'" in result.error["message"]
+
+
 async def test_restarts_are_bounded_by_max_restarts(tmp_path: Path) -> None:
     async with host_with(tmp_path, max_restarts=1) as host:
         await host.call("mcp::fx::crash", {})

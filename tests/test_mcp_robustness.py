@@ -64,3 +64,18 @@ async def test_a_sandboxed_server_cannot_bind_the_whole_host(tmp_path: Path, ser
     key = next(iter(server))
     assert caught.value.key == f"plugins.mcp.servers.fs.{key}" and "cannot bind /" in str(caught.value)
     assert view_for(ServerSettings(command="server"), str(tmp_path), (), "fs").cwd == str(tmp_path.resolve())
+
+
+def test_the_subreaper_wrapper_refuses_to_run_a_server_it_cannot_hold() -> None:
+    """A failed prctl (seccomp, an old kernel) ran the server anyway, its tree unheld (found by review).
+    Here the call fails by an unknown option number, as a refused prctl would."""
+    import subprocess
+    import sys
+
+    from amplifier_tools.mcp import processes
+
+    wrapper = processes._WRAPPER.replace(f"prctl({processes.PR_SET_CHILD_SUBREAPER},", "prctl(99999,")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", wrapper, "/bin/echo", "ran"], capture_output=True,
+                         text=True, timeout=30, check=False)
+    assert out.returncode == 125 and "ran" not in out.stdout
+    assert "cannot make the MCP server a child subreaper" in out.stderr

@@ -191,6 +191,13 @@ class ServerConnection:
             except Exception as exc:
                 raise ExecutionError(f"MCP server {self.name!r} could not be restarted: {exc}",
                                      code="mcp_restart_failed") from exc
+            version = self.server_info.version if self.server_info else None
+            if self.settings.version is not None and version != self.settings.version:
+                await self.close()
+                self.restarts = self.settings.max_restarts  # do not keep restarting a changed server
+                raise ContractError(
+                    f"MCP server {self.name!r} reports version {version!r} on restart, pinned "
+                    f"{self.settings.version!r} (plugins.mcp.servers.{self.name}.version)", code="pin_mismatch")
             changed = [name for name, digest in (self._mounted_hashes or {}).items()
                        if self.hashes.get(name) != digest]
             if changed:

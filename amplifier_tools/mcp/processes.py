@@ -43,9 +43,12 @@ PR_SET_CHILD_SUBREAPER: Final = 36
 #: Walks of ``/proc`` before ``kill_descendants`` gives up on a tree that keeps forking.
 MAX_SWEEPS: Final = 50
 
+#: Fails (exit 125, the reason on stderr) rather than run a server whose tree the host cannot hold.
 _WRAPPER: Final = (
     "import ctypes,os,sys\n"
-    f"ctypes.CDLL(None,use_errno=True).prctl({PR_SET_CHILD_SUBREAPER},1,0,0,0)\n"
+    f"if ctypes.CDLL(None,use_errno=True).prctl({PR_SET_CHILD_SUBREAPER},1,0,0,0)!=0:\n"
+    "    sys.stderr.write('amplifier-tools: cannot make the MCP server a child subreaper: '"
+    "+os.strerror(ctypes.get_errno())+'\\n');sys.exit(125)\n"
     "os.execv(sys.argv[1],sys.argv[1:])\n"
 )
 

@@ -5,7 +5,8 @@ description of ``echo`` (its hash changes); ``FIXTURE_PID_FILE`` receives this
 process's pid; ``FIXTURE_CHILD_PID_FILE`` makes it start a ``sleep 300``
 child (same process group) and receives the child's pid;
 ``FIXTURE_CANCEL_FILE`` is written when a ``sleep`` call is cancelled;
-``FIXTURE_LOG_FILE`` gets a line for each ``issues.create`` that ran.
+``FIXTURE_LOG_FILE`` gets a line for each ``issues.create`` that ran;
+``FIXTURE_VERSION_FILE`` holds the version the server reports (read at each start).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -100,7 +102,9 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     return text(f"unknown tool {params.name}", error=True)
 
 
-server = Server("fixture-server", version="1.4.2", on_list_tools=list_tools, on_call_tool=call_tool)
+VERSION = Path(os.environ["FIXTURE_VERSION_FILE"]).read_text().strip() if os.environ.get("FIXTURE_VERSION_FILE") \
+    else "1.4.2"
+server = Server("fixture-server", version=VERSION, on_list_tools=list_tools, on_call_tool=call_tool)
 
 
 async def main() -> None:
