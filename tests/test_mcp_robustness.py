@@ -79,3 +79,15 @@ def test_the_subreaper_wrapper_refuses_to_run_a_server_it_cannot_hold() -> None:
                          text=True, timeout=30, check=False)
     assert out.returncode == 125 and "ran" not in out.stdout
     assert "cannot make the MCP server a child subreaper" in out.stderr
+
+
+async def test_a_server_flooding_requests_it_never_lets_us_answer_is_stopped(tmp_path: Path) -> None:
+    """Each server request is a task in the SDK until its answer is written: a server sending pings
+    while reading nothing grew the host's memory by ~15 MB/s until the call's timeout (found by review)."""
+    async with hostile(tmp_path) as host:
+        start = time.monotonic()
+        result = await host.call("mcp::h::flood", {})
+        elapsed = time.monotonic() - start
+        assert result.error is not None and result.error["code"] == "mcp_request_flood", result.error
+        assert elapsed < 10.0, f"the flood was stopped after {elapsed:.1f} s"
+        assert (await host.call("mcp::h::echo", {"text": "restarted"})).success

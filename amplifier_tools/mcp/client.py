@@ -34,7 +34,7 @@ from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
 from .settings import ServerSettings
-from .transport import StdioServer, stdio_process
+from .transport import MAX_UNANSWERED_REQUESTS, StdioServer, stdio_process
 
 log = logging.getLogger("amplifier_tools.mcp")
 
@@ -250,7 +250,13 @@ class ServerConnection:
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
 
     def _too_large(self) -> ExecutionError | None:
-        """The error for a server whose last message passed ``max_message_bytes``, else None."""
+        """The error for a server stopped for its messages (one past ``max_message_bytes``, or more
+        requests of its own than it lets us answer), else None."""
+        if self._server is not None and self._server.flooded:
+            return ExecutionError(
+                f"MCP server {self.name!r} sent more than {MAX_UNANSWERED_REQUESTS} requests without reading our "
+                "answers; it was stopped and is restarted on the next call", code="mcp_request_flood",
+                retryable=False, limit=MAX_UNANSWERED_REQUESTS)
         oversized = self._server.oversized if self._server is not None else None
         if oversized is None:
             return None

@@ -16,7 +16,9 @@ Messages are read into one ``bytearray`` and scanned for newlines only in the
 bytes not scanned yet (linear in the message size). A message longer than
 ``max_message_bytes`` is never buffered whole: once the unfinished line passes
 the limit, reading stops, ``StdioServer.oversized`` records it, the session's
-stream ends (the calls in flight fail) and the server tree is killed.
+stream ends (the calls in flight fail) and the server tree is killed. The same
+happens to a server with more than ``MAX_UNANSWERED_REQUESTS`` requests of its
+own waiting for our answers (``StdioServer.flooded``).
 
 Limits: if the host process itself is SIGKILLed, nothing here runs; a server
 then sees EOF on stdin (well-behaved servers exit) but its children may stay.
@@ -46,6 +48,10 @@ EXIT_GRACE_S: Final = 1.0
 TERM_GRACE_S: Final = 1.0
 #: Bytes asked of the server's stdout per read.
 READ_CHUNK: Final = 1 << 16
+#: Requests from the server (``ping``, ``sampling``, ``roots/list``...) it may have waiting for our
+#: answer. Each one is a task in the SDK until its answer is written; a server that keeps asking
+#: while it reads none of the answers would grow the host's memory without bound.
+MAX_UNANSWERED_REQUESTS: Final = 64
 
 ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
 WriteStream = MemoryObjectSendStream[SessionMessage]
@@ -107,7 +113,7 @@ async def _stop(process: anyio.abc.Process) -> None:
 class StdioServer:
     """A running stdio server: its process, the session's streams, and why reading stopped."""
 
-    __slots__ = ("oversized", "process", "read", "write")
+    __slots__ = ("flooded", "oversized", "process", "read", "unanswered", "write")
 
     def __init__(self, process: anyio.abc.Process, read: ReadStream, write: WriteStream) -> None:
         self.process = process
@@ -115,6 +121,10 @@ class StdioServer:
         self.write = write
         #: Bytes of the unfinished message when it passed ``max_message_bytes``, else None.
         self.oversized: int | None = None
+        #: Requests the server sent that have no answer written yet.
+        self.unanswered = 0
+        #: Set when ``unanswered`` passed ``MAX_UNANSWERED_REQUESTS`` (the server was stopped).
+        self.flooded = False
 
 
 def _resolve(command: str, env: Mapping[str, str], cwd: str | None) -> str:
@@ -174,7 +184,21 @@ async def stdio_process(
                         line = buffer[start:end]  # the one copy of a message
                         start = scan_from = end + 1
                         if line and not line.isspace():
-                            await read_send.send(_parse(line))
+                            message = _parse(line)
+                            inner = message.message if isinstance(message, SessionMessage) else None
+                            if isinstance(inner, mcp_types.JSONRPCRequest):
+                                server.unanswered += 1
+                                if server.unanswered > MAX_UNANSWERED_REQUESTS:
+                                    server.flooded = True
+                                    break
+                            elif isinstance(inner, mcp_types.JSONRPCNotification) and server.unanswered \
+                                    and inner.method == "notifications/cancelled":
+                                server.unanswered -= 1  # a request it cancelled gets no answer
+                            await read_send.send(message)
+                    if server.flooded:  # broken like an oversized message: its tree goes, the stream ends
+                        await _sweep(process.pid)
+                        kill_group(process.pid)
+                        break
                     del buffer[:start]
                     if len(buffer) > max_message_bytes:
                         # The server is broken: its tree goes before the calls in flight fail
@@ -199,6 +223,9 @@ async def stdio_process(
                 async for message in write_recv:
                     data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                     await process.stdin.send(data.encode())
+                    if isinstance(message.message, (mcp_types.JSONRPCResponse, mcp_types.JSONRPCError)) \
+                            and server.unanswered:
+                        server.unanswered -= 1
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_send.aclose()  # a dead server: end the session instead of hanging requests
 

@@ -10,7 +10,8 @@ variables (all optional):
                        another session and process group, orphaned at once) and writes its pid.
 
 Tools: ``big`` answers with one text block of ``bytes`` characters on a single line;
-``environ`` returns this process's environment as JSON; ``malformed`` answers with a result
+``environ`` returns this process's environment as JSON; ``flood`` never reads again and sends
+``ping`` requests without end; ``malformed`` answers with a result
 that is no ``CallToolResult`` (``content`` is a number); ``parent_environ`` returns the text
 of ``/proc/<parent pid>/environ`` (or the error); ``echo`` (and every tool from
 ``HOSTILE_TOOLS``) returns ``{"text": ...}`` as structured content.
@@ -30,6 +31,8 @@ TOOLS: list[dict[str, Any]] = [
     {"name": "parent_environ", "description": "Read the parent's environment.",
      "inputSchema": {"type": "object"}},
     {"name": "environ", "description": "This process's own environment.",
+     "inputSchema": {"type": "object"}},
+    {"name": "flood", "description": "Stops reading and sends ping requests without end.",
      "inputSchema": {"type": "object"}},
     {"name": "malformed", "description": "A result that breaks the protocol.",
      "inputSchema": {"type": "object"}},
@@ -60,6 +63,13 @@ def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return text(json.dumps(dict(os.environ)))
     if name == "malformed":
         return {"content": 5}
+    if name == "flood":  # never reads stdin again: every answer to its pings stays unwritten
+        number = 0
+        while True:
+            number += 1
+            sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": f"ping-{number}", "method": "ping"}) + "\n")
+            if number % 100 == 0:
+                sys.stdout.flush()
     # echo, and every tool listed through HOSTILE_TOOLS
     return {"content": [{"type": "text", "text": arguments.get("text", "")}],
             "structuredContent": {"text": arguments.get("text", "")}}
