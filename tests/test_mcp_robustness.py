@@ -3,6 +3,10 @@ in the time the settings promise."""
 
 from __future__ import annotations
 
+import asyncio
+import os
+import random
+import signal
 import time
 from pathlib import Path
 
@@ -91,3 +95,37 @@ async def test_a_server_flooding_requests_it_never_lets_us_answer_is_stopped(tmp
         assert result.error is not None and result.error["code"] == "mcp_request_flood", result.error
         assert elapsed < 10.0, f"the flood was stopped after {elapsed:.1f} s"
         assert (await host.call("mcp::h::echo", {"text": "restarted"})).success
+
+
+def _running(marker: str) -> list[int]:
+    """Pids of live processes whose command line is ``sleep <marker>``."""
+    from amplifier_tools.procfs import is_live
+
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if f.read().split(b"\0")[:2] == [b"sleep", marker.encode()] and is_live(name):
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_children_started_during_a_forced_stop_do_not_outlive_close(tmp_path: Path) -> None:
+    """A server ignoring EOF and SIGTERM kept starting setsid children through the grace periods;
+    those were not pinned and outlived the final SIGKILL (found by review: 6 left)."""
+    marker = str(700_000 + random.randrange(99_999))
+    host = hostile(tmp_path, env={"HOSTILE_SPAWN_FOREVER": marker})
+    await host.start()
+    try:
+        await asyncio.sleep(0.5)
+        assert _running(marker), "the server started no children"
+    finally:
+        await host.close()
+    await asyncio.sleep(0.3)
+    left = _running(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} children outlived close"

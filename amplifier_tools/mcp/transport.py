@@ -99,6 +99,12 @@ async def _stop(process: anyio.abc.Process) -> None:
         await _sweep(process.pid)
         kill_group(process.pid, signal.SIGTERM)
         if not await _wait_exit(process, TERM_GRACE_S):
+            # Stopped, the server starts nothing more and is still the subreaper of all it started:
+            # sweep its tree now, or what it forked during the grace periods outlives it (unpinned).
+            if process.returncode is None:
+                with suppress(OSError):
+                    os.kill(process.pid, signal.SIGSTOP)
+                await _sweep(process.pid)
             kill_group(process.pid, signal.SIGKILL)
             await _wait_exit(process, TERM_GRACE_S)
     # Whatever the leader did, no member of its group and nothing it started may survive it.
