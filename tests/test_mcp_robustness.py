@@ -129,3 +129,19 @@ async def test_children_started_during_a_forced_stop_do_not_outlive_close(tmp_pa
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"{len(left)} children outlived close"
+
+
+async def test_a_server_dying_while_its_child_holds_stdout_fails_the_call_now(tmp_path: Path) -> None:
+    """The stream stayed open while the orphan lived, and the call waited for its timeout (found by review)."""
+    marker = str(800_000 + random.randrange(99_999))
+    async with hostile(tmp_path, timeout_ms=30_000) as host:
+        start = time.monotonic()
+        result = await host.call("mcp::h::die_orphaned", {"marker": marker})
+        elapsed = time.monotonic() - start
+        assert result.error is not None and result.error["code"] == "mcp_server_died", result.error
+        assert elapsed < 5.0, f"the call failed after {elapsed:.1f} s"
+        assert (await host.call("mcp::h::echo", {"text": "restarted"})).success
+    left = _running(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "the orphan outlived the host"

@@ -18,7 +18,9 @@ bytes not scanned yet (linear in the message size). A message longer than
 the limit, reading stops, ``StdioServer.oversized`` records it, the session's
 stream ends (the calls in flight fail) and the server tree is killed. The same
 happens to a server with more than ``MAX_UNANSWERED_REQUESTS`` requests of its
-own waiting for our answers (``StdioServer.flooded``).
+own waiting for our answers (``StdioServer.flooded``). When the server exits, a
+child of its group still holding its stdout is killed after ``EXIT_GRACE_S``, so
+the stream ends and the calls in flight fail at once.
 
 Limits: if the host process itself is SIGKILLed, nothing here runs; a server
 then sees EOF on stdin (well-behaved servers exit) but its children may stay.
@@ -173,7 +175,15 @@ async def stdio_process(
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
     server = StdioServer(process, read_recv, write_send)
 
+    reader_done = anyio.Event()
+
     async def reader() -> None:
+        try:
+            await read_messages()
+        finally:
+            reader_done.set()
+
+    async def read_messages() -> None:
         assert process.stdout is not None
         buffer = bytearray()
         try:
@@ -235,10 +245,20 @@ async def stdio_process(
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_send.aclose()  # a dead server: end the session instead of hanging requests
 
+    async def watcher() -> None:
+        """Once the server has exited, end its output: a child that inherited its stdout would hold
+        the stream open, and a call in flight would wait for its timeout instead of failing now."""
+        await process.wait()  # returns at the exit, whoever still holds the pipes
+        with anyio.move_on_after(EXIT_GRACE_S):  # what it wrote before exiting is read first
+            await reader_done.wait()
+        if not reader_done.is_set():  # the group still has a member holding stdout (its pgid is live)
+            kill_group(process.pid)
+
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(reader)
             group.start_soon(writer)
+            group.start_soon(watcher)
             try:
                 yield server
             finally:

@@ -13,7 +13,8 @@ variables (all optional):
 
 Tools: ``big`` answers with one text block of ``bytes`` characters on a single line;
 ``environ`` returns this process's environment as JSON; ``flood`` never reads again and sends
-``ping`` requests without end; ``malformed`` answers with a result
+``ping`` requests without end; ``die_orphaned`` starts ``sleep <marker>`` (which inherits its
+stdout) and exits mid-call; ``malformed`` answers with a result
 that is no ``CallToolResult`` (``content`` is a number); ``parent_environ`` returns the text
 of ``/proc/<parent pid>/environ`` (or the error); ``echo`` (and every tool from
 ``HOSTILE_TOOLS``) returns ``{"text": ...}`` as structured content.
@@ -39,6 +40,8 @@ TOOLS: list[dict[str, Any]] = [
      "inputSchema": {"type": "object"}},
     {"name": "flood", "description": "Stops reading and sends ping requests without end.",
      "inputSchema": {"type": "object"}},
+    {"name": "die_orphaned", "description": "Exits mid-call, a child holding its stdout.",
+     "inputSchema": {"type": "object", "properties": {"marker": {"type": "string"}}}},
     {"name": "malformed", "description": "A result that breaks the protocol.",
      "inputSchema": {"type": "object"}},
     {"name": "echo", "description": "Echo.",
@@ -68,6 +71,9 @@ def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return text(json.dumps(dict(os.environ)))
     if name == "malformed":
         return {"content": 5}
+    if name == "die_orphaned":  # a child keeps our stdout open after we are gone
+        subprocess.Popen(["sleep", arguments.get("marker", "300")], stdin=subprocess.DEVNULL)
+        os._exit(3)
     if name == "flood":  # never reads stdin again: every answer to its pings stays unwritten
         number = 0
         while True:
