@@ -29,6 +29,7 @@ or that is not a process it pinned (same pid and start time).
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -67,8 +68,8 @@ def subreaper_argv(executable: str, args: Sequence[str]) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _WRAPPER, executable, *args]
 
 
-def descendants(root: int) -> list[int]:
-    """Live (non-zombie) descendants of ``root`` from one walk of ``/proc``, parents first."""
+def descendants(*roots: int) -> list[int]:
+    """Live (non-zombie) descendants of ``roots`` from one walk of ``/proc``, parents first."""
     children: dict[int, list[int]] = {}
     try:
         names = os.listdir("/proc")
@@ -81,12 +82,15 @@ def descendants(root: int) -> list[int]:
         if stat is not None and stat.live:
             children.setdefault(stat.ppid, []).append(int(name))
     found: list[int] = []
-    frontier = [root]
+    seen = set(roots)
+    frontier = list(roots)
     while frontier:
         pid = frontier.pop()
         for child in children.get(pid, ()):
-            found.append(child)
-            frontier.append(child)
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                frontier.append(child)
     return found
 
 
@@ -109,18 +113,18 @@ def _kill_if_still_under(pid: int, tree: set[int]) -> None:
         os.close(pidfd)
 
 
-def kill_descendants(root: int) -> int:
-    """SIGKILL every descendant of ``root`` (not ``root`` itself); the number killed.
+def kill_descendants(*roots: int) -> int:
+    """SIGKILL every descendant of ``roots`` (not the roots themselves); the number killed.
 
     Walks ``/proc`` again after each round until no live descendant is left (at most
-    ``MAX_SWEEPS`` walks). Cheap when there is none: one walk of ``/proc``.
+    ``MAX_SWEEPS`` walks, whatever the number of roots). Cheap when there is none: one walk.
     """
     killed: set[int] = set()
     for _ in range(MAX_SWEEPS):
-        found = descendants(root)
+        found = descendants(*roots)
         if not found:
             break
-        tree = {root, *found}
+        tree = {*roots, *found}
         for pid in found:
             _kill_if_still_under(pid, tree)
         killed.update(found)
@@ -147,14 +151,33 @@ def pin_descendants(root: int) -> list[Pinned]:
 
 def kill_pinned(pinned: Sequence[Pinned]) -> int:
     """SIGKILL each pinned process still alive (the same process: same start time) and every
-    descendant it has now; the number of pinned processes that were still alive."""
-    alive = 0
+    descendant it has now; the number of pinned processes that were still alive. One set of
+    ``/proc`` walks for all of them (a walk per survivor made it quadratic)."""
+    alive: list[tuple[int, int | None]] = []  # (pid, its pidfd, or None without pidfd support)
     for pid, started in pinned:
-        stat = proc_stat(pid)
+        try:
+            pidfd: int | None = os.pidfd_open(pid)
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                continue  # gone
+            pidfd = None
+        stat = proc_stat(pid)  # with a pidfd, the process cannot be swapped for another meanwhile
         if stat is None or not stat.live or stat.started != started:
+            if pidfd is not None:
+                os.close(pidfd)
             continue
-        alive += 1
-        kill_descendants(pid)
-        with suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    return alive
+        alive.append((pid, pidfd))
+    try:
+        if alive:
+            kill_descendants(*(pid for pid, _ in alive))
+        for pid, pidfd in alive:
+            with suppress(OSError):
+                if pidfd is not None:
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+    finally:
+        for _, pidfd in alive:
+            if pidfd is not None:
+                os.close(pidfd)
+    return len(alive)
