@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 try:
@@ -53,6 +53,11 @@ def canonical(value: Any) -> bytes:
     spell some floats differently). Unlike ``dumps`` it refuses what JSON cannot hold (NaN,
     unknown objects) with ``ValueError``/``TypeError``."""
     return _CANONICAL.encode(value).encode("utf-8")
+
+
+def json_pointer(parts: Iterable[Any]) -> str:
+    """The JSON pointer (RFC 6901) of a path of keys and indexes: ``("a/b", 0)`` -> ``/a~1b/0``."""
+    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in parts)
 
 
 def encoder_name() -> str:

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._checked_schemas import BUILTIN_SCHEMA_DIGESTS
+from ._json import json_pointer
 from .errors import ContractError
 from .schema_fastpath import CompiledPattern, PatternCompiler, compile_check
 
@@ -84,7 +85,7 @@ def _check_schema(schema: dict[str, Any], *, owner: str, which: str) -> None:
     try:
         _validator_class(schema).check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:
-        pointer = _pointer(exc.absolute_path)
+        pointer = json_pointer(exc.absolute_path)
         raise ContractError(
             f"tool {owner!r}: {which} is not a valid JSON Schema at {pointer or '/'}: {exc.message}",
             code="invalid_schema",
@@ -220,10 +221,6 @@ class CompiledSchema:
         return self.validator.iter_errors(instance)
 
 
-def _pointer(path: Iterable[Any]) -> str:
-    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in path)
-
-
 def describe_errors(validator: Validator, instance: Any, *, limit: int = 5) -> tuple[str, str]:
     """The pointer of the first problem and a message naming up to ``limit`` problems."""
     problems = schema_problems(validator, instance, limit=limit + 1)
@@ -242,7 +239,7 @@ def schema_problems(validator: Validator, instance: Any, *, limit: int = 5) -> l
     """
     problems: list[tuple[str, str]] = []
     for error in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
-        pointer = _pointer(error.absolute_path)
+        pointer = json_pointer(error.absolute_path)
         if error.validator == "required" and isinstance(error.instance, dict):
             missing = [name for name in error.validator_value if name not in error.instance]
             for name in missing:

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import re2
 
+from .._json import json_pointer
 from ..schema_fastpath import CompiledPattern
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,6 @@ def compile_pattern(pattern: str) -> CompiledPattern:
     return BoundedPattern(compiled, size)
 
 
-def _pointer(parts: tuple[str, ...]) -> str:
-    return "".join("/" + part.replace("~", "~0").replace("/", "~1") for part in parts)
-
-
 def _reason(pattern: str) -> str | None:
     try:
         compile_pattern(pattern)
@@ -117,18 +114,18 @@ def unsupported_patterns(schema: Any) -> list[tuple[str, str]]:
         if isinstance(node.get("pattern"), str):
             reason = _reason(node["pattern"])
             if reason is not None:
-                problems.append((_pointer((*path, "pattern")), reason))
+                problems.append((json_pointer((*path, "pattern")), reason))
         if isinstance(node.get("patternProperties"), dict):
-            with_pattern_properties.append(_pointer(path))
+            with_pattern_properties.append(json_pointer(path))
             for key in node["patternProperties"]:
                 reason = _reason(key)
                 if reason is not None:
-                    problems.append((_pointer((*path, "patternProperties", key)), reason))
+                    problems.append((json_pointer((*path, "patternProperties", key)), reason))
         if path and isinstance(node.get("$schema"), str):
-            problems.append((_pointer((*path, "$schema")),
+            problems.append((json_pointer((*path, "$schema")),
                              "a $schema below the root would check the patterns beneath it on Python's re"))
         if "unevaluatedProperties" in node:
-            unevaluated.append(_pointer((*path, "unevaluatedProperties")))
+            unevaluated.append(json_pointer((*path, "unevaluatedProperties")))
         stack.extend(((*path, key), value) for key, value in reversed(list(node.items())))
     if unevaluated and with_pattern_properties:
         problems.append((unevaluated[0], "unevaluatedProperties together with patternProperties would "

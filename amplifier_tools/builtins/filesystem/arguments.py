@@ -31,6 +31,8 @@ from typing import Any, Final
 
 import attrs
 
+from ..._json import json_pointer
+
 FILE_TOOLS: Final = frozenset({"local::fs.read_file", "local::fs.write_file", "local::fs.edit_file"})
 WALK_TOOLS: Final = frozenset({"local::fs.list_dir", "local::fs.glob", "local::fs.grep"})
 PATH_FORMATS: Final = frozenset({"path", "file-path", "filepath", "file", "directory", "dir", "dir-path",
@@ -94,19 +96,11 @@ def schema_locations(tool: str, schema: Any) -> tuple[Location, ...]:
     return found
 
 
-def _escape(part: str) -> str:
-    return part.replace("~", "~0").replace("/", "~1")
-
-
-def _pointer(keys: tuple[str | int, ...]) -> str:
-    return "".join(f"/{_escape(key)}" if isinstance(key, str) else f"/{key}" for key in keys)
-
-
 def _at(data: Any, location: Location, keys: tuple[str | int, ...], found: dict[str, str]) -> None:
     """Add the strings at ``location`` in ``data`` to ``found`` (by JSON pointer, first one kept)."""
     if not location:
         if isinstance(data, str):
-            found.setdefault(_pointer(keys), data)
+            found.setdefault(json_pointer(keys), data)
         return
     head, rest = location[0], location[1:]
     if head is None:
@@ -121,7 +115,7 @@ def _named(data: Any, keys: tuple[str | int, ...], path_name: bool, depth: int, 
     """Add the strings under a path-like key in the call's own arguments (schemas may not declare them)."""
     if isinstance(data, str):
         if path_name:
-            found.setdefault(_pointer(keys), data)
+            found.setdefault(json_pointer(keys), data)
     elif depth < MAX_DEPTH:
         if isinstance(data, Mapping):
             for key, value in data.items():
