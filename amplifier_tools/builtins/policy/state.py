@@ -17,12 +17,6 @@ from typing import Any, Protocol
 from ..._json import canonical, dumps
 
 
-class Clock(Protocol):
-    """Seconds on a monotonic clock; injectable so tests need no sleeps."""
-
-    def __call__(self) -> float: ...
-
-
 class PolicyState(Protocol):
     """The counters and records policies share."""
 
