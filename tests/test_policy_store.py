@@ -62,6 +62,13 @@ def spawn(spec: dict[str, Any]) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
+def fleet_policy(store: str) -> dict[str, Any]:
+    """The policy settings of a fleet test's hosts: the shared store, with a store timeout long
+    enough that a host descheduled for seconds on a loaded machine does not fail the others
+    closed (``policy_store_unavailable``); that failure mode has its own tests below."""
+    return {"store": store, "store_timeout_ms": 30_000}
+
+
 def run_hosts(specs: list[dict[str, Any]], timeout: float = 120) -> list[dict[str, Any]]:
     procs = [spawn(spec) for spec in specs]
     outs = []
@@ -84,12 +91,13 @@ def live_counters(store: str, state_dir: Path, prefix: str) -> dict[str, float]:
 
 
 def rate_limited_fleet(store: str, tmp_path: Path, calls: int) -> None:
-    spec = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": calls, "parallel": 8,
+    spec = {"state_dir": str(tmp_path / "state"), "policy": fleet_policy(store), "calls": calls, "parallel": 8,
             "tool": {"name": "limited", "description": "limited", "effect": "Pure",
                      "policies": {"rate_limit": {"limit": 50, "interval_ms": 3_600_000}}}}
     outs = run_hosts([spec] * 4)
     admitted = sum(out["codes"].get("ok", 0) for out in outs)
-    assert admitted + sum(out["codes"].get("rate_limited", 0) for out in outs) == 4 * calls
+    assert admitted + sum(out["codes"].get("rate_limited", 0) for out in outs) == 4 * calls, \
+        [out["errors"] for out in outs]
     windows = live_counters(store, tmp_path / "state", "rate:limited@")
     assert windows and all(value <= 50 for value in windows.values())  # never over the limit in any window
     assert sum(windows.values()) == admitted and max(windows.values()) == 50  # and the limit is reached
@@ -106,12 +114,13 @@ def test_four_hosts_x_2000_calls_share_one_rate_limit_of_50_per_window(store: st
 
 def test_a_concurrency_cap_of_8_holds_across_4_hosts(store: str, tmp_path: Path) -> None:
     inflight = tmp_path / "inflight"
-    spec = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 24, "parallel": 6, "hold": 0.03,
+    spec = {"state_dir": str(tmp_path / "state"), "policy": fleet_policy(store),
+            "calls": 24, "parallel": 6, "hold": 0.03,
             "inflight": str(inflight),
             "tool": {"name": "capped", "description": "capped", "effect": "Pure",
                      "policies": {"timeout_ms": 30_000, "concurrency": {"limit": 8}}}}
     outs = run_hosts([spec] * 4)
-    assert sum(out["codes"].get("ok", 0) for out in outs) == 4 * 24  # all queued and ran
+    assert sum(out["codes"].get("ok", 0) for out in outs) == 4 * 24, [out["errors"] for out in outs]  # all ran
     peak = int((tmp_path / "inflight.max").read_text())
     assert peak <= 8, f"{peak} calls in flight fleet-wide"
     assert peak >= 4  # the hosts did overlap: the cap, not luck, kept it at 8
@@ -123,7 +132,7 @@ def test_slots_of_a_sigkilled_host_come_back_after_the_lease_ttl(store: str, tmp
     started = tmp_path / "started"
     tool = {"name": "held", "description": "held", "effect": "Pure",
             "policies": {"timeout_ms": 1000, "concurrency": {"limit": 2, "queue": False}}}
-    victim = spawn({"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 2, "parallel": 2,
+    victim = spawn({"state_dir": str(tmp_path / "state"), "policy": fleet_policy(store), "calls": 2, "parallel": 2,
                     "hold": 0.9, "started": str(started), "tool": tool})
     deadline = time.monotonic() + 30
     while not (started.exists() and len(started.read_text().splitlines()) == 2):
@@ -132,37 +141,38 @@ def test_slots_of_a_sigkilled_host_come_back_after_the_lease_ttl(store: str, tmp
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     killed_at = time.monotonic()
-    probe = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 3, "parallel": 3, "hold": 0.3,
+    probe = {"state_dir": str(tmp_path / "state"), "policy": fleet_policy(store),
+            "calls": 3, "parallel": 3, "hold": 0.3,
              "tool": tool}
     (early,) = run_hosts([probe])
     if time.monotonic() - killed_at < 2.5:  # well inside the lease (1 s timeout + 2 s grace)
-        assert early["codes"] == {"concurrency_limited": 3}
+        assert early["codes"] == {"concurrency_limited": 3}, early["errors"]
     time.sleep(max(0.0, killed_at + 3.2 - time.monotonic()))
     (late,) = run_hosts([probe])
-    assert late["codes"] == {"ok": 2, "concurrency_limited": 1}
+    assert late["codes"] == {"ok": 2, "concurrency_limited": 1}, late["errors"]
 
 
 def test_idempotency_holds_across_hosts_per_principal(store: str, tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    spec = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "calls": 3, "parallel": 3, "hold": 0.05,
+    spec = {"state_dir": str(tmp_path / "state"), "policy": fleet_policy(store),
+            "calls": 3, "parallel": 3, "hold": 0.05,
             "runs": str(runs), "key": "order-42", "principal": "alice", "arguments": {"n": 1},
             "tool": {"name": "order", "description": "order", "effect": "IdempotentWrite",
                      "idempotency_key": "optional", "input_schema": {"type": "object"}}}
     outs = run_hosts([spec] * 4)
-    assert len(runs.read_text().splitlines()) == 1  # the tool ran once fleet-wide
+    assert len(runs.read_text().splitlines()) == 1, [out["errors"] for out in outs]  # ran once fleet-wide
     outputs = [o for out in outs for o in out["outputs"]]
     assert len(outputs) == 12 and all(o == outputs[0] for o in outputs)
     assert sum(out["replayed"] for out in outs) == 11
     (bob,) = run_hosts([{**spec, "principal": "bob", "calls": 1}])
     assert bob["replayed"] == 0 and bob["outputs"][0]["run"] == 2  # another principal: its own call
     (conflict,) = run_hosts([{**spec, "arguments": {"n": 2}, "calls": 1}])
-    assert conflict["codes"] == {"idempotency_conflict": 1}
+    assert conflict["codes"] == {"idempotency_conflict": 1}, conflict["errors"]
 
 
 def test_a_call_budget_is_shared_by_the_hosts(store: str, tmp_path: Path) -> None:
     # A window of ~30 years: no window boundary falls inside the test (a new window is a new budget).
-    # A generous store timeout: a host descheduled on a loaded machine must not fail the others closed.
-    spec = {"state_dir": str(tmp_path / "state"), "policy": {"store": store, "store_timeout_ms": 30_000},
+    spec = {"state_dir": str(tmp_path / "state"), "policy": fleet_policy(store),
             "calls": 5, "parallel": 5, "principal": "alice",
             "tool": {"name": "metered", "description": "metered", "effect": "Pure",
                      "policies": {"budgets": [{"per": "principal", "max_calls": 5, "max_seconds": 600,
@@ -177,11 +187,11 @@ def test_a_call_budget_is_shared_by_the_hosts(store: str, tmp_path: Path) -> Non
 def test_a_breaker_opened_by_one_host_rejects_calls_on_another(store: str, tmp_path: Path) -> None:
     tool = {"name": "flaky", "description": "flaky", "effect": "Pure",
             "policies": {"circuit_breaker": {"failure_threshold": 3, "cooldown_ms": 60_000}}}
-    base = {"state_dir": str(tmp_path / "state"), "policy": {"store": store}, "tool": tool}
+    base = {"state_dir": str(tmp_path / "state"), "policy": fleet_policy(store), "tool": tool}
     (failing,) = run_hosts([{**base, "calls": 3, "fail": True}])
-    assert failing["codes"] == {"backend_down": 3}
+    assert failing["codes"] == {"backend_down": 3}, failing["errors"]
     (other,) = run_hosts([{**base, "calls": 2}])
-    assert other["codes"] == {"circuit_open": 2}
+    assert other["codes"] == {"circuit_open": 2}, other["errors"]
 
 
 class Gated:
