@@ -57,8 +57,7 @@ PATTERN_TRIGGERS: Final = ("-----begin", "bearer", "sk-", "pk-", "rk-", "akia", 
 
 
 def _may_hold_pattern(text: str) -> bool:
-    low = text.lower()
-    return any(trigger in low for trigger in PATTERN_TRIGGERS)
+    return any(map(text.lower().__contains__, PATTERN_TRIGGERS))
 
 
 _CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -113,7 +112,7 @@ class SecretMatcher:
 
     def found_in(self, text: str) -> bool:
         """Whether any form may occur in ``text`` (one C-level substring search per needle)."""
-        return any(needle in text for needle in self.needles)
+        return any(map(text.__contains__, self.needles))
 
 
 def _compile(values: frozenset[str]) -> SecretMatcher | None:

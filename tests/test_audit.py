@@ -531,3 +531,16 @@ def test_otel_without_the_extra_is_a_config_error(monkeypatch: pytest.MonkeyPatc
         asyncio.run(ToolHost(config={"plugins": {"audit": {"path": str(log_path(tmp_path)), "otel": True}}},
                              builtins=["audit"], entry_points=False, working_dir=workdir(tmp_path),
                              discover=False).start())
+
+
+def test_the_record_timestamp_is_datetimes_isoformat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timestamp formats the date and time once per second; the bytes are isoformat's."""
+    import datetime as dt
+
+    from amplifier_tools.builtins import audit
+
+    for ns in (0, 1_764_000_000_123_456_789, 1_764_000_000_999_999_999, 1_764_000_001_000_000_000,
+               1_764_000_000_000_000_999):
+        monkeypatch.setattr(audit.time, "time_ns", lambda ns=ns: ns)
+        expected = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=ns // 1000)
+        assert audit.timestamp() == expected.isoformat(timespec="microseconds")

@@ -25,6 +25,7 @@ import datetime as dt
 import hashlib
 import logging
 import sys
+import time
 from collections.abc import Awaitable
 from typing import Any, Final
 
@@ -67,19 +68,7 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     _register_secrets(spec, context, secrets)
     rules = spec.security.redaction_rules if spec is not None else ()
     error = result.error or {}
-    try:
-        changed = original is not call.arguments and original != call.arguments
-    except RecursionError:
-        changed = True
-    # Who and what: the tool name and call id come from the caller, the version from the tool (an
-    # imported server's own string), so they are redacted like the rest.
-    about = {"tool": call.name, "tool_version": spec.version if spec is not None else None, "call_id": call.id,
-             "trace_id": context.trace_id, "principal": context.principal, "role": context.role,
-             "environment": context.environment, "scopes": sorted(context.scopes)}
-    raw = {"about": about, "arguments": call.arguments, "original_arguments": original if changed else None,
-           "output": result.output, "trail": result.metadata.get("trail", []),
-           "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
-                     "plugin": error.get("plugin")} if error else None}
+    raw = _raw_parts(call, spec, result, context, original, error)
     paths = [*rules, *(r.replace("arguments/", "original_arguments/", 1) for r in rules if r.startswith("arguments/"))]
     altered: list[str] = []
     try:
@@ -97,20 +86,50 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         if altered or failed:
             io = redact(clean, secrets=secrets, paths=paths, patterns=settings.redact_patterns)
             output_bytes = dumps(io["output"]) if result.output is not None else b""
-    record: dict[str, Any] = {
+    record = _assemble(io, spec, result, context, output_bytes, timestamp())
+    if settings.record_output:
+        record["output"] = io["output"]
+    if altered:
+        record["altered"] = altered
+    return record
+
+
+def _raw_parts(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext, original: Any,
+               error: dict[str, Any]) -> dict[str, Any]:
+    """What a record holds from the caller, the tool and the plugins: what redaction scrubs."""
+    try:
+        changed = original is not call.arguments and original != call.arguments
+    except RecursionError:
+        changed = True
+    # Who and what: the tool name and call id come from the caller, the version from the tool (an
+    # imported server's own string), so they are redacted like the rest.
+    about = {"tool": call.name, "tool_version": spec.version if spec is not None else None, "call_id": call.id,
+             "trace_id": context.trace_id, "principal": context.principal, "role": context.role,
+             "environment": context.environment, "scopes": sorted(context.scopes)}
+    return {"about": about, "arguments": call.arguments, "original_arguments": original if changed else None,
+            "output": result.output, "trail": result.metadata.get("trail", []),
+            "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
+                      "plugin": error.get("plugin")} if error else None}
+
+
+def _assemble(io: dict[str, Any], spec: ToolSpec | None, result: ToolResult, context: ToolContext,
+              output_bytes: bytes, ts: str) -> dict[str, Any]:
+    """The record's members from its (redacted) parts."""
+    about = io["about"]
+    return {
         "v": SCHEMA_VERSION,
         "kind": "call",
-        "ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds"),
-        "call_id": io["about"]["call_id"],
+        "ts": ts,
+        "call_id": about["call_id"],
         "session_id": context.session_id,
-        "trace_id": io["about"]["trace_id"],
-        "tool": io["about"]["tool"],
-        "tool_version": io["about"]["tool_version"],
+        "trace_id": about["trace_id"],
+        "tool": about["tool"],
+        "tool_version": about["tool_version"],
         "effect": spec.effect.value if spec is not None else None,
-        "principal": io["about"]["principal"],
-        "role": io["about"]["role"],
-        "environment": io["about"]["environment"],
-        "scopes": io["about"]["scopes"],
+        "principal": about["principal"],
+        "role": about["role"],
+        "environment": about["environment"],
+        "scopes": about["scopes"],
         "arguments": io["arguments"],
         "original_arguments": io["original_arguments"],
         "trail": io["trail"],
@@ -121,11 +140,20 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         "attempts": result.metadata.get("attempts", 1),
         "duration_ms": round(float(result.metadata.get("duration_ms", 0.0)), 3),
     }
-    if settings.record_output:
-        record["output"] = io["output"]
-    if altered:
-        record["altered"] = altered
-    return record
+
+
+_stamp: tuple[int, str] = (-1, "")  # the last whole second stamped, and its ISO 8601 prefix
+
+
+def timestamp() -> str:
+    """Now in UTC as ISO 8601 with microseconds: ``datetime.now(timezone.utc).isoformat(
+    timespec="microseconds")``, the date and time formatted once per second."""
+    global _stamp
+    second, fraction = divmod(time.time_ns() // 1000, 1_000_000)
+    stamp = _stamp  # one read: another thread may replace it meanwhile, never half of it
+    if stamp[0] != second:
+        stamp = _stamp = (second, dt.datetime.fromtimestamp(second, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S."))
+    return f"{stamp[1]}{fraction:06d}+00:00"
 
 
 def _may_hold_nonfinite(encoded: bytes) -> bool:
@@ -266,8 +294,7 @@ class AuditPlugin:
             return None
         # Encoded here, on the caller's side: the record is a snapshot even if the caller
         # later mutates its arguments or the tool's output.
-        body = encode_record(build_record(call, spec, result, context, original, self.settings,
-                                                 self.secrets))
+        body = encode_record(build_record(call, spec, result, context, original, self.settings, self.secrets))
         try:
             seq = writer.append(body)
         except AuditWriteError as exc:
