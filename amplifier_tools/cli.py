@@ -107,9 +107,23 @@ def _parser() -> argparse.ArgumentParser:
                                              "these arguments (kept in <state_dir>/policy.sqlite3 unless "
                                              "[plugins.policy] store says otherwise)")
     p.add_argument("--json", action="store_true", help="print the whole ToolResult as JSON")
-    p = sub.add_parser("serve-mcp", help="serve the mounted tools to MCP clients over stdio")
+    p = sub.add_parser("serve-mcp", help="serve tools to MCP clients (stdio, or Streamable HTTP with bearer tokens)")
     p.add_argument("--working-dir", help="session working directory (default: current directory)")
+    add_serve_options(p)
     return parser
+
+
+def add_serve_options(parser: argparse.ArgumentParser) -> None:
+    """The options that override ``[plugins.mcp.serve]`` transport, host and port."""
+    parser.add_argument("--transport", choices=("stdio", "streamable-http"),
+                        help="stdio (default) or streamable-http (endpoint /mcp; clients need bearer tokens)")
+    parser.add_argument("--host", help="address to listen on with streamable-http (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to listen on with streamable-http (default 8765; 0: any free)")
+
+
+def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``[plugins.mcp.serve]`` fields the command line sets."""
+    return {name: getattr(args, name) for name in ("transport", "host", "port") if getattr(args, name) is not None}
 
 
 def _host(args: argparse.Namespace) -> ToolHost:
@@ -437,7 +451,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve-mcp":
         from .mcp.__main__ import run_serve
 
-        return run_serve(args.config, args.working_dir)
+        return run_serve(args.config, args.working_dir, serve_overrides(args))
     import asyncio
 
     return asyncio.run(_run(args))

@@ -17,6 +17,10 @@ from typing import Any, Final
 from .spec import Effect, ToolSpec
 
 FORMATS: Final = ("openai", "anthropic", "mcp")
+#: ``_meta`` keys of an MCP tool definition: the tool's contract name and version. The prefix is a
+#: label (letters, digits, hyphens) and a slash, as the MCP spec requires of ``_meta`` keys.
+META_NAME: Final = "amplifier-tools/name"
+META_VERSION: Final = "amplifier-tools/version"
 _INVALID: Final = re.compile(r"[^A-Za-z0-9_-]")
 
 
@@ -65,7 +69,7 @@ def tool_definition(spec: ToolSpec, fmt: str) -> dict[str, Any]:
             "description": description,
             "inputSchema": spec.input_schema,
             "annotations": mcp_annotations(spec),
-            "_meta": {"amplifier_tools/name": spec.name, "amplifier_tools/version": spec.version},
+            "_meta": {META_NAME: spec.name, META_VERSION: spec.version},
         }
         if spec.output_schema is not None:
             definition["outputSchema"] = spec.output_schema

@@ -64,7 +64,7 @@ async def test_definitions_are_valid_for_each_api_and_calls_accept_both_names(ho
     assert mcp[0]["outputSchema"] == {"type": "string"}
     assert mcp[0]["annotations"]["idempotentHint"] is True and mcp[0]["annotations"]["readOnlyHint"] is False
     assert mcp[1]["annotations"]["destructiveHint"] is True
-    assert mcp[1]["_meta"]["amplifier_tools/name"] == "mcp::github::issues.create"
+    assert mcp[1]["_meta"]["amplifier-tools/name"] == "mcp::github::issues.create"
     by_short = await host.call("fs_write", {})
     by_canonical = await host.call("local::fs.write", {})
     assert by_short.output == by_canonical.output == "local::fs.write"

@@ -13,7 +13,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
+import mcp_types
 from mcp import Client, StdioServerParameters
+from mcp.shared.exceptions import MCPError
 from mcp_helpers import REPO
 
 from amplifier_tools import ContractError, ToolHost, ToolResult, ToolSpec, hookimpl
@@ -46,6 +48,7 @@ path = {toml_string(str(audit))}
 [plugins.mcp.serve]
 principal = "mcp-client"
 scopes = ["fs.read"]
+tools = ["*"]
 """)
     return config, root, audit
 
@@ -150,11 +153,48 @@ async def test_only_listed_tools_are_exposed_and_others_cannot_be_called(host_fa
         assert [tool.name for tool in (await client.list_tools()).tools] == ["greet"]
         ok = await client.call_tool("greet", {"who": "you"})
         assert ok.structured_content == {"greeting": "hello you"}
-        hidden = await client.call_tool("hidden", {})
-        assert hidden.is_error
-        assert json.loads(hidden.content[0].text)["error"]["code"] == "unknown_tool"  # type: ignore[union-attr]
+        for name in ("hidden", "nosuch"):  # not exposed, not mounted: both the spec's unknown-tool error
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool(name, {})
+            assert refused.value.error.code == mcp_types.INVALID_PARAMS and name in refused.value.error.message
         bad = await client.call_tool("greet", {"who": 3})
         assert bad.is_error and json.loads(bad.content[0].text)["error"]["pointer"] == "/who"  # type: ignore[union-attr]
+
+
+async def test_no_tool_is_exposed_unless_listed_and_star_exposes_all(host_factory: Any,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    class Tools:
+        @hookimpl
+        async def mount(self, coordinator: Any) -> None:
+            await coordinator.mount("tools", _Greeter())
+            await coordinator.mount("tools", _Hidden())
+
+    host = await host_factory(Tools())
+    async with Client(build_server(host, ServeSettings())) as client:
+        assert (await client.list_tools()).tools == []
+        with pytest.raises(MCPError):
+            await client.call_tool("greet", {"who": "you"})
+    assert "no tool is exposed" in caplog.text and "plugins.mcp.serve] tools" in caplog.text
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        assert sorted(tool.name for tool in (await client.list_tools()).tools) == ["greet", "hidden"]
+
+
+def test_tools_star_stands_alone() -> None:
+    from amplifier_tools.plugin_settings import structure_settings
+
+    with pytest.raises(ConfigError, match=r"plugins\.mcp\.serve\.tools"):
+        structure_settings({"tools": ["*", "greet"]}, ServeSettings, "plugins.mcp.serve")
+
+
+def test_meta_keys_follow_the_spec_prefix_rule() -> None:
+    import re
+
+    from amplifier_tools.definitions import tool_definitions
+
+    (definition,) = tool_definitions([_Greeter.spec], "mcp")
+    label = r"[A-Za-z](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+    assert definition["_meta"] and all(re.fullmatch(rf"{label}(?:\.{label})*/[A-Za-z0-9_.-]+", key)
+                                       for key in definition["_meta"])
 
 
 async def test_exposing_an_unmounted_tool_is_a_config_error(host_factory: Any) -> None:

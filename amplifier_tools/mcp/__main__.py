@@ -1,4 +1,5 @@
-"""``python -m amplifier_tools.mcp serve [--config FILE] [--working-dir DIR]``: serve-mcp over stdio."""
+"""``python -m amplifier_tools.mcp serve [--config FILE] [--working-dir DIR] [--transport T] [--host H]
+[--port P]``: serve-mcp, over stdio or Streamable HTTP."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from ..cli import add_serve_options, serve_overrides
 from . import sdk_available
 
 SERVE_MISSING_SDK_MESSAGE = "serve-mcp needs the 'mcp' extra, which is not installed (pip install amplifier-tools[mcp])"
@@ -15,17 +18,19 @@ SERVE_MISSING_SDK_MESSAGE = "serve-mcp needs the 'mcp' extra, which is not insta
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and serve; exit status 2 on a configuration error."""
     parser = argparse.ArgumentParser(prog="python -m amplifier_tools.mcp",
-                                     description="Serve amplifier-tools tools to MCP clients over stdio.")
+                                     description="Serve amplifier-tools tools to MCP clients.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    p = sub.add_parser("serve", help="serve the mounted tools over stdio")
+    p = sub.add_parser("serve", help="serve the tools [plugins.mcp.serve] lists")
     p.add_argument("--config", help="config file (TOML, pyproject.toml or mount-plan YAML)")
     p.add_argument("--working-dir", help="session working directory (default: current directory)")
+    add_serve_options(p)
     args = parser.parse_args(argv)
-    return run_serve(args.config, args.working_dir)
+    return run_serve(args.config, args.working_dir, serve_overrides(args))
 
 
-def run_serve(config: str | None, working_dir: str | None = None) -> int:
-    """Serve until the client closes stdin. Errors go to stderr (stdout is the protocol)."""
+def run_serve(config: str | None, working_dir: str | None = None, overrides: dict[str, Any] | None = None) -> int:
+    """Serve until the client closes stdin (stdio) or the process is interrupted (HTTP). Errors go to
+    stderr (stdout is the stdio protocol)."""
     import asyncio
 
     from ..errors import ConfigError, PluginLoadError
@@ -34,10 +39,13 @@ def run_serve(config: str | None, working_dir: str | None = None) -> int:
     if not sdk_available():
         print(f"error: {SERVE_MISSING_SDK_MESSAGE}", file=sys.stderr)
         return 2
-    from .server import serve_stdio
+    from .server import serve_configured
 
+    if overrides and "port" in overrides and not 0 <= overrides["port"] <= 65535:
+        print(f"error: --port {overrides['port']}: a TCP port is 0 to 65535", file=sys.stderr)
+        return 2
     try:
-        asyncio.run(serve_stdio(config, working_dir=working_dir))
+        asyncio.run(serve_configured(config, working_dir=working_dir, overrides=overrides))
     except (ConfigError, PluginLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,37 +1,47 @@
-"""Serving the host's tools to MCP clients over stdio (``amplifier-tools serve-mcp``).
+"""Serving the host's tools to MCP clients (``amplifier-tools serve-mcp``), over stdio or
+Streamable HTTP (``http.py``).
 
 Every ``tools/call`` runs through ``ToolHost.call``: the same input checks,
 ``tool_pre``/``tool_post`` hooks, policies and audit records as any other
-call. The caller is the principal, role, environment and scopes of
-``[plugins.mcp.serve]`` (falling back to the host's ``[context]``); an MCP
-client cannot claim other rights. Every failure — veto, policy, contract,
-tool error — reaches the client as an ``isError`` result whose text is
-``{"error": {...}}`` with the typed error dict, never as a protocol error.
-Tools are listed under their model-facing names (``fs_read_file``) with
-annotations derived from their effects (``definitions.mcp_annotations``).
+call. A caller is the principal, role, environment and scopes the config gives
+it: on stdio those of ``[plugins.mcp.serve]`` (falling back to the host's
+``[context]``), over HTTP those of the client whose bearer token came with the
+request; an MCP client cannot claim other rights. Every failure of a call —
+veto, policy, contract, tool error — reaches the client as an ``isError`` result
+whose text is ``{"error": {...}}`` with the typed error dict; a tool the caller
+cannot see (not listed in ``tools``, or not mounted) is the JSON-RPC error
+-32602 (invalid params), as the MCP spec asks for an unknown tool. No tool is
+exposed unless ``tools`` names it (``["*"]``: every mounted tool). Tools are
+listed under their model-facing names (``fs_read_file``) with annotations
+derived from their effects (``definitions.mcp_annotations``).
 
-Limits: stdio only; the client's identity is whatever the config says (there
-is no authentication on stdio: whoever can start the process is the caller).
+Limits: on stdio there is no authentication (whoever can start the process is
+the caller).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import mcp_types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
 
 from ..config import plugin_section
+from ..definitions import META_NAME
 from ..errors import ConfigError
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
 from ..plugin_settings import structure_settings
-from .settings import PLUGIN, McpSettings, ServeSettings
+from .settings import PLUGIN, McpSettings, ServeClient, ServeSettings
+
+log = logging.getLogger("amplifier_tools.mcp")
 
 
 def serve_settings(host: ToolHost) -> ServeSettings:
@@ -45,17 +55,83 @@ def serve_settings(host: ToolHost) -> ServeSettings:
     return structure_settings(own, McpSettings, f"plugins.{PLUGIN}").serve
 
 
-def caller_context(host: ToolHost, settings: ServeSettings) -> ToolContext:
-    """The context every call from the MCP client runs with."""
+def caller_context(host: ToolHost, settings: ServeSettings, client: ServeClient | None = None,
+                   transport: str = "mcp-stdio") -> ToolContext:
+    """The context every call of one MCP caller runs with: the ``client``'s fields, else those
+    of ``[plugins.mcp.serve]``, else the host's ``[context]``."""
     base = host.default_context
-    return attrs.evolve(
-        base,
-        principal=settings.principal if settings.principal is not None else base.principal,
-        role=settings.role if settings.role is not None else base.role,
-        environment=settings.environment if settings.environment is not None else base.environment,
-        scopes=frozenset(settings.scopes) if settings.scopes is not None else base.scopes,
-        attributes={**base.attributes, "transport": "mcp-stdio"},
-    )
+
+    def pick(field: str) -> Any:
+        for source in (client, settings):
+            value = getattr(source, field, None) if source is not None else None
+            if value is not None:
+                return value
+        return getattr(base, field)
+
+    attributes = {**base.attributes, "transport": transport}
+    if client is not None:
+        attributes["mcp_client"] = client.token_ref
+    return attrs.evolve(base, principal=pick("principal"), role=pick("role"), environment=pick("environment"),
+                        scopes=frozenset(pick("scopes")), attributes=attributes)
+
+
+@attrs.frozen
+class Caller:
+    """One MCP caller as the host sees it: the context its calls run with and the contract names
+    of the tools it may list and call."""
+
+    context: ToolContext
+    tools: frozenset[str]
+
+
+def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> frozenset[str]:
+    """The contract names ``names`` (a ``tools`` setting) exposes: none for None, every mounted
+    tool for ``["*"]``. ``ConfigError`` naming ``key`` when a name is not mounted."""
+    mounted = {spec.name for spec in host.specs}
+    if names is None:
+        return frozenset()
+    if names == ("*",):
+        return frozenset(mounted)
+    for name in names:
+        if name not in mounted:
+            raise ConfigError(f"names no mounted tool {name!r}", key=key)
+    return frozenset(names)
+
+
+def build_server(host: ToolHost, settings: ServeSettings | None = None,
+                 caller: Callable[[], Caller | None] | None = None) -> Server[Any]:
+    """An SDK low-level ``Server`` exposing ``host``'s tools to MCP callers.
+
+    ``caller`` says who makes the current request (over HTTP, from its bearer token; None: no
+    one who may see a tool); without it every request is the ``[plugins.mcp.serve]`` caller,
+    who sees ``settings.tools``. Raises ``ConfigError`` when ``settings.tools`` names a tool
+    that is not mounted.
+    """
+    settings = settings or serve_settings(host)
+    single = Caller(caller_context(host, settings),
+                    exposed_tools(host, settings.tools, f"plugins.{PLUGIN}.serve.tools"))
+    current = caller or (lambda: single)
+    definitions = host.tool_definitions("mcp")
+    listed = [(d["_meta"][META_NAME], mcp_types.Tool.model_validate(d, by_name=False)) for d in definitions]
+    by_model_name: Mapping[str, str] = {d["name"]: d["_meta"][META_NAME] for d in definitions}
+
+    async def list_tools(ctx: Any, params: Any) -> mcp_types.ListToolsResult:
+        who = current()
+        visible = who.tools if who is not None else frozenset()
+        return mcp_types.ListToolsResult(tools=[tool for name, tool in listed if name in visible])
+
+    async def call_tool(ctx: Any, params: mcp_types.CallToolRequestParams) -> mcp_types.CallToolResult:
+        who = current()
+        name = by_model_name.get(params.name)
+        if who is None or name is None or name not in who.tools:
+            raise MCPError(code=mcp_types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
+        result = await host.call(name, params.arguments if params.arguments is not None else {}, context=who.context)
+        return to_call_tool_result(result)
+
+    if not single.tools and caller is None:
+        log.warning("serve-mcp: no tool is exposed; list them in [plugins.%s.serve] tools "
+                    '(tools = ["*"] exposes every mounted tool)', PLUGIN)
+    return Server(settings.name, version=host_version(), on_list_tools=list_tools, on_call_tool=call_tool)
 
 
 def to_call_tool_result(result: ToolResult) -> mcp_types.CallToolResult:
@@ -95,37 +171,6 @@ def content_blocks(blocks: Any) -> list[mcp_types.ContentBlock]:
     return converted
 
 
-def build_server(host: ToolHost, settings: ServeSettings | None = None) -> Server[Any]:
-    """An SDK low-level ``Server`` exposing ``host``'s tools (or ``settings.tools`` only).
-
-    Raises ``ConfigError`` when ``settings.tools`` names a tool that is not mounted.
-    """
-    settings = settings or serve_settings(host)
-    context = caller_context(host, settings)
-    definitions = host.tool_definitions("mcp")
-    if settings.tools is not None:
-        mounted = {spec.name for spec in host.specs}
-        for name in settings.tools:
-            if name not in mounted:
-                raise ConfigError(f"names no mounted tool {name!r}", key=f"plugins.{PLUGIN}.serve.tools")
-        exposed = set(settings.tools)
-        definitions = [d for d in definitions if d["_meta"]["amplifier_tools/name"] in exposed]
-    tools = [mcp_types.Tool.model_validate(d, by_name=False) for d in definitions]
-    by_name: Mapping[str, str] = {d["name"]: d["_meta"]["amplifier_tools/name"] for d in definitions}
-
-    async def list_tools(ctx: Any, params: Any) -> mcp_types.ListToolsResult:
-        return mcp_types.ListToolsResult(tools=tools)
-
-    async def call_tool(ctx: Any, params: mcp_types.CallToolRequestParams) -> mcp_types.CallToolResult:
-        # Only exposed tools, by the names we listed; anything else is the host's
-        # unknown-tool ContractError, as an isError result.
-        name = by_name.get(params.name, f"(not exposed) {params.name}")
-        result = await host.call(name, params.arguments if params.arguments is not None else {}, context=context)
-        return to_call_tool_result(result)
-
-    return Server(settings.name, version=host_version(), on_list_tools=list_tools, on_call_tool=call_tool)
-
-
 def host_version() -> str:
     from .._version import __version__
 
@@ -133,10 +178,36 @@ def host_version() -> str:
 
 
 async def serve(host: ToolHost, settings: ServeSettings | None = None) -> None:
-    """Serve ``host``'s tools over this process's stdin/stdout until the client closes stdin."""
+    """Serve ``host``'s tools over the configured transport: stdio until the client closes stdin,
+    Streamable HTTP until the process is interrupted."""
+    settings = settings or serve_settings(host)
+    if settings.transport == "streamable-http":
+        from .http import serve_http
+
+        await serve_http(host, settings)
+        return
     server = build_server(host, settings)
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
+
+
+async def serve_configured(
+    host_config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    *,
+    working_dir: str | os.PathLike[str] | None = None,
+    builtins: bool = True,
+    entry_points: bool = True,
+    overrides: Mapping[str, Any] | None = None,
+) -> None:
+    """Start a ``ToolHost`` from ``host_config`` (a mapping, a file, or discovered) and serve its
+    tools, ``[plugins.mcp.serve]`` changed by ``overrides`` (the command line's ``--transport``,
+    ``--host``, ``--port``); the host closes when serving ends."""
+    async with ToolHost(config=host_config, working_dir=working_dir, builtins=builtins,
+                        entry_points=entry_points) as host:
+        settings = serve_settings(host)
+        if overrides:
+            settings = attrs.evolve(settings, **overrides)
+        await serve(host, settings)
 
 
 async def serve_stdio(
@@ -146,8 +217,6 @@ async def serve_stdio(
     builtins: bool = True,
     entry_points: bool = True,
 ) -> None:
-    """Start a ``ToolHost`` from ``host_config`` (a mapping, a file, or discovered)
-    and serve its tools over stdio; the host closes when the client goes away."""
-    async with ToolHost(config=host_config, working_dir=working_dir, builtins=builtins,
-                        entry_points=entry_points) as host:
-        await serve(host)
+    """``serve_configured`` over stdio, whatever ``[plugins.mcp.serve] transport`` says."""
+    await serve_configured(host_config, working_dir=working_dir, builtins=builtins, entry_points=entry_points,
+                           overrides={"transport": "stdio"})

@@ -65,17 +65,50 @@ class ServerSettings:
     tools: Mapping[str, ToolOverride] = attrs.field(factory=dict)
 
 
+ToolNames = Annotated[tuple[str, ...], Expect('a list of tool names (["*"] for every mounted tool)', lambda names: (
+    "" not in names and ("*" not in names or len(names) == 1)))]
+Port = Annotated[int, Expect("a TCP port number (0 to 65535; 0 picks a free one)", lambda port: 0 <= port <= 65535)]
+
+
+@settings_class
+@attrs.frozen
+class ServeClient:
+    """An HTTP client of ``serve-mcp`` (``[[plugins.mcp.serve.clients]]``): the bearer token that
+    identifies it and who its calls run as. Unset fields fall back to ``[plugins.mcp.serve]``."""
+
+    token_ref: Annotated[str, Expect("the name of a secret reference (a key of the host's [secrets])", bool)]
+    principal: Text | None = None
+    role: str | None = None
+    environment: str | None = None
+    scopes: tuple[str, ...] | None = None
+    tools: ToolNames | None = None
+
+
+def _unique_token_refs(instance: Any, attribute: attrs.Attribute[Any], clients: tuple[ServeClient, ...]) -> None:
+    seen: set[str] = set()
+    for index, client in enumerate(clients):
+        if client.token_ref in seen:
+            raise Invalid(f"token_ref {client.token_ref!r} is used by two clients; each client needs its own token",
+                          at=(attribute.name, index, "token_ref"))
+        seen.add(client.token_ref)
+
+
 @settings_class
 @attrs.frozen
 class ServeSettings:
-    """Who the MCP client calling ``serve-mcp`` is, and which tools it sees."""
+    """How ``serve-mcp`` serves (stdio or Streamable HTTP), who its callers are, which tools they see."""
 
     name: Text = "amplifier-tools"
+    transport: Literal["stdio", "streamable-http"] = "stdio"
+    host: Text = "127.0.0.1"
+    port: Port = 8765
     principal: str | None = None
     role: str | None = None
     environment: str | None = None
     scopes: tuple[str, ...] | None = None
-    tools: Annotated[tuple[str, ...], Expect("a list of tool names")] | None = None  # None: every mounted tool
+    tools: ToolNames | None = None  # None: no tool (say which with `tools`, or ["*"] for all)
+    clients: tuple[ServeClient, ...] = attrs.field(default=(), validator=_unique_token_refs)
+    allow_anonymous: bool = False
 
 
 def _server_names(instance: Any, attribute: attrs.Attribute[Any], servers: Mapping[str, ServerSettings]) -> None:

@@ -237,7 +237,25 @@ class AuditPlugin:
             log.warning("audit log %s cannot be opened (%s); calls go unrecorded (mode fail_open)", path, exc)
             return None
         coordinator.register_capability("audit.path", str(self.writer.path))
+        coordinator.register_capability("audit.event", self.record_event)
         return self.writer.close
+
+    def record_event(self, event: str, data: dict[str, Any]) -> bool:
+        """Write one ``{"kind": "event", "event": ..., "data": ...}`` record (redacted like a call's)
+        for something that is not a call but belongs in the log, such as a refused HTTP client of
+        ``serve-mcp``. The ``audit.event`` capability. False when it could not be written (logged;
+        never raises: the caller is refusing something already)."""
+        writer = self.writer
+        if writer is None:
+            return False
+        record = {"v": SCHEMA_VERSION, "kind": "event", "ts": timestamp(), "event": event,
+                  "data": redact(encodable(data, []), secrets=self.secrets, patterns=self.settings.redact_patterns)}
+        try:
+            writer.append(encode_record(record))
+        except AuditWriteError as exc:
+            log.error("audit log: the event %s was not recorded: %s", event, exc)
+            return False
+        return True
 
     def _tampered(self, reason: str, moved_to: str | None) -> None:
         """The writer found the log not as it left it: say so where it cannot be rewritten."""

@@ -1,0 +1,237 @@
+"""serve-mcp over Streamable HTTP (issue 18): bearer-token clients, driven by the SDK's own HTTP
+client. A token decides who a call runs as and which tools it sees; no token or a wrong one is
+HTTP 401 and an audit event; an HTTP server without clients does not start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+import httpx2
+import mcp_types
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_helpers import REPO
+
+from amplifier_tools import ToolHost
+from amplifier_tools.errors import ConfigError, PluginLoadError
+from amplifier_tools.mcp.http import serve_http
+from amplifier_tools.mcp.server import serve_settings
+
+ALICE = "alice-token-0123456789abcdef"
+BOB = "bob-token-0123456789abcdef-bob"
+
+
+def config(tmp_path: Path, **serve: Any) -> dict[str, Any]:
+    root = tmp_path / "root"
+    root.mkdir(exist_ok=True)
+    (root / "hello.txt").write_text("hello over http\n")
+    clients = [
+        {"token_ref": "alice_token", "principal": "alice", "scopes": ["fs.read"], "tools": ["local::fs.read_file"]},
+        {"token_ref": "bob_token", "principal": "bob", "role": "admin"},
+    ]
+    return {"working_dir": str(root), "state_dir": str(tmp_path / "state"),
+            "secrets": {"alice_token": "TEST_ALICE_TOKEN", "bob_token": "TEST_BOB_TOKEN"},
+            "plugins": {"audit": {"path": str(tmp_path / "audit.jsonl")},
+                        "mcp": {"serve": {"transport": "streamable-http", "port": 0, "clients": clients,
+                                          "tools": ["local::fs.read_file", "local::fs.list_dir"], **serve}}}}
+
+
+@pytest.fixture(autouse=True)
+def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_ALICE_TOKEN", ALICE)
+    monkeypatch.setenv("TEST_BOB_TOKEN", BOB)
+
+
+@asynccontextmanager
+async def served(cfg: dict[str, Any]) -> AsyncIterator[str]:
+    """The URL of ``cfg``'s host served over HTTP in this process, until the block ends."""
+    async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False,
+                        discover=False) as host:
+        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve_http(host, serve_settings(host), ready=url.set_result, stop=stop))
+        done, _ = await asyncio.wait({url, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()  # raises what stopped the server
+        try:
+            yield url.result()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+@asynccontextmanager
+async def session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers) as http, \
+            streamable_http_client(url, http_client=http) as streams, \
+            ClientSession(streams[0], streams[1]) as client:
+        await client.initialize()
+        yield client
+
+
+def audit(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == kind]
+
+
+async def test_a_token_decides_who_the_call_runs_as_and_which_tools_it_sees(tmp_path: Path) -> None:
+    async with served(config(tmp_path)) as url:
+        async with session(url, ALICE) as alice:
+            assert [t.name for t in (await alice.list_tools()).tools] == ["fs_read_file"]
+            read = await alice.call_tool("fs_read_file", {"path": "hello.txt"})
+            assert not read.is_error and "hello over http" in read.content[0].text  # type: ignore[union-attr]
+            with pytest.raises(MCPError) as hidden:  # bob's tool, not alice's: unknown to her
+                await alice.call_tool("fs_list_dir", {"path": "."})
+            assert hidden.value.error.code == mcp_types.INVALID_PARAMS
+        async with session(url, BOB) as bob:  # no tools of his own: the serve table's
+            assert sorted(t.name for t in (await bob.list_tools()).tools) == ["fs_list_dir", "fs_read_file"]
+            listed = await bob.call_tool("fs_list_dir", {"path": "."})
+            assert not listed.is_error
+    calls = audit(tmp_path, "call")
+    assert [(r["principal"], r["tool"], r["role"], r["scopes"]) for r in calls] == [
+        ("alice", "local::fs.read_file", None, ["fs.read"]), ("bob", "local::fs.list_dir", "admin", [])]
+
+
+async def test_no_token_or_a_wrong_one_is_401_and_an_audit_event(tmp_path: Path) -> None:
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        missing = await http.post(url, json=initialize, headers=headers)
+        wrong = await http.post(url, json=initialize, headers={**headers, "Authorization": "Bearer not-a-token-at-all"})
+        for response in (missing, wrong):
+            assert response.status_code == 401
+            assert response.headers["www-authenticate"].startswith("Bearer")
+    events = audit(tmp_path, "event")
+    assert [e["event"] for e in events[:2]] == ["mcp.http.unauthorized"] * 2
+    assert [e["data"]["reason"] for e in events[:2]] == ["no bearer token", "a bearer token no client has"]
+    assert all(e["data"]["path"] == "/mcp" and e["data"]["status"] == 401 for e in events)
+    log = (tmp_path / "audit.jsonl").read_text()
+    assert "not-a-token-at-all" not in log and ALICE not in log and BOB not in log
+    assert audit(tmp_path, "call") == []
+
+
+async def test_a_session_opened_with_one_token_cannot_be_used_with_another(tmp_path: Path) -> None:
+    headers = {"Accept": "application/json, text/event-stream"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        opened = await http.post(url, json=initialize, headers={**headers, "Authorization": f"Bearer {ALICE}"})
+        assert opened.status_code == 200
+        session_id = opened.headers["mcp-session-id"]
+        version = {"mcp-protocol-version": "2025-06-18", "mcp-session-id": session_id}
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        headers={**headers, **version, "Authorization": f"Bearer {ALICE}"})
+        hijack = await http.post(url, json=listing, headers={**headers, **version, "Authorization": f"Bearer {BOB}"})
+        assert hijack.status_code == 404
+        own = await http.post(url, json=listing, headers={**headers, **version, "Authorization": f"Bearer {ALICE}"})
+        assert own.status_code == 200 and "fs_read_file" in own.text
+
+
+@pytest.mark.parametrize(("serve", "key", "message"), [
+    ({"clients": []}, "plugins.mcp.serve.clients", "needs at least one client"),
+    ({"clients": [], "allow_anonymous": True, "host": "0.0.0.0"}, "plugins.mcp.serve.allow_anonymous",
+     "not a loopback address"),
+    ({"allow_anonymous": True}, "plugins.mcp.serve.allow_anonymous", "exclude each other"),
+    ({"clients": [{"token_ref": "nosuch", "principal": "x"}]}, "plugins.mcp.serve.clients.0.token_ref", "nosuch"),
+    ({"clients": [{"token_ref": "short", "principal": "x"}]}, "plugins.mcp.serve.clients.0.token_ref",
+     "at least 16"),
+    ({"clients": [{"token_ref": "alice_token"}, {"token_ref": "alice_token"}]},
+     "plugins.mcp.serve.clients[1].token_ref", "each client needs its own"),
+    ({"clients": [{"token_ref": "alice_token", "tools": ["local::nosuch"]}]},
+     "plugins.mcp.serve.clients.0.tools", "names no mounted tool"),
+])
+async def test_unusable_client_settings_stop_the_start_naming_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      serve: dict[str, Any], key: str,
+                                                                      message: str) -> None:
+    monkeypatch.setenv("TEST_SHORT", "short-token")
+    cfg = config(tmp_path, **serve)
+    cfg["secrets"]["short"] = "TEST_SHORT"
+    with pytest.raises((ConfigError, PluginLoadError)) as refused:  # checked at mount, or at serve
+        async with served(cfg):
+            pass
+    assert key in str(refused.value) and message in str(refused.value)
+
+
+async def test_anonymous_on_loopback_runs_as_the_serve_caller(tmp_path: Path) -> None:
+    cfg = config(tmp_path, clients=[], allow_anonymous=True, principal="local-user")
+    async with served(cfg) as url, session(url, None) as anonymous:
+        read = await anonymous.call_tool("fs_read_file", {"path": "hello.txt"})
+        assert not read.is_error
+    assert [r["principal"] for r in audit(tmp_path, "call")] == ["local-user"]
+
+
+def test_the_command_line_serves_over_http_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """``serve-mcp --transport streamable-http --port 0`` prints its URL, serves, exits 0 on SIGTERM."""
+    cfg = config(tmp_path, transport="stdio")  # the flag, not the file, chooses HTTP
+    path = tmp_path / "host.toml"
+    path.write_text(json_to_toml(cfg))
+    env = {**os.environ, "PYTHONPATH": REPO, "TEST_ALICE_TOKEN": ALICE, "TEST_BOB_TOKEN": BOB}
+    proc = subprocess.Popen([sys.executable, "-m", "amplifier_tools", "--config", str(path), "serve-mcp",
+                             "--transport", "streamable-http", "--port", "0"], stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path)
+    try:
+        assert proc.stderr is not None
+        line = ""
+        while "serving at" not in line:
+            line = proc.stderr.readline()
+            assert line, "serve-mcp exited before serving"
+        url = line.split("serving at ", 1)[1].split()[0]
+
+        async def read() -> str:
+            async with session(url, ALICE) as alice:
+                result = await alice.call_tool("fs_read_file", {"path": "hello.txt"})
+                return str(result.content[0].text)  # type: ignore[union-attr]
+
+        assert "hello over http" in asyncio.run(read())
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def json_to_toml(value: dict[str, Any]) -> str:
+    """The test config as TOML (tomli-w is not a dependency): tables and arrays of tables."""
+    lines: list[str] = []
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return json.dumps(v)
+
+    def table(prefix: str, data: dict[str, Any]) -> None:
+        nested: list[tuple[str, Any]] = []
+        if prefix:
+            lines.append(f"[{prefix}]")
+        for key, v in data.items():
+            if isinstance(v, dict) or (isinstance(v, list) and v and all(isinstance(x, dict) for x in v)):
+                nested.append((key, v))
+            else:
+                lines.append(f"{key} = {scalar(v)}")
+        for key, v in nested:
+            name = f"{prefix}.{key}" if prefix else key
+            if isinstance(v, dict):
+                table(name, v)
+            else:
+                for item in v:
+                    lines.append(f"[[{name}]]")
+                    lines.extend(f"{k} = {scalar(x)}" for k, x in item.items())
+
+    table("", value)
+    return "\n".join(lines) + "\n"
