@@ -31,7 +31,8 @@ def _environment() -> dict[str, Any]:
         pass
     versions = {}
     for dist in ("amplifier-tools", "pluggy", "attrs", "cattrs", "jsonschema", "amplifier-core", "tenacity",
-                 "orjson", "mcp"):
+                 "orjson", "mcp", "pydantic", "openai-agents", "pydantic-ai-slim", "langgraph", "langgraph-prebuilt",
+                 "langchain-core"):
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
