@@ -165,6 +165,23 @@ async def test_glob_grep_and_list(host: ToolHost, tmp_path: Path) -> None:
     assert [e["name"] for e in listing.output["entries"]] == [".git", "blob.bin", "notes.md", "src"]
 
 
+async def test_grep_sees_no_empty_line_after_a_final_newline(host: ToolHost, tmp_path: Path) -> None:
+    """A file ending with a newline has no empty line after it (as grep -n sees it): an empty
+    match there is not reported, and the last line's context ends with the file."""
+    (tmp_path / "three.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "open.txt").write_text("one\n\nlast")  # no final newline: line 2 is empty, line 3 is last
+    empty = await host.call("fs_grep", {"pattern": "^$", "path": "three.txt"})
+    assert empty.output["matches"] == []
+    last = await host.call("fs_grep", {"pattern": "three", "path": "three.txt", "context": 1})
+    assert last.output["matches"] == [{"file": "three.txt", "line": 3, "text": "three", "before": ["two"], "after": []}]
+    ends = await host.call("fs_grep", {"pattern": "$", "path": "three.txt"})
+    assert [m["line"] for m in ends.output["matches"]] == [1, 2, 3]
+    unterminated = await host.call("fs_grep", {"pattern": "^$", "path": "open.txt"})
+    assert [m["line"] for m in unterminated.output["matches"]] == [2]
+    tail = await host.call("fs_grep", {"pattern": "^$|last", "path": "open.txt", "context": 1})
+    assert [(m["line"], m["after"]) for m in tail.output["matches"]] == [(2, ["last"]), (3, [])]
+
+
 async def test_bad_config_names_the_key(tmp_path: Path) -> None:
     from amplifier_tools import PluginLoadError
 

@@ -434,11 +434,18 @@ class Grep(FilesystemTool):
         if not data or looks_binary(data[:SNIFF_BYTES]) or regex.search(data) is None:
             return  # the common case stays in C: one search over the whole file
         lines = data.split(b"\n")
+        # A final newline ends the last line; no empty line follows it (an empty match there is not
+        # on any line).
+        past_end = len(data) if data.endswith(b"\n") else len(data) + 1
+        if past_end == len(data):
+            lines.pop()
         starts = [0]
         for line in lines[:-1]:
             starts.append(starts[-1] + len(line) + 1)
         seen_lines: set[int] = set()
         for match in regex.finditer(data):
+            if match.start() >= past_end:
+                break
             index = bisect.bisect_right(starts, match.start()) - 1
             if index in seen_lines:
                 continue
