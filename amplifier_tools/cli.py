@@ -312,25 +312,34 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
 
 
 def _print_result(result: ToolResult, *, as_json: bool, verbose: bool = False, tool: str = "TOOL") -> None:
+    """One output contract for ``call``: ``--json`` prints the whole result (the same shape for
+    success and failure); otherwise stdout gets the tool's output the same way whatever the
+    outcome (a text-returning tool's text, else compact JSON), and a failure adds its error line
+    and hint on stderr."""
     if as_json:
         print(json.dumps(_data(result), indent=2, default=str))
-    elif result.success and isinstance(result.output, dict) and isinstance(result.output.get("content"), str):
-        # Text-returning tools (read_file): the text itself; the paging notice goes to stderr.
-        print(result.output["content"])
-        if result.output.get("notice"):
-            print(f"({result.output['notice']})", file=sys.stderr)
-    elif result.success:
-        print(result.get_serialized_output(max_chars=None))
+    elif result.success or result.output not in (None, "", {}, []):
+        _print_output(result)
     if result.success:
         return
     error = result.error or {}
-    if result.output and not as_json:
-        print(result.get_serialized_output(max_chars=None) if isinstance(result.output, str)
-              else json.dumps(result.output, indent=2, default=str))
     print(f"{error.get('type')}[{error.get('code')}]: {error.get('message')}", file=sys.stderr)
     if verbose:
         print(json.dumps(error, indent=2, default=str), file=sys.stderr)
     print(f"hint: {_call_hint(error, tool)}", file=sys.stderr)
+
+
+def _print_output(result: ToolResult) -> None:
+    output = result.output
+    if isinstance(output, dict) and isinstance(output.get("content"), str):
+        # Text-returning tools (read_file): the text itself; the paging notice goes to stderr.
+        print(output["content"])
+        if output.get("notice"):
+            print(f"({output['notice']})", file=sys.stderr)
+        return
+    from .models import output_text
+
+    print(output_text(output))
 
 
 async def _loaded_plugins(args: argparse.Namespace) -> list[PluginInfo]:

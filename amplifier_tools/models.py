@@ -78,12 +78,8 @@ class ToolResult:
         if self.error is not None or not self.success:
             message = (self.error or {}).get("message", "Unknown error")
             text = f"Error: {message}"
-        elif self.output is None:
-            text = ""
-        elif isinstance(self.output, str):
-            text = self.output
         else:
-            text = json.dumps(self.output, ensure_ascii=False, default=str)
+            text = output_text(self.output)
         if max_chars is not None and len(text) > max_chars:
             cut = len(text) - max_chars
             text = (
@@ -91,6 +87,15 @@ class ToolResult:
                 + f"\n\n[Truncated: {cut} of {len(text)} characters omitted]"
             )
         return text
+
+
+def output_text(output: Any) -> str:
+    """A tool's output as text: a string as it is, nothing as ``""``, anything else as compact JSON."""
+    if output is None:
+        return ""
+    if isinstance(output, str):
+        return output
+    return json.dumps(output, ensure_ascii=False, default=str)
 
 
 @attrs.frozen(slots=True)

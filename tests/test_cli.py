@@ -302,6 +302,41 @@ def test_read_file_prints_its_text_and_the_paging_notice(project: Path) -> None:
     assert outside.returncode == 4 and "AuthError[path_denied]" in outside.stderr
 
 
+EXIT_MODULE = '''
+from amplifier_tools import ExecutionError, ToolResult
+
+class Run:
+    name = "local::demo.run"
+    description = "Report an exit code the way bash does."
+    input_schema = {"type": "object", "properties": {"code": {"type": "integer"}}}
+
+    async def execute(self, input):
+        output = {"stdout": "hi\\n", "exit_code": input["code"]}
+        if input["code"]:
+            error = ExecutionError("exited with 3", code="nonzero_exit")
+            return ToolResult(False, output, {"type": error.category, "code": error.code, "message": error.message})
+        return ToolResult(output=output)
+
+async def mount(coordinator, config):
+    await coordinator.mount("tools", Run())
+'''
+
+
+def test_call_prints_the_output_the_same_way_whatever_the_outcome(project: Path) -> None:
+    """stdout: the tool's output as compact JSON for success and failure alike; the error line and
+    hint go to stderr; --json: the whole result, with the same keys either way."""
+    (project / "exit_tools.py").write_text(EXIT_MODULE)
+    (project / "amplifier-tools.toml").write_text('[[modules]]\nmodule = "exit_tools"\n')
+    ok = cli(project, "call", "local::demo.run", '{"code": 0}')
+    failed = cli(project, "call", "local::demo.run", '{"code": 3}')
+    assert ok.returncode == 0 and failed.returncode == 1
+    assert json.loads(ok.stdout) == {"stdout": "hi\n", "exit_code": 0} and ok.stdout.count("\n") == 1
+    assert json.loads(failed.stdout) == {"stdout": "hi\n", "exit_code": 3} and failed.stdout.count("\n") == 1
+    assert "ExecutionError[nonzero_exit]: exited with 3" in failed.stderr and "hint:" in failed.stderr
+    whole = [json.loads(cli(project, "call", "local::demo.run", f'{{"code": {n}}}', "--json").stdout) for n in (0, 3)]
+    assert whole[0].keys() == whole[1].keys() and whole[1]["output"]["exit_code"] == 3
+
+
 COUNTER_MODULE = '''
 from pathlib import Path
 from amplifier_tools import ToolResult, ToolSpec
