@@ -299,6 +299,9 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
         return (f"denied by the policy rule {error['rule']!r} in [[plugins.policy.rules]]"
                 if error["rule"] != "default" else
                 "no [[plugins.policy.rules]] allow rule matches, and [plugins.policy] default_action = 'deny'")
+    if code == "timeout" and error.get("timed_out") is True:  # bash: the command's own timeout
+        return ("the command ran past its own timeout: pass a larger \"timeout\" argument (seconds, at most "
+                "[plugins.bash] max_timeout; without one, [plugins.bash] default_timeout applies)")
     if code == "timeout":
         return (f"the call ran out of time; raise the tool's timeout_ms "
                 f"([tools.\"{error.get('tool') or tool}\".policies] timeout_ms) "
@@ -401,6 +404,10 @@ def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
         if isinstance(cause, ConfigError) and cause.key:
             return (f"set {cause.key} in the configuration ({_config_source(args) or 'none found'}), "
                     f"or skip the plugin with {ENV_DISABLE}={exc.plugin}{tail}")
+        if isinstance(cause, ModuleNotFoundError) and cause.name and exc.plugin.startswith(cause.name):
+            return (f"the module {cause.name!r} is not importable: install it, or put its directory on "
+                    "PYTHONPATH (a module beside the config file is found only from that directory, with "
+                    f"'python -m amplifier_tools'; the host never imports from the workspace by itself){tail}")
         return f"fix or uninstall the plugin, or skip it with {ENV_DISABLE}={exc.plugin}{tail}"
     source = _config_source(args)
     return (f"fix the configuration ({source})" if source else "check the configuration") + tail
