@@ -235,3 +235,71 @@ def json_to_toml(value: dict[str, Any]) -> str:
 
     table("", value)
     return "\n".join(lines) + "\n"
+
+
+# -- importing a Streamable HTTP server ---------------------------------------------------------
+
+def importing(url: str, **server: Any) -> dict[str, Any]:
+    return {"secrets": {"inner_auth": "TEST_INNER_AUTH"},
+            "plugins": {"mcp": {"servers": {"inner": {"url": url, "headers": {"Authorization": "inner_auth"},
+                                                      **server}}}}}
+
+
+async def test_a_host_imports_an_http_server_with_headers_from_its_secrets(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_INNER_AUTH", f"Bearer {ALICE}")
+    async with served(config(tmp_path)) as url:
+        async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
+                            working_dir=tmp_path) as outer:
+            assert [spec.name for spec in outer.specs] == ["mcp::inner::fs_read_file"]  # alice's tools only
+            read = await outer.call("mcp::inner::fs_read_file", {"path": "hello.txt"})
+            assert read.success and "hello over http" in json.dumps(read.output)
+            assert f"Bearer {ALICE}" in outer.capabilities["session.secrets"]  # redacted like any secret
+            pinned = outer.specs[0].tags
+        digest = next(tag for tag in pinned if tag.startswith("sha256:"))
+        async with ToolHost(config=importing(url, pins={"fs_read_file": digest}), builtins=["mcp"],
+                            entry_points=False, discover=False, working_dir=tmp_path) as again:
+            assert [spec.name for spec in again.specs] == ["mcp::inner::fs_read_file"]
+        with pytest.raises(PluginLoadError, match="pin_mismatch|pinned"):
+            async with ToolHost(config=importing(url, pins={"fs_read_file": "sha256:" + "0" * 64}),
+                                builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
+                pass
+    assert [r["principal"] for r in audit(tmp_path, "call")] == ["alice"]
+
+
+async def test_refused_credentials_name_the_status_and_the_setting(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_INNER_AUTH", "Bearer not-a-token-at-all")
+    async with served(config(tmp_path)) as url:
+        with pytest.raises(PluginLoadError) as refused:
+            async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
+                                working_dir=tmp_path):
+                pass
+    message = str(refused.value)
+    assert "HTTP 401" in message and "credentials in headers were refused" in message
+    assert "plugins.mcp.servers.inner: url and headers" in message and "not-a-token-at-all" not in message
+
+
+async def test_a_header_whose_secret_is_missing_names_its_key(tmp_path: Path) -> None:
+    with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.inner\.headers\.Authorization"):
+        async with ToolHost(config=importing("http://127.0.0.1:9/mcp"), builtins=["mcp"], entry_points=False,
+                            discover=False, working_dir=tmp_path):
+            pass
+
+
+@pytest.mark.parametrize(("server", "key", "message"), [
+    ({"url": "https://example.com/mcp", "command": "x"}, "url", "not both"),
+    ({}, "command", "not both or neither"),
+    ({"url": "http://example.com/mcp"}, "url", "use https://"),
+    ({"url": "https://example.com/mcp", "args": ["x"]}, "args", "for stdio servers"),
+    ({"url": "https://example.com/mcp", "sandbox": "auto"}, "sandbox", "for stdio servers"),
+    ({"command": "x", "headers": {"Authorization": "ref"}}, "headers", "url servers only"),
+    ({"url": "ftp://example.com/x"}, "url", "http:// or https://"),
+])
+def test_server_settings_take_a_command_or_a_url(server: dict[str, Any], key: str, message: str) -> None:
+    from amplifier_tools.mcp.settings import McpSettings
+    from amplifier_tools.plugin_settings import structure_settings
+
+    with pytest.raises(ConfigError) as refused:
+        structure_settings({"servers": {"s": server}}, McpSettings, "plugins.mcp")
+    assert f"plugins.mcp.servers.s.{key}" in str(refused.value) and message in str(refused.value)

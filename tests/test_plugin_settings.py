@@ -135,7 +135,8 @@ def test_a_table_that_is_not_a_table_is_refused() -> None:
 @pytest.mark.parametrize(("plugin", "table", "key", "detail"), [
     ("mcp", server(startup_timeout_ms=0), "plugins.mcp.servers.fs.startup_timeout_ms",
      "must be a positive number, got 0"),
-    ("mcp", {"servers": {"fs": {"args": []}}}, "plugins.mcp.servers.fs.command", "missing 'command': must be "),
+    ("mcp", {"servers": {"fs": {"args": []}}}, "plugins.mcp.servers.fs.command",
+     "a server has either command (stdio) or url"),
     ("mcp", server(tools={"read": {"effect": "Harmless"}}), "plugins.mcp.servers.fs.tools.read.effect",
      "must be 'Pure', 'IdempotentWrite', 'NonIdempotentWrite' or 'ExternalSideEffects', got 'Harmless'"),
     ("mcp", {"servers": {"fs": "npx mcp-fs"}}, "plugins.mcp.servers.fs", "must be a table, got 'npx mcp-fs'"),

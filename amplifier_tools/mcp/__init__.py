@@ -14,7 +14,7 @@ import os
 from typing import Any, Final
 
 from .._markers import hookimpl
-from ..errors import ConfigError
+from ..errors import AuthError, ConfigError
 from ..hoststate import ProtectedPaths
 from ..plugin_settings import structure_settings
 from .settings import PLUGIN, McpSettings
@@ -69,9 +69,10 @@ class McpImportPlugin:
         def protected_now() -> list[str]:
             return [entry.path for entry in protected if not entry.alias]
 
+        headers = {name: self._headers(coordinator, name, server) for name, server in self.settings.servers.items()}
         try:
             for name, server in self.settings.servers.items():
-                connection = ServerConnection(name, server, working_dir, protected_now)
+                connection = ServerConnection(name, server, working_dir, protected_now, headers[name])
                 self.connections.append(connection)
                 for tool in await import_server(connection):
                     await coordinator.mount("tools", tool)
@@ -79,6 +80,20 @@ class McpImportPlugin:
             await self.close()
             raise
         return self.close
+
+    @staticmethod
+    def _headers(coordinator: Any, name: str, server: Any) -> dict[str, str]:
+        """A ``url`` server's headers, each value resolved from its ``[secrets]`` reference (and so
+        registered for redaction); ``ConfigError`` naming the header's key when one is missing."""
+        resolve = coordinator.get_capability("session.secret")
+        values: dict[str, str] = {}
+        for header, ref in server.headers.items():
+            try:
+                values[header] = resolve(ref)
+            except AuthError as exc:
+                raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
+                                  key=f"plugins.{PLUGIN}.servers.{name}.headers.{header}") from None
+        return values
 
     async def close(self) -> None:
         """Stop every server (their process groups are gone when this returns)."""

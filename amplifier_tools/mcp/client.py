@@ -13,11 +13,12 @@ here, so this module is only imported once servers are configured.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import subprocess
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -49,10 +50,14 @@ class ServerConnection:
     """A live session with one stdio MCP server, restarted on demand after it dies."""
 
     def __init__(self, name: str, settings: ServerSettings, working_dir: str,
-                 protected: Callable[[], Iterable[str]] = tuple) -> None:
+                 protected: Callable[[], Iterable[str]] = tuple, headers: Mapping[str, str] | None = None) -> None:
         #: The server's name: its key in ``[plugins.mcp.servers]``.
         self.name = name
         self.settings = settings
+        #: The HTTP headers sent to a ``url`` server, their values resolved from ``[secrets]``.
+        self.headers = dict(headers or {})
+        #: The last HTTP error status a ``url`` server answered, and the URL (None: none yet).
+        self.http_refusal: tuple[int, str] | None = None
         self.working_dir = working_dir
         #: The host's protected paths as they are now (masked in a sandboxed server's view).
         self.protected = protected
@@ -103,41 +108,62 @@ class ServerConnection:
                     f"{self.settings.startup_timeout_ms:g} ms", code="mcp_start_timeout") from None
             raise
 
+    @contextlib.asynccontextmanager
+    async def _streams(self) -> AsyncIterator[tuple[Any, Any]]:
+        """The message streams of one run: a started stdio process, or an HTTP connection."""
+        s = self.settings
+        self._server = None  # a previous run's state must not describe this one
+        if s.url is not None:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            async def note(response: httpx2.Response) -> None:  # the SDK reports a refusal without its status
+                if response.status_code >= 400:
+                    self.http_refusal = (response.status_code, str(response.request.url))
+
+            self.http_refusal = None
+            async with httpx2.AsyncClient(headers=self.headers, event_hooks={"response": [note]}) as http, \
+                    streamable_http_client(s.url, http_client=http, max_sse_event_size=s.max_message_bytes) as streams:
+                yield streams[0], streams[1]
+            return
+        assert s.command is not None
+        stderr = subprocess.DEVNULL if s.stderr == "discard" else None
+        async with stdio_process(s.command, list(s.args), env=self.environment(),
+                                 cwd=s.cwd or self.working_dir, stderr=stderr,
+                                 max_message_bytes=s.max_message_bytes, wrap=self._wrap) as server:
+            self._server = server
+            self._process = server.process
+            self.pid = server.process.pid
+            yield server.read, server.write
+
     async def _run(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
         s = self.settings
-        stderr = subprocess.DEVNULL if s.stderr == "discard" else None
-        self._server = None  # a previous run's state must not describe this one
         try:
-            async with stdio_process(s.command, list(s.args), env=self.environment(),
-                                     cwd=s.cwd or self.working_dir, stderr=stderr,
-                                     max_message_bytes=s.max_message_bytes, wrap=self._wrap) as server:
-                self._server = server
-                self._process = server.process
-                self.pid = server.process.pid
-                async with ClientSession(server.read, server.write, client_info=CLIENT_INFO) as session:
-                    init = await session.initialize()
-                    tools: list[mcp_types.Tool] = []
-                    cursor: str | None = None
-                    while True:
-                        params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                        page = await session.list_tools(params=params)
-                        tools.extend(page.tools)
-                        if len(tools) > s.max_tools:  # each costs memory and mount time: stop reading
-                            raise ExecutionError(
-                                f"MCP server {self.name!r} lists more than {s.max_tools} tools; raise "
-                                f"plugins.mcp.servers.{self.name}.max_tools if that is expected",
-                                code="mcp_too_many_tools", setting=f"plugins.mcp.servers.{self.name}.max_tools")
-                        cursor = page.next_cursor
-                        if not cursor:
-                            break
-                    self.server_info = init.server_info
-                    self.definitions = {
-                        tool.name: tool.model_dump(by_alias=True, mode="json", exclude_none=True) for tool in tools
-                    }
-                    self.hashes = {name: definition_hash(d) for name, d in self.definitions.items()}
-                    self._session = session
-                    ready.set_result(None)
-                    await stop.wait()
+            async with self._streams() as (read, write), \
+                    ClientSession(read, write, client_info=CLIENT_INFO) as session:
+                init = await session.initialize()
+                tools: list[mcp_types.Tool] = []
+                cursor: str | None = None
+                while True:
+                    params = mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                    page = await session.list_tools(params=params)
+                    tools.extend(page.tools)
+                    if len(tools) > s.max_tools:  # each costs memory and mount time: stop reading
+                        raise ExecutionError(
+                            f"MCP server {self.name!r} lists more than {s.max_tools} tools; raise "
+                            f"plugins.mcp.servers.{self.name}.max_tools if that is expected",
+                            code="mcp_too_many_tools", setting=f"plugins.mcp.servers.{self.name}.max_tools")
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+                self.server_info = init.server_info
+                self.definitions = {
+                    tool.name: tool.model_dump(by_alias=True, mode="json", exclude_none=True) for tool in tools
+                }
+                self.hashes = {name: definition_hash(d) for name, d in self.definitions.items()}
+                self._session = session
+                ready.set_result(None)
+                await stop.wait()
         except BaseException as caught:
             exc = _single(caught)
             too_large = self._too_large()
@@ -167,6 +193,8 @@ class ServerConnection:
 
     @property
     def alive(self) -> bool:
+        if self.settings.url is not None:
+            return self._session is not None
         return self._session is not None and self._process is not None and self._process.returncode is None
 
     def freeze_definitions(self, mounted: Mapping[str, str]) -> None:
@@ -245,6 +273,10 @@ class ServerConnection:
         too_large = self._too_large()
         if too_large is not None:
             return too_large
+        if self.settings.url is not None:
+            return ExecutionError(
+                f"the connection to MCP server {self.name!r} ({self.settings.url}) failed during the call: "
+                f"{type(exc).__name__}; it is reconnected on the next call", code="mcp_server_died", retryable=True)
         return ExecutionError(
             f"MCP server {self.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
@@ -364,9 +396,10 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
     except ToolError:
         raise
     except Exception as exc:  # the SDK's or the OS's own error: say which server, and where it is set
-        raise ExecutionError(f"MCP server {server!r} could not start: {type(exc).__name__}: {exc} "
-                             f"(check plugins.mcp.servers.{server}.command and args)", code="mcp_start_failed",
-                             setting=f"plugins.mcp.servers.{server}") from exc
+        where = "url and headers" if s.url is not None else "command and args"
+        raise ExecutionError(f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
+                             f"(check plugins.mcp.servers.{server}: {where})",
+                             code="mcp_start_failed", setting=f"plugins.mcp.servers.{server}") from exc
     version = connection.server_info.version if connection.server_info else None
     problems = check_pins(version=version, pinned_version=s.version, hashes=connection.hashes, pins=s.pins)
     skipped: set[str] = set()
@@ -407,6 +440,16 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
         tools.append(McpTool(connection, name, spec, digest))
     connection.freeze_definitions({tool.remote_name: tool.definition_hash for tool in tools})
     return tools
+
+
+def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
+    """What stopped a start, in a line: the HTTP status a ``url`` server answered (401 or 403: the
+    headers' credentials were refused) rather than the SDK's generic error, else the exception."""
+    if connection.http_refusal is not None:
+        status, url = connection.http_refusal
+        why = " (the credentials in headers were refused)" if status in (401, 403) else ""
+        return f"HTTP {status} from {url}{why}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _pattern_refusal(server: str, tool: str, definition: Mapping[str, Any]) -> ContractError | None:

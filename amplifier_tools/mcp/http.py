@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import ipaddress
 import logging
 import signal
 import sys
@@ -34,7 +33,7 @@ from mcp.server.auth.settings import AuthSettings
 from ..errors import AuthError, ConfigError
 from ..host import ToolHost
 from .server import Caller, build_server, caller_context, exposed_tools
-from .settings import PLUGIN, ServeSettings
+from .settings import PLUGIN, ServeSettings, is_loopback
 
 log = logging.getLogger("amplifier_tools.mcp")
 
@@ -60,16 +59,6 @@ class ClientTokens:
         if ref is None:
             return None
         return AccessToken(token=token, client_id=ref, scopes=[])
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) is reachable only from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], Caller | None], ClientTokens | None]:

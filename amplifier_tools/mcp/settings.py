@@ -5,7 +5,9 @@ the same way whether or not the ``mcp`` extra is installed. docs/mcp.md describe
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
@@ -35,13 +37,27 @@ class ToolOverride:
     enabled: bool = True
 
 
+def _is_http_url(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+#: Keys that only a stdio server (``command``) may set.
+STDIO_ONLY: Final = ("args", "env", "env_passthrough", "cwd", "stderr", "sandbox", "sandbox_read_paths",
+                     "sandbox_write_paths", "sandbox_network")
+
+
 @settings_class
 @attrs.frozen
 class ServerSettings:
-    """One imported stdio MCP server (``[plugins.mcp.servers.<name>]``; its name is the table's key)."""
+    """One imported MCP server (``[plugins.mcp.servers.<name>]``; its name is the table's key): a
+    stdio server started with ``command``, or a Streamable HTTP server at ``url``."""
 
-    command: Annotated[str, Expect("the command that starts the server (a non-empty string; only stdio servers "
-                                   "are supported)", bool)]
+    command: Annotated[str, Expect("the command that starts a stdio server (a non-empty string)", bool)] | None = None
+    url: Annotated[str, Expect("the http:// or https:// URL of a Streamable HTTP server", _is_http_url)] | None = None
+    #: HTTP header name -> the name of a secret reference (a key of the host's [secrets]); never a value.
+    headers: Annotated[Mapping[str, str], Expect("a table of HTTP header names to secret references (keys of the "
+                                                 "host's [secrets]), never to values")] = attrs.field(factory=dict)
     args: tuple[str, ...] = ()
     env: EnvTable = attrs.field(factory=dict)
     env_passthrough: EnvNames = ()
@@ -63,6 +79,38 @@ class ServerSettings:
     sandbox_write_paths: AbsolutePaths = ()
     sandbox_network: bool = False
     tools: Mapping[str, ToolOverride] = attrs.field(factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if (self.command is None) == (self.url is None):
+            raise Invalid("a server has either command (stdio) or url (Streamable HTTP), not both or neither",
+                          at=("url" if self.url is not None else "command",))
+        if self.url is None:
+            if self.headers:
+                raise Invalid("headers are sent to url servers only; a stdio server gets env", at=("headers",))
+            return
+        for key in STDIO_ONLY:
+            if getattr(self, key) != _STDIO_DEFAULTS[key]:
+                raise Invalid(f"{key} is for stdio servers (command); a url server is not started by the host",
+                              at=(key,))
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
+            raise Invalid("plain http:// to another machine sends the headers (tokens) in the clear; use https://",
+                          at=("url",))
+
+
+_STDIO_DEFAULTS: Final[dict[str, Any]] = {
+    "args": (), "env": {}, "env_passthrough": (), "cwd": None, "stderr": "inherit", "sandbox": "off",
+    "sandbox_read_paths": (), "sandbox_write_paths": (), "sandbox_network": False}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 ToolNames = Annotated[tuple[str, ...], Expect('a list of tool names (["*"] for every mounted tool)', lambda names: (
