@@ -7,6 +7,7 @@ import asyncio
 import os
 import random
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -14,9 +15,9 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import hostile
+from mcp_helpers import HOSTILE_SERVER, hostile
 
-from amplifier_tools import PluginLoadError
+from amplifier_tools import PluginLoadError, ToolHost
 
 
 async def test_a_server_that_never_initializes_fails_the_start_within_its_startup_timeout(tmp_path: Path) -> None:
@@ -177,3 +178,42 @@ def test_killing_many_pinned_survivors_takes_one_set_of_walks(monkeypatch: pytes
         os.kill(pid, signal.SIGKILL)
     assert not left
     assert len(walks) <= 3, f"{len(walks)} walks of /proc for {len(pinned)} survivors"
+
+
+async def test_servers_start_at_once_and_an_optional_broken_one_is_left_out(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18: three servers that each take over 2 s to start start together (well under 6 s), and a
+    server with ``required = false`` that cannot start is logged and left out; the host starts."""
+    slow = {"command": sys.executable, "args": ["-c", "import time, runpy, sys; time.sleep(2); "
+                                                      f"sys.argv = [{HOSTILE_SERVER!r}]; "
+                                                      f"runpy.run_path({HOSTILE_SERVER!r}, run_name='__main__')"]}
+    servers = {f"s{i}": dict(slow) for i in range(3)}
+    servers["broken"] = {"command": str(tmp_path / "no-such-server"), "required": False}
+    started = time.monotonic()
+    async with ToolHost(config={"plugins": {"mcp": {"servers": servers}}}, builtins=["mcp"], entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        took = time.monotonic() - started
+        assert {spec.name.split("::")[1] for spec in host.specs} == {"s0", "s1", "s2"}
+        plugin = host.plugin_manager.get_plugin("mcp")
+        assert list(plugin.unavailable) == ["broken"] and "no-such-server" in plugin.unavailable["broken"]
+    assert took < 5.0, f"started one after another? {took:.1f} s"
+    assert "'broken' is not mounted (required = false)" in caplog.text
+
+
+async def test_a_required_server_that_cannot_start_still_stops_the_host(tmp_path: Path) -> None:
+    servers = {"ok": {"command": sys.executable, "args": [HOSTILE_SERVER]},
+               "broken": {"command": str(tmp_path / "no-such-server")}}
+    with pytest.raises(PluginLoadError, match="no-such-server"):
+        async with ToolHost(config={"plugins": {"mcp": {"servers": servers}}}, builtins=["mcp"],
+                            entry_points=False, working_dir=tmp_path, discover=False):
+            pass
+
+
+async def test_tools_that_require_tasks_are_not_mounted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tasked = {"name": "tasked", "description": "needs tasks", "inputSchema": {"type": "object"},
+              "execution": {"taskSupport": "required"}}
+    optional = {**tasked, "name": "maybe", "execution": {"taskSupport": "optional"}}
+    async with hostile(tmp_path, tools=[tasked, optional]) as host:
+        names = {spec.name for spec in host.specs}
+        assert "mcp::h::maybe" in names and "mcp::h::tasked" not in names
+    assert "'tasked' requires tasks" in caplog.text

@@ -10,6 +10,7 @@ then, so the core runs without it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import Any, Final
 
@@ -18,6 +19,8 @@ from ..errors import AuthError, ConfigError
 from ..hoststate import ProtectedPaths
 from ..plugin_settings import structure_settings
 from .settings import PLUGIN, McpSettings
+
+log = logging.getLogger("amplifier_tools.mcp")
 
 __all__ = ["McpImportPlugin", "MISSING_SDK_MESSAGE", "sdk_available"]
 
@@ -48,6 +51,8 @@ class McpImportPlugin:
     def __init__(self) -> None:
         self.settings = McpSettings()
         self.connections: list[Any] = []
+        #: Servers with ``required = false`` that could not be started, and why.
+        self.unavailable: dict[str, str] = {}
 
     @hookimpl
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
@@ -70,11 +75,22 @@ class McpImportPlugin:
             return [entry.path for entry in protected if not entry.alias]
 
         headers = {name: self._headers(coordinator, name, server) for name, server in self.settings.servers.items()}
+        connections = [ServerConnection(name, server, working_dir, protected_now, headers[name])
+                       for name, server in self.settings.servers.items()]
+        self.connections.extend(connections)
         try:
-            for name, server in self.settings.servers.items():
-                connection = ServerConnection(name, server, working_dir, protected_now, headers[name])
-                self.connections.append(connection)
-                for tool in await import_server(connection):
+            # Every server starts at once, each within its own startup_timeout_ms.
+            imported = await asyncio.gather(*(import_server(c) for c in connections), return_exceptions=True)
+            for connection, outcome in zip(connections, imported, strict=True):
+                if isinstance(outcome, BaseException):
+                    if connection.settings.required or not isinstance(outcome, Exception):
+                        raise outcome
+                    log.warning("MCP server %r is not mounted (required = false): %s", connection.name, outcome)
+                    self.unavailable[connection.name] = str(outcome)
+                    await connection.close()
+                    self.connections.remove(connection)
+                    continue
+                for tool in outcome:
                     await coordinator.mount("tools", tool)
         except BaseException:
             await self.close()

@@ -419,6 +419,10 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
         override = s.tools.get(name)
         if name in skipped or (override is not None and not override.enabled):
             continue
+        if (definition.get("execution") or {}).get("taskSupport") == "required":
+            log.warning("MCP server %r tool %r requires tasks (execution.taskSupport = 'required'), which the "
+                        "host does not support yet; not mounted", server, name)
+            continue
         if s.require_pins and name not in s.pins:
             log.warning("MCP server %r tool %r has no pin and require_pins is set; not mounted", server, name)
             continue

@@ -69,6 +69,8 @@ class ServerSettings:
     require_pins: bool = False
     timeout_ms: Number | None = None
     startup_timeout_ms: Number = 10_000.0
+    #: False: a server that cannot start (or fails its pins) is left out, logged, and the host starts.
+    required: bool = True
     max_restarts: Annotated[int, Expect("a non-negative integer", lambda n: n >= 0)] = 3
     max_message_bytes: Annotated[int, Expect("an integer number of bytes, at least 1024",
                                              lambda n: n >= 1024)] = DEFAULT_MAX_MESSAGE_BYTES
