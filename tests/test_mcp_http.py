@@ -118,8 +118,9 @@ async def test_no_token_or_a_wrong_one_is_401_and_an_audit_event(tmp_path: Path)
             assert response.headers["www-authenticate"].startswith("Bearer")
     events = audit(tmp_path, "event")
     assert [e["event"] for e in events[:2]] == ["mcp.http.unauthorized"] * 2
-    assert [e["data"]["reason"] for e in events[:2]] == ["no bearer token", "a bearer token no client has"]
+    assert [e["data"]["bearer_token_sent"] for e in events[:2]] == [False, True]
     assert all(e["data"]["path"] == "/mcp" and e["data"]["status"] == 401 for e in events)
+    assert all(e["data"]["client_address"].startswith("127.0.0.1:") for e in events)
     log = (tmp_path / "audit.jsonl").read_text()
     assert "not-a-token-at-all" not in log and ALICE not in log and BOB not in log
     assert audit(tmp_path, "call") == []
@@ -303,3 +304,116 @@ def test_server_settings_take_a_command_or_a_url(server: dict[str, Any], key: st
     with pytest.raises(ConfigError) as refused:
         structure_settings({"servers": {"s": server}}, McpSettings, "plugins.mcp")
     assert f"plugins.mcp.servers.s.{key}" in str(refused.value) and message in str(refused.value)
+
+
+# -- found by attack ---------------------------------------------------------------------------
+
+async def test_refusal_events_are_clipped_rate_limited_and_not_forged(tmp_path: Path) -> None:
+    """A 60,000-character method, a flood of 401s and a forged X-Forwarded-For: the log grows by at
+    most MAX_REFUSAL_EVENTS_PER_S small events a second, and shows the real peer."""
+    from amplifier_tools.mcp.http import MAX_FIELD_CHARS, MAX_REFUSAL_EVENTS_PER_S
+
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        await http.request("X" * 60_000, url)
+        for _ in range(40):
+            await http.post(url, json={}, headers={"X-Forwarded-For": "6.6.6.6"})
+    events = audit(tmp_path, "event")
+    assert len(events) <= 2 * MAX_REFUSAL_EVENTS_PER_S + 1  # the burst spans at most a few seconds
+    assert events[0]["data"]["method"].startswith("X" * MAX_FIELD_CHARS) and len(events[0]["data"]["method"]) < 100
+    assert all(e["data"]["client_address"].startswith("127.0.0.1:") for e in events)
+    assert (tmp_path / "audit.jsonl").stat().st_size < 20_000
+
+
+def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
+    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, RefusalAudit
+
+    async def refuse(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+
+    async def ignore(message: Any) -> None:
+        return None
+
+    now = [100.0]
+    written: list[dict[str, Any]] = []
+    app = RefusalAudit(refuse, lambda event, data: written.append(data), clock=lambda: now[0])
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("127.0.0.1", 5)}
+
+    async def burst(count: int) -> None:
+        for _ in range(count):
+            await app(scope, None, ignore)
+
+    asyncio.run(burst(25))
+    assert len(written) == MAX_REFUSAL_EVENTS_PER_S
+    now[0] += 1
+    asyncio.run(burst(1))
+    assert written[-1]["suppressed_before"] == 25 - MAX_REFUSAL_EVENTS_PER_S
+
+
+async def test_dns_rebinding_protection_covers_every_loopback_address(tmp_path: Path) -> None:
+    """allow_anonymous on 127.0.0.2: a page rebound to it sends another Host: refused (421) and audited."""
+    cfg = config(tmp_path, clients=[], allow_anonymous=True, host="127.0.0.2")
+    headers = {"Accept": "application/json, text/event-stream", "Host": "attacker.example:8765",
+               "Origin": "http://attacker.example:8765"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    async with served(cfg) as url, httpx2.AsyncClient() as http:
+        rebound = await http.post(url, json=initialize, headers=headers)
+        assert rebound.status_code in (403, 421)
+        own = await http.post(url, json=initialize, headers={"Accept": headers["Accept"]})
+        assert own.status_code == 200
+    assert [e["data"]["status"] for e in audit(tmp_path, "event")] == [rebound.status_code]
+
+
+async def test_a_port_in_use_is_a_config_error_naming_the_port(tmp_path: Path) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"plugins\.mcp\.serve\.port: cannot listen on 127\.0\.0\.1:{port}"):
+            async with served(config(tmp_path, port=port)):
+                pass
+
+
+def test_a_second_sigterm_stops_a_server_held_open_by_an_event_stream(tmp_path: Path) -> None:
+    """A client holding the GET event stream kept SIGTERM waiting forever; now open requests get
+    a bounded grace, and a second SIGTERM stops at once — still exit 0, with the host closed."""
+    import signal
+    import time
+
+    path = tmp_path / "host.toml"
+    path.write_text(json_to_toml(config(tmp_path)))
+    env = {**os.environ, "PYTHONPATH": REPO, "TEST_ALICE_TOKEN": ALICE, "TEST_BOB_TOKEN": BOB}
+    proc = subprocess.Popen([sys.executable, "-m", "amplifier_tools", "--config", str(path), "serve-mcp",
+                             "--transport", "streamable-http", "--port", "0"], stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=tmp_path)
+    try:
+        assert proc.stderr is not None
+        line = ""
+        while "serving at" not in line:
+            line = proc.stderr.readline()
+            assert line, "serve-mcp exited before serving"
+        url = line.split("serving at ", 1)[1].split()[0]
+        auth = {"Authorization": f"Bearer {BOB}", "Accept": "application/json, text/event-stream"}
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+        async def hold_stream() -> None:
+            async with httpx2.AsyncClient(timeout=30) as http:
+                opened = await http.post(url, json=initialize, headers=auth)
+                session_id = opened.headers["mcp-session-id"]
+                get = {**auth, "Accept": "text/event-stream", "mcp-session-id": session_id,
+                       "mcp-protocol-version": "2025-06-18"}
+                async with http.stream("GET", url, headers=get) as stream:
+                    assert stream.status_code == 200
+                    proc.send_signal(signal.SIGTERM)
+                    await asyncio.sleep(0.5)
+                    started = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+                    while proc.poll() is None and time.monotonic() - started < 5:
+                        await asyncio.sleep(0.05)
+
+        asyncio.run(hold_stream())
+        assert proc.wait(5) == 0
+    finally:
+        proc.kill()
+        proc.wait()

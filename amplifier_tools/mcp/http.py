@@ -19,16 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import logging
 import signal
+import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
+from mcp.server.transport_security import TransportSecuritySettings
 
 from ..errors import AuthError, ConfigError
 from ..host import ToolHost
@@ -111,13 +115,50 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
     return current, ClientTokens(by_digest)
 
 
-class RefusalAudit:
-    """ASGI middleware recording every HTTP 401/403 answer as an audit event (method, path, the
-    client's address, whether a bearer token came; never the token)."""
+#: The answers recorded as refusals, and why (404 only for a request naming a session).
+REFUSALS: Final = {401: "no bearer token, or one no client has", 403: "refused by the Origin check",
+                   404: "a session that does not exist, or was opened with another token",
+                   421: "refused by the Host check (DNS rebinding protection)"}
+#: Most refusal events written per second; the rest are counted in the next one written.
+MAX_REFUSAL_EVENTS_PER_S: Final = 10
+#: Longest method and path written into a refusal event (both are the client's choice).
+MAX_FIELD_CHARS: Final = 64
+#: Seconds open requests get to finish once stopping; then they are cancelled.
+SHUTDOWN_GRACE_S: Final = 10.0
 
-    def __init__(self, app: Any, record: Callable[[str, dict[str, Any]], Any] | None) -> None:
+
+def _clip(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value)
+    return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + f"...[{len(text)} chars]"
+
+
+class RefusalAudit:
+    """ASGI middleware recording refused requests as audit events: 401 (no or unknown token), 403
+    (Origin), 421 (Host) and 404 for a request naming a session. It writes the status, why, the
+    method and path (clipped to ``MAX_FIELD_CHARS``), the peer's address and whether a bearer
+    token came — never the token — at most ``MAX_REFUSAL_EVENTS_PER_S`` a second (the next event
+    written counts those left out), so a client cannot fill the disk through the log."""
+
+    def __init__(self, app: Any, record: Callable[[str, dict[str, Any]], Any] | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
         self.record = record
+        self.clock = clock
+        self._second = -1
+        self._written = 0
+        self._suppressed = 0
+
+    def _admit(self) -> bool:
+        second = int(self.clock())
+        if second != self._second:
+            self._second, self._written = second, 0
+        if self._written >= MAX_REFUSAL_EVENTS_PER_S:
+            self._suppressed += 1
+            return False
+        self._written += 1
+        return True
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or self.record is None:
@@ -126,17 +167,38 @@ class RefusalAudit:
         record = self.record
 
         async def watch(message: Any) -> None:
-            if message["type"] == "http.response.start" and message["status"] in (401, 403):
+            if message["type"] == "http.response.start":
+                status = message["status"]
                 headers = dict(scope.get("headers") or ())
-                bearer = headers.get(b"authorization", b"").lower().startswith(b"bearer ")
-                client = scope.get("client")
-                record(UNAUTHORIZED_EVENT, {
-                    "status": message["status"], "method": scope.get("method"), "path": scope.get("path"),
-                    "client_address": f"{client[0]}:{client[1]}" if client else None,
-                    "reason": "a bearer token no client has" if bearer else "no bearer token"})
+                if status in REFUSALS and (status != 404 or b"mcp-session-id" in headers) and self._admit():
+                    client = scope.get("client")
+                    data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
+                            "path": _clip(scope.get("path")),
+                            "client_address": f"{client[0]}:{client[1]}" if client else None,
+                            "bearer_token_sent": headers.get(b"authorization", b"").lower().startswith(b"bearer ")}
+                    if self._suppressed:
+                        data["suppressed_before"], self._suppressed = self._suppressed, 0
+                    record(UNAUTHORIZED_EVENT, data)
             await send(message)
 
         await self.app(scope, receive, watch)
+
+
+def _url_host(host: str) -> str:
+    """``host`` as it appears in a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
+
+
+def transport_security(host: str) -> TransportSecuritySettings | None:
+    """The SDK's DNS-rebinding protection for any loopback ``host`` (the SDK turns it on only for
+    ``127.0.0.1``, ``localhost`` and ``::1``): only this host's names in Host and Origin. None
+    for other hosts, where every request needs a client's token anyway."""
+    if not is_loopback(host):
+        return None
+    names = sorted({_url_host(host), "127.0.0.1", "localhost", "[::1]"})
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=[f"{name}:*" for name in names],
+                                     allowed_origins=[f"http://{name}:*" for name in names])
 
 
 def build_app(host: ToolHost, settings: ServeSettings) -> Any:
@@ -147,18 +209,32 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Any:
     if verifier is not None:
         # Resource-server mode without published metadata: there is no authorization server to
         # point clients to (issuer_url is required by the model and otherwise unused).
-        auth = AuthSettings(issuer_url=f"http://{settings.host}:{settings.port}",  # type: ignore[arg-type]
+        auth = AuthSettings(issuer_url=f"http://{_url_host(settings.host)}:{settings.port}",  # type: ignore[arg-type]
                             resource_server_url=None, validate_token_resource=False)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host, auth=auth,
-                                     token_verifier=verifier)
+                                     token_verifier=verifier, transport_security=transport_security(settings.host))
     return RefusalAudit(app, host.capabilities.get("audit.event"))
+
+
+def _listen(settings: ServeSettings) -> socket.socket:
+    """The listening socket (bound here, so a port in use is a ``ConfigError``, not uvicorn's exit)."""
+    try:
+        family = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((settings.host, settings.port), family=family)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on {_url_host(settings.host)}:{settings.port}: {exc.strerror or exc}",
+                          key=f"plugins.{PLUGIN}.serve.port" if isinstance(exc, PermissionError)
+                          or exc.errno == errno.EADDRINUSE else f"plugins.{PLUGIN}.serve.host",
+                          hint="choose a free port (--port, or 0 for any), and an address of this machine "
+                               "(--host)") from None
 
 
 async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[str], None] | None = None,
                      stop: asyncio.Event | None = None) -> None:
-    """Serve until ``stop`` is set (without one: until SIGINT or SIGTERM) or the task is cancelled,
-    then shut down gracefully (open requests finish, sessions close) and return. ``ready`` gets
-    the endpoint URL once listening; by default it is printed to stderr."""
+    """Serve until ``stop`` is set (without one: until SIGINT or SIGTERM; a second one stops at
+    once) or the task is cancelled, then shut down: open requests get ``SHUTDOWN_GRACE_S`` to
+    finish, sessions close, and it returns. ``ready`` gets the endpoint URL once listening; by
+    default it is printed to stderr. ``ConfigError`` when the address cannot be listened on."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -167,25 +243,36 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             yield
 
     app = build_app(host, settings)
-    server = Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", lifespan="on"))
+    sock = _listen(settings)
+    # proxy_headers off: X-Forwarded-For from any local client would otherwise set the address
+    # the audit events show.
+    server = Server(uvicorn.Config(app, log_level="warning", lifespan="on", proxy_headers=False,
+                                   timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S)))
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
     if stop is None:
         stop = asyncio.Event()
+        signalled = stop
+
+        def on_signal() -> None:
+            if signalled.is_set():
+                server.force_exit = True  # the second signal: do not wait for open requests
+            signalled.set()
+
         for signum in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(signum, stop.set)
+                loop.add_signal_handler(signum, on_signal)
                 handled.append(signum)
             except (ValueError, RuntimeError, NotImplementedError):  # not the main thread: cancel the task instead
                 pass
-    task = asyncio.ensure_future(server.serve())
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
     stopping = asyncio.ensure_future(stop.wait())
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
-            port = server.servers[0].sockets[0].getsockname()[1]
-            url = f"http://{settings.host}:{port}{ENDPOINT}"
+            port = sock.getsockname()[1]
+            url = f"http://{_url_host(settings.host)}:{port}{ENDPOINT}"
             if ready is not None:
                 ready(url)
             else:
@@ -195,12 +282,10 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         await asyncio.shield(task)
     except asyncio.CancelledError:
         server.should_exit = True
-        await asyncio.wait({task}, timeout=10)
+        await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S + 5)
         raise
     finally:
         stopping.cancel()
+        sock.close()
         for signum in handled:
             loop.remove_signal_handler(signum)
-    if not server.started:
-        raise ConfigError(f"cannot listen on {settings.host}:{settings.port}", key=f"plugins.{PLUGIN}.serve.port",
-                          hint="the port is in use or the address is not this machine's; choose another")
