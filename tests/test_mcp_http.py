@@ -177,22 +177,29 @@ async def test_anonymous_on_loopback_runs_as_the_serve_caller(tmp_path: Path) ->
     assert [r["principal"] for r in audit(tmp_path, "call")] == ["local-user"]
 
 
-def test_the_command_line_serves_over_http_and_stops_on_sigterm(tmp_path: Path) -> None:
-    """``serve-mcp --transport streamable-http --port 0`` prints its URL, serves, exits 0 on SIGTERM."""
-    cfg = config(tmp_path, transport="stdio")  # the flag, not the file, chooses HTTP
+def serve_mcp_cli(tmp_path: Path, cfg: dict[str, Any]) -> tuple[subprocess.Popen[str], str]:
+    """``serve-mcp --transport streamable-http --port 0`` with ``cfg`` as its config file: the
+    process and the URL it printed once serving."""
     path = tmp_path / "host.toml"
     path.write_text(json_to_toml(cfg))
     env = {**os.environ, "PYTHONPATH": REPO, "TEST_ALICE_TOKEN": ALICE, "TEST_BOB_TOKEN": BOB}
     proc = subprocess.Popen([sys.executable, "-m", "amplifier_tools", "--config", str(path), "serve-mcp",
                              "--transport", "streamable-http", "--port", "0"], stderr=subprocess.PIPE, text=True,
                             env=env, cwd=tmp_path)
+    assert proc.stderr is not None
+    line = ""
+    while "serving at" not in line:
+        line = proc.stderr.readline()
+        if not line:
+            proc.kill()
+            pytest.fail(f"serve-mcp exited before serving (status {proc.wait()})")
+    return proc, line.split("serving at ", 1)[1].split()[0]
+
+
+def test_the_command_line_serves_over_http_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """``serve-mcp --transport streamable-http --port 0`` prints its URL, serves, exits 0 on SIGTERM."""
+    proc, url = serve_mcp_cli(tmp_path, config(tmp_path, transport="stdio"))  # the flag, not the file, says HTTP
     try:
-        assert proc.stderr is not None
-        line = ""
-        while "serving at" not in line:
-            line = proc.stderr.readline()
-            assert line, "serve-mcp exited before serving"
-        url = line.split("serving at ", 1)[1].split()[0]
 
         async def read() -> str:
             async with session(url, ALICE) as alice:
@@ -311,17 +318,24 @@ def test_server_settings_take_a_command_or_a_url(server: dict[str, Any], key: st
 async def test_refusal_events_are_clipped_rate_limited_and_not_forged(tmp_path: Path) -> None:
     """A 60,000-character method, a flood of 401s and a forged X-Forwarded-For: the log grows by at
     most MAX_REFUSAL_EVENTS_PER_S small events a second, and shows the real peer."""
+    import math
+    import time
+
     from amplifier_tools.mcp.http import MAX_FIELD_CHARS, MAX_REFUSAL_EVENTS_PER_S
 
     async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        started = time.monotonic()
         await http.request("X" * 60_000, url)
         for _ in range(40):
             await http.post(url, json={}, headers={"X-Forwarded-For": "6.6.6.6"})
+        seconds = math.ceil(time.monotonic() - started) + 1  # whole seconds the burst touched, at most
     events = audit(tmp_path, "event")
-    assert len(events) <= 2 * MAX_REFUSAL_EVENTS_PER_S + 1  # the burst spans at most a few seconds
+    assert len(events) <= min(41, MAX_REFUSAL_EVENTS_PER_S * seconds)
+    if seconds <= 3:  # a quiet machine: the limit left requests out, and the next event would count them
+        assert len(events) < 41
     assert events[0]["data"]["method"].startswith("X" * MAX_FIELD_CHARS) and len(events[0]["data"]["method"]) < 100
     assert all(e["data"]["client_address"].startswith("127.0.0.1:") for e in events)
-    assert (tmp_path / "audit.jsonl").stat().st_size < 20_000
+    assert (tmp_path / "audit.jsonl").stat().st_size < 600 * len(events)  # small events, whatever was sent
 
 
 def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
@@ -380,19 +394,8 @@ def test_a_second_sigterm_stops_a_server_held_open_by_an_event_stream(tmp_path: 
     import signal
     import time
 
-    path = tmp_path / "host.toml"
-    path.write_text(json_to_toml(config(tmp_path)))
-    env = {**os.environ, "PYTHONPATH": REPO, "TEST_ALICE_TOKEN": ALICE, "TEST_BOB_TOKEN": BOB}
-    proc = subprocess.Popen([sys.executable, "-m", "amplifier_tools", "--config", str(path), "serve-mcp",
-                             "--transport", "streamable-http", "--port", "0"], stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=tmp_path)
+    proc, url = serve_mcp_cli(tmp_path, config(tmp_path))
     try:
-        assert proc.stderr is not None
-        line = ""
-        while "serving at" not in line:
-            line = proc.stderr.readline()
-            assert line, "serve-mcp exited before serving"
-        url = line.split("serving at ", 1)[1].split()[0]
         auth = {"Authorization": f"Bearer {BOB}", "Accept": "application/json, text/event-stream"}
         initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}

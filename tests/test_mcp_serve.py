@@ -140,14 +140,15 @@ class _Hidden(_Greeter):
     spec = ToolSpec(name="hidden", effect="Pure")
 
 
-async def test_only_listed_tools_are_exposed_and_others_cannot_be_called(host_factory: Any) -> None:
-    class Tools:
-        @hookimpl
-        async def mount(self, coordinator: Any) -> None:
-            await coordinator.mount("tools", _Greeter())
-            await coordinator.mount("tools", _Hidden())
+class _GreeterAndHidden:
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        await coordinator.mount("tools", _Greeter())
+        await coordinator.mount("tools", _Hidden())
 
-    host = await host_factory(Tools())
+
+async def test_only_listed_tools_are_exposed_and_others_cannot_be_called(host_factory: Any) -> None:
+    host = await host_factory(_GreeterAndHidden())
     server = build_server(host, ServeSettings(tools=("greet",)))
     async with Client(server) as client:
         assert [tool.name for tool in (await client.list_tools()).tools] == ["greet"]
@@ -163,13 +164,7 @@ async def test_only_listed_tools_are_exposed_and_others_cannot_be_called(host_fa
 
 async def test_no_tool_is_exposed_unless_listed_and_star_exposes_all(host_factory: Any,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    class Tools:
-        @hookimpl
-        async def mount(self, coordinator: Any) -> None:
-            await coordinator.mount("tools", _Greeter())
-            await coordinator.mount("tools", _Hidden())
-
-    host = await host_factory(Tools())
+    host = await host_factory(_GreeterAndHidden())
     async with Client(build_server(host, ServeSettings())) as client:
         assert (await client.list_tools()).tools == []
         with pytest.raises(MCPError):
