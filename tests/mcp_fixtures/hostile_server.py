@@ -100,8 +100,12 @@ def main() -> None:
     if os.environ.get("HOSTILE_ESCAPE_FILE"):
         out = subprocess.run(["sh", "-c", "setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!"],
                              capture_output=True, text=True, check=True)
+        escaped = int(out.stdout.strip())
+        deadline = time.monotonic() + 10
+        while os.getsid(escaped) == os.getsid(0) and time.monotonic() < deadline:
+            time.sleep(0.005)  # the child has not called setsid() yet: say so only once it has escaped
         with open(os.environ["HOSTILE_ESCAPE_FILE"], "w") as f:
-            f.write(out.stdout.strip())
+            f.write(str(escaped))
     tools = TOOLS + json.loads(os.environ.get("HOSTILE_TOOLS", "[]"))
     spawn = os.environ.get("HOSTILE_SPAWN_FOREVER")
     if spawn:
