@@ -336,3 +336,40 @@ def test_a_huge_integer_key_is_summarized_not_raised() -> None:
     altered: list[str] = []
     assert encodable({10**5000: 1, 2: "b"}, altered) == {"<int>": 1, "2": "b"}
     assert len(altered) == 2
+
+
+def test_two_writers_starting_one_log_at_once_share_one_chain(tmp_path: Path) -> None:
+    """Both writers read "no anchor" before either held the lock; the second to get it used that
+    stale read and chained its records from genesis after the first's (CI, 8 processes: the chain
+    broke and both refused every call as tampered). The anchor is read again under the lock."""
+    import fcntl
+    import time
+
+    path = tmp_path / "shared.jsonl"
+    writers = [writer_module.AuditWriter(path, fsync="never") for _ in range(2)]  # no log yet: opened lazily
+    path.touch(mode=0o600)  # a first writer's O_CREAT, before it took the lock
+    holder = os.open(path, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    errors: list[BaseException] = []
+
+    def first_record(writer: Any, tag: str) -> None:
+        try:
+            writer.append(b'{"kind":"call","tag":"%s"}' % tag.encode())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_record, args=(w, f"w{i}")) for i, w in enumerate(writers)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)  # both have read the (missing) anchor and wait for the lock
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    os.close(holder)
+    for thread in threads:
+        thread.join(10)
+    for writer in writers:
+        writer.append(b'{"kind":"call","tag":"again"}')
+    assert not errors and all(writer.tampered is None for writer in writers)
+    for writer in writers:
+        writer.close()
+    report = verify(path)
+    assert report.ok and report.records == 4, report

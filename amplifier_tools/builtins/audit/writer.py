@@ -251,13 +251,7 @@ class AuditWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             self._dir_fd = open_host_dir(self.path.parent)
         try:
-            try:
-                anchor = self._read_anchor()
-            except HostFileError as exc:
-                raise _Tampered(self._not_ours(self.anchor_path, exc)) from None
-            if anchor is None and self._exists(self._leaf) and os.lstat(self._leaf, dir_fd=self._dir_fd).st_size:
-                raise _Tampered(f"the log {self.path} has records but no anchor ({self.anchor_path}): its history "
-                                "cannot be verified (the anchor was deleted, or the log predates anchors)")
+            anchor = self._anchor()
             if anchor is not None and anchor.size and not self._exists(self._leaf):
                 raise _Tampered(f"the log {self.path} was deleted (its anchor says {anchor.records} record(s))")
             try:
@@ -266,7 +260,13 @@ class AuditWriter:
                 raise _Tampered(self._not_ours(self.path, exc)) from None
             self._fd = fd
             fcntl.flock(fd, fcntl.LOCK_EX)
+            # Read again under the lock: another writer may have started the log (and anchored it)
+            # since the first read; deciding on the stale read chained a second log from genesis.
+            anchor = self._anchor()
             st = os.fstat(fd)
+            if anchor is None and st.st_size:
+                raise _Tampered(f"the log {self.path} has records but no anchor ({self.anchor_path}): its history "
+                                "cannot be verified (the anchor was deleted, or the log predates anchors)")
             self._file_started = None
             if anchor is None or (anchor.size == 0 and st.st_size == 0):  # a new log
                 self._head = _Head(st.st_ino, 0, GENESIS, 0)
@@ -275,6 +275,13 @@ class AuditWriter:
                 self._adopt(fd, st, anchor)
         except _Tampered as tampered:
             self._fresh_segment(tampered.reason)
+
+    def _anchor(self) -> Anchor | None:
+        """The anchor as it is now (``_Tampered`` when it is not a file this writer may trust)."""
+        try:
+            return self._read_anchor()
+        except HostFileError as exc:
+            raise _Tampered(self._not_ours(self.anchor_path, exc)) from None
 
     @staticmethod
     def _not_ours(path: Path, exc: OSError) -> str:
