@@ -60,6 +60,7 @@ async def _all(quick: bool) -> list[Row]:
     from mcp import Client, StdioServerParameters
 
     from amplifier_tools.mcp.server import build_server
+    from amplifier_tools.mcp.settings import ServeSettings
 
     n, rounds = (20, 1) if quick else (500, 5)
     config = {"plugins": {"mcp": {"servers": {"fx": {"command": sys.executable, "args": [FIXTURE], "env": ENV}}}}}
@@ -75,7 +76,7 @@ async def _all(quick: bool) -> list[Row]:
     import_added = t["host"][0] - t["sdk"][0]
 
     async with (ToolHost(plugins=[_Mount()], builtins=False, entry_points=False, discover=False) as inner,
-                Client(build_server(inner)) as ours, Client(_bare_server()) as bare):
+                Client(build_server(inner, ServeSettings(tools=("*",)))) as ours, Client(_bare_server()) as bare):
         s = await interleaved({"ours": lambda: ours.call_tool("add", ARGS),
                                "bare": lambda: bare.call_tool("add", ARGS)}, n=n, rounds=rounds, warmup=20)
     serve_added = s["ours"][0] - s["bare"][0]
