@@ -56,10 +56,9 @@ def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @asynccontextmanager
-async def served(cfg: dict[str, Any]) -> AsyncIterator[str]:
+async def served(cfg: dict[str, Any], builtins: tuple[str, ...] = ("filesystem", "audit", "mcp")) -> AsyncIterator[str]:
     """The URL of ``cfg``'s host served over HTTP in this process, until the block ends."""
-    async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False,
-                        discover=False) as host:
+    async with ToolHost(config=cfg, builtins=list(builtins), entry_points=False, discover=False) as host:
         url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
         task = asyncio.create_task(serve_http(host, serve_settings(host), ready=url.set_result, stop=stop))
@@ -273,6 +272,25 @@ async def test_a_host_imports_an_http_server_with_headers_from_its_secrets(tmp_p
                                 builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
                 pass
     assert [r["principal"] for r in audit(tmp_path, "call")] == ["alice"]
+
+
+async def test_an_imported_http_call_may_outlast_httpx_default_timeout_and_is_bounded_by_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call taking 6 s failed (httpx's default 5 s read timeout) with mcp_server_died; the host's
+    own timeout of the imported tool is what bounds a call."""
+    monkeypatch.setenv("TEST_INNER_AUTH", f"Bearer {BOB}")
+    inner = config(tmp_path, tools=["local::bash"])
+    inner["plugins"]["bash"] = {"sandbox": "off"}
+    async with served(inner, builtins=("filesystem", "bash", "audit", "mcp")) as url:
+        async with ToolHost(config=importing(url, timeout_ms=3000), builtins=["mcp"], entry_points=False,
+                            discover=False, working_dir=tmp_path) as outer:
+            capped = await outer.call("mcp::inner::bash", {"command": "sleep 6"})
+            assert capped.error is not None and capped.error["code"] == "timeout"
+        async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
+                            working_dir=tmp_path) as outer:
+            slow = await outer.call("mcp::inner::bash", {"command": "sleep 6; echo done"})
+            assert slow.success, slow.error
+            assert "done" in json.dumps(slow.output)
 
 
 async def test_refused_credentials_name_the_status_and_the_setting(tmp_path: Path,

@@ -47,7 +47,8 @@ BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
 class ServerConnection:
-    """A live session with one stdio MCP server, restarted on demand after it dies."""
+    """A live session with one MCP server (a stdio process, or a Streamable HTTP connection),
+    restarted (reconnected) on demand after it dies."""
 
     def __init__(self, name: str, settings: ServerSettings, working_dir: str,
                  protected: Callable[[], Iterable[str]] = tuple, headers: Mapping[str, str] | None = None) -> None:
@@ -116,13 +117,18 @@ class ServerConnection:
         if s.url is not None:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
+            from mcp.shared._httpx_utils import create_mcp_http_client
 
             async def note(response: httpx2.Response) -> None:  # the SDK reports a refusal without its status
                 if response.status_code >= 400:
                     self.http_refusal = (response.status_code, str(response.request.url))
 
             self.http_refusal = None
-            async with httpx2.AsyncClient(headers=self.headers, event_hooks={"response": [note]}) as http, \
+            # No read timeout: every request is bounded by the host (a call by its deadline, the
+            # start by startup_timeout_ms); httpx's default 5 s failed every call that took longer.
+            client = create_mcp_http_client(headers=self.headers, timeout=httpx2.Timeout(30.0, read=None))
+            client.event_hooks["response"] = [note]
+            async with client as http, \
                     streamable_http_client(s.url, http_client=http, max_sse_event_size=s.max_message_bytes) as streams:
                 yield streams[0], streams[1]
             return
@@ -276,7 +282,8 @@ class ServerConnection:
         if self.settings.url is not None:
             return ExecutionError(
                 f"the connection to MCP server {self.name!r} ({self.settings.url}) failed during the call: "
-                f"{type(exc).__name__}; it is reconnected on the next call", code="mcp_server_died", retryable=True)
+                f"{type(exc).__name__}: {str(exc)[:200]}; it is reconnected on the next call", code="mcp_server_died",
+                retryable=True)
         return ExecutionError(
             f"MCP server {self.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)

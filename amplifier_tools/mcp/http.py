@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import errno
 import hashlib
-import logging
 import signal
 import socket
 import sys
@@ -38,8 +37,6 @@ from ..errors import AuthError, ConfigError
 from ..host import ToolHost
 from .server import Caller, build_server, caller_context, exposed_tools
 from .settings import PLUGIN, ServeSettings, is_loopback
-
-log = logging.getLogger("amplifier_tools.mcp")
 
 ENDPOINT: Final = "/mcp"
 #: Shortest bearer token accepted: a guessable token is no authentication.
@@ -99,10 +96,11 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
             raise ConfigError(f"the token of {client.token_ref!r} is {len(token)} characters; at least "
                               f"{MIN_TOKEN_LENGTH} are needed", key=f"{where}.token_ref",
                               hint="generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'")
-        if _digest(token) in by_digest:
-            raise ConfigError(f"the token of {client.token_ref!r} is also {by_digest[_digest(token)]!r}'s; each "
+        digest = _digest(token)
+        if digest in by_digest:
+            raise ConfigError(f"the token of {client.token_ref!r} is also {by_digest[digest]!r}'s; each "
                               "client needs its own", key=f"{where}.token_ref")
-        by_digest[_digest(token)] = client.token_ref
+        by_digest[digest] = client.token_ref
         tools = client.tools if client.tools is not None else settings.tools
         callers[client.token_ref] = Caller(caller_context(host, settings, client, "mcp-http"),
                                            exposed_tools(host, tools, f"{where}.tools" if client.tools is not None
@@ -167,10 +165,10 @@ class RefusalAudit:
         record = self.record
 
         async def watch(message: Any) -> None:
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.start" and message["status"] in REFUSALS:
                 status = message["status"]
                 headers = dict(scope.get("headers") or ())
-                if status in REFUSALS and (status != 404 or b"mcp-session-id" in headers) and self._admit():
+                if (status != 404 or b"mcp-session-id" in headers) and self._admit():
                     client = scope.get("client")
                     data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
                             "path": _clip(scope.get("path")),
@@ -263,8 +261,8 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             try:
                 loop.add_signal_handler(signum, on_signal)
                 handled.append(signum)
-            except (ValueError, RuntimeError, NotImplementedError):  # not the main thread: cancel the task instead
-                pass
+            except (ValueError, RuntimeError, NotImplementedError):
+                pass  # only the main thread takes signals; elsewhere a caller stops us by cancelling the task
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     stopping = asyncio.ensure_future(stop.wait())
     try:

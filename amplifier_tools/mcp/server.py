@@ -108,9 +108,14 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
     that is not mounted.
     """
     settings = settings or serve_settings(host)
-    single = Caller(caller_context(host, settings),
-                    exposed_tools(host, settings.tools, f"plugins.{PLUGIN}.serve.tools"))
-    current = caller or (lambda: single)
+    if caller is None:
+        single = Caller(caller_context(host, settings),
+                        exposed_tools(host, settings.tools, f"plugins.{PLUGIN}.serve.tools"))
+        if not single.tools:
+            log.warning("serve-mcp: no tool is exposed; list them in [plugins.%s.serve] tools "
+                        '(tools = ["*"] exposes every mounted tool)', PLUGIN)
+        caller = lambda: single  # noqa: E731 - stdio: every request is this one caller
+    current = caller
     definitions = host.tool_definitions("mcp")
     listed = [(d["_meta"][META_NAME], mcp_types.Tool.model_validate(d, by_name=False)) for d in definitions]
     by_model_name: Mapping[str, str] = {d["name"]: d["_meta"][META_NAME] for d in definitions}
@@ -128,9 +133,6 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
         result = await host.call(name, params.arguments if params.arguments is not None else {}, context=who.context)
         return to_call_tool_result(result)
 
-    if not single.tools and caller is None:
-        log.warning("serve-mcp: no tool is exposed; list them in [plugins.%s.serve] tools "
-                    '(tools = ["*"] exposes every mounted tool)', PLUGIN)
     return Server(settings.name, version=host_version(), on_list_tools=list_tools, on_call_tool=call_tool)
 
 
