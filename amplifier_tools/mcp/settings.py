@@ -90,19 +90,17 @@ class ServerSettings:
             if self.headers:
                 raise Invalid("headers are sent to url servers only; a stdio server gets env", at=("headers",))
             return
-        for key in STDIO_ONLY:
-            if getattr(self, key) != _STDIO_DEFAULTS[key]:
-                raise Invalid(f"{key} is for stdio servers (command); a url server is not started by the host",
-                              at=(key,))
+        for field in attrs.fields(ServerSettings):
+            if field.name not in STDIO_ONLY:
+                continue
+            default: Any = field.default
+            if getattr(self, field.name) != (default.factory() if hasattr(default, "factory") else default):
+                raise Invalid(f"{field.name} is for stdio servers (command); a url server is not started by the "
+                              "host", at=(field.name,))
         parts = urllib.parse.urlsplit(self.url)
         if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
             raise Invalid("plain http:// to another machine sends the headers (tokens) in the clear; use https://",
                           at=("url",))
-
-
-_STDIO_DEFAULTS: Final[dict[str, Any]] = {
-    "args": (), "env": {}, "env_passthrough": (), "cwd": None, "stderr": "inherit", "sandbox": "off",
-    "sandbox_read_paths": (), "sandbox_write_paths": (), "sandbox_network": False}
 
 
 def is_loopback(host: str) -> bool:
