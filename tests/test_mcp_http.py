@@ -438,3 +438,26 @@ def test_a_second_sigterm_stops_a_server_held_open_by_an_event_stream(tmp_path: 
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_a_client_that_disconnects_mid_call_still_leaves_exactly_one_record(tmp_path: Path) -> None:
+    """Exactly-once at the HTTP edge: the client gives up while its call runs; the call finishes or
+    is cancelled, and either way the log holds one record of it."""
+    inner = config(tmp_path, tools=["local::bash"])
+    inner["plugins"]["bash"] = {"sandbox": "off"}
+    ran = tmp_path / "ran"
+    auth = {"Authorization": f"Bearer {BOB}", "Accept": "application/json, text/event-stream"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "bash", "arguments": {"command": f"sleep 2; echo x > {ran}"}}}
+    async with served(inner, builtins=("filesystem", "bash", "audit", "mcp")) as url:
+        async with httpx2.AsyncClient() as http:
+            opened = await http.post(url, json=initialize, headers=auth)
+            session_id = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+            await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                            headers={**auth, **session_id})
+            with pytest.raises(httpx2.ReadTimeout):
+                await http.post(url, json=call, headers={**auth, **session_id}, timeout=0.5)
+    # The server has shut down (and the host closed): whatever became of the call, it is recorded.
+    assert [(r["principal"], r["tool"]) for r in audit(tmp_path, "call")] == [("bob", "local::bash")]
