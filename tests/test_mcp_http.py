@@ -451,13 +451,12 @@ async def test_a_client_that_disconnects_mid_call_still_leaves_exactly_one_recor
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
             "params": {"name": "bash", "arguments": {"command": f"sleep 2; echo x > {ran}"}}}
-    async with served(inner, builtins=("filesystem", "bash", "audit", "mcp")) as url:
-        async with httpx2.AsyncClient() as http:
-            opened = await http.post(url, json=initialize, headers=auth)
-            session_id = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
-            await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
-                            headers={**auth, **session_id})
-            with pytest.raises(httpx2.ReadTimeout):
-                await http.post(url, json=call, headers={**auth, **session_id}, timeout=0.5)
+    async with served(inner, builtins=("filesystem", "bash", "audit", "mcp")) as url, httpx2.AsyncClient() as http:
+        opened = await http.post(url, json=initialize, headers=auth)
+        session_id = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        headers={**auth, **session_id})
+        with pytest.raises(httpx2.ReadTimeout):
+            await http.post(url, json=call, headers={**auth, **session_id}, timeout=0.5)
     # The server has shut down (and the host closed): whatever became of the call, it is recorded.
     assert [(r["principal"], r["tool"]) for r in audit(tmp_path, "call")] == [("bob", "local::bash")]
