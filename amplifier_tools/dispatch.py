@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import operator
 import sys
 import types
 from collections.abc import Callable, Generator, Mapping
@@ -131,6 +132,21 @@ class Impl:
     timeout: float | None
     #: pluggy's own record of the implementation (None for the Amplifier bridge's handlers).
     hookimpl: Any = None
+    #: The positional arguments for ``function`` from a hook call's keyword arguments, in
+    #: ``argnames`` order (built once here, not per call).
+    arguments: Callable[[Mapping[str, Any]], tuple[Any, ...]] = attrs.field(
+        init=False, eq=False, repr=False,
+        default=attrs.Factory(lambda self: argument_getter(self.argnames), takes_self=True))
+
+
+def argument_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A function taking a hook call's keyword arguments to the tuple of ``names``' values."""
+    if len(names) > 1:
+        return operator.itemgetter(*names)  # a tuple for 2+ names
+    if names:
+        name = names[0]
+        return lambda kwargs: (kwargs[name],)
+    return lambda kwargs: ()
 
 
 async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
@@ -285,7 +301,7 @@ class HookDispatcher:
         try:
             if monitored:
                 return hookexec(hook, [impl.hookimpl], kwargs, True)
-            return impl.function(*[kwargs[name] for name in impl.argnames])
+            return impl.function(*impl.arguments(kwargs))
         except Exception as exc:  # a plugin bug; the caller decides open/closed
             raise self._failure(impl, hook, exc, monitored) from exc
         except asyncio.CancelledError as exc:  # raised by a sync function: its own doing, never ours
