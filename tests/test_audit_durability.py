@@ -373,3 +373,58 @@ def test_two_writers_starting_one_log_at_once_share_one_chain(tmp_path: Path) ->
         writer.close()
     report = verify(path)
     assert report.ok and report.records == 4, report
+
+
+def test_two_writers_finding_one_tampered_log_at_once_start_one_fresh_segment(tmp_path: Path) -> None:
+    """Both writers opened the tampered log and waited for its lock; the first set it aside and
+    started a fresh segment. The second then judged the file it had opened — no longer the log —
+    found the anchor "replaced" and set the first's fresh segment aside as tampered too (and two
+    writers racing there failed with EEXIST). A writer now re-opens the path when the file it
+    locked was moved away meanwhile, so the fresh segment is started once and both share it."""
+    import fcntl
+    import time
+
+    path = tmp_path / "shared.jsonl"
+    first = writer_module.AuditWriter(path, fsync="never")
+    for tag in ("a", "b"):
+        first.append(b'{"kind":"call","tag":"%s"}' % tag.encode())
+    first.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: data.index(b"\n") + 1])  # the last record cut off: real tampering
+    holder = os.open(path, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    writers: list[Any] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            writers.append(writer_module.AuditWriter(path, fsync="never"))  # opens and locks the log now
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)  # both have opened the tampered file and wait for its lock
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    os.close(holder)
+    for thread in threads:
+        thread.join(10)
+    assert not errors and len(writers) == 2
+    for writer in writers:
+        writer.append(b'{"kind":"call","tag":"after"}')
+    for writer in writers:
+        writer.close()
+    set_aside = sorted(p.name for p in tmp_path.iterdir() if ".tampered-" in p.name)
+    assert len(set_aside) == 1, set_aside  # one fresh segment, not one per writer
+    assert (tmp_path / set_aside[0]).read_bytes() == data[: data.index(b"\n") + 1]  # kept as found
+    kinds = [json.loads(line)["kind"] for line in path.read_text().splitlines()]
+    assert kinds == ["tamper", "call", "call"]
+    report = verify(path)  # one chain, whose first record says what was found
+    assert not report.ok and report.bad_line == 1 and "tampered" in (report.reason or ""), report
+    previous = writer_module.GENESIS
+    for line in path.read_bytes().splitlines(keepends=True):  # and every record chains from the one before
+        checked = writer_module.check_line(line, previous)
+        assert isinstance(checked, dict), checked
+        previous = checked["hash"]
+    assert sum(writer.tampered is not None for writer in writers) >= 1

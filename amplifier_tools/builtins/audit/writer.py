@@ -64,6 +64,8 @@ log = logging.getLogger("amplifier_tools.audit")
 
 READ_CHUNK: Final = 1 << 20
 LOG_FLAGS: Final = os.O_RDWR | os.O_APPEND
+#: Opens of the log's path before giving up when the file there keeps being moved away meanwhile.
+OPEN_ATTEMPTS: Final = 16
 
 
 class AuditWriteError(OSError):
@@ -254,12 +256,7 @@ class AuditWriter:
             anchor = self._anchor()
             if anchor is not None and anchor.size and not self._exists(self._leaf):
                 raise _Tampered(f"the log {self.path} was deleted (its anchor says {anchor.records} record(s))")
-            try:
-                fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT, dir_fd=self._dir_fd)
-            except HostFileError as exc:
-                raise _Tampered(self._not_ours(self.path, exc)) from None
-            self._fd = fd
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._fd = fd = self._open_locked()
             # Read again under the lock: another writer may have started the log (and anchored it)
             # since the first read; deciding on the stale read chained a second log from genesis.
             anchor = self._anchor()
@@ -275,6 +272,26 @@ class AuditWriter:
                 self._adopt(fd, st, anchor)
         except _Tampered as tampered:
             self._fresh_segment(tampered.reason)
+
+    def _open_locked(self) -> int:
+        """Open (or create) the file at the log's path and lock it; if, by the time the lock is held,
+        another writer has moved that file away (set it aside as tampered, rotated it), open the one
+        now at the path instead: a writer never adopts or judges a file that is no longer the log."""
+        for _ in range(OPEN_ATTEMPTS):
+            try:
+                fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT, dir_fd=self._dir_fd)
+            except HostFileError as exc:
+                raise _Tampered(self._not_ours(self.path, exc)) from None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.lstat(self._leaf, dir_fd=self._dir_fd).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                return fd
+            os.close(fd)  # releases the lock on the file that was moved away
+        raise AuditWriteError(errno.EAGAIN, f"audit log {self.path} keeps being replaced while it is opened "
+                                            f"({OPEN_ATTEMPTS} attempts)")
 
     def _anchor(self) -> Anchor | None:
         """The anchor as it is now (``_Tampered`` when it is not a file this writer may trust)."""
@@ -408,48 +425,95 @@ class AuditWriter:
         if tampered is not None:
             # Another process sharing the log found the tampering first and started a fresh segment:
             # join it (it starts a new chain with a ``tamper`` record) rather than setting it aside too.
-            first = os.pread(new, 1 << 16, 0).split(b"\n", 1)[0] + b"\n"
-            record = check_line(first, GENESIS)
-            if isinstance(record, str) or record.get("kind") != "tamper":
+            if not self._join(tampered.reason, new):
                 raise tampered
-            self.tampered = tampered.reason
-            self._head = _Head(st.st_ino, 0, GENESIS, 0)
-            self._extend(new, st.st_size, live=True)
-            log.error("audit log tampering: %s; joined the fresh segment another writer started", tampered.reason)
-            if self.on_tamper is not None:
-                self.on_tamper(tampered.reason, None)
             return
         self._head = _Head(st.st_ino, 0, self._head.hash, 0)  # the new file must chain from the old one's end
         self._file_started = None
         self._extend(new, st.st_size, live=True)
 
     def _fresh_segment(self, reason: str) -> None:
-        """Keep the untrusted file aside, start a new chain whose first record says what was found."""
+        """Keep the untrusted file aside, start a new chain whose first record says what was found.
+
+        The untrusted file stays locked until the fresh segment is in place, so another writer
+        sharing the log, waiting for that lock, then finds the fresh segment at the path and joins
+        it (``_catch_up``, ``_open_locked``) instead of judging the old file again; one that found
+        the tampering at the same moment joins it here."""
         self.tampered = reason
         trusted = self._head
-        if self._fd is not None:
-            self._retire(self._fd)
-            self._fd = None
+        old, self._fd = self._fd, None
         assert self._dir_fd is not None
-        moved = None
-        if self._exists(self._leaf):
-            stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-            moved = f"{self._leaf}.tampered-{stamp}-{os.getpid()}"
-            os.rename(self._leaf, moved, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
-        fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
-        self._fd = fd
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        self._head = _Head(os.fstat(fd).st_ino, 0, GENESIS, 0)
-        self._file_started = None
-        record: dict[str, Any] = {"v": 1, "kind": "tamper", "ts": time.time(), "reason": reason, "moved_to": moved}
-        if trusted is not None:
-            record["trusted"] = {"hash": trusted.hash, "records": trusted.records, "size": trusted.size}
-        self._write_lines(fd, [encode_body(record)])
-        self._write_anchor()
+        try:
+            on_path = self._inode_on_path()
+            if old is not None and on_path is not None and on_path != os.fstat(old).st_ino \
+                    and self._joined_other_segment(reason):
+                return  # another writer moved the file we locked aside first
+            moved = None
+            if on_path is not None:
+                stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+                moved = f"{self._leaf}.tampered-{stamp}-{os.getpid()}"
+                os.rename(self._leaf, moved, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            try:
+                fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
+            except FileExistsError:
+                # Another writer started the fresh segment between our rename and our create: join it.
+                if self._joined_other_segment(reason):
+                    return
+                raise
+            self._fd = fd
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._head = _Head(os.fstat(fd).st_ino, 0, GENESIS, 0)
+            self._file_started = None
+            record: dict[str, Any] = {"v": 1, "kind": "tamper", "ts": time.time(), "reason": reason,
+                                      "moved_to": moved}
+            if trusted is not None:
+                record["trusted"] = {"hash": trusted.hash, "records": trusted.records, "size": trusted.size}
+            self._write_lines(fd, [encode_body(record)])
+            self._write_anchor()
+        finally:
+            if old is not None:
+                self._retire(old)
         log.error("audit log tampering: %s; a fresh segment was started%s", reason,
                   f", the untrusted file was kept as {moved}" if moved else "")
         if self.on_tamper is not None:
             self.on_tamper(reason, moved)
+
+    def _inode_on_path(self) -> int | None:
+        try:
+            return os.lstat(self._leaf, dir_fd=self._dir_fd).st_ino
+        except FileNotFoundError:
+            return None
+
+    def _joined_other_segment(self, reason: str) -> bool:
+        """Open and lock the file at the path; keep it (``self._fd``) if it is a fresh segment another
+        writer started, else close it again."""
+        try:
+            fd = self._open_locked()
+        except (_Tampered, AuditWriteError):
+            return False
+        if self._join(reason, fd):
+            self._fd = fd
+            return True
+        os.close(fd)
+        return False
+
+    def _join(self, reason: str, fd: int) -> bool:
+        """Adopt ``fd`` (locked, the file at the path) if it is a fresh segment another writer started
+        on finding the tampering too: its first record a ``tamper`` record chained from genesis.
+        False (nothing changed) if it is not one."""
+        st = os.fstat(fd)
+        first = os.pread(fd, 1 << 16, 0).split(b"\n", 1)[0] + b"\n"
+        record = check_line(first, GENESIS)
+        if isinstance(record, str) or record.get("kind") != "tamper":
+            return False
+        self.tampered = reason
+        self._head = _Head(st.st_ino, 0, GENESIS, 0)
+        self._file_started = None
+        self._extend(fd, st.st_size, live=True)
+        log.error("audit log tampering: %s; joined the fresh segment another writer started", reason)
+        if self.on_tamper is not None:
+            self.on_tamper(reason, None)
+        return True
 
     # -- writing -------------------------------------------------------------------------
 
