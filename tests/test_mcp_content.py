@@ -1,0 +1,250 @@
+"""Rich content, annotations and notifications through import, ``host.call`` and re-serve.
+
+The fixture server (``mcp_fixtures/content_server.py``) answers with every MCP content type,
+lists a tool whose hints differ from every default, and sends progress and log messages; the
+re-serve side is driven by the official SDK client.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp import Client, StdioServerParameters
+from mcp_helpers import FIXTURES, REPO
+
+from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
+from amplifier_tools.mcp.server import build_server
+from amplifier_tools.mcp.settings import ServeSettings
+
+CONTENT_SERVER = str(FIXTURES / "content_server.py")
+sys.path.insert(0, str(FIXTURES))
+from content_server import GALLERY, PNG  # noqa: E402
+
+
+class EventLog:
+    """A plugin that keeps every ``tool_event`` of the MCP notification kinds."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    @hookimpl
+    def tool_event(self, event: str, data: dict[str, Any]) -> None:
+        if event in ("tool:progress", "mcp:message"):
+            self.events.append((event, data))
+
+
+def content_config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    server = {"command": sys.executable, "args": [CONTENT_SERVER], "stderr": "discard",
+              "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}}
+    return {"plugins": {"mcp": {"servers": {"c": server}, "serve": {"tools": ["*"]}}}, **extra}
+
+
+@pytest.fixture
+async def importing(tmp_path: Path) -> AsyncIterator[tuple[ToolHost, EventLog]]:
+    log = EventLog()
+    audit = tmp_path / "audit.jsonl"
+    config = content_config(tmp_path, plugins={**content_config(tmp_path)["plugins"], "audit": {"path": str(audit)}})
+    work = tmp_path / "work"
+    work.mkdir()
+    async with ToolHost(config=config, builtins=["mcp", "audit"], entry_points=False, working_dir=work,
+                        discover=False, plugins=[log]) as host:
+        yield host, log
+
+
+def audit_records(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "audit.jsonl"
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "call"]
+
+
+# -- content -----------------------------------------------------------------
+
+
+async def test_imported_rich_content_is_kept_unchanged_and_rendered_as_text_for_a_model(
+        importing: tuple[ToolHost, EventLog], tmp_path: Path) -> None:
+    host, _ = importing
+    result = await host.call("mcp::c::gallery", {})
+    assert result.success, result.error
+    assert result.metadata["content"] == GALLERY  # every block, as the server sent it
+    text = result.get_serialized_output()
+    assert text.splitlines()[:4] == [
+        "here is everything", "[image: image/png, 66 bytes]", "[audio: audio/wav, 16 bytes]",
+        "[resource link: report.pdf <file:///srv/report.pdf> (application/pdf)] the quarterly report"]
+    assert "[resource <file:///srv/notes.txt> (text/plain)]\nline one\nline two" in text
+    assert "[resource <file:///srv/blob.bin> (application/octet-stream): 256 bytes]" in text
+    assert PNG not in text and "iVBOR" not in text  # a model never gets the bytes as text
+
+    record = audit_records(tmp_path)[-1]
+    assert [entry["type"] for entry in record["content"]] == [b["type"] for b in GALLERY]
+    image = record["content"][1]
+    assert image["mimeType"] == "image/png" and len(image["sha256"]) == 64
+    assert PNG not in json.dumps(record)  # digests, not the data
+
+
+async def test_imported_content_is_re_served_as_the_same_mcp_blocks(importing: tuple[ToolHost, EventLog]) -> None:
+    host, _ = importing
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        served = await client.call_tool("mcp__c__gallery", {})
+    assert not served.is_error
+    assert [block.model_dump(by_alias=True, mode="json", exclude_none=True) for block in served.content] == GALLERY
+
+
+async def test_a_huge_image_is_carried_but_never_rendered_or_audited_as_bytes(
+        importing: tuple[ToolHost, EventLog], tmp_path: Path) -> None:
+    host, _ = importing
+    result = await host.call("mcp::c::big_image", {"size": 6_000_000})
+    assert result.success, result.error
+    assert len(result.metadata["content"][0]["data"]) == 8_000_000
+    assert result.get_serialized_output() == "[image: image/png, 6000000 bytes]"
+    record = audit_records(tmp_path)[-1]
+    assert record["content"][0]["bytes"] > 8_000_000 and len(json.dumps(record)) < 5_000
+
+
+@pytest.mark.parametrize(("tool", "problem"), [
+    ("bad_base64", "its data is not valid base64"),
+    ("bad_mime", "mimeType '<script>' is not a media type"),
+])
+async def test_unusable_binary_content_is_a_typed_error_naming_the_block(
+        importing: tuple[ToolHost, EventLog], tool: str, problem: str) -> None:
+    host, _ = importing
+    result = await host.call(f"mcp::c::{tool}", {})
+    assert result.error is not None
+    assert (result.error["type"], result.error["code"]) == ("ExecutionError", "mcp_invalid_content")
+    assert "content block 0 (image)" in result.error["message"] and problem in result.error["message"]
+
+
+class _Painter:
+    name = "paint"
+    description = "Returns an image and a resource."
+    spec = ToolSpec(name="paint", effect="Pure")
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output=None, metadata={"content": [
+            {"type": "image", "data": PNG, "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "mem://notes", "text": "a note"}}]})
+
+
+class _PainterPlugin:
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        await coordinator.mount("tools", _Painter())
+
+
+async def test_our_tool_returning_content_is_served_as_mcp_content_blocks(host_factory: Any) -> None:
+    host = await host_factory(_PainterPlugin())
+    result = await host.call("paint", {})
+    assert result.get_serialized_output() == "[image: image/png, 66 bytes]\n[resource <mem://notes>]\na note"
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        served = await client.call_tool("paint", {})
+    assert [block.type for block in served.content] == ["image", "resource"]
+    assert served.content[0].data == PNG  # type: ignore[union-attr]
+    assert base64.b64decode(served.content[0].data).startswith(b"\x89PNG")  # type: ignore[union-attr]
+
+
+# -- annotations ---------------------------------------------------------------
+
+
+async def test_annotations_are_re_served_and_described_as_the_server_gave_them(
+        importing: tuple[ToolHost, EventLog]) -> None:
+    host, _ = importing
+    spec = {s.name: s for s in host.specs}["mcp::c::hinted"]
+    given = {"title": "Hinted tool", "readOnlyHint": False, "destructiveHint": False, "idempotentHint": False,
+             "openWorldHint": True}
+    assert spec.annotations == given
+    assert spec.effect.value == "ExternalSideEffects"  # policy still follows the derived effect
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    served = tools["mcp__c__hinted"].annotations
+    assert served is not None and served.model_dump(by_alias=True, exclude_none=True) == given
+    assert tools["mcp__c__bad_mime"].annotations is None  # given none, served none
+
+
+def test_describe_shows_the_upstream_hints(tmp_path: Path) -> None:
+    from cli_helpers import cli
+
+    config = tmp_path / "amplifier-tools.toml"
+    config.write_text(f"""
+[plugins.mcp.servers.c]
+command = {json.dumps(sys.executable)}
+args = [{json.dumps(CONTENT_SERVER)}]
+stderr = "discard"
+env = {{ PATH = {json.dumps(os.environ.get("PATH", "/usr/bin:/bin"))} }}
+""")
+    done = cli(tmp_path, "--config", str(config), "describe", "--json", "mcp::c::hinted")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["annotations"]["openWorldHint"] is True
+
+
+# -- notifications -----------------------------------------------------------------
+
+
+async def test_server_progress_and_log_messages_reach_the_host_as_tool_events(
+        importing: tuple[ToolHost, EventLog]) -> None:
+    host, log = importing
+    result = await host.call("mcp::c::work", {}, call_id="call-work-1")
+    assert result.success, result.error
+    progress = [data for event, data in log.events if event == "tool:progress"]
+    assert [(p["progress"], p["total"], p["message"]) for p in progress] == [
+        (1.0, 3.0, "step 1 of 3"), (2.0, 3.0, "step 2 of 3"), (3.0, 3.0, "step 3 of 3")]
+    assert {(p["tool_name"], p["tool_call_id"], p["server"]) for p in progress} == {
+        ("mcp::c::work", "call-work-1", "c")}
+    messages = [data for event, data in log.events if event == "mcp:message"]
+    assert messages == [
+        {"server": "c", "level": "info", "logger": "fixture", "data": "starting the work"},
+        {"server": "c", "level": "warning", "logger": "fixture", "data": {"note": "almost done"}}]
+
+
+async def test_serve_forwards_progress_to_a_client_that_sent_a_progress_token(
+        importing: tuple[ToolHost, EventLog]) -> None:
+    host, _ = importing
+    received: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append((progress, total, message))
+
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        done = await client.call_tool("mcp__c__work", {}, progress_callback=on_progress)
+        assert not done.is_error
+        quiet = await client.call_tool("mcp__c__work", {})  # no token: nothing is sent, nothing breaks
+        assert not quiet.is_error
+    assert received == [(1.0, 3.0, "step 1 of 3"), (2.0, 3.0, "step 2 of 3"), (3.0, 3.0, "step 3 of 3")]
+
+
+async def test_round_trip_through_serve_mcp_over_stdio_keeps_content_hints_and_progress(tmp_path: Path) -> None:
+    """The whole path: the fixture server imported by a serve-mcp process, driven by the SDK client."""
+    config = tmp_path / "inner.toml"
+    config.write_text(f"""
+[plugins.mcp.servers.c]
+command = {json.dumps(sys.executable)}
+args = [{json.dumps(CONTENT_SERVER)}]
+stderr = "discard"
+env = {{ PATH = {json.dumps(os.environ.get("PATH", "/usr/bin:/bin"))} }}
+
+[plugins.mcp.serve]
+tools = ["*"]
+""")
+    params = StdioServerParameters(command=sys.executable, args=["-m", "amplifier_tools", "--config", str(config),
+                                   "serve-mcp"], env={"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "")},
+                                   cwd=str(tmp_path))
+    received: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append(progress)
+
+    async with Client(params) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert tools["mcp__c__hinted"].annotations.open_world_hint is True  # type: ignore[union-attr]
+        gallery = await client.call_tool("mcp__c__gallery", {})
+        assert [b.model_dump(by_alias=True, mode="json", exclude_none=True) for b in gallery.content] == GALLERY
+        work = await client.call_tool("mcp__c__work", {}, progress_callback=on_progress)
+        assert not work.is_error
+    assert received == [1.0, 2.0, 3.0]
