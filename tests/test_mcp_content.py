@@ -7,11 +7,13 @@ re-serve side is driven by the official SDK client.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,16 @@ import pytest
 
 pytest.importorskip("mcp")
 
+import attrs
+import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from mcp_helpers import FIXTURES, REPO
 
 from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
-from amplifier_tools.mcp.server import build_server
+from amplifier_tools.mcp.http import serve_http
+from amplifier_tools.mcp.server import build_server, serve_settings
 from amplifier_tools.mcp.settings import ServeSettings
 
 CONTENT_SERVER = str(FIXTURES / "content_server.py")
@@ -120,6 +127,18 @@ async def test_unusable_binary_content_is_a_typed_error_naming_the_block(
     assert result.error is not None
     assert (result.error["type"], result.error["code"]) == ("ExecutionError", "mcp_invalid_content")
     assert "content block 0 (image)" in result.error["message"] and problem in result.error["message"]
+
+
+async def test_a_block_type_mcp_does_not_define_is_a_typed_protocol_error(tmp_path: Path) -> None:
+    config = content_config(tmp_path)
+    config["plugins"]["mcp"]["servers"]["c"]["env"]["CONTENT_RAW"] = "1"
+    async with ToolHost(config=config, builtins=["mcp"], entry_points=False, discover=False,
+                        working_dir=tmp_path) as host:
+        result = await host.call("mcp::c::odd_type", {})
+        assert result.error is not None
+        assert (result.error["type"], result.error["code"]) == ("ExecutionError", "mcp_protocol_error")
+        assert "malformed tools/call result" in result.error["message"]
+        assert (await host.call("mcp::c::odd_type", {})).error is not None  # the server stays usable
 
 
 class _Painter:
@@ -248,3 +267,54 @@ tools = ["*"]
         work = await client.call_tool("mcp__c__work", {}, progress_callback=on_progress)
         assert not work.is_error
     assert received == [1.0, 2.0, 3.0]
+
+
+@asynccontextmanager
+async def served_over_http(host: ToolHost) -> AsyncIterator[str]:
+    """The URL of ``host``'s tools served over Streamable HTTP in this process (anonymous, loopback)."""
+    settings = attrs.evolve(serve_settings(host), transport="streamable-http", host="127.0.0.1", port=0,
+                            allow_anonymous=True, tools=("*",))
+    url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve_http(host, settings, ready=url.set_result, stop=stop))
+    done, _ = await asyncio.wait({url, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()
+    try:
+        yield url.result()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_over_http_content_hints_and_progress_survive_two_hops(importing: tuple[ToolHost, EventLog],
+                                                                    tmp_path: Path) -> None:
+    """fixture server -> host (stdio import) -> serve-mcp over HTTP -> the SDK's HTTP client, and -> a
+    second host importing that URL: the blocks, the hints and the progress arrive unchanged."""
+    inner, _ = importing
+    received: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append((progress, total, message))
+
+    async with served_over_http(inner) as url:
+        async with httpx2.AsyncClient() as http, streamable_http_client(url, http_client=http) as streams, \
+                ClientSession(streams[0], streams[1]) as client:
+            await client.initialize()
+            gallery = await client.call_tool("mcp__c__gallery", {})
+            assert [b.model_dump(by_alias=True, mode="json", exclude_none=True) for b in gallery.content] == GALLERY
+            assert not (await client.call_tool("mcp__c__work", {}, progress_callback=on_progress)).is_error
+        assert received == [(1.0, 3.0, "step 1 of 3"), (2.0, 3.0, "step 2 of 3"), (3.0, 3.0, "step 3 of 3")]
+
+        log = EventLog()
+        outer_config = {"plugins": {"mcp": {"servers": {"inner": {"url": url}}}}}
+        async with ToolHost(config=outer_config, builtins=["mcp"], entry_points=False, discover=False,
+                            working_dir=tmp_path / "work", plugins=[log]) as outer:
+            hinted = {s.name: s for s in outer.specs}["mcp::inner::mcp__c__hinted"]
+            assert hinted.annotations is not None and hinted.annotations["openWorldHint"] is True
+            again = await outer.call("mcp::inner::mcp__c__gallery", {})
+            assert again.success and again.metadata["content"] == GALLERY
+            work = await outer.call("mcp::inner::mcp__c__work", {}, call_id="outer-1")
+            assert work.success, work.error
+        progress = [(d["tool_call_id"], d["progress"]) for event, d in log.events if event == "tool:progress"]
+        assert progress == [("outer-1", 1.0), ("outer-1", 2.0), ("outer-1", 3.0)]

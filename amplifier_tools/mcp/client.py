@@ -154,7 +154,8 @@ class ServerConnection:
         s = self.settings
         try:
             async with self._streams() as (read, write), \
-                    ClientSession(read, write, client_info=CLIENT_INFO, logging_callback=self._on_log) as session:
+                    ClientSession(read, write, client_info=CLIENT_INFO, logging_callback=self._on_log,
+                                  log_level="debug") as session:  # 2026-07-28: logs are opt-in per request
                 init = await session.initialize()
                 tools: list[mcp_types.Tool] = []
                 cursor: str | None = None

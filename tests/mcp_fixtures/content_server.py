@@ -7,12 +7,16 @@ link, an embedded text resource and an embedded blob resource); ``work`` sends t
 ``notifications/message`` before it answers; ``hinted`` is listed with annotations that differ
 from every MCP default; ``bad_base64``, ``bad_mime`` and ``odd_type`` answer with content a
 client cannot use (data that is not base64, a media type that is none, a block type MCP does
-not define); ``big_image`` returns an image of ``size`` bytes.
+not define; the SDK's server refuses to send it, so with ``CONTENT_RAW=1`` the server speaks
+JSON-RPC by hand and lists only ``odd_type``); ``big_image`` returns an image of ``size`` bytes.
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import os
+import sys
 from typing import Any
 
 import mcp_types as types
@@ -97,7 +101,28 @@ async def main() -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
+def raw_main() -> None:
+    """JSON-RPC by hand, for what the SDK's server will not send: a block type MCP does not define."""
+    for line in sys.stdin:
+        request = json.loads(line) if line.strip() else {}
+        method, rid = request.get("method"), request.get("id")
+        if rid is None:
+            continue
+        if method == "initialize":
+            result: dict[str, Any] = {"protocolVersion": request["params"]["protocolVersion"],
+                                      "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1.0.0"}}
+        elif method == "tools/list":
+            result = {"tools": [{"name": "odd_type", "inputSchema": OBJECT}]}
+        else:
+            result = {"content": [{"type": "hologram", "data": "x"}]}
+        sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}) + "\n")
+        sys.stdout.flush()
+
+
 if __name__ == "__main__":
     import anyio
 
-    anyio.run(main)
+    if os.environ.get("CONTENT_RAW"):
+        raw_main()
+    else:
+        anyio.run(main)
