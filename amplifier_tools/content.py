@@ -4,9 +4,10 @@ A ``ToolResult`` keeps its rich content — text, image, audio, resource links a
 resources — in ``metadata["content"]``, a list of plain dicts in MCP's spelling
 (``{"type": "image", "data": <base64>, "mimeType": "image/png"}``); a seed tool's image blocks
 in Amplifier's spelling (``{"type": "image", "source": {"media_type", "data"}}``) are read too.
-This module says what such content is for the two readers that are not MCP clients: a model
-(``render``: one line of text per block, never the bytes) and the audit log (``summary``: type,
-media type, size and SHA-256 per block, never the bytes). It never raises on what a tool or a
+This module holds what the readers of such content need: a model (``render``: one line of text
+per block, never the bytes), the audit log (``summary``: type, media type, size and SHA-256 per
+block, never the bytes), an MCP client (``mcp_spelling``) and Amplifier (``amplifier_spelling``:
+its text and image blocks, the rest as their rendered text). It never raises on what a tool or a
 server put there: a block it does not know is rendered and summarized by its ``type`` alone.
 """
 
@@ -85,6 +86,27 @@ def render_block(block: Mapping[str, Any]) -> str:
 def render(blocks: Sequence[Mapping[str, Any]]) -> str:
     """The blocks as text for a model, one after another (a line break between two)."""
     return "\n".join(render_block(block) for block in blocks)
+
+
+def mcp_spelling(block: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``block`` in MCP's spelling: an Amplifier image block (``source``) as ``{"type": "image",
+    "data", "mimeType"}``; any other block as it is."""
+    source = block.get("source")
+    if block.get("type") == "image" and isinstance(source, Mapping):
+        return {"type": "image", "data": source.get("data"), "mimeType": source.get("media_type")}
+    return block
+
+
+def amplifier_spelling(block: Mapping[str, Any]) -> dict[str, Any]:
+    """``block`` as one of amplifier-core's result blocks: text as text, an image as an image with a
+    base64 ``source``; what Amplifier has no block for (audio, resources) as its rendered text."""
+    kind = block.get("type")
+    if (kind == "text" and isinstance(block.get("text"), str)) or (
+            kind == "image" and isinstance(block.get("source"), Mapping)):
+        return dict(block)
+    if kind == "image" and isinstance(block.get("data"), str) and isinstance(block.get("mimeType"), str):
+        return {"type": "image", "source": {"type": "base64", "media_type": block["mimeType"], "data": block["data"]}}
+    return {"type": "text", "text": render_block(block)}
 
 
 def summary(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -105,6 +105,21 @@ async def test_imported_content_is_re_served_as_the_same_mcp_blocks(importing: t
     assert [block.model_dump(by_alias=True, mode="json", exclude_none=True) for block in served.content] == GALLERY
 
 
+async def test_imported_content_reaches_amplifier_as_its_text_and_image_blocks(
+        importing: tuple[ToolHost, EventLog]) -> None:
+    """Amplifier has text and image blocks only: audio and resources reach it as their text, never
+    as blocks amplifier-core refuses (its ToolResult raised on an MCP-spelled image)."""
+    pytest.importorskip("amplifier_core")
+    from amplifier_tools.amplifier_module import to_amplifier_result
+
+    host, _ = importing
+    back = to_amplifier_result(await host.call("mcp::c::gallery", {}))
+    blocks = back.model_dump()["content"]
+    assert [b["type"] for b in blocks] == ["text", "image", "text", "text", "text", "text"]
+    assert blocks[1]["source"] == {"type": "base64", "media_type": "image/png", "data": PNG}
+    assert blocks[2]["text"] == "[audio: audio/wav, 16 bytes]"
+
+
 async def test_a_huge_image_is_carried_but_never_rendered_or_audited_as_bytes(
         importing: tuple[ToolHost, EventLog], tmp_path: Path) -> None:
     host, _ = importing

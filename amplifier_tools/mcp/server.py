@@ -36,6 +36,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import TypeAdapter, ValidationError
 
 from ..config import plugin_section
+from ..content import mcp_spelling
 from ..definitions import META_NAME
 from ..errors import ConfigError
 from ..host import ToolHost
@@ -193,11 +194,8 @@ def content_blocks(blocks: Any) -> list[mcp_types.ContentBlock]:
     for block in blocks:
         if not isinstance(block, dict):
             return []
-        source = block.get("source")
-        if block.get("type") == "image" and isinstance(source, dict):  # Amplifier's spelling
-            block = {"type": "image", "data": source.get("data"), "mimeType": source.get("media_type")}
         try:
-            converted.append(_CONTENT_BLOCK.validate_python(block, by_name=False))
+            converted.append(_CONTENT_BLOCK.validate_python(mcp_spelling(block), by_name=False))
         except ValidationError:
             return []
     return converted
