@@ -19,8 +19,8 @@ from typing import Any, Final
 
 from ._json import dumps
 
-#: The block types MCP defines (``ContentBlock``).
-BLOCK_TYPES: Final = frozenset({"text", "image", "audio", "resource_link", "resource"})
+#: Blocks the audit summary describes one by one; the rest are one entry.
+MAX_SUMMARY_BLOCKS: Final = 64
 
 
 def blocks_of(metadata: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -112,21 +112,33 @@ def amplifier_spelling(block: Mapping[str, Any]) -> dict[str, Any]:
 def summary(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """What the audit log keeps of each block: its ``type``, media type (``mimeType``) and URI where
     it has them, ``bytes`` (of its canonical JSON) and ``sha256`` (of the same bytes). The data
-    itself is not inlined (an image is megabytes of base64); the digest ties the record to it."""
-    out = []
-    for block in blocks:
-        encoded = dumps(block)
-        entry: dict[str, Any] = {"type": _str(block.get("type")) or "unknown"}
-        mime, _ = _binary(block)
-        resource = block.get("resource") if isinstance(block.get("resource"), Mapping) else block
-        assert isinstance(resource, Mapping)
-        mime = mime or _str(resource.get("mimeType"))
-        if mime:
-            entry["mimeType"] = mime[:200]
-        uri = _str(resource.get("uri"))
-        if uri:
-            entry["uri"] = uri[:2000]
-        entry["bytes"] = len(encoded)
-        entry["sha256"] = hashlib.sha256(encoded).hexdigest()
-        out.append(entry)
+    itself is not inlined (an image is megabytes of base64); the digest ties the record to it.
+    Past ``MAX_SUMMARY_BLOCKS`` blocks, the rest are one entry (``{"type": "more", "blocks",
+    "bytes", "sha256"}``, the digest over their encodings one after another), so a result of
+    a hundred thousand tiny blocks does not make a record of megabytes."""
+    out = [_summary(block, dumps(block)) for block in blocks[:MAX_SUMMARY_BLOCKS]]
+    rest = blocks[MAX_SUMMARY_BLOCKS:]
+    if rest:
+        digest, size = hashlib.sha256(), 0
+        for block in rest:
+            encoded = dumps(block)
+            digest.update(encoded)
+            size += len(encoded)
+        out.append({"type": "more", "blocks": len(rest), "bytes": size, "sha256": digest.hexdigest()})
     return out
+
+
+def _summary(block: Mapping[str, Any], encoded: bytes) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": (_str(block.get("type")) or "unknown")[:100]}
+    mime, _ = _binary(block)
+    resource = block.get("resource")
+    holder = resource if isinstance(resource, Mapping) else block
+    mime = mime or _str(holder.get("mimeType"))
+    if mime:
+        entry["mimeType"] = mime[:200]
+    uri = _str(holder.get("uri"))
+    if uri:
+        entry["uri"] = uri[:500]  # the digest covers the whole
+    entry["bytes"] = len(encoded)
+    entry["sha256"] = hashlib.sha256(encoded).hexdigest()
+    return entry
