@@ -253,6 +253,43 @@ async def test_serve_forwards_progress_to_a_client_that_sent_a_progress_token(
     assert received == [(1.0, 3.0, "step 1 of 3"), (2.0, 3.0, "step 2 of 3"), (3.0, 3.0, "step 3 of 3")]
 
 
+class _Counter:
+    """A tool of ours that reports progress the documented way: coordinator.hooks.emit("tool:progress")."""
+
+    name = "count"
+    description = "Counts to three, reporting progress."
+    spec = ToolSpec(name="count", effect="Pure")
+
+    def __init__(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+
+    async def execute(self, input: dict[str, Any], context: Any) -> ToolResult:
+        for step in (1, 2, 3):
+            await self.coordinator.hooks.emit("tool:progress", {
+                "tool_name": "count", "tool_call_id": context.call_id, "progress": step, "total": 3})
+        await self.coordinator.hooks.emit("tool:progress", {"tool_call_id": context.call_id, "progress": "NaN"})
+        return ToolResult(output="counted")
+
+
+class _CounterPlugin:
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        await coordinator.mount("tools", _Counter(coordinator))
+
+
+async def test_serve_forwards_our_own_tools_progress_and_ignores_what_is_no_number(host_factory: Any) -> None:
+    host = await host_factory(_CounterPlugin())
+    received: list[tuple[float, float | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append((progress, total))
+
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        done = await client.call_tool("count", {}, progress_callback=on_progress)
+    assert not done.is_error and done.content[0].text == "counted"  # type: ignore[union-attr]
+    assert received == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)]
+
+
 async def test_round_trip_through_serve_mcp_over_stdio_keeps_content_hints_and_progress(tmp_path: Path) -> None:
     """The whole path: the fixture server imported by a serve-mcp process, driven by the SDK client."""
     config = tmp_path / "inner.toml"
