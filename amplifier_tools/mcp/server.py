@@ -12,8 +12,12 @@ whose text is ``{"error": {...}}`` with the typed error dict; a tool the caller
 cannot see (not listed in ``tools``, or not mounted) is the JSON-RPC error
 -32602 (invalid params), as the MCP spec asks for an unknown tool. No tool is
 exposed unless ``tools`` names it (``["*"]``: every mounted tool). Tools are
-listed under their model-facing names (``fs_read_file``) with annotations
-derived from their effects (``definitions.mcp_annotations``).
+listed under their model-facing names (``fs_read_file``) with their annotations
+(``definitions.mcp_annotations``: an imported tool's as its server gave them,
+others derived from their effects). A result's rich content
+(``metadata["content"]``) is sent as MCP content blocks; a ``tool:progress``
+event of a call in flight reaches its client as ``notifications/progress`` when
+the client asked for progress.
 
 Limits: on stdio there is no authentication (whoever can start the process is
 the caller).
