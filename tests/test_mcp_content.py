@@ -35,7 +35,7 @@ from amplifier_tools.mcp.settings import ServeSettings
 
 CONTENT_SERVER = str(FIXTURES / "content_server.py")
 sys.path.insert(0, str(FIXTURES))
-from content_server import GALLERY, PNG  # noqa: E402
+from content_server import GALLERY, HINTS, PNG  # noqa: E402
 
 
 class EventLog:
@@ -370,3 +370,37 @@ async def test_over_http_content_hints_and_progress_survive_two_hops(importing: 
             assert work.success, work.error
         progress = [(d["tool_call_id"], d["progress"]) for event, d in log.events if event == "tool:progress"]
         assert progress == [("outer-1", 1.0), ("outer-1", 2.0), ("outer-1", 3.0)]
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")  # the fixture's logging
+async def test_an_sdk_http_server_imported_by_url_passes_content_progress_and_log_messages(tmp_path: Path) -> None:
+    """The fixture server's own Streamable HTTP app (the SDK's), imported by URL."""
+    import socket
+
+    import content_server
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(content_server.server.streamable_http_app(), log_level="warning",
+                                           lifespan="on"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            assert not task.done(), task
+            await asyncio.sleep(0.01)
+        log = EventLog()
+        config = {"plugins": {"mcp": {"servers": {"h": {"url": f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"}}}}}
+        async with ToolHost(config=config, builtins=["mcp"], entry_points=False, discover=False,
+                            working_dir=tmp_path, plugins=[log]) as host:
+            gallery = await host.call("mcp::h::gallery", {})
+            assert gallery.success and gallery.metadata["content"] == GALLERY
+            assert {s.name: s for s in host.specs}["mcp::h::hinted"].annotations == HINTS.model_dump(
+                by_alias=True, exclude_none=True)
+            assert (await host.call("mcp::h::work", {})).success
+        assert [(event, d.get("progress", d.get("data"))) for event, d in log.events] == [
+            ("mcp:message", "starting the work"), ("tool:progress", 1.0), ("tool:progress", 2.0),
+            ("tool:progress", 3.0), ("mcp:message", {"note": "almost done"})]
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
