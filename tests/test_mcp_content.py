@@ -191,14 +191,15 @@ async def test_annotations_are_re_served_and_described_as_the_server_gave_them(
         importing: tuple[ToolHost, EventLog]) -> None:
     host, _ = importing
     spec = {s.name: s for s in host.specs}["mcp::c::hinted"]
-    given = {"title": "Hinted tool", "readOnlyHint": False, "destructiveHint": False, "idempotentHint": False,
+    given = {"title": "Hinted tool", "readOnlyHint": True, "destructiveHint": False, "idempotentHint": False,
              "openWorldHint": True}
     assert spec.annotations == given
-    assert spec.effect.value == "ExternalSideEffects"  # policy still follows the derived effect
+    assert spec.effect.value == "Pure"  # policy follows the effect derived from the hints
     async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     served = tools["mcp__c__hinted"].annotations
-    assert served is not None and served.model_dump(by_alias=True, exclude_none=True) == given
+    assert served is not None and served.open_world_hint is True  # was False: Pure's derived hints
+    assert served.model_dump(by_alias=True, exclude_none=True) == given
     assert tools["mcp__c__bad_mime"].annotations is None  # given none, served none
 
 

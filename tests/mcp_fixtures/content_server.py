@@ -43,7 +43,8 @@ GALLERY: list[dict[str, Any]] = [
                                       "blob": BLOB}},
 ]
 
-HINTS = types.ToolAnnotations(title="Hinted tool", read_only_hint=False, destructive_hint=False,
+#: As mcp-server-fetch's: read-only and open world (re-served, openWorldHint became false: Pure's hints).
+HINTS = types.ToolAnnotations(title="Hinted tool", read_only_hint=True, destructive_hint=False,
                               idempotent_hint=False, open_world_hint=True)
 
 OBJECT = {"type": "object"}
