@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("amplifier_tools")
 
 TOOL_EVENTS: Final = {"tool:pre": "tool_pre", "tool:post": "tool_post", "tool:error": "tool_error"}
+#: Events emitted during a call rather than run inside its chain: a tool's progress (an imported
+#: MCP tool emits its server's ``notifications/progress`` so), a server's log message.
+NOTIFICATION_EVENTS: Final = frozenset({"tool:progress", "mcp:message"})
 ACTIONS: Final = frozenset({"continue", "deny", "modify", "ask_user", "inject_context"})
 
 Handler = Callable[[str, dict[str, Any]], Any]
@@ -90,7 +93,7 @@ class HookRegistry:
         handlers.sort(key=lambda r: (r.priority, r.order))
         if event in TOOL_EVENTS:
             self._host.dispatcher.invalidate()
-        else:
+        elif event not in NOTIFICATION_EVENTS:
             close = did_you_mean(event, TOOL_EVENTS)
             if close is not None:  # Amplifier accepts any event name: a typo would silently never run
                 log.warning("plugin %r registered handler %r for event %r, which no tool call emits; %s",

@@ -35,6 +35,7 @@ from typing import Any
 
 import attrs
 
+from .content import amplifier_spelling, blocks_of
 from .errors import ConfigError
 from .host import ToolHost
 from .models import ToolResult
@@ -79,9 +80,9 @@ def to_amplifier_result(result: ToolResult) -> Any:
     if not result.success:
         error = dict(result.error or {})
         error.setdefault("message", "the call failed")
-    content = result.metadata.get("content")
-    return AmplifierResult(success=result.success, output=result.output, error=error,
-                           content=content if isinstance(content, list) and content else None)
+    # Amplifier has text and image blocks: an imported MCP tool's audio or resources reach it as text.
+    content = [amplifier_spelling(block) for block in blocks_of(result.metadata)]
+    return AmplifierResult(success=result.success, output=result.output, error=error, content=content or None)
 
 
 def _settings(config: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -40,7 +40,10 @@ def model_name(canonical: str) -> str:
 
 
 def mcp_annotations(spec: ToolSpec) -> dict[str, Any]:
-    """MCP tool annotations derived from the tool's effect."""
+    """The tool's MCP annotations: ``spec.annotations`` as given when set (an imported tool's
+    upstream hints), else derived from the tool's effect."""
+    if spec.annotations is not None:
+        return dict(spec.annotations)
     effect = spec.effect
     return {
         "title": spec.title or spec.name,
@@ -68,9 +71,11 @@ def tool_definition(spec: ToolSpec, fmt: str) -> dict[str, Any]:
             "title": spec.title or spec.name,
             "description": description,
             "inputSchema": spec.input_schema,
-            "annotations": mcp_annotations(spec),
             "_meta": {META_NAME: spec.name, META_VERSION: spec.version},
         }
+        annotations = mcp_annotations(spec)
+        if annotations:  # an imported tool given no hints is served with none
+            definition["annotations"] = annotations
         if spec.output_schema is not None:
             definition["outputSchema"] = spec.output_schema
         return definition

@@ -152,4 +152,13 @@ def tool_event(event: str, data: dict[str, Any]) -> None:
     ``coordinator.hooks.emit`` (for example ``circuit:open``), or the host's own
     ``tool:pre``, ``tool:post`` and ``tool:error`` events in the seed contract's
     shape. The return value is ignored; failures are logged.
+
+    Two events arrive while a call runs: ``tool:progress`` (``tool_name``,
+    ``tool_call_id``, ``progress``, ``total``, ``message``; an imported MCP tool
+    emits its server's ``notifications/progress`` so, with ``server``, and any
+    tool may emit it; ``serve-mcp`` forwards it to a client that asked for
+    progress) and ``mcp:message`` (an MCP server's ``notifications/message``:
+    ``server``, ``level``, ``logger``, ``data``). What an MCP server sends is
+    redacted of the host's secrets first. Keep implementations quick: the
+    server's next messages wait for them.
     """

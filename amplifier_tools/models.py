@@ -52,8 +52,9 @@ class ToolResult:
 
     ``success`` and ``output`` on success; ``error`` (a dict with ``type``,
     ``code``, ``message``, ``retryable`` and correlation fields) on failure.
-    ``metadata`` holds the decision trail (``metadata["trail"]``), timing and
-    whatever the tool adds.
+    ``metadata`` holds the decision trail (``metadata["trail"]``), timing, the rich
+    content blocks when there are any (``metadata["content"]``, see
+    :mod:`amplifier_tools.content`) and whatever the tool adds.
     """
 
     success: bool = True
@@ -70,7 +71,9 @@ class ToolResult:
     def get_serialized_output(self, max_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS) -> str:
         """The text to put into a model's context.
 
-        Failures read ``Error: <message>``; non-string output is JSON. Text
+        Failures read ``Error: <message>``; non-string output is JSON; a result with no output
+        but rich content (``metadata["content"]``: images, audio, resources) reads as that
+        content rendered by ``amplifier_tools.content.render`` (a line per block, no bytes). Text
         longer than ``max_chars`` is cut and ends with a notice saying how many
         characters were left out, so a model knows it saw a part only.
         ``max_chars=None`` never cuts.
@@ -78,6 +81,10 @@ class ToolResult:
         if self.error is not None or not self.success:
             message = (self.error or {}).get("message", "Unknown error")
             text = f"Error: {message}"
+        elif self.output is None and self.metadata.get("content"):
+            from .content import blocks_of, render
+
+            text = render(blocks_of(self.metadata))
         else:
             text = output_text(self.output)
         if max_chars is not None and len(text) > max_chars:

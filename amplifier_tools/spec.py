@@ -238,6 +238,11 @@ def _check_schema_type(instance: Any, attribute: attrs.Attribute[Any], value: An
         raise ValueError(f"{attribute.name} must be a JSON Schema object, got {type(value).__name__}")
 
 
+def _check_annotations(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not (isinstance(value, dict) and all(isinstance(key, str) for key in value)):
+        raise ValueError(f"annotations must be an object with string keys, got {type(value).__name__}")
+
+
 @attrs.frozen(slots=True)
 class ToolSpec:
     """A tool's contract: identity, I/O schemas, effect, policies and security."""
@@ -260,6 +265,10 @@ class ToolSpec:
     policies: Policies = attrs.field(default=Policies(), converter=_to_policies)
     security: Security = attrs.field(default=Security(), converter=_to_security)
     deprecation: Deprecation | None = attrs.field(default=None, converter=_to_deprecation)
+    #: MCP tool annotations as the tool's source gave them (an imported tool: its server's hints,
+    #: unchanged). Shown to MCP clients and by ``describe``; never read by policy, which follows
+    #: ``effect``. ``None``: MCP definitions derive the hints from ``effect``.
+    annotations: dict[str, Any] | None = attrs.field(default=None, validator=_check_annotations)
 
     @property
     def origin(self) -> str:

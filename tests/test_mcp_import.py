@@ -217,8 +217,10 @@ async def test_config_overrides_untrusted_effect_hints(tmp_path: Path) -> None:
         assert specs["mcp::fx::echo"].effect is Effect.ExternalSideEffects  # plugin section
         assert specs["mcp::fx::add"].effect is Effect.NonIdempotentWrite  # host per-tool override
         assert "mcp::fx::crash" not in specs
-        annotations = {d["name"]: d["annotations"] for d in host.tool_definitions("mcp")}
-        assert annotations["mcp__fx__echo"]["readOnlyHint"] is False
+        # The override decides the effect, for policy; the server's hints are shown as it gave them.
+        annotations = {d["name"]: d.get("annotations") for d in host.tool_definitions("mcp")}
+        assert annotations["mcp__fx__echo"] == {"readOnlyHint": True}
+        assert annotations["mcp__fx__issues_create"] is None  # given none, shown none
 
 
 @pytest.mark.parametrize(("server", "key"), [

@@ -77,6 +77,9 @@ class McpImportPlugin:
         headers = {name: self._headers(coordinator, name, server) for name, server in self.settings.servers.items()}
         connections = [ServerConnection(name, server, working_dir, protected_now, headers[name])
                        for name, server in self.settings.servers.items()]
+        emit = self._events(coordinator)
+        for connection in connections:
+            connection.emit = emit
         self.connections.extend(connections)
         try:
             # Every server starts at once, each within its own startup_timeout_ms.
@@ -96,6 +99,21 @@ class McpImportPlugin:
             await self.close()
             raise
         return self.close
+
+    @staticmethod
+    def _events(coordinator: Any) -> Any:
+        """How servers' notifications reach the host: ``coordinator.hooks.emit`` (Amplifier's
+        handlers, then every ``tool_event`` hook), with every secret the host resolved redacted
+        from the data first (a server's log message may hold what it was given)."""
+        from ..redaction import redact
+
+        hooks = coordinator.hooks
+        secrets = coordinator.get_capability("session.secrets")
+
+        async def emit(event: str, data: dict[str, Any]) -> None:
+            await hooks.emit(event, redact(data, secrets=secrets or (), patterns=False))
+
+        return emit
 
     @staticmethod
     def _headers(coordinator: Any, name: str, server: Any) -> dict[str, str]:

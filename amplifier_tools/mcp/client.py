@@ -13,22 +13,27 @@ here, so this module is only imported once servers are configured.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import logging
 import os
+import re
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import anyio
 import mcp_types
 from mcp.client.session import ClientSession
+from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 
 from .._version import __version__
+from ..content import render
 from ..errors import ContractError, ExecutionError, PolicyError, ToolError
-from ..models import ToolContext, ToolResult
+from ..models import ToolContext, ToolResult, output_text
 from ..spec import ToolSpec
 from .confinement import Wrap, sandbox_wrap
 from .contract import build_spec
@@ -75,6 +80,9 @@ class ServerConnection:
         self._stop: asyncio.Event | None = None
         self._lock = asyncio.Lock()
         self._mounted_hashes: dict[str, str] | None = None
+        #: Where the server's notifications go as host events (``coordinator.hooks.emit``; set by
+        #: the plugin): ``tool:progress`` for a call's progress, ``mcp:message`` for its log messages.
+        self.emit: Callable[[str, dict[str, Any]], Awaitable[Any]] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -146,7 +154,8 @@ class ServerConnection:
         s = self.settings
         try:
             async with self._streams() as (read, write), \
-                    ClientSession(read, write, client_info=CLIENT_INFO) as session:
+                    ClientSession(read, write, client_info=CLIENT_INFO, logging_callback=self._on_log,
+                                  log_level="debug") as session:  # 2026-07-28: logs are opt-in per request
                 init = await session.initialize()
                 tools: list[mcp_types.Tool] = []
                 cursor: str | None = None
@@ -245,12 +254,23 @@ class ServerConnection:
             assert self._session is not None
             return self._session
 
+    # -- notifications -------------------------------------------------------
+
+    async def _on_log(self, params: mcp_types.LoggingMessageNotificationParams) -> None:
+        """A ``notifications/message`` from the server, as the host event ``mcp:message``."""
+        if self.emit is not None:
+            await self.emit("mcp:message", {"server": self.name, "level": params.level, "logger": params.logger,
+                                            "data": params.data})
+
     # -- calls -------------------------------------------------------------
 
-    async def call_tool(self, name: str, arguments: dict[str, Any], timeout: float | None) -> mcp_types.CallToolResult:
+    async def call_tool(self, name: str, arguments: dict[str, Any], timeout: float | None,
+                        progress: ProgressFnT | None = None) -> mcp_types.CallToolResult:
         """Send ``tools/call``; raise a typed ``ToolError`` on transport failure.
 
-        Cancellation (the host's timeout) cancels the request on the server too.
+        Cancellation (the host's timeout) cancels the request on the server too. ``progress``
+        receives the server's ``notifications/progress`` for this call (a progress token is sent
+        with the request only then).
         """
         session = await self._ensure()
         request = mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name=name, arguments=arguments))
@@ -258,7 +278,7 @@ class ServerConnection:
             # send_request, not call_tool: the output schema is checked by the host's
             # pipeline (a typed ContractError with a pointer), not by the SDK.
             return await session.send_request(request, mcp_types.CallToolResult,
-                                              request_read_timeout_seconds=timeout)
+                                              request_read_timeout_seconds=timeout, progress_callback=progress)
         except MCPError as exc:
             if exc.code in _DEAD_CODES or not self.alive:
                 raise self._died(exc) from None
@@ -325,8 +345,22 @@ class McpTool:
         self.definition_hash = digest
 
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
-        result = await self.connection.call_tool(self.remote_name, input, context.remaining())
+        emit = self.connection.emit
+
+        async def progress(progress: float, total: float | None, message: str | None) -> None:
+            assert emit is not None
+            await emit("tool:progress", {"tool_name": self.name, "tool_call_id": context.call_id,
+                                         "server": self.connection.name, "progress": progress, "total": total,
+                                         "message": message})
+
+        result = await self.connection.call_tool(self.remote_name, input, context.remaining(),
+                                                 progress if emit is not None else None)
         return to_tool_result(result, self)
+
+
+#: A media type as RFC 6838 spells one (``type/subtype``, parameters allowed), at most 255 characters.
+_MEDIA_TYPE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+                                r"(?:\s*;[\x20-\x7e]*)?")
 
 
 def _content_json(result: mcp_types.CallToolResult) -> list[dict[str, Any]]:
@@ -338,19 +372,58 @@ def _text(result: mcp_types.CallToolResult) -> str | None:
     return "\n".join(texts) if len(texts) == len(result.content) and texts else None
 
 
+def _check_content(blocks: list[dict[str, Any]], tool: McpTool) -> None:
+    """Refuse content a client could not use as what it claims to be: binary data that is not
+    base64, a media type that is not ``type/subtype`` (``ExecutionError`` ``mcp_invalid_content``
+    naming the block)."""
+    for index, block in enumerate(blocks):
+        kind = block.get("type")
+        holder = block.get("resource") if kind == "resource" else block
+        if not isinstance(holder, dict):
+            continue
+        data = holder.get("blob") if kind == "resource" else holder.get("data")
+        mime = holder.get("mimeType")
+        problem = None
+        if mime is not None and not (isinstance(mime, str) and len(mime) <= 255 and _MEDIA_TYPE.fullmatch(mime)):
+            problem = f"mimeType {str(mime)[:80]!r} is not a media type (type/subtype)"
+        elif isinstance(data, str):
+            try:
+                base64.b64decode(data, validate=True)
+            except (binascii.Error, ValueError):
+                problem = "its data is not valid base64"
+        if problem is not None:
+            raise ExecutionError(f"MCP server {tool.connection.name!r} tool {tool.remote_name!r} returned "
+                                 f"content block {index} ({kind}) that cannot be used: {problem}",
+                                 code="mcp_invalid_content", block=index)
+
+
+def _faithful(blocks: list[dict[str, Any]], output: Any) -> bool:
+    """Whether ``output`` alone carries ``blocks`` (one bare text block, the output's own text)."""
+    if not blocks:
+        return True
+    return len(blocks) == 1 and blocks[0].keys() == {"type", "text"} and blocks[0]["text"] == output_text(output)
+
+
 def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResult:
     """Map a ``CallToolResult`` onto a ``ToolResult``.
 
     Success: ``structuredContent`` when present (the host checks it against the
-    output schema), else the text of all-text content, else the content blocks
-    as JSON. ``isError``: a failed result with an ``ExecutionError``
+    output schema), else the content rendered as text for a model (text as it is,
+    other blocks as a line naming them: ``amplifier_tools.content.render``). The
+    blocks themselves, unchanged, are ``metadata["content"]`` unless the output
+    alone carries them (one plain text block), so a re-serve passes them on.
+    ``isError``: a failed result with an ``ExecutionError``
     (``mcp_tool_error``); when the text is an amplifier-tools error (a server
     run by ``serve-mcp``), its type, code and message are kept as
-    ``remote_type``/``remote_code``/``remote_message``.
+    ``remote_type``/``remote_code``/``remote_message``. Binary data that is not
+    base64 or a malformed media type is ``ExecutionError`` ``mcp_invalid_content``.
     """
-    metadata = {"mcp": {"server": tool.connection.name, "tool": tool.remote_name,
-                        "server_version": tool.connection.server_info.version if tool.connection.server_info else None,
-                        "definition_sha256": tool.definition_hash}}
+    metadata: dict[str, Any] = {"mcp": {
+        "server": tool.connection.name, "tool": tool.remote_name,
+        "server_version": tool.connection.server_info.version if tool.connection.server_info else None,
+        "definition_sha256": tool.definition_hash}}
+    blocks = _content_json(result)
+    _check_content(blocks, tool)
     text = _text(result)
     if result.is_error:
         error: dict[str, Any] = {"type": "ExecutionError", "code": "mcp_tool_error",
@@ -360,13 +433,13 @@ def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResul
             error.update(remote_type=str(remote.get("type")), remote_code=str(remote.get("code")),
                          remote_message=str(remote.get("message")))
             error["message"] = f"MCP tool {tool.name!r} failed remotely: {remote.get('type')}: {remote.get('message')}"
-        return ToolResult(False, text if text is not None else _content_json(result), error, metadata)
-    if result.structured_content is not None:
-        output: Any = result.structured_content
-    elif text is not None:
-        output = text
-    else:
-        output = _content_json(result)
+        output: Any = text if text is not None else render(blocks)
+        if not _faithful(blocks, output):
+            metadata["content"] = blocks
+        return ToolResult(False, output, error, metadata)
+    output = result.structured_content if result.structured_content is not None else render(blocks)
+    if not _faithful(blocks, output):
+        metadata["content"] = blocks
     return ToolResult(True, output, None, metadata)
 
 

@@ -56,7 +56,8 @@ def build_spec(
     ``effect`` (from config) wins over the annotations. The server's reported
     name is the spec's ``owner``; its version is the spec's ``version`` (if
     SemVer) and a ``mcp-server-version:`` tag; the definition hash is a tag
-    ``sha256:...``. Raises ``ValueError`` (from ``ToolSpec``) on an invalid name.
+    ``sha256:...``. The annotations are kept as given (``annotations``: shown to MCP clients and by
+    ``describe``); only the effect is derived from them. Raises ``ValueError`` (from ``ToolSpec``) on an invalid name.
     """
     annotations = definition.get("annotations") or {}
     tags = ["mcp", f"mcp-server:{server}", digest]
@@ -72,5 +73,6 @@ def build_spec(
         input_schema=dict(definition.get("inputSchema") or {"type": "object"}),
         output_schema=definition.get("outputSchema"),
         effect=effect if effect is not None else effect_from_annotations(annotations),
+        annotations=dict(annotations),
         policies=Policies(timeout_ms=timeout_ms),
     )

@@ -12,8 +12,12 @@ whose text is ``{"error": {...}}`` with the typed error dict; a tool the caller
 cannot see (not listed in ``tools``, or not mounted) is the JSON-RPC error
 -32602 (invalid params), as the MCP spec asks for an unknown tool. No tool is
 exposed unless ``tools`` names it (``["*"]``: every mounted tool). Tools are
-listed under their model-facing names (``fs_read_file``) with annotations
-derived from their effects (``definitions.mcp_annotations``).
+listed under their model-facing names (``fs_read_file``) with their annotations
+(``definitions.mcp_annotations``: an imported tool's as its server gave them,
+others derived from their effects). A result's rich content
+(``metadata["content"]``) is sent as MCP content blocks; a ``tool:progress``
+event of a call in flight reaches its client as ``notifications/progress`` when
+the client asked for progress.
 
 Limits: on stdio there is no authentication (whoever can start the process is
 the caller).
@@ -23,21 +27,24 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import mcp_types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from pydantic import TypeAdapter, ValidationError
 
 from ..config import plugin_section
+from ..content import mcp_spelling
 from ..definitions import META_NAME
 from ..errors import ConfigError
 from ..host import ToolHost
-from ..models import ToolContext, ToolResult
+from ..models import ToolContext, ToolResult, new_call_id
 from ..plugin_settings import structure_settings
 from .settings import PLUGIN, McpSettings, ServeClient, ServeSettings
 
@@ -125,15 +132,42 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
         visible = who.tools if who is not None else frozenset()
         return mcp_types.ListToolsResult(tools=[tool for name, tool in listed if name in visible])
 
+    # Calls in flight: call id -> the request's session, whose report_progress reaches the client when
+    # it asked for progress (a progressToken; in process, a callback) and is a no-op otherwise.
+    progress_targets: dict[str, Any] = {}
+
+    async def forward_progress(event: str, data: dict[str, Any]) -> None:
+        target = progress_targets.get(str(data.get("tool_call_id")))
+        progress, total, message = _number(data.get("progress")), _number(data.get("total")), data.get("message")
+        if target is not None and progress is not None:
+            await target.report_progress(progress, total, message if isinstance(message, str) else None)
+
+    host.events.register("tool:progress", forward_progress, name="serve-mcp progress", owner=PLUGIN)
+
     async def call_tool(ctx: Any, params: mcp_types.CallToolRequestParams) -> mcp_types.CallToolResult:
         who = current()
         name = by_model_name.get(params.name)
         if who is None or name is None or name not in who.tools:
             raise MCPError(code=mcp_types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
-        result = await host.call(name, params.arguments if params.arguments is not None else {}, context=who.context)
+        call_id = new_call_id()
+        session = getattr(ctx, "session", None)
+        if session is not None:
+            progress_targets[call_id] = session
+        try:
+            result = await host.call(name, params.arguments if params.arguments is not None else {},
+                                     context=who.context, call_id=call_id)
+        finally:
+            progress_targets.pop(call_id, None)
         return to_call_tool_result(result)
 
     return Server(settings.name, version=host_version(), on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float, else None (JSON has no NaN, and bool is no number here)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def to_call_tool_result(result: ToolResult) -> mcp_types.CallToolResult:
@@ -149,27 +183,25 @@ def to_call_tool_result(result: ToolResult) -> mcp_types.CallToolResult:
                                     structured_content=structured)
 
 
+_CONTENT_BLOCK: Final = TypeAdapter(mcp_types.ContentBlock)
+
+
 def content_blocks(blocks: Any) -> list[mcp_types.ContentBlock]:
-    """A result's rich content (``metadata["content"]``: text and image blocks, in Amplifier's
-    ``{"type": "image", "source": {"media_type", "data"}}`` or MCP's ``{"data", "mimeType"}``
-    spelling) as MCP content blocks; ``[]`` when there are none or one cannot be carried, so the
-    caller falls back to the text rendering rather than sending part of the content."""
+    """A result's rich content (``metadata["content"]``: text, image, audio, resource link and
+    embedded resource blocks in MCP's spelling, as an imported tool's result carries them, or
+    image blocks in Amplifier's ``{"type": "image", "source": {"media_type", "data"}}``) as MCP
+    content blocks; ``[]`` when there are none or one cannot be carried, so the caller falls back
+    to the text rendering rather than sending part of the content."""
     if not isinstance(blocks, list) or not blocks:
         return []
     converted: list[mcp_types.ContentBlock] = []
     for block in blocks:
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text" and isinstance(block.get("text"), str):
-            converted.append(mcp_types.TextContent(type="text", text=block["text"]))
-            continue
-        if kind == "image":
-            source = block.get("source") if isinstance(block.get("source"), dict) else block
-            data = source.get("data")
-            mime = source.get("media_type") or source.get("mimeType")
-            if isinstance(data, str) and isinstance(mime, str):
-                converted.append(mcp_types.ImageContent(type="image", data=data, mime_type=mime))
-                continue
-        return []
+        if not isinstance(block, dict):
+            return []
+        try:
+            converted.append(_CONTENT_BLOCK.validate_python(mcp_spelling(block), by_name=False))
+        except ValidationError:
+            return []
     return converted
 
 

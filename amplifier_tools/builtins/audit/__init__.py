@@ -31,6 +31,8 @@ from typing import Any, Final
 
 from ..._json import dumps, encodable
 from ..._markers import hookimpl
+from ...content import blocks_of
+from ...content import summary as content_summary
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
 from ...plugin_settings import structure_settings
@@ -69,6 +71,9 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     rules = spec.security.redaction_rules if spec is not None else ()
     error = result.error or {}
     raw = _raw_parts(call, spec, result, context, original, error)
+    blocks = blocks_of(result.metadata)
+    if blocks:  # rich content: each block's type, media type, URI, size and digest, never its bytes
+        raw["content"] = content_summary(blocks)
     paths = [*rules, *(r.replace("arguments/", "original_arguments/", 1) for r in rules if r.startswith("arguments/"))]
     altered: list[str] = []
     try:
@@ -89,6 +94,8 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     record = _assemble(io, spec, result, context, output_bytes, timestamp())
     if settings.record_output:
         record["output"] = io["output"]
+    if "content" in io:
+        record["content"] = io["content"]
     if altered:
         record["altered"] = altered
     return record

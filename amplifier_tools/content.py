@@ -1,0 +1,144 @@
+"""Rich result content: the blocks a result carries besides its ``output`` (``metadata["content"]``).
+
+A ``ToolResult`` keeps its rich content — text, image, audio, resource links and embedded
+resources — in ``metadata["content"]``, a list of plain dicts in MCP's spelling
+(``{"type": "image", "data": <base64>, "mimeType": "image/png"}``); a seed tool's image blocks
+in Amplifier's spelling (``{"type": "image", "source": {"media_type", "data"}}``) are read too.
+This module holds what the readers of such content need: a model (``render``: one line of text
+per block, never the bytes), the audit log (``summary``: type, media type, size and SHA-256 per
+block, never the bytes), an MCP client (``mcp_spelling``) and Amplifier (``amplifier_spelling``:
+its text and image blocks, the rest as their rendered text). It never raises on what a tool or a
+server put there: a block it does not know is rendered and summarized by its ``type`` alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from ._json import dumps
+
+#: Blocks the audit summary describes one by one; the rest are one entry.
+MAX_SUMMARY_BLOCKS: Final = 64
+
+
+def blocks_of(metadata: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The content blocks of a result's ``metadata`` (``[]`` when it has none or they are no list)."""
+    blocks = metadata.get("content")
+    if not isinstance(blocks, list):
+        return []
+    return [block for block in blocks if isinstance(block, Mapping)]
+
+
+def _binary(block: Mapping[str, Any]) -> tuple[str | None, Any]:
+    """A media block's ``(mime type, base64 data)``, in either spelling."""
+    source = block.get("source")
+    if isinstance(source, Mapping):
+        return _str(source.get("media_type") or source.get("mimeType")), source.get("data")
+    return _str(block.get("mimeType")), block.get("data")
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def base64_size(data: Any) -> int:
+    """The number of bytes ``data`` (base64 text) decodes to, from its length (0 for no string)."""
+    if not isinstance(data, str):
+        return 0
+    return len(data.rstrip("=")) * 3 // 4
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def render_block(block: Mapping[str, Any]) -> str:
+    """One block as text for a model: text as it is; anything else as a bracketed line naming it."""
+    kind = block.get("type")
+    if kind == "text":
+        return str(block.get("text", ""))
+    if kind in ("image", "audio"):
+        mime, data = _binary(block)
+        return f"[{kind}: {_clip(mime or 'unknown type', 100)}, {base64_size(data)} bytes]"
+    if kind == "resource_link":
+        name, uri = _str(block.get("name")), _str(block.get("uri")) or ""
+        parts = [_clip(name or uri), f"<{_clip(uri, 500)}>"] if name and name != uri else [f"<{_clip(uri, 500)}>"]
+        mime = _str(block.get("mimeType"))
+        if mime:
+            parts.append(f"({_clip(mime, 100)})")
+        description = _str(block.get("description"))
+        line = "[resource link: " + " ".join(parts) + "]"
+        return f"{line} {_clip(description)}" if description else line
+    if kind == "resource":
+        resource = block.get("resource")
+        resource = resource if isinstance(resource, Mapping) else {}
+        uri, mime = _str(resource.get("uri")) or "", _str(resource.get("mimeType"))
+        head = f"[resource <{_clip(uri, 500)}>" + (f" ({_clip(mime, 100)})" if mime else "")
+        if isinstance(resource.get("text"), str):
+            return f"{head}]\n{resource['text']}"
+        return f"{head}: {base64_size(resource.get('blob'))} bytes]"
+    return f"[{_clip(str(kind), 100)} content]"
+
+
+def render(blocks: Sequence[Mapping[str, Any]]) -> str:
+    """The blocks as text for a model, one after another (a line break between two)."""
+    return "\n".join(render_block(block) for block in blocks)
+
+
+def mcp_spelling(block: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``block`` in MCP's spelling: an Amplifier image block (``source``) as ``{"type": "image",
+    "data", "mimeType"}``; any other block as it is."""
+    source = block.get("source")
+    if block.get("type") == "image" and isinstance(source, Mapping):
+        return {"type": "image", "data": source.get("data"), "mimeType": source.get("media_type")}
+    return block
+
+
+def amplifier_spelling(block: Mapping[str, Any]) -> dict[str, Any]:
+    """``block`` as one of amplifier-core's result blocks: text as text, an image as an image with a
+    base64 ``source``; what Amplifier has no block for (audio, resources) as its rendered text."""
+    kind = block.get("type")
+    if (kind == "text" and isinstance(block.get("text"), str)) or (
+            kind == "image" and isinstance(block.get("source"), Mapping)):
+        return dict(block)
+    if kind == "image" and isinstance(block.get("data"), str) and isinstance(block.get("mimeType"), str):
+        return {"type": "image", "source": {"type": "base64", "media_type": block["mimeType"], "data": block["data"]}}
+    return {"type": "text", "text": render_block(block)}
+
+
+def summary(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What the audit log keeps of each block: its ``type``, media type (``mimeType``) and URI where
+    it has them, ``bytes`` (of its canonical JSON) and ``sha256`` (of the same bytes). The data
+    itself is not inlined (an image is megabytes of base64); the digest ties the record to it.
+    Past ``MAX_SUMMARY_BLOCKS`` blocks, the rest are one entry (``{"type": "more", "blocks",
+    "bytes", "sha256"}``, the digest over their encodings one after another), so a result of
+    a hundred thousand tiny blocks does not make a record of megabytes."""
+    out = [_summary(block, dumps(block)) for block in blocks[:MAX_SUMMARY_BLOCKS]]
+    rest = blocks[MAX_SUMMARY_BLOCKS:]
+    if rest:
+        digest, size = hashlib.sha256(), 0
+        for block in rest:
+            encoded = dumps(block)
+            digest.update(encoded)
+            size += len(encoded)
+        out.append({"type": "more", "blocks": len(rest), "bytes": size, "sha256": digest.hexdigest()})
+    return out
+
+
+def _summary(block: Mapping[str, Any], encoded: bytes) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": (_str(block.get("type")) or "unknown")[:100]}
+    mime, _ = _binary(block)
+    resource = block.get("resource")
+    holder = resource if isinstance(resource, Mapping) else block
+    mime = mime or _str(holder.get("mimeType"))
+    if mime:
+        entry["mimeType"] = mime[:200]
+    uri = _str(holder.get("uri"))
+    if uri:
+        entry["uri"] = uri[:500]  # the digest covers the whole
+    entry["bytes"] = len(encoded)
+    entry["sha256"] = hashlib.sha256(encoded).hexdigest()
+    return entry
