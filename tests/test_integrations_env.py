@@ -5,14 +5,27 @@ the core never imports a framework."""
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from conftest import INTEGRATIONS, pytest_ignore_collect
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _core_conftest() -> object:
+    """tests/conftest.py by its path (``import conftest`` may find tests/integrations' one)."""
+    spec = importlib.util.spec_from_file_location("core_conftest", ROOT / "tests" / "conftest.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CONFTEST = _core_conftest()
+INTEGRATIONS: Path = CONFTEST.INTEGRATIONS  # type: ignore[attr-defined]
+pytest_ignore_collect = CONFTEST.pytest_ignore_collect  # type: ignore[attr-defined]
 EXTRAS = ("openai-agents", "pydantic-ai", "langchain")
 
 

@@ -211,5 +211,7 @@ async def test_a_langchain_tool_mounted_on_the_host_is_denied_by_its_policy_and_
     assert allowed.output == "note todo"
     assert (invalid.error or {})["type"] == "ContractError" and "/title" in (invalid.error or {})["message"]
     assert (failing.error or {})["type"] == "ExecutionError" and "no such note" in (failing.error or {})["message"]
+    assert {r["tool"]: r["effect"] for r in audit_records(wrapped)} == {
+        "delete_file": "ExternalSideEffects", "read_note": "Pure"}
     assert [(r["call_id"], r["status"]) for r in audit_records(wrapped)] == [
         ("c1", "error"), ("c2", "ok"), ("c3", "error"), ("c4", "error")]
