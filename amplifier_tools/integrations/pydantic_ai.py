@@ -21,7 +21,6 @@ plain function, so decorate the function with ``amplifier_tools.tool`` and mount
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime
 from typing import Any
 
 from pydantic_ai import RunContext
@@ -79,17 +78,11 @@ class AmplifierToolset(AbstractToolset[Any]):
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
                         tool: ToolsetTool[Any]) -> Any:
         context = call_context(self.host, self.context, ctx, ctx.run_id)
-        if ctx.deadline is not None and context.deadline is None:
-            context = context.with_timeout(_seconds_until(ctx.deadline))
+        remaining = ctx.remaining_time()
+        if remaining is not None and context.deadline is None:
+            context = context.with_timeout(remaining)
         canonical = (tool.tool_def.metadata or {}).get("amplifier_tools", name)
         result = await self.host.call(canonical, tool_args, context=context, call_id=ctx.tool_call_id or None)
         if not result.success:
             raise ToolFailed(model_text(result, self.max_output_chars))
         return model_text(result, self.max_output_chars)
-
-
-def _seconds_until(deadline: datetime) -> float:
-    now = datetime.now(deadline.tzinfo) if deadline.tzinfo is not None else datetime.now()
-    return (deadline - now).total_seconds()
-
-

@@ -121,6 +121,13 @@ async def test_tool_node_runs_the_calls_and_the_tools_carry_the_contract(host: T
     made = {t.name: t for t in tools(host)}
     assert made["shop__orders_lookup"].args_schema == host.tools.resolve("shop__orders_lookup").spec.input_schema
     assert made["shop__orders_lookup"].description == "Look an order up by its id."
+    # what bind_tools / create_agent send the model
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    sent = convert_to_openai_tool(made["shop__orders_lookup"])["function"]
+    assert sent["name"] == "shop__orders_lookup"
+    assert sent["parameters"]["properties"] == {"order_id": {"type": "string"}}
+    assert sent["parameters"]["required"] == ["order_id"]
     node = ToolNode(list(made.values()))
     graph_input = {"messages": [AIMessage(content="", tool_calls=[
         tool_call("shop__orders_lookup", "node_1", {"order_id": "Z9"})])]}

@@ -197,3 +197,13 @@ async def test_an_sdk_tool_mounted_on_the_host_is_denied_by_its_policy_and_audit
         "delete_file": "ExternalSideEffects", "read_note": "Pure"}
     assert [(r["call_id"], r["status"]) for r in audit_records(wrapped)] == [
         ("c1", "error"), ("c2", "ok"), ("c3", "error")]
+
+
+async def test_a_context_function_that_returns_no_tool_context_stops_the_run_before_the_call(host: ToolHost) -> None:
+    from agents.exceptions import UserError
+
+    model = tool_calls_then_report(call("shop__orders_lookup", "call_x", {"order_id": "A1"}))
+    agent = Agent(name="shop", model=model, tools=function_tools(host, context=lambda ctx: {"principal": "root"}))
+    with pytest.raises(UserError, match="returned dict, not a ToolContext"):
+        await Runner.run(agent, "hi", run_config=RunConfig(tracing_disabled=True))
+    assert audit_records(host) == []  # never ran under a principal nobody chose

@@ -140,3 +140,19 @@ async def test_the_toolset_offers_the_contracts(host: ToolHost) -> None:
 async def test_an_unknown_tool_name_is_refused_naming_it(host: ToolHost) -> None:
     with pytest.raises(ValueError, match="'nope' names no tool"):
         AmplifierToolset(host, tools=["nope"])
+
+
+async def test_the_runs_deadline_bounds_the_call(host: ToolHost, gate: Any) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from pydantic_ai.exceptions import ToolFailed
+    from pydantic_ai.usage import RunUsage
+
+    toolset = AmplifierToolset(host, tools=["shop__slow"])
+    ctx = RunContext(deps=None, model=TestModel(), usage=RunUsage(), tool_call_id="pyd_deadline",
+                     deadline=datetime.now(timezone.utc) + timedelta(seconds=0.3))
+    tool = (await toolset.get_tools(ctx))["shop__slow"]
+    with pytest.raises(ToolFailed, match=r"^Error \(PolicyError, timeout\)"):
+        await toolset.call_tool("shop__slow", {"seconds": 30}, ctx, tool)
+    [record] = audit_records(host)
+    assert (record["call_id"], record["error"]["code"]) == ("pyd_deadline", "timeout")
