@@ -17,6 +17,7 @@ a cancelled run cancels the call, which the host records as ``cancelled``.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -52,11 +53,11 @@ def function_tools(host: ToolHost, *, context: ToolContext | ContextFunction | N
     """
     made = []
     for spec in select_specs(host, tools):
-        schema = spec.input_schema
+        schema = copy.deepcopy(spec.input_schema)  # the SDK's to keep; the contract's stays as it is
         strict = is_strict_schema(schema)
         if strict:
             try:
-                ensure_strict_json_schema(json.loads(json.dumps(schema)))
+                ensure_strict_json_schema(copy.deepcopy(schema))
             except UserError:  # a keyword the SDK's strict normalizer refuses
                 strict = False
         made.append(FunctionTool(

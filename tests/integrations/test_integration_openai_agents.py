@@ -207,3 +207,17 @@ async def test_a_context_function_that_returns_no_tool_context_stops_the_run_bef
     with pytest.raises(UserError, match="returned dict, not a ToolContext"):
         await Runner.run(agent, "hi", run_config=RunConfig(tracing_disabled=True))
     assert audit_records(host) == []  # never ran under a principal nobody chose
+
+
+async def test_the_sdks_trace_id_is_the_records_trace_id(host: ToolHost) -> None:
+    from agents import trace
+    from agents.tracing import set_trace_processors
+
+    set_trace_processors([])  # no exporter: nothing leaves the process
+    trace_id = "trace_" + "0123456789abcdef" * 2
+    model = tool_calls_then_report(call("shop__orders_lookup", "call_t", {"order_id": "A1"}))
+    agent = Agent(name="shop", model=model, tools=function_tools(host))
+    with trace("shop workflow", trace_id=trace_id):
+        await Runner.run(agent, "hi")
+    [record] = audit_records(host)
+    assert (record["call_id"], record["trace_id"], record["principal"]) == ("call_t", trace_id, "default-user")
