@@ -150,7 +150,7 @@ async def test_the_runs_deadline_bounds_the_call(host: ToolHost, gate: Any) -> N
 
     toolset = AmplifierToolset(host, tools=["shop__slow"])
     ctx = RunContext(deps=None, model=TestModel(), usage=RunUsage(), tool_call_id="pyd_deadline",
-                     deadline=datetime.now(timezone.utc) + timedelta(seconds=0.3))
+                     deadline=datetime.now(timezone.utc) + timedelta(seconds=1))
     tool = (await toolset.get_tools(ctx))["shop__slow"]
     with pytest.raises(ToolFailed, match=r"^Error \(PolicyError, timeout\)"):
         await toolset.call_tool("shop__slow", {"seconds": 30}, ctx, tool)
