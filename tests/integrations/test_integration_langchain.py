@@ -222,3 +222,28 @@ async def test_a_langchain_tool_mounted_on_the_host_is_denied_by_its_policy_and_
         "delete_file": "ExternalSideEffects", "read_note": "Pure"}
     assert [(r["call_id"], r["status"]) for r in audit_records(wrapped)] == [
         ("c1", "error"), ("c2", "ok"), ("c3", "error"), ("c4", "error")]
+
+
+async def test_the_agents_runtime_context_can_name_the_principal(host: ToolHost) -> None:
+    """``create_agent(context_schema=...)`` and ``ainvoke(..., context=...)``: the context function reads
+    LangGraph's runtime, as a LangChain v1 tool would through ``ToolRuntime``."""
+    from dataclasses import dataclass
+
+    from langgraph.runtime import get_runtime
+
+    @dataclass
+    class Caller:
+        user: str
+        scopes: tuple[str, ...] = ()
+
+    def who(config: RunnableConfig) -> ToolContext:
+        caller = get_runtime(Caller).context
+        return ToolContext(principal=caller.user, scopes=frozenset(caller.scopes))
+
+    model = ScriptedChatModel(tool_calls=[tool_call("shop__orders_refund", "rt_1", {"order_id": "R", "amount": 2})])
+    agent = create_agent(model, tools(host, context=who), context_schema=Caller)
+    state = await agent.ainvoke({"messages": [{"role": "user", "content": "refund"}]},
+                                context=Caller("zed", (REFUND_SCOPE,)))
+    assert json.loads(state["messages"][-1].content) == {"rt_1": ["success", "refunded 2 on R"]}
+    [record] = audit_records(host)
+    assert (record["principal"], record["call_id"]) == ("zed", "rt_1")
