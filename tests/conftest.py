@@ -61,6 +61,7 @@ INTEGRATIONS = Path(__file__).resolve().parent / "integrations"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave tests/integrations out unless an argument of this run names it or a path inside it."""
     if collection_path != INTEGRATIONS:
         return None
     base = config.invocation_params.dir
