@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,3 +51,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.pluginmanager.is_registered(plugin):
         config.pluginmanager.register(plugin, "amplifier_tools.pytest_plugin")
+
+
+#: The framework adapter tests: they need the frameworks (extras openai-agents, pydantic-ai,
+#: langchain), which the default environments do not install. ``tox -e integrations`` runs them by
+#: naming the directory; a run that does not name it does not collect it, rather than collecting
+#: and skipping it (test_integrations_env.py checks the tox env exists and runs it).
+INTEGRATIONS = Path(__file__).resolve().parent / "integrations"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Leave tests/integrations out unless an argument of this run names it or a path inside it."""
+    if collection_path != INTEGRATIONS:
+        return None
+    base = config.invocation_params.dir
+    for arg in config.args:
+        named = (base / arg.split("::")[0]).resolve()
+        if named == INTEGRATIONS or INTEGRATIONS in named.parents:
+            return None
+    return True

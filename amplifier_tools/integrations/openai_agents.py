@@ -1,0 +1,129 @@
+"""The host's tools as OpenAI Agents SDK ``FunctionTool``s, and an SDK ``FunctionTool`` as a tool of
+the host (extra ``openai-agents``).
+
+``function_tools(host)`` gives one ``FunctionTool`` per mounted tool: the model-facing name, the
+contract's description and input schema (strict mode only when the schema already is strict, so
+that strict mode never makes an optional argument required), and an invocation that runs
+``host.call`` with the SDK's tool-call id as the call id. A failed call is returned to the model as
+``Error (<type>, <code>): <message>``, never raised, so the run goes on and the model can adapt.
+
+``host_tool(function_tool)`` goes the other way: the SDK tool becomes a tool that a ``ToolHost``
+mounts, so its calls pass the host's validation, policies and audit.
+
+Not carried over: the SDK's approvals (``needs_approval``), tool guardrails and per-tool timeouts
+are left unset on the tools made here (the host's hooks, policies and ``timeout_ms`` do that job);
+a cancelled run cancels the call, which the host records as ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from agents import FunctionTool
+from agents.exceptions import UserError
+from agents.strict_schema import ensure_strict_json_schema
+from agents.tool_context import ToolContext as AgentsToolContext
+from agents.tracing import get_current_trace
+from agents.tracing.traces import NoOpTrace
+
+from ..definitions import model_name
+from ..host import ToolHost
+from ..models import ToolContext, ToolResult
+from ..spec import Effect
+from ._common import ContextSource, call_context, is_strict_schema, model_text, select_specs
+
+__all__ = ["function_tools", "host_tool"]
+
+#: A function from the SDK's per-call ``ToolContext`` (its ``.context`` is what was passed to
+#: ``Runner.run(context=...)``) to the call's ``ToolContext``.
+ContextFunction = Callable[[AgentsToolContext[Any]], ToolContext]
+
+
+def function_tools(host: ToolHost, *, context: ToolContext | ContextFunction | None = None,
+                   tools: Iterable[str] | None = None, max_output_chars: int | None = 50_000) -> list[FunctionTool]:
+    """One ``FunctionTool`` per mounted tool (or per name in ``tools``), each calling ``host``.
+
+    ``context`` is the calls' ``ToolContext``, or a function building it from the SDK's
+    ``ToolContext`` (principal and scopes from your run context); without it the host's default
+    context is used. The SDK's current trace id fills ``trace_id`` when the context has none.
+    The host must be started before the agent runs and stay open while it does.
+    """
+    made = []
+    for spec in select_specs(host, tools):
+        schema = copy.deepcopy(spec.input_schema)  # the SDK's to keep; the contract's stays as it is
+        strict = is_strict_schema(schema)
+        if strict:
+            try:
+                ensure_strict_json_schema(copy.deepcopy(schema))
+            except UserError:  # a keyword the SDK's strict normalizer refuses
+                strict = False
+        made.append(FunctionTool(
+            name=model_name(spec.name),
+            description=spec.description or spec.title or spec.name,
+            params_json_schema=schema,
+            on_invoke_tool=_Invoker(host, spec.name, context, max_output_chars),
+            strict_json_schema=strict,
+        ))
+    return made
+
+
+class _Invoker:
+    """``on_invoke_tool`` of one adapted tool: the model's JSON string through ``host.call``."""
+
+    __slots__ = ("context", "host", "max_output_chars", "name")
+
+    def __init__(self, host: ToolHost, name: str, context: ContextSource[AgentsToolContext[Any]],
+                 max_output_chars: int | None) -> None:
+        self.host = host
+        self.name = name
+        self.context = context
+        self.max_output_chars = max_output_chars
+
+    async def __call__(self, ctx: AgentsToolContext[Any], arguments: str) -> str:
+        try:
+            parsed: Any = json.loads(arguments) if arguments else {}
+        except ValueError:
+            parsed = arguments  # not JSON: the host refuses it as a ContractError, and records the call
+        trace = get_current_trace()
+        trace_id = None if trace is None or isinstance(trace, NoOpTrace) else trace.trace_id
+        context = call_context(self.host, self.context, ctx, trace_id)
+        result = await self.host.call(self.name, parsed, context=context, call_id=ctx.tool_call_id or None)
+        return model_text(result, self.max_output_chars)
+
+
+def host_tool(tool: FunctionTool, *, name: str | None = None, effect: Effect | str = Effect.ExternalSideEffects,
+              context: Any = None) -> _SDKTool:
+    """An SDK ``FunctionTool`` as a tool for ``ToolHost`` (mount it with a plugin or ``coordinator.mount``).
+
+    The contract's input schema is the tool's ``params_json_schema`` (the host validates it, the
+    SDK validates again); ``effect`` is what the tool does, which the SDK does not say, so it
+    defaults to the most cautious. ``context`` is what the tool sees as its run context.
+    The SDK tool turns its own exceptions into text by default (``failure_error_function``); such a
+    text reads as a success to the host. Create the tool with ``failure_error_function=None`` so
+    that it raises instead, and the host records an ``ExecutionError``.
+    """
+    return _SDKTool(tool, name or tool.name, Effect(effect), context)
+
+
+class _SDKTool:
+    """An SDK ``FunctionTool`` behind the host's tool interface."""
+
+    def __init__(self, tool: FunctionTool, name: str, effect: Effect, run_context: Any) -> None:
+        self.tool = tool
+        self.name = name
+        self.description = tool.description
+        self.input_schema = tool.params_json_schema
+        self.effect = effect
+        self.run_context = run_context
+
+    async def execute(self, input: dict[str, Any], context: ToolContext | None = None) -> ToolResult:
+        arguments = json.dumps(input)
+        call_id = context.call_id if context is not None and context.call_id else "call"
+        ctx = AgentsToolContext(context=self.run_context, tool_name=self.tool.name, tool_call_id=call_id,
+                                tool_arguments=arguments)
+        output = await self.tool.on_invoke_tool(ctx, arguments)
+        return ToolResult(success=True, output=output if isinstance(output, (str, dict, list)) else str(output))
+
