@@ -442,7 +442,7 @@ def test_help_and_usage_errors_import_no_host_code(argv: list[str]) -> None:
 #: What ``list`` and ``describe`` must not import with no configuration: the pieces only a call,
 #: a configured feature or an installed plugin needs (docs/performance.md, "Command-line start-up").
 LAZY_MODULES = ("importlib.metadata", "amplifier_tools.mcp.settings", "amplifier_tools.builtins.bash.shellparse",
-                "tree_sitter", "tree_sitter_bash", "jsonschema", "tenacity", "orjson", "secrets")
+                "tree_sitter", "tree_sitter_bash", "jsonschema", "tenacity", "orjson", "secrets", "tomllib")
 
 
 @pytest.mark.parametrize("argv", [["list"], ["describe", "local::bash"]])
