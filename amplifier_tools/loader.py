@@ -212,8 +212,6 @@ def _entry_points_may_exist() -> bool:
            for finder in sys.meta_path):
         return True
     for entry in sys.path:
-        if not isinstance(entry, str):
-            return True  # not a path as importlib.metadata reads one here
         root = entry or "."
         try:
             children = os.listdir(root)
