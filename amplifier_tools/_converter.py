@@ -16,6 +16,8 @@ import cattrs
 from cattrs.v import format_exception
 
 from .models import ToolContext
+from .plugin_settings import register_settings_hooks
+from .spec import Effect, IdempotencyKeyRequirement
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 
@@ -23,10 +25,15 @@ converter.register_unstructure_hook(frozenset, lambda value: sorted(value))
 
 
 def unstructure_enum_as_value(cls: type[enum.Enum]) -> None:
-    """Unstructure the members of ``cls`` (a str-valued enum) as their values; called by the module
-    that defines the enum, so that this module imports no model (cattrs' singledispatch would
-    otherwise take the ``str`` base and pass the members through)."""
+    """Unstructure the members of ``cls`` (a str-valued enum) as their values (cattrs' singledispatch
+    would otherwise take the ``str`` base and pass the members through)."""
     converter.register_unstructure_hook(cls, lambda value: value.value)
+
+
+# The models import no converter (a host's start need not import cattrs): it is set up for them here.
+unstructure_enum_as_value(Effect)
+unstructure_enum_as_value(IdempotencyKeyRequirement)
+register_settings_hooks(converter)
 
 converter.register_unstructure_hook(
     ToolContext,

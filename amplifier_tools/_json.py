@@ -19,27 +19,52 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-try:
+if TYPE_CHECKING:
     import orjson
-except ImportError:  # the optional ``fast`` extra is not installed
-    orjson = None  # type: ignore[assignment]
 
 _STDLIB: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 _CANONICAL: Final = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-_ORJSON_OPTIONS: Final = orjson.OPT_SORT_KEYS if orjson is not None else 0
 #: Nesting depth beyond which ``encodable`` summarizes a value.
 MAX_DEPTH: Final = 100
 MAX_NOTES: Final = 20
 
 
+def __getattr__(name: str) -> Any:
+    """``orjson``: the module, or None without the ``fast`` extra. It is imported by the first
+    encoding, not with this module: it costs every command's start a few ms (it imports uuid,
+    datetime, dataclasses), and a command that encodes nothing (``list``) needs none of it."""
+    if name == "orjson":
+        return _load_orjson()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _load_orjson() -> Any:
+    global orjson
+    try:
+        import orjson as module
+    except ImportError:  # the optional ``fast`` extra is not installed
+        module = None  # type: ignore[assignment]
+    orjson = module
+    return module
+
+
+def _fast() -> Any:
+    """The ``orjson`` module or None (the global once loaded; tests replace it)."""
+    try:
+        return orjson
+    except NameError:
+        return _load_orjson()
+
+
 def dumps(value: Any) -> bytes:
     """``value`` as compact, key-sorted UTF-8 JSON; unknown objects are encoded as ``str(obj)``."""
-    if orjson is not None:
+    fast = _fast()
+    if fast is not None:
         try:
-            return orjson.dumps(value, default=str, option=_ORJSON_OPTIONS)
-        except (TypeError, orjson.JSONEncodeError) as exc:
+            return fast.dumps(value, default=str, option=fast.OPT_SORT_KEYS)  # type: ignore[no-any-return]
+        except (TypeError, fast.JSONEncodeError) as exc:
             if "ecursion" in str(exc):
                 # Too deep for orjson (255 levels): the same on every CPython, where the stdlib
                 # encoder's limit moves with the interpreter's (3.13 writes what 3.11 cannot read).
@@ -62,7 +87,8 @@ def json_pointer(parts: Iterable[Any]) -> str:
 
 def encoder_name() -> str:
     """Which encoder ``dumps`` uses (for benchmark reports)."""
-    return f"orjson {orjson.__version__}" if orjson is not None else "json (stdlib)"
+    fast = _fast()
+    return f"orjson {fast.__version__}" if fast is not None else "json (stdlib)"
 
 
 def _safe_repr(value: Any) -> str:

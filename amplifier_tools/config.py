@@ -19,18 +19,12 @@ import functools
 import math
 import os
 import re
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from .errors import ConfigError
 from .schema import CompiledSchema, Validator, schema_problems
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - py310 only
-    import tomli as tomllib
 
 RESERVED_PLUGIN_KEYS: Final = ("enabled", "on_error", "hook_timeout_ms")
 
@@ -227,9 +221,11 @@ def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | No
         except yaml.YAMLError as exc:
             raise ConfigError(f"not valid YAML: {exc}", file=file) from None
     else:
+        from ._toml import TOMLDecodeError, loads
+
         try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
+            data = loads(text)
+        except TOMLDecodeError as exc:
             raise ConfigError(f"not valid TOML: {exc}", file=file) from None
         if p.name == "pyproject.toml":
             data = data.get("tool", {}).get("amplifier-tools", {})
@@ -253,9 +249,11 @@ def discover_config_file(cwd: str | os.PathLike[str] | None = None) -> Path | No
         return local
     pyproject = base / "pyproject.toml"
     if pyproject.is_file():
+        from ._toml import TOMLDecodeError, loads
+
         try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError):
+            data = loads(pyproject.read_text(encoding="utf-8"))
+        except (OSError, TOMLDecodeError):
             return None  # not ours to complain about unless it holds our section
         if "amplifier-tools" in data.get("tool", {}):
             return pyproject

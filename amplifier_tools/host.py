@@ -15,8 +15,6 @@ whatever its source (configure it or disable it); a bad per-tool override in
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.metadata
 import inspect
 import logging
 import os
@@ -48,6 +46,7 @@ from .loader import (
     ToolMount,
     as_plugin,
     env_names,
+    installed_entry_points,
     instantiate,
     load_target,
     misfit_hooks,
@@ -254,8 +253,9 @@ class ToolHost:
     def _collect_plugins(self) -> None:
         disabled = self._disabled()
         allow = self._allowlist()
-        # One scan of the installed distributions for both groups (each entry_points(group=...) reads them all).
-        installed = importlib.metadata.entry_points() if self._entry_points else None
+        # One scan of the installed distributions for both groups (each entry_points(group=...) reads them all),
+        # none where no distribution declares a plugin (installed_entry_points).
+        installed = installed_entry_points() if self._entry_points else None
         if self._builtins:
             wanted = BUILTIN_PLUGINS if self._builtins is True else {
                 name: BUILTIN_PLUGINS[name] for name in self._builtins if name in BUILTIN_PLUGINS
@@ -270,7 +270,7 @@ class ToolHost:
             if name not in disabled:
                 self._queue(name, functools.partial(as_plugin, plugin, name), "code", None, None, required=True)
         if installed is not None:
-            for ep in installed.select(group=ENTRY_POINT_GROUP):
+            for ep in installed[ENTRY_POINT_GROUP]:
                 if ep.name in disabled or (allow is not None and ep.name not in allow):
                     continue
                 dist = getattr(ep, "dist", None)
@@ -279,7 +279,7 @@ class ToolHost:
                             dist.version if dist else None, required=self._required(ep.name))
         planned = {entry["module"]: entry for entry in self.config.get("modules", [])}
         if installed is not None:
-            for ep in installed.select(group=SEED_ENTRY_POINT_GROUP):
+            for ep in installed[SEED_ENTRY_POINT_GROUP]:
                 if ep.value.startswith(f"{__package__}."):
                     continue  # our own module for Amplifier coordinators (amplifier_module), not for us
                 if ep.name in disabled or (allow is not None and ep.name not in allow and ep.name not in planned):

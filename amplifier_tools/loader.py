@@ -5,19 +5,21 @@ Public helpers, used by the host and the conformance checker (``validate``): ``i
 (a class gets one instance per host), ``load_target`` (``package.module[:Attribute]``),
 ``plugin_name``, ``as_plugin`` (what ``ToolHost(plugins=[...])`` accepts), ``misfit_hooks``
 (unknown hooks and wrappers refused at registration), ``seed_from_entry_point`` and
-``seed_from_config`` (Amplifier-style modules as ``SeedModule`` plugins). The host keeps the
-order, the config sections and the failure policy (``host.py``).
+``seed_from_config`` (Amplifier-style modules as ``SeedModule`` plugins), ``installed_entry_points``
+(the installed distributions' entry points, or ``None`` when none can be a plugin). The host keeps
+the order, the config sections and the failure policy (``host.py``).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
+import importlib.machinery
 import inspect
 import os
+import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -25,6 +27,9 @@ from ._markers import PROJECT_NAME, hookimpl
 from .coordinator import Coordinator
 from .dispatch import PluginManager
 from .errors import PluginLoadError, did_you_mean
+
+if TYPE_CHECKING:  # importlib.metadata is imported only where an installed plugin may exist (installed_entry_points)
+    import importlib.metadata
 
 ENTRY_POINT_GROUP = "amplifier_tools"
 SEED_ENTRY_POINT_GROUP = "amplifier.modules"
@@ -165,6 +170,8 @@ def seed_from_config(entry: Mapping[str, Any]) -> Any:
     """A mount-plan entry: ``module`` names an ``amplifier.modules`` entry point or an import path.
     An imported module with ``@hookimpl`` hooks is a plugin of ours and is registered as it is
     (its settings come from ``[plugins.<name>]``, as for any plugin)."""
+    import importlib.metadata
+
     name = entry["module"]
     for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
         if ep.name == name:
@@ -176,3 +183,75 @@ def seed_from_config(entry: Mapping[str, Any]) -> Any:
                                         f"in [plugins.{name}], not in the mount plan entry's config")
         return module
     return SeedModule(name, mount_function(name, module), entry.get("config", {}))
+
+
+def installed_entry_points() -> dict[str, list[importlib.metadata.EntryPoint]]:
+    """The installed distributions' entry points in ``amplifier_tools`` and ``amplifier.modules``, by
+    group, from one scan (``importlib.metadata.entry_points()``, which reads every distribution).
+
+    ``importlib.metadata`` costs a command like ``list`` more than all its other plugin loading (its
+    import, then a parse of every distribution's metadata), and most installations declare no plugin.
+    A first pass reads only the ``entry_points.txt`` files, where and as ``importlib.metadata`` finds
+    them (the ``.dist-info`` and ``.egg-info`` directories of each ``sys.path`` directory, an ``.egg``
+    directory's ``EGG-INFO``), and answers "none" itself only when it is sure: no entry point in
+    ``amplifier_tools``, none in ``amplifier.modules`` but this package's own (which the host skips).
+    Anything it does not read the same way — a zip on ``sys.path``, another finder of distributions
+    on ``sys.meta_path``, an unreadable directory or file, a line it does not rule out — leaves the
+    answer to ``importlib.metadata``."""
+    groups = (ENTRY_POINT_GROUP, SEED_ENTRY_POINT_GROUP)
+    if not _entry_points_may_exist():
+        return {group: [] for group in groups}
+    import importlib.metadata
+
+    installed = importlib.metadata.entry_points()
+    return {group: list(installed.select(group=group)) for group in groups}
+
+
+def _entry_points_may_exist() -> bool:
+    if any(getattr(finder, "find_distributions", None) is not None and finder is not importlib.machinery.PathFinder
+           for finder in sys.meta_path):
+        return True
+    for entry in sys.path:
+        root = entry or "."
+        try:
+            children = os.listdir(root)
+        except (FileNotFoundError, NotADirectoryError):
+            if os.path.lexists(root):
+                return True  # a zip (or something else importlib.metadata may read)
+            continue
+        except OSError:
+            return True
+        egg = os.path.basename(root).lower().endswith(".egg")
+        for child in children:
+            low = child.lower()
+            if low.endswith((".dist-info", ".egg-info")) or (egg and low == "egg-info"):
+                try:
+                    with open(os.path.join(root, child, "entry_points.txt"), encoding="utf-8") as file:
+                        text = file.read()
+                except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
+                    continue  # what importlib.metadata reads as no entry points
+                except (OSError, ValueError):
+                    return True
+                if _declares_plugins(text):
+                    return True
+    return False
+
+
+def _declares_plugins(text: str) -> bool:
+    """Whether an ``entry_points.txt``, read as ``importlib.metadata`` reads it, may declare an entry
+    point the host loads: any in ``amplifier_tools``, one in ``amplifier.modules`` not of this package."""
+    if "amplifier" not in text:
+        return False
+    group = None
+    for line in map(str.strip, text.splitlines()):
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            group = line.strip("[]")
+        elif group == ENTRY_POINT_GROUP:
+            return True
+        elif group == SEED_ENTRY_POINT_GROUP:
+            _, equals, value = line.partition("=")
+            if not equals or not value.strip().startswith(f"{__package__}."):
+                return True
+    return False

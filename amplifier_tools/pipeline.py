@@ -33,7 +33,6 @@ import sys
 import time
 from typing import Any
 
-from ._converter import converter
 from .amplifier_hooks import event_data, result_data
 from .dispatch import HookDispatcher, finish_despite_cancel, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
@@ -309,7 +308,7 @@ class CallPipeline:
         started: float, scanned: Any = None,
     ) -> ToolResult:
         metadata = dict(result.metadata)
-        metadata["trail"] = [converter.unstructure(decision) for decision in ctx.trail]
+        metadata["trail"] = _trail(ctx)
         metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
         result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id), scanned)
         spec = mounted.spec if mounted is not None else None
@@ -317,14 +316,14 @@ class CallPipeline:
 
         def withheld(current: ToolResult, error: ToolError) -> ToolResult:
             """An observer failed closed: the output is withheld; a failed call keeps its first error."""
-            trail = [converter.unstructure(decision) for decision in ctx.trail]
+            trail = _trail(ctx)
             failure = current.error if not current.success else self._failure_result(
                 call, mounted, ctx, error).error
             return ToolResult(False, None, failure, {**current.metadata, "trail": trail}, call.id)
 
         result, _ = await self.hooks.tool_complete(call, spec, result, ctx, withheld)
         if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
-            metadata = {**result.metadata, "trail": [converter.unstructure(decision) for decision in ctx.trail]}
+            metadata = {**result.metadata, "trail": _trail(ctx)}
             result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
         return result
 
@@ -373,3 +372,10 @@ def _check_arguments(arguments: Any, mounted: MountedTool, plugin: str | None = 
             plugin=plugin,
         ) from None
     mounted.check_input(arguments, plugin=plugin)
+
+
+def _trail(ctx: ToolContext) -> list[Any]:
+    """The call's decision trail as JSON data (cattrs is imported by the first call, not by a host's start)."""
+    from ._converter import converter
+
+    return [converter.unstructure(decision) for decision in ctx.trail]

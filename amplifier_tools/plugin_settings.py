@@ -34,19 +34,20 @@ whenever the class is built; an ``Expect`` rule only when a table is structured.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import re
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Annotated, Any, Final, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar, Union, get_args, get_origin
 
 import attrs
-import cattrs
 from attrs import AttrsInstance
-from cattrs.gen import make_dict_structure_fn, override
 
-from ._converter import converter
 from .errors import ConfigError
+
+if TYPE_CHECKING:  # cattrs is imported where a table is structured, not by a plugin that gets none
+    import cattrs
 
 T = TypeVar("T")
 A = TypeVar("A", bound=AttrsInstance)
@@ -123,6 +124,15 @@ def structure_settings(config: Mapping[str, Any], cls: type[T], where: str) -> T
         raise TypeError(f"{cls.__name__} is not marked @settings_class, so it would not be structured strictly")
     if not isinstance(config, Mapping):
         raise ConfigError(f"must be a table, got {_shown(config)}", key=where)
+    if not config:
+        # No table: the class's defaults, which is what the converter builds from an empty one, without
+        # importing cattrs (the start-up of every command); defaults the class refuses take the path below.
+        with contextlib.suppress(Exception):
+            return cls()
+    import cattrs
+
+    from ._converter import converter
+
     try:
         return converter.structure(config, cls)
     except cattrs.BaseValidationError as exc:
@@ -141,21 +151,26 @@ def settings_class(cls: type[A]) -> type[A]:
     return cls
 
 
-def _structure_fn(cls: type[Any]) -> Callable[[Any, Any], Any]:
-    """The structure function of a settings class: cattrs' own, with a strict hook per field."""
-    hooks: dict[str, Any] = {field.name: override(struct_hook=_field_hook(field.type))
-                             for field in attrs.fields(cls) if field.init}
-    structure = make_dict_structure_fn(cls, converter, **hooks)
+def register_settings_hooks(converter: cattrs.Converter) -> None:
+    """Make ``converter`` (the one converter, which calls this as it is built) structure every
+    settings class strictly."""
 
-    def table(value: Any, _: Any) -> Any:
-        if not isinstance(value, Mapping):
-            raise Invalid(f"must be a table, got {_shown(value)}")
-        return structure(value, cls)
+    def structure_fn(cls: type[Any]) -> Callable[[Any, Any], Any]:
+        """The structure function of a settings class: cattrs' own, with a strict hook per field."""
+        from cattrs.gen import make_dict_structure_fn, override
 
-    return table
+        hooks: dict[str, Any] = {field.name: override(struct_hook=_field_hook(field.type))
+                                 for field in attrs.fields(cls) if field.init}
+        structure = make_dict_structure_fn(cls, converter, **hooks)
 
+        def table(value: Any, _: Any) -> Any:
+            if not isinstance(value, Mapping):
+                raise Invalid(f"must be a table, got {_shown(value)}")
+            return structure(value, cls)
 
-converter.register_structure_hook_factory(_is_settings, _structure_fn)
+        return table
+
+    converter.register_structure_hook_factory(_is_settings, structure_fn)
 
 
 def _field_hook(t: Any) -> Callable[[Any, Any], Any]:
@@ -259,6 +274,8 @@ def _build(value: Any, t: Any) -> Any:
     """``value`` (which fits ``t``) structured by the converter; a union by the member it fits."""
     if _is_union(t):
         return _build(value, next(member for member in get_args(t) if _fits(value, member)))
+    from ._converter import converter
+
     return converter.structure(value, t)
 
 
@@ -346,6 +363,8 @@ def _check_value(value: Any, t: Any, key: str) -> None:
 def _problems(exc: BaseException, path: tuple[str | int, ...], t: Any
               ) -> Iterator[tuple[tuple[str | int, ...], BaseException, Any]]:
     """Every leaf of cattrs' error tree, with its path below the table and the type expected there."""
+    import cattrs
+
     if isinstance(exc, (cattrs.ClassValidationError, cattrs.IterableValidationError)):
         located, unlocated = exc.group_exceptions()
         for sub, note in located:  # a field of a class, or an index or key of a list or table
@@ -363,6 +382,8 @@ def _key(where: str, path: tuple[str | int, ...]) -> str:
 
 def _config_error(exc: BaseException, where: str) -> ConfigError:
     """The ``ConfigError`` for the first problem in ``exc`` (unknown keys first)."""
+    import cattrs
+
     problems = sorted(_problems(exc, (), None), key=lambda p: not isinstance(p[1], cattrs.ForbiddenExtraKeysError))
     path, problem, t = problems[0]
     if isinstance(problem, cattrs.ForbiddenExtraKeysError):

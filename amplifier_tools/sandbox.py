@@ -17,7 +17,9 @@ confined process sees. Interface:
   dropped; a new session (no TIOCSTI into the caller's terminal); ``--die-with-parent``. The
   namespace's first process is reported on ``info_fd``; ``wait_namespace_gone`` kills it and so
   the whole PID namespace, daemons included (``--die-with-parent`` alone was seen to fail).
-- ``find_bwrap()``: the ``bwrap`` on PATH and, when it cannot make a sandbox here, why not.
+- ``find_bwrap()``: the ``bwrap`` on PATH and, when it cannot make a sandbox here, why not;
+  ``start_find_bwrap()`` the same answer computed in a thread from now on (a plugin starts it when
+  it is created, so that the probe runs while the host loads its other plugins).
 - ``probe(bwrap)``: None when bubblewrap can set up such a sandbox on this host, else the reason.
   A success is cached per ``bwrap`` path for the process; callers probe at start, never per call.
 - ``unavailable(reason, setting)``: the ``ToolSystemError`` (code ``sandbox_unavailable``) a
@@ -34,6 +36,7 @@ missing or failing bwrap is an error, not a fallback.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import glob
 import json
 import os
@@ -209,6 +212,23 @@ async def find_bwrap() -> tuple[str | None, str | None]:
     if bwrap is None:
         return None, "'bwrap' was not found on PATH"
     return bwrap, await asyncio.to_thread(probe, bwrap)
+
+
+def start_find_bwrap() -> concurrent.futures.Future[tuple[str | None, str | None]]:
+    """``find_bwrap()``'s answer, computed from now on in a daemon thread (which a process that
+    exits before it finishes does not wait for)."""
+    future: concurrent.futures.Future[tuple[str | None, str | None]] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            bwrap = shutil.which("bwrap")
+            future.set_result((bwrap, probe(bwrap)) if bwrap is not None
+                              else (None, "'bwrap' was not found on PATH"))
+        except BaseException as exc:  # handed to whoever waits for the answer
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="amplifier-tools-sandbox-probe", daemon=True).start()
+    return future
 
 
 _working: set[str] = set()

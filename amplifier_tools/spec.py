@@ -16,7 +16,6 @@ from typing import Any, Final
 
 import attrs
 
-from ._converter import converter, describe_structure_error, unstructure_enum_as_value
 from .errors import ContractError
 
 #: Canonical tool names: segments separated by ``::`` (origin, server, tool),
@@ -48,10 +47,6 @@ class IdempotencyKeyRequirement(str, enum.Enum):
     required = "required"
     optional = "optional"
     none = "none"
-
-
-unstructure_enum_as_value(Effect)
-unstructure_enum_as_value(IdempotencyKeyRequirement)
 
 
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -187,9 +182,12 @@ class Example:
 
 
 def _structure(value: Any, cls: type[Any]) -> Any:
-    """``value`` as an instance of ``cls``: as is, or structured from plain data."""
+    """``value`` as an instance of ``cls``: as is, or structured from plain data (by the one converter,
+    imported here: a host that mounts only tools whose contracts are attrs instances and plain
+    examples never imports cattrs)."""
     if value is None or isinstance(value, cls):
         return value
+    from ._converter import converter, describe_structure_error
 
     try:
         return converter.structure(value, cls)
@@ -217,7 +215,30 @@ def _to_tags(values: Any) -> tuple[str, ...]:
 
 
 def _to_examples(values: Any) -> tuple[Example, ...]:
-    return tuple(_structure(value, Example) for value in values)
+    return tuple(_plain_example(value) or _structure(value, Example) for value in values)
+
+
+_EXAMPLE_KEYS: Final = frozenset({"input", "output", "error_code", "description", "files"})
+
+
+def _is_str_table(value: Any) -> bool:
+    return type(value) is dict and all(type(key) is str for key in value)
+
+
+def _plain_example(value: Any) -> Example | None:
+    """An example given as plain data whose every value already has its field's type (as the built-in
+    tools' are), built as the converter would build it (the tables copied, ``output`` as it is);
+    ``None`` for anything else, which the converter structures or refuses."""
+    if not (type(value) is dict and "input" in value and value.keys() <= _EXAMPLE_KEYS
+            and _is_str_table(value["input"])):
+        return None
+    error_code = value.get("error_code")
+    description = value.get("description", "")
+    files = value.get("files", {})
+    if not ((error_code is None or type(error_code) is str) and type(description) is str and _is_str_table(files)
+            and all(type(content) is str for content in files.values())):
+        return None
+    return Example(dict(value["input"]), value.get("output"), error_code, description, dict(files))
 
 
 def _check_name(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -322,6 +343,7 @@ def spec_from_tool(tool: Any, *, name: str | None = None) -> ToolSpec:
         # The field converters accept both attrs instances (Policies(...)) and plain data.
         return ToolSpec(**fields)
     except Exception as exc:  # validators name the field; cattrs groups nested errors
+        from ._converter import describe_structure_error
 
         raise ContractError(
             f"tool {label!r} has an invalid contract: {describe_structure_error(exc)}",

@@ -182,3 +182,45 @@ async def test_bash_is_mounted_by_default_and_confined_to_the_working_dir(tmp_pa
         assert "local::bash" in {s.name for s in host.specs}
         result = await host.call("bash", {"command": "pwd", "cwd": "/"})
         assert result.error["code"] == "path_denied"
+
+
+async def test_the_sandbox_probe_started_with_the_plugin_decides_at_mount(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe runs while the host loads its other plugins (CLI start-up); its answer still decides
+    at mount: where the sandbox cannot work, every call fails and nothing runs unconfined."""
+    import concurrent.futures
+
+    from amplifier_tools import sandbox as engine
+
+    answer: concurrent.futures.Future[tuple[str | None, str | None]] = concurrent.futures.Future()
+    answer.set_result(("/usr/bin/bwrap", "bwrap failed to set up a sandbox (as told by the test)"))
+    monkeypatch.setattr(engine, "start_find_bwrap", lambda: answer)
+
+    async def probe_again() -> tuple[str | None, str | None]:
+        raise AssertionError("the mount probed again")
+
+    monkeypatch.setattr(engine, "find_bwrap", probe_again)
+    async with ToolHost(builtins=["bash"], entry_points=False, working_dir=tmp_path, discover=False) as host:
+        mounted = host.tools.resolve("bash")
+        assert mounted is not None and "as told by the test" in mounted.spec.description
+        result = await host.call("bash", {"command": f"touch {tmp_path / 'ran'}"})
+        assert result.error["code"] == "sandbox_unavailable"
+        assert not (tmp_path / "ran").exists()
+
+
+async def test_a_probe_started_long_before_the_mount_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import concurrent.futures
+
+    from amplifier_tools import sandbox as engine
+    from amplifier_tools.builtins import bash as bash_plugin
+
+    stale: concurrent.futures.Future[tuple[str | None, str | None]] = concurrent.futures.Future()
+    stale.set_result((None, "a stale answer"))
+    monkeypatch.setattr(engine, "start_find_bwrap", lambda: stale)
+    plugin = bash_plugin.BashPlugin()
+    plugin._probe_started -= bash_plugin.PROBE_FRESH_S + 1
+    async with ToolHost(plugins=[plugin], builtins=False, entry_points=False, working_dir=tmp_path,
+                        discover=False) as host:
+        mounted = host.tools.resolve("bash")
+        assert mounted is not None and "a stale answer" not in mounted.spec.description

@@ -439,6 +439,38 @@ def test_help_and_usage_errors_import_no_host_code(argv: list[str]) -> None:
     assert out.stdout.strip().splitlines()[-1] == "imported: []", out.stdout + out.stderr
 
 
+#: What ``list`` and ``describe`` must not import with no configuration: the pieces only a call,
+#: a configured feature or an installed plugin needs (docs/performance.md, "Command-line start-up").
+LAZY_MODULES = ("importlib.metadata", "amplifier_tools.mcp.settings", "amplifier_tools.builtins.bash.shellparse",
+                "tree_sitter", "tree_sitter_bash", "jsonschema", "tenacity", "orjson", "secrets", "tomllib")
+
+
+@pytest.mark.parametrize("argv", [["list"], ["describe", "local::bash"]])
+def test_list_and_describe_import_only_what_they_use(tmp_path: Path, argv: list[str]) -> None:
+    """The start-up target (bench/bench_cli.py). ``importlib.metadata`` is imported only where an
+    installed distribution declares a plugin (then it must be, to load it); cattrs only by the
+    commands that print a contract or a result (``describe``), not by a host's start."""
+    lazy = (*LAZY_MODULES, "cattrs", "amplifier_tools._converter") if argv == ["list"] else LAZY_MODULES
+    code = ("import runpy, sys\n"
+            "before = set(sys.modules)\n"
+            f"sys.argv = ['amplifier-tools', *{argv!r}]\n"
+            "try:\n    runpy.run_module('amplifier_tools', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            f"lazy = {lazy!r}\n"
+            "new = set(sys.modules) - before\n"
+            "imported = sorted(m for m in new if any(m == h or m.startswith(h + '.') for h in lazy))\n"
+            "import importlib.metadata as md\n"
+            "installed = md.entry_points()\n"
+            "plugins = [*installed.select(group='amplifier_tools'), *(ep for ep in "
+            "installed.select(group='amplifier.modules') if not ep.value.startswith('amplifier_tools.'))]\n"
+            "print('imported:', [m for m in imported if not (plugins and m.startswith('importlib.metadata'))])")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=work,
+                         env={**cli_environ(work), "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert out.stdout.strip().splitlines()[-1:] == ["imported: []"], out.stdout + out.stderr
+
+
 @pytest.mark.parametrize(("toml", "hint"), [
     ("defualt_timeout_ms = 5\n", "did you mean 'default_timeout_ms'"),
     ("[context]\nprincpal = \"x\"\n", "did you mean 'principal'?"),

@@ -12,13 +12,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._markers import hookimpl
 from ..errors import AuthError, ConfigError
 from ..hoststate import ProtectedPaths
 from ..plugin_settings import structure_settings
-from .settings import PLUGIN, McpSettings
+
+if TYPE_CHECKING:  # imported at the first mount with a [plugins.mcp] table, or when settings are read
+    from .settings import McpSettings
+
+#: The plugin's name and config section (``[plugins.mcp]``).
+PLUGIN: Final = "mcp"
 
 log = logging.getLogger("amplifier_tools.mcp")
 
@@ -49,14 +54,28 @@ class McpImportPlugin:
     name = PLUGIN
 
     def __init__(self) -> None:
-        self.settings = McpSettings()
+        self._settings: McpSettings | None = None
         self.connections: list[Any] = []
         #: Servers with ``required = false`` that could not be started, and why.
         self.unavailable: dict[str, str] = {}
 
+    @property
+    def settings(self) -> McpSettings:
+        """The checked ``[plugins.mcp]`` table (the defaults before mount and without one)."""
+        if self._settings is None:
+            from .settings import McpSettings
+
+            self._settings = McpSettings()
+        return self._settings
+
     @hookimpl
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> Any:
-        self.settings = structure_settings(config, McpSettings, f"plugins.{PLUGIN}")
+        if not config:  # the defaults, which name no server; the settings module is not even imported
+            self._settings = None
+            return None
+        from .settings import McpSettings
+
+        self._settings = structure_settings(config, McpSettings, f"plugins.{PLUGIN}")
         if not self.settings.servers:
             return None
         if not sdk_available():

@@ -15,8 +15,8 @@ import attrs
 
 from ..plugin_settings import Count, EnvNames, EnvTable, Expect, Invalid, Number, Text, settings_class
 from ..spec import Effect
+from . import PLUGIN as PLUGIN
 
-PLUGIN: Final = "mcp"
 _SERVER_NAME: Final = re.compile(r"^[A-Za-z0-9_\-]+$")
 #: Largest JSON-RPC message (one line) read from a server unless configured: 16 MiB.
 DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024

@@ -10,18 +10,23 @@ The spill directory is host state: relative to ``state_dir``, created ``0700``,
 and published as a protected path (key ``plugins.bash.spill_dir``), so the host
 refuses it inside a writable root. One instance per host.
 
-The sandbox (``sandbox = "auto"``, the default) is probed once at mount, in a thread; where it
-cannot work, the tool is still mounted and every call fails with ``sandbox_unavailable`` naming
-the fix. ``sandbox = "off"`` is logged as a warning at mount and shown in the tool's description
-and tags (``describe local::bash``).
+The sandbox (``sandbox = "auto"``, the default) is probed once per host start, in a thread started
+when the plugin is created (a host creates its plugins before it mounts any, so the probe runs
+while the others load; one started more than ``PROBE_FRESH_S`` before the mount is not used) and
+awaited at mount; where it cannot work, the tool is still mounted and every call fails with
+``sandbox_unavailable`` naming the fix. ``sandbox = "off"`` is logged as a warning at mount and
+shown in the tool's description and tags (``describe local::bash``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import os
 import pwd
 import shutil
+import time
 from typing import Any, Final
 
 from ... import sandbox as engine
@@ -36,6 +41,8 @@ from .settings import BashSettings
 from .tool import BashTool, Settings
 
 PLUGIN: Final = "bash"
+#: How long before its mount the probe started with the plugin may have started and still be used.
+PROBE_FRESH_S: Final = 10.0
 log = logging.getLogger("amplifier_tools.bash")
 
 def _user(value: str | int | None) -> tuple[int, int] | None:
@@ -59,6 +66,10 @@ class BashPlugin:
 
     def __init__(self) -> None:
         self.tool: BashTool | None = None
+        # The probe's answer for the first mount (not used with sandbox = "off").
+        self._probe_started = time.monotonic()
+        self._sandbox_probe: concurrent.futures.Future[tuple[str | None, str | None]] | None = \
+            engine.start_find_bwrap()
 
     @hookimpl
     async def mount(self, coordinator: Any, config: dict[str, Any]) -> None:
@@ -88,7 +99,10 @@ class BashPlugin:
             writable.extend(write_paths)
         read_paths = tuple(os.path.realpath(os.path.join(working_dir, os.path.expanduser(path)))
                            for path in settings.sandbox_read_paths)
-        confined, bwrap, unavailable = await self._sandbox(settings.sandbox)
+        probed, self._sandbox_probe = self._sandbox_probe, None
+        if time.monotonic() - self._probe_started > PROBE_FRESH_S:
+            probed = None  # the plugin was made long before this mount: probe now
+        confined, bwrap, unavailable = await self._sandbox(settings.sandbox, probed)
         spill_dir = settings.spill_dir
         if spill_dir is not None:
             spill_dir = self._spill_dir(spill_dir, coordinator, own_rules, protected)
@@ -118,14 +132,16 @@ class BashPlugin:
         await coordinator.mount("tools", self.tool)
 
     @staticmethod
-    async def _sandbox(mode: str) -> tuple[bool, str | None, str | None]:
-        """(confined, bwrap, why no sandbox works here or None); ``off`` is logged as a warning."""
+    async def _sandbox(mode: str, probed: concurrent.futures.Future[tuple[str | None, str | None]] | None
+                       ) -> tuple[bool, str | None, str | None]:
+        """(confined, bwrap, why no sandbox works here or None); ``off`` is logged as a warning.
+        ``probed``: the probe started with the plugin, or None to probe now (a second mount)."""
         if mode in ("off", "none"):
             alias = " ('none' is a deprecated alias of 'off')" if mode == "none" else ""
             log.warning("bash runs UNCONFINED: [plugins.%s] sandbox = %r%s; commands run as the host's user with "
                         "its whole filesystem, processes and network", PLUGIN, mode, alias)
             return False, None, None
-        bwrap, reason = await engine.find_bwrap()
+        bwrap, reason = await (asyncio.wrap_future(probed) if probed is not None else engine.find_bwrap())
         return True, bwrap, reason
 
     @staticmethod

@@ -12,7 +12,8 @@ written and with the global options of known multi-command tools removed
 Fail closed: when any rule exists, a command the parser cannot reduce to plain
 commands with literal words (see ``shellparse``) is denied — under an allow
 list because it cannot be checked, under a deny list because it is treated as
-matching every deny rule. With no rules nothing is parsed.
+matching every deny rule. With no rules nothing is parsed, and the parser (with
+tree-sitter and its grammar) is imported at the first check, not with this module.
 
 This is advice, never a boundary: a program that is allowed, or not named by a
 deny rule, can do what a denied one does (``find -delete``, ``python -c``, a
@@ -23,12 +24,14 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from ...errors import PolicyError
-from .shellparse import Parsed, Part, parse_command
+
+if TYPE_CHECKING:
+    from .shellparse import Parsed, Part, parse_command
 
 __all__ = ["GLOBAL_OPTIONS", "CommandRules", "Parsed", "Part", "parse_command", "parts_of"]
 
@@ -80,7 +83,7 @@ def canonical(part: Part) -> tuple[Part, bool]:
         index += 2 if option == args[index] and option in spec.with_arg else 1
     if index == 0:
         return part, False
-    return Part(part.program, args[index:], part.path), config
+    return type(part)(part.program, args[index:], part.path), config
 
 
 @attrs.frozen
@@ -135,6 +138,8 @@ class CommandRules:
 
     def check(self, command: str) -> Parsed:
         """The parsed command when every part passes; ``PolicyError`` naming the rule and part otherwise."""
+        from .shellparse import Parsed, parse_command
+
         if not self.active:
             return Parsed(())
         parsed = parse_command(command)
@@ -172,4 +177,15 @@ class CommandRules:
 
 def parts_of(command: str) -> list[str]:
     """The parts of ``command`` as strings (for docs and tests)."""
+    from .shellparse import parse_command
+
     return [str(p) for p in parse_command(command).parts]
+
+
+def __getattr__(name: str) -> Any:
+    """The parser's names, re-exported, imported on first use."""
+    if name in ("Parsed", "Part", "parse_command"):
+        from . import shellparse
+
+        return getattr(shellparse, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,6 @@ opens a path by name.
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 from typing import Any, Final
 
@@ -71,7 +70,7 @@ def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
     file is removed when anything fails. ``mode`` is applied with ``fchmod`` (not
     subject to the umask) and must be permission bits only (``permission_bits``).
     """
-    tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+    tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # secrets.token_hex(6), without importing random at start
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
         try:
