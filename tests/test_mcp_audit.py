@@ -1,0 +1,80 @@
+"""Imported calls in the audit log and in failed results (issue 18): every record of an imported
+tool's call names the exact definition (its hash) and the server's version, whatever the outcome,
+and ``metadata["mcp"]`` stays on failed results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp_helpers import fixture_server
+
+from amplifier_tools import Deny, ToolHost, hookimpl
+
+
+class _VetoIssues:
+    @hookimpl
+    def tool_pre(self, call: Any) -> Deny | None:
+        return Deny("not today", code="vetoed") if call.name.endswith("issues.create") else None
+
+
+def audited(tmp_path: Path, **server: Any) -> ToolHost:
+    config = {"state_dir": str(tmp_path / "state"),
+              "plugins": {"audit": {"path": str(tmp_path / "audit.jsonl")},
+                          "mcp": {"servers": {"fx": fixture_server(**server)}}}}
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return ToolHost(config=config, builtins=["audit", "mcp"], plugins=[_VetoIssues()], entry_points=False,
+                    working_dir=work, discover=False)
+
+
+def records(tmp_path: Path) -> dict[str, dict[str, Any]]:
+    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
+    return {r["tool"]: r for r in map(json.loads, lines) if r.get("kind") == "call"}
+
+
+async def test_records_of_imported_calls_name_the_definition_hash_and_server_version(tmp_path: Path) -> None:
+    """Records carried the tool's name and a SemVer-or-0.0.0 version only; the docs promised they
+    could be tied to the exact definition (found by a real-server trial)."""
+    async with audited(tmp_path) as host:
+        digests = {spec.name: next(t for t in spec.tags if t.startswith("sha256:")) for spec in host.specs}
+        assert (await host.call("mcp::fx::echo", {"text": "hi"})).success
+        assert not (await host.call("mcp::fx::fail", {})).success              # the server said isError
+        assert not (await host.call("mcp::fx::add", {"a": "two", "b": 3})).success  # never sent: bad input
+        assert not (await host.call("mcp::fx::issues.create", {"title": "x"})).success  # vetoed
+        assert not (await host.call("mcp::fx::crash", {})).success             # the server died
+    written = records(tmp_path)
+    for tool in ("mcp::fx::echo", "mcp::fx::fail", "mcp::fx::add", "mcp::fx::issues.create", "mcp::fx::crash"):
+        assert written[tool]["definition"] == {"sha256": digests[tool], "server_version": "1.4.2"}, tool
+
+
+async def test_a_tool_without_a_definition_hash_has_no_definition_in_its_record(tmp_path: Path) -> None:
+    from amplifier_tools.builtins.audit import definition_of
+    from amplifier_tools.spec import ToolSpec
+
+    assert definition_of(ToolSpec(name="local::x", tags=("fast",))) is None
+    assert definition_of(None) is None
+
+
+async def test_failed_results_keep_the_server_and_definition_in_their_metadata(tmp_path: Path) -> None:
+    """``metadata["mcp"]`` was dropped from every failed result: an ``isError`` answer and a server
+    that died mid-call came back with only the trail (found by a real-server trial)."""
+    async with audited(tmp_path) as host:
+        digest = {spec.name: next(t for t in spec.tags if t.startswith("sha256:")) for spec in host.specs}
+        reported = await host.call("mcp::fx::fail", {})
+        died = await host.call("mcp::fx::crash", {})
+    assert reported.error is not None and reported.error["code"] == "mcp_tool_error"
+    assert reported.metadata["mcp"] == {"server": "fx", "tool": "fail", "server_version": "1.4.2",
+                                        "definition_sha256": digest["mcp::fx::fail"]}
+    # The typed error is the same as when it was raised: category, code, retryable, details.
+    assert died.error is not None
+    assert (died.error["type"], died.error["code"], died.error["retryable"]) == (
+        "ExecutionError", "mcp_server_died", True)
+    assert "exit_status" in died.error
+    assert died.metadata["mcp"]["definition_sha256"] == digest["mcp::fx::crash"]
+    assert "trail" in died.metadata and "duration_ms" in died.metadata
