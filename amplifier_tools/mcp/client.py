@@ -420,15 +420,11 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
     s, server = connection.settings, connection.name
     try:
         await connection.start()
-    except ToolError as exc:
-        if exc.code != "mcp_start_timeout" or not _stderr_tail(connection):
+    except Exception as exc:
+        error = start_error(connection, exc)
+        if error is exc:
             raise
-        raise ExecutionError(exc.message + _stderr_tail(connection), code=exc.code) from None
-    except Exception as exc:  # the SDK's or the OS's own error: say which server, and where it is set
-        where = "url and headers" if s.url is not None else "command and args"
-        raise ExecutionError(f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
-                             f"(check plugins.mcp.servers.{server}: {where}){_stderr_tail(connection)}",
-                             code="mcp_start_failed", setting=f"plugins.mcp.servers.{server}") from exc
+        raise error from exc
     version = connection.server_info.version if connection.server_info else None
     problems = check_pins(version=version, pinned_version=s.version, hashes=connection.hashes, pins=s.pins)
     skipped: set[str] = set()
@@ -473,6 +469,21 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
         tools.append(McpTool(connection, name, spec, digest))
     connection.freeze_definitions({tool.remote_name: tool.definition_hash for tool in tools})
     return tools
+
+
+def start_error(connection: ServerConnection, exc: Exception) -> Exception:
+    """The error to raise for a failed ``connection.start()``: the cause in words, where it is set,
+    and the server's stderr tail; a typed error of the start (a pin, a timeout) kept as it is."""
+    if isinstance(exc, ToolError):
+        if exc.code != "mcp_start_timeout" or not _stderr_tail(connection):
+            return exc
+        return ExecutionError(exc.message + _stderr_tail(connection), code=exc.code)
+    # The SDK's or the OS's own error: say which server, and where it is set.
+    server = connection.name
+    where = "url and headers" if connection.settings.url is not None else "command and args"
+    return ExecutionError(f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
+                          f"(check plugins.mcp.servers.{server}: {where}){_stderr_tail(connection)}",
+                          code="mcp_start_failed", setting=f"plugins.mcp.servers.{server}")
 
 
 def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
