@@ -35,7 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Final
 
@@ -122,6 +122,46 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
         if pipe is not None:
             with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await pipe.aclose()
+
+
+class LineSplitter:
+    """Newline-delimited messages out of a byte stream, in time linear in its size.
+
+    Bytes are buffered once (one ``bytearray``, appended to) and scanned for a newline once: a
+    scan starts where the last one ended, never at the start of the unfinished message (which
+    made a 21 MB message take 17 s). Each message is copied out once. ``scanned`` counts the bytes
+    examined, so a test can hold this to "each byte once" without a clock. A message longer than
+    ``limit`` is not split off: ``pending`` then passes ``limit`` and the reader stops.
+    """
+
+    __slots__ = ("_buffer", "limit", "scanned")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._buffer = bytearray()
+        #: Bytes examined for a newline so far.
+        self.scanned = 0
+
+    @property
+    def pending(self) -> int:
+        """Bytes of the unfinished message."""
+        return len(self._buffer)
+
+    def feed(self, chunk: bytes) -> Iterator[bytearray]:
+        """Add ``chunk``; yield every message it completes (without its newline)."""
+        buffer = self._buffer
+        scan_from = len(buffer)  # what is already buffered holds no newline
+        buffer += chunk
+        start = 0
+        while True:
+            end = buffer.find(b"\n", scan_from)
+            self.scanned += (end + 1 if end >= 0 else len(buffer)) - scan_from
+            if end < 0 or end - start > self.limit:
+                break
+            line = buffer[start:end]  # the one copy of a message
+            start = scan_from = end + 1
+            yield line
+        del buffer[:start]
 
 
 class StderrTail:
@@ -238,7 +278,7 @@ async def stdio_process(
 
     async def read_messages() -> None:
         assert process.stdout is not None
-        buffer = bytearray()
+        splitter = LineSplitter(max_message_bytes)
         try:
             async with read_send:
                 while True:
@@ -246,12 +286,7 @@ async def stdio_process(
                         chunk = await process.stdout.receive(READ_CHUNK)
                     except anyio.EndOfStream:
                         return
-                    scan_from = len(buffer)  # what is already buffered holds no newline
-                    buffer += chunk
-                    start = 0
-                    while (end := buffer.find(b"\n", scan_from)) >= 0 and end - start <= max_message_bytes:
-                        line = buffer[start:end]  # the one copy of a message
-                        start = scan_from = end + 1
+                    for line in splitter.feed(chunk):
                         if line and not line.isspace():
                             message = _parse(line)
                             inner = message.message if isinstance(message, SessionMessage) else None
@@ -268,11 +303,10 @@ async def stdio_process(
                         await _sweep(process.pid)
                         kill_group(process.pid)
                         break
-                    del buffer[:start]
-                    if len(buffer) > max_message_bytes:
+                    if splitter.pending > max_message_bytes:
                         # The server is broken: its tree goes before the calls in flight fail
                         # (when the stream ends here), not at the next call.
-                        server.oversized = len(buffer)
+                        server.oversized = splitter.pending
                         await _sweep(process.pid)  # a /proc walk: off the event loop
                         kill_group(process.pid)
                         break
