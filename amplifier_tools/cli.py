@@ -203,19 +203,25 @@ async def _run(args: argparse.Namespace) -> int:
                 print(_table(table))
             return EXIT_OK
         if args.command == "plugins":
+            from .coordinator import Coordinator
+
             loaded = []
             for info in host.plugins:
                 data = _data(info)
                 data["distribution"], data["version"] = _distribution(info)
                 loaded.append(data)
+            # Parts of loaded plugins that are not available (an MCP server left out at start).
+            reported = await Coordinator(host, "cli").collect_contributions("plugins.unavailable")
+            unavailable = [entry for entries in reported for entry in entries]
             if args.json:
-                print(json.dumps({"loaded": loaded, "failed": [_data(f) for f in host.failed_plugins]},
-                                 indent=2))
+                print(json.dumps({"loaded": loaded, "failed": [_data(f) for f in host.failed_plugins],
+                                  "unavailable": unavailable}, indent=2))
             else:
                 table = [["PLUGIN", "SOURCE", "DISTRIBUTION", "HOOKS"]]
                 table += [[d["name"], d["source"], f"{d['distribution']} {d['version'] or ''}".rstrip()
                            if d["distribution"] else "-", ", ".join(d["hooks"])] for d in loaded]
                 table += [[f.name, f.source, "FAILED", f.reason] for f in host.failed_plugins]
+                table += [[u["name"], u["plugin"], "UNAVAILABLE", u["reason"].splitlines()[0]] for u in unavailable]
                 print(_table(table))
             return EXIT_OK
         if args.command == "describe":

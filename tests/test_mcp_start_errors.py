@@ -80,3 +80,60 @@ def test_the_tail_is_bounded_and_escapes_control_characters() -> None:
     assert len(tail.tail().encode()) < 200
     assert tail.tail().splitlines()[-1] == "\\x1b[31mred\\x1b[0m"
     assert "line 999" in tail.tail() and "line 1 " not in tail.tail()
+
+
+# -- a server left out at start (required = false) -----------------------------------------------
+
+def late_server(flag: Path) -> dict[str, Any]:
+    """A server that fails to start (exit 1, a line on stderr) until ``flag`` exists."""
+    script = (f"import os, sys, runpy\nif not os.path.exists({str(flag)!r}):\n"
+              "    print('upstream token expired', file=sys.stderr); sys.exit(1)\n"
+              f"sys.argv = [{HOSTILE_SERVER!r}]; runpy.run_path({HOSTILE_SERVER!r}, run_name='__main__')\n")
+    return {"command": sys.executable, "args": ["-c", script], "required": False}
+
+
+async def test_a_server_left_out_at_start_is_started_again_by_a_call_of_its_tool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``required = false`` left a server out for the host's whole life; issue 18 asks for it to be
+    retried on the first call. The call is not run by the retry (it would skip its checks): it
+    fails, retryable, saying to call again."""
+    import amplifier_tools.mcp as mcp_plugin
+
+    flag = tmp_path / "up"
+    async with ToolHost(config={"plugins": {"mcp": {"servers": {"late": late_server(flag)}}}}, builtins=["mcp"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        assert not [s for s in host.specs if s.name.startswith("mcp::late::")]
+        down = await host.call("mcp::late::echo", {"text": "hi"})
+        assert down.error is not None and down.error["code"] == "mcp_server_unavailable", down.error
+        assert down.error["retryable"] is True and "exited with status 1" in down.error["message"]
+        assert "upstream token expired" not in down.error["message"]  # the stderr tail is for the operator
+        flag.touch()
+        again = await host.call("mcp__late__echo", {"text": "hi"})  # within RETRY_AFTER_S: not tried yet
+        assert again.error is not None and again.error["code"] == "mcp_server_unavailable"
+        monkeypatch.setattr(mcp_plugin, "RETRY_AFTER_S", 0.0)
+        started = await host.call("mcp::late::echo", {"text": "hi"})
+        assert started.error is not None and started.error["code"] == "mcp_server_started", started.error
+        assert started.error["retryable"] is True
+        assert "mcp::late::echo" in {s.name for s in host.specs}
+        ok = await host.call("mcp::late::echo", {"text": "hi"})
+        assert ok.success and ok.output == {"text": "hi"}
+        assert not host.plugin_manager.get_plugin("mcp").unavailable
+
+
+def test_plugins_reports_a_server_left_out(tmp_path: Path) -> None:
+    from cli_helpers import cli
+
+    work = tmp_path / "work"
+    work.mkdir()
+    server = late_server(tmp_path / "never")
+    args = ", ".join(f'"{a}"' if "\n" not in a else json.dumps(a) for a in server["args"])
+    (work / "amplifier-tools.toml").write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[plugins.mcp.servers.late]\ncommand = "{sys.executable}"\n'
+        f"args = [{args}]\nrequired = false\n")
+    table = cli(work, "plugins")
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if line.startswith("mcp::late"))
+    assert "UNAVAILABLE" in row and "exited with status 1" in row
+    data = json.loads(cli(work, "plugins", "--json").stdout)
+    assert [u["name"] for u in data["unavailable"]] == ["mcp::late"]
+    assert "upstream token expired" in data["unavailable"][0]["reason"]

@@ -520,8 +520,10 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
 
 def _stderr_tail(connection: ServerConnection) -> str:
     """``"; its stderr ended with:"`` and its last lines, indented, or ``""``."""
+    from . import STDERR_TAIL_MARK
+
     tail = connection.stderr.tail() if connection.stderr is not None else ""
-    return "; its stderr ended with:\n    " + tail.replace("\n", "\n    ") if tail else ""
+    return STDERR_TAIL_MARK + "\n    " + tail.replace("\n", "\n    ") if tail else ""
 
 
 def _location(loc: Iterable[Any]) -> str:
