@@ -78,3 +78,50 @@ async def test_failed_results_keep_the_server_and_definition_in_their_metadata(t
     assert "exit_status" in died.error
     assert died.metadata["mcp"]["definition_sha256"] == digest["mcp::fx::crash"]
     assert "trail" in died.metadata and "duration_ms" in died.metadata
+
+
+async def test_a_bare_sdk_http_server_is_imported_with_pins_policies_and_audited_definitions(tmp_path: Path) -> None:
+    """Issue 18: an SDK server started by the test (tests/mcp_fixtures/bare_http_server.py), imported
+    over Streamable HTTP through the host with a pin and a scope policy; its records name the
+    definition and the server's version like a stdio server's."""
+    import subprocess
+    import sys
+
+    from mcp_helpers import FIXTURES
+
+    from amplifier_tools import ToolContext
+
+    process = subprocess.Popen([sys.executable, str(FIXTURES / "bare_http_server.py")], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        work = tmp_path / "work"
+        work.mkdir()
+
+        def host(**server: Any) -> ToolHost:
+            config = {"state_dir": str(tmp_path / "state"),
+                      "tools": {"mcp::web::add": {"security": {"required_scopes": ["math"]}}},
+                      "plugins": {"audit": {"path": str(tmp_path / "audit.jsonl")},
+                                  "mcp": {"servers": {"web": {"url": url, **server}}}}}
+            return ToolHost(config=config, builtins=["audit", "policy", "mcp"], entry_points=False,
+                            working_dir=work, discover=False)
+
+        async with host() as first:
+            add = next(s for s in first.specs if s.name == "mcp::web::add")
+            digest = next(t for t in add.tags if t.startswith("sha256:"))
+        async with host(pins={"add": digest}, require_pins=True) as pinned:
+            assert [s.name for s in pinned.specs] == ["mcp::web::add"]  # big has no pin: not mounted
+            denied = await pinned.call("mcp::web::add", {"a": 2, "b": 3})
+            assert denied.error is not None and denied.error["type"] in ("AuthError", "PolicyError"), denied.error
+            ok = await pinned.call("mcp::web::add", {"a": 2, "b": 3}, context=ToolContext(scopes={"math"}))
+            assert ok.success and ok.output == "5", ok.error
+            assert ok.metadata["mcp"] == {"server": "web", "tool": "add", "server_version": "2.0.0",
+                                          "definition_sha256": digest}
+    finally:
+        process.terminate()
+        process.wait(10)
+    lines = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    calls = [r for r in lines if r.get("kind") == "call"]
+    assert [r["status"] for r in calls] == ["error", "ok"]
+    assert all(r["definition"] == {"sha256": digest, "server_version": "2.0.0"} for r in calls)
