@@ -125,3 +125,25 @@ async def test_a_bare_sdk_http_server_is_imported_with_pins_policies_and_audited
     calls = [r for r in lines if r.get("kind") == "call"]
     assert [r["status"] for r in calls] == ["error", "ok"]
     assert all(r["definition"] == {"sha256": digest, "server_version": "2.0.0"} for r in calls)
+
+
+async def test_a_callers_deadline_bounds_an_imported_call_and_cancels_it_on_the_server(tmp_path: Path) -> None:
+    """The SDK's own per-request timer is gone (the host's deadline bounds the call, bench_mcp):
+    a deadline from the caller's context, with no timeout policy, still ends the call in time and
+    reaches the server as a cancellation."""
+    import asyncio
+    import time
+
+    from amplifier_tools import ToolContext
+
+    marker = tmp_path / "cancelled"
+    async with audited(tmp_path, env={"FIXTURE_CANCEL_FILE": str(marker)}) as host:
+        started = time.monotonic()
+        result = await host.call("mcp::fx::sleep", {"seconds": 30}, context=ToolContext().with_timeout(0.5))
+        assert result.error is not None and result.error["code"] in ("timeout", "deadline_exceeded"), result.error
+        assert time.monotonic() - started < 15
+        for _ in range(1000):
+            if marker.exists():
+                break
+            await asyncio.sleep(0.02)
+        assert marker.read_text() == "cancelled"
