@@ -107,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
                                              "these arguments (kept in <state_dir>/policy.sqlite3 unless "
                                              "[plugins.policy] store says otherwise)")
     p.add_argument("--json", action="store_true", help="print the whole ToolResult as JSON")
+    p = sub.add_parser("mcp", help="imported MCP servers")
+    mcp = p.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND", required=True)
+    pin = mcp.add_parser("pin", help="write the current definition hashes of the configured servers into the "
+                                     "config's pins (their tools are not called)")
+    pin.add_argument("--print", action="store_true", dest="print_only",
+                     help="print the pins as TOML instead of writing them")
+    pin.add_argument("--server", action="append", default=[], help="only this server (repeatable)")
     p = sub.add_parser("serve-mcp", help="serve tools to MCP clients (stdio, or Streamable HTTP with bearer tokens)")
     p.add_argument("--working-dir", help="session working directory (default: current directory)")
     add_serve_options(p)
@@ -196,19 +203,25 @@ async def _run(args: argparse.Namespace) -> int:
                 print(_table(table))
             return EXIT_OK
         if args.command == "plugins":
+            from .coordinator import Coordinator
+
             loaded = []
             for info in host.plugins:
                 data = _data(info)
                 data["distribution"], data["version"] = _distribution(info)
                 loaded.append(data)
+            # Parts of loaded plugins that are not available (an MCP server left out at start).
+            reported = await Coordinator(host, "cli").collect_contributions("plugins.unavailable")
+            unavailable = [entry for entries in reported for entry in entries]
             if args.json:
-                print(json.dumps({"loaded": loaded, "failed": [_data(f) for f in host.failed_plugins]},
-                                 indent=2))
+                print(json.dumps({"loaded": loaded, "failed": [_data(f) for f in host.failed_plugins],
+                                  "unavailable": unavailable}, indent=2))
             else:
                 table = [["PLUGIN", "SOURCE", "DISTRIBUTION", "HOOKS"]]
                 table += [[d["name"], d["source"], f"{d['distribution']} {d['version'] or ''}".rstrip()
                            if d["distribution"] else "-", ", ".join(d["hooks"])] for d in loaded]
                 table += [[f.name, f.source, "FAILED", f.reason] for f in host.failed_plugins]
+                table += [[u["name"], u["plugin"], "UNAVAILABLE", u["reason"].splitlines()[0]] for u in unavailable]
                 print(_table(table))
             return EXIT_OK
         if args.command == "describe":
@@ -464,6 +477,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .builtins.policy.commands import status
 
         return status(args.config, as_json=args.json)
+    if args.command == "mcp":
+        from .mcp.pin import run_pin
+
+        return run_pin(_host(args), only=args.server, print_only=args.print_only)
     if args.command == "serve-mcp":
         from .mcp.__main__ import run_serve
 

@@ -285,7 +285,11 @@ class CallPipeline:
         tool = mounted.spec.name if mounted is not None else None
         if output is not None and self.secrets:
             output = redact(output, secrets=self.secrets, patterns=False)
-        return ToolResult(False, output, error_dict(error, tool=tool, context=ctx, secrets=self.secrets), {},
+        # A failure the tool reported keeps the metadata it reported with it (an imported MCP
+        # tool's server, version and definition hash); redacted with the result in ``_complete``.
+        reported = error.reported
+        metadata = dict(reported.metadata) if isinstance(reported, ToolResult) else {}
+        return ToolResult(False, output, error_dict(error, tool=tool, context=ctx, secrets=self.secrets), metadata,
                           call.id)
 
     async def _fail(

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -137,15 +136,48 @@ async def test_message_under_the_cap_is_read_whole(tmp_path: Path) -> None:
     assert result.success and result.output == "x" * 99_000
 
 
-async def test_large_single_line_message_is_read_in_linear_time(tmp_path: Path) -> None:
-    # Quadratic buffering took 13 s for 32 MB; linear reading takes well under a second.
-    size = 32 * 1024 * 1024
+async def test_a_21_mb_message_is_scanned_once_not_once_per_read(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 21 MB output took 17 s (issue 18): each read rescanned the unfinished message. Counted,
+    not timed: every byte the server sent is examined for a newline once (the bench times it)."""
+    from amplifier_tools.mcp import transport
+
+    splitters: list[transport.LineSplitter] = []
+
+    class Counted(transport.LineSplitter):
+        def __init__(self, limit: int) -> None:
+            super().__init__(limit)
+            splitters.append(self)
+
+    monkeypatch.setattr(transport, "LineSplitter", Counted)
+    size = 21 * 1000 * 1000
     async with hostile(tmp_path, max_message_bytes=64 * 1024 * 1024) as host:
-        start = time.perf_counter()
+        before = splitters[-1].scanned
         result = await host.call("mcp::h::big", {"bytes": size})
-        elapsed = time.perf_counter() - start
+        scanned = splitters[-1].scanned - before
     assert result.success and len(result.output) == size
-    assert elapsed < 5.0, f"a {size} byte message took {elapsed:.1f} s"
+    assert size < scanned < size + 1000, f"{scanned} bytes scanned for a {size} byte message"
+
+
+def test_the_line_splitter_scans_each_byte_once_however_the_stream_is_cut() -> None:
+    from amplifier_tools.mcp.transport import LineSplitter
+
+    stream = b"".join([b'{"a": 1}\n', b"x" * 3_000_000, b"\n", b"\n", b'{"b": 2}\n', b"tail"])
+    for chunk_size in (7, 65_536, len(stream)):
+        splitter = LineSplitter(limit=4_000_000)
+        chunks = [stream[i:i + chunk_size] for i in range(0, len(stream), chunk_size)]
+        lines = [bytes(line) for chunk in chunks for line in splitter.feed(chunk)]
+        assert lines == [b'{"a": 1}', b"x" * 3_000_000, b"", b'{"b": 2}'], chunk_size
+        assert splitter.scanned == len(stream) and splitter.pending == len(b"tail")
+
+
+def test_a_line_past_the_limit_is_never_split_off() -> None:
+    from amplifier_tools.mcp.transport import LineSplitter
+
+    splitter = LineSplitter(limit=10)
+    assert list(splitter.feed(b"0123456789abc")) == [] and splitter.pending > splitter.limit
+    splitter = LineSplitter(limit=10)
+    assert list(splitter.feed(b"ok\n0123456789abc\nmore\n")) == [b"ok"] and splitter.pending > splitter.limit
 
 
 @pytest.mark.parametrize("value", [0, 100, "16MiB", True, 1.5e6])

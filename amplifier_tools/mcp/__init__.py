@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any, Final
 
 from .._markers import hookimpl
@@ -28,6 +29,14 @@ PLUGIN: Final = "mcp"
 log = logging.getLogger("amplifier_tools.mcp")
 
 __all__ = ["McpImportPlugin", "MISSING_SDK_MESSAGE", "sdk_available"]
+
+#: The contributor channel on which plugins report parts of theirs that are not available
+#: (``amplifier-tools plugins`` shows them): a list of ``{"plugin", "name", "reason"}``.
+UNAVAILABLE_CHANNEL: Final = "plugins.unavailable"
+#: Least seconds between two attempts to start a server left out at start.
+RETRY_AFTER_S: Final = 10.0
+#: Where a start error's stderr tail begins (``client.start_error``).
+STDERR_TAIL_MARK: Final = "; its stderr ended with:"
 
 MISSING_SDK_MESSAGE: Final = (
     "MCP servers are configured but the 'mcp' extra is not installed (pip install amplifier-tools[mcp])"
@@ -52,12 +61,20 @@ class McpImportPlugin:
     """
 
     name = PLUGIN
+    #: Its hooks bound their own waits: a start by ``startup_timeout_ms`` (the host's default hook
+    #: timeout would cut the retry of a server left out at start).
+    hook_timeout_ms = None
 
     def __init__(self) -> None:
         self._settings: McpSettings | None = None
         self.connections: list[Any] = []
         #: Servers with ``required = false`` that could not be started, and why.
         self.unavailable: dict[str, str] = {}
+        self._coordinator: Any = None
+        self._protected_now: Any = tuple
+        self._headers_of: dict[str, dict[str, str]] = {}
+        self._retrying: dict[str, asyncio.Lock] = {}
+        self._last_attempt: dict[str, float] = {}
 
     @property
     def settings(self) -> McpSettings:
@@ -94,6 +111,8 @@ class McpImportPlugin:
             return [entry.path for entry in protected if not entry.alias]
 
         headers = {name: self._headers(coordinator, name, server) for name, server in self.settings.servers.items()}
+        self._coordinator, self._headers_of, self._protected_now = coordinator, headers, protected_now
+        coordinator.register_contributor(UNAVAILABLE_CHANNEL, PLUGIN, self._report)
         connections = [ServerConnection(name, server, working_dir, protected_now, headers[name])
                        for name, server in self.settings.servers.items()]
         emit = self._events(coordinator)
@@ -107,8 +126,10 @@ class McpImportPlugin:
                 if isinstance(outcome, BaseException):
                     if connection.settings.required or not isinstance(outcome, Exception):
                         raise outcome
-                    log.warning("MCP server %r is not mounted (required = false): %s", connection.name, outcome)
+                    log.warning("MCP server %r is not mounted (required = false): %s; it is started again when "
+                                "a call names one of its tools", connection.name, outcome)
                     self.unavailable[connection.name] = str(outcome)
+                    self._last_attempt[connection.name] = time.monotonic()
                     await connection.close()
                     self.connections.remove(connection)
                     continue
@@ -118,6 +139,68 @@ class McpImportPlugin:
             await self.close()
             raise
         return self.close
+
+    def _report(self) -> list[dict[str, str]] | None:
+        """The ``plugins.unavailable`` contribution: each server left out, and why."""
+        return [{"plugin": PLUGIN, "name": f"mcp::{name}", "reason": reason}
+                for name, reason in sorted(self.unavailable.items())] or None
+
+    def _left_out_server(self, tool: str) -> str | None:
+        """The server left out at start whose tool ``tool`` names (``mcp::<server>::…`` or
+        ``mcp__<server>__…``), if any."""
+        for server in self.unavailable:
+            if tool.startswith((f"mcp::{server}::", f"mcp__{server}__")):
+                return server
+        return None
+
+    @hookimpl
+    async def tool_error(self, call: Any, spec: Any, error: Any, context: Any) -> Any:
+        """A call naming a tool of a server left out at start (``required = false``) starts that
+        server again — one attempt at a time, at most one per ``RETRY_AFTER_S`` — and mounts its
+        tools when it starts and meets its pins. The call itself is not run here (it would skip its
+        input check, hooks and policies): it fails with a retryable error saying whether to call
+        again (``mcp_server_started``) or why the server is still down (``mcp_server_unavailable``)."""
+        if spec is not None or getattr(error, "code", None) != "unknown_tool" or not self.unavailable:
+            return None
+        server = self._left_out_server(str(call.name))
+        if server is None:
+            return None
+        lock = self._retrying.setdefault(server, asyncio.Lock())
+        async with lock:
+            if server in self.unavailable and time.monotonic() - self._last_attempt.get(server, 0.0) >= RETRY_AFTER_S:
+                await self._retry(server)
+        from ..models import ToolResult
+
+        if server not in self.unavailable:
+            return ToolResult(False, None, {
+                "type": "ExecutionError", "code": "mcp_server_started", "retryable": True, "server": server,
+                "message": f"MCP server {server!r} was not available at start and has started now; its tools are "
+                           f"mounted: call {call.name!r} again"}, {})
+        reason = self.unavailable[server].split(STDERR_TAIL_MARK)[0]  # the tail is for the operator's log only
+        return ToolResult(False, None, {
+            "type": "ExecutionError", "code": "mcp_server_unavailable", "retryable": True, "server": server,
+            "message": f"MCP server {server!r} is not available (required = false): {reason}; it is started "
+                       f"again by a call of one of its tools at most every {RETRY_AFTER_S:g} s"}, {})
+
+    async def _retry(self, server: str) -> None:
+        from .client import ServerConnection, import_server
+
+        self._last_attempt[server] = time.monotonic()
+        settings = self.settings.servers[server]
+        working_dir = self._coordinator.get_capability("session.working_dir") or "."
+        connection = ServerConnection(server, settings, working_dir, self._protected_now, self._headers_of[server])
+        try:
+            tools = await import_server(connection)
+        except Exception as exc:
+            await connection.close()
+            log.warning("MCP server %r is still not available: %s", server, exc)
+            self.unavailable[server] = str(exc)
+            return
+        self.connections.append(connection)
+        for tool in tools:
+            await self._coordinator.mount("tools", tool)
+        del self.unavailable[server]
+        log.warning("MCP server %r has started on a later call; %d tool(s) mounted", server, len(tools))
 
     @staticmethod
     def _events(coordinator: Any) -> Any:

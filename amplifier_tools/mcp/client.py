@@ -20,12 +20,12 @@ import json
 import logging
 import os
 import re
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
 
 import anyio
 import mcp_types
+import pydantic
 from mcp.client.session import ClientSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
@@ -40,7 +40,7 @@ from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
 from .settings import ServerSettings
-from .transport import MAX_UNANSWERED_REQUESTS, StdioServer, stdio_process
+from .transport import MAX_UNANSWERED_REQUESTS, StderrTail, StdioServer, stdio_process
 
 log = logging.getLogger("amplifier_tools.mcp")
 
@@ -68,6 +68,8 @@ class ServerConnection:
         #: The host's protected paths as they are now (masked in a sandboxed server's view).
         self.protected = protected
         self._wrap: Wrap | None = None
+        #: The last lines the stdio server of the latest run wrote to stderr (None: not started).
+        self.stderr: StderrTail | None = None
         self.pid: int | None = None
         self.server_info: mcp_types.Implementation | None = None
         self.definitions: dict[str, dict[str, Any]] = {}
@@ -121,7 +123,7 @@ class ServerConnection:
     async def _streams(self) -> AsyncIterator[tuple[Any, Any]]:
         """The message streams of one run: a started stdio process, or an HTTP connection."""
         s = self.settings
-        self._server = None  # a previous run's state must not describe this one
+        self._server = self._process = self.stderr = None  # a previous run's state must not describe this one
         if s.url is not None:
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
@@ -141,9 +143,9 @@ class ServerConnection:
                 yield streams[0], streams[1]
             return
         assert s.command is not None
-        stderr = subprocess.DEVNULL if s.stderr == "discard" else None
+        self.stderr = StderrTail(forward=s.stderr == "inherit")
         async with stdio_process(s.command, list(s.args), env=self.environment(),
-                                 cwd=s.cwd or self.working_dir, stderr=stderr,
+                                 cwd=s.cwd or self.working_dir, stderr=self.stderr,
                                  max_message_bytes=s.max_message_bytes, wrap=self._wrap) as server:
             self._server = server
             self._process = server.process
@@ -344,6 +346,14 @@ class McpTool:
         self.description = spec.description
         self.definition_hash = digest
 
+    def call_metadata(self) -> dict[str, Any]:
+        """``metadata["mcp"]`` of every result of this tool, success or failure: the server, the tool,
+        the server's version and the definition hash, so a result can be tied to an exact definition."""
+        info = self.connection.server_info
+        return {"server": self.connection.name, "tool": self.remote_name,
+                "server_version": info.version if info is not None else None,
+                "definition_sha256": self.definition_hash}
+
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
         emit = self.connection.emit
 
@@ -353,9 +363,24 @@ class McpTool:
                                          "server": self.connection.name, "progress": progress, "total": total,
                                          "message": message})
 
-        result = await self.connection.call_tool(self.remote_name, input, context.remaining(),
-                                                 progress if emit is not None else None)
-        return to_tool_result(result, self)
+        try:
+            # No timeout of the SDK's own: the host's deadline (the call's timeout, never later than
+            # its context's) already bounds this await, and its cancellation cancels the request on
+            # the server. A second timer per call cost 20-40 µs over HTTP (bench_mcp).
+            result = await self.connection.call_tool(self.remote_name, input, None,
+                                                     progress if emit is not None else None)
+            return to_tool_result(result, self)
+        except ToolError as error:
+            # Returned, not raised: a reported failure keeps its metadata (the host rebuilds the
+            # same typed error from it: category, code, retryable and the scalar details).
+            payload = {**{k: v for k, v in error.details.items() if _scalar(v)}, "type": error.category,
+                       "code": error.code, "message": error.message, "retryable": error.retryable,
+                       "cause": error.cause}
+            return ToolResult(False, None, payload, {"mcp": self.call_metadata()})
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
 
 
 #: A media type as RFC 6838 spells one (``type/subtype``, parameters allowed), at most 255 characters.
@@ -418,10 +443,7 @@ def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResul
     ``remote_type``/``remote_code``/``remote_message``. Binary data that is not
     base64 or a malformed media type is ``ExecutionError`` ``mcp_invalid_content``.
     """
-    metadata: dict[str, Any] = {"mcp": {
-        "server": tool.connection.name, "tool": tool.remote_name,
-        "server_version": tool.connection.server_info.version if tool.connection.server_info else None,
-        "definition_sha256": tool.definition_hash}}
+    metadata: dict[str, Any] = {"mcp": tool.call_metadata()}
     blocks = _content_json(result)
     _check_content(blocks, tool)
     text = _text(result)
@@ -473,13 +495,11 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
     s, server = connection.settings, connection.name
     try:
         await connection.start()
-    except ToolError:
-        raise
-    except Exception as exc:  # the SDK's or the OS's own error: say which server, and where it is set
-        where = "url and headers" if s.url is not None else "command and args"
-        raise ExecutionError(f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
-                             f"(check plugins.mcp.servers.{server}: {where})",
-                             code="mcp_start_failed", setting=f"plugins.mcp.servers.{server}") from exc
+    except Exception as exc:
+        error = start_error(connection, exc)
+        if error is exc:
+            raise
+        raise error from exc
     version = connection.server_info.version if connection.server_info else None
     problems = check_pins(version=version, pinned_version=s.version, hashes=connection.hashes, pins=s.pins)
     skipped: set[str] = set()
@@ -526,14 +546,67 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
     return tools
 
 
+def start_error(connection: ServerConnection, exc: Exception) -> Exception:
+    """The error to raise for a failed ``connection.start()``: the cause in words, where it is set,
+    and the server's stderr tail; a typed error of the start (a pin, a timeout) kept as it is."""
+    if isinstance(exc, ToolError):
+        if exc.code != "mcp_start_timeout" or not _stderr_tail(connection):
+            return exc
+        return ExecutionError(exc.message + _stderr_tail(connection), code=exc.code)
+    # The SDK's or the OS's own error: say which server, and where it is set.
+    server = connection.name
+    where = "url and headers" if connection.settings.url is not None else "command and args"
+    return ExecutionError(f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
+                          f"(check plugins.mcp.servers.{server}: {where}){_stderr_tail(connection)}",
+                          code="mcp_start_failed", setting=f"plugins.mcp.servers.{server}")
+
+
 def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
-    """What stopped a start, in a line: the HTTP status a ``url`` server answered (401 or 403: the
-    headers' credentials were refused) rather than the SDK's generic error, else the exception."""
+    """What stopped a start: the HTTP status a ``url`` server answered (401 or 403: the headers'
+    credentials were refused) rather than the SDK's generic error; for a stdio server, an
+    executable not on the ``PATH`` it gets, its exit status, or the part of its answer that is not
+    valid MCP — then the last lines it wrote to stderr, which usually say why."""
     if connection.http_refusal is not None:
         status, url = connection.http_refusal
         why = " (the credentials in headers were refused)" if status in (401, 403) else ""
         return f"HTTP {status} from {url}{why}"
-    return f"{type(exc).__name__}: {exc}"
+    s = connection.settings
+    process = connection._process
+    if isinstance(exc, FileNotFoundError) and process is None:
+        path = connection.environment().get("PATH", "")
+        what = (f"no executable {s.command!r} on the PATH the server gets ({path!r}); set "
+                f"plugins.mcp.servers.{connection.name}.command to its absolute path, or pass PATH "
+                "(env or env_passthrough)")
+    elif isinstance(exc, pydantic.ValidationError):
+        problems = "; ".join(f"{_location(error['loc'])}: {error['msg']}" for error in exc.errors()[:3])
+        what = f"it answered with data that is not valid MCP ({problems})"
+    elif process is not None and process.returncode is not None:
+        status = process.returncode
+        how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+        what = f"the server {how} before it was ready ({type(exc).__name__}: {exc})"
+        if status == 127:  # a shell's or env's "command not found": what it runs is not on its PATH
+            what += ("; status 127 means a program it runs was not found: the server gets only the "
+                     f"environment in plugins.mcp.servers.{connection.name}.env and env_passthrough "
+                     "(npx-style servers need PATH and HOME)")
+    else:
+        what = f"{type(exc).__name__}: {exc}"
+    return what
+
+
+def _stderr_tail(connection: ServerConnection) -> str:
+    """``"; its stderr ended with:"`` and its last lines, indented, or ``""``."""
+    from . import STDERR_TAIL_MARK
+
+    tail = connection.stderr.tail() if connection.stderr is not None else ""
+    return STDERR_TAIL_MARK + "\n    " + tail.replace("\n", "\n    ") if tail else ""
+
+
+def _location(loc: Iterable[Any]) -> str:
+    """A pydantic error location as a path: ``tools[7].inputSchema.type``."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
 
 
 def _pattern_refusal(server: str, tool: str, definition: Mapping[str, Any]) -> ContractError | None:

@@ -33,9 +33,11 @@ import errno
 import os
 import shutil
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from typing import IO, Any, Final
+from typing import Final
 
 import anyio
 import anyio.abc
@@ -48,12 +50,16 @@ from .processes import kill_descendants, kill_pinned, pin_descendants, subreaper
 #: Seconds a server gets to exit after its stdin closes, then after SIGTERM.
 EXIT_GRACE_S: Final = 1.0
 TERM_GRACE_S: Final = 1.0
+#: Seconds to finish reading the stderr of a stopped server (a process that escaped the kill may hold it).
+STDERR_DRAIN_S: Final = 0.2
 #: Bytes asked of the server's stdout per read.
 READ_CHUNK: Final = 1 << 16
 #: Requests from the server (``ping``, ``sampling``, ``roots/list``...) it may have waiting for our
 #: answer. Each one is a task in the SDK until its answer is written; a server that keeps asking
 #: while it reads none of the answers would grow the host's memory without bound.
 MAX_UNANSWERED_REQUESTS: Final = 64
+#: Bytes of a server's stderr kept for the message of a failed start (its last lines).
+STDERR_TAIL_BYTES: Final = 4096
 
 ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
 WriteStream = MemoryObjectSendStream[SessionMessage]
@@ -87,7 +93,7 @@ async def _sweep(pid: int) -> None:
     await anyio.to_thread.run_sync(kill_descendants, pid)
 
 
-async def _stop(process: anyio.abc.Process) -> None:
+async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = None) -> None:
     # Its children may exit gracefully while the server does (an `npx` server is a child of
     # npx), but they are pinned first: once the server has exited they are no longer under it.
     pinned = await anyio.to_thread.run_sync(pin_descendants, process.pid)
@@ -109,10 +115,97 @@ async def _stop(process: anyio.abc.Process) -> None:
     # Whatever the leader did, no member of its group and nothing it started may survive it.
     kill_group(process.pid, signal.SIGKILL)
     await anyio.to_thread.run_sync(kill_pinned, pinned)
+    if stderr_done is not None:  # its last words are read before the pipe closes (a failed start shows them)
+        with anyio.move_on_after(STDERR_DRAIN_S):
+            await stderr_done.wait()
     for pipe in (process.stdout, process.stderr):
         if pipe is not None:
             with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await pipe.aclose()
+
+
+class LineSplitter:
+    """Newline-delimited messages out of a byte stream, in time linear in its size.
+
+    Bytes are buffered once (one ``bytearray``, appended to) and scanned for a newline once: a
+    scan starts where the last one ended, never at the start of the unfinished message (which
+    made a 21 MB message take 17 s). Each message is copied out once. ``scanned`` counts the bytes
+    examined, so a test can hold this to "each byte once" without a clock. A message longer than
+    ``limit`` is not split off: ``pending`` then passes ``limit`` and the reader stops.
+    """
+
+    __slots__ = ("_buffer", "limit", "scanned")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._buffer = bytearray()
+        #: Bytes examined for a newline so far.
+        self.scanned = 0
+
+    @property
+    def pending(self) -> int:
+        """Bytes of the unfinished message."""
+        return len(self._buffer)
+
+    def feed(self, chunk: bytes) -> Iterator[bytearray]:
+        """Add ``chunk``; yield every message it completes (without its newline)."""
+        buffer = self._buffer
+        scan_from = len(buffer)  # what is already buffered holds no newline
+        buffer += chunk
+        start = 0
+        while True:
+            end = buffer.find(b"\n", scan_from)
+            self.scanned += (end + 1 if end >= 0 else len(buffer)) - scan_from
+            if end < 0 or end - start > self.limit:
+                break
+            line = buffer[start:end]  # the one copy of a message
+            start = scan_from = end + 1
+            yield line
+        del buffer[:start]
+
+
+class StderrTail:
+    """The last ``limit`` bytes a server wrote to stderr, kept so a failed start can say why
+    (``tail()``), and copied on to the host's stderr unless discarded. Bounded: the server may
+    write without end."""
+
+    __slots__ = ("_data", "done", "forward", "limit")
+
+    def __init__(self, *, forward: bool, limit: int = STDERR_TAIL_BYTES) -> None:
+        self.forward = forward
+        self.limit = limit
+        self._data = bytearray()
+        #: Set when the server's stderr reached its end (or could no longer be read).
+        self.done = anyio.Event()
+
+    def add(self, chunk: bytes) -> None:
+        if self.forward:
+            with suppress(OSError, ValueError):
+                out = getattr(sys.stderr, "buffer", None)
+                if out is not None:
+                    out.write(chunk)
+                else:
+                    sys.stderr.write(chunk.decode("utf-8", errors="replace"))
+                sys.stderr.flush()
+        self._data += chunk
+        if len(self._data) > self.limit:
+            del self._data[:len(self._data) - self.limit]
+
+    def tail(self, lines: int = 10) -> str:
+        """Its last ``lines`` non-empty lines as text (control characters escaped), or ``""``."""
+        text = self._data.decode("utf-8", errors="replace")
+        kept = [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+        return "\n".join("".join(c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" for c in line)
+                         for line in kept)
+
+    async def read(self, stream: anyio.abc.ByteReceiveStream) -> None:
+        try:
+            while True:
+                self.add(await stream.receive(READ_CHUNK))
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            pass
+        finally:
+            self.done.set()
 
 
 class StdioServer:
@@ -152,13 +245,14 @@ async def stdio_process(
     *,
     env: Mapping[str, str],
     cwd: str | None = None,
-    stderr: int | IO[Any] | None = None,
+    stderr: StderrTail | None = None,
     max_message_bytes: int,
     wrap: Callable[[Sequence[str]], list[str]] | None = None,
 ) -> AsyncIterator[StdioServer]:
     """Run ``command`` as an MCP stdio server; yield its ``StdioServer``.
 
-    ``env`` is the child's whole environment (its ``PATH`` finds ``command``). ``wrap`` turns the
+    ``env`` is the child's whole environment (its ``PATH`` finds ``command``). Its stderr goes to
+    ``stderr`` (kept, and copied on to ours when it forwards), else to ours. ``wrap`` turns the
     resolved argv into the argv to spawn (the sandbox, whose PID namespace holds the whole tree, so
     the subreaper wrapper is not used then). Raises ``OSError`` when the command cannot be started.
     """
@@ -167,7 +261,9 @@ async def stdio_process(
         argv = wrap([executable, *args])
     else:
         argv = subreaper_argv(executable, args) if subreaper_available() else [executable, *args]
-    process = await anyio.open_process(argv, env=dict(env), cwd=cwd, stderr=stderr, start_new_session=True)
+    process = await anyio.open_process(argv, env=dict(env), cwd=cwd,
+                                       stderr=subprocess.PIPE if stderr is not None else None,
+                                       start_new_session=True)
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
     server = StdioServer(process, read_recv, write_send)
@@ -182,7 +278,7 @@ async def stdio_process(
 
     async def read_messages() -> None:
         assert process.stdout is not None
-        buffer = bytearray()
+        splitter = LineSplitter(max_message_bytes)
         try:
             async with read_send:
                 while True:
@@ -190,12 +286,7 @@ async def stdio_process(
                         chunk = await process.stdout.receive(READ_CHUNK)
                     except anyio.EndOfStream:
                         return
-                    scan_from = len(buffer)  # what is already buffered holds no newline
-                    buffer += chunk
-                    start = 0
-                    while (end := buffer.find(b"\n", scan_from)) >= 0 and end - start <= max_message_bytes:
-                        line = buffer[start:end]  # the one copy of a message
-                        start = scan_from = end + 1
+                    for line in splitter.feed(chunk):
                         if line and not line.isspace():
                             message = _parse(line)
                             inner = message.message if isinstance(message, SessionMessage) else None
@@ -212,11 +303,10 @@ async def stdio_process(
                         await _sweep(process.pid)
                         kill_group(process.pid)
                         break
-                    del buffer[:start]
-                    if len(buffer) > max_message_bytes:
+                    if splitter.pending > max_message_bytes:
                         # The server is broken: its tree goes before the calls in flight fail
                         # (when the stream ends here), not at the next call.
-                        server.oversized = len(buffer)
+                        server.oversized = splitter.pending
                         await _sweep(process.pid)  # a /proc walk: off the event loop
                         kill_group(process.pid)
                         break
@@ -256,11 +346,13 @@ async def stdio_process(
             group.start_soon(reader)
             group.start_soon(writer)
             group.start_soon(watcher)
+            if stderr is not None and process.stderr is not None:
+                group.start_soon(stderr.read, process.stderr)
             try:
                 yield server
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _stop(process)
+                    await _stop(process, stderr.done if stderr is not None else None)
                     for stream in (read_recv, write_send, read_send, write_recv):
                         await stream.aclose()
                 group.cancel_scope.cancel()

@@ -110,13 +110,36 @@ def _raw_parts(call: ToolCall, spec: ToolSpec | None, result: ToolResult, contex
         changed = True
     # Who and what: the tool name and call id come from the caller, the version from the tool (an
     # imported server's own string), so they are redacted like the rest.
-    about = {"tool": call.name, "tool_version": spec.version if spec is not None else None, "call_id": call.id,
+    about = {"tool": call.name, "tool_version": spec.version if spec is not None else None,
+             "definition": definition_of(spec), "call_id": call.id,
              "trace_id": context.trace_id, "principal": context.principal, "role": context.role,
              "environment": context.environment, "scopes": sorted(context.scopes)}
     return {"about": about, "arguments": call.arguments, "original_arguments": original if changed else None,
             "output": result.output, "trail": result.metadata.get("trail", []),
             "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
                       "plugin": error.get("plugin")} if error else None}
+
+
+#: The contract tags naming the exact definition a tool was built from (imported MCP tools carry
+#: both: docs/mcp.md, "The contract of an imported tool").
+DEFINITION_TAG: Final = "sha256:"
+SERVER_VERSION_TAG: Final = "mcp-server-version:"
+
+
+def definition_of(spec: ToolSpec | None) -> dict[str, Any] | None:
+    """The record's ``definition``: the definition hash a tool's contract declares as a
+    ``sha256:<hex>`` tag, with the ``mcp-server-version:`` tag's server version; None for a tool
+    that declares no hash. Read from the public contract, so it is there for every call of the
+    tool — also one vetoed, timed out or whose server died before it answered."""
+    if spec is None:
+        return None
+    digest = version = None
+    for tag in spec.tags:
+        if tag.startswith(DEFINITION_TAG):
+            digest = tag
+        elif tag.startswith(SERVER_VERSION_TAG):
+            version = tag[len(SERVER_VERSION_TAG):]
+    return None if digest is None else {"sha256": digest, "server_version": version}
 
 
 def _assemble(io: dict[str, Any], spec: ToolSpec | None, result: ToolResult, context: ToolContext,
@@ -132,6 +155,7 @@ def _assemble(io: dict[str, Any], spec: ToolSpec | None, result: ToolResult, con
         "trace_id": about["trace_id"],
         "tool": about["tool"],
         "tool_version": about["tool_version"],
+        **({"definition": about["definition"]} if about["definition"] is not None else {}),
         "effect": spec.effect.value if spec is not None else None,
         "principal": about["principal"],
         "role": about["role"],

@@ -1,0 +1,139 @@
+"""A server that cannot start says why (issue 18): the cause in words and the last lines of its
+stderr, instead of ``ExceptionGroup: unhandled errors in a TaskGroup`` or ``Connection closed``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp_helpers import HOSTILE_SERVER
+
+from amplifier_tools import PluginLoadError, ToolHost
+
+
+async def start_error(tmp_path: Path, server: dict[str, Any]) -> str:
+    with pytest.raises(PluginLoadError) as caught:
+        async with ToolHost(config={"plugins": {"mcp": {"servers": {"srv": server}}}}, builtins=["mcp"],
+                            entry_points=False, working_dir=tmp_path, discover=False):
+            pass
+    return str(caught.value)
+
+
+async def test_a_server_exiting_1_names_its_status_and_its_stderr_tail(tmp_path: Path,
+                                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    script = "import sys; print('starting', file=sys.stderr); print('fatal: no token in FOO_TOKEN', " \
+             "file=sys.stderr); sys.exit(1)"
+    message = await start_error(tmp_path, {"command": sys.executable, "args": ["-c", script]})
+    assert "MCP server 'srv' could not start: the server exited with status 1" in message
+    assert "its stderr ended with:\n    starting\n    fatal: no token in FOO_TOKEN" in message
+    assert "plugins.mcp.servers.srv" in message
+    assert "fatal: no token in FOO_TOKEN" in capfd.readouterr().err  # stderr = "inherit": still ours too
+
+
+async def test_a_program_missing_from_the_servers_path_is_status_127_with_the_hint(tmp_path: Path) -> None:
+    """An npx-style server whose interpreter is not on the PATH it gets (``#!/usr/bin/env node``)."""
+    server = {"command": "/usr/bin/env", "args": ["no-such-interpreter-xyz", "server.js"],
+              "env": {"PATH": str(tmp_path)}}
+    message = await start_error(tmp_path, server)
+    assert "exited with status 127" in message and "env_passthrough" in message and "PATH and HOME" in message
+    assert "no-such-interpreter-xyz" in message.split("its stderr ended with:")[1]
+
+
+async def test_a_command_not_on_the_path_names_the_path_it_searched(tmp_path: Path) -> None:
+    message = await start_error(tmp_path, {"command": "no-such-mcp-server-xyz", "env": {"PATH": str(tmp_path)}})
+    assert f"no executable 'no-such-mcp-server-xyz' on the PATH the server gets ('{tmp_path}')" in message
+    assert "plugins.mcp.servers.srv.command" in message
+
+
+async def test_a_schema_without_type_names_where_with_the_stderr_tail(tmp_path: Path) -> None:
+    tools = [{"name": "typeless", "inputSchema": {"properties": {}}}]
+    script = (f"import sys, runpy; print('hostile server up', file=sys.stderr, flush=True); "
+              f"sys.argv = [{HOSTILE_SERVER!r}]; runpy.run_path({HOSTILE_SERVER!r}, run_name='__main__')")
+    message = await start_error(tmp_path, {"command": sys.executable, "args": ["-c", script],
+                                           "env": {"HOSTILE_TOOLS": json.dumps(tools)}})
+    assert "it answered with data that is not valid MCP" in message
+    assert ".inputSchema.type: Field required" in message
+    assert "TaskGroup" not in message and "hostile server up" in message
+
+
+async def test_stderr_discard_still_keeps_the_tail_for_the_error(tmp_path: Path, capfd: pytest.CaptureFixture[str]
+                                                                 ) -> None:
+    script = "import sys; print('only in the error', file=sys.stderr); sys.exit(2)"
+    message = await start_error(tmp_path, {"command": sys.executable, "args": ["-c", script], "stderr": "discard"})
+    assert "exited with status 2" in message and "only in the error" in message
+    assert "only in the error" not in capfd.readouterr().err
+
+
+def test_the_tail_is_bounded_and_escapes_control_characters() -> None:
+    from amplifier_tools.mcp.transport import StderrTail
+
+    tail = StderrTail(forward=False, limit=64)
+    for n in range(1000):
+        tail.add(f"line {n}\n".encode())
+    tail.add(b"\x1b[31mred\x1b[0m\n")
+    assert len(tail.tail().encode()) < 200
+    assert tail.tail().splitlines()[-1] == "\\x1b[31mred\\x1b[0m"
+    assert "line 999" in tail.tail() and "line 1 " not in tail.tail()
+
+
+# -- a server left out at start (required = false) -----------------------------------------------
+
+def late_server(flag: Path) -> dict[str, Any]:
+    """A server that fails to start (exit 1, a line on stderr) until ``flag`` exists."""
+    script = (f"import os, sys, runpy\nif not os.path.exists({str(flag)!r}):\n"
+              "    print('upstream token expired', file=sys.stderr); sys.exit(1)\n"
+              f"sys.argv = [{HOSTILE_SERVER!r}]; runpy.run_path({HOSTILE_SERVER!r}, run_name='__main__')\n")
+    return {"command": sys.executable, "args": ["-c", script], "required": False}
+
+
+async def test_a_server_left_out_at_start_is_started_again_by_a_call_of_its_tool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``required = false`` left a server out for the host's whole life; issue 18 asks for it to be
+    retried on the first call. The call is not run by the retry (it would skip its checks): it
+    fails, retryable, saying to call again."""
+    import amplifier_tools.mcp as mcp_plugin
+
+    flag = tmp_path / "up"
+    async with ToolHost(config={"plugins": {"mcp": {"servers": {"late": late_server(flag)}}}}, builtins=["mcp"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        assert not [s for s in host.specs if s.name.startswith("mcp::late::")]
+        down = await host.call("mcp::late::echo", {"text": "hi"})
+        assert down.error is not None and down.error["code"] == "mcp_server_unavailable", down.error
+        assert down.error["retryable"] is True and "exited with status 1" in down.error["message"]
+        assert "upstream token expired" not in down.error["message"]  # the stderr tail is for the operator
+        flag.touch()
+        again = await host.call("mcp__late__echo", {"text": "hi"})  # within RETRY_AFTER_S: not tried yet
+        assert again.error is not None and again.error["code"] == "mcp_server_unavailable"
+        monkeypatch.setattr(mcp_plugin, "RETRY_AFTER_S", 0.0)
+        started = await host.call("mcp::late::echo", {"text": "hi"})
+        assert started.error is not None and started.error["code"] == "mcp_server_started", started.error
+        assert started.error["retryable"] is True
+        assert "mcp::late::echo" in {s.name for s in host.specs}
+        ok = await host.call("mcp::late::echo", {"text": "hi"})
+        assert ok.success and ok.output == {"text": "hi"}
+        assert not host.plugin_manager.get_plugin("mcp").unavailable
+
+
+def test_plugins_reports_a_server_left_out(tmp_path: Path) -> None:
+    from cli_helpers import cli
+
+    work = tmp_path / "work"
+    work.mkdir()
+    server = late_server(tmp_path / "never")
+    args = ", ".join(f'"{a}"' if "\n" not in a else json.dumps(a) for a in server["args"])
+    (work / "amplifier-tools.toml").write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[plugins.mcp.servers.late]\ncommand = "{sys.executable}"\n'
+        f"args = [{args}]\nrequired = false\n")
+    table = cli(work, "plugins")
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if line.startswith("mcp::late"))
+    assert "UNAVAILABLE" in row and "exited with status 1" in row
+    data = json.loads(cli(work, "plugins", "--json").stdout)
+    assert [u["name"] for u in data["unavailable"]] == ["mcp::late"]
+    assert "upstream token expired" in data["unavailable"][0]["reason"]
