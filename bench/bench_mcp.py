@@ -83,7 +83,8 @@ async def _all(quick: bool) -> list[Row]:
     serve_added = s["ours"][0] - s["bare"][0]
     big = await _large_messages(quick)
     http = await _http_import(n, rounds)
-    return [*big, http,
+    http_serve = await _http_serve(n, rounds)
+    return [*big, http, http_serve,
         row("mcp import: call via host vs SDK client (stdio subprocess)", t["host"][0], t["sdk"][0], "µs/call",
             ratio=t["host"][0] / t["sdk"][0], target="≤ +15% over the SDK client",
             met=t["host"][0] <= 1.15 * t["sdk"][0], spread=t["host"][1],
@@ -94,6 +95,83 @@ async def _all(quick: bool) -> list[Row]:
         row("mcp import: host start with one server (spawn, initialize, list)", start_ms, None, "ms",
             notes="fixture server; Python interpreter start dominates"),
     ]
+
+
+def _server_cpu_ns(pid: int) -> int:
+    """CPU time a process's threads have used, in ns (``/proc/<pid>/task/*/schedstat``)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+            continue
+    return total
+
+
+async def _http_serve(n: int, rounds: int) -> Row:
+    """serve-mcp over Streamable HTTP (bench/http_serve_fixture.py: bearer token, refusal audit,
+    DNS-rebinding protection, the host's pipeline) against a bare SDK Streamable HTTP server
+    (tests/mcp_fixtures/bare_http_server.py), both subprocesses on loopback ports, called in turn
+    by the SDK's own client session: each server process's CPU per call. Its CPU, not the client's
+    wall clock, which on a loaded machine varies by milliseconds per call."""
+    import subprocess
+
+    import mcp_types
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    token = os.urandom(24).hex()
+    root = str(Path(__file__).resolve().parent.parent)
+    processes = {
+        "ours": subprocess.Popen([sys.executable, "-m", "bench.http_serve_fixture"], stdout=subprocess.PIPE,
+                                 text=True, cwd=root, env={**ENV, "BENCH_MCP_TOKEN": token,
+                                                           "PYTHONPATH": os.environ.get("PYTHONPATH", root)}),
+        "bare": subprocess.Popen([sys.executable, BARE_HTTP], stdout=subprocess.PIPE, text=True, env=ENV),
+    }
+    try:
+        urls = {}
+        for name, process in processes.items():
+            assert process.stdout is not None
+            urls[name] = process.stdout.readline().strip()
+            assert urls[name].startswith("http://"), f"the {name} HTTP server did not start"
+        request = mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name="add", arguments=ARGS))
+        per_call: dict[str, list[float]] = {"ours": [], "bare": []}
+        async with (create_mcp_http_client(headers={"Authorization": f"Bearer {token}"}) as http_ours,
+                    create_mcp_http_client() as http_bare,
+                    streamable_http_client(urls["ours"], http_client=http_ours) as ours_streams,
+                    streamable_http_client(urls["bare"], http_client=http_bare) as bare_streams,
+                    ClientSession(ours_streams[0], ours_streams[1]) as ours,
+                    ClientSession(bare_streams[0], bare_streams[1]) as bare):
+            sessions = {"ours": ours, "bare": bare}
+            for session in sessions.values():
+                await session.initialize()
+                for _ in range(20):
+                    await session.send_request(request, mcp_types.CallToolResult)
+            for _ in range(rounds * 5):
+                for name, session in sessions.items():
+                    pid = processes[name].pid
+                    before = _server_cpu_ns(pid)
+                    for _ in range(max(n // 5, 4)):
+                        result = await session.send_request(request, mcp_types.CallToolResult)
+                        assert not result.is_error, result
+                    per_call[name].append((_server_cpu_ns(pid) - before) / 1000 / max(n // 5, 4))
+    finally:
+        for process in processes.values():
+            process.terminate()
+            process.wait(10)
+    import statistics
+
+    ours_us, bare_us = statistics.median(per_call["ours"]), statistics.median(per_call["bare"])
+    added = ours_us - bare_us
+    return row("mcp serve: serve-mcp vs bare SDK server (Streamable HTTP), server CPU", ours_us, bare_us, "µs/call",
+               ratio=ours_us / bare_us, target="≤ +50 µs", met=added <= 50,
+               spread=statistics.quantiles(per_call["ours"], n=4)[2] - statistics.quantiles(per_call["ours"], n=4)[0]
+               if len(per_call["ours"]) >= 2 else None,
+               notes=f"adds {added:.0f} µs of server CPU per call (medians of {len(per_call['ours'])} blocks "
+                     "taken in turn): bearer authentication, refusal audit, the host's pipeline, result "
+                     "conversion; reference = the SDK's lowlevel Server on its own HTTP app, same client")
 
 
 async def _http_import(n: int, rounds: int) -> Row:
