@@ -53,13 +53,20 @@ class ClientTokens:
 
     def __init__(self, by_digest: dict[bytes, str]) -> None:
         self._by_digest = by_digest
+        #: One ``AccessToken`` per client, built on its first request (not one per request: the
+        #: pydantic model's validation is a measurable part of a call's cost).
+        self._access: dict[bytes, AccessToken] = {}
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The client whose token this is (its ``token_ref`` as the client id), or None."""
-        ref = self._by_digest.get(_digest(token))
-        if ref is None:
-            return None
-        return AccessToken(token=token, client_id=ref, scopes=[])
+        digest = _digest(token)
+        access = self._access.get(digest)
+        if access is None:
+            ref = self._by_digest.get(digest)
+            if ref is None:
+                return None
+            access = self._access[digest] = AccessToken(token=token, client_id=ref, scopes=[])
+        return access
 
 
 def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], Caller | None], ClientTokens | None]:
