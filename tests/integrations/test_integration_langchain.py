@@ -325,3 +325,16 @@ def test_host_tool_refuses_a_tool_with_injected_arguments_but_takes_the_call_id(
         with pytest.raises(TypeError, match=f"injected arguments \\({argument}\\)"):
             host_tool(refused)
     assert host_tool(takes_call_id).input_schema["properties"] == {"x": {"type": "integer"}}
+
+
+async def test_a_host_tool_taking_the_tool_call_id_gets_the_hosts_call_id(tmp_path: Any) -> None:
+    @lc_tool
+    def echo_call_id(x: int, call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Echo the call id."""
+        return call_id
+
+    (tmp_path / "w").mkdir()
+    async with ToolHost(plugins=[host_tool(echo_call_id)], builtins=False, entry_points=False, discover=False,
+                        working_dir=tmp_path / "w", config={"state_dir": str(tmp_path / "s")}) as started:
+        result = await started.call("echo_call_id", {"x": 1}, call_id="cid_7")
+    assert result.success and result.output == "cid_7"

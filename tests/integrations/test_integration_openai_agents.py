@@ -353,3 +353,12 @@ def test_a_missing_framework_is_an_import_error_naming_the_extra(module: str, ex
     assert done.returncode != 0
     assert f"pip install 'amplifier-tools[{extra}]'" in done.stderr
     assert "ImportError:" in done.stderr.splitlines()[-1]
+
+
+async def test_a_named_tool_unmounted_later_answers_the_model_with_unknown_tool(host: ToolHost) -> None:
+    made = function_tools(host, context=user_context, tools=["shop::orders.lookup"])
+    host.tools.remove("shop::orders.lookup")
+    agent = Agent(name="shop", model=tool_calls_then_report(call("shop__orders_lookup", "gone_1", {"order_id": "A"})),
+                  tools=made)
+    result = await Runner.run(agent, "help me", context=User("alice"), run_config=RunConfig(tracing_disabled=True))
+    assert json.loads(result.final_output)["gone_1"].startswith("Error (ContractError, unknown_tool)")
