@@ -1,5 +1,7 @@
-"""What every framework adapter shares: picking tools, building the call's ``ToolContext``, and
-the text a model sees. Imports no framework.
+"""What every framework adapter shares: refusing an unstarted host, picking tools, building the
+call's ``ToolContext``, bounding the framework's call id, parsing the model's argument text, and
+the text a model sees. Imports no framework, and never decides a call itself: whatever the model
+sent reaches ``host.call``, which validates and records it.
 """
 
 from __future__ import annotations
