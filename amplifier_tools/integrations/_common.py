@@ -1,9 +1,14 @@
-"""What every framework adapter shares: picking tools, building the call's ``ToolContext``, and
-the text a model sees. Imports no framework.
+"""What every framework adapter shares: refusing an unstarted host, picking tools, building the
+call's ``ToolContext``, bounding the framework's call id, parsing the model's argument text, and
+the text a model sees. Imports no framework, and never decides a call itself: whatever the model
+sent reaches ``host.call``, which validates and records it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, Union
 
@@ -14,7 +19,10 @@ from ..host import ToolHost
 from ..models import ToolContext, ToolResult
 from ..spec import ToolSpec
 
-__all__ = ["ContextSource", "call_context", "is_strict_schema", "model_text", "select_specs"]
+__all__ = ["ContextSource", "call_context", "framework_call_id", "is_strict_schema", "missing_extra", "model_text",
+           "parse_arguments", "require_started", "select_specs"]
+
+log = logging.getLogger("amplifier_tools.integrations")
 
 F = TypeVar("F")
 
@@ -23,12 +31,29 @@ F = TypeVar("F")
 ContextSource = Union[ToolContext, Callable[[F], ToolContext], None]
 
 
-def select_specs(host: ToolHost, tools: Iterable[str] | None) -> list[ToolSpec]:
+def missing_extra(extra: str, error: ImportError) -> ImportError:
+    """The ``ImportError`` for an adapter whose framework is not installed, naming the extra."""
+    return ImportError(f"this adapter needs the {extra!r} extra ({error.name or error} is not installed): "
+                       f"pip install 'amplifier-tools[{extra}]'")
+
+
+def require_started(host: ToolHost) -> None:
+    """Refuse a host that is not started: its tools are not mounted yet, so the adapter would
+    silently offer none (or a closed host, whose calls all fail)."""
+    if getattr(host, "_pipeline", None) is None:
+        raise RuntimeError("the host is not started: start it first (`async with ToolHost(...) as host:` "
+                           "or `await host.start()`) and keep it open while the agent runs")
+
+
+def select_specs(host: ToolHost, tools: Iterable[str] | None, *, skip_unmounted: bool = False) -> list[ToolSpec]:
     """The contracts of ``tools`` (canonical or model-facing names), or of every mounted tool.
 
     An unknown name is a ``ValueError`` naming it and what is mounted: a typo must not silently
-    leave a tool out of the agent.
+    leave a tool out of the agent. With ``skip_unmounted`` (a toolset reading the host again at a
+    later run step, after the names were checked once) a name whose tool was unmounted since is
+    left out with a warning instead.
     """
+    require_started(host)
     if tools is None:
         return host.specs
     if isinstance(tools, str):
@@ -38,6 +63,9 @@ def select_specs(host: ToolHost, tools: Iterable[str] | None) -> list[ToolSpec]:
         mounted = host.tools.resolve(name)
         if mounted is None:
             known = ", ".join(sorted(model_name(spec.name) for spec in host.specs)) or "none"
+            if skip_unmounted:
+                log.warning("tools: %r is no longer mounted on the host; not offered (mounted: %s)", name, known)
+                continue
             raise ValueError(f"tools: {name!r} names no tool mounted on the host (mounted: {known})")
         if mounted.spec not in chosen:
             chosen.append(mounted.spec)
@@ -66,7 +94,45 @@ def call_context(host: ToolHost, source: ContextSource[F], framework_context: F,
     return context
 
 
-def model_text(result: ToolResult, max_chars: int | None = None) -> str:
+#: The longest framework tool-call id kept as it is for the host's call id.
+MAX_CALL_ID = 128
+
+
+def framework_call_id(call_id: object) -> str | None:
+    """The host's call id for a framework's tool-call id: the id itself when it is printable ASCII
+    of at most ``MAX_CALL_ID`` characters (what every framework sends); otherwise a bounded,
+    printable stand-in — its printable prefix and a hash of the whole — so a model cannot put
+    200 KB or control characters into the audit log's ids, and the same id still maps to the same
+    call id. An empty or missing id is ``None`` (the host makes one).
+    """
+    if not call_id:
+        return None
+    if not isinstance(call_id, str):  # frameworks are not type-checked: an id may be anything
+        call_id = str(call_id)
+    if len(call_id) <= MAX_CALL_ID and call_id.isascii() and call_id.isprintable():
+        return call_id
+    prefix = "".join(c for c in call_id[:64] if c.isascii() and c.isprintable())
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return f"{prefix}~{digest}"
+
+
+def parse_arguments(text: str | None) -> tuple[Any, str | None]:
+    """A model's JSON argument string as data, and why it is not JSON (``None`` when it is).
+
+    Text that does not parse, or is nested too deeply to parse, is returned as it is, so that the
+    host refuses it as a ``ContractError`` and records the call like any other.
+    """
+    if not text:
+        return {}, None
+    try:
+        return json.loads(text), None
+    except ValueError as exc:
+        return text, f"the arguments are not valid JSON: {exc}"
+    except RecursionError:
+        return text, "the arguments are not valid JSON: nested too deeply"
+
+
+def model_text(result: ToolResult, max_chars: int | None = None, parse_problem: str | None = None) -> str:
     """The text a model sees: the output, or ``Error (<type>, <code>): <message>``.
 
     The error's category and code come first so a model (and a person reading the transcript) can
@@ -78,38 +144,61 @@ def model_text(result: ToolResult, max_chars: int | None = None) -> str:
     error = result.error or {}
     text = f"Error ({error.get('type', 'SystemError')}, {error.get('code', 'error')}): " \
            f"{error.get('message', 'unknown error')}"
+    if parse_problem is not None and error.get("type") == "ContractError":
+        text += f" ({parse_problem})"
     if max_chars is not None and len(text) > max_chars:
         text = text[:max_chars] + f"\n\n[Truncated: {len(text) - max_chars} characters omitted]"
     return text
 
 
+#: The keywords OpenAI's strict mode accepts in a schema (structured outputs' supported subset);
+#: a schema using any other (``not``, ``if``/``then``, ``patternProperties``, ``oneOf``, ``allOf``,
+#: ``default``, ...) is offered without strict mode.
+STRICT_KEYWORDS = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "anyOf", "enum", "const", "$ref", "$defs",
+    "definitions", "description", "title", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "multipleOf", "minItems", "maxItems",
+})
+_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+
+
 def is_strict_schema(schema: Any) -> bool:
     """Whether ``schema`` already is what OpenAI's strict mode demands, so that turning strict mode
-    on changes nothing: an object root, and every object closed (``additionalProperties: false``)
-    with every property required. A schema with optional properties is not: strict mode would make
+    on changes nothing: an object root; every object closed (``additionalProperties: false``) with
+    every property required; every subschema saying what it is (``type``, ``anyOf``, ``$ref``,
+    ``enum`` or ``const``; ``{}`` is not) with only the keywords strict mode supports, and a
+    ``$ref`` with no siblings. A schema with optional properties is not: strict mode would make
     them required, and the model could no longer leave them out.
     """
-    return isinstance(schema, dict) and schema.get("type") == "object" and _closed(schema)
+    return isinstance(schema, dict) and schema.get("type") == "object" and _strict(schema)
 
 
-def _closed(node: Any) -> bool:
-    if isinstance(node, list):
-        return all(_closed(item) for item in node)
-    if not isinstance(node, dict):
-        return True
+def _strict(node: Any) -> bool:
+    if not isinstance(node, dict) or not node or not set(node) <= STRICT_KEYWORDS:
+        return False
+    if "$ref" in node and len(node) > 1:
+        return False
+    if not {"type", "anyOf", "$ref", "enum", "const"} & set(node):
+        return False
     kind = node.get("type")
-    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in node
-    if is_object:
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    if not all(isinstance(k, str) and k in _JSON_TYPES for k in kinds):
+        return False
+    if "object" in kinds or "properties" in node:
         properties = node.get("properties", {})
         if node.get("additionalProperties") is not False or not isinstance(properties, dict):
             return False
-        if set(node.get("required", ())) != set(properties):
+        required = node.get("required", [])
+        if not isinstance(required, list) or set(required) != set(properties):
             return False
-    for key, value in node.items():
-        if key in ("properties", "$defs", "definitions", "patternProperties"):
-            if not isinstance(value, dict) or not all(_closed(v) for v in value.values()):
-                return False
-        elif key in ("items", "anyOf", "allOf", "oneOf", "prefixItems", "not", "additionalProperties") \
-                and not _closed(value):
+        if not all(_strict(value) for value in properties.values()):
             return False
-    return True
+    elif "additionalProperties" in node or "required" in node:
+        return False
+    for key in ("$defs", "definitions"):
+        if key in node and not (isinstance(node[key], dict) and all(_strict(v) for v in node[key].values())):
+            return False
+    if "items" in node and not _strict(node["items"]):
+        return False
+    any_of = node.get("anyOf")
+    return any_of is None or (isinstance(any_of, list) and bool(any_of) and all(_strict(v) for v in any_of))

@@ -6,7 +6,9 @@ LangGraph's ``ToolNode`` or ``model.bind_tools``: the model-facing name, the con
 its input schema as the tool's JSON-schema ``args_schema``. Invoked with a model's tool call, the
 call runs ``host.call`` with the tool-call id as the call id; the ``ToolContext`` comes from your
 function of the ``RunnableConfig`` (for example its ``configurable`` keys), and the LangChain run id
-of the tool run fills ``trace_id`` when the context has none. LangChain does not validate the
+of the whole graph run fills ``trace_id`` when the context has none — LangGraph knows it when the
+caller names it (``agent.invoke(..., config={"run_id": ...})``), so every call of that agent run
+shares it; otherwise it is the run that called the tool (the tool's parent run). LangChain does not validate the
 arguments here; the host does, so a bad argument is its ``ContractError`` naming the field.
 
 A failed call becomes a ``ToolMessage`` with ``status="error"`` and the text
@@ -14,10 +16,15 @@ A failed call becomes a ``ToolMessage`` with ``status="error"`` and the text
 in the agent loop. Async invocation (``ainvoke``, async graphs) is the native path. Sync invocation
 (``invoke``) blocks on the event loop the host runs on, so that loop must be running in another
 thread (the loop that is running when ``tools()`` is called, or ``loop=``); from that loop's own
-thread use ``ainvoke``.
+thread use ``ainvoke``. A sync call whose host loop stops making progress — typically because the
+loop's own thread is blocked in ``agent.invoke`` while LangGraph runs the tool in a worker thread,
+a deadlock — ends in a ``RuntimeError`` saying so (after ``stall_timeout`` seconds) instead of
+hanging; if the waiting thread gives up, the host call is cancelled (recorded ``cancelled``).
 
 ``host_tool(tool)`` goes the other way: a LangChain tool becomes a tool that a ``ToolHost`` mounts,
-so its calls pass the host's validation, policies and audit.
+so its calls pass the host's validation, policies and audit; a tool with injected arguments
+(``InjectedToolArg``, ``ToolRuntime``, ``InjectedState``...) other than the tool-call id is refused
+at wrap time, since the host has nothing to inject.
 
 Not carried over: LangChain's injected arguments (``InjectedToolArg``, ``ToolRuntime``) and
 ``return_direct`` are not offered on the tools made here; streaming of tool output and LangChain
@@ -27,22 +34,31 @@ middleware are the framework's and run around these tools unchanged (the host's 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
-from langchain_core.messages import ToolMessage
-from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import BaseTool, ToolException
-from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict
+from ._common import missing_extra
+
+try:
+    from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
+    from langchain_core.messages import ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import BaseTool, InjectedToolCallId, ToolException
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from pydantic import ConfigDict
+except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
+    raise missing_extra("langchain", exc) from exc
 
 from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
 from ..spec import Effect
-from ._common import call_context, model_text, select_specs
+from ._common import call_context, framework_call_id, model_text, select_specs
 
 __all__ = ["AmplifierTool", "host_tool", "tools"]
 
@@ -52,12 +68,14 @@ ContextFunction = Callable[[RunnableConfig], ToolContext]
 
 def tools(host: ToolHost, *, context: ToolContext | ContextFunction | None = None,
           tools: Iterable[str] | None = None, loop: asyncio.AbstractEventLoop | None = None,
-          max_output_chars: int | None = 50_000) -> list[AmplifierTool]:
+          max_output_chars: int | None = 50_000, stall_timeout: float = 5.0) -> list[AmplifierTool]:
     """One LangChain tool per mounted tool (or per name in ``tools``), each calling ``host``.
 
     ``context`` is the calls' ``ToolContext``, or a function building it from the invocation's
     ``RunnableConfig``; without it the host's default context is used. ``loop`` is the event loop
     the host runs on, needed only for sync invocation (default: the loop running now, if any).
+    ``stall_timeout`` is how long a sync invocation waits for that loop to respond at all before
+    it reports the loop as blocked (a deadlock) instead of waiting for ever.
     """
     if loop is None:
         try:
@@ -66,7 +84,7 @@ def tools(host: ToolHost, *, context: ToolContext | ContextFunction | None = Non
             loop = None
     return [AmplifierTool(name=model_name(spec.name), description=spec.description or spec.title or spec.name,
                           args_schema=spec.input_schema, host=host, tool_name=spec.name, context_source=context,
-                          host_loop=loop, max_output_chars=max_output_chars)
+                          host_loop=loop, max_output_chars=max_output_chars, stall_timeout=stall_timeout)
             for spec in select_specs(host, tools)]
 
 
@@ -80,6 +98,7 @@ class AmplifierTool(BaseTool):
     context_source: Any = None
     host_loop: Any = None
     max_output_chars: int | None = 50_000
+    stall_timeout: float = 5.0
     handle_tool_error: bool | str | Callable[[ToolException], str] | None = True
 
     def _to_args_and_kwargs(self, tool_input: str | dict[str, Any], tool_call_id: str | None,
@@ -90,9 +109,8 @@ class AmplifierTool(BaseTool):
 
     async def _arun(self, arguments: Any, call_id: str | None, config: RunnableConfig,
                     run_manager: AsyncCallbackManagerForToolRun | None = None) -> str:
-        run_id = str(run_manager.run_id) if run_manager is not None else None
-        context = call_context(self.host, self.context_source, config, run_id)
-        result = await self.host.call(self.tool_name, arguments, context=context, call_id=call_id or None)
+        context = call_context(self.host, self.context_source, config, _trace_id(config, run_manager))
+        result = await self.host.call(self.tool_name, arguments, context=context, call_id=framework_call_id(call_id))
         text = model_text(result, self.max_output_chars)
         if not result.success:
             raise ToolException(text)  # handle_tool_error turns it into a ToolMessage with status "error"
@@ -111,15 +129,91 @@ class AmplifierTool(BaseTool):
         if running is loop:
             raise RuntimeError(f"{self.name}: sync invoke() from the host's own event loop would block it; "
                                "use ainvoke()")
-        run_id = str(run_manager.run_id) if run_manager is not None else None
-        context = call_context(self.host, self.context_source, config, run_id)
-        future = asyncio.run_coroutine_threadsafe(
-            self.host.call(self.tool_name, arguments, context=context, call_id=call_id or None), loop)
-        result: ToolResult = future.result()
+        context = call_context(self.host, self.context_source, config, _trace_id(config, run_manager))
+        abandoned = threading.Event()
+
+        async def call() -> ToolResult:
+            if abandoned.is_set():  # the waiter gave up before the loop got to the call: do not start it
+                raise asyncio.CancelledError
+            result: ToolResult = await self.host.call(self.tool_name, arguments, context=context,
+                                                      call_id=framework_call_id(call_id))
+            return result
+
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        try:
+            result = _wait(future, loop, self.stall_timeout, self.name)
+        except BaseException:
+            # The waiting thread gave up (interrupted, or the loop is blocked): a call that has not
+            # started never starts, a running one is cancelled (the host records it as cancelled).
+            abandoned.set()
+            future.cancel()
+            raise
         text = model_text(result, self.max_output_chars)
         if not result.success:
             raise ToolException(text)
         return text
+
+
+def _trace_id(config: RunnableConfig,
+              run_manager: AsyncCallbackManagerForToolRun | CallbackManagerForToolRun | None) -> str | None:
+    """The graph run's id when LangGraph knows it (the caller passed ``config={"run_id": ...}``),
+    else the run that called the tool (its parent run), else the tool run itself."""
+    runtime = (config.get("configurable") or {}).get("__pregel_runtime")  # LangGraph's per-task runtime
+    graph_run = getattr(getattr(runtime, "execution_info", None), "run_id", None)
+    if graph_run is not None:
+        return str(graph_run)
+    if run_manager is None:
+        return None
+    return str(run_manager.parent_run_id or run_manager.run_id)
+
+
+#: How often a waiting sync invocation checks that the host's loop still runs callbacks.
+_PROBE_SECONDS = 0.05
+
+
+def _wait(future: concurrent.futures.Future[ToolResult], loop: asyncio.AbstractEventLoop, stall_timeout: float,
+          name: str) -> ToolResult:
+    """The call's result, waiting for as long as the call takes while the host's loop keeps
+    running; a ``RuntimeError`` when the loop has not run a callback for ``stall_timeout`` seconds.
+
+    A loop that runs no callback at all is blocked — in a sync ``agent.invoke`` on the loop's own
+    thread waiting for this very thread, a deadlock no timeout inside the call can end. A waiting
+    loop thread (blocked on a lock or a future) is reported after a few probes, not the full
+    ``stall_timeout``.
+    """
+    beat = threading.Event()
+    beat.set()
+    since = time.monotonic()
+    blocked_probes = 0
+    while True:
+        try:
+            return future.result(timeout=_PROBE_SECONDS)
+        except concurrent.futures.TimeoutError:
+            pass
+        if beat.is_set():  # the loop ran the last heartbeat: it is making progress
+            beat.clear()
+            since = time.monotonic()
+            blocked_probes = 0
+            loop.call_soon_threadsafe(beat.set)
+            continue
+        waited = time.monotonic() - since
+        blocked_probes = blocked_probes + 1 if _thread_waits(loop) else 0
+        if waited >= stall_timeout or blocked_probes >= 5:
+            raise RuntimeError(
+                f"{name}: sync invoke() is waiting for the host's event loop, which has run nothing for "
+                f"{waited:.1f}s — it is blocked, most likely in a sync call (agent.invoke) on its own thread "
+                "waiting for this tool: a deadlock. Run the agent with ainvoke() on that loop, or run the host's "
+                "loop in another thread (tools(host, loop=...))")
+
+
+def _thread_waits(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the loop's thread is blocked waiting on a lock, condition or future (not computing)."""
+    thread_id = getattr(loop, "_thread_id", None)  # set by BaseEventLoop.run_forever
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    if frame is None:
+        return False
+    filename = frame.f_code.co_filename.replace("\\", "/")
+    return filename.endswith(("/threading.py", "/concurrent/futures/_base.py", "/queue.py"))
 
 
 def host_tool(tool: BaseTool, *, name: str | None = None, effect: Effect | str = Effect.ExternalSideEffects,
@@ -131,7 +225,22 @@ def host_tool(tool: BaseTool, *, name: str | None = None, effect: Effect | str =
     the most cautious. The tool runs with the host's call id as its tool-call id; a ``ToolMessage``
     it returns with ``status="error"`` (a handled ``ToolException``) is an ``ExecutionError``.
     """
+    model_facing = convert_to_openai_tool(tool)["function"]["parameters"].get("properties", {})
+    accepted = set(getattr(tool.get_input_schema(), "model_fields", {})) | set(getattr(tool, "_injected_args_keys", ()))
+    injected = sorted(key for key in accepted if key not in model_facing and not _is_call_id(tool, key))
+    if injected:
+        raise TypeError(f"host_tool: the LangChain tool {tool.name!r} takes injected arguments "
+                        f"({', '.join(injected)}) the host cannot supply; wrap a tool whose arguments all come "
+                        "from the model (a tool-call id, InjectedToolCallId, is fine)")
     return _LangChainTool(tool, name or tool.name, Effect(effect))
+
+
+def _is_call_id(tool: BaseTool, key: str) -> bool:
+    """Whether the tool's argument ``key`` is an ``InjectedToolCallId`` (which LangChain fills from
+    the tool call the host makes)."""
+    annotation = getattr(tool.get_input_schema(), "model_fields", {}).get(key)
+    metadata = getattr(annotation, "metadata", ())
+    return any(item is InjectedToolCallId or isinstance(item, InjectedToolCallId) for item in metadata)
 
 
 class _LangChainTool:

@@ -8,7 +8,10 @@ that strict mode never makes an optional argument required), and an invocation t
 ``Error (<type>, <code>): <message>``, never raised, so the run goes on and the model can adapt.
 
 ``host_tool(function_tool)`` goes the other way: the SDK tool becomes a tool that a ``ToolHost``
-mounts, so its calls pass the host's validation, policies and audit.
+mounts, so its calls pass the host's validation, policies and audit. Its ``timeout_seconds``
+becomes the contract's ``timeout_ms``; a tool whose safeguards the host cannot run
+(``needs_approval``, tool input/output guardrails, ``is_enabled`` other than ``True``) is refused
+with a ``ContractError`` naming the setting, rather than mounted without them.
 
 Not carried over: the SDK's approvals (``needs_approval``), tool guardrails and per-tool timeouts
 are left unset on the tools made here (the host's hooks, policies and ``timeout_ms`` do that job);
@@ -22,18 +25,32 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from agents import FunctionTool
-from agents.exceptions import UserError
-from agents.strict_schema import ensure_strict_json_schema
-from agents.tool_context import ToolContext as AgentsToolContext
-from agents.tracing import get_current_trace
-from agents.tracing.traces import NoOpTrace
+from ._common import missing_extra
+
+try:
+    from agents import FunctionTool
+    from agents.exceptions import UserError
+    from agents.strict_schema import ensure_strict_json_schema
+    from agents.tool_context import ToolContext as AgentsToolContext
+    from agents.tracing import get_current_trace
+    from agents.tracing.traces import NoOpTrace
+except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
+    raise missing_extra("openai-agents", exc) from exc
 
 from ..definitions import model_name
+from ..errors import ContractError
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
 from ..spec import Effect
-from ._common import ContextSource, call_context, is_strict_schema, model_text, select_specs
+from ._common import (
+    ContextSource,
+    call_context,
+    framework_call_id,
+    is_strict_schema,
+    model_text,
+    parse_arguments,
+    select_specs,
+)
 
 __all__ = ["function_tools", "host_tool"]
 
@@ -52,14 +69,9 @@ def function_tools(host: ToolHost, *, context: ToolContext | ContextFunction | N
     The host must be started before the agent runs and stay open while it does.
     """
     made = []
-    for spec in select_specs(host, tools):
+    for spec in select_specs(host, tools):  # the host must be started: its tools are mounted then
         schema = copy.deepcopy(spec.input_schema)  # the SDK's to keep; the contract's stays as it is
-        strict = is_strict_schema(schema)
-        if strict:
-            try:
-                ensure_strict_json_schema(copy.deepcopy(schema))
-            except UserError:  # a keyword the SDK's strict normalizer refuses
-                strict = False
+        strict = is_strict_schema(schema) and _sdk_keeps(schema)
         made.append(FunctionTool(
             name=model_name(spec.name),
             description=spec.description or spec.title or spec.name,
@@ -68,6 +80,15 @@ def function_tools(host: ToolHost, *, context: ToolContext | ContextFunction | N
             strict_json_schema=strict,
         ))
     return made
+
+
+def _sdk_keeps(schema: dict[str, Any]) -> bool:
+    """Whether the SDK's strict conversion leaves ``schema`` as it is (it rewrites ``oneOf``, inlines
+    a ``$ref`` with siblings, drops ``default: null``): strict mode must not change the contract."""
+    try:
+        return ensure_strict_json_schema(copy.deepcopy(schema)) == schema
+    except (UserError, TypeError, ValueError):  # a keyword the SDK's strict normalizer refuses
+        return False
 
 
 class _Invoker:
@@ -83,15 +104,14 @@ class _Invoker:
         self.max_output_chars = max_output_chars
 
     async def __call__(self, ctx: AgentsToolContext[Any], arguments: str) -> str:
-        try:
-            parsed: Any = json.loads(arguments) if arguments else {}
-        except ValueError:
-            parsed = arguments  # not JSON: the host refuses it as a ContractError, and records the call
+        # Text that is not JSON (or nested too deeply to parse) goes to the host as it is: the host
+        # refuses it as a ContractError and records the call; the model is told the parse error.
+        parsed, problem = parse_arguments(arguments)
         trace = get_current_trace()
         trace_id = None if trace is None or isinstance(trace, NoOpTrace) else trace.trace_id
         context = call_context(self.host, self.context, ctx, trace_id)
-        result = await self.host.call(self.name, parsed, context=context, call_id=ctx.tool_call_id or None)
-        return model_text(result, self.max_output_chars)
+        result = await self.host.call(self.name, parsed, context=context, call_id=framework_call_id(ctx.tool_call_id))
+        return model_text(result, self.max_output_chars, problem)
 
 
 def host_tool(tool: FunctionTool, *, name: str | None = None, effect: Effect | str = Effect.ExternalSideEffects,
@@ -100,12 +120,34 @@ def host_tool(tool: FunctionTool, *, name: str | None = None, effect: Effect | s
 
     The contract's input schema is the tool's ``params_json_schema`` (the host validates it, the
     SDK validates again); ``effect`` is what the tool does, which the SDK does not say, so it
-    defaults to the most cautious. ``context`` is what the tool sees as its run context.
+    defaults to the most cautious. The tool's ``timeout_seconds`` becomes the contract's
+    ``timeout_ms`` (the host's timeout then ends the call as a ``PolicyError`` ``timeout``).
+
+    ``context`` is the run context the SDK tool sees — ``ctx.context`` of a tool taking a
+    ``RunContextWrapper``/``ToolContext`` first argument, what ``Runner.run(context=...)`` would
+    have passed — the same object for every call; the host's ``ToolContext`` (principal, scopes)
+    is not handed to the SDK tool. Its ``tool_call_id`` is the host's call id.
+
+    A tool carrying a safeguard the host cannot run is refused with a ``ContractError`` naming the
+    setting, rather than mounted without it: ``needs_approval`` (use the host's approval hook or
+    policies), ``tool_input_guardrails``/``tool_output_guardrails`` (use a ``tool_pre``/``tool_post``
+    hook), ``is_enabled`` other than ``True`` (a disabled tool must not be callable). Build the tool
+    without them to mount it.
+
     The SDK tool turns its own exceptions into text by default (``failure_error_function``); such a
     text reads as a success to the host. Create the tool with ``failure_error_function=None`` so
     that it raises instead, and the host records an ``ExecutionError``.
     """
-    return _SDKTool(tool, name or tool.name, Effect(effect), context)
+    tool_name = name or tool.name
+    refused = [setting for setting, unset in (("needs_approval", tool.needs_approval is False),
+                                              ("tool_input_guardrails", not tool.tool_input_guardrails),
+                                              ("tool_output_guardrails", not tool.tool_output_guardrails),
+                                              ("is_enabled", tool.is_enabled is True)) if not unset]
+    if refused:
+        raise ContractError(f"host_tool: the SDK tool {tool.name!r} sets {', '.join(refused)}, which the host "
+                            "cannot carry out; build it without them and use the host's approval hook, "
+                            "tool_pre/tool_post hooks or policies instead", code="unsupported_setting")
+    return _SDKTool(tool, tool_name, Effect(effect), context)
 
 
 class _SDKTool:
@@ -118,6 +160,9 @@ class _SDKTool:
         self.input_schema = tool.params_json_schema
         self.effect = effect
         self.run_context = run_context
+        timeout = getattr(tool, "timeout_seconds", None)
+        if timeout is not None:
+            self.policies = {"timeout_ms": float(timeout) * 1000}
 
     async def execute(self, input: dict[str, Any], context: ToolContext | None = None) -> ToolResult:
         arguments = json.dumps(input)

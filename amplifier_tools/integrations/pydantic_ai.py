@@ -9,13 +9,16 @@ fills ``trace_id`` when the context has none, and the run's deadline bounds the 
 
 A failed call reaches the model as Pydantic AI's terminal tool failure (``ToolFailed``) with the
 text ``Error (<type>, <code>): <message>``: the run goes on, no retry budget is spent. The host
-validates the arguments; Pydantic AI's own validator here accepts any JSON object, so a bad
-argument is the host's ``ContractError`` naming the field, recorded like any call.
+validates the arguments; Pydantic AI's own validator here accepts anything the model sent — text
+that is not JSON, JSON that is not an object — and hands it on, so a bad argument is the host's
+``ContractError`` naming the field (or the parse error), recorded like any call.
 
 Not carried over: Pydantic AI's approvals (deferred tools) and capabilities' tool hooks see these
 tools like any others, but the host decides on its own (its policies and approval hook); streamed
-tool output does not exist on either side. There is no reverse wrapper: a Pydantic AI tool is a
-plain function, so decorate the function with ``amplifier_tools.tool`` and mount it instead.
+tool output does not exist on either side. There is no reverse wrapper: a Pydantic AI
+``tool_plain`` tool is a plain function, so decorate the function with ``amplifier_tools.tool`` and
+mount it instead; a tool taking a ``RunContext`` first needs that parameter removed (take what it
+read from ``ctx.deps`` as an argument, or from the host's ``ToolContext``).
 """
 
 from __future__ import annotations
@@ -23,21 +26,55 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pydantic_ai import RunContext
-from pydantic_ai.exceptions import ToolFailed
-from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
-from pydantic_core import SchemaValidator, core_schema
+from ._common import missing_extra
+
+try:
+    from pydantic_ai import RunContext
+    from pydantic_ai.exceptions import ToolFailed
+    from pydantic_ai.tools import ToolDefinition
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+    from pydantic_core import SchemaValidator, core_schema
+except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
+    raise missing_extra("pydantic-ai", exc) from exc
 
 from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolContext
-from ._common import call_context, is_strict_schema, model_text, select_specs
+from ._common import call_context, framework_call_id, is_strict_schema, model_text, parse_arguments, select_specs
 
 __all__ = ["AmplifierToolset"]
 
-#: Pydantic AI checks only that the model sent a JSON object; the host validates the rest.
+#: What partial (streamed) arguments are checked with: a JSON object, nothing more.
 _ANY_OBJECT = SchemaValidator(core_schema.dict_schema(core_schema.str_schema(), core_schema.any_schema()))
+
+
+class _Unchecked(dict[str, Any]):
+    """Arguments that are not a JSON object, carried past Pydantic AI to the host (which refuses
+    them as a ``ContractError`` and records the call): ``raw`` is what the model sent, ``problem``
+    why it did not parse (``None`` when it parsed but is not an object)."""
+
+    def __init__(self, raw: Any, problem: str | None) -> None:
+        super().__init__()
+        self.raw = raw
+        self.problem = problem
+
+
+class _PassThrough:
+    """The toolset's ``args_validator``: Pydantic AI must not validate (and spend a retry on) what
+    the host validates, so every complete argument value is accepted and handed on as it is."""
+
+    def validate_json(self, input: str | bytes | bytearray, *, allow_partial: Any = False, **kwargs: Any) -> Any:
+        if allow_partial not in (False, "off"):  # a streamed preview, not a call
+            return _ANY_OBJECT.validate_json(input, allow_partial=allow_partial, **kwargs)
+        text = input.decode("utf-8", "replace") if isinstance(input, (bytes, bytearray)) else input
+        parsed, problem = parse_arguments(text)
+        return parsed if isinstance(parsed, dict) else _Unchecked(parsed, problem)
+
+    def validate_python(self, input: Any, *, allow_partial: Any = False, **kwargs: Any) -> Any:
+        return input if isinstance(input, dict) else _Unchecked(input, None)
+
+
+_PASS_THROUGH = _PassThrough()
 
 
 class AmplifierToolset(AbstractToolset[Any]):
@@ -58,7 +95,7 @@ class AmplifierToolset(AbstractToolset[Any]):
         self.max_output_chars = max_output_chars
         self._id = id
         self._names = None if tools is None else list(tools)
-        select_specs(host, self._names)  # an unknown name fails here, not at the first run
+        select_specs(host, self._names)  # an unstarted host or an unknown name fails here, not at the first run
 
     @property
     def id(self) -> str | None:
@@ -66,13 +103,15 @@ class AmplifierToolset(AbstractToolset[Any]):
 
     async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
         offered: dict[str, ToolsetTool[Any]] = {}
-        for spec in select_specs(self.host, self._names):  # read per run step: tools mounted later show up
+        # Read per run step: tools mounted later show up; a named tool unmounted since is left out.
+        for spec in select_specs(self.host, self._names, skip_unmounted=True):
             name = model_name(spec.name)
             definition = ToolDefinition(name=name, description=spec.description or spec.title or spec.name,
                                         parameters_json_schema=spec.input_schema,
                                         strict=True if is_strict_schema(spec.input_schema) else None,
                                         metadata={"amplifier_tools": spec.name})
-            offered[name] = ToolsetTool(toolset=self, tool_def=definition, max_retries=1, args_validator=_ANY_OBJECT)
+            offered[name] = ToolsetTool(toolset=self, tool_def=definition, max_retries=1,
+                                         args_validator=_PASS_THROUGH)
         return offered
 
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
@@ -82,7 +121,12 @@ class AmplifierToolset(AbstractToolset[Any]):
         if remaining is not None and context.deadline is None:
             context = context.with_timeout(remaining)
         canonical = (tool.tool_def.metadata or {}).get("amplifier_tools", name)
-        result = await self.host.call(canonical, tool_args, context=context, call_id=ctx.tool_call_id or None)
+        arguments: Any = tool_args
+        problem = None
+        if isinstance(tool_args, _Unchecked):
+            arguments, problem = tool_args.raw, tool_args.problem
+        result = await self.host.call(canonical, arguments, context=context,
+                                      call_id=framework_call_id(ctx.tool_call_id))
         if not result.success:
-            raise ToolFailed(model_text(result, self.max_output_chars))
+            raise ToolFailed(model_text(result, self.max_output_chars, problem))
         return model_text(result, self.max_output_chars)

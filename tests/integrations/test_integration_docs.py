@@ -35,3 +35,16 @@ def test_integrations_example_runs(index: int, tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", EXAMPLES[index]], cwd=work, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, f"docs/integrations.md python block {index} failed:\n{done.stderr}"
+
+
+def test_no_example_hands_the_model_the_filesystem_or_bash_tools() -> None:
+    # ToolHost() mounts the filesystem and bash built-ins, and an adapter offers every mounted tool
+    # unless told otherwise: each example must mount only what it needs and name what the agent gets.
+    for example in EXAMPLES:
+        assert "ToolHost(" in example and "builtins=[" in example, example[:200]
+        assert "tools=[" in example, example[:200]
+
+
+def test_the_docs_warn_that_every_mounted_tool_is_offered_by_default() -> None:
+    head = DOC.read_text().split("## What every adapter does")[0]
+    assert "Warning" in head and "bash" in head and "tools=[...]" in head

@@ -8,16 +8,18 @@ import asyncio
 import json
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 from integration_helpers import REFUND_SCOPE, audit_records, held
 from langchain.agents import create_agent
+from langchain.tools import ToolRuntime
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables import RunnableConfig
-from langchain_core.tools import StructuredTool, ToolException
+from langchain_core.tools import InjectedToolArg, InjectedToolCallId, StructuredTool, ToolException
+from langchain_core.tools import tool as lc_tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
@@ -247,3 +249,92 @@ async def test_the_agents_runtime_context_can_name_the_principal(host: ToolHost)
     assert json.loads(state["messages"][-1].content) == {"rt_1": ["success", "refunded 2 on R"]}
     [record] = audit_records(host)
     assert (record["principal"], record["call_id"]) == ("zed", "rt_1")
+
+
+async def test_a_sync_agent_run_blocking_the_hosts_loop_is_a_clear_error_not_a_deadlock(host: ToolHost) -> None:
+    # agent.invoke on the host loop's own thread: LangGraph runs the tool in a worker thread, which
+    # waits for the loop, which waits for agent.invoke.
+    calls = [tool_call("shop__orders_lookup", "dead_1", {"order_id": "A"})]
+    agent = create_agent(ScriptedChatModel(tool_calls=calls), tools(host, stall_timeout=10))
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(RuntimeError, match="deadlock"):
+        agent.invoke({"messages": [{"role": "user", "content": "help"}]})
+    assert asyncio.get_running_loop().time() - started < 5  # the blocked loop thread is seen, no full stall_timeout
+    await asyncio.sleep(0.1)
+    assert audit_records(host) == []  # cancelled before it started: nothing ran
+
+
+def test_a_sync_call_whose_waiter_gives_up_is_cancelled_and_recorded(tmp_path: Any,
+                                                                      loop_thread: asyncio.AbstractEventLoop) -> None:
+    import time
+
+    from integration_helpers import GATE, Gate, slow
+
+    (tmp_path / "w").mkdir()
+    started = ToolHost(plugins=[slow], builtins=["audit"], entry_points=False, discover=False,
+                       working_dir=tmp_path / "w", config={"state_dir": str(tmp_path / "s")})
+    asyncio.run_coroutine_threadsafe(started.start(), loop_thread).result(10)
+
+    async def make_gate() -> None:
+        GATE["current"] = Gate()
+
+    asyncio.run_coroutine_threadsafe(make_gate(), loop_thread).result(10)
+    try:
+        [tool] = tools(started, loop=loop_thread, stall_timeout=0.3)
+        # Once the tool runs, block the loop for longer than stall_timeout: the waiting thread gives up.
+        asyncio.run_coroutine_threadsafe(GATE["current"].started.wait(), loop_thread).add_done_callback(
+            lambda _: loop_thread.call_soon_threadsafe(time.sleep, 1.0))
+        with pytest.raises(RuntimeError, match="run nothing"):
+            tool.invoke(tool_call("shop__slow", "given_up", {"seconds": 5}))
+        time.sleep(1.2)
+    finally:
+        asyncio.run_coroutine_threadsafe(started.close(), loop_thread).result(10)
+    [record] = audit_records(started)
+    assert record["call_id"] == "given_up" and record["error"]["code"] == "cancelled"
+
+
+async def test_the_calls_of_one_agent_run_share_its_run_id_as_trace_id(host: ToolHost) -> None:
+    import uuid
+
+    calls = [tool_call("shop__orders_lookup", "t1", {"order_id": "A"}),
+             tool_call("shop__orders_lookup", "t2", {"order_id": "B"})]
+    agent = create_agent(ScriptedChatModel(tool_calls=calls), tools(host))
+    run_id = uuid.uuid4()
+    await agent.ainvoke({"messages": [{"role": "user", "content": "help"}]}, config={"run_id": run_id})
+    assert [r["trace_id"] for r in audit_records(host)] == [str(run_id), str(run_id)]
+
+
+def test_host_tool_refuses_a_tool_with_injected_arguments_but_takes_the_call_id() -> None:
+
+    @lc_tool
+    def needs_user(x: int, user: Annotated[str, InjectedToolArg]) -> str:
+        """Needs a user."""
+        return user
+
+    @lc_tool
+    def needs_runtime(x: int, runtime: ToolRuntime) -> str:
+        """Needs the runtime."""
+        return "x"
+
+    @lc_tool
+    def takes_call_id(x: int, call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Takes the call id."""
+        return call_id
+
+    for refused, argument in ((needs_user, "user"), (needs_runtime, "runtime")):
+        with pytest.raises(TypeError, match=f"injected arguments \\({argument}\\)"):
+            host_tool(refused)
+    assert host_tool(takes_call_id).input_schema["properties"] == {"x": {"type": "integer"}}
+
+
+async def test_a_host_tool_taking_the_tool_call_id_gets_the_hosts_call_id(tmp_path: Any) -> None:
+    @lc_tool
+    def echo_call_id(x: int, call_id: Annotated[str, InjectedToolCallId]) -> str:
+        """Echo the call id."""
+        return call_id
+
+    (tmp_path / "w").mkdir()
+    async with ToolHost(plugins=[host_tool(echo_call_id)], builtins=False, entry_points=False, discover=False,
+                        working_dir=tmp_path / "w", config={"state_dir": str(tmp_path / "s")}) as started:
+        result = await started.call("echo_call_id", {"x": 1}, call_id="cid_7")
+    assert result.success and result.output == "cid_7"

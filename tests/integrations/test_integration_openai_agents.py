@@ -221,3 +221,144 @@ async def test_the_sdks_trace_id_is_the_records_trace_id(host: ToolHost) -> None
         await Runner.run(agent, "hi")
     [record] = audit_records(host)
     assert (record["call_id"], record["trace_id"], record["principal"]) == ("call_t", trace_id, "default-user")
+
+
+async def test_host_tool_refuses_an_sdk_tool_whose_safeguards_the_host_cannot_run() -> None:
+    from agents import ToolGuardrailFunctionOutput, tool_input_guardrail, tool_output_guardrail
+
+    from amplifier_tools.errors import ContractError
+
+    @tool_input_guardrail
+    def block_input(data: Any) -> ToolGuardrailFunctionOutput:
+        return ToolGuardrailFunctionOutput.reject_content("blocked")
+
+    @tool_output_guardrail
+    def block_output(data: Any) -> ToolGuardrailFunctionOutput:
+        return ToolGuardrailFunctionOutput.reject_content("blocked")
+
+    def wire_money(to: str, amount: int) -> str:
+        """Wire money."""
+        return f"wired {amount} to {to}"
+
+    for setting, options in [("needs_approval", {"needs_approval": True}),
+                             ("tool_input_guardrails", {"tool_input_guardrails": [block_input]}),
+                             ("tool_output_guardrails", {"tool_output_guardrails": [block_output]}),
+                             ("is_enabled", {"is_enabled": False}),
+                             ("is_enabled", {"is_enabled": lambda ctx, agent: True})]:
+        with pytest.raises(ContractError, match=setting) as refused:
+            host_tool(function_tool(wire_money, failure_error_function=None, **options))
+        assert refused.value.code == "unsupported_setting"
+
+
+async def test_an_sdk_tools_timeout_becomes_the_contracts_timeout(tmp_path: Any) -> None:
+    @function_tool(failure_error_function=None, timeout=0.2)
+    async def sleepy(x: int) -> str:
+        """Sleep."""
+        await asyncio.sleep(5)
+        return "slept"
+
+    (tmp_path / "w").mkdir()
+    async with ToolHost(plugins=[host_tool(sleepy)], builtins=["audit"], entry_points=False, discover=False,
+                        working_dir=tmp_path / "w", config={"state_dir": str(tmp_path / "s")}) as started:
+        result = await started.call("sleepy", {"x": 1}, call_id="slow_1")
+    assert not result.success and result.error is not None and result.error["code"] == "timeout"
+
+
+async def test_arguments_nested_too_deeply_to_parse_are_a_recorded_contract_error(host: ToolHost) -> None:
+    from agents.tool_context import ToolContext as AgentsToolContext
+
+    [lookup] = function_tools(host, tools=["shop::orders.lookup"])
+    deep = '{"order_id": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    ctx = AgentsToolContext(context=None, tool_name=lookup.name, tool_call_id="deep_1", tool_arguments=deep)
+    text = await lookup.on_invoke_tool(ctx, deep)
+    assert text.startswith("Error (ContractError, invalid_input)") and "nested too deeply" in text
+    [record] = audit_records(host)
+    assert record["call_id"] == "deep_1" and record["status"] == "error"
+
+
+async def test_arguments_that_are_not_json_name_the_parse_error(host: ToolHost) -> None:
+    seen = await run_agent(host, tool_calls_then_report(call("shop__orders_lookup", "bad_json", '{"order_id": "A"')),
+                           User("alice"))
+    assert seen["bad_json"].startswith("Error (ContractError, invalid_input)")
+    assert "not valid JSON: Expecting" in seen["bad_json"]
+    assert [r["call_id"] for r in audit_records(host)] == ["bad_json"]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"oneOf": [{"type": "string"}, {"type": "integer"}]}},
+     "required": ["a"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "string", "not": {"const": "x"}}},
+     "required": ["a"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "string", "default": "x"}},
+     "required": ["a"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {}}, "required": ["a"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "object", "patternProperties": {"^x": {"type": "string"}},
+                                            "properties": {}, "required": [], "additionalProperties": False}},
+     "required": ["a"], "additionalProperties": False},
+    {"type": "object", "properties": {"a": {"type": "string", "if": {"const": "x"}, "then": {"minLength": 2}}},
+     "required": ["a"], "additionalProperties": False},
+    {"type": "object", "properties": {"p": {"$ref": "#/$defs/P", "description": "a p"}}, "required": ["p"],
+     "additionalProperties": False, "$defs": {"P": {"type": "object", "properties": {"r": {"type": "integer"}},
+                                                    "required": ["r"], "additionalProperties": False}}},
+])
+async def test_a_schema_strict_mode_would_change_or_refuse_is_not_made_strict(tmp_path: Any,
+                                                                               schema: dict[str, Any]) -> None:
+    class Tool:
+        name = "x::t"
+        description = "t"
+        input_schema = schema
+
+        async def execute(self, input: dict[str, Any], context: Any = None) -> Any:
+            return input
+
+    (tmp_path / "w").mkdir()
+    async with ToolHost(plugins=[Tool()], builtins=False, entry_points=False, discover=False,
+                        working_dir=tmp_path / "w", config={"state_dir": str(tmp_path / "s")}) as started:
+        [made] = function_tools(started)
+    assert made.strict_json_schema is False
+
+
+async def test_an_unstarted_host_is_refused_naming_start(tmp_path: Any) -> None:
+    from amplifier_tools.integrations.langchain import tools as langchain_tools
+    from amplifier_tools.integrations.pydantic_ai import AmplifierToolset
+
+    (tmp_path / "w").mkdir()
+    unstarted = ToolHost(builtins=False, entry_points=False, discover=False, working_dir=tmp_path / "w",
+                         config={"state_dir": str(tmp_path / "s")})
+    for make in (function_tools, AmplifierToolset, langchain_tools):
+        with pytest.raises(RuntimeError, match="not started.*start"):
+            make(unstarted)
+
+
+async def test_a_call_id_too_long_or_with_control_characters_is_bounded(host: ToolHost) -> None:
+    huge, odd = "c" * 200_000, "call\x00\n\x1b[31m"
+    seen = await run_agent(host, tool_calls_then_report(call("shop__orders_lookup", huge, {"order_id": "A"}),
+                                                        call("shop__orders_lookup", odd, {"order_id": "B"})),
+                           User("alice"))
+    assert len(seen) == 2
+    ids = [r["call_id"] for r in audit_records(host)]
+    assert len(ids) == 2 and all(len(i) <= 100 and i.isascii() and i.isprintable() for i in ids)
+    assert ids[0] != ids[1] and ids[1].startswith("call[31m~")
+
+
+@pytest.mark.parametrize("module, extra", [("openai_agents", "openai-agents"), ("pydantic_ai", "pydantic-ai"),
+                                           ("langchain", "langchain")])
+def test_a_missing_framework_is_an_import_error_naming_the_extra(module: str, extra: str) -> None:
+    import subprocess
+    import sys
+
+    framework = {"openai_agents": "agents", "pydantic_ai": "pydantic_ai", "langchain": "langchain_core"}[module]
+    code = f"import sys; sys.modules[{framework!r}] = None; import amplifier_tools.integrations.{module}"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert f"pip install 'amplifier-tools[{extra}]'" in done.stderr
+    assert "ImportError:" in done.stderr.splitlines()[-1]
+
+
+async def test_a_named_tool_unmounted_later_answers_the_model_with_unknown_tool(host: ToolHost) -> None:
+    made = function_tools(host, context=user_context, tools=["shop::orders.lookup"])
+    host.tools.remove("shop::orders.lookup")
+    agent = Agent(name="shop", model=tool_calls_then_report(call("shop__orders_lookup", "gone_1", {"order_id": "A"})),
+                  tools=made)
+    result = await Runner.run(agent, "help me", context=User("alice"), run_config=RunConfig(tracing_disabled=True))
+    assert json.loads(result.final_output)["gone_1"].startswith("Error (ContractError, unknown_tool)")

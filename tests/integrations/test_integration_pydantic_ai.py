@@ -156,3 +156,29 @@ async def test_the_runs_deadline_bounds_the_call(host: ToolHost, gate: Any) -> N
         await toolset.call_tool("shop__slow", {"seconds": 30}, ctx, tool)
     [record] = audit_records(host)
     assert (record["call_id"], record["error"]["code"]) == ("pyd_deadline", "timeout")
+
+
+@pytest.mark.parametrize("arguments, problem", [
+    ("not json", "not valid JSON: Expecting value"),
+    ('{"order_id": "A"', "not valid JSON"),
+    ("[1, 2]", "must be a JSON object, got list"),
+    ('{"order_id": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+])
+async def test_malformed_arguments_reach_the_host_and_are_recorded(host: ToolHost, arguments: str,
+                                                                   problem: str) -> None:
+    model = calls_then_report(ToolCallPart("shop__orders_lookup", arguments, tool_call_id="pyd_bad"))
+    seen = await run_agent(host, model, Deps("alice"))
+    outcome, content = seen["pyd_bad"]
+    assert outcome == "failed" and content.startswith("Error (ContractError, invalid_input)") and problem in content
+    [record] = audit_records(host)
+    assert record["call_id"] == "pyd_bad" and record["error"]["code"] == "invalid_input"
+
+
+async def test_a_named_tool_unmounted_later_is_left_out_with_a_warning(host: ToolHost,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    toolset = AmplifierToolset(host, tools=["shop::orders.lookup", "shop::orders.refund"])
+    host.tools.remove("shop::orders.refund")
+    agent = Agent(TestModel(), toolsets=[toolset])
+    result = await agent.run("go")
+    assert "shop__orders_lookup" in result.output
+    assert "no longer mounted" in caplog.text and "shop::orders.refund" in caplog.text
