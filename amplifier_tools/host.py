@@ -462,6 +462,11 @@ class ToolHost:
     # -- calls -----------------------------------------------------------------
 
     @property
+    def started(self) -> bool:
+        """Whether the host is started and not closed: its tools are mounted and it takes calls."""
+        return self._pipeline is not None
+
+    @property
     def default_context(self) -> ToolContext:
         """The context used for calls made without one (from config ``context``)."""
         return self._default_context

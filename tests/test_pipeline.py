@@ -200,8 +200,12 @@ async def test_call_before_start_returns_error_instead_of_raising() -> None:
     from amplifier_tools import ToolHost
 
     host = ToolHost(builtins=False, entry_points=False)
+    assert not host.started
     result = await host.call("anything", {})
     assert result.error["code"] == "host_not_started"
+    async with host:
+        assert host.started
+    assert not host.started  # closed
 
 
 async def test_wrong_call_or_context_types_are_errors_not_crashes(host_factory: Any, echo: EchoTool) -> None:

@@ -40,7 +40,7 @@ def missing_extra(extra: str, error: ImportError) -> ImportError:
 def require_started(host: ToolHost) -> None:
     """Refuse a host that is not started: its tools are not mounted yet, so the adapter would
     silently offer none (or a closed host, whose calls all fail)."""
-    if getattr(host, "_pipeline", None) is None:
+    if not host.started:
         raise RuntimeError("the host is not started: start it first (`async with ToolHost(...) as host:` "
                            "or `await host.start()`) and keep it open while the agent runs")
 
