@@ -405,3 +405,55 @@ async def test_an_sdk_http_server_imported_by_url_passes_content_progress_and_lo
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)
+
+
+class _Flooder:
+    """A tool that reports 3000 progress notifications of 100 KB each, then says it is done."""
+
+    name = "flood"
+    description = "Floods its caller with progress."
+    spec = ToolSpec(name="flood", effect="Pure")
+
+    def __init__(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+        self.emitted = asyncio.Event()
+
+    async def execute(self, input: dict[str, Any], context: Any) -> ToolResult:
+        for step in range(1, 3001):
+            await self.coordinator.hooks.emit("tool:progress", {
+                "tool_call_id": context.call_id, "progress": step, "total": 3000, "message": "p" * 100_000})
+        self.emitted.set()
+        return ToolResult(output="flooded")
+
+
+async def test_a_client_that_does_not_read_its_progress_holds_no_more_than_a_bounded_backlog(
+        host_factory: Any) -> None:
+    flooder: list[_Flooder] = []
+
+    class Plugin:
+        @hookimpl
+        async def mount(self, coordinator: Any) -> None:
+            flooder.append(_Flooder(coordinator))
+            await coordinator.mount("tools", flooder[0])
+
+    host = await host_factory(Plugin())
+    reading = asyncio.Event()
+    received: list[tuple[float, str | None]] = []
+
+    async def stuck_client(progress: float, total: float | None, message: str | None) -> None:
+        received.append((progress, message))
+        await reading.wait()  # the client does not read until the tool has emitted everything
+
+    from amplifier_tools.mcp.server import PROGRESS_BACKLOG, PROGRESS_MESSAGE_CHARS
+
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        call = asyncio.ensure_future(client.call_tool("flood", {}, progress_callback=stuck_client))
+        emitted = asyncio.ensure_future(flooder[0].emitted.wait())
+        await asyncio.wait([call, emitted], return_when=asyncio.FIRST_COMPLETED, timeout=60)
+        assert emitted.done(), "the tool's progress waited for a client that does not read"
+        reading.set()
+        done = await call
+    assert not done.is_error
+    assert len(received) <= 1 + PROGRESS_BACKLOG
+    assert received[-1][0] == 3000.0  # lossy, but the latest is kept
+    assert all(message is not None and len(message) == PROGRESS_MESSAGE_CHARS for _, message in received)
