@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -34,6 +34,7 @@ from .._version import __version__
 from ..content import render
 from ..errors import ContractError, ExecutionError, PolicyError, ToolError
 from ..models import ToolContext, ToolResult, output_text
+from ..redaction import SecretSet, redact_text
 from ..spec import ToolSpec
 from .confinement import Wrap, sandbox_wrap
 from .contract import build_spec
@@ -56,9 +57,12 @@ class ServerConnection:
     restarted (reconnected) on demand after it dies."""
 
     def __init__(self, name: str, settings: ServerSettings, working_dir: str,
-                 protected: Callable[[], Iterable[str]] = tuple, headers: Mapping[str, str] | None = None) -> None:
+                 protected: Callable[[], Iterable[str]] = tuple, headers: Mapping[str, str] | None = None,
+                 secrets: Collection[str] | SecretSet = ()) -> None:
         #: The server's name: its key in ``[plugins.mcp.servers]``.
         self.name = name
+        #: The host-wide secrets (``session.secrets``), redacted from what the server says in a start error.
+        self.secrets = secrets
         self.settings = settings
         #: The HTTP headers sent to a ``url`` server, their values resolved from ``[secrets]``.
         self.headers = dict(headers or {})
@@ -548,17 +552,20 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
 
 def start_error(connection: ServerConnection, exc: Exception) -> Exception:
     """The error to raise for a failed ``connection.start()``: the cause in words, where it is set,
-    and the server's stderr tail; a typed error of the start (a pin, a timeout) kept as it is."""
+    and the server's stderr tail; a typed error of the start (a pin, a timeout) kept as it is.
+    What the server said (its stderr, its answer, the SDK's words for it) has every secret of
+    ``connection.secrets`` redacted: the error reaches logs, ``list`` and ``plugins --json``."""
     if isinstance(exc, ToolError):
         if exc.code != "mcp_start_timeout" or not _stderr_tail(connection):
             return exc
-        return ExecutionError(exc.message + _stderr_tail(connection), code=exc.code)
+        return ExecutionError(redact_text(exc.message + _stderr_tail(connection), connection.secrets), code=exc.code)
     # The SDK's or the OS's own error: say which server, and where it is set.
     server = connection.name
     where = "url and headers" if connection.settings.url is not None else "command and args"
-    return ExecutionError(f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
-                          f"(check plugins.mcp.servers.{server}: {where}){_stderr_tail(connection)}",
-                          code="mcp_start_failed", setting=f"plugins.mcp.servers.{server}")
+    message = (f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
+               f"(check plugins.mcp.servers.{server}: {where}){_stderr_tail(connection)}")
+    return ExecutionError(redact_text(message, connection.secrets), code="mcp_start_failed",
+                          setting=f"plugins.mcp.servers.{server}")
 
 
 def _start_failure(connection: ServerConnection, exc: BaseException) -> str:

@@ -74,7 +74,7 @@ async def current_pins(host: Any, only: Sequence[str] = ()) -> list[ServerPins]:
     async def ask(name: str, server: ServerSettings) -> ServerPins:
         connection = ServerConnection(name, server, host.working_dir,
                                       lambda: [e.path for e in protected if not e.alias],
-                                      _headers(host, name, server))
+                                      _headers(host, name, server), host.secrets)
         try:
             await connection.start()
         except Exception as exc:
