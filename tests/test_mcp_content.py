@@ -457,3 +457,44 @@ async def test_a_client_that_does_not_read_its_progress_holds_no_more_than_a_bou
     assert len(received) <= 1 + PROGRESS_BACKLOG
     assert received[-1][0] == 3000.0  # lossy, but the latest is kept
     assert all(message is not None and len(message) == PROGRESS_MESSAGE_CHARS for _, message in received)
+
+
+class _Leaker:
+    """A tool of ours whose image and embedded blob are base64 of text holding a secret."""
+
+    name = "leak"
+    description = "Returns binary content that holds a secret."
+    spec = ToolSpec(name="leak", effect="Pure")
+
+    async def execute(self, input: dict[str, Any], context: Any) -> ToolResult:
+        secret = os.environ["LEAKY_SECRET"]
+        data = base64.b64encode(f"x{secret}".encode()).decode()
+        return ToolResult(output="leaked", metadata={"content": [
+            {"type": "text", "text": "before"},
+            {"type": "image", "data": data, "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "file:///blob", "mimeType": "application/octet-stream",
+                                              "blob": data}},
+            {"type": "image", "data": base64.b64encode(b"no secret here").decode(), "mimeType": "image/png"}]})
+
+
+class _LeakerPlugin:
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        await coordinator.mount("tools", _Leaker())
+
+
+async def test_binary_content_with_a_secret_redacted_becomes_a_text_block_and_is_served_valid(
+        host_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEAKY_SECRET", "leaky-secret-value-42")
+    host = await host_factory(_LeakerPlugin(), config={"secrets": {"leaky": "LEAKY_SECRET"}})
+    result = await host.call("leak", {})
+    blocks = result.metadata["content"]
+    assert blocks[1] == {"type": "text", "text": "[image (image/png): binary content withheld because it "
+                                                 "contained a secret]"}
+    assert blocks[2] == {"type": "text", "text": "[resource <file:///blob> (application/octet-stream): binary "
+                                                 "content withheld because it contained a secret]"}
+    assert blocks[0]["type"] == "text" and blocks[3]["type"] == "image"  # the others as they were
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        served = await client.call_tool("leak", {})
+    assert [block.type for block in served.content] == ["text", "text", "text", "image"]
+    base64.b64decode(served.content[3].data, validate=True)  # type: ignore[union-attr]
