@@ -460,3 +460,44 @@ async def test_a_client_that_disconnects_mid_call_still_leaves_exactly_one_recor
             await http.post(url, json=call, headers={**auth, **session_id}, timeout=0.5)
     # The server has shut down (and the host closed): whatever became of the call, it is recorded.
     assert [(r["principal"], r["tool"]) for r in audit(tmp_path, "call")] == [("bob", "local::bash")]
+
+
+async def test_a_call_in_flight_at_shutdown_still_gets_its_result_over_the_sdk_client(tmp_path: Path) -> None:
+    """Stopping (SIGTERM's path) while a call runs: the call finishes within the grace and the SDK
+    client gets its result on the open response stream, GET event stream and all."""
+    from amplifier_tools import ToolResult, ToolSpec, hookimpl
+
+    running, release = asyncio.Event(), asyncio.Event()
+
+    class Slow:
+        name = "slow"
+        description = "Waits to be released."
+        spec = ToolSpec(name="slow", effect="Pure")
+
+        async def execute(self, input: dict[str, Any], context: Any) -> ToolResult:
+            running.set()
+            await release.wait()
+            return ToolResult(output="finished")
+
+    class Plugin:
+        @hookimpl
+        async def mount(self, coordinator: Any) -> None:
+            await coordinator.mount("tools", Slow())
+
+    cfg = config(tmp_path, tools=["slow"])
+    async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False, discover=False,
+                        plugins=[Plugin()]) as host:
+        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve_http(host, serve_settings(host), ready=url.set_result, stop=stop))
+        await asyncio.wait({url, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        async with session(url.result(), BOB) as bob:
+            call = asyncio.create_task(bob.call_tool("slow", {}))
+            await running.wait()
+            stop.set()
+            await asyncio.sleep(0.5)  # uvicorn has closed its listener and idle connections by now
+            release.set()
+            result = await asyncio.wait_for(call, 30)
+        assert not result.is_error and result.content[0].text == "finished"  # type: ignore[union-attr]
+        await asyncio.wait_for(task, 30)
+    assert [r["status"] for r in audit(tmp_path, "call")] == ["ok"]

@@ -123,6 +123,9 @@ MAX_REFUSAL_EVENTS_PER_S: Final = 10
 MAX_FIELD_CHARS: Final = 64
 #: Seconds open requests get to finish once stopping; then they are cancelled.
 SHUTDOWN_GRACE_S: Final = 10.0
+#: Once stopping, how long no request may have been open before the listener closes: a client's
+#: follow-up to a result (the SDK client lists tools after a call) still gets in.
+DRAIN_QUIET_S: Final = 0.25
 
 
 def _clip(value: Any) -> str | None:
@@ -182,6 +185,46 @@ class RefusalAudit:
         await self.app(scope, receive, watch)
 
 
+class Drain:
+    """ASGI middleware that lets a stopping server finish what its clients are doing: it counts
+    open requests (not the long-lived GET event streams) and, once ``draining``, answers a request
+    that opens a new session (no ``mcp-session-id``) with 503, while requests of open sessions
+    still come in — a call in flight gets its result, and the client's next request (the SDK
+    client lists tools after a call) its answer. ``idle`` returns once no request has been open
+    for ``DRAIN_QUIET_S``, or at a deadline."""
+
+    def __init__(self, app: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self.clock = clock
+        self.draining = False
+        self._open = 0
+        self._changed = clock()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") == "GET":
+            await self.app(scope, receive, send)
+            return
+        if self.draining and not any(name == b"mcp-session-id" for name, _ in scope.get("headers") or ()):
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": b"the server is shutting down\n"})
+            return
+        self._open += 1
+        self._changed = self.clock()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._open -= 1
+            self._changed = self.clock()
+
+    async def idle(self, deadline: float) -> None:
+        """Return once no request has been open for ``DRAIN_QUIET_S``, or at ``deadline`` (of ``clock``)."""
+        while self.clock() < deadline:
+            if self._open == 0 and self.clock() - self._changed >= DRAIN_QUIET_S:
+                return
+            await asyncio.sleep(0.02)
+
+
 def _url_host(host: str) -> str:
     """``host`` as it appears in a URL (an IPv6 address in brackets)."""
     return f"[{host}]" if ":" in host else host
@@ -211,7 +254,7 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Any:
                             resource_server_url=None, validate_token_resource=False)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host, auth=auth,
                                      token_verifier=verifier, transport_security=transport_security(settings.host))
-    return RefusalAudit(app, host.capabilities.get("audit.event"))
+    return RefusalAudit(Drain(app), host.capabilities.get("audit.event"))
 
 
 def _listen(settings: ServeSettings) -> socket.socket:
@@ -241,6 +284,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             yield
 
     app = build_app(host, settings)
+    drain: Drain = app.app
     sock = _listen(settings)
     # proxy_headers off: X-Forwarded-For from any local client would otherwise set the address
     # the audit events show.
@@ -276,6 +320,15 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             else:
                 print(f"amplifier-tools serve-mcp: serving at {url} (Streamable HTTP)", file=sys.stderr, flush=True)
         await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            # Still listening while open requests finish: closing the listener first (uvicorn's
+            # shutdown) left a client unable to send the request that follows a result.
+            started = drain.clock()
+            drain.draining = True
+            idle = asyncio.ensure_future(drain.idle(started + SHUTDOWN_GRACE_S))
+            await asyncio.wait({task, idle}, return_when=asyncio.FIRST_COMPLETED)
+            idle.cancel()
+            server.config.timeout_graceful_shutdown = max(1, int(SHUTDOWN_GRACE_S - (drain.clock() - started)))
         server.should_exit = True
         await asyncio.shield(task)
     except asyncio.CancelledError:
