@@ -41,7 +41,14 @@ from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
 from .settings import ServerSettings
-from .transport import MAX_UNANSWERED_REQUESTS, StderrTail, StdioServer, stdio_process
+from .transport import (
+    MAX_UNANSWERED_REQUESTS,
+    TOO_MANY_BLOCKS,
+    TOO_MANY_BLOCKS_MARK,
+    StderrTail,
+    StdioServer,
+    stdio_process,
+)
 
 log = logging.getLogger("amplifier_tools.mcp")
 
@@ -150,7 +157,8 @@ class ServerConnection:
         self.stderr = StderrTail(forward=s.stderr == "inherit")
         async with stdio_process(s.command, list(s.args), env=self.environment(),
                                  cwd=s.cwd or self.working_dir, stderr=self.stderr,
-                                 max_message_bytes=s.max_message_bytes, wrap=self._wrap) as server:
+                                 max_message_bytes=s.max_message_bytes, max_content_blocks=s.max_content_blocks,
+                                 wrap=self._wrap) as server:
             self._server = server
             self._process = server.process
             self.pid = server.process.pid
@@ -288,6 +296,9 @@ class ServerConnection:
         except MCPError as exc:
             if exc.code in _DEAD_CODES or not self.alive:
                 raise self._died(exc) from None
+            data = exc.error.data
+            if exc.code == TOO_MANY_BLOCKS and isinstance(data, dict) and data.get("reason") == TOO_MANY_BLOCKS_MARK:
+                raise self.too_many_blocks(data.get("blocks")) from None
             if exc.code == mcp_types.REQUEST_TIMEOUT:
                 raise PolicyError(f"MCP server {self.name!r} did not answer in time",
                                   code="timeout") from None
@@ -298,6 +309,14 @@ class ServerConnection:
         except ValueError as exc:  # pydantic's ValidationError: a result that is no CallToolResult
             raise ExecutionError(f"MCP server {self.name!r} sent a malformed tools/call result: "
                                  f"{str(exc)[:500]}", code="mcp_protocol_error") from None
+
+    def too_many_blocks(self, blocks: Any) -> ExecutionError:
+        """The error for a result with more content blocks than ``max_content_blocks``."""
+        limit = self.settings.max_content_blocks
+        return ExecutionError(
+            f"MCP server {self.name!r} sent a result of {blocks} content blocks, more than {limit} "
+            f"(plugins.mcp.servers.{self.name}.max_content_blocks)", code="mcp_too_many_content_blocks",
+            retryable=False, limit=limit, blocks=blocks, setting=f"plugins.mcp.servers.{self.name}.max_content_blocks")
 
     def _died(self, exc: BaseException) -> ExecutionError:
         code = self._process.returncode if self._process is not None else None
@@ -448,6 +467,8 @@ def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResul
     base64 or a malformed media type is ``ExecutionError`` ``mcp_invalid_content``.
     """
     metadata: dict[str, Any] = {"mcp": tool.call_metadata()}
+    if len(result.content) > tool.connection.settings.max_content_blocks:  # a url server's (stdio: refused unparsed)
+        raise tool.connection.too_many_blocks(len(result.content))
     blocks = _content_json(result)
     _check_content(blocks, tool)
     text = _text(result)
