@@ -357,7 +357,7 @@ async def test_refusal_events_are_clipped_rate_limited_and_not_forged(tmp_path: 
 
 
 def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
-    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, RefusalAudit
+    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, EventBudget, RefusalAudit
 
     async def refuse(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 401, "headers": []})
@@ -367,7 +367,7 @@ def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
 
     now = [100.0]
     written: list[dict[str, Any]] = []
-    app = RefusalAudit(refuse, lambda event, data: written.append(data), clock=lambda: now[0])
+    app = RefusalAudit(refuse, EventBudget(lambda event, data: written.append(data), clock=lambda: now[0]))
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("127.0.0.1", 5)}
 
     async def burst(count: int) -> None:
@@ -501,3 +501,16 @@ async def test_a_call_in_flight_at_shutdown_still_gets_its_result_over_the_sdk_c
         assert not result.is_error and result.content[0].text == "finished"  # type: ignore[union-attr]
         await asyncio.wait_for(task, 30)
     assert [r["status"] for r in audit(tmp_path, "call")] == ["ok"]
+
+
+async def test_a_client_calling_a_tool_outside_its_tools_is_an_audit_event_naming_it(tmp_path: Path) -> None:
+    async with served(config(tmp_path)) as url, session(url, ALICE) as alice:
+        for name in ("fs_list_dir", "no_such_tool", "x" * 500):
+            with pytest.raises(MCPError) as hidden:
+                await alice.call_tool(name, {"path": "."})
+            assert hidden.value.error.code == mcp_types.INVALID_PARAMS
+    events = [e for e in audit(tmp_path, "event") if e["event"] == "mcp.http.tool_refused"]
+    assert [(e["data"]["principal"], e["data"]["client"]) for e in events] == [("alice", "alice_token")] * 3
+    assert [e["data"]["tool"] for e in events][:2] == ["fs_list_dir", "no_such_tool"]
+    assert events[2]["data"]["tool"].startswith("x" * 64 + "...")  # clipped like the refusal events
+    assert audit(tmp_path, "call") == []

@@ -42,6 +42,8 @@ ENDPOINT: Final = "/mcp"
 #: Shortest bearer token accepted: a guessable token is no authentication.
 MIN_TOKEN_LENGTH: Final = 16
 UNAUTHORIZED_EVENT: Final = "mcp.http.unauthorized"
+#: An authenticated client called a tool it may not see (answered -32602, as for an unknown tool).
+TOOL_REFUSED_EVENT: Final = "mcp.http.tool_refused"
 
 
 def _digest(token: str) -> bytes:
@@ -135,16 +137,12 @@ def _clip(value: Any) -> str | None:
     return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + f"...[{len(text)} chars]"
 
 
-class RefusalAudit:
-    """ASGI middleware recording refused requests as audit events: 401 (no or unknown token), 403
-    (Origin), 421 (Host) and 404 for a request naming a session. It writes the status, why, the
-    method and path (clipped to ``MAX_FIELD_CHARS``), the peer's address and whether a bearer
-    token came — never the token — at most ``MAX_REFUSAL_EVENTS_PER_S`` a second (the next event
-    written counts those left out), so a client cannot fill the disk through the log."""
+class EventBudget:
+    """At most ``MAX_REFUSAL_EVENTS_PER_S`` refusal events a second, shared by every kind of
+    refusal; the next event written counts those left out (``suppressed_before``)."""
 
-    def __init__(self, app: Any, record: Callable[[str, dict[str, Any]], Any] | None,
+    def __init__(self, record: Callable[[str, dict[str, Any]], Any] | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.app = app
         self.record = record
         self.clock = clock
         self._second = -1
@@ -161,25 +159,51 @@ class RefusalAudit:
         self._written += 1
         return True
 
+    def write(self, event: str, data: dict[str, Any]) -> None:
+        """Record ``event`` unless this second's budget is spent."""
+        if self.record is None or not self._admit():
+            return
+        if self._suppressed:
+            data["suppressed_before"], self._suppressed = self._suppressed, 0
+        self.record(event, data)
+
+    def tool_refused(self, caller: Caller | None, tool: str) -> None:
+        """An authenticated client named a tool outside its ``tools`` (or no tool at all)."""
+        if caller is None:
+            return
+        context = caller.context
+        self.write(TOOL_REFUSED_EVENT, {"reason": "a tool this client may not see, or no such tool",
+                                        "principal": context.principal,
+                                        "client": context.attributes.get("mcp_client"), "tool": _clip(tool)})
+
+
+class RefusalAudit:
+    """ASGI middleware recording refused requests as audit events: 401 (no or unknown token), 403
+    (Origin), 421 (Host) and 404 for a request naming a session. It writes the status, why, the
+    method and path (clipped to ``MAX_FIELD_CHARS``), the peer's address and whether a bearer
+    token came — never the token — within the ``EventBudget`` (at most
+    ``MAX_REFUSAL_EVENTS_PER_S`` a second), so a client cannot fill the disk through the log."""
+
+    def __init__(self, app: Any, budget: EventBudget) -> None:
+        self.app = app
+        self.budget = budget
+        self.record = budget.record
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or self.record is None:
             await self.app(scope, receive, send)
             return
-        record = self.record
-
         async def watch(message: Any) -> None:
             if message["type"] == "http.response.start" and message["status"] in REFUSALS:
                 status = message["status"]
                 headers = dict(scope.get("headers") or ())
-                if (status != 404 or b"mcp-session-id" in headers) and self._admit():
+                if status != 404 or b"mcp-session-id" in headers:
                     client = scope.get("client")
                     data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
                             "path": _clip(scope.get("path")),
                             "client_address": f"{client[0]}:{client[1]}" if client else None,
                             "bearer_token_sent": headers.get(b"authorization", b"").lower().startswith(b"bearer ")}
-                    if self._suppressed:
-                        data["suppressed_before"], self._suppressed = self._suppressed, 0
-                    record(UNAUTHORIZED_EVENT, data)
+                    self.budget.write(UNAUTHORIZED_EVENT, data)
             await send(message)
 
         await self.app(scope, receive, watch)
@@ -245,7 +269,8 @@ def transport_security(host: str) -> TransportSecuritySettings | None:
 def build_app(host: ToolHost, settings: ServeSettings) -> Any:
     """The ASGI application serving ``host``'s tools at ``/mcp`` (``ConfigError`` as above)."""
     caller, verifier = http_callers(host, settings)
-    server = build_server(host, settings, caller)
+    budget = EventBudget(host.capabilities.get("audit.event"))
+    server = build_server(host, settings, caller, on_refused=budget.tool_refused)
     auth = None
     if verifier is not None:
         # Resource-server mode without published metadata: there is no authorization server to
@@ -254,7 +279,7 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Any:
                             resource_server_url=None, validate_token_resource=False)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host, auth=auth,
                                      token_verifier=verifier, transport_security=transport_security(settings.host))
-    return RefusalAudit(Drain(app), host.capabilities.get("audit.event"))
+    return RefusalAudit(Drain(app), budget)
 
 
 def _listen(settings: ServeSettings) -> socket.socket:

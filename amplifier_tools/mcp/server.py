@@ -112,12 +112,14 @@ def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> fr
 
 
 def build_server(host: ToolHost, settings: ServeSettings | None = None,
-                 caller: Callable[[], Caller | None] | None = None) -> Server[Any]:
+                 caller: Callable[[], Caller | None] | None = None,
+                 on_refused: Callable[[Caller | None, str], None] | None = None) -> Server[Any]:
     """An SDK low-level ``Server`` exposing ``host``'s tools to MCP callers.
 
     ``caller`` says who makes the current request (over HTTP, from its bearer token; None: no
     one who may see a tool); without it every request is the ``[plugins.mcp.serve]`` caller,
-    who sees ``settings.tools``. Raises ``ConfigError`` when ``settings.tools`` names a tool
+    who sees ``settings.tools``. ``on_refused`` hears of every ``tools/call`` answered -32602
+    (the caller, and the tool name it sent). Raises ``ConfigError`` when ``settings.tools`` names a tool
     that is not mounted.
     """
     settings = settings or serve_settings(host)
@@ -156,6 +158,8 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
         who = current()
         name = by_model_name.get(params.name)
         if who is None or name is None or name not in who.tools:
+            if on_refused is not None:
+                on_refused(who, params.name)
             raise MCPError(code=mcp_types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
         call_id = new_call_id()
         session = getattr(ctx, "session", None)
