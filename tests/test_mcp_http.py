@@ -148,13 +148,13 @@ async def test_a_session_opened_with_one_token_cannot_be_used_with_another(tmp_p
     ({"clients": [], "allow_anonymous": True, "host": "0.0.0.0"}, "plugins.mcp.serve.allow_anonymous",
      "not a loopback address"),
     ({"allow_anonymous": True}, "plugins.mcp.serve.allow_anonymous", "exclude each other"),
-    ({"clients": [{"token_ref": "nosuch", "principal": "x"}]}, "plugins.mcp.serve.clients.0.token_ref", "nosuch"),
-    ({"clients": [{"token_ref": "short", "principal": "x"}]}, "plugins.mcp.serve.clients.0.token_ref",
+    ({"clients": [{"token_ref": "nosuch", "principal": "x"}]}, "plugins.mcp.serve.clients[0].token_ref", "nosuch"),
+    ({"clients": [{"token_ref": "short", "principal": "x"}]}, "plugins.mcp.serve.clients[0].token_ref",
      "at least 16"),
     ({"clients": [{"token_ref": "alice_token"}, {"token_ref": "alice_token"}]},
      "plugins.mcp.serve.clients[1].token_ref", "each client needs its own"),
     ({"clients": [{"token_ref": "alice_token", "tools": ["local::nosuch"]}]},
-     "plugins.mcp.serve.clients.0.tools", "names no mounted tool"),
+     "plugins.mcp.serve.clients[0].tools", "names no mounted tool"),
 ])
 async def test_unusable_client_settings_stop_the_start_naming_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       serve: dict[str, Any], key: str,
@@ -514,3 +514,15 @@ async def test_a_client_calling_a_tool_outside_its_tools_is_an_audit_event_namin
     assert [e["data"]["tool"] for e in events][:2] == ["fs_list_dir", "no_such_tool"]
     assert events[2]["data"]["tool"].startswith("x" * 64 + "...")  # clipped like the refusal events
     assert audit(tmp_path, "call") == []
+
+
+async def test_a_header_value_that_is_no_secrets_reference_is_refused_without_showing_it(tmp_path: Path) -> None:
+    inline = f"Bearer {ALICE}"  # the token written into the config instead of a reference
+    cfg = {"plugins": {"mcp": {"servers": {"inner": {"url": "http://127.0.0.1:9/mcp",
+                                                     "headers": {"Authorization": inline}}}}}}
+    with pytest.raises((ConfigError, PluginLoadError)) as refused:
+        async with ToolHost(config=cfg, builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
+            pass
+    message = str(refused.value)
+    assert "plugins.mcp.servers.inner.headers.Authorization" in message and "must be references" in message
+    assert ALICE not in message

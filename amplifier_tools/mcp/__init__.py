@@ -53,6 +53,24 @@ def sdk_available() -> bool:
     return True
 
 
+def resolve_headers(resolve: Any, name: str, server: Any) -> dict[str, str]:
+    """A ``url`` server's headers, each value resolved from its ``[secrets]`` reference (and so
+    registered for redaction) by ``resolve`` (``session.secret``); ``ConfigError`` naming the
+    header's key when one does not resolve. The value is never shown: an inline value (a token
+    written into the config instead of a reference) would otherwise be printed."""
+    values: dict[str, str] = {}
+    for header, ref in server.headers.items():
+        try:
+            values[header] = resolve(ref)
+        except AuthError:
+            raise ConfigError(f"the value of header {header!r} is not a [secrets] reference that resolves; header "
+                              "values must be references (a key of the host's [secrets] whose variable is set), "
+                              "never the value itself (not shown here)",
+                              key=f"plugins.{PLUGIN}.servers.{name}.headers.{header}",
+                              hint="add the reference to [secrets], set its variable, and put its name here") from None
+    return values
+
+
 class McpImportPlugin:
     """Starts each configured MCP server at mount and mounts its tools as ``mcp::<server>::<tool>``.
 
@@ -226,17 +244,7 @@ class McpImportPlugin:
 
     @staticmethod
     def _headers(coordinator: Any, name: str, server: Any) -> dict[str, str]:
-        """A ``url`` server's headers, each value resolved from its ``[secrets]`` reference (and so
-        registered for redaction); ``ConfigError`` naming the header's key when one is missing."""
-        resolve = coordinator.get_capability("session.secret")
-        values: dict[str, str] = {}
-        for header, ref in server.headers.items():
-            try:
-                values[header] = resolve(ref)
-            except AuthError as exc:
-                raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
-                                  key=f"plugins.{PLUGIN}.servers.{name}.headers.{header}") from None
-        return values
+        return resolve_headers(coordinator.get_capability("session.secret"), name, server)
 
     async def close(self) -> None:
         """Stop every server (their process groups are gone when this returns)."""

@@ -88,7 +88,7 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
     by_digest: dict[bytes, str] = {}
     callers: dict[str, Caller] = {}
     for index, client in enumerate(settings.clients):
-        where = f"{key}.clients.{index}"
+        where = f"{key}.clients[{index}]"
         try:
             token = resolve(client.token_ref)
         except AuthError as exc:

@@ -33,7 +33,7 @@ from typing import Any, Final
 import attrs
 
 from ..config import plugin_section
-from ..errors import AuthError, ConfigError
+from ..errors import ConfigError
 from ..hoststate import ProtectedPaths, open_host_file
 from ..plugin_settings import structure_settings
 from .settings import PLUGIN, McpSettings, ServerSettings
@@ -90,15 +90,9 @@ async def current_pins(host: Any, only: Sequence[str] = ()) -> list[ServerPins]:
 
 
 def _headers(host: Any, name: str, server: ServerSettings) -> dict[str, str]:
-    resolve = host.capabilities["session.secret"]
-    values: dict[str, str] = {}
-    for header, ref in server.headers.items():
-        try:
-            values[header] = resolve(ref)
-        except AuthError as exc:
-            raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
-                              key=f"{SERVERS_TABLE}.{name}.headers.{header}") from None
-    return values
+    from . import resolve_headers
+
+    return resolve_headers(host.capabilities["session.secret"], name, server)
 
 
 def _key(text: str) -> str:
