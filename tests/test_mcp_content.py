@@ -498,3 +498,17 @@ async def test_binary_content_with_a_secret_redacted_becomes_a_text_block_and_is
         served = await client.call_tool("leak", {})
     assert [block.type for block in served.content] == ["text", "text", "text", "image"]
     base64.b64decode(served.content[3].data, validate=True)  # type: ignore[union-attr]
+
+
+async def test_progress_a_client_can_no_longer_take_is_dropped_without_failing_the_call() -> None:
+    from amplifier_tools.mcp.server import ProgressRelay
+
+    class Gone:
+        async def report_progress(self, *args: Any) -> None:
+            raise ConnectionResetError("the client went away")
+
+    relay = ProgressRelay(Gone())
+    relay.offer(1.0, 2.0, "half")
+    await asyncio.wait_for(relay.run(), 5)  # returns: no exception reaches the call
+    relay.offer(2.0, 2.0, "done")
+    assert relay.waiting == 0

@@ -199,6 +199,8 @@ class ProgressRelay:
         self._closed = False
 
     def offer(self, progress: float, total: float | None, message: str | None) -> None:
+        if self._closed:
+            return
         if message is not None and len(message) > PROGRESS_MESSAGE_CHARS:
             message = message[:PROGRESS_MESSAGE_CHARS - 1] + "\u2026"
         if len(self._waiting) >= PROGRESS_BACKLOG:
@@ -219,7 +221,13 @@ class ProgressRelay:
     async def run(self) -> None:
         while True:
             while self._waiting:
-                await self._session.report_progress(*self._waiting.popleft())
+                try:
+                    await self._session.report_progress(*self._waiting.popleft())
+                except Exception:  # the client went away: the call goes on without its progress
+                    log.debug("serve-mcp: progress not delivered; no more is sent for this call", exc_info=True)
+                    self._waiting.clear()
+                    self._closed = True
+                    return
             if self._closed:
                 return
             await self._wake.wait()
