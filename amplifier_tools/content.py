@@ -83,6 +83,39 @@ def render_block(block: Mapping[str, Any]) -> str:
     return f"[{_clip(str(kind), 100)} content]"
 
 
+def withhold_redacted(blocks: list[Any]) -> list[Any]:
+    """``blocks`` (a result's content, already redacted) with every image, audio or embedded
+    resource whose base64 data had a secret redacted (its ``data``, ``source.data`` or ``blob``
+    holds ``[REDACTED]``, which is no base64) replaced by a text block saying so: a client must
+    not get data that no longer decodes. The same list when no block was changed that way."""
+    from .redaction import PLACEHOLDER
+
+    out: list[Any] | None = None
+    for index, block in enumerate(blocks):
+        if not isinstance(block, Mapping):
+            continue
+        kind = block.get("type")
+        resource = block.get("resource")
+        data = resource.get("blob") if kind == "resource" and isinstance(resource, Mapping) else _binary(block)[1]
+        if isinstance(data, str) and PLACEHOLDER in data:
+            if out is None:
+                out = list(blocks)
+            out[index] = {"type": "text", "text": _withheld(block)}
+    return blocks if out is None else out
+
+
+def _withheld(block: Mapping[str, Any]) -> str:
+    kind = block.get("type")
+    if kind == "resource":
+        resource = block["resource"]
+        uri, mime = _str(resource.get("uri")) or "", _str(resource.get("mimeType"))
+        head = f"[resource <{_clip(uri, 500)}>" + (f" ({_clip(mime, 100)})" if mime else "")
+    else:
+        mime, _ = _binary(block)
+        head = f"[{_clip(str(kind), 100)}" + (f" ({_clip(mime, 100)})" if mime else "")
+    return f"{head}: binary content withheld because it contained a secret]"
+
+
 def render(blocks: Sequence[Mapping[str, Any]]) -> str:
     """The blocks as text for a model, one after another (a line break between two)."""
     return "\n".join(render_block(block) for block in blocks)

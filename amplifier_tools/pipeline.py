@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from .amplifier_hooks import event_data, result_data
+from .content import withhold_redacted
 from .dispatch import HookDispatcher, finish_despite_cancel, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
 from .models import ToolCall, ToolContext, ToolResult
@@ -344,6 +345,9 @@ class CallPipeline:
         if clean is parts:
             return result
         output, error, metadata = clean
+        if metadata is not result.metadata and isinstance(metadata.get("content"), list):
+            # base64 with a secret redacted no longer decodes: such a block becomes a text block
+            metadata = {**metadata, "content": withhold_redacted(metadata["content"])}
         if same:
             output = result.output
         return ToolResult(result.success, output, error, metadata, result.tool_call_id)

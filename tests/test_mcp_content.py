@@ -405,3 +405,110 @@ async def test_an_sdk_http_server_imported_by_url_passes_content_progress_and_lo
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 30)
+
+
+class _Flooder:
+    """A tool that reports 3000 progress notifications of 100 KB each, then says it is done."""
+
+    name = "flood"
+    description = "Floods its caller with progress."
+    spec = ToolSpec(name="flood", effect="Pure")
+
+    def __init__(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+        self.emitted = asyncio.Event()
+
+    async def execute(self, input: dict[str, Any], context: Any) -> ToolResult:
+        for step in range(1, 3001):
+            await self.coordinator.hooks.emit("tool:progress", {
+                "tool_call_id": context.call_id, "progress": step, "total": 3000, "message": "p" * 100_000})
+        self.emitted.set()
+        return ToolResult(output="flooded")
+
+
+async def test_a_client_that_does_not_read_its_progress_holds_no_more_than_a_bounded_backlog(
+        host_factory: Any) -> None:
+    flooder: list[_Flooder] = []
+
+    class Plugin:
+        @hookimpl
+        async def mount(self, coordinator: Any) -> None:
+            flooder.append(_Flooder(coordinator))
+            await coordinator.mount("tools", flooder[0])
+
+    host = await host_factory(Plugin())
+    reading = asyncio.Event()
+    received: list[tuple[float, str | None]] = []
+
+    async def stuck_client(progress: float, total: float | None, message: str | None) -> None:
+        received.append((progress, message))
+        await reading.wait()  # the client does not read until the tool has emitted everything
+
+    from amplifier_tools.mcp.server import PROGRESS_BACKLOG, PROGRESS_MESSAGE_CHARS
+
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        call = asyncio.ensure_future(client.call_tool("flood", {}, progress_callback=stuck_client))
+        emitted = asyncio.ensure_future(flooder[0].emitted.wait())
+        await asyncio.wait([call, emitted], return_when=asyncio.FIRST_COMPLETED, timeout=60)
+        assert emitted.done(), "the tool's progress waited for a client that does not read"
+        reading.set()
+        done = await call
+    assert not done.is_error
+    assert len(received) <= 1 + PROGRESS_BACKLOG
+    assert received[-1][0] == 3000.0  # lossy, but the latest is kept
+    assert all(message is not None and len(message) == PROGRESS_MESSAGE_CHARS for _, message in received)
+
+
+class _Leaker:
+    """A tool of ours whose image and embedded blob are base64 of text holding a secret."""
+
+    name = "leak"
+    description = "Returns binary content that holds a secret."
+    spec = ToolSpec(name="leak", effect="Pure")
+
+    async def execute(self, input: dict[str, Any], context: Any) -> ToolResult:
+        secret = os.environ["LEAKY_SECRET"]
+        data = base64.b64encode(f"x{secret}".encode()).decode()
+        return ToolResult(output="leaked", metadata={"content": [
+            {"type": "text", "text": "before"},
+            {"type": "image", "data": data, "mimeType": "image/png"},
+            {"type": "resource", "resource": {"uri": "file:///blob", "mimeType": "application/octet-stream",
+                                              "blob": data}},
+            {"type": "image", "data": base64.b64encode(b"no secret here").decode(), "mimeType": "image/png"}]})
+
+
+class _LeakerPlugin:
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        await coordinator.mount("tools", _Leaker())
+
+
+async def test_binary_content_with_a_secret_redacted_becomes_a_text_block_and_is_served_valid(
+        host_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEAKY_SECRET", "leaky-secret-value-42")
+    host = await host_factory(_LeakerPlugin(), config={"secrets": {"leaky": "LEAKY_SECRET"}})
+    result = await host.call("leak", {})
+    blocks = result.metadata["content"]
+    assert blocks[1] == {"type": "text", "text": "[image (image/png): binary content withheld because it "
+                                                 "contained a secret]"}
+    assert blocks[2] == {"type": "text", "text": "[resource <file:///blob> (application/octet-stream): binary "
+                                                 "content withheld because it contained a secret]"}
+    assert blocks[0]["type"] == "text" and blocks[3]["type"] == "image"  # the others as they were
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        served = await client.call_tool("leak", {})
+    assert [block.type for block in served.content] == ["text", "text", "text", "image"]
+    base64.b64decode(served.content[3].data, validate=True)  # type: ignore[union-attr]
+
+
+async def test_progress_a_client_can_no_longer_take_is_dropped_without_failing_the_call() -> None:
+    from amplifier_tools.mcp.server import ProgressRelay
+
+    class Gone:
+        async def report_progress(self, *args: Any) -> None:
+            raise ConnectionResetError("the client went away")
+
+    relay = ProgressRelay(Gone())
+    relay.offer(1.0, 2.0, "half")
+    await asyncio.wait_for(relay.run(), 5)  # returns: no exception reaches the call
+    relay.offer(2.0, 2.0, "done")
+    assert relay.waiting == 0

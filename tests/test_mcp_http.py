@@ -148,13 +148,13 @@ async def test_a_session_opened_with_one_token_cannot_be_used_with_another(tmp_p
     ({"clients": [], "allow_anonymous": True, "host": "0.0.0.0"}, "plugins.mcp.serve.allow_anonymous",
      "not a loopback address"),
     ({"allow_anonymous": True}, "plugins.mcp.serve.allow_anonymous", "exclude each other"),
-    ({"clients": [{"token_ref": "nosuch", "principal": "x"}]}, "plugins.mcp.serve.clients.0.token_ref", "nosuch"),
-    ({"clients": [{"token_ref": "short", "principal": "x"}]}, "plugins.mcp.serve.clients.0.token_ref",
+    ({"clients": [{"token_ref": "nosuch", "principal": "x"}]}, "plugins.mcp.serve.clients[0].token_ref", "nosuch"),
+    ({"clients": [{"token_ref": "short", "principal": "x"}]}, "plugins.mcp.serve.clients[0].token_ref",
      "at least 16"),
     ({"clients": [{"token_ref": "alice_token"}, {"token_ref": "alice_token"}]},
      "plugins.mcp.serve.clients[1].token_ref", "each client needs its own"),
     ({"clients": [{"token_ref": "alice_token", "tools": ["local::nosuch"]}]},
-     "plugins.mcp.serve.clients.0.tools", "names no mounted tool"),
+     "plugins.mcp.serve.clients[0].tools", "names no mounted tool"),
 ])
 async def test_unusable_client_settings_stop_the_start_naming_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                       serve: dict[str, Any], key: str,
@@ -357,7 +357,7 @@ async def test_refusal_events_are_clipped_rate_limited_and_not_forged(tmp_path: 
 
 
 def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
-    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, RefusalAudit
+    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, EventBudget, RefusalAudit
 
     async def refuse(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 401, "headers": []})
@@ -367,7 +367,7 @@ def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
 
     now = [100.0]
     written: list[dict[str, Any]] = []
-    app = RefusalAudit(refuse, lambda event, data: written.append(data), clock=lambda: now[0])
+    app = RefusalAudit(refuse, EventBudget(lambda event, data: written.append(data), clock=lambda: now[0]))
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("127.0.0.1", 5)}
 
     async def burst(count: int) -> None:
@@ -460,3 +460,69 @@ async def test_a_client_that_disconnects_mid_call_still_leaves_exactly_one_recor
             await http.post(url, json=call, headers={**auth, **session_id}, timeout=0.5)
     # The server has shut down (and the host closed): whatever became of the call, it is recorded.
     assert [(r["principal"], r["tool"]) for r in audit(tmp_path, "call")] == [("bob", "local::bash")]
+
+
+async def test_a_call_in_flight_at_shutdown_still_gets_its_result_over_the_sdk_client(tmp_path: Path) -> None:
+    """Stopping (SIGTERM's path) while a call runs: the call finishes within the grace and the SDK
+    client gets its result on the open response stream, GET event stream and all."""
+    from amplifier_tools import ToolResult, ToolSpec, hookimpl
+
+    running, release = asyncio.Event(), asyncio.Event()
+
+    class Slow:
+        name = "slow"
+        description = "Waits to be released."
+        spec = ToolSpec(name="slow", effect="Pure")
+
+        async def execute(self, input: dict[str, Any], context: Any) -> ToolResult:
+            running.set()
+            await release.wait()
+            return ToolResult(output="finished")
+
+    class Plugin:
+        @hookimpl
+        async def mount(self, coordinator: Any) -> None:
+            await coordinator.mount("tools", Slow())
+
+    cfg = config(tmp_path, tools=["slow"])
+    async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False, discover=False,
+                        plugins=[Plugin()]) as host:
+        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve_http(host, serve_settings(host), ready=url.set_result, stop=stop))
+        await asyncio.wait({url, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        async with session(url.result(), BOB) as bob:
+            call = asyncio.create_task(bob.call_tool("slow", {}))
+            await running.wait()
+            stop.set()
+            await asyncio.sleep(0.5)  # uvicorn has closed its listener and idle connections by now
+            release.set()
+            result = await asyncio.wait_for(call, 30)
+        assert not result.is_error and result.content[0].text == "finished"  # type: ignore[union-attr]
+        await asyncio.wait_for(task, 30)
+    assert [r["status"] for r in audit(tmp_path, "call")] == ["ok"]
+
+
+async def test_a_client_calling_a_tool_outside_its_tools_is_an_audit_event_naming_it(tmp_path: Path) -> None:
+    async with served(config(tmp_path)) as url, session(url, ALICE) as alice:
+        for name in ("fs_list_dir", "no_such_tool", "x" * 500):
+            with pytest.raises(MCPError) as hidden:
+                await alice.call_tool(name, {"path": "."})
+            assert hidden.value.error.code == mcp_types.INVALID_PARAMS
+    events = [e for e in audit(tmp_path, "event") if e["event"] == "mcp.http.tool_refused"]
+    assert [(e["data"]["principal"], e["data"]["client"]) for e in events] == [("alice", "alice_token")] * 3
+    assert [e["data"]["tool"] for e in events][:2] == ["fs_list_dir", "no_such_tool"]
+    assert events[2]["data"]["tool"].startswith("x" * 64 + "...")  # clipped like the refusal events
+    assert audit(tmp_path, "call") == []
+
+
+async def test_a_header_value_that_is_no_secrets_reference_is_refused_without_showing_it(tmp_path: Path) -> None:
+    inline = f"Bearer {ALICE}"  # the token written into the config instead of a reference
+    cfg = {"plugins": {"mcp": {"servers": {"inner": {"url": "http://127.0.0.1:9/mcp",
+                                                     "headers": {"Authorization": inline}}}}}}
+    with pytest.raises((ConfigError, PluginLoadError)) as refused:
+        async with ToolHost(config=cfg, builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
+            pass
+    message = str(refused.value)
+    assert "plugins.mcp.servers.inner.headers.Authorization" in message and "must be references" in message
+    assert ALICE not in message

@@ -96,7 +96,7 @@ def test_a_server_that_cannot_start_is_reported_and_the_others_are_pinned(projec
     config.write_text(config.read_text() + '\n[plugins.mcp.servers.broken]\ncommand = "no-such-server-xyz"\n')
     out = cli(project, "mcp", "pin")
     assert out.returncode == 1 and "MCP server 'broken' could not start" in out.stderr
-    assert "pinned 7 tool(s) of MCP server 'h'" in out.stdout
+    assert "pinned 8 tool(s) of MCP server 'h'" in out.stdout
     assert 'command = "no-such-server-xyz"\n' in config.read_text()
 
 
@@ -117,6 +117,34 @@ def test_pyproject_tables_and_crlf_lines_are_edited_in_place() -> None:
     edited = edit_pins(text, PINS, "tool.amplifier-tools.")
     assert edited == ('[tool.amplifier-tools.plugins.mcp.servers.s]\r\ncommand = "x"\r\n'
                       'pins = { a = "sha256:1", "b.c" = "sha256:2" }\r\n')
+
+
+@pytest.mark.parametrize("header", ['[ plugins . mcp . servers . "s" ]', '[plugins.mcp.servers."s"]  # quoted'])
+def test_a_table_header_spelled_otherwise_is_refused_naming_the_spelling(header: str) -> None:
+    with pytest.raises(UneditableConfig) as refused:
+        edit_pins(f'{header}\ncommand = "x"\n', PINS)
+    assert f"spelled {header.split('  #')[0]}, which this command cannot edit" in str(refused.value)
+
+
+@pytest.mark.parametrize("link", ["hard", "symbolic"])
+def test_a_linked_configuration_is_not_edited_and_the_pins_are_printed_to_paste(project: Path, link: str) -> None:
+    import os
+
+    config = project / "amplifier-tools.toml"
+    elsewhere = project.parent / "shared.toml"
+    if link == "hard":
+        os.link(config, elsewhere)
+    else:
+        config.rename(elsewhere)
+        config.symlink_to(elsewhere)
+    before = elsewhere.read_text()
+    out = cli(project, "mcp", "pin")
+    assert out.returncode == 1, out.stderr
+    assert f"{config} was not changed" in out.stderr
+    assert ("hard links" if link == "hard" else "symbolic link") in out.stderr
+    assert "could write elsewhere" in out.stderr and "this is a bug" not in out.stderr
+    assert "[plugins.mcp.servers.h]\npins = { big = \"sha256:" in out.stdout
+    assert elsewhere.read_text() == before
 
 
 @pytest.mark.parametrize("text", [

@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,3 +218,30 @@ async def test_tools_that_require_tasks_are_not_mounted(tmp_path: Path, caplog: 
         names = {spec.name for spec in host.specs}
         assert "mcp::h::maybe" in names and "mcp::h::tasked" not in names
     assert "'tasked' requires tasks" in caplog.text
+
+
+async def test_a_result_with_more_content_blocks_than_the_limit_is_refused_before_the_sdk_parses_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """600,000 tiny blocks (under max_message_bytes) held the loop 13 s and took 1.2 GB in the SDK's
+    validation; past ``max_content_blocks`` the response is refused from its raw bytes."""
+    from amplifier_tools.mcp import transport
+
+    parsed: list[int] = []
+    real_parse = transport._parse
+
+    def counting_parse(line: bytearray) -> Any:
+        parsed.append(line.count(b'"type"'))
+        return real_parse(line)
+
+    monkeypatch.setattr(transport, "_parse", counting_parse)
+    async with hostile(tmp_path, max_content_blocks=100) as host:
+        fits = await host.call("mcp::h::blocks", {"count": 100})
+        assert fits.success and len(fits.metadata["content"]) == 100
+        refused = await host.call("mcp::h::blocks", {"count": 50_000})
+        assert not refused.success
+        assert refused.error["code"] == "mcp_too_many_content_blocks"
+        assert refused.error["limit"] == 100 and refused.error["blocks"] == 50_000
+        assert "plugins.mcp.servers.h.max_content_blocks" in refused.error["message"]
+        assert max(parsed) < 1000  # the 50,000-block response never reached the SDK
+        again = await host.call("mcp::h::echo", {"text": "still here"})  # the server is not stopped for it
+        assert again.success

@@ -137,3 +137,24 @@ def test_plugins_reports_a_server_left_out(tmp_path: Path) -> None:
     data = json.loads(cli(work, "plugins", "--json").stdout)
     assert [u["name"] for u in data["unavailable"]] == ["mcp::late"]
     assert "upstream token expired" in data["unavailable"][0]["reason"]
+
+
+async def test_the_stderr_tail_has_every_host_secret_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A server given a secret (env_passthrough) that prints it: not in the error, the log or ``unavailable``."""
+    monkeypatch.setenv("LEAKED_TOKEN", "leaked-token-0123456789")
+    script = "import os, sys; sys.stderr.write('token is ' + os.environ['LEAKED_TOKEN'] + '\\n'); sys.exit(1)"
+    server = {"command": sys.executable, "args": ["-c", script], "env_passthrough": ["LEAKED_TOKEN"],
+              "stderr": "discard"}
+    config = {"secrets": {"leaked": "LEAKED_TOKEN"}, "plugins": {"mcp": {"servers": {"srv": server}}}}
+    with pytest.raises(PluginLoadError) as caught:
+        async with ToolHost(config=config, builtins=["mcp"], entry_points=False, working_dir=tmp_path,
+                            discover=False):
+            pass
+    assert "token is [REDACTED]" in str(caught.value) and "leaked-token" not in str(caught.value)
+    config["plugins"]["mcp"]["servers"]["srv"]["required"] = False  # type: ignore[index]
+    async with ToolHost(config=config, builtins=["mcp"], entry_points=False, working_dir=tmp_path,
+                        discover=False) as host:
+        reason = host.plugin_manager.get_plugin("mcp").unavailable["srv"]
+    assert "token is [REDACTED]" in reason
+    assert "token is [REDACTED]" in caplog.text and "leaked-token" not in caplog.text

@@ -19,6 +19,7 @@ from .._markers import hookimpl
 from ..errors import AuthError, ConfigError
 from ..hoststate import ProtectedPaths
 from ..plugin_settings import structure_settings
+from ..redaction import redact_text
 
 if TYPE_CHECKING:  # imported at the first mount with a [plugins.mcp] table, or when settings are read
     from .settings import McpSettings
@@ -52,6 +53,24 @@ def sdk_available() -> bool:
     return True
 
 
+def resolve_headers(resolve: Any, name: str, server: Any) -> dict[str, str]:
+    """A ``url`` server's headers, each value resolved from its ``[secrets]`` reference (and so
+    registered for redaction) by ``resolve`` (``session.secret``); ``ConfigError`` naming the
+    header's key when one does not resolve. The value is never shown: an inline value (a token
+    written into the config instead of a reference) would otherwise be printed."""
+    values: dict[str, str] = {}
+    for header, ref in server.headers.items():
+        try:
+            values[header] = resolve(ref)
+        except AuthError:
+            raise ConfigError(f"the value of header {header!r} is not a [secrets] reference that resolves; header "
+                              "values must be references (a key of the host's [secrets] whose variable is set), "
+                              "never the value itself (not shown here)",
+                              key=f"plugins.{PLUGIN}.servers.{name}.headers.{header}",
+                              hint="add the reference to [secrets], set its variable, and put its name here") from None
+    return values
+
+
 class McpImportPlugin:
     """Starts each configured MCP server at mount and mounts its tools as ``mcp::<server>::<tool>``.
 
@@ -73,6 +92,7 @@ class McpImportPlugin:
         self._coordinator: Any = None
         self._protected_now: Any = tuple
         self._headers_of: dict[str, dict[str, str]] = {}
+        self._secrets: Any = ()
         self._retrying: dict[str, asyncio.Lock] = {}
         self._last_attempt: dict[str, float] = {}
 
@@ -113,7 +133,9 @@ class McpImportPlugin:
         headers = {name: self._headers(coordinator, name, server) for name, server in self.settings.servers.items()}
         self._coordinator, self._headers_of, self._protected_now = coordinator, headers, protected_now
         coordinator.register_contributor(UNAVAILABLE_CHANNEL, PLUGIN, self._report)
-        connections = [ServerConnection(name, server, working_dir, protected_now, headers[name])
+        secrets = coordinator.get_capability("session.secrets") or ()
+        self._secrets = secrets
+        connections = [ServerConnection(name, server, working_dir, protected_now, headers[name], secrets)
                        for name, server in self.settings.servers.items()]
         emit = self._events(coordinator)
         for connection in connections:
@@ -126,9 +148,10 @@ class McpImportPlugin:
                 if isinstance(outcome, BaseException):
                     if connection.settings.required or not isinstance(outcome, Exception):
                         raise outcome
+                    reason = redact_text(str(outcome), secrets)  # a server's words may hold what it was given
                     log.warning("MCP server %r is not mounted (required = false): %s; it is started again when "
-                                "a call names one of its tools", connection.name, outcome)
-                    self.unavailable[connection.name] = str(outcome)
+                                "a call names one of its tools", connection.name, reason)
+                    self.unavailable[connection.name] = reason
                     self._last_attempt[connection.name] = time.monotonic()
                     await connection.close()
                     self.connections.remove(connection)
@@ -188,13 +211,15 @@ class McpImportPlugin:
         self._last_attempt[server] = time.monotonic()
         settings = self.settings.servers[server]
         working_dir = self._coordinator.get_capability("session.working_dir") or "."
-        connection = ServerConnection(server, settings, working_dir, self._protected_now, self._headers_of[server])
+        connection = ServerConnection(server, settings, working_dir, self._protected_now, self._headers_of[server],
+                                      self._secrets)
         try:
             tools = await import_server(connection)
         except Exception as exc:
             await connection.close()
-            log.warning("MCP server %r is still not available: %s", server, exc)
-            self.unavailable[server] = str(exc)
+            reason = redact_text(str(exc), self._secrets)
+            log.warning("MCP server %r is still not available: %s", server, reason)
+            self.unavailable[server] = reason
             return
         self.connections.append(connection)
         for tool in tools:
@@ -219,17 +244,7 @@ class McpImportPlugin:
 
     @staticmethod
     def _headers(coordinator: Any, name: str, server: Any) -> dict[str, str]:
-        """A ``url`` server's headers, each value resolved from its ``[secrets]`` reference (and so
-        registered for redaction); ``ConfigError`` naming the header's key when one is missing."""
-        resolve = coordinator.get_capability("session.secret")
-        values: dict[str, str] = {}
-        for header, ref in server.headers.items():
-            try:
-                values[header] = resolve(ref)
-            except AuthError as exc:
-                raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
-                                  key=f"plugins.{PLUGIN}.servers.{name}.headers.{header}") from None
-        return values
+        return resolve_headers(coordinator.get_capability("session.secret"), name, server)
 
     async def close(self) -> None:
         """Stop every server (their process groups are gone when this returns)."""

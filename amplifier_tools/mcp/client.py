@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final
 
 import anyio
@@ -34,13 +34,21 @@ from .._version import __version__
 from ..content import render
 from ..errors import ContractError, ExecutionError, PolicyError, ToolError
 from ..models import ToolContext, ToolResult, output_text
+from ..redaction import SecretSet, redact_text
 from ..spec import ToolSpec
 from .confinement import Wrap, sandbox_wrap
 from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
 from .settings import ServerSettings
-from .transport import MAX_UNANSWERED_REQUESTS, StderrTail, StdioServer, stdio_process
+from .transport import (
+    MAX_UNANSWERED_REQUESTS,
+    TOO_MANY_BLOCKS,
+    TOO_MANY_BLOCKS_MARK,
+    StderrTail,
+    StdioServer,
+    stdio_process,
+)
 
 log = logging.getLogger("amplifier_tools.mcp")
 
@@ -56,9 +64,12 @@ class ServerConnection:
     restarted (reconnected) on demand after it dies."""
 
     def __init__(self, name: str, settings: ServerSettings, working_dir: str,
-                 protected: Callable[[], Iterable[str]] = tuple, headers: Mapping[str, str] | None = None) -> None:
+                 protected: Callable[[], Iterable[str]] = tuple, headers: Mapping[str, str] | None = None,
+                 secrets: Collection[str] | SecretSet = ()) -> None:
         #: The server's name: its key in ``[plugins.mcp.servers]``.
         self.name = name
+        #: The host-wide secrets (``session.secrets``), redacted from what the server says in a start error.
+        self.secrets = secrets
         self.settings = settings
         #: The HTTP headers sent to a ``url`` server, their values resolved from ``[secrets]``.
         self.headers = dict(headers or {})
@@ -146,7 +157,8 @@ class ServerConnection:
         self.stderr = StderrTail(forward=s.stderr == "inherit")
         async with stdio_process(s.command, list(s.args), env=self.environment(),
                                  cwd=s.cwd or self.working_dir, stderr=self.stderr,
-                                 max_message_bytes=s.max_message_bytes, wrap=self._wrap) as server:
+                                 max_message_bytes=s.max_message_bytes, max_content_blocks=s.max_content_blocks,
+                                 wrap=self._wrap) as server:
             self._server = server
             self._process = server.process
             self.pid = server.process.pid
@@ -284,6 +296,9 @@ class ServerConnection:
         except MCPError as exc:
             if exc.code in _DEAD_CODES or not self.alive:
                 raise self._died(exc) from None
+            data = exc.error.data
+            if exc.code == TOO_MANY_BLOCKS and isinstance(data, dict) and data.get("reason") == TOO_MANY_BLOCKS_MARK:
+                raise self.too_many_blocks(data.get("blocks")) from None
             if exc.code == mcp_types.REQUEST_TIMEOUT:
                 raise PolicyError(f"MCP server {self.name!r} did not answer in time",
                                   code="timeout") from None
@@ -294,6 +309,14 @@ class ServerConnection:
         except ValueError as exc:  # pydantic's ValidationError: a result that is no CallToolResult
             raise ExecutionError(f"MCP server {self.name!r} sent a malformed tools/call result: "
                                  f"{str(exc)[:500]}", code="mcp_protocol_error") from None
+
+    def too_many_blocks(self, blocks: Any) -> ExecutionError:
+        """The error for a result with more content blocks than ``max_content_blocks``."""
+        limit = self.settings.max_content_blocks
+        return ExecutionError(
+            f"MCP server {self.name!r} sent a result of {blocks} content blocks, more than {limit} "
+            f"(plugins.mcp.servers.{self.name}.max_content_blocks)", code="mcp_too_many_content_blocks",
+            retryable=False, limit=limit, blocks=blocks, setting=f"plugins.mcp.servers.{self.name}.max_content_blocks")
 
     def _died(self, exc: BaseException) -> ExecutionError:
         code = self._process.returncode if self._process is not None else None
@@ -444,6 +467,8 @@ def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResul
     base64 or a malformed media type is ``ExecutionError`` ``mcp_invalid_content``.
     """
     metadata: dict[str, Any] = {"mcp": tool.call_metadata()}
+    if len(result.content) > tool.connection.settings.max_content_blocks:  # a url server's (stdio: refused unparsed)
+        raise tool.connection.too_many_blocks(len(result.content))
     blocks = _content_json(result)
     _check_content(blocks, tool)
     text = _text(result)
@@ -548,17 +573,20 @@ async def import_server(connection: ServerConnection) -> list[McpTool]:
 
 def start_error(connection: ServerConnection, exc: Exception) -> Exception:
     """The error to raise for a failed ``connection.start()``: the cause in words, where it is set,
-    and the server's stderr tail; a typed error of the start (a pin, a timeout) kept as it is."""
+    and the server's stderr tail; a typed error of the start (a pin, a timeout) kept as it is.
+    What the server said (its stderr, its answer, the SDK's words for it) has every secret of
+    ``connection.secrets`` redacted: the error reaches logs, ``list`` and ``plugins --json``."""
     if isinstance(exc, ToolError):
         if exc.code != "mcp_start_timeout" or not _stderr_tail(connection):
             return exc
-        return ExecutionError(exc.message + _stderr_tail(connection), code=exc.code)
+        return ExecutionError(redact_text(exc.message + _stderr_tail(connection), connection.secrets), code=exc.code)
     # The SDK's or the OS's own error: say which server, and where it is set.
     server = connection.name
     where = "url and headers" if connection.settings.url is not None else "command and args"
-    return ExecutionError(f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
-                          f"(check plugins.mcp.servers.{server}: {where}){_stderr_tail(connection)}",
-                          code="mcp_start_failed", setting=f"plugins.mcp.servers.{server}")
+    message = (f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
+               f"(check plugins.mcp.servers.{server}: {where}){_stderr_tail(connection)}")
+    return ExecutionError(redact_text(message, connection.secrets), code="mcp_start_failed",
+                          setting=f"plugins.mcp.servers.{server}")
 
 
 def _start_failure(connection: ServerConnection, exc: BaseException) -> str:

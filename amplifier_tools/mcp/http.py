@@ -42,6 +42,8 @@ ENDPOINT: Final = "/mcp"
 #: Shortest bearer token accepted: a guessable token is no authentication.
 MIN_TOKEN_LENGTH: Final = 16
 UNAUTHORIZED_EVENT: Final = "mcp.http.unauthorized"
+#: An authenticated client called a tool it may not see (answered -32602, as for an unknown tool).
+TOOL_REFUSED_EVENT: Final = "mcp.http.tool_refused"
 
 
 def _digest(token: str) -> bytes:
@@ -93,7 +95,7 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
     by_digest: dict[bytes, str] = {}
     callers: dict[str, Caller] = {}
     for index, client in enumerate(settings.clients):
-        where = f"{key}.clients.{index}"
+        where = f"{key}.clients[{index}]"
         try:
             token = resolve(client.token_ref)
         except AuthError as exc:
@@ -130,6 +132,9 @@ MAX_REFUSAL_EVENTS_PER_S: Final = 10
 MAX_FIELD_CHARS: Final = 64
 #: Seconds open requests get to finish once stopping; then they are cancelled.
 SHUTDOWN_GRACE_S: Final = 10.0
+#: Once stopping, how long no request may have been open before the listener closes: a client's
+#: follow-up to a result (the SDK client lists tools after a call) still gets in.
+DRAIN_QUIET_S: Final = 0.25
 
 
 def _clip(value: Any) -> str | None:
@@ -139,16 +144,12 @@ def _clip(value: Any) -> str | None:
     return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + f"...[{len(text)} chars]"
 
 
-class RefusalAudit:
-    """ASGI middleware recording refused requests as audit events: 401 (no or unknown token), 403
-    (Origin), 421 (Host) and 404 for a request naming a session. It writes the status, why, the
-    method and path (clipped to ``MAX_FIELD_CHARS``), the peer's address and whether a bearer
-    token came — never the token — at most ``MAX_REFUSAL_EVENTS_PER_S`` a second (the next event
-    written counts those left out), so a client cannot fill the disk through the log."""
+class EventBudget:
+    """At most ``MAX_REFUSAL_EVENTS_PER_S`` refusal events a second, shared by every kind of
+    refusal; the next event written counts those left out (``suppressed_before``)."""
 
-    def __init__(self, app: Any, record: Callable[[str, dict[str, Any]], Any] | None,
+    def __init__(self, record: Callable[[str, dict[str, Any]], Any] | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.app = app
         self.record = record
         self.clock = clock
         self._second = -1
@@ -165,28 +166,94 @@ class RefusalAudit:
         self._written += 1
         return True
 
+    def write(self, event: str, data: dict[str, Any]) -> None:
+        """Record ``event`` unless this second's budget is spent."""
+        if self.record is None or not self._admit():
+            return
+        if self._suppressed:
+            data["suppressed_before"], self._suppressed = self._suppressed, 0
+        self.record(event, data)
+
+    def tool_refused(self, caller: Caller | None, tool: str) -> None:
+        """An authenticated client named a tool outside its ``tools`` (or no tool at all)."""
+        if caller is None:
+            return
+        context = caller.context
+        self.write(TOOL_REFUSED_EVENT, {"reason": "a tool this client may not see, or no such tool",
+                                        "principal": context.principal,
+                                        "client": context.attributes.get("mcp_client"), "tool": _clip(tool)})
+
+
+class RefusalAudit:
+    """ASGI middleware recording refused requests as audit events: 401 (no or unknown token), 403
+    (Origin), 421 (Host) and 404 for a request naming a session. It writes the status, why, the
+    method and path (clipped to ``MAX_FIELD_CHARS``), the peer's address and whether a bearer
+    token came — never the token — within the ``EventBudget`` (at most
+    ``MAX_REFUSAL_EVENTS_PER_S`` a second), so a client cannot fill the disk through the log."""
+
+    def __init__(self, app: Any, budget: EventBudget) -> None:
+        self.app = app
+        self.budget = budget
+        self.record = budget.record
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or self.record is None:
             await self.app(scope, receive, send)
             return
-        record = self.record
-
         async def watch(message: Any) -> None:
             if message["type"] == "http.response.start" and message["status"] in REFUSALS:
                 status = message["status"]
                 headers = dict(scope.get("headers") or ())
-                if (status != 404 or b"mcp-session-id" in headers) and self._admit():
+                if status != 404 or b"mcp-session-id" in headers:
                     client = scope.get("client")
                     data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
                             "path": _clip(scope.get("path")),
                             "client_address": f"{client[0]}:{client[1]}" if client else None,
                             "bearer_token_sent": headers.get(b"authorization", b"").lower().startswith(b"bearer ")}
-                    if self._suppressed:
-                        data["suppressed_before"], self._suppressed = self._suppressed, 0
-                    record(UNAUTHORIZED_EVENT, data)
+                    self.budget.write(UNAUTHORIZED_EVENT, data)
             await send(message)
 
         await self.app(scope, receive, watch)
+
+
+class Drain:
+    """ASGI middleware that lets a stopping server finish what its clients are doing: it counts
+    open requests (not the long-lived GET event streams) and, once ``draining``, answers a request
+    that opens a new session (no ``mcp-session-id``) with 503, while requests of open sessions
+    still come in — a call in flight gets its result, and the client's next request (the SDK
+    client lists tools after a call) its answer. ``idle`` returns once no request has been open
+    for ``DRAIN_QUIET_S``, or at a deadline."""
+
+    def __init__(self, app: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self.clock = clock
+        self.draining = False
+        self._open = 0
+        self._changed = clock()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") == "GET":
+            await self.app(scope, receive, send)
+            return
+        if self.draining and not any(name == b"mcp-session-id" for name, _ in scope.get("headers") or ()):
+            await send({"type": "http.response.start", "status": 503,
+                        "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
+            await send({"type": "http.response.body", "body": b"the server is shutting down\n"})
+            return
+        self._open += 1
+        self._changed = self.clock()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._open -= 1
+            self._changed = self.clock()
+
+    async def idle(self, deadline: float) -> None:
+        """Return once no request has been open for ``DRAIN_QUIET_S``, or at ``deadline`` (of ``clock``)."""
+        while self.clock() < deadline:
+            if self._open == 0 and self.clock() - self._changed >= DRAIN_QUIET_S:
+                return
+            await asyncio.sleep(0.02)
 
 
 def _url_host(host: str) -> str:
@@ -209,7 +276,8 @@ def transport_security(host: str) -> TransportSecuritySettings | None:
 def build_app(host: ToolHost, settings: ServeSettings) -> Any:
     """The ASGI application serving ``host``'s tools at ``/mcp`` (``ConfigError`` as above)."""
     caller, verifier = http_callers(host, settings)
-    server = build_server(host, settings, caller)
+    budget = EventBudget(host.capabilities.get("audit.event"))
+    server = build_server(host, settings, caller, on_refused=budget.tool_refused)
     auth = None
     if verifier is not None:
         # Resource-server mode without published metadata: there is no authorization server to
@@ -218,7 +286,7 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Any:
                             resource_server_url=None, validate_token_resource=False)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host, auth=auth,
                                      token_verifier=verifier, transport_security=transport_security(settings.host))
-    return RefusalAudit(app, host.capabilities.get("audit.event"))
+    return RefusalAudit(Drain(app), budget)
 
 
 def _listen(settings: ServeSettings) -> socket.socket:
@@ -248,6 +316,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             yield
 
     app = build_app(host, settings)
+    drain: Drain = app.app
     sock = _listen(settings)
     # proxy_headers off: X-Forwarded-For from any local client would otherwise set the address
     # the audit events show.
@@ -283,6 +352,15 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             else:
                 print(f"amplifier-tools serve-mcp: serving at {url} (Streamable HTTP)", file=sys.stderr, flush=True)
         await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            # Still listening while open requests finish: closing the listener first (uvicorn's
+            # shutdown) left a client unable to send the request that follows a result.
+            started = drain.clock()
+            drain.draining = True
+            idle = asyncio.ensure_future(drain.idle(started + SHUTDOWN_GRACE_S))
+            await asyncio.wait({task, idle}, return_when=asyncio.FIRST_COMPLETED)
+            idle.cancel()
+            server.config.timeout_graceful_shutdown = max(1, int(SHUTDOWN_GRACE_S - (drain.clock() - started)))
         server.should_exit = True
         await asyncio.shield(task)
     except asyncio.CancelledError:

@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Any, Final
 import attrs
 
 from ..config import plugin_section
-from ..errors import AuthError, ConfigError
+from ..errors import ConfigError
 from ..hoststate import ProtectedPaths, open_host_file
 from ..plugin_settings import structure_settings
 from .settings import PLUGIN, McpSettings, ServerSettings
@@ -74,7 +75,7 @@ async def current_pins(host: Any, only: Sequence[str] = ()) -> list[ServerPins]:
     async def ask(name: str, server: ServerSettings) -> ServerPins:
         connection = ServerConnection(name, server, host.working_dir,
                                       lambda: [e.path for e in protected if not e.alias],
-                                      _headers(host, name, server))
+                                      _headers(host, name, server), host.secrets)
         try:
             await connection.start()
         except Exception as exc:
@@ -89,15 +90,9 @@ async def current_pins(host: Any, only: Sequence[str] = ()) -> list[ServerPins]:
 
 
 def _headers(host: Any, name: str, server: ServerSettings) -> dict[str, str]:
-    resolve = host.capabilities["session.secret"]
-    values: dict[str, str] = {}
-    for header, ref in server.headers.items():
-        try:
-            values[header] = resolve(ref)
-        except AuthError as exc:
-            raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
-                              key=f"{SERVERS_TABLE}.{name}.headers.{header}") from None
-    return values
+    from . import resolve_headers
+
+    return resolve_headers(host.capabilities["session.secret"], name, server)
 
 
 def _key(text: str) -> str:
@@ -133,6 +128,26 @@ def _table_name(line: str) -> str | None:
     return re.sub(r"\s*\.\s*", ".", match.group(1)) if match else None
 
 
+def _path(dotted: str) -> tuple[str, ...]:
+    """The key path of ``dotted`` (a name this module spelled: bare or JSON-quoted parts)."""
+    return _header_path(f"[{dotted}]") or ()
+
+
+def _header_path(line: str) -> tuple[str, ...] | None:
+    """The key path a ``[table]`` header line names however it is spelled (quotes, spaces), or None."""
+    if _table_name(line) in (None, "[["):
+        return None
+    try:
+        node: Any = tomllib.loads(line)
+    except tomllib.TOMLDecodeError:
+        return None
+    path: list[str] = []
+    while isinstance(node, dict) and len(node) == 1:
+        key, node = next(iter(node.items()))
+        path.append(key)
+    return tuple(path)
+
+
 def _trailing_comment(line: str) -> str:
     """The comment after a one-line ``key = value`` (with the spaces before it), or ``""``."""
     text = line.rstrip("\r\n")
@@ -153,6 +168,12 @@ def edit_pins(text: str, new: Mapping[str, Mapping[str, str]], prefix: str = "")
     for server, pins in new.items():
         table = f"{prefix}{SERVERS_TABLE}.{server}"
         headers = [i for i, line in enumerate(lines) if _table_name(line) == table]
+        if not headers:
+            spelled = next((re.sub(r"\]\s*#.*$", "]", line.strip()) for line in lines
+                            if _header_path(line) == _path(table)), None)
+            if spelled is not None:
+                raise UneditableConfig(f"its table header is spelled {spelled}, which this command cannot edit "
+                                       f"(it edits a header spelled exactly [{table}])")
         if len(headers) != 1:
             raise UneditableConfig(f"no [{table}] table of its own in the file (inline or dotted tables are "
                                    "not edited)")
@@ -223,6 +244,23 @@ def write_pins(path: Path, new: Mapping[str, Mapping[str, str]]) -> str:
     return edited
 
 
+def link_refusal(path: Path) -> str | None:
+    """Why ``path`` is not edited in place although it is a TOML file, or None: a symbolic link, or
+    a file with more than one hard link (the edit would write through to, or split from, a file
+    elsewhere). Checked before any server is started."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    if stat.S_ISLNK(info.st_mode):
+        return (f"it is a symbolic link (to {os.readlink(path)!r}); a link is not edited, because the edit "
+                "could write elsewhere than the file named")
+    if info.st_nlink > 1:
+        return (f"it has {info.st_nlink} hard links; a hard-linked file is not edited, because the edit could "
+                "write elsewhere than the file named (or split it from its other names)")
+    return None
+
+
 def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) -> int:
     """The command: ask the servers, then write their pins into the host's configuration file (or
     print them). Exit status 0; 1 when a server could not be asked (the others are pinned) or the
@@ -237,6 +275,9 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
     # Servers are started from this file: only from one the host itself would start from.
     state_dir = ensure_state_dir(host.state_dir)
     config_trust.check(state_dir, host.config_file, host.working_dir, discovered=host.discovered_config)
+    path = Path(host.config_file) if host.config_file is not None else None
+    writable = path is not None and path.suffix == ".toml"
+    refusal = link_refusal(path) if writable and not print_only and path is not None else None
     results = asyncio.run(current_pins(host, only))
     if not results:
         raise ConfigError("no MCP server is configured", key=SERVERS_TABLE,
@@ -247,8 +288,6 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
             print(f"error: {result.error}", file=sys.stderr)
             status = 1
     done = [r for r in results if r.error is None]
-    path = Path(host.config_file) if host.config_file is not None else None
-    writable = path is not None and path.suffix == ".toml"
     prefix = PYPROJECT_PREFIX if path is not None and path.name == "pyproject.toml" else ""
     if print_only or not done:
         print(toml_block(done, prefix), end="")
@@ -259,6 +298,10 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
         print(toml_block(done, prefix), end="")
         return 1
     assert path is not None
+    if refusal is not None:
+        print(f"error: {path} was not changed: {refusal}; paste these pins into it instead:", file=sys.stderr)
+        print(toml_block(done, prefix), end="")
+        return 1
     try:
         write_pins(path, {r.name: r.pins for r in done})
     except UneditableConfig as exc:

@@ -17,7 +17,11 @@ listed under their model-facing names (``fs_read_file``) with their annotations
 others derived from their effects). A result's rich content
 (``metadata["content"]``) is sent as MCP content blocks; a ``tool:progress``
 event of a call in flight reaches its client as ``notifications/progress`` when
-the client asked for progress.
+the client asked for progress. Progress is lossy: a call keeps at most
+``PROGRESS_BACKLOG`` notifications waiting for a client that is not reading (a
+newer one replaces the newest waiting), and a message is clipped to
+``PROGRESS_MESSAGE_CHARS`` characters, so a client that asks for progress and
+never reads cannot make the server buffer without bound.
 
 Limits: on stdio there is no authentication (whoever can start the process is
 the caller).
@@ -29,9 +33,11 @@ import json
 import logging
 import math
 import os
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+import anyio
 import attrs
 import mcp_types
 from mcp.server.lowlevel import Server
@@ -106,12 +112,14 @@ def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> fr
 
 
 def build_server(host: ToolHost, settings: ServeSettings | None = None,
-                 caller: Callable[[], Caller | None] | None = None) -> Server[Any]:
+                 caller: Callable[[], Caller | None] | None = None,
+                 on_refused: Callable[[Caller | None, str], None] | None = None) -> Server[Any]:
     """An SDK low-level ``Server`` exposing ``host``'s tools to MCP callers.
 
     ``caller`` says who makes the current request (over HTTP, from its bearer token; None: no
     one who may see a tool); without it every request is the ``[plugins.mcp.serve]`` caller,
-    who sees ``settings.tools``. Raises ``ConfigError`` when ``settings.tools`` names a tool
+    who sees ``settings.tools``. ``on_refused`` hears of every ``tools/call`` answered -32602
+    (the caller, and the tool name it sent). Raises ``ConfigError`` when ``settings.tools`` names a tool
     that is not mounted.
     """
     settings = settings or serve_settings(host)
@@ -132,15 +140,17 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
         visible = who.tools if who is not None else frozenset()
         return mcp_types.ListToolsResult(tools=[tool for name, tool in listed if name in visible])
 
-    # Calls in flight: call id -> the request's session, whose report_progress reaches the client when
-    # it asked for progress (a progressToken; in process, a callback) and is a no-op otherwise.
-    progress_targets: dict[str, Any] = {}
+    # Calls in flight: call id -> the relay to the request's session, whose report_progress reaches the
+    # client when it asked for progress (a progressToken; in process, a callback) and is a no-op otherwise.
+    progress_targets: dict[str, ProgressRelay] = {}
 
     async def forward_progress(event: str, data: dict[str, Any]) -> None:
+        # Never awaits the client: a client that does not read would hold every emitter (and, for an
+        # imported tool, one SDK task per notification) until the call ends.
         target = progress_targets.get(str(data.get("tool_call_id")))
         progress, total, message = _number(data.get("progress")), _number(data.get("total")), data.get("message")
         if target is not None and progress is not None:
-            await target.report_progress(progress, total, message if isinstance(message, str) else None)
+            target.offer(progress, total, message if isinstance(message, str) else None)
 
     host.events.register("tool:progress", forward_progress, name="serve-mcp progress", owner=PLUGIN)
 
@@ -148,19 +158,80 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
         who = current()
         name = by_model_name.get(params.name)
         if who is None or name is None or name not in who.tools:
+            if on_refused is not None:
+                on_refused(who, params.name)
             raise MCPError(code=mcp_types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
         call_id = new_call_id()
         session = getattr(ctx, "session", None)
-        if session is not None:
-            progress_targets[call_id] = session
-        try:
-            result = await host.call(name, params.arguments if params.arguments is not None else {},
-                                     context=who.context, call_id=call_id)
-        finally:
-            progress_targets.pop(call_id, None)
+        arguments = params.arguments if params.arguments is not None else {}
+        if session is None:
+            return to_call_tool_result(await host.call(name, arguments, context=who.context, call_id=call_id))
+        relay = progress_targets[call_id] = ProgressRelay(session)
+        async with anyio.create_task_group() as relaying:
+            relaying.start_soon(relay.run)
+            try:
+                result = await host.call(name, arguments, context=who.context, call_id=call_id)
+            finally:
+                progress_targets.pop(call_id, None)
+                relay.close()  # what is still waiting (at most PROGRESS_BACKLOG) goes out before the result
         return to_call_tool_result(result)
 
     return Server(settings.name, version=host_version(), on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+#: Progress notifications of one call waiting for its client; past it, a newer one replaces the newest.
+PROGRESS_BACKLOG: Final = 16
+#: A progress message longer than this is clipped (with an ellipsis) before it is sent.
+PROGRESS_MESSAGE_CHARS: Final = 1024
+
+
+class ProgressRelay:
+    """The progress of one call in flight on its way to the client: ``offer`` never waits, ``run``
+    sends in order what waits, one at a time. At most ``PROGRESS_BACKLOG`` wait; progress is
+    lossy, so when the client is not keeping up the newest waiting one is replaced by a newer."""
+
+    __slots__ = ("_closed", "_session", "_waiting", "_wake")
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+        self._waiting: deque[tuple[float, float | None, str | None]] = deque()
+        self._wake = anyio.Event()
+        self._closed = False
+
+    def offer(self, progress: float, total: float | None, message: str | None) -> None:
+        if self._closed:
+            return
+        if message is not None and len(message) > PROGRESS_MESSAGE_CHARS:
+            message = message[:PROGRESS_MESSAGE_CHARS - 1] + "\u2026"
+        if len(self._waiting) >= PROGRESS_BACKLOG:
+            self._waiting[-1] = (progress, total, message)
+        else:
+            self._waiting.append((progress, total, message))
+        self._wake.set()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def close(self) -> None:
+        """Send what waits, then end ``run``."""
+        self._closed = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            while self._waiting:
+                try:
+                    await self._session.report_progress(*self._waiting.popleft())
+                except Exception:  # the client went away: the call goes on without its progress
+                    log.debug("serve-mcp: progress not delivered; no more is sent for this call", exc_info=True)
+                    self._waiting.clear()
+                    self._closed = True
+                    return
+            if self._closed:
+                return
+            await self._wake.wait()
+            self._wake = anyio.Event()
 
 
 def _number(value: Any) -> float | None:

@@ -22,6 +22,9 @@ _SERVER_NAME: Final = re.compile(r"^[A-Za-z0-9_\-]+$")
 DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 #: Most tools one server may list unless configured (each costs memory and time to mount).
 DEFAULT_MAX_TOOLS: Final = 1000
+#: Most content blocks one result may carry unless configured: each block costs about a
+#: kilobyte and tens of microseconds on the event loop to parse, check and redact.
+DEFAULT_MAX_CONTENT_BLOCKS: Final = 4096
 
 AbsolutePaths = Annotated[tuple[str, ...], Expect("a list of absolute paths",
                                                   lambda paths: all(p.startswith(("/", "~")) for p in paths))]
@@ -75,6 +78,7 @@ class ServerSettings:
     max_message_bytes: Annotated[int, Expect("an integer number of bytes, at least 1024",
                                              lambda n: n >= 1024)] = DEFAULT_MAX_MESSAGE_BYTES
     max_tools: Count = DEFAULT_MAX_TOOLS
+    max_content_blocks: Count = DEFAULT_MAX_CONTENT_BLOCKS
     on_unsupported_pattern: Refuse = "refuse"
     sandbox: Literal["off", "auto", "bubblewrap"] = "off"
     sandbox_read_paths: AbsolutePaths = ()

@@ -20,7 +20,11 @@ stream ends (the calls in flight fail) and the server tree is killed. The same
 happens to a server with more than ``MAX_UNANSWERED_REQUESTS`` requests of its
 own waiting for our answers (``StdioServer.flooded``). When the server exits, a
 child of its group still holding its stdout is killed after ``EXIT_GRACE_S``, so
-the stream ends and the calls in flight fail at once.
+the stream ends and the calls in flight fail at once. A response whose result carries more
+than ``max_content_blocks`` content blocks is answered, in its place, by a JSON-RPC error
+(``TOO_MANY_BLOCKS``) before the SDK validates it: validating 600,000 tiny blocks held the
+event loop for seconds and took a gigabyte. A byte count of ``"type"`` keys is the cheap test;
+only a message that passes it is parsed (stdlib ``json``) to count the blocks exactly.
 
 Limits: if the host process itself is SIGKILLed, nothing here runs; a server
 then sees EOF on stdin (well-behaved servers exit) but its children may stay.
@@ -30,6 +34,7 @@ What the process-tree kill does not cover is in :mod:`.processes`. POSIX only.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import signal
@@ -61,6 +66,11 @@ MAX_UNANSWERED_REQUESTS: Final = 64
 #: Bytes of a server's stderr kept for the message of a failed start (its last lines).
 STDERR_TAIL_BYTES: Final = 4096
 
+#: The code of the JSON-RPC error put in place of a result with too many content blocks (``data``
+#: names ``TOO_MANY_BLOCKS_MARK``; ``blocks``, ``limit``).
+TOO_MANY_BLOCKS: Final = -32099
+TOO_MANY_BLOCKS_MARK: Final = "amplifier-tools/too-many-content-blocks"
+
 ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
 WriteStream = MemoryObjectSendStream[SessionMessage]
 
@@ -71,6 +81,25 @@ def _parse(line: bytearray) -> SessionMessage | Exception:
         return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False))
     except ValueError as exc:  # the session surfaces it to its message handler
         return exc
+
+
+def _too_many_blocks(line: bytearray, limit: int) -> SessionMessage | None:
+    """An error response in place of ``line`` when it is a response whose ``result.content`` has
+    more than ``limit`` blocks, else None. Every block has a ``"type"`` key, so a line with no
+    more than ``limit`` of them passes without being parsed."""
+    if line.count(b'"type"') <= limit:
+        return None
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return None  # the SDK reports it
+    result = message.get("result") if isinstance(message, dict) else None
+    content = result.get("content") if isinstance(result, dict) else None
+    if not isinstance(content, list) or len(content) <= limit or "id" not in message:
+        return None
+    error = mcp_types.ErrorData(code=TOO_MANY_BLOCKS, message=f"{len(content)} content blocks",
+                                data={"reason": TOO_MANY_BLOCKS_MARK, "blocks": len(content), "limit": limit})
+    return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=message["id"], error=error))
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> bool:
@@ -247,6 +276,7 @@ async def stdio_process(
     cwd: str | None = None,
     stderr: StderrTail | None = None,
     max_message_bytes: int,
+    max_content_blocks: int | None = None,
     wrap: Callable[[Sequence[str]], list[str]] | None = None,
 ) -> AsyncIterator[StdioServer]:
     """Run ``command`` as an MCP stdio server; yield its ``StdioServer``.
@@ -288,7 +318,8 @@ async def stdio_process(
                         return
                     for line in splitter.feed(chunk):
                         if line and not line.isspace():
-                            message = _parse(line)
+                            refused = None if max_content_blocks is None else _too_many_blocks(line, max_content_blocks)
+                            message = refused or _parse(line)
                             inner = message.message if isinstance(message, SessionMessage) else None
                             if isinstance(inner, mcp_types.JSONRPCRequest):
                                 server.unanswered += 1

@@ -11,7 +11,8 @@ variables (all optional):
 ``HOSTILE_ESCAPE_FILE``  at start, runs ``setsid sleep 1000 &`` through ``sh`` (a grandchild in
                        another session and process group, orphaned at once) and writes its pid.
 
-Tools: ``big`` answers with one text block of ``bytes`` characters on a single line;
+Tools: ``big`` answers with one text block of ``bytes`` characters on a single line; ``blocks``
+answers with ``count`` empty text blocks;
 ``environ`` returns this process's environment as JSON; ``flood`` never reads again and sends
 ``ping`` requests without end; ``die_orphaned`` starts ``sleep <marker>`` (which inherits its
 stdout) and exits mid-call; ``malformed`` answers with a result
@@ -32,6 +33,8 @@ import time
 from typing import Any
 
 TOOLS: list[dict[str, Any]] = [
+    {"name": "blocks", "description": "Many tiny blocks.",
+     "inputSchema": {"type": "object", "properties": {"count": {"type": "integer"}}}},
     {"name": "big", "description": "One huge line.",
      "inputSchema": {"type": "object", "properties": {"bytes": {"type": "integer"}}}},
     {"name": "parent_environ", "description": "Read the parent's environment.",
@@ -61,6 +64,8 @@ def text(value: str) -> dict[str, Any]:
 def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     if name == "big":
         return text("x" * int(arguments.get("bytes", 0)))
+    if name == "blocks":
+        return {"content": [{"type": "text", "text": ""}] * int(arguments.get("count", 0)), "isError": False}
     if name == "parent_environ":
         try:
             with open(f"/proc/{os.getppid()}/environ", "rb") as f:
