@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -142,3 +143,41 @@ async def test_an_idempotency_claim_outlives_the_calls_queueing_and_run(tmp_path
         await asyncio.gather(blocker, first)
     assert tool.runs.count("K") == 1
     assert duplicate.success and duplicate.metadata.get("replayed")
+
+
+async def test_a_host_starting_while_another_process_sets_up_the_new_file_waits_for_it(tmp_path: Path) -> None:
+    """Found broken in CI: 4 hosts starting on one new store file, and 7 calls of one failed
+    closed with ``database is locked``. Switching to WAL while another process holds the new
+    (rollback-journal) file's write lock is refused at once, without SQLite's busy timeout;
+    the store now retries its setup within ``store_timeout_ms``."""
+    async with _host(tmp_path, Quick()) as host:
+        assert not (tmp_path / "state" / "policy.sqlite3").exists()  # the store opens it on first use
+        other = sqlite3.connect(tmp_path / "state" / "policy.sqlite3", isolation_level=None, check_same_thread=False)
+        os.chmod(tmp_path / "state" / "policy.sqlite3", 0o600)
+        other.execute("CREATE TABLE early (x)")  # another process creating the file, not yet in WAL mode
+        other.execute("BEGIN IMMEDIATE")  # and holding its write lock
+        release = threading.Timer(0.2, other.execute, ("COMMIT",))  # while the first call's setup backs off
+        release.start()
+        try:
+            result = await host.call("quick", {})
+        finally:
+            release.join()
+            other.close()
+    assert result.success, result.error
+    assert result.output == "done"
+
+
+async def test_a_new_file_locked_for_good_fails_the_call_closed_within_the_store_timeout(tmp_path: Path) -> None:
+    async with _host(tmp_path, Quick()) as host:
+        other = sqlite3.connect(tmp_path / "state" / "policy.sqlite3", isolation_level=None)
+        os.chmod(tmp_path / "state" / "policy.sqlite3", 0o600)
+        other.execute("CREATE TABLE early (x)")
+        other.execute("BEGIN IMMEDIATE")  # never released during the call
+        try:
+            started = time.monotonic()
+            result = await host.call("quick", {})
+            waited = time.monotonic() - started
+        finally:
+            other.close()
+    assert not result.success and result.error["code"] == "policy_store_unavailable"
+    assert 0.4 <= waited < 5  # store_timeout_ms = 500: retried that long, then closed

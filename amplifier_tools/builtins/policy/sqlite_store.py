@@ -36,10 +36,20 @@ CREATE TABLE IF NOT EXISTS records (key TEXT PRIMARY KEY, holder TEXT, digest TE
 CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires REAL NOT NULL);
 """
 SWEEP_EVERY: Final = 500
+SQLITE_BUSY: Final = 5  # result codes (sqlite3 names them only from Python 3.11)
+SQLITE_LOCKED: Final = 6
 #: With RETURNING (SQLite 3.35+) a rate-limit decision is one statement, its own transaction.
 ONE_STATEMENT: Final = sqlite3.sqlite_version_info >= (3, 35, 0)
 TAKE: Final = ("INSERT INTO counters VALUES (?, 1, ?) ON CONFLICT(key) DO UPDATE SET value = value + 1 "
                "WHERE value < ? RETURNING value")
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether ``exc`` is SQLite's "locked by another connection" (``SQLITE_BUSY``/``SQLITE_LOCKED``)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+; before, only the message tells
+    if code is not None:
+        return code & 0xFF in (SQLITE_BUSY, SQLITE_LOCKED)
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
 
 
 class SQLiteStore:
@@ -58,10 +68,33 @@ class SQLiteStore:
         directory = ensure_state_dir(Path(self.where).parent)
         os.close(open_host_file(directory / Path(self.where).name, os.O_RDWR | os.O_CREAT))
         db = sqlite3.connect(self.where, timeout=self.timeout, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power loss may lose the last decisions, never corrupt
-        db.executescript(SCHEMA)
+        try:
+            self._set_up(db)
+        except BaseException:
+            db.close()
+            raise
         return db
+
+    def _set_up(self, db: sqlite3.Connection) -> None:
+        """WAL mode and the tables, retried while another process sets up the same new file.
+
+        Switching a new file to WAL takes an exclusive lock, and a process that asks while
+        another holds it gets ``SQLITE_BUSY`` at once (SQLite's deadlock rule skips the busy
+        timeout there), so several processes starting on one new file would fail their first
+        calls closed. Retried with a short backoff for at most the store timeout."""
+        deadline = time.monotonic() + self.timeout
+        pause = 0.001
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power loss may lose the last decisions, never corrupt
+                db.executescript(SCHEMA)
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _run(self, work: Any, *args: Any, read_only: bool = False) -> Any:
         """Run ``work(db, now, *args)`` as one immediate transaction (a deferred one, which takes no
