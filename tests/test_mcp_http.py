@@ -503,6 +503,55 @@ async def test_a_call_in_flight_at_shutdown_still_gets_its_result_over_the_sdk_c
     assert [r["status"] for r in audit(tmp_path, "call")] == ["ok"]
 
 
+async def test_while_draining_a_new_session_gets_503_and_the_open_one_its_result(tmp_path: Path) -> None:
+    """Stopping with a call in flight: the server still listens (the open session's next request
+    must get through) but a client opening a new session is told 503, not served and not hung."""
+    from amplifier_tools import ToolResult, ToolSpec, hookimpl
+
+    running, release = asyncio.Event(), asyncio.Event()
+
+    class Slow:
+        name = "slow"
+        description = "Waits to be released."
+        spec = ToolSpec(name="slow", effect="Pure")
+
+        async def execute(self, input: dict[str, Any], context: Any) -> ToolResult:
+            running.set()
+            await release.wait()
+            return ToolResult(output="finished")
+
+    class Plugin:
+        @hookimpl
+        async def mount(self, coordinator: Any) -> None:
+            await coordinator.mount("tools", Slow())
+
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "late", "version": "1"}}}
+    headers = {"Authorization": f"Bearer {ALICE}", "Accept": "application/json, text/event-stream"}
+    cfg = config(tmp_path, tools=["slow"])
+    async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False, discover=False,
+                        plugins=[Plugin()]) as host:
+        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve_http(host, serve_settings(host), ready=url.set_result, stop=stop))
+        await asyncio.wait({url, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        async with session(url.result(), BOB) as bob, httpx2.AsyncClient() as late:
+            before = await late.post(url.result(), json=initialize, headers=headers, timeout=10)
+            assert before.status_code == 200  # the same request is served before the stop
+            call = asyncio.create_task(bob.call_tool("slow", {}))
+            await running.wait()
+            stop.set()
+            await asyncio.sleep(0.2)
+            refused = await late.post(url.result(), json=initialize, headers=headers, timeout=10)
+            assert refused.status_code == 503 and "shutting down" in refused.text
+            assert not task.done()  # still draining for bob
+            release.set()
+            result = await asyncio.wait_for(call, 30)
+        assert not result.is_error and result.content[0].text == "finished"  # type: ignore[union-attr]
+        await asyncio.wait_for(task, 30)
+    assert [r["status"] for r in audit(tmp_path, "call")] == ["ok"]
+
+
 async def test_a_client_calling_a_tool_outside_its_tools_is_an_audit_event_naming_it(tmp_path: Path) -> None:
     async with served(config(tmp_path)) as url, session(url, ALICE) as alice:
         for name in ("fs_list_dir", "no_such_tool", "x" * 500):
