@@ -442,15 +442,16 @@ def test_help_and_usage_errors_import_no_host_code(argv: list[str]) -> None:
 #: What ``list`` and ``describe`` must not import with no configuration: the pieces only a call,
 #: a configured feature or an installed plugin needs (docs/performance.md, "Command-line start-up").
 LAZY_MODULES = ("importlib.metadata", "amplifier_tools.mcp.settings", "amplifier_tools.builtins.bash.shellparse",
-                "tree_sitter", "tree_sitter_bash", "jsonschema", "tenacity", "orjson", "secrets", "tomllib")
+                "tree_sitter", "tree_sitter_bash", "jsonschema", "tenacity", "orjson", "secrets", "tomllib",
+                "cattrs", "amplifier_tools._converter")
 
 
 @pytest.mark.parametrize("argv", [["list"], ["describe", "local::bash"]])
 def test_list_and_describe_import_only_what_they_use(tmp_path: Path, argv: list[str]) -> None:
     """The start-up target (bench/bench_cli.py). ``importlib.metadata`` is imported only where an
-    installed distribution declares a plugin (then it must be, to load it); cattrs only by the
-    commands that print a contract or a result (``describe``), not by a host's start."""
-    lazy = (*LAZY_MODULES, "cattrs", "amplifier_tools._converter") if argv == ["list"] else LAZY_MODULES
+    installed distribution declares a plugin (then it must be, to load it); cattrs neither by a
+    host's start nor by ``describe``, which prints a contract with ``cli._plain``."""
+    lazy = LAZY_MODULES
     code = ("import runpy, sys\n"
             "before = set(sys.modules)\n"
             f"sys.argv = ['amplifier-tools', *{argv!r}]\n"
@@ -469,6 +470,42 @@ def test_list_and_describe_import_only_what_they_use(tmp_path: Path, argv: list[
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=work,
                          env={**cli_environ(work), "XDG_STATE_HOME": str(tmp_path / "state")})
     assert out.stdout.strip().splitlines()[-1:] == ["imported: []"], out.stdout + out.stderr
+
+
+def test_describe_prints_a_contract_as_the_converter_unstructures_it() -> None:
+    """``describe`` builds its data without cattrs (``cli._plain``): the same data as the converter's,
+    for the built-in tools and a contract with every part set; anything else goes to the converter."""
+    from amplifier_tools import ToolHost, ToolSpec
+    from amplifier_tools._converter import converter
+    from amplifier_tools.cli import _NotPlain, _plain, _spec_data
+
+    full = ToolSpec(
+        name="a::b", description="d", version="1.2.3-rc.1+x", title="t", owner="o", tags=["x", "y"],
+        input_schema={"type": "object", "enum": ("a", 1, 2.5, True, None), "nested": [{"k": ("v",)}]},
+        output_schema={"type": ["string", "null"]}, effect="Pure", idempotency_key="optional",
+        examples=[{"input": {"a": (1,)}, "output": ("o",), "error_code": "e", "description": "x",
+                   "files": {"f.txt": "text"}}],
+        policies={"timeout_ms": 5, "retry": {"max_attempts": 2}, "rate_limit": {"limit": 3},
+                  "concurrency": {"limit": 1}, "circuit_breaker": {"failure_rate": 0.5},
+                  "budgets": [{"per": "role", "max_calls": 3}]},
+        security={"required_scopes": ["s"], "secret_refs": ["k"], "redaction_rules": ["arguments/p"],
+                  "data_classification": "restricted"},
+        deprecation={"since": "1.0.0", "replacement": "c::d"}, annotations={"readOnlyHint": True, "k": (1,)},
+    )
+
+    async def builtin_specs() -> list[ToolSpec]:
+        async with ToolHost(discover=False, entry_points=False) as host:
+            return host.specs
+
+    import asyncio
+
+    specs = [*asyncio.run(builtin_specs()), full, ToolSpec(name="c::d")]
+    for spec in specs:
+        assert _plain(spec) == converter.unstructure(spec), spec.name
+    odd = ToolSpec(name="e::f", input_schema={"type": "object", "default": b"bytes"})
+    with pytest.raises(_NotPlain):
+        _plain(odd)
+    assert _spec_data(odd) == converter.unstructure(odd)
 
 
 @pytest.mark.parametrize(("toml", "hint"), [
