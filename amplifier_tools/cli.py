@@ -134,13 +134,16 @@ def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in ("transport", "host", "port") if getattr(args, name) is not None}
 
 
-def _host(args: argparse.Namespace) -> ToolHost:
+def _host(args: argparse.Namespace, *, runs_calls: bool = True) -> ToolHost:
     from .host import ToolHost
 
     host = ToolHost(config=args.config) if args.config else ToolHost()
-    # Every invocation is a new process: policy state (idempotency records, budgets, rate limits)
-    # must outlive it, so the policy plugin uses <state_dir>/policy.sqlite3 unless a store is configured.
-    host.capabilities.setdefault("policy.default_store", "sqlite")
+    if runs_calls:
+        # Every invocation is a new process: policy state (idempotency records, budgets, rate limits)
+        # must outlive it, so the policy plugin uses <state_dir>/policy.sqlite3 unless a store is
+        # configured. A command that runs no call (list, describe...) keeps the plugin's default: no
+        # policy decision is made, and opening the store (sqlite3's import, the file) is ≈ 5 % of its start.
+        host.capabilities.setdefault("policy.default_store", "sqlite")
     return host
 
 
@@ -218,7 +221,7 @@ def _table(rows: list[list[str]]) -> str:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    async with _host(args) as host:
+    async with _host(args, runs_calls=args.command == "call") as host:
         infos = {info.name: info for info in host.plugins}
         if args.command == "list":
             rows: list[dict[str, Any]] = []
@@ -394,7 +397,7 @@ def _print_output(result: ToolResult) -> None:
 
 
 async def _loaded_plugins(args: argparse.Namespace) -> list[PluginInfo]:
-    async with _host(args) as host:
+    async with _host(args, runs_calls=False) as host:
         return list(host.plugins)
 
 
