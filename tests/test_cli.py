@@ -475,6 +475,28 @@ def test_list_and_describe_import_only_what_they_use(tmp_path: Path, argv: list[
     assert out.stdout.strip().splitlines()[-2:] == ["imported: []", "settings resolved: []"], out.stdout + out.stderr
 
 
+def test_inspection_commands_run_as_a_program_leave_the_collector_off(tmp_path: Path) -> None:
+    """``main()`` as the console script calls it turns the cyclic collector off for an inspection
+    command and freezes the heap for the exit; ``main(argv)`` (a process that goes on) and a
+    command that runs tools leave it alone."""
+    code = ("import contextlib, gc, io, sys\n"
+            "from amplifier_tools.cli import main\n"
+            "def run(argv, as_program):\n"
+            "    sys.argv = ['amplifier-tools', *argv]\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        status = main() if as_program else main(argv)\n"
+            "    print(argv[0], as_program, status, gc.isenabled(), gc.get_freeze_count() > 0)\n"
+            "run(['list'], False)\n"
+            "run(['call', 'local::nosuch'], True)\n"
+            "run(['describe', 'local::bash'], True)\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=work,
+                         env={**cli_environ(work), "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert out.stdout.splitlines() == ["list False 0 True False", "call True 3 True False",
+                                       "describe True 0 False True"], out.stdout + out.stderr
+
+
 def test_describe_prints_a_contract_as_the_converter_unstructures_it() -> None:
     """``describe`` builds its data without cattrs (``cli._plain``): the same data as the converter's,
     for the built-in tools and a contract with every part set; anything else goes to the converter."""
