@@ -67,7 +67,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"error: {message}\nhint: see '{self.prog} --help'\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``only``, the top level and that one command: what parsing a
+    line that names it needs (``_command_named``), without the other dozen commands' parsers
+    (≈ 4 % of ``list``'s start-up, argparse's translations and formatters mostly)."""
     parser = _Parser(
         prog="amplifier-tools", description="Run AI agents' tool calls under a contract."
     )
@@ -76,49 +79,91 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log details; show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("list", help="mounted tools")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("plugins", help="loaded and failed plugins")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("describe", help="one tool's whole contract")
-    p.add_argument("tool")
-    p.add_argument("--json", action="store_true")
-    p = sub.add_parser("schema", help="tool definitions for a model API")
-    p.add_argument("--format", choices=FORMATS, default="openai")
-    p.add_argument("--json", action="store_true", help="the definitions are always JSON; accepted for uniformity")
-    p = sub.add_parser("validate", help="conformance check of a tool module, plugin or distribution")
-    p.add_argument("target", help="import path of a module, or an entry-point / distribution name")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--no-run", action="store_true", help="do not run the examples of Pure tools")
-    sub.add_parser("trust", help="accept the configuration as it is now (after reviewing a change)")
-    p = sub.add_parser("audit", help="verify, tail or summarize an audit log", add_help=False)
-    p.add_argument("audit_args", nargs=argparse.REMAINDER)
-    p = sub.add_parser("policy", help="the policy store's live state")
-    policy = p.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
-    status = policy.add_parser("status", help="live counters, leases, records of the configured store")
-    status.add_argument("--json", action="store_true")
-    p = sub.add_parser("call", help="run one call through the whole pipeline")
-    p.add_argument("tool")
-    p.add_argument("arguments", nargs="?", default="{}", help="JSON object, or - to read it from stdin")
-    p.add_argument("--principal")
-    p.add_argument("--role")
-    p.add_argument("--environment")
-    p.add_argument("--scope", action="append", default=[], help="grant a scope (repeatable)")
-    p.add_argument("--idempotency-key", help="replay the stored result of an earlier call with this key and "
-                                             "these arguments (kept in <state_dir>/policy.sqlite3 unless "
-                                             "[plugins.policy] store says otherwise)")
-    p.add_argument("--json", action="store_true", help="print the whole ToolResult as JSON")
-    p = sub.add_parser("mcp", help="imported MCP servers")
-    mcp = p.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND", required=True)
-    pin = mcp.add_parser("pin", help="write the current definition hashes of the configured servers into the "
-                                     "config's pins (their tools are not called)")
-    pin.add_argument("--print", action="store_true", dest="print_only",
-                     help="print the pins as TOML instead of writing them")
-    pin.add_argument("--server", action="append", default=[], help="only this server (repeatable)")
-    p = sub.add_parser("serve-mcp", help="serve tools to MCP clients (stdio, or Streamable HTTP with bearer tokens)")
-    p.add_argument("--working-dir", help="session working directory (default: current directory)")
-    add_serve_options(p)
+    if only in (None, "list"):
+        p = sub.add_parser("list", help="mounted tools")
+        p.add_argument("--json", action="store_true")
+    if only in (None, "plugins"):
+        p = sub.add_parser("plugins", help="loaded and failed plugins")
+        p.add_argument("--json", action="store_true")
+    if only in (None, "describe"):
+        p = sub.add_parser("describe", help="one tool's whole contract")
+        p.add_argument("tool")
+        p.add_argument("--json", action="store_true")
+    if only in (None, "schema"):
+        p = sub.add_parser("schema", help="tool definitions for a model API")
+        p.add_argument("--format", choices=FORMATS, default="openai")
+        p.add_argument("--json", action="store_true", help="the definitions are always JSON; accepted for uniformity")
+    if only in (None, "validate"):
+        p = sub.add_parser("validate", help="conformance check of a tool module, plugin or distribution")
+        p.add_argument("target", help="import path of a module, or an entry-point / distribution name")
+        p.add_argument("--json", action="store_true")
+        p.add_argument("--no-run", action="store_true", help="do not run the examples of Pure tools")
+    if only in (None, "trust"):
+        sub.add_parser("trust", help="accept the configuration as it is now (after reviewing a change)")
+    if only in (None, "audit"):
+        p = sub.add_parser("audit", help="verify, tail or summarize an audit log", add_help=False)
+        p.add_argument("audit_args", nargs=argparse.REMAINDER)
+    if only in (None, "policy"):
+        p = sub.add_parser("policy", help="the policy store's live state")
+        policy = p.add_subparsers(dest="policy_command", metavar="SUBCOMMAND", required=True)
+        status = policy.add_parser("status", help="live counters, leases, records of the configured store")
+        status.add_argument("--json", action="store_true")
+    if only in (None, "call"):
+        p = sub.add_parser("call", help="run one call through the whole pipeline")
+        p.add_argument("tool")
+        p.add_argument("arguments", nargs="?", default="{}", help="JSON object, or - to read it from stdin")
+        p.add_argument("--principal")
+        p.add_argument("--role")
+        p.add_argument("--environment")
+        p.add_argument("--scope", action="append", default=[], help="grant a scope (repeatable)")
+        p.add_argument("--idempotency-key", help="replay the stored result of an earlier call with this key and "
+                                                 "these arguments (kept in <state_dir>/policy.sqlite3 unless "
+                                                 "[plugins.policy] store says otherwise)")
+        p.add_argument("--json", action="store_true", help="print the whole ToolResult as JSON")
+    if only in (None, "mcp"):
+        p = sub.add_parser("mcp", help="imported MCP servers")
+        mcp = p.add_subparsers(dest="mcp_command", metavar="SUBCOMMAND", required=True)
+        pin = mcp.add_parser("pin", help="write the current definition hashes of the configured servers into the "
+                                         "config's pins (their tools are not called)")
+        pin.add_argument("--print", action="store_true", dest="print_only",
+                         help="print the pins as TOML instead of writing them")
+        pin.add_argument("--server", action="append", default=[], help="only this server (repeatable)")
+    if only in (None, "serve-mcp"):
+        p = sub.add_parser("serve-mcp",
+                           help="serve tools to MCP clients (stdio, or Streamable HTTP with bearer tokens)")
+        p.add_argument("--working-dir", help="session working directory (default: current directory)")
+        add_serve_options(p)
     return parser
+
+
+#: The commands, as ``_parser`` adds them.
+COMMANDS = ("list", "plugins", "describe", "schema", "validate", "trust", "audit", "policy", "call", "mcp",
+            "serve-mcp")
+_TOP_LONG_OPTIONS = ("--version", "--config", "--verbose", "--help")
+
+
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names, where that is certain before parsing: the first word after the
+    top-level options (``-v``, ``--version``, ``--verbose``, ``--config FILE``, ``--config=FILE``, or
+    an unambiguous abbreviation of these, as argparse takes them). None for anything else (help, an
+    unknown command or option, a missing value): then the whole parser is built and decides."""
+    words = iter(argv)
+    for word in words:
+        if word == "-v":
+            continue
+        if word.startswith("--") and len(word) > 2:
+            name, has_value, _ = word.partition("=")
+            matches = [option for option in _TOP_LONG_OPTIONS if option == name] or \
+                [option for option in _TOP_LONG_OPTIONS if option.startswith(name)]
+            if len(matches) != 1 or matches[0] == "--help" or (has_value and matches[0] != "--config"):
+                return None
+            if matches[0] == "--config" and not has_value:
+                value = next(words, None)
+                if value is None or value.startswith("-"):
+                    return None
+            continue
+        return word if word in COMMANDS else None
+    return None
 
 
 def add_serve_options(parser: argparse.ArgumentParser) -> None:
@@ -571,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit, ``atexit`` handlers run and the standard streams are flushed; only cyclic garbage left at
     exit is not collected (Python does not promise ``__del__`` for what still exists at exit either).
     Called with ``argv`` (in a process that goes on), the collector is left alone."""
-    parser = _parser()
+    parser = _parser(_command_named(sys.argv[1:] if argv is None else argv))
     # ``audit`` hands the rest of the line to its own parser; argparse's REMAINDER does not take
     # a leading option (``audit -h``), so those come back as extras and are passed on first.
     args, extras = parser.parse_known_args(argv)

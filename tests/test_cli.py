@@ -475,6 +475,37 @@ def test_list_and_describe_import_only_what_they_use(tmp_path: Path, argv: list[
     assert out.stdout.strip().splitlines()[-2:] == ["imported: []", "settings resolved: []"], out.stdout + out.stderr
 
 
+@pytest.mark.parametrize(("argv", "named"), [
+    (["list"], "list"), (["-v", "describe", "local::bash", "--json"], "describe"),
+    (["--config", "list", "describe", "x"], "describe"), (["--config=a.toml", "schema"], "schema"),
+    (["--conf", "a.toml", "--verb", "--vers", "plugins"], "plugins"), (["--c=a.toml", "call", "t", "{}"], "call"),
+    (["audit", "-h"], "audit"), (["policy", "status", "--json"], "policy"), (["mcp", "pin", "--print"], "mcp"),
+    (["serve-mcp", "--port", "0"], "serve-mcp"), (["validate", "x", "--no-run"], "validate"), (["trust"], "trust"),
+    (["list", "--bogus"], "list"),
+    ([], None), (["-h"], None), (["--he", "list"], None), (["--ver", "list"], None), (["-vv", "list"], None),
+    (["--config"], None), (["--config", "-v", "list"], None), (["--version=1", "list"], None),
+    (["lst"], None), (["--", "list"], None), (["-x", "list"], None),
+])
+def test_the_parser_for_one_command_parses_as_the_whole_one(argv: list[str], named: str | None) -> None:
+    """``main`` builds only the named command's parser when the line surely names it: the same
+    namespace as the whole parser's, and None wherever the whole parser must decide."""
+    from amplifier_tools.cli import _command_named, _parser
+
+    assert _command_named(argv) == named
+    if named is not None:
+        whole = _parser().parse_known_args(argv)
+        one = _parser(named).parse_known_args(argv)
+        assert (vars(one[0]), one[1]) == (vars(whole[0]), whole[1])
+
+
+def test_a_command_s_help_is_the_same_from_its_own_parser(tmp_path: Path) -> None:
+    """``describe --help`` from the parser of ``describe`` alone, and from the whole one (``-vv``
+    is not foreseen by ``_command_named``)."""
+    own, whole = (cli(tmp_path, *argv) for argv in (["describe", "--help"], ["-vv", "describe", "--help"]))
+    assert own.returncode == whole.returncode == 0
+    assert own.stdout.startswith("usage: amplifier-tools describe") and own.stdout == whole.stdout
+
+
 def test_inspection_commands_run_as_a_program_leave_the_collector_off(tmp_path: Path) -> None:
     """``main()`` as the console script calls it turns the cyclic collector off for an inspection
     command and freezes the heap for the exit; ``main(argv)`` (a process that goes on) and a
