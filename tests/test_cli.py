@@ -466,13 +466,15 @@ def test_list_and_describe_import_only_what_they_use(tmp_path: Path, argv: list[
             "installed.select(group='amplifier.modules') if not ep.value.startswith('amplifier_tools.'))]\n"
             "print('imported:', [m for m in imported if not (plugins and m.startswith('importlib.metadata'))])\n"
             # settings classes get their annotations resolved (typing at work) only to structure a table
-            "from amplifier_tools import plugin_settings\n"
-            "print('settings resolved:', sorted(cls.__name__ for cls in plugin_settings._SETTINGS))")
+            "from amplifier_tools import plugin_settings, redaction\n"
+            "print('settings resolved:', sorted(cls.__name__ for cls in plugin_settings._SETTINGS))\n"
+            "print('patterns compiled:', redaction._default_re.cache_info().currsize)")
     work = tmp_path / "work"
     work.mkdir()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=work,
                          env={**cli_environ(work), "XDG_STATE_HOME": str(tmp_path / "state")})
-    assert out.stdout.strip().splitlines()[-2:] == ["imported: []", "settings resolved: []"], out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-3:] == ["imported: []", "settings resolved: []", "patterns compiled: 0"], \
+        out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(("argv", "named"), [
