@@ -443,7 +443,8 @@ def test_help_and_usage_errors_import_no_host_code(argv: list[str]) -> None:
 #: a configured feature or an installed plugin needs (docs/performance.md, "Command-line start-up").
 LAZY_MODULES = ("importlib.metadata", "amplifier_tools.mcp.settings", "amplifier_tools.builtins.bash.shellparse",
                 "tree_sitter", "tree_sitter_bash", "jsonschema", "tenacity", "orjson", "secrets", "tomllib",
-                "cattrs", "amplifier_tools._converter", "sqlite3", "amplifier_tools.builtins.policy.sqlite_store")
+                "cattrs", "amplifier_tools._converter", "sqlite3", "amplifier_tools.builtins.policy.sqlite_store",
+                "difflib")
 
 
 @pytest.mark.parametrize("argv", [["list"], ["describe", "local::bash"]])
