@@ -70,7 +70,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; with ``only``, the top level and that one command: what parsing a
     line that names it needs (``_command_named``), without the other dozen commands' parsers
-    (≈ 4 % of ``list``'s start-up, argparse's translations and formatters mostly)."""
+    (≈ 2 % of ``list``'s instructions, argparse's translations and formatters mostly)."""
     parser = _Parser(
         prog="amplifier-tools", description="Run AI agents' tool calls under a contract."
     )

@@ -215,8 +215,8 @@ class PluginManager(pluggy.PluginManager):
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> pluggy.HookimplOpts | None:
         """pluggy's, skipping at once the names a plugin object only inherits from ``object``
         (``__init__``, ``__repr__``...: slot wrappers, never hook implementations), about 25 of
-        the 30-odd names ``register`` asks about per plugin; pluggy's static lookup of each is
-        what registering the built-ins spent most of its time on."""
+        the 30-odd names ``register`` asks about per plugin; pluggy's static lookup of those was
+        ≈ 1.4 % of the instructions of ``amplifier-tools list``."""
         if name in _OBJECT_NAMES and not isinstance(plugin, type) and name not in _instance_names(plugin) \
                 and all(name not in vars(klass) for klass in type(plugin).__mro__[:-1]):
             return None
