@@ -12,7 +12,6 @@ The fifth category is serialized as ``"SystemError"``; its class is named
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Collection
 from typing import Any, ClassVar, Final
 
@@ -131,6 +130,8 @@ class ConfigError(ValueError):
 
 def did_you_mean(name: str, expected: Collection[str]) -> str | None:
     """``"did you mean 'x'?"`` for a misspelled ``name`` among ``expected`` names, else None."""
+    import difflib  # only where a name is wrong, not at every start
+
     close = difflib.get_close_matches(name, sorted(expected), n=1, cutoff=0.6)
     if not close:
         return None

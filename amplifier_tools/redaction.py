@@ -50,7 +50,14 @@ DEFAULT_PATTERNS: Final = (
     r"\bxox[abprs]-[A-Za-z0-9\-]{10,}",
     r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",
 )
-_DEFAULT_RE: Final = re.compile("|".join(f"(?:{p})" for p in DEFAULT_PATTERNS))
+
+
+@functools.cache
+def _default_re() -> re.Pattern[str]:
+    """The default patterns as one regex, compiled when first needed (≈ 1 ms: not at every start)."""
+    return re.compile("|".join(f"(?:{p})" for p in DEFAULT_PATTERNS))
+
+
 #: Every match of a default pattern contains one of these (compared lower-case):
 #: a cheap ``in`` test that lets text without any of them skip the regex.
 PATTERN_TRIGGERS: Final = ("-----begin", "bearer", "sk-", "pk-", "rk-", "akia", "gh", "xox", "://")
@@ -219,7 +226,7 @@ def redact_text(text: str, secrets: Collection[str] | SecretSet = (), *, pattern
     if matcher is not None and matcher.found_in(text):
         text = matcher.regex.sub(PLACEHOLDER, text)
     if patterns and _may_hold_pattern(text):
-        text = _DEFAULT_RE.sub(PLACEHOLDER, text)
+        text = _default_re().sub(PLACEHOLDER, text)
     return text
 
 
@@ -249,7 +256,7 @@ def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -
     if isinstance(value, str):
         if matcher is not None and matcher.found_in(value):
             value = matcher.regex.sub(PLACEHOLDER, value)
-        return _DEFAULT_RE.sub(PLACEHOLDER, value) if patterns and _may_hold_pattern(value) else value
+        return _default_re().sub(PLACEHOLDER, value) if patterns and _may_hold_pattern(value) else value
     if isinstance(value, Mapping):
         return {
             _redact_strings(key, matcher, patterns) if isinstance(key, str) else key:

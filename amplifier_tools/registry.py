@@ -8,7 +8,6 @@ then costs one dict lookup.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -187,6 +186,8 @@ class ToolRegistry:
     def suggest(self, name: str) -> list[str]:
         """Mounted names close to ``name``, for an "unknown tool" message."""
         names = dict.fromkeys([*self._tools, *self._by_model_name])
+        import difflib  # only for an unknown name, not at every start
+
         return difflib.get_close_matches(str(name), list(names), n=3)
 
     def unused_overrides(self) -> list[str]:

@@ -442,15 +442,17 @@ def test_help_and_usage_errors_import_no_host_code(argv: list[str]) -> None:
 #: What ``list`` and ``describe`` must not import with no configuration: the pieces only a call,
 #: a configured feature or an installed plugin needs (docs/performance.md, "Command-line start-up").
 LAZY_MODULES = ("importlib.metadata", "amplifier_tools.mcp.settings", "amplifier_tools.builtins.bash.shellparse",
-                "tree_sitter", "tree_sitter_bash", "jsonschema", "tenacity", "orjson", "secrets", "tomllib")
+                "tree_sitter", "tree_sitter_bash", "jsonschema", "tenacity", "orjson", "secrets", "tomllib",
+                "cattrs", "amplifier_tools._converter", "sqlite3", "amplifier_tools.builtins.policy.sqlite_store",
+                "difflib")
 
 
 @pytest.mark.parametrize("argv", [["list"], ["describe", "local::bash"]])
 def test_list_and_describe_import_only_what_they_use(tmp_path: Path, argv: list[str]) -> None:
     """The start-up target (bench/bench_cli.py). ``importlib.metadata`` is imported only where an
-    installed distribution declares a plugin (then it must be, to load it); cattrs only by the
-    commands that print a contract or a result (``describe``), not by a host's start."""
-    lazy = (*LAZY_MODULES, "cattrs", "amplifier_tools._converter") if argv == ["list"] else LAZY_MODULES
+    installed distribution declares a plugin (then it must be, to load it); cattrs neither by a
+    host's start nor by ``describe``, which prints a contract with ``cli._plain``."""
+    lazy = LAZY_MODULES
     code = ("import runpy, sys\n"
             "before = set(sys.modules)\n"
             f"sys.argv = ['amplifier-tools', *{argv!r}]\n"
@@ -463,12 +465,106 @@ def test_list_and_describe_import_only_what_they_use(tmp_path: Path, argv: list[
             "installed = md.entry_points()\n"
             "plugins = [*installed.select(group='amplifier_tools'), *(ep for ep in "
             "installed.select(group='amplifier.modules') if not ep.value.startswith('amplifier_tools.'))]\n"
-            "print('imported:', [m for m in imported if not (plugins and m.startswith('importlib.metadata'))])")
+            "print('imported:', [m for m in imported if not (plugins and m.startswith('importlib.metadata'))])\n"
+            # settings classes get their annotations resolved (typing at work) only to structure a table
+            "from amplifier_tools import plugin_settings, redaction\n"
+            "print('settings resolved:', sorted(cls.__name__ for cls in plugin_settings._SETTINGS))\n"
+            "print('patterns compiled:', redaction._default_re.cache_info().currsize)")
     work = tmp_path / "work"
     work.mkdir()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=work,
                          env={**cli_environ(work), "XDG_STATE_HOME": str(tmp_path / "state")})
-    assert out.stdout.strip().splitlines()[-1:] == ["imported: []"], out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-3:] == ["imported: []", "settings resolved: []", "patterns compiled: 0"], \
+        out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["list"], "list"), (["-v", "describe", "local::bash", "--json"], "describe"),
+    (["--config", "list", "describe", "x"], "describe"), (["--config=a.toml", "schema"], "schema"),
+    (["--conf", "a.toml", "--verb", "--vers", "plugins"], "plugins"), (["--c=a.toml", "call", "t", "{}"], "call"),
+    (["audit", "-h"], "audit"), (["policy", "status", "--json"], "policy"), (["mcp", "pin", "--print"], "mcp"),
+    (["serve-mcp", "--port", "0"], "serve-mcp"), (["validate", "x", "--no-run"], "validate"), (["trust"], "trust"),
+    (["list", "--bogus"], "list"),
+    ([], None), (["-h"], None), (["--he", "list"], None), (["--ver", "list"], None), (["-vv", "list"], None),
+    (["--config"], None), (["--config", "-v", "list"], None), (["--version=1", "list"], None),
+    (["lst"], None), (["--", "list"], None), (["-x", "list"], None),
+])
+def test_the_parser_for_one_command_parses_as_the_whole_one(argv: list[str], named: str | None) -> None:
+    """``main`` builds only the named command's parser when the line surely names it: the same
+    namespace as the whole parser's, and None wherever the whole parser must decide."""
+    from amplifier_tools.cli import _command_named, _parser
+
+    assert _command_named(argv) == named
+    if named is not None:
+        whole = _parser().parse_known_args(argv)
+        one = _parser(named).parse_known_args(argv)
+        assert (vars(one[0]), one[1]) == (vars(whole[0]), whole[1])
+
+
+def test_a_command_s_help_is_the_same_from_its_own_parser(tmp_path: Path) -> None:
+    """``describe --help`` from the parser of ``describe`` alone, and from the whole one (``-vv``
+    is not foreseen by ``_command_named``)."""
+    own, whole = (cli(tmp_path, *argv) for argv in (["describe", "--help"], ["-vv", "describe", "--help"]))
+    assert own.returncode == whole.returncode == 0
+    assert own.stdout.startswith("usage: amplifier-tools describe") and own.stdout == whole.stdout
+
+
+def test_inspection_commands_run_as_a_program_leave_the_collector_off(tmp_path: Path) -> None:
+    """``main()`` as the console script calls it turns the cyclic collector off for an inspection
+    command and freezes the heap for the exit; ``main(argv)`` (a process that goes on) and a
+    command that runs tools leave it alone."""
+    code = ("import contextlib, gc, io, sys\n"
+            "from amplifier_tools.cli import main\n"
+            "def run(argv, as_program):\n"
+            "    sys.argv = ['amplifier-tools', *argv]\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        status = main() if as_program else main(argv)\n"
+            "    print(argv[0], as_program, status, gc.isenabled(), gc.get_freeze_count() > 0)\n"
+            "run(['list'], False)\n"
+            "run(['call', 'local::nosuch'], True)\n"
+            "run(['describe', 'local::bash'], True)\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=work,
+                         env={**cli_environ(work), "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert out.stdout.splitlines() == ["list False 0 True False", "call True 3 True False",
+                                       "describe True 0 False True"], out.stdout + out.stderr
+
+
+def test_describe_prints_a_contract_as_the_converter_unstructures_it() -> None:
+    """``describe`` builds its data without cattrs (``cli._plain``): the same data as the converter's,
+    for the built-in tools and a contract with every part set; anything else goes to the converter."""
+    from amplifier_tools import ToolHost, ToolSpec
+    from amplifier_tools._converter import converter
+    from amplifier_tools.cli import _NotPlain, _plain, _spec_data
+
+    full = ToolSpec(
+        name="a::b", description="d", version="1.2.3-rc.1+x", title="t", owner="o", tags=["x", "y"],
+        input_schema={"type": "object", "enum": ("a", 1, 2.5, True, None), "nested": [{"k": ("v",)}]},
+        output_schema={"type": ["string", "null"]}, effect="Pure", idempotency_key="optional",
+        examples=[{"input": {"a": (1,)}, "output": ("o",), "error_code": "e", "description": "x",
+                   "files": {"f.txt": "text"}}],
+        policies={"timeout_ms": 5, "retry": {"max_attempts": 2}, "rate_limit": {"limit": 3},
+                  "concurrency": {"limit": 1}, "circuit_breaker": {"failure_rate": 0.5},
+                  "budgets": [{"per": "role", "max_calls": 3}]},
+        security={"required_scopes": ["s"], "secret_refs": ["k"], "redaction_rules": ["arguments/p"],
+                  "data_classification": "restricted"},
+        deprecation={"since": "1.0.0", "replacement": "c::d"}, annotations={"readOnlyHint": True, "k": (1,)},
+    )
+
+    async def builtin_specs() -> list[ToolSpec]:
+        async with ToolHost(discover=False, entry_points=False) as host:
+            return host.specs
+
+    import asyncio
+
+    specs = [*asyncio.run(builtin_specs()), full, ToolSpec(name="c::d")]
+    for spec in specs:
+        assert _plain(spec) == converter.unstructure(spec), spec.name
+    odd = ToolSpec(name="e::f", input_schema={"type": "object", "default": b"bytes"})
+    with pytest.raises(_NotPlain):
+        _plain(odd)
+    assert _spec_data(odd) == converter.unstructure(odd)
 
 
 @pytest.mark.parametrize(("toml", "hint"), [

@@ -454,3 +454,37 @@ async def test_trace_prints_each_hook_failure_once(
         await host.call("echo", {"path": "a"})
     err = capsys.readouterr().err
     assert err.count("plain-hook-failed") == 1 and err.count("coroutine-hook-failed") == 1, err
+
+
+def test_registration_finds_the_hooks_pluggy_finds() -> None:
+    """``dispatch.PluginManager`` skips the names a plugin only inherits from ``object`` before
+    pluggy's static lookup; for every name of every kind of plugin, the answer is pluggy's."""
+    import types
+
+    import pluggy
+
+    from amplifier_tools import hookspecs
+    from amplifier_tools.builtins import BUILTIN_PLUGINS
+    from amplifier_tools.dispatch import PluginManager
+    from amplifier_tools.loader import load_target
+
+    class Odd:
+        @hookimpl(specname="mount")
+        def __init_subclass__(cls) -> None: ...  # a dunder of object's, overridden and marked
+
+        @hookimpl
+        def tool_pre(self, call: Any) -> None: ...
+
+    odd = Odd()
+    odd.__dict__["__repr__"] = hookimpl(lambda: None)  # an instance attribute shadowing object's
+    module = types.ModuleType("plugin_module")
+    module.tool_pre = hookimpl(lambda call: None)  # type: ignore[attr-defined]
+    pm = PluginManager("amplifier_tools")
+    pm.add_hookspecs(hookspecs)
+    plugins = [load_target(path) for path in BUILTIN_PLUGINS.values()] + [odd, Odd, module, Recorder()]
+    for plugin in plugins:
+        for name in dir(plugin):
+            assert pm.parse_hookimpl_opts(plugin, name) == pluggy.PluginManager.parse_hookimpl_opts(
+                pm, plugin, name), (plugin, name)
+    assert pm.parse_hookimpl_opts(odd, "__init_subclass__") is not None
+    assert pm.parse_hookimpl_opts(odd, "__repr__") is not None
