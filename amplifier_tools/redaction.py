@@ -56,7 +56,8 @@ _DEFAULT_RE: Final = re.compile("|".join(f"(?:{p})" for p in DEFAULT_PATTERNS))
 PATTERN_TRIGGERS: Final = ("-----begin", "bearer", "sk-", "pk-", "rk-", "akia", "gh", "xox", "://")
 
 
-def _may_hold_pattern(text: str) -> bool:
+def may_hold_pattern(text: str) -> bool:
+    """Whether a default pattern could match somewhere in ``text`` (a cheap test before the regex)."""
     return any(map(text.lower().__contains__, PATTERN_TRIGGERS))
 
 
@@ -218,7 +219,7 @@ def redact_text(text: str, secrets: Collection[str] | SecretSet = (), *, pattern
     matcher = _matcher(secrets)
     if matcher is not None and matcher.found_in(text):
         text = matcher.regex.sub(PLACEHOLDER, text)
-    if patterns and _may_hold_pattern(text):
+    if patterns and may_hold_pattern(text):
         text = _DEFAULT_RE.sub(PLACEHOLDER, text)
     return text
 
@@ -249,7 +250,7 @@ def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -
     if isinstance(value, str):
         if matcher is not None and matcher.found_in(value):
             value = matcher.regex.sub(PLACEHOLDER, value)
-        return _DEFAULT_RE.sub(PLACEHOLDER, value) if patterns and _may_hold_pattern(value) else value
+        return _DEFAULT_RE.sub(PLACEHOLDER, value) if patterns and may_hold_pattern(value) else value
     if isinstance(value, Mapping):
         return {
             _redact_strings(key, matcher, patterns) if isinstance(key, str) else key:
@@ -307,7 +308,7 @@ def _may_match(value: Any, matcher: SecretMatcher | None, patterns: bool) -> boo
         return True
     if matcher is not None and ((matcher.walk_on_escape and "\\" in text) or matcher.found_in(text)):
         return True
-    return patterns and _may_hold_pattern(text)
+    return patterns and may_hold_pattern(text)
 
 
 def sanitize_message(text: str, secrets: Collection[str] | SecretSet = ()) -> str:
