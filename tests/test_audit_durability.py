@@ -489,3 +489,38 @@ async def test_a_change_between_two_records_of_one_burst_is_noticed(tmp_path: Pa
     records = [json.loads(line) for line in path.read_bytes().splitlines()]
     assert [r["kind"] for r in records] == ["tamper", "call"] and records[1]["tag"] == "c", records
     assert len([p for p in tmp_path.iterdir() if ".tampered-" in p.name]) == 1
+
+
+def test_a_loop_closed_before_its_release_ran_does_not_keep_the_lock(tmp_path: Path) -> None:
+    """The release is scheduled on the appending loop; if that loop ends first, the fsync thread's
+    next cycle releases the lock, and a later loop's records schedule their own release."""
+    import time
+
+    path = tmp_path / "shared.jsonl"
+    writer = writer_module.AuditWriter(path, fsync="never", fsync_interval_ms=20)
+
+    loop = asyncio.new_event_loop()
+
+    def burst_then_stop() -> None:
+        writer.append(b'{"kind":"call","tag":1}')
+        loop.stop()  # the release scheduled by the append never runs: the loop is closed below
+
+    try:
+        loop.call_soon(burst_then_stop)
+        loop.run_forever()
+        loop.close()
+        deadline = time.monotonic() + 5
+        while not _lock_is_free(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _lock_is_free(path)
+
+        async def burst_then_turn() -> bool:
+            writer.append(b'{"kind":"call","tag":2}')
+            await asyncio.sleep(0)
+            return _lock_is_free(path)
+
+        assert asyncio.run(burst_then_turn())
+    finally:
+        writer.close()
+    report = verify(path)
+    assert report.ok and report.records == 2, report

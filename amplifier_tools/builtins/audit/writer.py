@@ -741,8 +741,9 @@ class AuditWriter:
             finally:
                 os.close(old)
         with self._lock:
-            if self._flocked:  # the appending loop has been busy since: let other processes in
+            if self._flocked:  # the appending loop has been busy (or closed) since: let other processes in
                 self._unlock()
+            self._release_scheduled = False  # a loop closed before its release ran must not stop the next one's
             if error is None:
                 self.sync_error = None
                 self._synced = max(self._synced, target)
