@@ -112,6 +112,11 @@ else:  # pragma: no cover - exercised by the py310 tox env
             raise TimeoutError from None
 
 
+def _pending(impl: Impl, out: Any) -> bool:
+    """Whether what ``impl`` returned must still be awaited (an async implementation's coroutine)."""
+    return impl.is_async or (out is not None and inspect.isawaitable(out))
+
+
 @attrs.frozen(slots=True)
 class PluginSettings:
     """How the host treats one plugin's hook failures."""
@@ -351,7 +356,7 @@ class HookDispatcher:
         implementation never creates a coroutine of its own here.
         """
         out = self._start(impl, hook, kwargs)
-        if impl.is_async or (out is not None and inspect.isawaitable(out)):
+        if _pending(impl, out):
             out = await self._finish(impl, hook, out)
         return out
 
@@ -399,7 +404,10 @@ class HookDispatcher:
         kwargs = {"call": call, "spec": spec, "context": context}
         for impl in self.impls("tool_pre"):
             try:
-                out = await self._invoke(impl, "tool_pre", kwargs)
+                # ``_invoke`` inlined: a sync implementation (most) costs no coroutine per call.
+                out = self._start(impl, "tool_pre", kwargs)
+                if _pending(impl, out):
+                    out = await self._finish(impl, "tool_pre", out)
             except HookFailure as failure:
                 error = self._failed(failure, context)
                 if error is not None:
@@ -455,7 +463,9 @@ class HookDispatcher:
         failed_closed = False
         for impl in self.impls("tool_post"):
             try:
-                out = await self._invoke(impl, "tool_post", kwargs)
+                out = self._start(impl, "tool_post", kwargs)  # ``_invoke`` inlined, as in tool_pre
+                if _pending(impl, out):
+                    out = await self._finish(impl, "tool_post", out)
             except HookFailure as failure:
                 error = self._failed(failure, context)
                 if error is not None and not failed_closed:

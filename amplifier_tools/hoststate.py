@@ -173,6 +173,8 @@ class ProtectedPaths:
 
     def __init__(self) -> None:
         self._entries: list[ProtectedPath] = []
+        #: Every entry's path: a path that starts with none of them is covered by none (one C call).
+        self._starts: tuple[str, ...] = ()
 
     def add(self, path: str | os.PathLike[str], reason: str, *, key: str | None = None) -> None:
         """Protect ``path`` (resolved through existing symlinks in its parents) and what lies below it."""
@@ -182,10 +184,13 @@ class ProtectedPaths:
         for candidate, alias in ((resolved, False), (given, True)) if given != resolved else ((resolved, False),):
             if not any(entry.path == candidate for entry in self._entries):
                 self._entries.append(ProtectedPath(candidate, reason, key, alias))
+        self._starts = tuple(entry.path for entry in self._entries)
 
     def protects(self, path: str | os.PathLike[str]) -> ProtectedPath | None:
         """The entry that covers ``path`` (equal to it or an ancestor of it), or None."""
         candidate = os.fspath(path)
+        if not candidate.startswith(self._starts):  # the common answer, without a loop
+            return None
         for entry in self._entries:
             if candidate == entry.path or candidate.startswith(entry.path.rstrip(os.sep) + os.sep):
                 return entry

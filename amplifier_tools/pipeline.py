@@ -383,7 +383,10 @@ def _check_arguments(arguments: Any, mounted: MountedTool, plugin: str | None = 
 
 
 def _trail(ctx: ToolContext) -> list[Any]:
-    """The call's decision trail as JSON data (cattrs is imported by the first call, not by a host's start)."""
+    """The call's decision trail as JSON data (cattrs is imported by the first call that has a decision,
+    not by a host's start; an empty trail, the common case, needs no import statement per call)."""
+    if not ctx.trail:
+        return []
     from ._converter import converter
 
     return [converter.unstructure(decision) for decision in ctx.trail]

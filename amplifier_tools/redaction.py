@@ -63,7 +63,8 @@ def _default_re() -> re.Pattern[str]:
 PATTERN_TRIGGERS: Final = ("-----begin", "bearer", "sk-", "pk-", "rk-", "akia", "gh", "xox", "://")
 
 
-def _may_hold_pattern(text: str) -> bool:
+def may_hold_pattern(text: str) -> bool:
+    """Whether a default pattern could match somewhere in ``text`` (a cheap test before the regex)."""
     return any(map(text.lower().__contains__, PATTERN_TRIGGERS))
 
 
@@ -225,7 +226,7 @@ def redact_text(text: str, secrets: Collection[str] | SecretSet = (), *, pattern
     matcher = _matcher(secrets)
     if matcher is not None and matcher.found_in(text):
         text = matcher.regex.sub(PLACEHOLDER, text)
-    if patterns and _may_hold_pattern(text):
+    if patterns and may_hold_pattern(text):
         text = _default_re().sub(PLACEHOLDER, text)
     return text
 
@@ -256,7 +257,7 @@ def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -
     if isinstance(value, str):
         if matcher is not None and matcher.found_in(value):
             value = matcher.regex.sub(PLACEHOLDER, value)
-        return _default_re().sub(PLACEHOLDER, value) if patterns and _may_hold_pattern(value) else value
+        return _default_re().sub(PLACEHOLDER, value) if patterns and may_hold_pattern(value) else value
     if isinstance(value, Mapping):
         return {
             _redact_strings(key, matcher, patterns) if isinstance(key, str) else key:
@@ -314,7 +315,7 @@ def _may_match(value: Any, matcher: SecretMatcher | None, patterns: bool) -> boo
         return True
     if matcher is not None and ((matcher.walk_on_escape and "\\" in text) or matcher.found_in(text)):
         return True
-    return patterns and _may_hold_pattern(text)
+    return patterns and may_hold_pattern(text)
 
 
 def sanitize_message(text: str, secrets: Collection[str] | SecretSet = ()) -> str:

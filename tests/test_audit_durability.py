@@ -428,3 +428,99 @@ def test_two_writers_finding_one_tampered_log_at_once_start_one_fresh_segment(tm
         assert isinstance(checked, dict), checked
         previous = checked["hash"]
     assert sum(writer.tampered is not None for writer in writers) >= 1
+
+
+def _lock_is_free(path: Path) -> bool:
+    """Whether another open file description could take the log's ``flock`` right now."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # releases it if taken
+    return True
+
+
+async def test_the_flock_is_kept_for_one_turn_of_the_loop_then_released(tmp_path: Path) -> None:
+    """Records appended in one turn of the loop share one ``flock``; another process gets it as soon
+    as the loop runs its callbacks. Without a running loop it is released after each record."""
+    path = tmp_path / "shared.jsonl"
+    writer = writer_module.AuditWriter(path, fsync="never")
+    try:
+        for tag in range(3):
+            writer.append(b'{"kind":"call","tag":%d}' % tag)
+        assert not _lock_is_free(path)  # kept across the burst
+        await asyncio.sleep(0)
+        assert _lock_is_free(path)
+        await asyncio.to_thread(writer.append, b'{"kind":"call","tag":"thread"}')  # no loop there
+        assert _lock_is_free(path)
+    finally:
+        writer.close()
+    report = verify(path)
+    assert report.ok and report.records == 4, report
+
+
+@pytest.mark.parametrize("how", ["truncated", "replaced", "appended"])
+async def test_a_change_between_two_records_of_one_burst_is_noticed(tmp_path: Path, how: str) -> None:
+    """While the lock is kept across a burst, the file is still checked before every record: a process
+    that ignores the lock truncating or replacing the log between two of our records is tampering
+    (the untrusted file set aside, a fresh segment whose tamper record says so); unchained bytes
+    appended meanwhile are too."""
+    path = tmp_path / "shared.jsonl"
+    writer = writer_module.AuditWriter(path, fsync="never")
+    try:
+        writer.append(b'{"kind":"call","tag":"a"}')
+        writer.append(b'{"kind":"call","tag":"b"}')
+        if how == "truncated":
+            os.truncate(path, path.stat().st_size // 2)
+        elif how == "replaced":
+            (tmp_path / "other.jsonl").write_bytes(b'{"kind":"call","forged":true}\n')  # (empty: a rotation)
+            os.replace(tmp_path / "other.jsonl", path)
+        else:
+            with open(path, "ab") as out:
+                out.write(b'{"kind":"call","forged":true}\n')
+        writer.append(b'{"kind":"call","tag":"c"}')  # the same turn of the loop: the lock was kept
+        assert writer.tampered is not None
+    finally:
+        writer.close()
+    records = [json.loads(line) for line in path.read_bytes().splitlines()]
+    assert [r["kind"] for r in records] == ["tamper", "call"] and records[1]["tag"] == "c", records
+    assert len([p for p in tmp_path.iterdir() if ".tampered-" in p.name]) == 1
+
+
+def test_a_loop_closed_before_its_release_ran_does_not_keep_the_lock(tmp_path: Path) -> None:
+    """The release is scheduled on the appending loop; if that loop ends first, the fsync thread's
+    next cycle releases the lock, and a later loop's records schedule their own release."""
+    import time
+
+    path = tmp_path / "shared.jsonl"
+    writer = writer_module.AuditWriter(path, fsync="never", fsync_interval_ms=20)
+
+    loop = asyncio.new_event_loop()
+
+    def burst_then_stop() -> None:
+        writer.append(b'{"kind":"call","tag":1}')
+        loop.stop()  # the release scheduled by the append never runs: the loop is closed below
+
+    try:
+        loop.call_soon(burst_then_stop)
+        loop.run_forever()
+        loop.close()
+        deadline = time.monotonic() + 5
+        while not _lock_is_free(path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _lock_is_free(path)
+
+        async def burst_then_turn() -> bool:
+            writer.append(b'{"kind":"call","tag":2}')
+            await asyncio.sleep(0)
+            return _lock_is_free(path)
+
+        assert asyncio.run(burst_then_turn())
+    finally:
+        writer.close()
+    report = verify(path)
+    assert report.ok and report.records == 2, report

@@ -36,7 +36,7 @@ from ...content import summary as content_summary
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
 from ...plugin_settings import structure_settings
-from ...redaction import SecretSet, redact
+from ...redaction import SecretSet, may_hold_pattern, redact
 from ...spec import ToolSpec
 from .chain import anchor_path, encode_body, log_location
 from .settings import AuditSettings
@@ -99,6 +99,50 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     if altered:
         record["altered"] = altered
     return record
+
+
+def record_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
+                original: Any, settings: AuditSettings, secrets: SecretSet) -> bytes:
+    """The encoded record of one call: the bytes of ``encode_record(build_record(...))``, for less.
+
+    The common record — no redaction rules, no rich content, no value JSON cannot say, nothing
+    to redact — is assembled from the unredacted parts and encoded once; then the record's text
+    (and the output's, when the record does not hold it: its hash does) is searched as
+    ``redact``'s pre-scan searches the parts' text. That is sound for the same reason: every
+    string the caller, the tool or a plugin put in the record appears in that text JSON-escaped,
+    as the search's needles are spelled. A hit anywhere (the host's own fields included) or
+    anything else unusual takes ``build_record``, which redacts and escapes. Tested against it:
+    ``tests/test_audit_record_fastpath.py``.
+    """
+    _register_secrets(spec, context, secrets)
+    if (spec is not None and spec.security.redaction_rules) or blocks_of(result.metadata):
+        return _slow_body(call, spec, result, context, original, settings, secrets)
+    try:
+        output_bytes = dumps(result.output) if result.output is not None else b""
+        if _may_hold_nonfinite(output_bytes) or _may_hold_nonfinite(dumps(call.arguments)):
+            return _slow_body(call, spec, result, context, original, settings, secrets)
+        raw = _raw_parts(call, spec, result, context, original, result.error or {})
+        record = _assemble(raw, spec, result, context, output_bytes, timestamp())
+        if settings.record_output:
+            record["output"] = raw["output"]
+        body = encode_body(record)
+    except Exception:  # not encodable as it is: escaped or summarized by build_record
+        return _slow_body(call, spec, result, context, original, settings, secrets)
+    matcher = secrets.matcher
+    patterns = settings.redact_patterns
+    if matcher is not None or patterns:
+        text = body.decode("utf-8")
+        if output_bytes and not settings.record_output:
+            text += output_bytes.decode("utf-8")
+        if (matcher is not None and ((matcher.walk_on_escape and "\\" in text) or matcher.found_in(text))) \
+                or (patterns and may_hold_pattern(text)):
+            return _slow_body(call, spec, result, context, original, settings, secrets)
+    return body
+
+
+def _slow_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
+               original: Any, settings: AuditSettings, secrets: SecretSet) -> bytes:
+    return encode_record(build_record(call, spec, result, context, original, settings, secrets))
 
 
 def _raw_parts(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext, original: Any,
@@ -343,7 +387,7 @@ class AuditPlugin:
             return None
         # Encoded here, on the caller's side: the record is a snapshot even if the caller
         # later mutates its arguments or the tool's output.
-        body = encode_record(build_record(call, spec, result, context, original, self.settings, self.secrets))
+        body = record_body(call, spec, result, context, original, self.settings, self.secrets)
         try:
             seq = writer.append(body)
         except AuditWriteError as exc:

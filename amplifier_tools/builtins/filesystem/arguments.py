@@ -63,6 +63,12 @@ def _is_path_name(name: str) -> bool:
     return any(word.lower() in PATH_WORDS for word in _WORDS.findall(name))
 
 
+@functools.lru_cache(maxsize=4096)
+def _top_pointer(name: str) -> str:
+    """The JSON pointer of a top-level property (``json_pointer((name,))``), computed once per name."""
+    return json_pointer((name,))
+
+
 def _locations(schema: Any, prefix: Location, depth: int) -> Iterator[Location]:
     """Locations the schema marks as paths by ``format`` or by a property's name."""
     if depth > MAX_DEPTH or not isinstance(schema, Mapping):
@@ -111,15 +117,23 @@ def _at(data: Any, location: Location, keys: tuple[str | int, ...], found: dict[
         _at(data[head], rest, (*keys, head), found)
 
 
+#: Argument values that hold no path and are no container (skip the ``Mapping`` ABC check).
+_SCALARS: Final = (int, float, type(None))
+
+
 def _named(data: Any, keys: tuple[str | int, ...], path_name: bool, depth: int, found: dict[str, str]) -> None:
     """Add the strings under a path-like key in the call's own arguments (schemas may not declare them)."""
     if isinstance(data, str):
         if path_name:
             found.setdefault(json_pointer(keys), data)
     elif depth < MAX_DEPTH:
-        if isinstance(data, Mapping):
+        if isinstance(data, (dict, Mapping)):  # a dict is found before the ABC's slower check
             for key, value in data.items():
-                if isinstance(value, (str, Mapping, list)):
+                if isinstance(value, str):  # the common case, without a call per value
+                    name = str(key)
+                    if _is_path_name(name):
+                        found.setdefault(json_pointer((*keys, name)) if keys else _top_pointer(name), value)
+                elif not isinstance(value, _SCALARS) and isinstance(value, (dict, list, Mapping)):
                     name = str(key)
                     _named(value, (*keys, name), _is_path_name(name), depth + 1, found)
         elif isinstance(data, list):
@@ -134,7 +148,14 @@ def path_arguments(tool: str, schema: Any, arguments: Any) -> list[PathArgument]
             else None
         return [PathArgument("/path", value, tool in WALK_TOOLS)]
     found: dict[str, str] = {}
+    mapping = isinstance(arguments, (dict, Mapping))
     for location in schema_locations(tool, schema):
-        _at(arguments, location, (), found)
+        head = location[0]
+        if mapping and len(location) == 1 and head is not None:  # a top-level property: one lookup
+            value = arguments.get(head)
+            if isinstance(value, str):
+                found.setdefault(_top_pointer(head), value)
+        else:
+            _at(arguments, location, (), found)
     _named(arguments, (), False, 0, found)
     return [PathArgument(pointer, value, True) for pointer, value in found.items()]

@@ -108,6 +108,11 @@ class PathRules:
 
     def normalize(self, path: str) -> str:
         """The absolute, lexically normalized form of ``path`` (``~``, relative, ``..``); checks NUL and length."""
+        return os.path.normpath(self._joined(path))
+
+    def _joined(self, path: str) -> str:
+        """``path`` made absolute (``~``, relative to the working directory), not normalized; checks NUL
+        and length."""
         if not isinstance(path, str) or path == "":
             raise ContractError("path must be a non-empty string", code="invalid_path", pointer="/path")
         if "\x00" in path:
@@ -115,7 +120,7 @@ class PathRules:
         if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
             raise ContractError(f"path is longer than {MAX_PATH_BYTES} bytes", code="invalid_path",
                                 pointer="/path")
-        return os.path.normpath(os.path.join(self.working_dir, os.path.expanduser(path)))
+        return os.path.join(self.working_dir, os.path.expanduser(path))
 
     _inside = staticmethod(components_below)
 
@@ -174,9 +179,9 @@ class PathRules:
         refused: ``ContractError`` ``unresolvable_path``, as are loops. Reads only metadata
         (``lstat``, ``readlink``), never contents.
         """
-        normalized = self.normalize(path)
+        joined = self._joined(path)
+        normalized = os.path.normpath(joined)
         lexical = self._followed(normalized, path)
-        joined = os.path.join(self.working_dir, os.path.expanduser(path))
         if joined == normalized:  # no ".", ".." or "//": one spelling
             return (lexical,)
         physical = self._followed(joined, path)

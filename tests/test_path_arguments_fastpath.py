@@ -1,0 +1,92 @@
+"""The fast paths of issue #16 give the answers of the plain walks they replace: which arguments are
+paths (``filesystem.arguments.path_arguments``: top-level properties looked up, scalars skipped
+without the ``Mapping`` check) and which protected entry covers a path (``ProtectedPaths.protects``:
+one ``startswith`` over every entry first)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from amplifier_tools._json import json_pointer
+from amplifier_tools.builtins.filesystem import arguments
+from amplifier_tools.hoststate import ProtectedPaths
+
+
+class Frozen(Mapping[str, Any]):
+    """A mapping that is no dict: the ``Mapping`` branch must still see it."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def reference_named(data: Any, keys: tuple[Any, ...], path_name: bool, depth: int, found: dict[str, str]) -> None:
+    """``_named`` as it was: every value through one recursive call."""
+    if isinstance(data, str):
+        if path_name:
+            found.setdefault(json_pointer(keys), data)
+    elif depth < arguments.MAX_DEPTH:
+        if isinstance(data, Mapping):
+            for key, value in data.items():
+                if isinstance(value, (str, Mapping, list)):
+                    name = str(key)
+                    reference_named(value, (*keys, name), arguments._is_path_name(name), depth + 1, found)
+        elif isinstance(data, list):
+            for index, item in enumerate(data):
+                reference_named(item, (*keys, index), path_name, depth + 1, found)
+
+
+def reference(tool: str, schema: Any, args: Any) -> list[tuple[str, Any, bool]]:
+    found: dict[str, str] = {}
+    for location in arguments.schema_locations(tool, schema):
+        arguments._at(args, location, (), found)
+    reference_named(args, (), False, 0, found)
+    return [(pointer, value, True) for pointer, value in found.items()]
+
+
+SCHEMA = {"type": "object", "properties": {
+    "path": {"type": "string"}, "limit": {"type": "integer"}, "query": {"type": "string", "format": "path"},
+    "files": {"type": "array", "items": {"type": "string"}},
+    "options": {"type": "object", "properties": {"cwd": {"type": "string"}, "n": {"type": "integer"}}}}}
+
+KEYS = st.sampled_from(["path", "limit", "query", "files", "options", "cwd", "n", "targetFile", "text", "a/b~c",
+                        "output_dir", "src"])
+LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8))
+VALUES = st.recursive(LEAVES, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(KEYS, inner, max_size=4),
+    st.dictionaries(KEYS, inner, max_size=3).map(Frozen)), max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.dictionaries(KEYS, VALUES, max_size=6), st.dictionaries(KEYS, VALUES, max_size=4).map(Frozen),
+                 VALUES))
+def test_path_arguments_match_the_plain_walk(args: Any) -> None:
+    got = [(a.pointer, a.value, a.walk) for a in arguments.path_arguments("third::tool", SCHEMA, args)]
+    assert got == reference("third::tool", SCHEMA, args)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["/", "/srv/app", "/srv/app/", "/srv/app/config.toml", "/home/u/.state", "/srv"]),
+                max_size=4),
+       st.sampled_from(["/", "/srv", "/srv/app", "/srv/apple", "/srv/app/x", "/srv/app/config.toml.bak",
+                        "/home/u/.state/audit.jsonl", "/home/u", "/etc/passwd", "relative"]))
+def test_protects_matches_the_plain_loop(entries: list[str], path: str) -> None:
+    protected = ProtectedPaths()
+    for entry in entries:
+        protected.add(entry, "test")
+    expected = next((e for e in protected if path == e.path or path.startswith(e.path.rstrip(os.sep) + os.sep)),
+                    None)
+    assert protected.protects(path) == expected
