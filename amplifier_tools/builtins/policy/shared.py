@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import socket
-import sys
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -78,34 +77,24 @@ class SharedPolicy:
         self.store = store
         self.unavailable = unavailable
         self.timeout = timeout
-        self.bounded_by_store = store.kind == "sqlite"  # SQLite's busy timeout bounds its own waits
 
-    async def _op(self, work: Awaitable[T], spec: ToolSpec, context: ToolContext, started: float) -> T:
-        """One store operation, bounded by the store timeout and the call's wait bound."""
+    def _op(self, work: Awaitable[T], spec: ToolSpec, context: ToolContext, started: float) -> Awaitable[T]:
+        """One store operation (``work``, a store method's coroutine, not started yet), bounded by
+        the store timeout and the call's wait bound; await the result at once. The store bounds
+        its own operations (SQLite: its busy timeout, set only when the bound changes; Redis: a
+        deadline per command on one shared timer) and is told the bound here, right before
+        ``work`` starts and reads it. A plain function, not a coroutine: one frame less between
+        a decision and the store's socket."""
         left = self.plugin._time_left(spec, context, started)
-        if self.bounded_by_store:  # SQLite: its busy timeout bounds a wait for another process's lock
-            if left is None or left >= self.timeout:
-                return await work
-            self.store.limit_wait(max(left, 0.001))
-            try:
-                return await work
-            finally:
-                self.store.limit_wait(self.timeout)
-        bound = self.timeout if left is None else max(min(self.timeout, left), 0.001)
-        try:
-            if sys.version_info >= (3, 11):  # no task per operation
-                async with asyncio.timeout(bound):
-                    return await work
-            return await asyncio.wait_for(work, bound)
-        except asyncio.TimeoutError:
-            raise StoreUnavailable(f"{self.store.kind} store {self.store.where} did not answer within "
-                                   f"{bound:.3g} s") from None
+        self.store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
+        return work
 
     async def _quietly(self, work: Awaitable[Any]) -> None:
-        """A release: bounded, and on failure logged and left to the key's expiry."""
+        """A release: bounded by the store timeout, and on failure logged and left to the key's expiry."""
+        self.store.limit_wait(self.timeout)
         try:
-            await (work if self.bounded_by_store else asyncio.wait_for(work, self.timeout))
-        except (StoreUnavailable, asyncio.TimeoutError, OSError) as exc:
+            await work
+        except (StoreUnavailable, OSError) as exc:
             log.warning("policy store: a release failed (%s); the key's expiry reclaims it", exc)
 
     # -- admission -----------------------------------------------------------------------
@@ -317,10 +306,11 @@ class SharedPolicy:
         while True:
             await asyncio.sleep(ttl / 3)
             try:
-                if not await asyncio.wait_for(self.store.renew(key, holder, ttl), self.timeout):
+                self.store.limit_wait(self.timeout)
+                if not await self.store.renew(key, holder, ttl):
                     log.warning("policy store: the lease %s of %s had expired before renewal", holder, key)
                     return
-            except (StoreUnavailable, asyncio.TimeoutError, OSError) as exc:
+            except (StoreUnavailable, OSError) as exc:
                 log.warning("policy store: renewing a lease of %s failed (%s)", key, exc)
 
     # -- release -------------------------------------------------------------------------------
