@@ -21,7 +21,7 @@ import pytest
 from helpers import ToolsPlugin
 from redis_server import RedisServer
 
-from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools import ToolCall, ToolContext, ToolHost, ToolResult, ToolSpec
 
 
 class Quick:
@@ -172,3 +172,28 @@ async def test_a_cancelled_or_late_command_leaves_no_reply_for_the_next(redis_se
         assert [taken for taken, _, _ in counts] == [True] * 3
         rows = await store.status()
     assert [row["value"] for row in rows if row["key"].startswith("rate:probe@")] == [3.0]
+
+
+class Queued:
+    spec = ToolSpec(name="queued", description="queued", effect="Pure", policies={
+        "rate_limit": {"limit": 1, "interval_ms": 300, "queue": True}, "timeout_ms": 5000})
+    name, description = "queued", "queued"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="done")
+
+
+async def test_a_lone_sqlite_rate_limit_is_decided_inside_tool_pre(tmp_path: Path) -> None:
+    """No coroutine for the host to await: SQLite never suspends. A call that must wait for the
+    next window still takes the coroutine path, and waits."""
+    (tmp_path / "work").mkdir()
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": "sqlite"}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Quick(), Queued())], builtins=["policy"],
+                        entry_points=False, discover=False, working_dir=tmp_path / "work") as host:
+        plugin: Any = host.plugin_manager.get_plugin("policy")
+        quick = next(spec for spec in host.specs if spec.name == "quick")
+        assert plugin.tool_pre(ToolCall("c1", "quick", {}), quick, ToolContext()) is None
+        assert (await host.call("queued", {})).success
+        second = await host.call("queued", {})
+        assert second.success
+        assert any(step.get("action") == "waited" for step in second.metadata["trail"])

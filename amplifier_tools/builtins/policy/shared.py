@@ -34,6 +34,7 @@ from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker
+from .sqlite_store import SQLiteStore
 from .state import idempotency_slot
 from .store import SharedStore, StoreUnavailable
 
@@ -44,6 +45,7 @@ PLUGIN: Final = "policy"
 LEASE_GRACE: Final = 2.0  # seconds a lease outlives the longest attempt, for renewal and clock jitter
 LEASE_DEFAULT: Final = 30.0  # a lease's base when the tool has no timeout (renewed while it runs)
 POLL_FIRST, POLL_MAX = 0.005, 0.1
+QUEUE: Final = object()  # rate_limit_now: the call may wait for the next window
 log = logging.getLogger("amplifier_tools.policy")
 T = TypeVar("T")
 _holders = itertools.count(1)
@@ -77,6 +79,8 @@ class SharedPolicy:
         self.store = store
         self.unavailable = unavailable
         self.timeout = timeout
+        #: Its operations never suspend (SQLite), so a lone rate limit is decided in ``tool_pre``.
+        self.synchronous = isinstance(store, SQLiteStore)
 
     def _op(self, work: Awaitable[T], spec: ToolSpec, context: ToolContext, started: float) -> Awaitable[T]:
         """One store operation (``work``, a store method's coroutine, not started yet), bounded by
@@ -109,15 +113,8 @@ class SharedPolicy:
         except StoreUnavailable as exc:
             plugin._forget(context, held)
             self._background(self.give_back(shared))
-            if self.unavailable == "local":
-                log.warning("policy store unavailable (%s): deciding %s in this process", exc, spec.name)
-                context.record(PLUGIN, "tool_pre", "store_unavailable",
-                               f"policy store unavailable ({exc}): decided by this process's memory",
-                               store=self.store.kind)
-                out = plugin._local_pre(call, spec, context)
-                return await out if inspect.isawaitable(out) else out
-            return Deny(f"policy store unavailable: {exc}", code="policy_store_unavailable",
-                        details={"retryable": True, "store": self.store.kind})
+            out = self._unavailable(exc, call, spec, context)
+            return await out if inspect.isawaitable(out) else out
         except BaseException:
             plugin._forget(context, held)
             self._background(self.give_back(shared))
@@ -131,6 +128,38 @@ class SharedPolicy:
         if shared.lease is not None:
             shared.renewer = asyncio.get_running_loop().create_task(self._renew(*shared.lease))
         return None
+
+    def _unavailable(self, exc: StoreUnavailable, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
+        """The verdict when the store did not answer: fail closed, or decide in this process."""
+        if self.unavailable == "local":
+            log.warning("policy store unavailable (%s): deciding %s in this process", exc, spec.name)
+            context.record(PLUGIN, "tool_pre", "store_unavailable",
+                           f"policy store unavailable ({exc}): decided by this process's memory",
+                           store=self.store.kind)
+            return self.plugin._local_pre(call, spec, context)
+        return Deny(f"policy store unavailable: {exc}", code="policy_store_unavailable",
+                    details={"retryable": True, "store": self.store.kind})
+
+    def rate_limit_now(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
+        """A tool whose only stateful policy is a rate limit, on a store that never suspends
+        (SQLite): decided inside ``tool_pre``, without a coroutine for the host to await. None
+        (admitted: a spent token holds nothing to release), a verdict, or ``QUEUE`` when the call
+        may wait for the next window (the coroutine path, ``admit``, then decides it)."""
+        limit = spec.policies.rate_limit
+        assert limit is not None and isinstance(self.store, SQLiteStore)
+        interval = limit.interval_ms / 1000.0
+        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
+        left = self.plugin._time_left(spec, context, self.plugin.clock())
+        try:
+            self.store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
+            taken, _, retry_after = self.store.take_now(key, interval, limit.limit)
+        except StoreUnavailable as exc:
+            return self._unavailable(exc, call, spec, context)
+        if taken:
+            return None
+        verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
+                       f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
+        return QUEUE if self.plugin._may_queue(spec, verdict, left) else verdict
 
     def _background(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)

@@ -161,6 +161,10 @@ class SQLiteStore:
                    "expires = max(counters.expires, excluded.expires)", (key, amount, expires, now))
 
     async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+        return self.take_now(key, interval, limit)
+
+    def take_now(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+        """``take`` without a coroutine: the plugin decides a lone rate limit inside ``tool_pre``."""
         if ONE_STATEMENT:  # a window's key is never reused after it expires, so no expiry check is needed
             now = time.time()
             window = int(now // interval)
