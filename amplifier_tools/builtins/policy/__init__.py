@@ -41,7 +41,7 @@ from ..filesystem.paths import PathRules
 from .breaker import CircuitBreaker
 from .rules import CallPaths, Rule, matches, path_engine
 from .settings import PolicySettings
-from .shared import SharedHeld, SharedPolicy
+from .shared import QUEUE, SharedHeld, SharedPolicy
 from .state import MemoryState, PolicyState, idempotency_slot, monotonic
 from .store import open_store
 
@@ -226,6 +226,12 @@ class PolicyPlugin:
                 return denied
         if self.shared is not None:
             policies = spec.policies
+            if self.shared.synchronous and policies.rate_limit is not None and context.idempotency_key is None \
+                    and spec.idempotency_key is not IdempotencyKeyRequirement.required \
+                    and policies.circuit_breaker is None and not policies.budgets and policies.concurrency is None:
+                verdict = self.shared.rate_limit_now(call, spec, context)
+                if verdict is not QUEUE:
+                    return verdict
             if context.idempotency_key is not None or spec.idempotency_key is IdempotencyKeyRequirement.required \
                     or policies.circuit_breaker is not None or policies.budgets or policies.rate_limit is not None \
                     or policies.concurrency is not None:

@@ -21,11 +21,13 @@ forgets them (a few admitted calls counted twice at most, a lease freed early).
 from __future__ import annotations
 
 import json
+from collections.abc import Coroutine
 from typing import Any, Final
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, WatchError
 
+from .redis_link import Fallback, RedisLink, Script, evalsha, pack
 from .store import StoreUnavailable, Update
 
 NOW: Final = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
@@ -38,10 +40,12 @@ local v = redis.call('INCR', k)
 if v == 1 then redis.call('PEXPIRE', k, interval * 2) end
 if v > tonumber(ARGV[2]) then
   redis.call('DECR', k)
-  return {0, w, tostring((w + 1) * interval - now)}
+  return -1 - ((w + 1) * interval - now)
 end
-return {1, w, '0'}
+return w
 """
+#: ``TAKE`` answers one integer (the cheapest reply to read): the window (≥ 0) when a unit was
+#: taken, else -1 - the milliseconds until the next window.
 
 UNTAKE: Final = """
 if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECR', KEYS[1]) end
@@ -138,6 +142,10 @@ return 1
 """
 
 
+PING: Final = pack("PING")
+TAKES_PACKED: Final = 4096  # rate-limit commands kept packed (one per tool, or per tool and principal)
+
+
 def _ms(seconds: float) -> int:
     return max(int(seconds * 1000), 1)
 
@@ -152,23 +160,33 @@ class RedisStore:
         self.where = f"{scheme}://{rest.rpartition('@')[2]}"  # never show a password
         self.prefix = prefix
         # No socket_timeout: redis-py would then run every send in a task of its own (wait_for), and
-        # the plugin bounds every operation itself (store timeout, call deadline). A cancelled
-        # command makes redis-py drop its connection, so no late reply is read by the next one.
+        # every operation is bounded here (``RedisLink``: the store timeout, cut to the call's wait
+        # bound). A cancelled command makes redis-py drop its connection, so no late reply is read
+        # by the next one.
         self.client = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout,
                                               health_check_interval=30)
-        self._scripts = {name: self.client.register_script(text) for name, text in (
+        self.link = RedisLink(self.client, self.where, timeout)
+        self._takes: dict[tuple[str, float, int], tuple[bytes, Fallback]] = {}
+        self._scripts = {name: Script(text) for name, text in (
             ("take", TAKE), ("untake", UNTAKE), ("lease", LEASE), ("renew", RENEW), ("reserve", RESERVE),
             ("settle", SETTLE), ("claim", CLAIM), ("resolve", RESOLVE))}
 
-    async def _script(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return await self._scripts[name](keys=[self.prefix + key for key in keys], args=args)
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+    def _script(self, name: str, keys: list[str], args: list[Any]) -> Coroutine[Any, Any, Any]:
+        return self.link.script(self._scripts[name], [self.prefix + key for key in keys], args)
+
+    async def ping(self) -> None:
+        """One ``PING`` round trip on the store's own connections: the reference of the bench."""
+        await self.link.command(PING)
 
     async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
-        taken, window, retry_after = await self._script("take", [key], [_ms(interval), limit])
-        return bool(taken), int(window), float(retry_after) / 1000.0
+        command = self._takes.get((key, interval, limit))
+        if command is None:  # the same bytes for every call of a tool (and principal): packed once
+            if len(self._takes) >= TAKES_PACKED:
+                self._takes.clear()
+            command = self._takes[(key, interval, limit)] = evalsha(self._scripts["take"], [self.prefix + key],
+                                                                    [_ms(interval), limit])
+        out: int = await self.link.command(*command)
+        return (True, out, 0.0) if out >= 0 else (False, -1, (-1 - out) / 1000.0)
 
     async def untake(self, key: str, interval: float, window: int) -> None:
         await self._script("untake", [f"{key}@{window}"], [])
@@ -180,10 +198,7 @@ class RedisStore:
         return bool(await self._script("renew", [key], [holder, _ms(ttl)]))
 
     async def release(self, key: str, holder: str) -> None:
-        try:
-            await self.client.zrem(self.prefix + key, holder)
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+        await self.link.command(pack("ZREM", self.prefix + key, holder))
 
     async def reserve(self, key: str, interval: float, max_calls: int | None, max_seconds: float | None,
                       want: float | None, holder: str, ttl: float) -> tuple[str, int, float]:
@@ -204,13 +219,13 @@ class RedisStore:
         await self._script("resolve", [key], [holder, value or "", digest, _ms(ttl)])
 
     async def get(self, key: str) -> Any:
-        try:
-            raw = await self.client.get(self.prefix + key)
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+        raw = await self.link.command(pack("GET", self.prefix + key))
         return None if raw is None else json.loads(raw)
 
     async def update(self, key: str, step: Update, ttl: float) -> Any:
+        return await self.link.bounded(self._update(key, step, ttl))
+
+    async def _update(self, key: str, step: Update, ttl: float) -> Any:
         full = self.prefix + key
         try:
             async with self.client.pipeline(transaction=True) as pipe:
@@ -230,7 +245,8 @@ class RedisStore:
             raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
 
     def limit_wait(self, seconds: float) -> None:
-        """Nothing: the plugin bounds each Redis operation with a timer."""
+        """Bound the next operation (started right after, no await between) by ``seconds``."""
+        self.link.limit_wait(seconds)
 
     async def status(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
@@ -257,4 +273,5 @@ class RedisStore:
         return sorted(rows, key=lambda row: row["key"])
 
     async def close(self) -> None:
+        await self.link.close()
         await self.client.aclose()

@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import socket
-import sys
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -35,6 +34,7 @@ from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker
+from .sqlite_store import SQLiteStore
 from .state import idempotency_slot
 from .store import SharedStore, StoreUnavailable
 
@@ -45,6 +45,7 @@ PLUGIN: Final = "policy"
 LEASE_GRACE: Final = 2.0  # seconds a lease outlives the longest attempt, for renewal and clock jitter
 LEASE_DEFAULT: Final = 30.0  # a lease's base when the tool has no timeout (renewed while it runs)
 POLL_FIRST, POLL_MAX = 0.005, 0.1
+QUEUE: Final = object()  # rate_limit_now: the call may wait for the next window
 log = logging.getLogger("amplifier_tools.policy")
 T = TypeVar("T")
 _holders = itertools.count(1)
@@ -78,34 +79,26 @@ class SharedPolicy:
         self.store = store
         self.unavailable = unavailable
         self.timeout = timeout
-        self.bounded_by_store = store.kind == "sqlite"  # SQLite's busy timeout bounds its own waits
+        #: Its operations never suspend (SQLite), so a lone rate limit is decided in ``tool_pre``.
+        self.synchronous = isinstance(store, SQLiteStore)
 
-    async def _op(self, work: Awaitable[T], spec: ToolSpec, context: ToolContext, started: float) -> T:
-        """One store operation, bounded by the store timeout and the call's wait bound."""
+    def _op(self, work: Awaitable[T], spec: ToolSpec, context: ToolContext, started: float) -> Awaitable[T]:
+        """One store operation (``work``, a store method's coroutine, not started yet), bounded by
+        the store timeout and the call's wait bound; await the result at once. The store bounds
+        its own operations (SQLite: its busy timeout, set only when the bound changes; Redis: a
+        deadline per command on one shared timer) and is told the bound here, right before
+        ``work`` starts and reads it. A plain function, not a coroutine: one frame less between
+        a decision and the store's socket."""
         left = self.plugin._time_left(spec, context, started)
-        if self.bounded_by_store:  # SQLite: its busy timeout bounds a wait for another process's lock
-            if left is None or left >= self.timeout:
-                return await work
-            self.store.limit_wait(max(left, 0.001))
-            try:
-                return await work
-            finally:
-                self.store.limit_wait(self.timeout)
-        bound = self.timeout if left is None else max(min(self.timeout, left), 0.001)
-        try:
-            if sys.version_info >= (3, 11):  # no task per operation
-                async with asyncio.timeout(bound):
-                    return await work
-            return await asyncio.wait_for(work, bound)
-        except asyncio.TimeoutError:
-            raise StoreUnavailable(f"{self.store.kind} store {self.store.where} did not answer within "
-                                   f"{bound:.3g} s") from None
+        self.store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
+        return work
 
     async def _quietly(self, work: Awaitable[Any]) -> None:
-        """A release: bounded, and on failure logged and left to the key's expiry."""
+        """A release: bounded by the store timeout, and on failure logged and left to the key's expiry."""
+        self.store.limit_wait(self.timeout)
         try:
-            await (work if self.bounded_by_store else asyncio.wait_for(work, self.timeout))
-        except (StoreUnavailable, asyncio.TimeoutError, OSError) as exc:
+            await work
+        except (StoreUnavailable, OSError) as exc:
             log.warning("policy store: a release failed (%s); the key's expiry reclaims it", exc)
 
     # -- admission -----------------------------------------------------------------------
@@ -120,15 +113,8 @@ class SharedPolicy:
         except StoreUnavailable as exc:
             plugin._forget(context, held)
             self._background(self.give_back(shared))
-            if self.unavailable == "local":
-                log.warning("policy store unavailable (%s): deciding %s in this process", exc, spec.name)
-                context.record(PLUGIN, "tool_pre", "store_unavailable",
-                               f"policy store unavailable ({exc}): decided by this process's memory",
-                               store=self.store.kind)
-                out = plugin._local_pre(call, spec, context)
-                return await out if inspect.isawaitable(out) else out
-            return Deny(f"policy store unavailable: {exc}", code="policy_store_unavailable",
-                        details={"retryable": True, "store": self.store.kind})
+            out = self._unavailable(exc, call, spec, context)
+            return await out if inspect.isawaitable(out) else out
         except BaseException:
             plugin._forget(context, held)
             self._background(self.give_back(shared))
@@ -142,6 +128,38 @@ class SharedPolicy:
         if shared.lease is not None:
             shared.renewer = asyncio.get_running_loop().create_task(self._renew(*shared.lease))
         return None
+
+    def _unavailable(self, exc: StoreUnavailable, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
+        """The verdict when the store did not answer: fail closed, or decide in this process."""
+        if self.unavailable == "local":
+            log.warning("policy store unavailable (%s): deciding %s in this process", exc, spec.name)
+            context.record(PLUGIN, "tool_pre", "store_unavailable",
+                           f"policy store unavailable ({exc}): decided by this process's memory",
+                           store=self.store.kind)
+            return self.plugin._local_pre(call, spec, context)
+        return Deny(f"policy store unavailable: {exc}", code="policy_store_unavailable",
+                    details={"retryable": True, "store": self.store.kind})
+
+    def rate_limit_now(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
+        """A tool whose only stateful policy is a rate limit, on a store that never suspends
+        (SQLite): decided inside ``tool_pre``, without a coroutine for the host to await. None
+        (admitted: a spent token holds nothing to release), a verdict, or ``QUEUE`` when the call
+        may wait for the next window (the coroutine path, ``admit``, then decides it)."""
+        limit = spec.policies.rate_limit
+        assert limit is not None and isinstance(self.store, SQLiteStore)
+        interval = limit.interval_ms / 1000.0
+        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
+        left = self.plugin._time_left(spec, context, self.plugin.clock())
+        try:
+            self.store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
+            taken, _, retry_after = self.store.take_now(key, interval, limit.limit)
+        except StoreUnavailable as exc:
+            return self._unavailable(exc, call, spec, context)
+        if taken:
+            return None
+        verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
+                       f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
+        return QUEUE if self.plugin._may_queue(spec, verdict, left) else verdict
 
     def _background(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)
@@ -317,10 +335,11 @@ class SharedPolicy:
         while True:
             await asyncio.sleep(ttl / 3)
             try:
-                if not await asyncio.wait_for(self.store.renew(key, holder, ttl), self.timeout):
+                self.store.limit_wait(self.timeout)
+                if not await self.store.renew(key, holder, ttl):
                     log.warning("policy store: the lease %s of %s had expired before renewal", holder, key)
                     return
-            except (StoreUnavailable, asyncio.TimeoutError, OSError) as exc:
+            except (StoreUnavailable, OSError) as exc:
                 log.warning("policy store: renewing a lease of %s failed (%s)", key, exc)
 
     # -- release -------------------------------------------------------------------------------

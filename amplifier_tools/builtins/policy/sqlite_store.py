@@ -44,6 +44,10 @@ TAKE: Final = ("INSERT INTO counters VALUES (?, 1, ?) ON CONFLICT(key) DO UPDATE
                "WHERE value < ? RETURNING value")
 
 
+def _busy_ms(seconds: float) -> int:
+    return max(int(seconds * 1000), 1)
+
+
 def _busy(exc: sqlite3.OperationalError) -> bool:
     """Whether ``exc`` is SQLite's "locked by another connection" (``SQLITE_BUSY``/``SQLITE_LOCKED``)."""
     code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+; before, only the message tells
@@ -63,11 +67,13 @@ class SQLiteStore:
         self.timeout = timeout
         self._db: sqlite3.Connection | None = None
         self._ops = 0
+        self._busy_ms = _busy_ms(timeout)  # the connection's busy timeout (sqlite3.connect sets it)
 
     def _connect(self) -> sqlite3.Connection:
         directory = ensure_state_dir(Path(self.where).parent)
         os.close(open_host_file(directory / Path(self.where).name, os.O_RDWR | os.O_CREAT))
         db = sqlite3.connect(self.where, timeout=self.timeout, isolation_level=None, check_same_thread=False)
+        self._busy_ms = _busy_ms(self.timeout)
         try:
             self._set_up(db)
         except BaseException:
@@ -120,12 +126,18 @@ class SQLiteStore:
             raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
 
     def limit_wait(self, seconds: float) -> None:
-        """Wait at most ``seconds`` for another process's lock in the next statements (busy timeout)."""
+        """Wait at most ``seconds`` for another process's lock in the next statements (SQLite's busy
+        timeout, in whole milliseconds). The ``PRAGMA`` runs only when the value changes: a call
+        without a deadline shorter than the store timeout costs none; one with such a deadline one."""
+        ms = _busy_ms(seconds)
+        if ms == self._busy_ms:  # also when not connected yet: connecting sets the store timeout's
+            return
         try:
             db = self._db
             if db is None:
                 db = self._db = self._connect()
-            db.execute(f"PRAGMA busy_timeout = {max(int(seconds * 1000), 1)}")
+            db.execute(f"PRAGMA busy_timeout = {ms}")
+            self._busy_ms = ms
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
 
@@ -149,6 +161,10 @@ class SQLiteStore:
                    "expires = max(counters.expires, excluded.expires)", (key, amount, expires, now))
 
     async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+        return self.take_now(key, interval, limit)
+
+    def take_now(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+        """``take`` without a coroutine: the plugin decides a lone rate limit inside ``tool_pre``."""
         if ONE_STATEMENT:  # a window's key is never reused after it expires, so no expiry check is needed
             now = time.time()
             window = int(now // interval)
@@ -311,3 +327,4 @@ class SQLiteStore:
         if self._db is not None:
             self._db.close()
             self._db = None
+            self._busy_ms = _busy_ms(self.timeout)

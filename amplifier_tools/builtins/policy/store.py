@@ -45,7 +45,8 @@ class SharedStore(Protocol):
 
     async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
         """Take one unit of ``key``'s current window if fewer than ``limit`` are taken:
-        (taken, window, seconds until the next window)."""
+        (taken, window, seconds until the next window). The window is what ``untake`` needs; a
+        store may leave it out (-1) when nothing was taken."""
 
     async def untake(self, key: str, interval: float, window: int) -> None:
         """Give back one unit of ``key`` in ``window`` (a call that was not admitted after all)."""
@@ -80,8 +81,10 @@ class SharedStore(Protocol):
         """Atomically read, transform and write one record (breakers); ``step``'s result."""
 
     def limit_wait(self, seconds: float) -> None:
-        """Bound the store's own waits in the next operations (SQLite's busy timeout); Redis does
-        nothing here, its operations are bounded by the plugin's timer."""
+        """Bound the store's own waits from the next operation on by ``seconds``: SQLite's busy
+        timeout (kept until changed again), a Redis command's deadline (the next command only;
+        it is read as that command starts, so call this right before it, with no await between).
+        Every operation is bounded by the store timeout unless told less."""
 
     async def status(self) -> list[dict[str, Any]]:
         """Every live key under the prefix, with its value: ``{"key", "kind", "value", "expires_in"}``."""

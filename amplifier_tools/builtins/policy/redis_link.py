@@ -1,0 +1,196 @@
+"""The Redis store's own connections for single commands: one round trip each, little else.
+
+redis-py's ``Redis.execute_command`` costs about as much CPU as the loopback round trip itself
+(a pool lock, a health check and a ``can_read`` per borrowed connection, observability events,
+a retry wrapper, generic argument encoding). A decision needs none of it, so ``RedisLink`` keeps
+its own free list of redis-py ``Connection`` objects (made by the client's pool, so the URL's
+host, database, password, TLS or unix socket apply as before), packs the command itself and
+calls the connection's ``send_packed_command`` and ``read_response``.
+
+The guarantees are the client's:
+- **Bounded.** Each command is bounded by a deadline (the store timeout, cut to the call's wait
+  bound) through one shared ``Watchdog`` timer; a command past it is cancelled and raises
+  ``StoreUnavailable``. redis-py drops a connection whose command was interrupted, so no late
+  reply is ever read as the answer to the next command; only a connection whose reply was read
+  in full goes back to the free list.
+- **Reconnects.** A connection that failed is dropped; the next command makes a new one. A
+  command that fails with a connection error on a connection that had been idle in the list
+  (the server restarted meanwhile) is sent once more on a new connection, within the same
+  deadline, as redis-py's own retry does.
+- **Scripts.** ``EVALSHA``; a server that does not know the script (restarted, ``SCRIPT
+  FLUSH``) gets it once with ``EVAL`` on the same connection.
+
+Limits: no pipelining (one command per connection at a time; concurrent decisions use several
+connections, at most as many as are in flight at once); replies are redis-py's (bytes, not
+decoded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Coroutine
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from .store import StoreUnavailable
+from .watchdog import Watchdog
+
+
+def bulk(value: Any) -> bytes:
+    """One RESP bulk string: ``bytes`` as they are, ``str`` as UTF-8, numbers as redis-py writes them."""
+    data = value if isinstance(value, bytes) else (value if isinstance(value, str) else repr(value)).encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def pack(*parts: Any) -> bytes:
+    """A command as one RESP array of bulk strings."""
+    return b"*%d\r\n%s" % (len(parts), b"".join(map(bulk, parts)))
+
+
+class Script:
+    """A Lua script, sent by its SHA1 (``EVALSHA``); its text goes (``EVAL``) only to a server
+    that does not know it."""
+
+    __slots__ = ("sha", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = bulk(text)
+        self.sha = bulk(hashlib.sha1(text.encode()).hexdigest())
+
+
+Fallback = tuple[bytes, int, bytes, bytes]
+"""What ``EVAL`` needs: its format, the number of parts, the script's text and the rest, packed."""
+
+
+def evalsha(script: Script, keys: list[str], args: list[Any]) -> tuple[bytes, Fallback]:
+    """The packed ``EVALSHA`` of ``script`` with ``keys`` and ``args``, and its ``EVAL`` fallback."""
+    rest = b"".join(map(bulk, (len(keys), *keys, *args)))
+    count = 3 + len(keys) + len(args)
+    return (b"*%d\r\n$7\r\nEVALSHA\r\n%s%s" % (count, script.sha, rest),
+            (b"*%d\r\n$4\r\nEVAL\r\n%s%s", count, script.text, rest))
+
+
+class RedisLink:
+    """Single commands on connections of ``client``'s pool, each bounded by a deadline."""
+
+    def __init__(self, client: aioredis.Redis, where: str, timeout: float) -> None:
+        self.client = client
+        self.where = where
+        self.timeout = timeout
+        self._wait = timeout  # the bound of the next command, read as it starts
+        self._idle: list[Any] = []  # connected, nothing unread: ready for a command
+        self._all: set[Any] = set()
+        self._closing: set[asyncio.Task[Any]] = set()
+        self.watchdog = Watchdog()
+
+    def limit_wait(self, seconds: float) -> None:
+        """Bound the next command by ``seconds`` instead of the store timeout. It is read as that
+        command starts, so call it right before (no await in between); later ones are back to the
+        store timeout."""
+        self._wait = seconds
+
+    def script(self, script: Script, keys: list[str], args: list[Any]) -> Coroutine[Any, Any, Any]:
+        """``EVALSHA`` of ``script`` (``EVAL`` if the server lacks it): one round trip. (A plain
+        function returning the command's coroutine: every frame between a decision and its socket
+        is paid for twice per round trip, on the way out and on the way back.)"""
+        return self.command(*evalsha(script, keys, args))
+
+    async def command(self, packed: bytes, fallback: Fallback | None = None) -> Any:
+        """Send the packed command, return its reply (``fallback``: the ``EVAL`` to send instead
+        when the server answers ``NOSCRIPT``)."""
+        wait, self._wait = self._wait, self.timeout
+        task = asyncio.current_task()
+        assert task is not None
+        self.watchdog.enter(task, asyncio.get_running_loop().time() + wait)
+        expired = False
+        try:
+            try:
+                if not self._idle:
+                    return await self._on(self._new(), packed, fallback)
+                try:
+                    return await self._on(self._idle.pop(), packed, fallback)
+                except RedisConnectionError:
+                    # It idled through a server restart or a dropped link, and so did the others:
+                    # once more, on a new connection (redis-py's client retries likewise).
+                    for connection in self._idle:
+                        self._discard(connection)
+                    self._idle.clear()
+                    return await self._on(self._new(), packed, fallback)
+            finally:
+                expired = self.watchdog.leave(task)
+        except asyncio.CancelledError:
+            if expired:
+                raise StoreUnavailable(f"Redis store {self.where} did not answer within {wait:.3g} s") from None
+            raise
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+
+    async def _on(self, connection: Any, packed: bytes, fallback: Fallback | None) -> Any:
+        """One command on ``connection``, which goes back to the free list only once its reply
+        was read in full (an error reply included); on anything else it is dropped."""
+        try:
+            if not connection.is_connected:
+                await connection.connect()
+            await connection.send_packed_command(packed, check_health=False)
+            try:
+                reply = await connection.read_response()
+            except NoScriptError:
+                if fallback is None:
+                    raise
+                form, count, text, rest = fallback
+                await connection.send_packed_command(form % (count, text, rest), check_health=False)
+                reply = await connection.read_response()
+        except ResponseError:
+            self._idle.append(connection)
+            raise
+        except BaseException:
+            self._discard(connection)
+            raise
+        self._idle.append(connection)
+        return reply
+
+    def _new(self) -> Any:
+        connection = self.client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+        self._all.add(connection)
+        return connection
+
+    def _discard(self, connection: Any) -> None:
+        self._all.discard(connection)
+        if connection.is_connected:  # redis-py disconnects on the failures it sees; a backstop
+            closing = asyncio.get_running_loop().create_task(connection.disconnect(nowait=True))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    async def bounded(self, work: Any) -> Any:
+        """Await ``work`` (a call of the redis-py client itself) within the next command's bound."""
+        wait, self._wait = self._wait, self.timeout
+        task = asyncio.current_task()
+        assert task is not None
+        self.watchdog.enter(task, asyncio.get_running_loop().time() + wait)
+        expired = False
+        try:
+            try:
+                return await work
+            finally:
+                expired = self.watchdog.leave(task)
+        except asyncio.CancelledError:
+            if expired:
+                raise StoreUnavailable(f"Redis store {self.where} did not answer within {wait:.3g} s") from None
+            raise
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+
+    async def close(self) -> None:
+        self.watchdog.close()
+        connections, self._all, self._idle = self._all, set(), []
+        for connection in connections:
+            try:
+                await connection.disconnect()
+            except (RedisError, OSError):
+                pass
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,199 @@
+"""What keeps a shared store's decision cheap, and the guarantees it must keep while it does.
+
+SQLite: the busy timeout is set only when a call's wait bound changes it, and a bound left
+behind by a call with a short deadline never shortens (or lengthens) the next call's wait.
+Redis: a rate-limit decision is one ``EVALSHA`` on the store's own connections; those
+connections survive a server restart and a script cache flush, and a cancelled or timed-out
+command never leaves a late reply for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ToolsPlugin
+from redis_server import RedisServer
+
+from amplifier_tools import ToolCall, ToolContext, ToolHost, ToolResult, ToolSpec
+
+
+class Quick:
+    spec = ToolSpec(name="quick", description="quick", effect="Pure",
+                    policies={"rate_limit": {"limit": 1000, "interval_ms": 60000}})
+    name, description = "quick", "quick"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="done")
+
+
+def _host(tmp_path: Path, store: str, timeout_ms: float = 500) -> ToolHost:
+    (tmp_path / "work").mkdir(exist_ok=True)
+    config = {"state_dir": str(tmp_path / "state"),
+              "plugins": {"policy": {"store": store, "store_timeout_ms": timeout_ms}}}
+    return ToolHost(config=config, plugins=[ToolsPlugin(Quick())], builtins=["policy"], entry_points=False,
+                    discover=False, working_dir=tmp_path / "work")
+
+
+def _store(host: ToolHost) -> Any:
+    return host.plugin_manager.get_plugin("policy").shared.store  # type: ignore[union-attr]
+
+
+# -- SQLite ---------------------------------------------------------------------------------------
+
+
+async def test_the_busy_timeout_is_set_only_when_a_calls_bound_changes_it(tmp_path: Path) -> None:
+    async with _host(tmp_path, "sqlite") as host:
+        assert (await host.call("quick", {})).success
+        pragmas: list[str] = []
+        _store(host)._db.set_trace_callback(lambda sql: pragmas.append(sql) if "busy_timeout" in sql else None)
+        for _ in range(20):  # no deadline shorter than the store timeout: no statement but the decision
+            assert (await host.call("quick", {})).success
+        assert pragmas == []
+        assert (await host.call("quick", {}, context=ToolContext().with_timeout(0.2))).success
+        assert len(pragmas) == 1 and int(pragmas[0].rsplit("=", 1)[1]) <= 200
+        assert (await host.call("quick", {})).success  # back to the store timeout, once
+        assert pragmas[1:] == ["PRAGMA busy_timeout = 500"]
+
+
+async def test_a_short_deadline_does_not_shorten_the_next_calls_wait_for_a_lock(tmp_path: Path) -> None:
+    """The busy timeout is no longer reset after every operation; the next operation sets its own."""
+    async with _host(tmp_path, "sqlite") as host:
+        assert (await host.call("quick", {})).success
+        locker = sqlite3.connect(tmp_path / "state" / "policy.sqlite3", isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+        try:
+            begun = time.monotonic()
+            cut = await host.call("quick", {}, context=ToolContext().with_timeout(0.05))
+            assert cut.error is not None and cut.error["code"] == "policy_store_unavailable"
+            assert time.monotonic() - begun < 0.3  # bounded by the call's deadline
+            begun = time.monotonic()
+            full = await host.call("quick", {})
+            waited = time.monotonic() - begun
+            assert full.error is not None and full.error["code"] == "policy_store_unavailable"
+            assert 0.45 <= waited < 3  # the whole store timeout (500 ms), not the 50 ms left behind
+            begun = time.monotonic()
+            cut = await host.call("quick", {}, context=ToolContext().with_timeout(0.05))
+            assert cut.error is not None and time.monotonic() - begun < 0.3
+        finally:
+            locker.execute("ROLLBACK")
+            locker.close()
+        assert (await host.call("quick", {})).success
+
+
+# -- Redis ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def _command_counts(url: str, *command: str) -> dict[str, int]:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        if command:
+            await client.execute_command(*command)
+            return {}
+        stats = await client.info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(values["calls"]) for name, values in stats.items()}
+    finally:
+        await client.aclose()
+
+
+async def test_a_rate_limit_decision_is_one_evalsha(redis_server: RedisServer, tmp_path: Path) -> None:
+    async with _host(tmp_path, redis_server.url) as host:
+        assert (await host.call("quick", {})).success  # connected, script known
+        await _command_counts(redis_server.url, "CONFIG", "RESETSTAT")
+        for _ in range(25):
+            assert (await host.call("quick", {})).success
+        counts = await _command_counts(redis_server.url)
+    assert counts.pop("evalsha") == 25
+    inside_the_script = {"time", "incr", "decr", "pexpire"}  # commandstats counts those too
+    assert set(counts) - inside_the_script <= {"config|resetstat", "info", "hello", "client|setinfo"}, counts
+
+
+async def test_idle_connections_outlive_a_redis_restart(redis_server: RedisServer, tmp_path: Path) -> None:
+    """A connection idle in the store's list while the server restarted fails on its next command;
+    the command is sent once more on a new connection, so no call fails closed for it."""
+    async with _host(tmp_path, redis_server.url) as host:
+        await asyncio.gather(*(host.call("quick", {}) for _ in range(4)))  # several idle connections
+        redis_server.stop()
+        redis_server.start()
+        results = [await host.call("quick", {}) for _ in range(3)]
+    assert all(result.success for result in results), [result.error for result in results]
+
+
+async def test_a_flushed_script_cache_is_filled_again(redis_server: RedisServer, tmp_path: Path) -> None:
+    async with _host(tmp_path, redis_server.url) as host:
+        assert (await host.call("quick", {})).success
+        await _command_counts(redis_server.url, "SCRIPT", "FLUSH")
+        assert (await host.call("quick", {})).success
+        rows = await _store(host).status()
+    assert [row["value"] for row in rows if row["key"].startswith("rate:quick@")] == [2.0]
+
+
+async def test_a_cancelled_or_late_command_leaves_no_reply_for_the_next(redis_server: RedisServer,
+                                                                       tmp_path: Path) -> None:
+    """SIGSTOP: one call is cancelled by its caller (the cancellation propagates as such), one
+    runs past its deadline (fails closed in time); after SIGCONT their replies must not be read
+    as the answers to later commands: every later decision sees its own count."""
+    async with _host(tmp_path, redis_server.url, timeout_ms=2000) as host:
+        assert (await host.call("quick", {})).success
+        assert redis_server.process is not None
+        redis_server.process.send_signal(signal.SIGSTOP)
+        try:
+            cancelled = asyncio.ensure_future(host.call("quick", {}))
+            await asyncio.sleep(0.1)
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            begun = time.monotonic()
+            late = await host.call("quick", {}, context=ToolContext().with_timeout(0.1))
+            assert late.error is not None and late.error["code"] == "policy_store_unavailable"
+            assert time.monotonic() - begun < 0.5
+        finally:
+            redis_server.process.send_signal(signal.SIGCONT)
+        store = _store(host)
+        await asyncio.sleep(0.2)  # the stopped server now runs the two commands it had received
+        counts = [await store.take("rate:probe", 60.0, 1000) for _ in range(3)]
+        assert [taken for taken, _, _ in counts] == [True] * 3
+        rows = await store.status()
+    assert [row["value"] for row in rows if row["key"].startswith("rate:probe@")] == [3.0]
+
+
+class Queued:
+    spec = ToolSpec(name="queued", description="queued", effect="Pure", policies={
+        "rate_limit": {"limit": 1, "interval_ms": 300, "queue": True}, "timeout_ms": 5000})
+    name, description = "queued", "queued"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="done")
+
+
+async def test_a_lone_sqlite_rate_limit_is_decided_inside_tool_pre(tmp_path: Path) -> None:
+    """No coroutine for the host to await: SQLite never suspends. A call that must wait for the
+    next window still takes the coroutine path, and waits."""
+    (tmp_path / "work").mkdir()
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": "sqlite"}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Quick(), Queued())], builtins=["policy"],
+                        entry_points=False, discover=False, working_dir=tmp_path / "work") as host:
+        plugin: Any = host.plugin_manager.get_plugin("policy")
+        quick = next(spec for spec in host.specs if spec.name == "quick")
+        assert plugin.tool_pre(ToolCall("c1", "quick", {}), quick, ToolContext()) is None
+        assert (await host.call("queued", {})).success
+        second = await host.call("queued", {})
+        assert second.success
+        assert any(step.get("action") == "waited" for step in second.metadata["trail"])
