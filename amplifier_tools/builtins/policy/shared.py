@@ -28,18 +28,18 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker
-from .sqlite_store import SQLiteStore
 from .state import idempotency_slot
 from .store import SharedStore, StoreUnavailable
 
 if TYPE_CHECKING:
     from . import PolicyPlugin, _Held
+    from .sqlite_store import SQLiteStore
 
 PLUGIN: Final = "policy"
 LEASE_GRACE: Final = 2.0  # seconds a lease outlives the longest attempt, for renewal and clock jitter
@@ -80,7 +80,7 @@ class SharedPolicy:
         self.unavailable = unavailable
         self.timeout = timeout
         #: Its operations never suspend (SQLite), so a lone rate limit is decided in ``tool_pre``.
-        self.synchronous = isinstance(store, SQLiteStore)
+        self.synchronous = store.kind == "sqlite"  # not isinstance: list and describe never import sqlite3
 
     def _op(self, work: Awaitable[T], spec: ToolSpec, context: ToolContext, started: float) -> Awaitable[T]:
         """One store operation (``work``, a store method's coroutine, not started yet), bounded by
@@ -146,13 +146,14 @@ class SharedPolicy:
         (admitted: a spent token holds nothing to release), a verdict, or ``QUEUE`` when the call
         may wait for the next window (the coroutine path, ``admit``, then decides it)."""
         limit = spec.policies.rate_limit
-        assert limit is not None and isinstance(self.store, SQLiteStore)
+        assert limit is not None and self.synchronous
+        store = cast("SQLiteStore", self.store)
         interval = limit.interval_ms / 1000.0
         key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
         left = self.plugin._time_left(spec, context, self.plugin.clock())
         try:
-            self.store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
-            taken, _, retry_after = self.store.take_now(key, interval, limit.limit)
+            store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
+            taken, _, retry_after = store.take_now(key, interval, limit.limit)
         except StoreUnavailable as exc:
             return self._unavailable(exc, call, spec, context)
         if taken:
