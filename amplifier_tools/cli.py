@@ -581,24 +581,31 @@ def _main(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
     except CommandError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        print(f"hint: {exc.hint or VERBOSE_HINT}", file=sys.stderr)
-        return exc.status
+        return _failed(args, "CommandError", str(exc), exc.hint or VERBOSE_HINT, exc.status)
     except (ConfigError, PluginLoadError) as exc:
         if args.verbose:
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
-        print(f"hint: {_error_hint(exc, args)}", file=sys.stderr)
-        return EXIT_USAGE
+        return _failed(args, type(exc).__name__, str(exc), _error_hint(exc, args), EXIT_USAGE)
     except (BrokenPipeError, KeyboardInterrupt):
         raise
     except Exception as exc:  # last resort: one line, never a traceback unless asked
         if args.verbose:
             traceback.print_exc()
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        print("hint: this is a bug or an environment problem; "
-              + ("report it with the traceback above" if args.verbose else VERBOSE_HINT), file=sys.stderr)
-        return EXIT_EXECUTION
+        return _failed(args, type(exc).__name__, f"{type(exc).__name__}: {exc}",
+                       "this is a bug or an environment problem; "
+                       + ("report it with the traceback above" if args.verbose else VERBOSE_HINT), EXIT_EXECUTION)
+
+
+def _failed(args: argparse.Namespace, kind: str, message: str, hint: str, status: int) -> int:
+    """Report a command that failed before it had a result: ``error:`` and ``hint:`` on stderr,
+    and with ``--json`` also ``{"error": {"type", "message", "hint", "exit_status"}}`` on stdout,
+    so a script reading stdout always gets JSON."""
+    print(f"error: {message}", file=sys.stderr)
+    print(f"hint: {hint}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": {"type": kind, "message": message, "hint": hint, "exit_status": status}},
+                         ensure_ascii=False))
+    return status
 
 
 #: Commands that start a host, print what it mounted and end, running no tool.

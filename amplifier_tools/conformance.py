@@ -225,7 +225,12 @@ async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run
     if config.get("secrets"):
         fresh["secrets"] = dict(config["secrets"])
     check = f"{label}mounts on a fresh host"
-    with tempfile.TemporaryDirectory() as workdir:
+    with tempfile.TemporaryDirectory() as scratch:
+        # A state directory of its own beside the working one: the check leaves nothing in the
+        # user's state directory (~/.local/state/amplifier-tools).
+        workdir = os.path.join(scratch, "work")
+        os.mkdir(workdir)
+        fresh["state_dir"] = os.path.join(scratch, "state")
         try:
             host = ToolHost(config=fresh, plugins=[plugin], builtins=False, entry_points=False,
                             working_dir=workdir, discover=False)

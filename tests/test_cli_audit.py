@@ -143,6 +143,30 @@ def test_audit_verify_and_a_missing_log(logged: Path) -> None:
     assert "Traceback" not in missing.stderr
 
 
+def test_failures_with_json_still_print_json_and_a_new_directory_is_told_it_has_no_log(tmp_path: Path) -> None:
+    """Found by a newcomer: with --json, a failure before any result printed nothing on stdout (a
+    script's json.loads failed), and a directory without calls got only a raw state-dir path."""
+    (tmp_path / "work").mkdir()
+    for argv, status in ((["audit", "verify", "/nonexistent.jsonl", "--json"], 2),
+                         (["audit", "stats", "--json"], 2),
+                         (["call", "local::bash", "notjson", "--json"], 3)):
+        out = cli(tmp_path / "work", *argv, env={"XDG_STATE_HOME": str(tmp_path / "state")})
+        assert out.returncode == status, out.stdout + out.stderr
+        error = json.loads(out.stdout)["error"]
+        assert error["exit_status"] == status and error["message"] and error["hint"]
+        assert out.stderr.startswith(f"error: {error['message']}\nhint: {error['hint']}")
+    fresh = cli(tmp_path / "work", "audit", "tail", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert fresh.returncode == 2
+    assert fresh.stderr.startswith("error: no call has been recorded for this working directory yet")
+
+
+def test_verify_mentions_records_after_the_anchor_only_when_there_are_some(logged: Path) -> None:
+    ok = cli(logged, "audit", "verify")
+    assert ok.returncode == 0
+    assert "anchor: the log holds everything its anchor records\n" in ok.stdout
+    assert "written after" not in ok.stdout
+
+
 def test_audit_help_is_the_audit_commands_help(tmp_path: Path) -> None:
     out = cli(tmp_path, "audit", "-h")
     assert out.returncode == 0 and "{verify,tail,stats}" in out.stdout, out.stdout + out.stderr

@@ -337,6 +337,17 @@ def test_validate_of_the_distribution_checks_every_built_in(tmp_path: Path) -> N
     assert mounted >= {"filesystem", "bash", "policy", "audit"}
 
 
+def test_validate_leaves_nothing_in_the_users_state_directory(tmp_path: Path) -> None:
+    """Found by a newcomer: each "mounts on a fresh host" check left an empty workspace directory
+    under ~/.local/state/amplifier-tools/workspaces (five for ``validate amplifier-tools``)."""
+    state_home = tmp_path / "xdg-state"
+    state_home.mkdir()
+    (tmp_path / "work").mkdir()
+    out = cli(tmp_path / "work", "validate", "amplifier-tools", env={"XDG_STATE_HOME": str(state_home)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [str(p.relative_to(state_home)) for p in state_home.rglob("*")] == []
+
+
 def test_validate_runs_examples_in_a_workspace_holding_their_files() -> None:
     import os
     from typing import Any

@@ -129,9 +129,11 @@ def _verify(args: argparse.Namespace, path: Path) -> int:
         if report.torn_tail:
             print("note: the last line is incomplete (a writer was killed mid-write); it was not verified "
                   "and the next append removes it")
-        if head is not None:
+        if head is not None and report.after_anchor:
             print(f"anchor: the log holds everything its anchor records; {report.after_anchor} record(s) were "
                   "written after the anchor's last update (a writer still running, or killed before updating it)")
+        elif head is not None:
+            print("anchor: the log holds everything its anchor records")
         if key is not None:
             print(f"{report.checkpoints} signed checkpoint(s) verified; {report.unsigned} record(s) after "
                   "the last one are covered by the hash chain only")
@@ -160,7 +162,15 @@ def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        print(f"error: {args.path or path}: no such file or directory", file=sys.stderr)
+        if args.path:
+            message, hint = f"{args.path}: no such file or directory", "give the path of an audit log"
+        else:
+            message = f"no call has been recorded for this working directory yet (its log would be {path})"
+            hint = "make a call first (amplifier-tools call ...), or give the path of a log"
+        print(f"error: {message}\nhint: {hint}", file=sys.stderr)
+        if args.json:  # stdout stays JSON for a script, as every command's --json failure
+            print(json.dumps({"error": {"type": "CommandError", "message": message, "hint": hint, "exit_status": 2}},
+                             ensure_ascii=False))
         return 2
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         if args.command == "verify":
