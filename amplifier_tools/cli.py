@@ -310,9 +310,10 @@ async def _run(args: argparse.Namespace) -> int:
         if args.command == "describe":
             mounted = host.tools.resolve(args.tool)
             if mounted is None:
+                close = host.tools.suggest(args.tool)
                 raise CommandError(
-                    f"unknown tool {args.tool!r}", hint="see 'amplifier-tools list' for the mounted tools",
-                    status=EXIT_CONTRACT,
+                    f"unknown tool {args.tool!r}" + (f"; did you mean {', '.join(map(repr, close))}?" if close else ""),
+                    hint="see 'amplifier-tools list' for the mounted tools", status=EXIT_CONTRACT,
                 )
             data = _spec_data(mounted.spec)
             data["model_name"] = mounted.model_name
