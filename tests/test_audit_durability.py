@@ -136,6 +136,38 @@ async def test_always_acknowledges_after_fsync_and_concurrent_calls_share_one(
         await host.close()
 
 
+async def test_one_fsync_wakes_the_loop_once_for_all_the_calls_it_covered(
+        tmp_path: Path, disk: SlowDisk, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16: the fsync thread resolves a batch's waiters with one wake-up of their loop (one
+    ``call_soon_threadsafe``, one write to the loop's self-pipe), not one per call."""
+    host = await make(tmp_path, fsync="always")
+    loop = asyncio.get_running_loop()
+    wakeups = 0
+    threadsafe = loop.call_soon_threadsafe
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal wakeups
+        wakeups += 1
+        return threadsafe(*args, **kwargs)
+
+    try:
+        assert (await host.call("test_anything", {"i": -1})).success
+        disk.release.clear()
+        tasks = [asyncio.create_task(host.call("test_anything", {"i": i})) for i in range(50)]
+        for _ in range(1000):
+            if len(calls_on_disk(tmp_path)) == 51:
+                break
+            await asyncio.sleep(0.01)
+        monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+        before = disk.fsyncs
+        disk.release.set()
+        assert all(r.success for r in await asyncio.gather(*tasks))
+        assert 1 <= wakeups <= disk.fsyncs - before + 1  # at most one per fsync (+ the one blocked meanwhile)
+    finally:
+        disk.release.set()
+        await host.close()
+
+
 async def test_cancelling_a_call_that_waits_for_its_fsync_keeps_its_record_and_the_writer(
         tmp_path: Path, disk: SlowDisk) -> None:
     host = await make(tmp_path, fsync="always")

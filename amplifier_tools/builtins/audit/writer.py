@@ -98,13 +98,15 @@ class _Head:
     records: int
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
-    # The waiter may have been cancelled meanwhile: its record is written either way.
-    if not future.done():
-        if error is None:
-            future.set_result(None)
-        else:
-            future.set_exception(error)
+def _settle_all(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
+    """Resolve the waiters of one loop whose records one fsync covered (run on that loop)."""
+    for future in futures:
+        # The waiter may have been cancelled meanwhile: its record is written either way.
+        if not future.done():
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
 
 class AuditWriter:
@@ -760,9 +762,12 @@ class AuditWriter:
                     self._anchor_if_current()
                 except OSError as exc:
                     log.error("audit log %s: anchor not updated: %s", self.path, exc)
+        by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
         for _, loop, future in ready:
+            by_loop.setdefault(loop, []).append(future)
+        for loop, futures in by_loop.items():  # one wake-up of each loop for its whole batch
             try:
-                loop.call_soon_threadsafe(_settle, future, failure)
+                loop.call_soon_threadsafe(_settle_all, futures, failure)
             except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
                 pass
         return stopping
