@@ -328,11 +328,22 @@ class HookDispatcher:
             if monitored:
                 return hookexec(hook, [impl.hookimpl], kwargs, True)
             return impl.function(*impl.arguments(kwargs))
-        except Exception as exc:  # a plugin bug; the caller decides open/closed
-            raise self._failure(impl, hook, exc, monitored) from exc
-        except asyncio.CancelledError as exc:  # raised by a sync function: its own doing, never ours
-            raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError"),
-                                monitored) from exc
+        except (Exception, asyncio.CancelledError) as exc:
+            raise self._raised(impl, hook, exc, monitored) from exc
+
+    def _direct(self) -> bool:
+        """Whether no hook-call monitor is installed: the chains may then call implementations
+        themselves (``_start``'s unmonitored path, inlined in ``tool_pre``/``tool_post``)."""
+        return self._pm._inner_hookexec is self._plain_hookexec
+
+    def _raised(self, impl: Impl, hook: str, exc: BaseException, monitored: bool = False) -> HookFailure:
+        """The failure of an implementation that raised when called (before anything was awaited):
+        a plugin bug, the caller decides open/closed. A ``CancelledError`` raised by a sync
+        function is its own doing, never the caller's cancellation."""
+        if isinstance(exc, asyncio.CancelledError):
+            exc = _OwnCancellation(str(exc) or "raised CancelledError")
+        assert isinstance(exc, Exception)
+        return self._failure(impl, hook, exc, monitored)
 
     async def _finish(self, impl: Impl, hook: str, awaitable: Any) -> Any:
         """Await an async implementation's result under the plugin's hook timeout.
@@ -402,11 +413,19 @@ class HookDispatcher:
     ) -> ToolCall:
         """Run the ``tool_pre`` chain; the call as rewritten, or raise the ``ToolError`` that stops it."""
         kwargs = {"call": call, "spec": spec, "context": context}
+        direct = self._direct()
         for impl in self.impls("tool_pre"):
             try:
-                # ``_invoke`` inlined: a sync implementation (most) costs no coroutine per call.
-                out = self._start(impl, "tool_pre", kwargs)
-                if _pending(impl, out):
+                # ``_invoke`` inlined, and ``_start``'s unmonitored path: a sync implementation
+                # (most) costs no coroutine and no extra frame per call.
+                if direct:
+                    try:
+                        out = impl.function(*impl.arguments(kwargs))
+                    except (Exception, asyncio.CancelledError) as exc:
+                        raise self._raised(impl, "tool_pre", exc) from exc
+                else:
+                    out = self._start(impl, "tool_pre", kwargs)
+                if impl.is_async or (out is not None and inspect.isawaitable(out)):  # ``_pending``
                     out = await self._finish(impl, "tool_pre", out)
             except HookFailure as failure:
                 error = self._failed(failure, context)
@@ -461,10 +480,17 @@ class HookDispatcher:
         """
         kwargs = {"call": call, "spec": spec, "result": result, "context": context}
         failed_closed = False
+        direct = self._direct()
         for impl in self.impls("tool_post"):
             try:
-                out = self._start(impl, "tool_post", kwargs)  # ``_invoke`` inlined, as in tool_pre
-                if _pending(impl, out):
+                if direct:  # ``_invoke`` and ``_start`` inlined, as in tool_pre
+                    try:
+                        out = impl.function(*impl.arguments(kwargs))
+                    except (Exception, asyncio.CancelledError) as exc:
+                        raise self._raised(impl, "tool_post", exc) from exc
+                else:
+                    out = self._start(impl, "tool_post", kwargs)
+                if impl.is_async or (out is not None and inspect.isawaitable(out)):
                     out = await self._finish(impl, "tool_post", out)
             except HookFailure as failure:
                 error = self._failed(failure, context)
