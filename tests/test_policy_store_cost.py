@@ -197,3 +197,50 @@ async def test_a_lone_sqlite_rate_limit_is_decided_inside_tool_pre(tmp_path: Pat
         second = await host.call("queued", {})
         assert second.success
         assert any(step.get("action") == "waited" for step in second.metadata["trail"])
+
+
+class Watched:
+    """A lone rate limit; each run notes what the policy plugin holds while it runs."""
+
+    spec = ToolSpec(name="watched", description="watched", effect="Pure",
+                    policies={"rate_limit": {"limit": 1000, "interval_ms": 60000}})
+    name, description = "watched", "watched"
+
+    def __init__(self) -> None:
+        self.plugin: Any = None
+        self.held: list[dict[str, int]] = []
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.held.append(self.plugin.held_resources())
+        return ToolResult(output="done")
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_a_call_with_a_lone_rate_limit_is_tracked_nowhere(kind: str, tmp_path: Path,
+                                                                 request: pytest.FixtureRequest) -> None:
+    """A spent rate-limit token holds nothing to release, so the plugin registers no such call
+    (no record per call for ``tool_complete`` to find and settle for nothing) — in every store."""
+    store = request.getfixturevalue("redis_server").url if kind == "redis" else kind
+    (tmp_path / "work").mkdir()
+    tool = Watched()
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": store}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(tool)], builtins=["policy"], entry_points=False,
+                        discover=False, working_dir=tmp_path / "work") as host:
+        tool.plugin = host.plugin_manager.get_plugin("policy")
+        for _ in range(3):
+            assert (await host.call("watched", {})).success
+        assert tool.plugin.held_resources()["calls"] == 0
+    assert [held["calls"] for held in tool.held] == [0, 0, 0]
+
+
+async def test_a_lone_redis_rate_limit_waits_for_the_next_window(redis_server: RedisServer,
+                                                                  tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": redis_server.url}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Queued())], builtins=["policy"], entry_points=False,
+                        discover=False, working_dir=tmp_path / "work") as host:
+        assert (await host.call("queued", {})).success
+        second = await host.call("queued", {})
+        assert second.success
+        assert any(step.get("action") == "waited" for step in second.metadata["trail"])
+        assert host.plugin_manager.get_plugin("policy").held_resources()["calls"] == 0  # type: ignore[union-attr]

@@ -129,6 +129,17 @@ class SharedPolicy:
             shared.renewer = asyncio.get_running_loop().create_task(self._renew(*shared.lease))
         return None
 
+    async def rate_limited(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
+        """A tool whose only stateful policy is a rate limit, called without an idempotency key:
+        ``admit`` without its registration — a spent token holds nothing to release, and a call
+        cancelled before its token came back holds none it knows of (as in ``admit``). Waits for
+        the next window when the limit queues; a store that does not answer is ``_unavailable``'s."""
+        try:
+            return await self._rate_limit(spec, context, None, self.plugin.clock())
+        except StoreUnavailable as exc:
+            out = self._unavailable(exc, call, spec, context)
+            return await out if inspect.isawaitable(out) else out
+
     def _unavailable(self, exc: StoreUnavailable, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
         """The verdict when the store did not answer: fail closed, or decide in this process."""
         if self.unavailable == "local":
@@ -286,8 +297,10 @@ class SharedPolicy:
             shared.budgets.append((key, interval, window, holder))
         return None
 
-    async def _rate_limit(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld,
+    async def _rate_limit(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld | None,
                           started: float) -> Deny | None:
+        """Take a token, waiting for the next window if the limit queues; kept in ``shared`` (to
+        give back if a later step denies the call), or nowhere (None: nothing comes after)."""
         limit = spec.policies.rate_limit
         assert limit is not None
         interval = limit.interval_ms / 1000.0
@@ -297,7 +310,8 @@ class SharedPolicy:
             taken, window, retry_after = await self._op(self.store.take(key, interval, limit.limit),
                                                         spec, context, started)
             if taken:
-                shared.rate = (key, interval, window)
+                if shared is not None:
+                    shared.rate = (key, interval, window)
                 if waited:
                     context.record(PLUGIN, "tool_pre", "waited", f"rate limit: waited {waited:.3f} s")
                 return None
