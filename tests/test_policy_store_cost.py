@@ -169,7 +169,7 @@ async def test_a_cancelled_or_late_command_leaves_no_reply_for_the_next(redis_se
         store = _store(host)
         await asyncio.sleep(0.2)  # the stopped server now runs the two commands it had received
         counts = [await store.take("rate:probe", 60.0, 1000) for _ in range(3)]
-        assert [taken for taken, _, _ in counts] == [True] * 3
+        assert all(out >= 0 for out in counts)  # taken (the window), not -1 - ms to the next
         rows = await store.status()
     assert [row["value"] for row in rows if row["key"].startswith("rate:probe@")] == [3.0]
 
@@ -244,3 +244,22 @@ async def test_a_lone_redis_rate_limit_waits_for_the_next_window(redis_server: R
         assert second.success
         assert any(step.get("action") == "waited" for step in second.metadata["trail"])
         assert host.plugin_manager.get_plugin("policy").held_resources()["calls"] == 0  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_take_answers_one_integer(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """A rate-limit step answers one integer, the same in every store: the window when a unit was
+    taken, else -1 - the whole milliseconds until the next window (rounded up, so a caller that
+    sleeps that long is past the window's edge)."""
+    from amplifier_tools.builtins.policy.store import next_window, open_store
+
+    url = request.getfixturevalue("redis_server").url if kind == "redis" else kind
+    store = open_store(url, "t:", 1.0, tmp_path / "state")
+    try:
+        first = await store.take("rate:t", 3600.0, 1)
+        second = await store.take("rate:t", 3600.0, 1)
+    finally:
+        await store.close()
+    assert type(first) is int and first == int(time.time() // 3600)
+    assert type(second) is int and second < 0
+    assert next_window(second) == pytest.approx((first + 1) * 3600 - time.time(), abs=0.5)

@@ -35,7 +35,7 @@ from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker
 from .state import idempotency_slot
-from .store import SharedStore, StoreUnavailable
+from .store import SharedStore, StoreUnavailable, next_window
 
 if TYPE_CHECKING:
     from . import PolicyPlugin, _Held
@@ -164,11 +164,12 @@ class SharedPolicy:
         left = self.plugin._time_left(spec, context, self.plugin.clock())
         try:
             store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
-            taken, _, retry_after = store.take_now(key, interval, limit.limit)
+            out = store.take_now(key, interval, limit.limit)
         except StoreUnavailable as exc:
             return self._unavailable(exc, call, spec, context)
-        if taken:
+        if out >= 0:
             return None
+        retry_after = next_window(out)
         verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
                        f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
         return QUEUE if self.plugin._may_queue(spec, verdict, left) else verdict
@@ -307,14 +308,14 @@ class SharedPolicy:
         key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
         waited = 0.0
         while True:
-            taken, window, retry_after = await self._op(self.store.take(key, interval, limit.limit),
-                                                        spec, context, started)
-            if taken:
+            out = await self._op(self.store.take(key, interval, limit.limit), spec, context, started)
+            if out >= 0:  # taken, in window ``out``
                 if shared is not None:
-                    shared.rate = (key, interval, window)
+                    shared.rate = (key, interval, out)
                 if waited:
                     context.record(PLUGIN, "tool_pre", "waited", f"rate limit: waited {waited:.3f} s")
                 return None
+            retry_after = next_window(out)
             verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
                            f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
             if not self.plugin._may_queue(spec, verdict, self.plugin._time_left(spec, context, started)):
