@@ -257,7 +257,7 @@ class PolicyPlugin:
                     verdict = shared.rate_limit_now(call, spec, context)
                     if verdict is not QUEUE:
                         return verdict
-                return shared.rate_limited(call, spec, context)
+                return shared.rate_limit(call, spec, context, None, self.clock())
         if shared is not None:
             held = _Held()
             held.shared = SharedHeld()
@@ -363,9 +363,8 @@ class PolicyPlugin:
     def _time_left(self, spec: ToolSpec, context: ToolContext, started: float) -> float | None:
         """How much longer this call may wait: until its deadline, or, without one, for as long as
         the tool may run (its timeout, else the host's default), counted from ``started``."""
-        remaining = context.remaining()
-        if remaining is not None:
-            return max(remaining, 0.0)
+        if context.deadline is not None:
+            return max(context.deadline - monotonic(), 0.0)  # context.remaining(), one call less
         timeout_ms = spec.policies.timeout_ms
         bound = timeout_ms / 1000.0 if timeout_ms is not None else self.default_timeout
         return None if bound is None else max(bound - (self.clock() - started), 0.0)

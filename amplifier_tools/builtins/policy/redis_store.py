@@ -248,7 +248,7 @@ class RedisStore:
 
     def limit_wait(self, seconds: float) -> None:
         """Bound the next operation (started right after, no await between) by ``seconds``."""
-        self.link.limit_wait(seconds)
+        self.link.wait = seconds
 
     async def status(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
