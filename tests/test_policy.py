@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from helpers import ToolsPlugin
 
-from amplifier_tools import ExecutionError, PluginLoadError, ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools import ExecutionError, PluginLoadError, ToolCall, ToolContext, ToolHost, ToolResult, ToolSpec
 from amplifier_tools.builtins.policy import PolicyPlugin
 
 
@@ -525,3 +525,23 @@ async def test_a_rule_without_a_reason_is_named_once(tmp_path: Any, echo: Any) -
         result = await host.call("echo", {"path": "a"})
     assert result.error["code"] == "rule_denied"
     assert result.error["message"] == "denied by plugin 'policy': denied by rule 'no-echo'"
+
+
+# -- what tool_pre keeps of a spec ----------------------------------------------------------------
+
+
+def test_a_tool_given_another_spec_is_decided_by_the_new_one() -> None:
+    """``tool_pre`` works out what it needs of a tool's spec once per tool, not per call; a spec of
+    the same name that is another object (the tool mounted again, a changed override) is read anew."""
+    plugin = PolicyPlugin()
+    call = ToolCall("c1", "t", {})
+    guarded = ToolSpec(name="t", description="t", security={"required_scopes": ["admin"]})
+    free = ToolSpec(name="t", description="t")
+    limited = ToolSpec(name="t", description="t", policies={"rate_limit": {"limit": 1, "interval_ms": 60000}})
+    assert plugin.tool_pre(call, guarded, ToolContext()).code == "missing_scope"
+    assert plugin.tool_pre(call, guarded, ToolContext(scopes={"admin"})) is None
+    assert plugin.tool_pre(call, free, ToolContext()) is None
+    assert plugin.tool_pre(call, limited, ToolContext()) is None
+    assert plugin.tool_pre(call, limited, ToolContext()).code == "rate_limited"
+    assert plugin.tool_pre(call, free, ToolContext()) is None
+    assert plugin.tool_pre(call, guarded, ToolContext()).code == "missing_scope"

@@ -122,6 +122,24 @@ class _Held:
         self.shared: SharedHeld | None = None  # what it took from a shared store
 
 
+class _Plan:
+    """What ``tool_pre`` reads of one tool's spec, worked out at the tool's first call rather than at
+    every call (specs are frozen; a tool mounted again with another spec gets a new plan): the
+    scopes it requires, whether any policy of it keeps state, and whether a rate limit is its only
+    one (then a call without an idempotency key takes a token and holds nothing to release)."""
+
+    __slots__ = ("rate_only", "scopes", "spec", "stateful")
+
+    def __init__(self, spec: ToolSpec) -> None:
+        policies = spec.policies
+        others = (spec.idempotency_key is IdempotencyKeyRequirement.required or policies.circuit_breaker is not None
+                  or bool(policies.budgets) or policies.concurrency is not None)
+        self.spec = spec
+        self.scopes = frozenset(spec.security.required_scopes) or None
+        self.stateful = others or policies.rate_limit is not None
+        self.rate_only = policies.rate_limit is not None and not others
+
+
 class PolicyPlugin:
     """Enforces every policy of the tool contract; one instance per host."""
 
@@ -149,6 +167,7 @@ class PolicyPlugin:
         self._coordinator: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._rate_keys: dict[str, str] = {}
+        self._plans: dict[str, _Plan] = {}  # by tool name; replaced when the tool's spec is another
         #: The shared store's decision path (None: ``store = "memory"``, all state in this process).
         self.shared: SharedPolicy | None = None
 
@@ -183,6 +202,7 @@ class PolicyPlugin:
         self._deny_rules = [rule for rule in self.rules if rule.action == "deny"]
         self._allow_rules = [rule for rule in self.rules if rule.action == "allow"]
         self.default_action: str = settings.default_action
+        self._ruled = bool(self.rules) or self.default_action != "allow"
         self.idempotency_window = settings.idempotency_window_ms / 1000.0  # seconds
 
     @property
@@ -215,32 +235,45 @@ class PolicyPlugin:
     @hookimpl
     def tool_pre(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
         """Decide synchronously when nothing has to wait; otherwise return a coroutine the host awaits."""
-        missing = sorted(set(spec.security.required_scopes) - context.scopes) if spec.security.required_scopes \
-            else None
-        if missing:
+        plan = self._plans.get(spec.name)
+        if plan is None or plan.spec is not spec:
+            plan = self._plans[spec.name] = _Plan(spec)
+        if plan.scopes is not None and not plan.scopes <= context.scopes:
+            missing = sorted(plan.scopes - context.scopes)
             return Deny(f"missing scope {', '.join(map(repr, missing))} for {spec.name!r}", code="missing_scope",
                         details={"missing_scopes": missing}, category="AuthError")
-        if self.rules or self.default_action != "allow":
+        if self._ruled:
             denied = self._check_rules(call, spec, context)
             if denied is not None:
                 return denied
-        if self.shared is not None:
-            policies = spec.policies
-            if self.shared.synchronous and policies.rate_limit is not None and context.idempotency_key is None \
-                    and spec.idempotency_key is not IdempotencyKeyRequirement.required \
-                    and policies.circuit_breaker is None and not policies.budgets and policies.concurrency is None:
-                verdict = self.shared.rate_limit_now(call, spec, context)
-                if verdict is not QUEUE:
-                    return verdict
-            if context.idempotency_key is not None or spec.idempotency_key is IdempotencyKeyRequirement.required \
-                    or policies.circuit_breaker is not None or policies.budgets or policies.rate_limit is not None \
-                    or policies.concurrency is not None:
-                held = _Held()
-                held.shared = SharedHeld()
-                self._held[id(context)] = held  # registered first: tool_complete gives back what it took
-                return self.shared.admit(call, spec, context, held)
-            return None
+        shared = self.shared
+        if context.idempotency_key is None:
+            if not plan.stateful:
+                return None
+            if plan.rate_only:
+                if shared is None:
+                    return self._rate_only(call, spec, context)
+                if shared.synchronous:
+                    verdict = shared.rate_limit_now(call, spec, context)
+                    if verdict is not QUEUE:
+                        return verdict
+                return shared.rate_limit(call, spec, context, None, self.clock())
+        if shared is not None:
+            held = _Held()
+            held.shared = SharedHeld()
+            self._held[id(context)] = held  # registered first: tool_complete gives back what it took
+            return shared.admit(call, spec, context, held)
         return self._local_pre(call, spec, context)
+
+    def _rate_only(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
+        """A tool whose only stateful policy is a rate limit, in this process's memory: decided
+        here, and the call is not registered (a spent token holds nothing to release, at
+        ``tool_complete`` or before). A call that may queue for the next window waits in the
+        coroutine path, registered as any waiting call."""
+        verdict = self._rate_limit_now(spec, context, None)
+        if verdict is None or not self._may_queue(spec, verdict, self._time_left(spec, context, self.clock())):
+            return verdict
+        return self._pre_waiting(call, spec, context, _Held(), idempotency=False)
 
     def _local_pre(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
         """The decisions in this process's memory (``store = "memory"``, or a shared store's fallback)."""
@@ -330,9 +363,8 @@ class PolicyPlugin:
     def _time_left(self, spec: ToolSpec, context: ToolContext, started: float) -> float | None:
         """How much longer this call may wait: until its deadline, or, without one, for as long as
         the tool may run (its timeout, else the host's default), counted from ``started``."""
-        remaining = context.remaining()
-        if remaining is not None:
-            return max(remaining, 0.0)
+        if context.deadline is not None:
+            return max(context.deadline - monotonic(), 0.0)  # context.remaining(), one call less
         timeout_ms = spec.policies.timeout_ms
         bound = timeout_ms / 1000.0 if timeout_ms is not None else self.default_timeout
         return None if bound is None else max(bound - (self.clock() - started), 0.0)
@@ -458,8 +490,9 @@ class PolicyPlugin:
             longest = max(remaining, 0.0) if longest is None else min(longest, max(remaining, 0.0))
         return longest
 
-    def _rate_limit_now(self, spec: ToolSpec, context: ToolContext, held: _Held) -> Deny | None:
-        """Take a token from the current window, or say when the next window opens."""
+    def _rate_limit_now(self, spec: ToolSpec, context: ToolContext, held: _Held | None) -> Deny | None:
+        """Take a token from the current window (kept in ``held``, to give back if the call is not
+        admitted after all; None: nothing can stop it now), or say when the next window opens."""
         limit = spec.policies.rate_limit
         if limit is None:
             return None
@@ -470,7 +503,8 @@ class PolicyPlugin:
         now = self.clock()
         window = int(now // interval)
         if self.state.add(key, window, 1) <= limit.limit:
-            held.rate = (key, window)
+            if held is not None:
+                held.rate = (key, window)
             return None
         self.state.add(key, window, -1)
         retry_after = (window + 1) * interval - now

@@ -81,17 +81,14 @@ class RedisLink:
         self.client = client
         self.where = where
         self.timeout = timeout
-        self._wait = timeout  # the bound of the next command, read as it starts
+        #: The bound of the next command instead of the store timeout (seconds). It is read as that
+        #: command starts, so set it right before (no await in between); later ones are back to the
+        #: store timeout. An attribute, not a method: it is set before every decision.
+        self.wait = timeout
         self._idle: list[Any] = []  # connected, nothing unread: ready for a command
         self._all: set[Any] = set()
         self._closing: set[asyncio.Task[Any]] = set()
         self.watchdog = Watchdog()
-
-    def limit_wait(self, seconds: float) -> None:
-        """Bound the next command by ``seconds`` instead of the store timeout. It is read as that
-        command starts, so call it right before (no await in between); later ones are back to the
-        store timeout."""
-        self._wait = seconds
 
     def script(self, script: Script, keys: list[str], args: list[Any]) -> Coroutine[Any, Any, Any]:
         """``EVALSHA`` of ``script`` (``EVAL`` if the server lacks it): one round trip. (A plain
@@ -102,7 +99,7 @@ class RedisLink:
     async def command(self, packed: bytes, fallback: Fallback | None = None) -> Any:
         """Send the packed command, return its reply (``fallback``: the ``EVAL`` to send instead
         when the server answers ``NOSCRIPT``)."""
-        wait, self._wait = self._wait, self.timeout
+        wait, self.wait = self.wait, self.timeout
         task = asyncio.current_task()
         assert task is not None
         self.watchdog.enter(task, asyncio.get_running_loop().time() + wait)
@@ -167,7 +164,7 @@ class RedisLink:
 
     async def bounded(self, work: Any) -> Any:
         """Await ``work`` (a call of the redis-py client itself) within the next command's bound."""
-        wait, self._wait = self._wait, self.timeout
+        wait, self.wait = self.wait, self.timeout
         task = asyncio.current_task()
         assert task is not None
         self.watchdog.enter(task, asyncio.get_running_loop().time() + wait)

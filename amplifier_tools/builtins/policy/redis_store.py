@@ -166,7 +166,7 @@ class RedisStore:
         self.client = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout,
                                               health_check_interval=30)
         self.link = RedisLink(self.client, self.where, timeout)
-        self._takes: dict[tuple[str, float, int], tuple[bytes, Fallback]] = {}
+        self._takes: dict[str, tuple[float, int, bytes, Fallback]] = {}  # key -> (interval, limit, EVALSHA, EVAL)
         self._scripts = {name: Script(text) for name, text in (
             ("take", TAKE), ("untake", UNTAKE), ("lease", LEASE), ("renew", RENEW), ("reserve", RESERVE),
             ("settle", SETTLE), ("claim", CLAIM), ("resolve", RESOLVE))}
@@ -178,15 +178,17 @@ class RedisStore:
         """One ``PING`` round trip on the store's own connections: the reference of the bench."""
         await self.link.command(PING)
 
-    async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
-        command = self._takes.get((key, interval, limit))
-        if command is None:  # the same bytes for every call of a tool (and principal): packed once
+    def take(self, key: str, interval: float, limit: int) -> Coroutine[Any, Any, int]:
+        """The command's own coroutine (no frame of this method's in between): ``TAKE`` answers
+        the one integer ``take`` does."""
+        packed = self._takes.get(key)
+        if packed is None or packed[0] != interval or packed[1] != limit:
+            # the same bytes for every call of a tool (and principal): packed once
             if len(self._takes) >= TAKES_PACKED:
                 self._takes.clear()
-            command = self._takes[(key, interval, limit)] = evalsha(self._scripts["take"], [self.prefix + key],
-                                                                    [_ms(interval), limit])
-        out: int = await self.link.command(*command)
-        return (True, out, 0.0) if out >= 0 else (False, -1, (-1 - out) / 1000.0)
+            packed = self._takes[key] = (interval, limit, *evalsha(self._scripts["take"], [self.prefix + key],
+                                                                    [_ms(interval), limit]))
+        return self.link.command(packed[2], packed[3])
 
     async def untake(self, key: str, interval: float, window: int) -> None:
         await self._script("untake", [f"{key}@{window}"], [])
@@ -246,7 +248,7 @@ class RedisStore:
 
     def limit_wait(self, seconds: float) -> None:
         """Bound the next operation (started right after, no await between) by ``seconds``."""
-        self.link.limit_wait(seconds)
+        self.link.wait = seconds
 
     async def status(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

@@ -35,7 +35,7 @@ from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker
 from .state import idempotency_slot
-from .store import SharedStore, StoreUnavailable
+from .store import SharedStore, StoreUnavailable, next_window
 
 if TYPE_CHECKING:
     from . import PolicyPlugin, _Held
@@ -153,11 +153,12 @@ class SharedPolicy:
         left = self.plugin._time_left(spec, context, self.plugin.clock())
         try:
             store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
-            taken, _, retry_after = store.take_now(key, interval, limit.limit)
+            out = store.take_now(key, interval, limit.limit)
         except StoreUnavailable as exc:
             return self._unavailable(exc, call, spec, context)
-        if taken:
+        if out >= 0:
             return None
+        retry_after = next_window(out)
         verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
                        f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
         return QUEUE if self.plugin._may_queue(spec, verdict, left) else verdict
@@ -183,9 +184,9 @@ class SharedPolicy:
             if verdict is not None:
                 return verdict
         if policies.rate_limit is not None:
-            verdict = await self._rate_limit(spec, context, shared, started)
-            if verdict is not None:
-                return verdict
+            limited: Deny | None = await self.rate_limit(call, spec, context, shared, started)
+            if limited is not None:
+                return limited
         if policies.concurrency is not None:
             return await self._concurrency(spec, context, shared, started)
         return None
@@ -286,27 +287,42 @@ class SharedPolicy:
             shared.budgets.append((key, interval, window, holder))
         return None
 
-    async def _rate_limit(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld,
-                          started: float) -> Deny | None:
+    async def rate_limit(self, call: ToolCall, spec: ToolSpec, context: ToolContext, shared: SharedHeld | None,
+                         started: float) -> Any:
+        """Take a token, waiting for the next window if the limit queues; kept in ``shared`` (to
+        give back if a later step denies the call).
+
+        ``shared`` None: the rate limit is the call's only stateful policy and it has no
+        idempotency key, and ``tool_pre`` returns this coroutine itself — ``admit`` without its
+        registration and its frames: a spent token holds nothing to release, and a call cancelled
+        before its token came back holds none it knows of (as in ``admit``). A store that does not
+        answer is then decided here (``_unavailable``); with ``shared`` it goes to ``admit``."""
         limit = spec.policies.rate_limit
         assert limit is not None
         interval = limit.interval_ms / 1000.0
         key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
         waited = 0.0
-        while True:
-            taken, window, retry_after = await self._op(self.store.take(key, interval, limit.limit),
-                                                        spec, context, started)
-            if taken:
-                shared.rate = (key, interval, window)
-                if waited:
-                    context.record(PLUGIN, "tool_pre", "waited", f"rate limit: waited {waited:.3f} s")
-                return None
-            verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
-                           f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
-            if not self.plugin._may_queue(spec, verdict, self.plugin._time_left(spec, context, started)):
-                return verdict
-            await self.plugin.sleep(retry_after)
-            waited += retry_after
+        try:
+            while True:
+                out = await self._op(self.store.take(key, interval, limit.limit), spec, context, started)
+                if out >= 0:  # taken, in window ``out``
+                    if shared is not None:
+                        shared.rate = (key, interval, out)
+                    if waited:
+                        context.record(PLUGIN, "tool_pre", "waited", f"rate limit: waited {waited:.3f} s")
+                    return None
+                retry_after = next_window(out)
+                verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
+                               f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
+                if not self.plugin._may_queue(spec, verdict, self.plugin._time_left(spec, context, started)):
+                    return verdict
+                await self.plugin.sleep(retry_after)
+                waited += retry_after
+        except StoreUnavailable as exc:
+            if shared is not None:
+                raise
+            out = self._unavailable(exc, call, spec, context)
+            return await out if inspect.isawaitable(out) else out
 
     def lease_ttl(self, spec: ToolSpec) -> float:
         """A slot lease lasts one attempt's timeout plus a grace, and is renewed every third of it."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...hoststate import ensure_state_dir, open_host_file
-from .store import StoreUnavailable, Update
+from .store import StoreUnavailable, Update, not_taken
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value REAL NOT NULL, expires REAL NOT NULL);
@@ -160,10 +160,10 @@ class SQLiteStore:
                    "value = CASE WHEN counters.expires > ? THEN counters.value ELSE 0 END + excluded.value, "
                    "expires = max(counters.expires, excluded.expires)", (key, amount, expires, now))
 
-    async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+    async def take(self, key: str, interval: float, limit: int) -> int:
         return self.take_now(key, interval, limit)
 
-    def take_now(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
+    def take_now(self, key: str, interval: float, limit: int) -> int:
         """``take`` without a coroutine: the plugin decides a lone rate limit inside ``tool_pre``."""
         if ONE_STATEMENT:  # a window's key is never reused after it expires, so no expiry check is needed
             now = time.time()
@@ -179,16 +179,16 @@ class SQLiteStore:
                     self._run(self._sweep)
             except sqlite3.Error as exc:
                 raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
-            return (True, window, 0.0) if taken else (False, window, (window + 1) * interval - now)
+            return window if taken else not_taken((window + 1) * interval - now)
 
-        def work(db: sqlite3.Connection, now: float) -> tuple[bool, int, float]:
+        def work(db: sqlite3.Connection, now: float) -> int:
             window = int(now // interval)
             full = f"{self.prefix}{key}@{window}"
             if self._counter(db, full, now) >= limit:
-                return False, window, (window + 1) * interval - now
+                return not_taken((window + 1) * interval - now)
             self._add_live(db, full, 1, now, (window + 2) * interval)
-            return True, window, 0.0
-        result: tuple[bool, int, float] = self._run(work)
+            return window
+        result: int = self._run(work)
         return result
 
     async def untake(self, key: str, interval: float, window: int) -> None:

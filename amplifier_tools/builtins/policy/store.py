@@ -20,8 +20,9 @@ secrets in clear: idempotent results are redacted by the plugin first.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 from ...errors import ConfigError
@@ -43,10 +44,12 @@ class SharedStore(Protocol):
     kind: str
     where: str
 
-    async def take(self, key: str, interval: float, limit: int) -> tuple[bool, int, float]:
-        """Take one unit of ``key``'s current window if fewer than ``limit`` are taken:
-        (taken, window, seconds until the next window). The window is what ``untake`` needs; a
-        store may leave it out (-1) when nothing was taken."""
+    def take(self, key: str, interval: float, limit: int) -> Awaitable[int]:
+        """Take one unit of ``key``'s current window if fewer than ``limit`` are taken. One integer
+        (``taken``): the window (≥ 0, what ``untake`` needs) when a unit was taken, else -1 - the
+        milliseconds until the next window (``next_window`` reads it). A plain method returning an
+        awaitable, so a store may hand back its command's own coroutine: no frame of its own
+        between a decision and the store, on the way out and on the way back."""
 
     async def untake(self, key: str, interval: float, window: int) -> None:
         """Give back one unit of ``key`` in ``window`` (a call that was not admitted after all)."""
@@ -90,6 +93,17 @@ class SharedStore(Protocol):
         """Every live key under the prefix, with its value: ``{"key", "kind", "value", "expires_in"}``."""
 
     async def close(self) -> None: ...
+
+
+def next_window(out: int) -> float:
+    """Seconds until the next window, from ``take``'s answer when nothing was taken (< 0)."""
+    return (-1 - out) / 1000.0
+
+
+def not_taken(seconds: float) -> int:
+    """``take``'s answer when nothing was taken and the next window opens in ``seconds``: whole
+    milliseconds, rounded up (a caller that sleeps that long is past the window's edge)."""
+    return -1 - math.ceil(seconds * 1000.0)
 
 
 def open_store(store: str, prefix: str, timeout: float, state_dir: str | os.PathLike[str] | None) -> SharedStore:
