@@ -54,6 +54,18 @@ def calls_on_disk(tmp_path: Path) -> list[dict[str, Any]]:
     return [r for r in map(json.loads, lines) if r["kind"] == "call"]
 
 
+async def calls_written_not_synced(host: ToolHost, tmp_path: Path, count: int) -> list[asyncio.Task[Any]]:
+    """Start ``count`` concurrent calls (fsync held back by ``disk``) and wait until their records
+    are all in the file; the calls' tasks."""
+    before = len(calls_on_disk(tmp_path))
+    tasks = [asyncio.create_task(host.call("test_anything", {"i": i})) for i in range(count)]
+    for _ in range(1000):
+        if len(calls_on_disk(tmp_path)) == before + count:
+            break
+        await asyncio.sleep(0.01)
+    return tasks
+
+
 class SlowDisk:
     """The writer's view of ``os`` where fsync blocks until ``release`` is set, and is counted."""
 
@@ -121,11 +133,7 @@ async def test_always_acknowledges_after_fsync_and_concurrent_calls_share_one(
         assert (await host.call("test_anything", {"i": -1})).success
         before = disk.fsyncs
         disk.release.clear()
-        tasks = [asyncio.create_task(host.call("test_anything", {"i": i})) for i in range(50)]
-        for _ in range(1000):
-            if len(calls_on_disk(tmp_path)) == 51:
-                break
-            await asyncio.sleep(0.01)
+        tasks = await calls_written_not_synced(host, tmp_path, 50)
         assert len(calls_on_disk(tmp_path)) == 51  # written at once...
         assert not any(t.done() for t in tasks)  # ...acknowledged only after the fsync
         disk.release.set()
@@ -153,11 +161,7 @@ async def test_one_fsync_wakes_the_loop_once_for_all_the_calls_it_covered(
     try:
         assert (await host.call("test_anything", {"i": -1})).success
         disk.release.clear()
-        tasks = [asyncio.create_task(host.call("test_anything", {"i": i})) for i in range(50)]
-        for _ in range(1000):
-            if len(calls_on_disk(tmp_path)) == 51:
-                break
-            await asyncio.sleep(0.01)
+        tasks = await calls_written_not_synced(host, tmp_path, 50)
         monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
         before = disk.fsyncs
         disk.release.set()
