@@ -314,14 +314,14 @@ def host_version() -> str:
     return __version__
 
 
-async def serve(host: ToolHost, settings: ServeSettings | None = None) -> None:
+async def serve(host: ToolHost, settings: ServeSettings | None = None, *, freeze_heap: bool = False) -> None:
     """Serve ``host``'s tools over the configured transport: stdio until the client closes stdin,
-    Streamable HTTP until the process is interrupted."""
+    Streamable HTTP until the process is interrupted (``freeze_heap``: see ``serve_http``)."""
     settings = settings or serve_settings(host)
     if settings.transport == "streamable-http":
         from .http import serve_http
 
-        await serve_http(host, settings)
+        await serve_http(host, settings, freeze_heap=freeze_heap)
         return
     server = build_server(host, settings)
     async with stdio_server() as (read, write):
@@ -335,16 +335,18 @@ async def serve_configured(
     builtins: bool = True,
     entry_points: bool = True,
     overrides: Mapping[str, Any] | None = None,
+    freeze_heap: bool = False,
 ) -> None:
     """Start a ``ToolHost`` from ``host_config`` (a mapping, a file, or discovered) and serve its
     tools, ``[plugins.mcp.serve]`` changed by ``overrides`` (the command line's ``--transport``,
-    ``--host``, ``--port``); the host closes when serving ends."""
+    ``--host``, ``--port``); the host closes when serving ends. ``freeze_heap``: see ``serve_http``
+    (``serve-mcp`` sets it)."""
     async with ToolHost(config=host_config, working_dir=working_dir, builtins=builtins,
                         entry_points=entry_points) as host:
         settings = serve_settings(host)
         if overrides:
             settings = attrs.evolve(settings, **overrides)
-        await serve(host, settings)
+        await serve(host, settings, freeze_heap=freeze_heap)
 
 
 async def serve_stdio(
