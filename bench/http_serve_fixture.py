@@ -15,8 +15,10 @@ from amplifier_tools.mcp.server import serve_settings
 
 from .bench_mcp import _Mount
 
+#: The environment variable the client's token is read from.
+TOKEN_VARIABLE = "BENCH_MCP_TOKEN"
 CONFIG = {
-    "secrets": {"bench": "BENCH_MCP_TOKEN"},
+    "secrets": {"bench": TOKEN_VARIABLE},
     "plugins": {"mcp": {"serve": {"transport": "streamable-http", "port": 0, "tools": ["*"],
                                   "clients": [{"token_ref": "bench", "principal": "bench"}]}}},
 }
@@ -25,7 +27,7 @@ CONFIG = {
 async def main() -> None:
     async with ToolHost(config=CONFIG, plugins=[_Mount()], builtins=["mcp"], entry_points=False,
                         discover=False) as host:
-        await serve_http(host, serve_settings(host), ready=lambda url: print(url, flush=True))
+        await serve_http(host, serve_settings(host), ready=lambda url: print(url, flush=True), freeze_heap=True)
 
 
 if __name__ == "__main__":

@@ -513,3 +513,26 @@ async def test_progress_a_client_can_no_longer_take_is_dropped_without_failing_t
     relay.offer(2.0, 2.0, "done")
     assert relay.waiting == 0  # no more is taken
     await asyncio.wait_for(relay.finish(), 5)  # returns: no exception reaches the call
+
+
+async def test_a_progress_relay_costs_nothing_until_progress_is_offered() -> None:
+    # Most calls report no progress: their relay builds no queue, no event and no task, and the
+    # call does not wait on it.
+    from amplifier_tools.mcp.server import ProgressRelay
+
+    sent: list[tuple[float, float | None, str | None]] = []
+
+    class Session:
+        async def report_progress(self, progress: float, total: float | None, message: str | None) -> None:
+            sent.append((progress, total, message))
+
+    quiet = ProgressRelay(Session())
+    assert not quiet.offered and quiet.waiting == 0
+    assert not hasattr(quiet, "_wake")
+    await quiet.finish()
+    quiet.abandon()
+    busy = ProgressRelay(Session())
+    busy.offer(1.0, 2.0, "half")
+    assert busy.offered
+    await asyncio.wait_for(busy.finish(), 5)
+    assert sent == [(1.0, 2.0, "half")]

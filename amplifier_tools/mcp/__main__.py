@@ -45,7 +45,7 @@ def run_serve(config: str | None, working_dir: str | None = None, overrides: dic
         print(f"error: --port {overrides['port']}: a TCP port is 0 to 65535", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve_configured(config, working_dir=working_dir, overrides=overrides))
+        asyncio.run(serve_configured(config, working_dir=working_dir, overrides=overrides, freeze_heap=True))
     except (ConfigError, PluginLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

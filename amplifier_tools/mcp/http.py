@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import hashlib
 import signal
 import socket
@@ -303,11 +304,17 @@ def _listen(settings: ServeSettings) -> socket.socket:
 
 
 async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[str], None] | None = None,
-                     stop: asyncio.Event | None = None) -> None:
+                     stop: asyncio.Event | None = None, *, freeze_heap: bool = False) -> None:
     """Serve until ``stop`` is set (without one: until SIGINT or SIGTERM; a second one stops at
     once) or the task is cancelled, then shut down: open requests get ``SHUTDOWN_GRACE_S`` to
     finish, sessions close, and it returns. ``ready`` gets the endpoint URL once listening; by
-    default it is printed to stderr. ``ConfigError`` when the address cannot be listened on."""
+    default it is printed to stderr. ``ConfigError`` when the address cannot be listened on.
+
+    ``freeze_heap`` (``serve-mcp`` sets it: the process is the server's): once listening, collect
+    and ``gc.freeze()`` what start-up left (the host, its plugins, the SDK, uvicorn: ≈ 95,000
+    tracked objects), so the cyclic collector's full collections no longer walk it on a request;
+    unfrozen when serving ends. Measured (one process serving 6,000 calls): without it each full
+    collection took 35-69 ms of one request, 27-43 µs a call on average (docs/mcp.md)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -341,10 +348,15 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
                 pass  # only the main thread takes signals; elsewhere a caller stops us by cancelling the task
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     stopping = asyncio.ensure_future(stop.wait())
+    frozen = False
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
+            if freeze_heap:
+                gc.collect()
+                gc.freeze()
+                frozen = True
             port = sock.getsockname()[1]
             url = f"http://{_url_host(settings.host)}:{port}{ENDPOINT}"
             if ready is not None:
@@ -368,6 +380,8 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S + 5)
         raise
     finally:
+        if frozen:
+            gc.unfreeze()
         stopping.cancel()
         sock.close()
         for signum in handled:
