@@ -331,11 +331,6 @@ class HookDispatcher:
         except (Exception, asyncio.CancelledError) as exc:
             raise self._raised(impl, hook, exc, monitored) from exc
 
-    def _direct(self) -> bool:
-        """Whether no hook-call monitor is installed: the chains may then call implementations
-        themselves (``_start``'s unmonitored path, inlined in ``tool_pre``/``tool_post``)."""
-        return self._pm._inner_hookexec is self._plain_hookexec
-
     def _raised(self, impl: Impl, hook: str, exc: BaseException, monitored: bool = False) -> HookFailure:
         """The failure of an implementation that raised when called (before anything was awaited):
         a plugin bug, the caller decides open/closed. A ``CancelledError`` raised by a sync
@@ -413,12 +408,13 @@ class HookDispatcher:
     ) -> ToolCall:
         """Run the ``tool_pre`` chain; the call as rewritten, or raise the ``ToolError`` that stops it."""
         kwargs = {"call": call, "spec": spec, "context": context}
-        direct = self._direct()
+        pm, plain = self._pm, self._plain_hookexec
         for impl in self.impls("tool_pre"):
             try:
                 # ``_invoke`` inlined, and ``_start``'s unmonitored path: a sync implementation
-                # (most) costs no coroutine and no extra frame per call.
-                if direct:
+                # (most) costs no coroutine and no extra frame per call. Whether a monitor is
+                # installed is asked before each one: an earlier hook may have installed it.
+                if pm._inner_hookexec is plain:
                     try:
                         out = impl.function(*impl.arguments(kwargs))
                     except (Exception, asyncio.CancelledError) as exc:
@@ -480,10 +476,10 @@ class HookDispatcher:
         """
         kwargs = {"call": call, "spec": spec, "result": result, "context": context}
         failed_closed = False
-        direct = self._direct()
+        pm, plain = self._pm, self._plain_hookexec
         for impl in self.impls("tool_post"):
             try:
-                if direct:  # ``_invoke`` and ``_start`` inlined, as in tool_pre
+                if pm._inner_hookexec is plain:  # ``_invoke`` and ``_start`` inlined, as in tool_pre
                     try:
                         out = impl.function(*impl.arguments(kwargs))
                     except (Exception, asyncio.CancelledError) as exc:

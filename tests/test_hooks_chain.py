@@ -426,6 +426,35 @@ async def test_pluggy_hook_call_monitoring_sees_every_chained_call(echo: EchoToo
     assert seen == []
 
 
+async def test_a_monitor_installed_by_an_earlier_hook_sees_the_rest_of_the_chain(
+        echo: EchoTool, tmp_path: Any) -> None:
+    """Whether a monitor is installed is asked before each implementation, not once per chain: one
+    that an earlier ``tool_pre`` installs sees the later ones of the same call (found by attack,
+    after the chains started calling unmonitored implementations directly)."""
+    from amplifier_tools import ToolHost
+
+    seen: list[tuple[str, tuple[str, ...]]] = []
+
+    class Installer:
+        name = "installer"
+        manager: Any = None
+
+        @hookimpl(tryfirst=True)
+        def tool_pre(self, call: Any) -> None:
+            if not seen:
+                seen.append(("installed", ()))
+                self.manager.add_hookcall_monitoring(
+                    lambda hook, impls, kwargs: seen.append((hook, tuple(i.plugin_name for i in impls))),
+                    lambda outcome, hook, impls, kwargs: None)
+
+    installer = Installer()
+    async with ToolHost(plugins=[ToolsPlugin(echo), installer, Rewriter()], builtins=False, entry_points=False,
+                        working_dir=tmp_path) as host:
+        installer.manager = host.plugin_manager
+        assert (await host.call("echo", {"path": "a"})).success
+    assert ("tool_pre", ("rewriter",)) in seen
+
+
 async def test_trace_prints_each_hook_failure_once(
     echo: EchoTool, tmp_path: Any, monkeypatch: Any, capsys: Any
 ) -> None:
