@@ -1,4 +1,5 @@
-"""``python -m bench.calls KIND N [P]``: N sequential calls on one host, for instruction and system-call counts.
+"""``python -m bench.calls KIND N [P] [--cpu]``: N sequential calls on one host, for instruction and
+system-call counts (``--cpu``: also print the user and system CPU per call, from ``os.times()``).
 
 KIND is ``default`` (the ``default host`` case of ``bench_core``: every built-in, 4 no-op plugins),
 ``bare`` (no built-ins, P no-op plugins, 4 unless given: the per-plugin slope is the difference
@@ -14,26 +15,40 @@ Wall time on a shared machine cannot tell small changes apart; counts can::
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 from .bench_core import ARGS, NoopTool, _default_host, _host
 
 
-async def main(kind: str, n: int, plugins: int = 4) -> None:
+async def main(kind: str, n: int, plugins: int = 4, cpu: bool = False) -> None:
     tool = NoopTool()
     if kind == "direct":
+        before = os.times()
         for _ in range(n):
             await tool.execute(ARGS)
+        _report(kind, before, n, cpu)
         return
     async with _default_host(tool) if kind == "default" else _host(plugins, [tool]) as host:
         for _ in range(200):
             result = await host.call("noop", ARGS)
             assert result.success, result
+        before = os.times()
         for _ in range(n):
             await host.call("noop", ARGS)
+        _report(kind, before, n, cpu)
+
+
+def _report(kind: str, before: os.times_result, n: int, cpu: bool) -> None:
+    after = os.times()
+    if cpu and n:
+        print(f"{kind}: user {(after.user - before.user) / n * 1e6:.1f} µs, "
+              f"system {(after.system - before.system) / n * 1e6:.1f} µs per call (os.times(), tick-sampled)",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("default", "bare", "direct"):
+    args = [arg for arg in sys.argv[1:] if arg != "--cpu"]
+    if len(args) not in (2, 3) or args[0] not in ("default", "bare", "direct"):
         sys.exit(__doc__)
-    asyncio.run(main(sys.argv[1], int(sys.argv[2]), *map(int, sys.argv[3:])))
+    asyncio.run(main(args[0], int(args[1]), *map(int, args[2:]), cpu="--cpu" in sys.argv[1:]))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import EchoTool
+from redis_server import RedisServer
 
 from amplifier_tools import ToolHost
 
@@ -70,3 +71,13 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
         if named == INTEGRATIONS or INTEGRATIONS in named.parents:
             return None
     return True
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A throwaway ``redis-server`` on 127.0.0.1 and a free port (tests/redis_server.py), stopped after the test."""
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server
+    finally:
+        server.stop()

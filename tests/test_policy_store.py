@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,6 @@ from amplifier_tools.builtins.policy.store import open_store
 
 WORKER = str(Path(__file__).with_name("policy_store_worker.py"))
 ROOT = str(Path(__file__).resolve().parent.parent)
-
-
-@pytest.fixture
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["sqlite", "redis"])

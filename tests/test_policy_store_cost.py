@@ -13,7 +13,6 @@ import asyncio
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,15 +87,6 @@ async def test_a_short_deadline_does_not_shorten_the_next_calls_wait_for_a_lock(
 
 
 # -- Redis ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def _command_counts(url: str, *command: str) -> dict[str, int]:

@@ -103,7 +103,7 @@ def next_window(out: int) -> float:
 def not_taken(seconds: float) -> int:
     """``take``'s answer when nothing was taken and the next window opens in ``seconds``: whole
     milliseconds, rounded up (a caller that sleeps that long is past the window's edge)."""
-    return -1 - math.ceil(seconds * 1000.0)
+    return -1 - max(math.ceil(seconds * 1000.0), 0)  # never ≥ 0 ("taken"), whatever the clock said
 
 
 def open_store(store: str, prefix: str, timeout: float, state_dir: str | os.PathLike[str] | None) -> SharedStore:
