@@ -16,7 +16,12 @@ The guarantees are the client's:
 - **Reconnects.** A connection that failed is dropped; the next command makes a new one. A
   command that fails with a connection error on a connection that had been idle in the list
   (the server restarted meanwhile) is sent once more on a new connection, within the same
-  deadline, as redis-py's own retry does.
+  deadline, as redis-py's own retry does — unless its sender says ``resend=False``. The first
+  send may have run on the server with only its reply lost (a link dropped between the two), so
+  a resent command runs twice: callers resend only commands whose second run refuses more,
+  never admits more (a unit taken twice, a lease or reservation added twice under one holder),
+  and send give-backs (a ``DECR``) with ``resend=False``: a lost give-back refuses one call too
+  many in its window, a doubled one would admit one too many.
 - **Scripts.** ``EVALSHA``; a server that does not know the script (restarted, ``SCRIPT
   FLUSH``) gets it once with ``EVAL`` on the same connection.
 
@@ -90,15 +95,17 @@ class RedisLink:
         self._closing: set[asyncio.Task[Any]] = set()
         self.watchdog = Watchdog()
 
-    def script(self, script: Script, keys: list[str], args: list[Any]) -> Coroutine[Any, Any, Any]:
+    def script(self, script: Script, keys: list[str], args: list[Any], *,
+               resend: bool = True) -> Coroutine[Any, Any, Any]:
         """``EVALSHA`` of ``script`` (``EVAL`` if the server lacks it): one round trip. (A plain
         function returning the command's coroutine: every frame between a decision and its socket
         is paid for twice per round trip, on the way out and on the way back.)"""
-        return self.command(*evalsha(script, keys, args))
+        return self.command(*evalsha(script, keys, args), resend=resend)
 
-    async def command(self, packed: bytes, fallback: Fallback | None = None) -> Any:
+    async def command(self, packed: bytes, fallback: Fallback | None = None, *, resend: bool = True) -> Any:
         """Send the packed command, return its reply (``fallback``: the ``EVAL`` to send instead
-        when the server answers ``NOSCRIPT``)."""
+        when the server answers ``NOSCRIPT``; ``resend``: whether a connection error on an idle
+        connection sends it once more, which runs it twice if only its reply was lost)."""
         wait, self.wait = self.wait, self.timeout
         task = asyncio.current_task()
         assert task is not None
@@ -108,6 +115,8 @@ class RedisLink:
             try:
                 if not self._idle:
                     return await self._on(self._new(), packed, fallback)
+                if not resend:
+                    return await self._on(self._idle.pop(), packed, fallback)
                 try:
                     return await self._on(self._idle.pop(), packed, fallback)
                 except RedisConnectionError:

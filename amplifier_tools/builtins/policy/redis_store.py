@@ -119,10 +119,13 @@ end
 return 1
 """
 
+#: A claim sent again after its reply was lost (``RedisLink`` resends on a dropped idle connection)
+#: finds its own holder and is claimed, not "running" against itself until its deadline.
 CLAIM: Final = """
-local v = redis.call('HMGET', KEYS[1], 'value', 'digest')
+local v = redis.call('HMGET', KEYS[1], 'value', 'digest', 'holder')
 if v[2] then
   if v[1] then return {'stored', v[2], v[1]} end
+  if v[3] == ARGV[1] then return {'claimed'} end
   return {'running', v[2]}
 end
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'digest', ARGV[2])
@@ -171,8 +174,9 @@ class RedisStore:
             ("take", TAKE), ("untake", UNTAKE), ("lease", LEASE), ("renew", RENEW), ("reserve", RESERVE),
             ("settle", SETTLE), ("claim", CLAIM), ("resolve", RESOLVE))}
 
-    def _script(self, name: str, keys: list[str], args: list[Any]) -> Coroutine[Any, Any, Any]:
-        return self.link.script(self._scripts[name], [self.prefix + key for key in keys], args)
+    def _script(self, name: str, keys: list[str], args: list[Any], *,
+                resend: bool = True) -> Coroutine[Any, Any, Any]:
+        return self.link.script(self._scripts[name], [self.prefix + key for key in keys], args, resend=resend)
 
     async def ping(self) -> None:
         """One ``PING`` round trip on the store's own connections: the reference of the bench."""
@@ -191,7 +195,8 @@ class RedisStore:
         return self.link.command(packed[2], packed[3])
 
     async def untake(self, key: str, interval: float, window: int) -> None:
-        await self._script("untake", [f"{key}@{window}"], [])
+        # A give-back is never resent: run twice (its first reply lost), it would admit one call too many.
+        await self._script("untake", [f"{key}@{window}"], [], resend=False)
 
     async def lease(self, key: str, limit: int, holder: str, ttl: float) -> bool:
         return bool(await self._script("lease", [key], [limit, holder, _ms(ttl)]))
@@ -210,7 +215,10 @@ class RedisStore:
         return outcome.decode(), int(window), float(reserved)
 
     async def settle(self, key: str, interval: float, window: int, holder: str, elapsed: float | None) -> None:
-        await self._script("settle", [key], [window, holder, -1 if elapsed is None else elapsed, _ms(2 * interval)])
+        # A give-back (elapsed None: the call's unit is returned) is never resent (see ``untake``);
+        # settling time spent, run twice, counts the time twice: it refuses more, never admits more.
+        await self._script("settle", [key], [window, holder, -1 if elapsed is None else elapsed, _ms(2 * interval)],
+                           resend=elapsed is not None)
 
     async def claim(self, key: str, digest: str, holder: str, ttl: float) -> tuple[str, str | None, str | None]:
         out = await self._script("claim", [key], [holder, digest, _ms(ttl)])
