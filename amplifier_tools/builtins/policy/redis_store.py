@@ -125,7 +125,7 @@ CLAIM: Final = """
 local v = redis.call('HMGET', KEYS[1], 'value', 'digest', 'holder')
 if v[2] then
   if v[1] then return {'stored', v[2], v[1]} end
-  if v[3] == ARGV[1] then return {'claimed'} end
+  if v[3] == ARGV[1] and v[2] == ARGV[2] then return {'claimed'} end
   return {'running', v[2]}
 end
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'digest', ARGV[2])

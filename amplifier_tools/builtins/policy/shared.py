@@ -26,6 +26,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import socket
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
@@ -48,12 +49,31 @@ POLL_FIRST, POLL_MAX = 0.005, 0.1
 QUEUE: Final = object()  # rate_limit_now: the call may wait for the next window
 log = logging.getLogger("amplifier_tools.policy")
 T = TypeVar("T")
+
+
+def _process_prefix() -> str:
+    """This process's part of a holder id: host name and process id (for people reading
+    ``policy status``) and 64 random bits (for uniqueness: containers under one host name are
+    all process 1, and a forked child starts with its parent's counter)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
+
+
 _holders = itertools.count(1)
-_HOST = f"{socket.gethostname()}:{os.getpid()}"
+_HOST = _process_prefix()
+
+
+def _after_fork() -> None:
+    global _holders, _HOST
+    _holders, _HOST = itertools.count(1), _process_prefix()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def new_holder() -> str:
-    """A holder id unique in the fleet: host name, process id, a counter."""
+    """A holder id unique in the fleet: this process's prefix (renewed in a forked child) and a
+    counter. Two processes with one holder id would share leases (a concurrency cap admits
+    twice) and idempotency claims (a resent claim is its holder's, so both would run)."""
     return f"{_HOST}:{next(_holders)}"
 
 

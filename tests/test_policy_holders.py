@@ -1,0 +1,65 @@
+"""Holder ids (leases, reservations, idempotency claims) are unique across processes.
+
+Found by attack: the id was host name + process id taken once at import, plus a counter, so a
+forked worker (gunicorn ``--preload``, multiprocessing's fork) made its parent's ids, and so did
+containers that all run as process 1 under one host name. Two processes with one holder id share
+a lease (a concurrency cap of 1 admitted both) and, since a resent idempotency claim is its
+holder's, both ran the same idempotent call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+from pathlib import Path
+
+from amplifier_tools.builtins.policy import shared
+from amplifier_tools.builtins.policy.store import open_store
+
+FORK = multiprocessing.get_context("fork")
+
+
+def _holder_in_child(out: multiprocessing.queues.Queue) -> None:  # type: ignore[type-arg]
+    out.put(shared.new_holder())
+
+
+def test_a_forked_child_makes_holder_ids_its_parent_does_not() -> None:
+    queue = FORK.Queue()
+    child = FORK.Process(target=_holder_in_child, args=(queue,))
+    child.start()
+    theirs = queue.get(timeout=30)
+    child.join(30)
+    mine = shared.new_holder()
+    assert theirs.rsplit(":", 1)[0] != mine.rsplit(":", 1)[0]
+    assert theirs != mine and theirs.endswith(":1")  # the child's counter starts anew, under its own prefix
+
+
+def _lease_in_child(path: str, start: multiprocessing.synchronize.Event,  # type: ignore[name-defined]
+                    out: multiprocessing.queues.Queue) -> None:  # type: ignore[type-arg]
+    async def lease() -> bool:
+        store = open_store("sqlite", "t:", 2.0, Path(path))
+        try:
+            start.wait(30)
+            return bool(await store.lease("slots:tool", 2, shared.new_holder(), 60.0))
+        finally:
+            await store.close()
+
+    out.put(asyncio.run(lease()))
+
+
+def test_four_forked_workers_get_two_slots_of_a_cap_of_two(tmp_path: Path) -> None:
+    """What the user sees: a concurrency cap of 2 shared by four forked workers admits two of them
+    (with one holder id among them, each lease replaced the last and all four were admitted)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    shared.new_holder()  # the parent has made ids before it forks, as a preloaded app has
+    start, queue = FORK.Event(), FORK.Queue()
+    workers = [FORK.Process(target=_lease_in_child, args=(str(state), start, queue)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    start.set()
+    granted = sorted(queue.get(timeout=30) for _ in workers)
+    for worker in workers:
+        worker.join(30)
+    assert granted == [False, False, True, True]
