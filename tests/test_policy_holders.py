@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import os
 from pathlib import Path
 
 from amplifier_tools.builtins.policy import shared
