@@ -21,6 +21,7 @@ budgets of one call are reserved one after the other, not in one transaction.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import itertools
 import json
@@ -28,7 +29,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 from ...models import Deny, ToolCall, ToolContext, ToolResult
@@ -46,6 +47,7 @@ PLUGIN: Final = "policy"
 LEASE_GRACE: Final = 2.0  # seconds a lease outlives the longest attempt, for renewal and clock jitter
 LEASE_DEFAULT: Final = 30.0  # a lease's base when the tool has no timeout (renewed while it runs)
 POLL_FIRST, POLL_MAX = 0.005, 0.1
+RESOLVE_TRIES: Final = 3  # sends of an idempotency result, within the releases' one store timeout
 QUEUE: Final = object()  # rate_limit_now: the call may wait for the next window
 log = logging.getLogger("amplifier_tools.policy")
 T = TypeVar("T")
@@ -113,13 +115,50 @@ class SharedPolicy:
         self.store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
         return work
 
-    async def _quietly(self, work: Awaitable[Any]) -> None:
-        """A release: bounded by the store timeout, and on failure logged and left to the key's expiry."""
-        self.store.limit_wait(self.timeout)
+    def _release_bound(self) -> float:
+        """When the releases of one call must be done (of ``plugin.clock``): together they get one
+        store timeout, so a store that hangs delays a call's result by at most that, however many
+        policies the call held (found by attack: each release waited a store timeout of its own)."""
+        return self.plugin.clock() + self.timeout
+
+    async def _quietly(self, work: Callable[[], Awaitable[Any]], until: float) -> None:
+        """A release (``work`` makes its operation): bounded by what is left until ``until``, and
+        on failure, or with no time left, logged and left to the key's expiry."""
+        left = until - self.plugin.clock()
+        if left <= 0:
+            log.warning("policy store: no time left for a release within store_timeout_ms; the key's expiry "
+                        "reclaims it")
+            return
+        self.store.limit_wait(min(self.timeout, left))
         try:
-            await work
+            await work()
         except (StoreUnavailable, OSError) as exc:
             log.warning("policy store: a release failed (%s); the key's expiry reclaims it", exc)
+
+    async def _store_result(self, claim: tuple[str, str, str], value: str | None, ttl: float, until: float) -> None:
+        """Resolve an idempotency claim (store the result, or free the key with ``value`` None).
+        Tried again on failure while time is left (a resolve is its holder's: running it twice is
+        running it once), as a lost one leaves the key "running" until the claim expires and a
+        call with the key after that runs the tool again; that is logged as an error."""
+        slot, holder, digest = claim
+        failure: BaseException | None = None
+        for _ in range(RESOLVE_TRIES):
+            left = until - self.plugin.clock()
+            if left <= 0:
+                break
+            self.store.limit_wait(min(self.timeout, left))
+            try:
+                await self.store.resolve(slot, holder, digest, value, ttl)
+                return
+            except (StoreUnavailable, OSError) as exc:
+                failure = exc
+        if value is None:
+            log.warning("policy store: an idempotency key was not freed (%s); it frees itself when its claim "
+                        "expires", failure or "no time left within store_timeout_ms")
+        else:
+            log.error("policy store: the result for an idempotency key could not be stored (%s): a call with the "
+                      "same key is refused as still running until the claim expires, and runs the tool again "
+                      "after that", failure or "no time left within store_timeout_ms")
 
     # -- admission -----------------------------------------------------------------------
 
@@ -385,17 +424,20 @@ class SharedPolicy:
         """Undo what a call that was not admitted took: it counts against nothing."""
         if shared.renewer is not None:
             shared.renewer.cancel()
+        until = self._release_bound()
+        store = self.store
         if shared.lease is not None:
-            await self._quietly(self.store.release(*shared.lease[:2]))
+            lease = shared.lease
+            await self._quietly(lambda: store.release(*lease[:2]), until)
         if shared.breaker is not None and shared.breaker[2] is not None:
-            await self._quietly(self._abandon(shared.breaker))
+            breaker = shared.breaker
+            await self._quietly(lambda: self._abandon(breaker), until)
         for key, interval, window, holder in shared.budgets:
-            await self._quietly(self.store.settle(key, interval, window, holder, None))
+            await self._quietly(functools.partial(store.settle, key, interval, window, holder, None), until)
         if shared.rate is not None:
-            await self._quietly(self.store.untake(*shared.rate))
+            await self._quietly(functools.partial(store.untake, *shared.rate), until)
         if shared.claim is not None:
-            slot, holder, digest = shared.claim
-            await self._quietly(self.store.resolve(slot, holder, digest, None, 0))
+            await self._store_result(shared.claim, None, 0, until)
         shared.lease = shared.breaker = shared.rate = shared.claim = None
         shared.budgets = []
 
@@ -416,22 +458,25 @@ class SharedPolicy:
         if shared.renewer is not None:
             shared.renewer.cancel()
             shared.renewer = None
-        if shared.lease is not None:
-            await self._quietly(self.store.release(*shared.lease[:2]))
         elapsed = self.plugin.clock() - held.started
-        for key, interval, window, holder in shared.budgets:
-            await self._quietly(self.store.settle(key, interval, window, holder, elapsed))
-        if shared.breaker is not None:
-            await self._quietly(self._record(shared.breaker, failed, spec))
-        if shared.claim is not None:
-            slot, holder, digest = shared.claim
+        until = self._release_bound()
+        store = self.store
+        if shared.claim is not None:  # first: the stored result is what the next call with the key gets
             value = None
             if failed is False and result.success:
                 rules = spec.security.redaction_rules if spec is not None else ()
                 metadata = {k: v for k, v in result.metadata.items() if k != "trail"}
                 value = json.dumps(redact({"output": result.output, "metadata": metadata},
                                           paths=[r for r in rules if r.startswith("output")]), default=str)
-            await self._quietly(self.store.resolve(slot, holder, digest, value, self.plugin.idempotency_window))
+            await self._store_result(shared.claim, value, self.plugin.idempotency_window, until)
+        if shared.lease is not None:
+            lease = shared.lease
+            await self._quietly(lambda: store.release(*lease[:2]), until)
+        for key, interval, window, holder in shared.budgets:
+            await self._quietly(functools.partial(store.settle, key, interval, window, holder, elapsed), until)
+        if shared.breaker is not None:
+            breaker = shared.breaker
+            await self._quietly(lambda: self._record(breaker, failed, spec), until)
         shared.lease = shared.breaker = shared.rate = shared.claim = None
         shared.budgets = []
 

@@ -1,0 +1,99 @@
+"""A call's releases against a store that hangs or loses replies (found by attack).
+
+- Each release (the lease, each budget, the breaker, the idempotency result) used to wait a
+  store timeout of its own, one after another: with the Redis server paused right after a call
+  was admitted, a call under four policies returned after four store timeouts. They now share one.
+- An idempotency result whose reply was lost twice was not stored: the next call with the key was
+  refused as still running until the claim expired, and the one after that ran the tool again.
+  Storing it is tried again (it is its holder's, so twice is once).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from helpers import ToolsPlugin
+from redis_proxy import ReplyDropper
+from redis_server import RedisServer
+
+from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
+
+
+class Pausing:
+    """Under every stateful policy; pauses the Redis server once admitted (``SIGSTOP``)."""
+
+    spec = ToolSpec(name="pausing", description="pausing", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"timeout_ms": 10_000, "concurrency": {"limit": 4},
+                              "circuit_breaker": {"failure_threshold": 5, "cooldown_ms": 1000},
+                              "budgets": [{"per": "principal", "max_calls": 100, "max_seconds": 600},
+                                          {"per": "role", "max_calls": 100}]})
+    name, description = "pausing", "pausing"
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        os.kill(self.pid, signal.SIGSTOP)
+        return ToolResult(output="done")
+
+
+def _host(tmp_path: Path, url: str, *tools: Any, timeout_ms: int) -> ToolHost:
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    config = {"state_dir": str(tmp_path / "state"),
+              "plugins": {"policy": {"store": url, "store_timeout_ms": timeout_ms}}}
+    return ToolHost(config=config, plugins=[ToolsPlugin(*tools)], builtins=["policy"], entry_points=False,
+                    discover=False, working_dir=work)
+
+
+async def test_the_releases_of_a_call_share_one_store_timeout(redis_server: RedisServer, tmp_path: Path) -> None:
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    try:
+        async with _host(tmp_path, redis_server.url, Pausing(pid), timeout_ms=500) as host:
+            started = time.monotonic()
+            result = await host.call("pausing", {}, context=ToolContext(idempotency_key="k"))
+            took = time.monotonic() - started
+            os.kill(pid, signal.SIGCONT)
+            assert result.success, result.error  # the tool ran: a release that fails never fails it
+            # One after another, the releases (result, lease, budgets) took 0.5 s each: 1.5 s in all.
+            assert took < 1.2, took
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+class Counting:
+    spec = ToolSpec(name="counting", description="counting", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"timeout_ms": 10_000})
+    name, description = "counting", "counting"
+
+    def __init__(self, proxy: ReplyDropper) -> None:
+        self.proxy = proxy
+        self.runs = 0
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.runs += 1
+        self.proxy.armed = 2  # the result's reply, and that of the link's one resend, are lost
+        return ToolResult(output=f"run {self.runs}")
+
+
+async def test_a_result_whose_reply_is_lost_is_stored_all_the_same(redis_server: RedisServer,
+                                                                   tmp_path: Path) -> None:
+    proxy = ReplyDropper(redis_server.port)
+    url = await proxy.start()
+    tool = Counting(proxy)
+    try:
+        async with _host(tmp_path, url, tool, timeout_ms=2000) as host:
+            keyed = ToolContext(idempotency_key="k")
+            first = await host.call("counting", {}, context=keyed)
+            assert first.success and first.output == "run 1"
+            assert proxy.dropped == 2
+            again = await host.call("counting", {}, context=ToolContext(idempotency_key="k"))
+            assert again.success, again.error  # replayed, not "still running"
+            assert again.output == "run 1" and tool.runs == 1
+    finally:
+        await proxy.close()
