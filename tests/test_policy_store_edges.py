@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from helpers import ToolsPlugin
 
-from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools import ConfigError, ToolContext, ToolHost, ToolResult, ToolSpec
 
 
 class Slow:
@@ -181,3 +181,30 @@ async def test_a_new_file_locked_for_good_fails_the_call_closed_within_the_store
             other.close()
     assert not result.success and result.error["code"] == "policy_store_unavailable"
     assert 0.4 <= waited < 5  # store_timeout_ms = 500: retried that long, then closed
+
+
+def test_a_redis_socket_inside_the_working_directory_is_refused_at_start(tmp_path: Path) -> None:
+    """Found by attack: with ``store = "unix://<working dir>/redis.sock"`` a sandboxed bash command
+    replaced the socket with a fake server answering every decision with "admitted"."""
+    pytest.importorskip("redis")
+    work = tmp_path / "work"
+    work.mkdir()
+    config = {"state_dir": str(tmp_path / "state"),
+              "plugins": {"policy": {"store": f"unix://{work}/redis.sock"}}}
+    host = ToolHost(config=config, builtins=["policy"], entry_points=False, discover=False, working_dir=work)
+    with pytest.raises(ConfigError) as caught:
+        asyncio.run(host.start())
+    assert caught.value.key == "plugins.policy.store"
+    assert "redis.sock" in str(caught.value) and "writable root" in str(caught.value)
+
+
+async def test_a_redis_socket_outside_the_writable_roots_is_a_protected_path(tmp_path: Path) -> None:
+    pytest.importorskip("redis")
+    work = tmp_path / "work"
+    work.mkdir()
+    socket_path = tmp_path / "run" / "redis.sock"
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": f"unix://{socket_path}"}}}
+    async with ToolHost(config=config, builtins=["policy"], entry_points=False, discover=False,
+                        working_dir=work) as host:
+        entry = host.protected_paths.protects(str(socket_path))
+        assert entry is not None and entry.reason == "the policy store's Redis socket"
