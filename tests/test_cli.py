@@ -655,3 +655,27 @@ def test_fixing_a_typo_in_a_first_config_needs_no_trust(tmp_path: Path) -> None:
     assert fixed.returncode == 0, fixed.stderr
     config.write_text("[plugins.bash]\nmax_timeout = 900\n")  # once started, a change is not taken on trust
     assert "changed since the host last started" in cli(tmp_path, "list", env=env).stderr
+
+
+def test_policy_status_of_a_store_that_does_not_answer_reports_it_as_every_command_does(project: Path) -> None:
+    """Found by attack: the error went to stdout as plain text, also under ``--json``."""
+    pytest.importorskip("redis")
+    with open(project / "amplifier-tools.toml", "a") as config:
+        config.write('\n[plugins.policy]\nstore = "redis://127.0.0.1:1/0"\nstore_timeout_ms = 200\n')
+    plain = cli(project, "policy", "status")
+    assert plain.returncode == 1 and plain.stdout == ""
+    assert "error: Redis store redis://127.0.0.1:1/0" in plain.stderr
+    assert "hint: " in plain.stderr and "[plugins.policy] store" in plain.stderr
+    as_json = cli(project, "policy", "status", "--json")
+    assert as_json.returncode == 1
+    error = json.loads(as_json.stdout)["error"]
+    assert error["exit_status"] == 1 and "redis://127.0.0.1:1/0" in error["message"]
+
+
+def test_a_malformed_redis_url_names_the_setting(project: Path) -> None:
+    pytest.importorskip("redis")
+    with open(project / "amplifier-tools.toml", "a") as config:
+        config.write('\n[plugins.policy]\nstore = "redis://127.0.0.1:notaport/0"\n')
+    out = cli(project, "call", "demo_greet", '{"who": "Ada"}')
+    assert out.returncode != 0
+    assert "plugins.policy.store" in out.stderr and "malformed" in out.stderr

@@ -208,3 +208,21 @@ async def test_a_redis_socket_outside_the_writable_roots_is_a_protected_path(tmp
                         working_dir=work) as host:
         entry = host.protected_paths.protects(str(socket_path))
         assert entry is not None and entry.reason == "the policy store's Redis socket"
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://h:6379/0?password=hunter2", "redis://h:6379/0"),  # found by attack: shown as given
+    ("redis://:hunter2@h:6379/0", "redis://h:6379/0"),
+    ("rediss://user:hunter2@h:6380/2", "rediss://h:6380/2"),
+    ("unix:///run/redis.sock?db=1&password=hunter2", "unix:///run/redis.sock"),
+])
+def test_a_redis_password_is_never_shown(url: str, shown: str, tmp_path: Path) -> None:
+    """``policy status``, store errors (which the model sees) and the audit trail show ``where``."""
+    pytest.importorskip("redis")
+    from amplifier_tools.builtins.policy.store import open_store
+
+    store = open_store(url, "t:", 1.0, tmp_path)
+    try:
+        assert store.where == shown
+    finally:
+        asyncio.run(store.close())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from typing import Any
 
 from ...plugin_settings import structure_settings
@@ -64,7 +65,15 @@ def status(config: str | None, *, as_json: bool) -> int:
         where, rows = asyncio.run(_status(store, settings.store_prefix, settings.store_timeout_ms / 1000.0,
                                           str(host.state_dir)))
     except (StoreUnavailable, asyncio.TimeoutError) as exc:
-        print(f"error: {exc or 'the policy store did not answer'}")
+        message = str(exc) if isinstance(exc, StoreUnavailable) else \
+            f"the policy store did not answer within {10 * settings.store_timeout_ms / 1000.0:g} s"
+        hint = "check the server named by [plugins.policy] store; store_timeout_ms bounds each wait"
+        # As the command line reports a failure: stderr for people, and with --json a JSON error on stdout.
+        print(f"error: {message}", file=sys.stderr)
+        print(f"hint: {hint}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"error": {"type": "StoreUnavailable", "message": message, "hint": hint,
+                                        "exit_status": 1}}))
         return 1
     if as_json:
         print(json.dumps({"store": where, "keys": rows}, indent=2))

@@ -149,6 +149,19 @@ PING: Final = pack("PING")
 TAKES_PACKED: Final = 4096  # rate-limit commands kept packed (one per tool, or per tool and principal)
 
 
+def public_url(url: str) -> str:
+    """``url`` as it may be shown (``policy status``, errors, the audit trail): no user name or
+    password, and no query (redis-py also takes ``?password=``)."""
+    scheme, _, rest = url.partition("://")
+    address = rest.partition("?")[0].partition("#")[0]
+    if scheme != "unix":
+        head, slash, path = address.partition("/")
+        address = head.rpartition("@")[2] + slash + path
+    else:
+        address = address.rpartition("@")[2] if "@" in address.partition("/")[0] else address
+    return f"{scheme}://{address}"
+
+
 def _ms(seconds: float) -> int:
     return max(int(seconds * 1000), 1)
 
@@ -159,8 +172,7 @@ class RedisStore:
     kind = "redis"
 
     def __init__(self, url: str, prefix: str, timeout: float) -> None:
-        scheme, _, rest = url.partition("://")
-        self.where = f"{scheme}://{rest.rpartition('@')[2]}"  # never show a password
+        self.where = public_url(url)
         self.prefix = prefix
         # No socket_timeout: redis-py would then run every send in a task of its own (wait_for), and
         # every operation is bounded here (``RedisLink``: the store timeout, cut to the call's wait

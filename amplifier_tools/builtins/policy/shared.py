@@ -27,7 +27,6 @@ import itertools
 import json
 import logging
 import os
-import secrets
 import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
@@ -57,7 +56,7 @@ def _process_prefix() -> str:
     """This process's part of a holder id: host name and process id (for people reading
     ``policy status``) and 64 random bits (for uniqueness: containers under one host name are
     all process 1, and a forked child starts with its parent's counter)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
+    return f"{socket.gethostname()}:{os.getpid()}:{os.urandom(8).hex()}"
 
 
 _holders = itertools.count(1)

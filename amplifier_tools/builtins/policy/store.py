@@ -120,4 +120,9 @@ def open_store(store: str, prefix: str, timeout: float, state_dir: str | os.Path
     except ImportError:
         raise ConfigError("a Redis store needs the redis client", key=f"plugins.{PLUGIN}.store",
                           hint="pip install 'amplifier-tools[redis]'") from None
-    return RedisStore(store, prefix, timeout)
+    try:
+        return RedisStore(store, prefix, timeout)
+    except ValueError as exc:  # redis-py's parse of the URL: a port that is no number, a bad db
+        raise ConfigError(f"the Redis URL is malformed: {exc}", key=f"plugins.{PLUGIN}.store",
+                          hint="redis://[:password@]host:port/db, rediss://… for TLS, or unix:///path/redis.sock") \
+            from None
