@@ -4,6 +4,7 @@ swapped for a symlink, and an idempotency claim that must outlive the call's que
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
 import threading
@@ -226,3 +227,48 @@ def test_a_redis_password_is_never_shown(url: str, shown: str, tmp_path: Path) -
         assert store.where == shown
     finally:
         asyncio.run(store.close())
+
+
+class Capped:
+    spec = ToolSpec(name="capped", description="capped", effect="Pure",
+                    policies={"concurrency": {"limit": 2}, "rate_limit": {"limit": 50, "interval_ms": 1000},
+                              "timeout_ms": 200})  # a deadline under the store timeout
+    name, description = spec.name, spec.description
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="done")
+
+
+async def test_a_store_file_swapped_for_a_symlink_fails_closed_and_leaves_no_coroutine_behind(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by attack: the refusal came with ``RuntimeWarning: coroutine 'SQLiteStore.lease' was
+    never awaited`` (the bound is set, and the file opened, after the operation was made)."""
+    import gc
+    import warnings
+
+    (tmp_path / "state").mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.symlink(victim, tmp_path / "state" / "policy.sqlite3")
+    # No log records: pytest keeps them, and with them the failure's traceback and its frames.
+    caplog.set_level(logging.CRITICAL + 1, logger="amplifier_tools")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        async with _host(tmp_path, Capped()) as host:
+            result = await host.call("capped", {})
+        failed = not result.success
+        del result, host
+        gc.collect()
+    assert failed and victim.read_text() == "precious\n"
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/abc", "rediss://h:6380/0x1", "redis://h:1/-1"])
+def test_a_redis_database_that_is_no_number_is_refused(url: str) -> None:
+    """Found by attack: redis-py took ``/abc`` as database 0, silently."""
+    pytest.importorskip("redis")
+    from amplifier_tools.builtins.policy.store import open_store
+
+    with pytest.raises(ConfigError) as caught:
+        open_store(url, "t:", 1.0, None)
+    assert caught.value.key == "plugins.policy.store" and "not a number" in str(caught.value)

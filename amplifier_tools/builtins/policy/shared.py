@@ -111,7 +111,12 @@ class SharedPolicy:
         ``work`` starts and reads it. A plain function, not a coroutine: one frame less between
         a decision and the store's socket."""
         left = self.plugin._time_left(spec, context, started)
-        self.store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
+        try:
+            self.store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
+        except BaseException:  # SQLite connects here: a refused file raises before ``work`` is awaited
+            if inspect.iscoroutine(work):
+                work.close()
+            raise
         return work
 
     def _release_bound(self) -> float:

@@ -120,6 +120,11 @@ def open_store(store: str, prefix: str, timeout: float, state_dir: str | os.Path
     except ImportError:
         raise ConfigError("a Redis store needs the redis client", key=f"plugins.{PLUGIN}.store",
                           hint="pip install 'amplifier-tools[redis]'") from None
+    scheme, _, rest = store.partition("://")
+    database = rest.partition("?")[0].partition("/")[2]
+    if scheme in ("redis", "rediss") and database != "" and not database.isdigit():
+        raise ConfigError(f"the Redis URL's database {database!r} is not a number", key=f"plugins.{PLUGIN}.store",
+                          hint="redis://host:port/0 (databases are numbered; redis-py would have used 0)")
     try:
         return RedisStore(store, prefix, timeout)
     except ValueError as exc:  # redis-py's parse of the URL: a port that is no number, a bad db
