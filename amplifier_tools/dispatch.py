@@ -354,6 +354,49 @@ class HookDispatcher:
                 raise
             raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError")) from exc
 
+    async def _finish_future(self, impl: Impl, future: asyncio.Future[Any]) -> bool:
+        """Wait for a future a ``tool_complete`` observer returned: to its end despite a
+        cancellation of the caller (the answer: whether one arrived), within the plugin's hook
+        timeout; its exception, its own cancellation or the timeout is the plugin's failure
+        (``HookFailure``). A future needs no task to run in, unlike a coroutine
+        (``finish_despite_cancel``): waiting for the audit record's fsync took one per call."""
+        cancelled = expired = False
+        if not future.done():
+            waiting: asyncio.Future[Any] | None = None
+
+            def expire() -> None:
+                nonlocal expired
+                expired = True
+                if waiting is not None:
+                    waiting.cancel()
+
+            timer = asyncio.get_running_loop().call_later(impl.timeout, expire) \
+                if impl.timeout is not None else None
+            try:
+                while not future.done():
+                    waiting = asyncio.shield(future)  # a cancellation cancels this, never ``future``
+                    try:
+                        await waiting
+                    except asyncio.CancelledError:
+                        if expired:
+                            break
+                        cancelled = True  # the caller's: keep waiting, then honour it
+                    except Exception:
+                        break  # the future's own: raised below, as the plugin's failure
+            finally:
+                if timer is not None:
+                    timer.cancel()
+            if not future.done():
+                raise self._failure(impl, "tool_complete", TimeoutError())
+        if future.cancelled():
+            raise self._failure(impl, "tool_complete", _OwnCancellation("its future was cancelled"))
+        exc = future.exception()
+        if isinstance(exc, Exception):
+            raise self._failure(impl, "tool_complete", exc) from exc
+        if exc is not None:
+            raise exc
+        return cancelled
+
     async def _invoke(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
         """Call one implementation to completion; ``HookFailure`` if it raises or times out.
 
@@ -557,7 +600,9 @@ class HookDispatcher:
         for impl in self.impls("tool_complete"):
             try:
                 out = self._start(impl, "tool_complete", kwargs)
-                if impl.is_async or (out is not None and inspect.isawaitable(out)):
+                if isinstance(out, asyncio.Future):  # only waited for: no task of its own (the audit's fsync)
+                    cancelled = await self._finish_future(impl, out) or cancelled
+                elif impl.is_async or (out is not None and inspect.isawaitable(out)):
                     _, late = await finish_despite_cancel(self._finish(impl, "tool_complete", out))
                     cancelled = cancelled or late
             except HookFailure as failure:

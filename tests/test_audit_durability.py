@@ -366,6 +366,26 @@ async def test_a_failed_fsync_makes_the_writer_refuse_calls_until_one_succeeds(
         await host.close()
 
 
+@pytest.mark.parametrize("mode", ["fail_closed", "fail_open"])
+async def test_with_fsync_always_the_call_that_waited_for_a_failed_fsync_hears_of_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The waiting call gets the plugin's verdict on the failed fsync: fail_closed, the typed
+    ``audit_unavailable`` (its result withheld); fail_open, its result, the failure logged."""
+    disk = FailingFsync()
+    monkeypatch.setattr(writer_module, "os", disk)
+    host = await make(tmp_path, fsync="always", mode=mode)
+    try:
+        result = await asyncio.wait_for(host.call("test_anything", {"n": 1}), 30)
+        if mode == "fail_closed":
+            assert not result.success and result.error["code"] == "audit_unavailable"
+            assert "fsync" in result.error["message"] and result.output is None
+        else:
+            assert result.success, result.error
+    finally:
+        disk.failing = False
+        await host.close()
+
+
 def test_a_huge_integer_key_is_summarized_not_raised() -> None:
     from amplifier_tools._json import encodable
 

@@ -600,3 +600,72 @@ async def test_outputs_whose_str_raises_are_still_recorded(tmp_path: Path, outpu
         await host.call("returns", {}, call_id="hv")
         assert audit_records(host) == Counter({"hv": 1})
         assert audit_record(host, "hv")["altered"]
+
+
+# -- a tool_complete observer that hands back a future (the audit's fsync wait) ---------------
+
+
+class FutureObserver:
+    """Hands back a future from ``tool_complete`` and settles it as the test says."""
+
+    name = "futures"
+
+    def __init__(self) -> None:
+        self.futures: list[asyncio.Future[None]] = []
+
+    @hookimpl
+    def tool_complete(self, call: Any) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+
+class Last:
+    """A later observer: it must run whatever the future observer's future does."""
+
+    name = "last"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @hookimpl
+    def tool_complete(self, call: Any) -> None:
+        self.seen.append(call.id)
+
+
+async def test_a_future_from_tool_complete_is_waited_for_to_its_end_despite_a_cancellation(tmp_path: Path) -> None:
+    futures, last = FutureObserver(), Last()
+    async with ToolHost(plugins=[ToolsPlugin(Sleeps()), futures, last], builtins=["audit"], entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="f1"))
+        while not futures.futures:
+            await asyncio.sleep(0.001)
+        call.cancel()  # while the call waits for the observer's future
+        await asyncio.sleep(0.05)
+        # Still waiting: the cancellation does not cut it short, and the audit (the last observer) waits too.
+        assert not call.done() and audit_records(host) == Counter()
+        futures.futures[0].set_result(None)
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert last.seen == ["f1"]  # every observer ran, then the cancellation was raised
+        assert audit_records(host) == Counter({"f1": 1})
+
+
+@pytest.mark.parametrize("outcome", ["raises", "hangs", "cancelled"])
+async def test_a_future_from_tool_complete_that_fails_is_the_plugins_failure(tmp_path: Path, outcome: str) -> None:
+    futures, last = FutureObserver(), Last()
+    config = {"plugins": {"futures": {"hook_timeout_ms": 100}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Sleeps()), futures, last], builtins=["audit"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="f2"))
+        while not futures.futures:
+            await asyncio.sleep(0.001)
+        if outcome == "raises":
+            futures.futures[0].set_exception(RuntimeError("the backend is gone"))
+        elif outcome == "cancelled":
+            futures.futures[0].cancel()
+        result = await asyncio.wait_for(call, 10)
+        record = audit_record(host, "f2")
+    assert not result.success and result.error["plugin"] == "futures"
+    assert result.error["code"] == ("hook_timeout" if outcome == "hangs" else "hook_failed")
+    assert last.seen == ["f2"] and record["error"]["code"] == result.error["code"]

@@ -305,6 +305,7 @@ class AuditPlugin:
                                       checkpoint_key=secret, checkpoint_key_ref=key_ref or "",
                                       checkpoint_every=self.settings.checkpoint_every,
                                       on_tamper=self._tampered)
+            self.writer.judge_failure = self._judge_failure
         except OSError as exc:
             if self.settings.mode == "fail_closed":
                 raise ConfigError(f"cannot open the audit log {path}: {exc.strerror or exc}",
@@ -395,8 +396,9 @@ class AuditPlugin:
             return None
         if self.settings.fsync != "always":
             return None
-        waiter = writer.wait_synced(seq)
-        return None if waiter is None else self._synced(waiter)
+        # A future, not a coroutine: the host only waits for it, with no task of its own. A failed
+        # fsync settles it with ``_judge_failure``'s verdict.
+        return writer.wait_synced(seq)
 
     def _write_failed(self, exc: AuditWriteError) -> None:
         if self.settings.mode == "fail_closed":  # typed: the caller sees audit_unavailable from the first call
@@ -405,9 +407,11 @@ class AuditPlugin:
             self._warned = True
             log.warning("%s; continuing without an audit record (mode fail_open)", exc)
 
-    async def _synced(self, waiter: asyncio.Future[None]) -> None:
-        # Cancelling this wait (the caller was cancelled) loses nothing: the record is written.
+    def _judge_failure(self, error: AuditWriteError) -> BaseException | None:
+        """What the calls waiting for a failed fsync get: ``_write_failed``'s verdict (fail
+        closed: the typed error; fail open: logged once, nothing)."""
         try:
-            await waiter
-        except AuditWriteError as exc:
-            self._write_failed(exc)
+            self._write_failed(error)
+        except ToolSystemError as failed:
+            return failed
+        return None

@@ -98,15 +98,18 @@ class _Head:
     records: int
 
 
-def _settle_all(futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
-    """Resolve the waiters of one loop whose records one fsync covered (run on that loop)."""
+def _settle_all(futures: list[asyncio.Future[None]], error: AuditWriteError | None,
+                judge: Callable[[AuditWriteError], BaseException | None]) -> None:
+    """Resolve the waiters of one loop whose records one fsync covered (run on that loop); a
+    failed fsync is what ``judge`` makes of it (an exception to raise, or None: resolved)."""
+    verdict = None if error is None else judge(error)
     for future in futures:
         # The waiter may have been cancelled meanwhile: its record is written either way.
         if not future.done():
-            if error is None:
+            if verdict is None:
                 future.set_result(None)
             else:
-                future.set_exception(error)
+                future.set_exception(verdict)
 
 
 class AuditWriter:
@@ -153,6 +156,9 @@ class AuditWriter:
         self._flocked = False
         self._release_scheduled = False
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        #: What a waiter of a failed fsync raises: the error as it is, unless the owner says
+        #: otherwise (the audit plugin's fail_closed / fail_open), or None to resolve it.
+        self.judge_failure: Callable[[AuditWriteError], BaseException | None] = lambda error: error
         self._retired: list[int] = []
         self._stop = False
         with self._lock:
@@ -767,7 +773,7 @@ class AuditWriter:
             by_loop.setdefault(loop, []).append(future)
         for loop, futures in by_loop.items():  # one wake-up of each loop for its whole batch
             try:
-                loop.call_soon_threadsafe(_settle_all, futures, failure)
+                loop.call_soon_threadsafe(_settle_all, futures, failure, self.judge_failure)
             except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
                 pass
         return stopping
