@@ -14,6 +14,8 @@ class ReplyDropper:
         self.port = port
         #: How many of the next replies are lost.
         self.armed = 0
+        #: Seconds each reply is held back (a store that is far away, or slow, but answers).
+        self.delay = 0.0
         self.dropped = 0
         self.server: asyncio.Server | None = None
         self.sides: list[asyncio.StreamWriter] = []
@@ -33,6 +35,8 @@ class ReplyDropper:
                         self.armed -= 1
                         self.dropped += 1
                         break  # the reply is lost: close the client's side
+                    if replies and self.delay:
+                        await asyncio.sleep(self.delay)
                     sink.write(data)
                     await sink.drain()
             except (ConnectionError, OSError):

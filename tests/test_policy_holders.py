@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from pathlib import Path
 
 from amplifier_tools.builtins.policy import shared
@@ -62,3 +63,24 @@ def test_four_forked_workers_get_two_slots_of_a_cap_of_two(tmp_path: Path) -> No
     for worker in workers:
         worker.join(30)
     assert granted == [False, False, True, True]
+
+
+def test_a_fork_that_skips_pythons_fork_hooks_still_makes_new_holder_ids() -> None:
+    """Found by attack: a fork through ``ctypes`` (``libc.fork()``) runs no ``os.register_at_fork``
+    hook, and the child made its parent's ids."""
+    import ctypes
+
+    shared.new_holder()
+    read, write = os.pipe()
+    pid = ctypes.CDLL(None).fork()
+    if pid == 0:  # the child: one id, then out at once
+        try:
+            os.write(write, shared.new_holder().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    theirs = os.read(read, 4096).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    mine = shared.new_holder()
+    assert theirs.rsplit(":", 1)[0] != mine.rsplit(":", 1)[0]

@@ -50,7 +50,8 @@ def _host(tmp_path: Path, url: str, *tools: Any, timeout_ms: int) -> ToolHost:
                     discover=False, working_dir=work)
 
 
-async def test_the_releases_of_a_call_share_one_store_timeout(redis_server: RedisServer, tmp_path: Path) -> None:
+async def test_a_hung_store_holds_a_calls_result_for_one_store_timeout(redis_server: RedisServer,
+                                                                      tmp_path: Path) -> None:
     assert redis_server.process is not None
     pid = redis_server.process.pid
     try:
@@ -74,10 +75,11 @@ class Counting:
     def __init__(self, proxy: ReplyDropper) -> None:
         self.proxy = proxy
         self.runs = 0
+        self.drops = 2  # the result's reply, and that of the link's one resend, are lost
 
     async def execute(self, input: dict[str, Any]) -> ToolResult:
         self.runs += 1
-        self.proxy.armed = 2  # the result's reply, and that of the link's one resend, are lost
+        self.proxy.armed = self.drops
         return ToolResult(output=f"run {self.runs}")
 
 
@@ -97,3 +99,93 @@ async def test_a_result_whose_reply_is_lost_is_stored_all_the_same(redis_server:
             assert again.output == "run 1" and tool.runs == 1
     finally:
         await proxy.close()
+
+
+class AlwaysFails:
+    """Fails every time, under a breaker, a cap, a budget and an idempotency key."""
+
+    spec = ToolSpec(name="flaky", description="flaky", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"timeout_ms": 10_000, "concurrency": {"limit": 4},
+                              "circuit_breaker": {"failure_threshold": 2, "cooldown_ms": 60_000},
+                              "budgets": [{"per": "principal", "max_calls": 100, "max_seconds": 600}]})
+    name, description = "flaky", "flaky"
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        from amplifier_tools import ExecutionError
+
+        self.runs += 1
+        raise ExecutionError("the backend is down", code="backend_down")
+
+
+async def test_a_slow_store_that_answers_records_every_release(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Found by attack on the one shared bound: a store 50 ms away (each command well inside the
+    store timeout) lost the breaker's outcomes, recorded last, and the breaker never opened."""
+    proxy = ReplyDropper(redis_server.port)
+    url = await proxy.start()
+    proxy.delay = 0.05  # each command well inside the store timeout; the releases of a call together not
+    tool = AlwaysFails()
+    try:
+        async with _host(tmp_path, url, tool, timeout_ms=400) as host:
+            codes = [(await host.call("flaky", {"n": i}, context=ToolContext(idempotency_key=f"k{i}"))).error["code"]
+                     for i in range(4)]
+        assert codes == ["backend_down", "backend_down", "circuit_open", "circuit_open"]
+        assert tool.runs == 2
+    finally:
+        await proxy.close()
+
+
+async def test_a_result_is_stored_through_a_short_outage(redis_server: RedisServer, tmp_path: Path) -> None:
+    """Found by attack: the three tries went back to back, all within the same millisecond of a
+    blip; they are now spaced (50 ms, doubling) within the store timeout."""
+    proxy = ReplyDropper(redis_server.port)
+    url = await proxy.start()
+    tool = Counting(proxy)
+    tool.drops = 6
+    try:
+        async with _host(tmp_path, url, tool, timeout_ms=2000) as host:
+            first = await host.call("counting", {}, context=ToolContext(idempotency_key="k"))
+            assert first.success and proxy.dropped == 6
+            again = await host.call("counting", {}, context=ToolContext(idempotency_key="k"))
+            assert again.success and again.output == "run 1" and tool.runs == 1
+    finally:
+        await proxy.close()
+
+
+class Stopping:
+    """Pauses the Redis server for ``seconds`` once it has run: the result is stored after that."""
+
+    spec = ToolSpec(name="stopping", description="stopping", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"timeout_ms": 300})
+    name, description = "stopping", "stopping"
+
+    def __init__(self, pid: int, seconds: float) -> None:
+        self.pid, self.seconds, self.runs = pid, seconds, 0
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        import asyncio
+
+        self.runs += 1
+        os.kill(self.pid, signal.SIGSTOP)
+        asyncio.get_running_loop().call_later(self.seconds, os.kill, self.pid, signal.SIGCONT)
+        return ToolResult(output=f"run {self.runs}")
+
+
+async def test_a_claim_outlives_the_release_that_stores_its_result(redis_server: RedisServer,
+                                                                   tmp_path: Path) -> None:
+    """Found by attack: the claim lasted the call's run + 2 s, but its result may be stored up to a
+    store timeout after the call: it had expired, the result was dropped without a word, and the
+    next call with the key ran the tool again."""
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    tool = Stopping(pid, 3.0)
+    try:
+        async with _host(tmp_path, redis_server.url, tool, timeout_ms=4000) as host:
+            first = await host.call("stopping", {}, context=ToolContext(idempotency_key="k"))
+            assert first.success
+            again = await host.call("stopping", {}, context=ToolContext(idempotency_key="k"))
+            assert again.success and again.output == "run 1" and tool.runs == 1
+    finally:
+        os.kill(pid, signal.SIGCONT)

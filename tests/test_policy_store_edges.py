@@ -184,14 +184,23 @@ async def test_a_new_file_locked_for_good_fails_the_call_closed_within_the_store
     assert 0.4 <= waited < 5  # store_timeout_ms = 500: retried that long, then closed
 
 
-def test_a_redis_socket_inside_the_working_directory_is_refused_at_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spelling", [
+    "unix://{work}/redis.sock",
+    "unix://{quoted}/redis.sock",  # %xx, as redis-py decodes it (found by attack: protected as written)
+    "unix://{tmp}/link/../redis.sock",  # .. after a symlink, as the kernel resolves it (found by attack)
+    "unix://?path={work}/redis.sock",  # the path in the query (found by attack: the cwd was protected)
+])
+def test_a_redis_socket_inside_the_working_directory_is_refused_at_start(tmp_path: Path, spelling: str) -> None:
     """Found by attack: with ``store = "unix://<working dir>/redis.sock"`` a sandboxed bash command
     replaced the socket with a fake server answering every decision with "admitted"."""
     pytest.importorskip("redis")
     work = tmp_path / "work"
     work.mkdir()
-    config = {"state_dir": str(tmp_path / "state"),
-              "plugins": {"policy": {"store": f"unix://{work}/redis.sock"}}}
+    (work / "sub").mkdir()
+    os.symlink(work / "sub", tmp_path / "link")  # link/.. is work/sub/.. = work (written: tmp_path)
+    quoted = str(work)[:-1] + "%" + format(ord(str(work)[-1]), "02x")
+    store = spelling.format(work=work, tmp=tmp_path, quoted=quoted)
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": store}}}
     host = ToolHost(config=config, builtins=["policy"], entry_points=False, discover=False, working_dir=work)
     with pytest.raises(ConfigError) as caught:
         asyncio.run(host.start())
@@ -215,7 +224,7 @@ async def test_a_redis_socket_outside_the_writable_roots_is_a_protected_path(tmp
     ("redis://h:6379/0?password=hunter2", "redis://h:6379/0"),  # found by attack: shown as given
     ("redis://:hunter2@h:6379/0", "redis://h:6379/0"),
     ("rediss://user:hunter2@h:6380/2", "rediss://h:6380/2"),
-    ("unix:///run/redis.sock?db=1&password=hunter2", "unix:///run/redis.sock"),
+    ("unix:///run/redis.sock?db=1&password=hunter2", "unix:///run/redis.sock?db=1"),
 ])
 def test_a_redis_password_is_never_shown(url: str, shown: str, tmp_path: Path) -> None:
     """``policy status``, store errors (which the model sees) and the audit trail show ``where``."""
@@ -271,4 +280,24 @@ def test_a_redis_database_that_is_no_number_is_refused(url: str) -> None:
 
     with pytest.raises(ConfigError) as caught:
         open_store(url, "t:", 1.0, None)
-    assert caught.value.key == "plugins.policy.store" and "not a number" in str(caught.value)
+    assert caught.value.key == "plugins.policy.store" and "must be a number" in str(caught.value)
+
+
+async def test_calls_without_a_short_deadline_run_no_busy_timeout_pragma(tmp_path: Path) -> None:
+    """Found by attack: the releases set SQLite's busy timeout to what was left of a shared bound
+    (1999 ms) and the next admission back to 2000: two statements per call the docs say it runs none of."""
+    async with _host(tmp_path, Slow()) as host:
+        store: Any = host.plugin_manager.get_plugin("policy").shared.store  # type: ignore[union-attr]
+        task = asyncio.ensure_future(host.call("slow", {}))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        statements: list[str] = []
+        store._db.set_trace_callback(statements.append)
+        for _ in range(5):
+            task = asyncio.ensure_future(host.call("slow", {}))
+            await asyncio.sleep(0.02)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert len([s for s in statements if "INSERT" in s or "DELETE" in s]) >= 5  # it did decide and release
+        assert [s for s in statements if "busy_timeout" in s] == []

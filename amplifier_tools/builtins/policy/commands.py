@@ -67,7 +67,8 @@ def status(config: str | None, *, as_json: bool) -> int:
     except (StoreUnavailable, asyncio.TimeoutError) as exc:
         message = str(exc) if isinstance(exc, StoreUnavailable) else \
             f"the policy store did not answer within {10 * settings.store_timeout_ms / 1000.0:g} s"
-        hint = "check the server named by [plugins.policy] store; store_timeout_ms bounds each wait"
+        hint = ("check the server named by [plugins.policy] store; each of its answers is awaited for "
+                "store_timeout_ms, and the whole listing for ten times that")
         # As the command line reports a failure: stderr for people, and with --json a JSON error on stdout.
         print(f"error: {message}", file=sys.stderr)
         print(f"hint: {hint}", file=sys.stderr)

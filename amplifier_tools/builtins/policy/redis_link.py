@@ -130,7 +130,8 @@ class RedisLink:
                 expired = self.watchdog.leave(task)
         except asyncio.CancelledError:
             if expired:
-                raise StoreUnavailable(f"Redis store {self.where} did not answer within {wait:.3g} s") from None
+                raise StoreUnavailable(f"Redis store {self.where} did not answer within {wait:.3g} s",
+                                       timed_out=True) from None
             raise
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
@@ -185,7 +186,8 @@ class RedisLink:
                 expired = self.watchdog.leave(task)
         except asyncio.CancelledError:
             if expired:
-                raise StoreUnavailable(f"Redis store {self.where} did not answer within {wait:.3g} s") from None
+                raise StoreUnavailable(f"Redis store {self.where} did not answer within {wait:.3g} s",
+                                       timed_out=True) from None
             raise
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc

@@ -21,14 +21,17 @@ forgets them (a few admitted calls counted twice at most, a lease freed early).
 from __future__ import annotations
 
 import json
+import os
+import urllib.parse
 from collections.abc import Coroutine
 from typing import Any, Final
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, WatchError
 
+from ...errors import ConfigError
 from .redis_link import Fallback, RedisLink, Script, evalsha, pack
-from .store import StoreUnavailable, Update
+from .store import PLUGIN, StoreUnavailable, Update
 
 NOW: Final = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
@@ -149,17 +152,37 @@ PING: Final = pack("PING")
 TAKES_PACKED: Final = 4096  # rate-limit commands kept packed (one per tool, or per tool and principal)
 
 
-def public_url(url: str) -> str:
-    """``url`` as it may be shown (``policy status``, errors, the audit trail): no user name or
-    password, and no query (redis-py also takes ``?password=``)."""
-    scheme, _, rest = url.partition("://")
-    address = rest.partition("?")[0].partition("#")[0]
-    if scheme != "unix":
-        head, slash, path = address.partition("/")
-        address = head.rpartition("@")[2] + slash + path
-    else:
-        address = address.rpartition("@")[2] if "@" in address.partition("/")[0] else address
-    return f"{scheme}://{address}"
+def read_url(url: str) -> tuple[str, str | None]:
+    """Where ``url`` connects, as it may be shown (``policy status``, errors, the audit trail: no
+    user name, password or other query), and the socket's real path for ``unix://`` (symlinks and
+    ``..`` resolved as the kernel will, ``%xx`` decoded, ``?path=`` read: as redis-py reads the URL,
+    since that is what it connects to). ``ConfigError`` naming ``plugins.policy.store`` when redis-py
+    cannot read it, or would silently read something else (a database that is no number, a socket
+    path that is not absolute); the message never repeats the URL, which may hold a password."""
+    from redis.connection import parse_url
+
+    key = f"plugins.{PLUGIN}.store"
+    try:
+        parts = parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError:
+        raise ConfigError("the Redis URL cannot be read: its host, port or database is malformed", key=key,
+                          hint="redis://[:password@]host:port/db, rediss://… for TLS, unix:///path/redis.sock; "
+                               "percent-encode a '#', '?', '/' or '@' in a password") from None
+    scheme = url.partition("://")[0].lower()
+    database = urllib.parse.unquote(urllib.parse.urlsplit(url).path if scheme != "unix" else "").replace("/", "")
+    if (database and "db" not in parts) or parts.get("db", 0) < 0:
+        raise ConfigError("the Redis URL's database must be a number, 0 or more (redis-py read it as 0)", key=key,
+                          hint="redis://host:port/0 (databases are numbered)")
+    db = parts.get("db")
+    if scheme == "unix":
+        path = parts.get("path")
+        if not path or not os.path.isabs(path):
+            raise ConfigError("a unix:// Redis store needs the socket's absolute path", key=key,
+                              hint="unix:///path/to/redis.sock")
+        return f"unix://{path}" + (f"?db={db}" if db else ""), os.path.realpath(path)
+    host = parts.get("host") or "localhost"
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{parts.get('port') or 6379}/{db or 0}", None
 
 
 def _ms(seconds: float) -> int:
@@ -172,7 +195,7 @@ class RedisStore:
     kind = "redis"
 
     def __init__(self, url: str, prefix: str, timeout: float) -> None:
-        self.where = public_url(url)
+        self.where, self.socket = read_url(url)
         self.prefix = prefix
         # No socket_timeout: redis-py would then run every send in a task of its own (wait_for), and
         # every operation is bounded here (``RedisLink``: the store timeout, cut to the call's wait
@@ -237,8 +260,8 @@ class RedisStore:
         state = out[0].decode()
         return state, out[1].decode() if len(out) > 1 else None, out[2].decode() if len(out) > 2 else None
 
-    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> None:
-        await self._script("resolve", [key], [holder, value or "", digest, _ms(ttl)])
+    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> bool:
+        return bool(await self._script("resolve", [key], [holder, value or "", digest, _ms(ttl)]))
 
     async def get(self, key: str) -> Any:
         raw = await self.link.command(pack("GET", self.prefix + key))

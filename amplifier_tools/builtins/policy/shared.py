@@ -46,7 +46,7 @@ PLUGIN: Final = "policy"
 LEASE_GRACE: Final = 2.0  # seconds a lease outlives the longest attempt, for renewal and clock jitter
 LEASE_DEFAULT: Final = 30.0  # a lease's base when the tool has no timeout (renewed while it runs)
 POLL_FIRST, POLL_MAX = 0.005, 0.1
-RESOLVE_TRIES: Final = 3  # sends of an idempotency result, within the releases' one store timeout
+RESOLVE_PAUSE: Final = 0.05  # seconds before an idempotency result is sent again (doubling, within a store timeout)
 QUEUE: Final = object()  # rate_limit_now: the call may wait for the next window
 log = logging.getLogger("amplifier_tools.policy")
 T = TypeVar("T")
@@ -61,21 +61,27 @@ def _process_prefix() -> str:
 
 _holders = itertools.count(1)
 _HOST = _process_prefix()
-
-
-def _after_fork() -> None:
-    global _holders, _HOST
-    _holders, _HOST = itertools.count(1), _process_prefix()
-
-
-os.register_at_fork(after_in_child=_after_fork)
+_PID = os.getpid()
 
 
 def new_holder() -> str:
-    """A holder id unique in the fleet: this process's prefix (renewed in a forked child) and a
+    """A holder id unique in the fleet: this process's prefix (made anew in a forked child, found
+    by its process id: ``os.register_at_fork`` misses a fork made through ``ctypes``) and a
     counter. Two processes with one holder id would share leases (a concurrency cap admits
     twice) and idempotency claims (a resent claim is its holder's, so both would run)."""
+    global _holders, _HOST, _PID
+    if os.getpid() != _PID:
+        _holders, _HOST, _PID = itertools.count(1), _process_prefix(), os.getpid()
     return f"{_HOST}:{next(_holders)}"
+
+
+class _Releases:
+    """The releases of one call under way: whether the store failed to answer one within its bound."""
+
+    __slots__ = ("hung",)
+
+    def __init__(self) -> None:
+        self.hung = False
 
 
 class SharedHeld:
@@ -119,50 +125,60 @@ class SharedPolicy:
             raise
         return work
 
-    def _release_bound(self) -> float:
-        """When the releases of one call must be done (of ``plugin.clock``): together they get one
-        store timeout, so a store that hangs delays a call's result by at most that, however many
-        policies the call held (found by attack: each release waited a store timeout of its own)."""
-        return self.plugin.clock() + self.timeout
-
-    async def _quietly(self, work: Callable[[], Awaitable[Any]], until: float) -> None:
-        """A release (``work`` makes its operation): bounded by what is left until ``until``, and
-        on failure, or with no time left, logged and left to the key's expiry."""
-        left = until - self.plugin.clock()
-        if left <= 0:
-            log.warning("policy store: no time left for a release within store_timeout_ms; the key's expiry "
-                        "reclaims it")
+    async def _release(self, releases: _Releases, work: Callable[[], Awaitable[Any]]) -> None:
+        """One release (``work`` makes its operation), bounded by the store timeout; on failure
+        logged and left to the key's expiry. Skipped once an earlier release of the call waited
+        its whole bound (``releases.hung``): on a hung or locked store each would wait as long,
+        and a call's result would wait for all of them (found by attack: one store timeout per
+        policy). A slow store that answers gets every release (found by attack: with one shared
+        bound, a breaker's outcome, recorded last, was lost on a store 40 ms away)."""
+        if releases.hung:
+            log.warning("policy store: a release skipped, the store did not answer an earlier one of this call; "
+                        "the key's expiry reclaims it")
             return
-        self.store.limit_wait(min(self.timeout, left))
+        self.store.limit_wait(self.timeout)
         try:
             await work()
         except (StoreUnavailable, OSError) as exc:
+            releases.hung = releases.hung or getattr(exc, "timed_out", False)
             log.warning("policy store: a release failed (%s); the key's expiry reclaims it", exc)
 
-    async def _store_result(self, claim: tuple[str, str, str], value: str | None, ttl: float, until: float) -> None:
-        """Resolve an idempotency claim (store the result, or free the key with ``value`` None).
-        Tried again on failure while time is left (a resolve is its holder's: running it twice is
-        running it once), as a lost one leaves the key "running" until the claim expires and a
-        call with the key after that runs the tool again; that is logged as an error."""
+    async def _store_result(self, releases: _Releases, claim: tuple[str, str, str], value: str | None,
+                            ttl: float) -> None:
+        """Resolve an idempotency claim: store the result, or free the key (``value`` None). A
+        failure that came at once (a dropped connection) is tried again after a pause, doubling,
+        within one store timeout (a resolve is its holder's: run twice, it is run once); a lost
+        result leaves the key "running" until the claim expires, and a call with the key after
+        that runs the tool again, so that is logged as an error, as is a claim that had expired."""
         slot, holder, digest = claim
+        clock = self.plugin.clock
+        deadline = clock() + self.timeout
         failure: BaseException | None = None
-        for _ in range(RESOLVE_TRIES):
-            left = until - self.plugin.clock()
-            if left <= 0:
-                break
-            self.store.limit_wait(min(self.timeout, left))
+        pause = RESOLVE_PAUSE
+        while not releases.hung:
+            # The store timeout for the first try (SQLite's busy timeout is then unchanged), what is left after.
+            self.store.limit_wait(self.timeout if failure is None else max(deadline - clock(), 0.001))
             try:
-                await self.store.resolve(slot, holder, digest, value, ttl)
-                return
+                held = await self.store.resolve(slot, holder, digest, value, ttl)
             except (StoreUnavailable, OSError) as exc:
                 failure = exc
+                releases.hung = getattr(exc, "timed_out", False)
+                if releases.hung or deadline - clock() <= pause:
+                    break
+                await asyncio.sleep(pause)
+                pause *= 2
+                continue
+            if not held and value is not None:
+                log.error("policy store: the result for an idempotency key came after its claim had expired, and "
+                          "was not stored: a call with the same key runs the tool again")
+            return
         if value is None:
             log.warning("policy store: an idempotency key was not freed (%s); it frees itself when its claim "
-                        "expires", failure or "no time left within store_timeout_ms")
+                        "expires", failure or "the store did not answer an earlier release")
         else:
             log.error("policy store: the result for an idempotency key could not be stored (%s): a call with the "
                       "same key is refused as still running until the claim expires, and runs the tool again "
-                      "after that", failure or "no time left within store_timeout_ms")
+                      "after that", failure or "the store did not answer an earlier release")
 
     # -- admission -----------------------------------------------------------------------
 
@@ -311,13 +327,15 @@ class SharedPolicy:
 
     def _held_for(self, spec: ToolSpec, context: ToolContext, started: float, unbounded: float) -> float:
         """How long a claim or reservation taken now must last: the admission waits still ahead of
-        the call (rate limit, concurrency: up to ``_time_left``), then its longest run, plus grace
-        — without the waits a claim could expire while its call still queued, and a duplicate on
-        another host would run the tool again. ``unbounded`` when the call has no bound at all."""
+        the call (rate limit, concurrency: up to ``_time_left``), then its longest run, plus grace,
+        plus one store timeout for its releases — without the waits a claim could expire while its
+        call still queued, without the last before its result is stored (found by attack), and a
+        duplicate on another host would run the tool again. ``unbounded`` when the call has no bound."""
         longest = self.plugin._longest_run(spec, context)
         if longest is None:
-            return unbounded + LEASE_GRACE
-        return (self.plugin._time_left(spec, context, started) or 0.0) + longest + LEASE_GRACE
+            return unbounded + LEASE_GRACE + self.timeout
+        # + a store timeout: the call's releases (its result stored first) may take that long after it ends.
+        return (self.plugin._time_left(spec, context, started) or 0.0) + longest + LEASE_GRACE + self.timeout
 
     @staticmethod
     def _breaker_ttl(policy: CircuitBreakerPolicy) -> float:
@@ -428,20 +446,19 @@ class SharedPolicy:
         """Undo what a call that was not admitted took: it counts against nothing."""
         if shared.renewer is not None:
             shared.renewer.cancel()
-        until = self._release_bound()
-        store = self.store
+        releases, store = _Releases(), self.store
+        if shared.claim is not None:  # first: a duplicate waiting for the key runs as soon as it is free
+            await self._store_result(releases, shared.claim, None, 0)
         if shared.lease is not None:
             lease = shared.lease
-            await self._quietly(lambda: store.release(*lease[:2]), until)
+            await self._release(releases, lambda: store.release(*lease[:2]))
         if shared.breaker is not None and shared.breaker[2] is not None:
             breaker = shared.breaker
-            await self._quietly(lambda: self._abandon(breaker), until)
+            await self._release(releases, lambda: self._abandon(breaker))
         for key, interval, window, holder in shared.budgets:
-            await self._quietly(functools.partial(store.settle, key, interval, window, holder, None), until)
+            await self._release(releases, functools.partial(store.settle, key, interval, window, holder, None))
         if shared.rate is not None:
-            await self._quietly(functools.partial(store.untake, *shared.rate), until)
-        if shared.claim is not None:
-            await self._store_result(shared.claim, None, 0, until)
+            await self._release(releases, functools.partial(store.untake, *shared.rate))
         shared.lease = shared.breaker = shared.rate = shared.claim = None
         shared.budgets = []
 
@@ -463,8 +480,7 @@ class SharedPolicy:
             shared.renewer.cancel()
             shared.renewer = None
         elapsed = self.plugin.clock() - held.started
-        until = self._release_bound()
-        store = self.store
+        releases, store = _Releases(), self.store
         if shared.claim is not None:  # first: the stored result is what the next call with the key gets
             value = None
             if failed is False and result.success:
@@ -472,15 +488,15 @@ class SharedPolicy:
                 metadata = {k: v for k, v in result.metadata.items() if k != "trail"}
                 value = json.dumps(redact({"output": result.output, "metadata": metadata},
                                           paths=[r for r in rules if r.startswith("output")]), default=str)
-            await self._store_result(shared.claim, value, self.plugin.idempotency_window, until)
+            await self._store_result(releases, shared.claim, value, self.plugin.idempotency_window)
+        if shared.breaker is not None:  # then the outcome, which decides whether the next calls run
+            breaker = shared.breaker
+            await self._release(releases, lambda: self._record(breaker, failed, spec))
+        for key, interval, window, holder in shared.budgets:
+            await self._release(releases, functools.partial(store.settle, key, interval, window, holder, elapsed))
         if shared.lease is not None:
             lease = shared.lease
-            await self._quietly(lambda: store.release(*lease[:2]), until)
-        for key, interval, window, holder in shared.budgets:
-            await self._quietly(functools.partial(store.settle, key, interval, window, holder, elapsed), until)
-        if shared.breaker is not None:
-            breaker = shared.breaker
-            await self._quietly(lambda: self._record(breaker, failed, spec), until)
+            await self._release(releases, lambda: store.release(*lease[:2]))
         shared.lease = shared.breaker = shared.rate = shared.claim = None
         shared.budgets = []
 

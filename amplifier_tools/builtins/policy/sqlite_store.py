@@ -102,6 +102,11 @@ class SQLiteStore:
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 
+    def _unavailable(self, exc: sqlite3.Error) -> StoreUnavailable:
+        """``exc`` as the store's failure; timed out when another process's lock outlasted the bound."""
+        locked = isinstance(exc, sqlite3.OperationalError) and _busy(exc)
+        return StoreUnavailable(f"SQLite store {self.where}: {exc}", timed_out=locked)
+
     def _run(self, work: Any, *args: Any, read_only: bool = False) -> Any:
         """Run ``work(db, now, *args)`` as one immediate transaction (a deferred one, which takes no
         write lock and so holds up no deciding host, with ``read_only``)."""
@@ -123,7 +128,7 @@ class SQLiteStore:
             db.execute("COMMIT")
             return out
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+            raise self._unavailable(exc) from exc
 
     def limit_wait(self, seconds: float) -> None:
         """Wait at most ``seconds`` for another process's lock in the next statements (SQLite's busy
@@ -139,7 +144,7 @@ class SQLiteStore:
             db.execute(f"PRAGMA busy_timeout = {ms}")
             self._busy_ms = ms
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+            raise self._unavailable(exc) from exc
 
     @staticmethod
     def _sweep(db: sqlite3.Connection, now: float) -> None:
@@ -178,7 +183,7 @@ class SQLiteStore:
                 if self._ops % SWEEP_EVERY == 0:
                     self._run(self._sweep)
             except sqlite3.Error as exc:
-                raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+                raise self._unavailable(exc) from exc
             return window if taken else not_taken((window + 1) * interval - now)
 
         def work(db: sqlite3.Connection, now: float) -> int:
@@ -271,15 +276,16 @@ class SQLiteStore:
         result: tuple[str, str | None, str | None] = self._run(work)
         return result
 
-    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> None:
-        def work(db: sqlite3.Connection, now: float) -> None:
+    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> bool:
+        def work(db: sqlite3.Connection, now: float) -> bool:
             full = self.prefix + key
             if value is None:
                 db.execute("DELETE FROM records WHERE key = ? AND holder = ? AND value IS NULL", (full, holder))
-            else:
-                db.execute("UPDATE records SET value = ?, digest = ?, expires = ? WHERE key = ? AND holder = ?",
-                           (value, digest, now + ttl, full, holder))
-        self._run(work)
+                return True
+            return db.execute("UPDATE records SET value = ?, digest = ?, expires = ? WHERE key = ? AND holder = ?",
+                              (value, digest, now + ttl, full, holder)).rowcount > 0
+        held: bool = self._run(work)
+        return held
 
     # -- records --------------------------------------------------------------------------
 
@@ -291,7 +297,7 @@ class SQLiteStore:
             rows = db.execute("SELECT value FROM blobs WHERE key = ? AND expires > ?",
                               (self.prefix + key, time.time())).fetchall()
         except sqlite3.Error as exc:
-            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
+            raise self._unavailable(exc) from exc
         return json.loads(rows[0][0]) if rows else None
 
     async def update(self, key: str, step: Update, ttl: float) -> Any:

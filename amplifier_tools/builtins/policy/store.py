@@ -35,7 +35,13 @@ Update = Callable[[Any, float], tuple[Any, Any]]
 
 
 class StoreUnavailable(Exception):
-    """The store did not answer (down, unreachable, locked, timed out); the message says which."""
+    """The store did not answer (down, unreachable, locked, timed out); the message says which.
+    ``timed_out``: it waited its whole bound (a hung or locked store, where a next operation would
+    wait as long), not a failure that came at once (refused, reset)."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class SharedStore(Protocol):
@@ -74,8 +80,9 @@ class SharedStore(Protocol):
     async def claim(self, key: str, digest: str, holder: str, ttl: float) -> tuple[str, str | None, str | None]:
         """Claim an idempotency slot: (``claimed``, ..) | (``running``, digest, None) | (``stored``, digest, value)."""
 
-    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> None:
-        """End ``holder``'s claim: store ``value`` for ``ttl`` seconds, or (None) drop the claim."""
+    async def resolve(self, key: str, holder: str, digest: str, value: str | None, ttl: float) -> bool:
+        """End ``holder``'s claim: store ``value`` for ``ttl`` seconds, or (None) drop the claim.
+        False when the claim was no longer ``holder``'s (it expired): nothing was stored."""
 
     async def get(self, key: str) -> Any:
         """The record ``update`` last wrote for ``key`` (None when absent or expired)."""
@@ -120,14 +127,4 @@ def open_store(store: str, prefix: str, timeout: float, state_dir: str | os.Path
     except ImportError:
         raise ConfigError("a Redis store needs the redis client", key=f"plugins.{PLUGIN}.store",
                           hint="pip install 'amplifier-tools[redis]'") from None
-    scheme, _, rest = store.partition("://")
-    database = rest.partition("?")[0].partition("/")[2]
-    if scheme in ("redis", "rediss") and database != "" and not database.isdigit():
-        raise ConfigError(f"the Redis URL's database {database!r} is not a number", key=f"plugins.{PLUGIN}.store",
-                          hint="redis://host:port/0 (databases are numbered; redis-py would have used 0)")
-    try:
-        return RedisStore(store, prefix, timeout)
-    except ValueError as exc:  # redis-py's parse of the URL: a port that is no number, a bad db
-        raise ConfigError(f"the Redis URL is malformed: {exc}", key=f"plugins.{PLUGIN}.store",
-                          hint="redis://[:password@]host:port/db, rediss://… for TLS, or unix:///path/redis.sock") \
-            from None
+    return RedisStore(store, prefix, timeout)
