@@ -173,7 +173,7 @@ def test_a_nested_error_names_its_path(plugin: str, table: dict[str, Any], key: 
     ("filesystem", {"max_line_chars": 0}, "plugins.filesystem.max_line_chars", "must be a positive integer, got 0"),
     ("audit", {"fsync": "sometimes"}, "plugins.audit.fsync", "must be 'always', 'interval' or 'never'"),
     ("audit", {"rotate_seconds": float("nan")}, "plugins.audit.rotate_seconds", "must be a positive number"),
-    ("policy", {"store": "postgres://db"}, "plugins.policy.store", "must be 'memory', 'sqlite' or a Redis URL"),
+    ("policy", {"store": "postgres://db"}, "plugins.policy.store", "must be 'memory', 'sqlite' or a URL starting redis://"),
     ("mcp", server(max_message_bytes=512), "plugins.mcp.servers.fs.max_message_bytes",
      "must be an integer number of bytes, at least 1024"),
     ("mcp", server(sandbox_read_paths=["venv"]), "plugins.mcp.servers.fs.sandbox_read_paths",

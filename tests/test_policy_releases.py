@@ -189,3 +189,47 @@ async def test_a_claim_outlives_the_release_that_stores_its_result(redis_server:
             assert again.success and again.output == "run 1" and tool.runs == 1
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+class FailsAndPauses:
+    """Fails, under a cap of 1 and a breaker that opens on one failure; pauses the Redis server as
+    it fails and lets it go on after ``seconds``."""
+
+    spec = ToolSpec(name="pauser", description="pauser", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"timeout_ms": 10_000, "concurrency": {"limit": 1, "queue": False},
+                              "circuit_breaker": {"failure_threshold": 1, "cooldown_ms": 60_000}})
+    name, description = "pauser", "pauser"
+
+    def __init__(self, pid: int, seconds: float) -> None:
+        self.pid, self.seconds = pid, seconds
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        import asyncio
+
+        from amplifier_tools import ExecutionError
+
+        os.kill(self.pid, signal.SIGSTOP)
+        asyncio.get_running_loop().call_later(self.seconds, os.kill, self.pid, signal.SIGCONT)
+        raise ExecutionError("the backend is down", code="backend_down")
+
+
+async def test_releases_a_hung_store_did_not_answer_go_on_once_it_is_back(redis_server: RedisServer,
+                                                                          tmp_path: Path) -> None:
+    """Found by attack: the releases after the first that timed out were skipped, so the lease held
+    the only slot for its whole TTL and the breaker never heard of the failure. The call's result
+    still waits one store timeout only; the rest go on in the background."""
+    import asyncio
+
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    try:
+        async with _host(tmp_path, redis_server.url, FailsAndPauses(pid, 0.8), timeout_ms=500) as host:
+            started = time.monotonic()
+            first = await host.call("pauser", {}, context=ToolContext(idempotency_key="k1"))
+            took = time.monotonic() - started
+            assert first.error["code"] == "backend_down" and took < 1.2, took
+            await asyncio.sleep(1.5)  # the server is back; the other releases ran in the background
+            second = await host.call("pauser", {}, context=ToolContext(idempotency_key="k2"))
+            assert second.error["code"] == "circuit_open"  # the failure was counted, the slot given back
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -301,3 +301,23 @@ async def test_calls_without_a_short_deadline_run_no_busy_timeout_pragma(tmp_pat
             await asyncio.gather(task, return_exceptions=True)
         assert len([s for s in statements if "INSERT" in s or "DELETE" in s]) >= 5  # it did decide and release
         assert [s for s in statements if "busy_timeout" in s] == []
+
+
+@pytest.mark.parametrize("value", ["redis+tls://:s3cret@127.0.0.1:1/0", " redis://:s3cret@127.0.0.1:1/0",
+                                   "postgres://u:s3cret@db/0"])
+def test_a_refused_store_setting_never_shows_its_value(value: str) -> None:
+    """Found by attack: the settings check printed the whole URL, password included."""
+    from amplifier_tools.builtins.policy.settings import PolicySettings
+    from amplifier_tools.plugin_settings import structure_settings
+
+    with pytest.raises(ConfigError) as caught:
+        structure_settings({"store": value}, PolicySettings, "plugins.policy")
+    assert caught.value.key == "plugins.policy.store" and "s3cret" not in str(caught.value)
+
+
+def test_a_store_url_scheme_is_taken_in_any_case() -> None:
+    from amplifier_tools.builtins.policy.settings import PolicySettings
+    from amplifier_tools.plugin_settings import structure_settings
+
+    settings = structure_settings({"store": "REDIS://127.0.0.1:6379/0"}, PolicySettings, "plugins.policy")
+    assert settings.store == "redis://127.0.0.1:6379/0"

@@ -8,16 +8,27 @@ policies themselves come from each tool's contract, not from here.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
 
-from ...plugin_settings import Expect, Number, settings_class
+from ...plugin_settings import Expect, Invalid, Number, settings_class
 from .rules import Rule
 
+STORE_HINT = 'e.g. store = "redis://127.0.0.1:6379/0" (rediss:// for TLS, unix:///path/redis.sock)'
 
-def _is_store(store: str) -> bool:
-    return store in ("memory", "sqlite") or store.startswith(("redis://", "rediss://", "unix://"))
+
+def parse_store(value: Any) -> str:
+    """``store``: ``memory``, ``sqlite`` or a Redis URL, its scheme in any case (as redis-py takes it).
+    A refused value is never shown: a URL may hold a password (found by attack)."""
+    if value in ("memory", "sqlite"):
+        return str(value)
+    if isinstance(value, str):
+        scheme, separator, rest = value.partition("://")
+        if separator and scheme.lower() in ("redis", "rediss", "unix"):
+            return f"{scheme.lower()}://{rest}"
+    raise Invalid("must be 'memory', 'sqlite' or a URL starting redis://, rediss:// or unix:// (the value is not "
+                  "shown: it may hold a password)", hint=STORE_HINT)
 
 
 def _numbered(rules: Iterable[Rule]) -> tuple[Rule, ...]:
@@ -25,9 +36,7 @@ def _numbered(rules: Iterable[Rule]) -> tuple[Rule, ...]:
     return tuple(rule if rule.name else attrs.evolve(rule, name=f"rule {place}") for place, rule in enumerate(rules, 1))
 
 
-Store = Annotated[str, Expect("'memory', 'sqlite' or a Redis URL", _is_store,
-                              hint='e.g. store = "redis://127.0.0.1:6379/0" (rediss:// for TLS, '
-                                   'unix:///path/redis.sock)')]
+Store = Annotated[str, Expect("'memory', 'sqlite' or a Redis URL", parse=parse_store, hint=STORE_HINT)]
 OnUnavailable = Annotated[Literal["fail", "local"], Expect(
     "'fail' or 'local'", hint="'fail' refuses calls while the store is down; 'local' falls back to this process")]
 Prefix = Annotated[str, Expect("a non-empty string", bool, hint='one prefix per deployment, e.g. "team-a:prod:"')]

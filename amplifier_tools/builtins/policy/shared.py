@@ -125,17 +125,33 @@ class SharedPolicy:
             raise
         return work
 
+    async def _run_releases(self, releases: _Releases, steps: list[Callable[[], Awaitable[Any]]]) -> None:
+        """A call's releases (``steps``, most important first), one after another. Once one waited
+        its whole store timeout (``releases.hung``), the call's result waits no longer: the rest
+        go on in the background, each with its own bound, so a store that comes back still gets
+        them (found by attack: skipped, a lease held every host's slot for its TTL and a probe's
+        outcome left the breaker half-open, refusing every call, until its record expired)."""
+        for index, step in enumerate(steps):
+            if releases.hung:
+                rest = steps[index:]
+                log.warning("policy store: the store did not answer within store_timeout_ms; the call's other "
+                            "%d release(s) go on in the background", len(rest))
+                self._background(self._late_releases(rest))
+                return
+            await step()
+
+    async def _late_releases(self, steps: list[Callable[[], Awaitable[Any]]]) -> None:
+        for step in steps:
+            await step()
+
     async def _release(self, releases: _Releases, work: Callable[[], Awaitable[Any]]) -> None:
         """One release (``work`` makes its operation), bounded by the store timeout; on failure
-        logged and left to the key's expiry. Skipped once an earlier release of the call waited
-        its whole bound (``releases.hung``): on a hung or locked store each would wait as long,
-        and a call's result would wait for all of them (found by attack: one store timeout per
-        policy). A slow store that answers gets every release (found by attack: with one shared
-        bound, a breaker's outcome, recorded last, was lost on a store 40 ms away)."""
-        if releases.hung:
-            log.warning("policy store: a release skipped, the store did not answer an earlier one of this call; "
-                        "the key's expiry reclaims it")
-            return
+        logged and left to the key's expiry (a breaker outcome is lost). A timeout marks
+        ``releases.hung`` (see ``_run_releases``: a call's result waits for one store timeout, not
+        one per policy; found by attack). Each release has its own bound, so a slow store that
+        answers gets every one (found by attack: with one shared bound, a breaker's outcome,
+        recorded last, was lost on a store 40 ms away); a breaker outcome takes 4 round trips
+        (8 on a new connection), so ``store_timeout_ms`` must cover that many."""
         self.store.limit_wait(self.timeout)
         try:
             await work()
@@ -155,7 +171,7 @@ class SharedPolicy:
         deadline = clock() + self.timeout
         failure: BaseException | None = None
         pause = RESOLVE_PAUSE
-        while not releases.hung:
+        while True:
             # The store timeout for the first try (SQLite's busy timeout is then unchanged), what is left after.
             self.store.limit_wait(self.timeout if failure is None else max(deadline - clock(), 0.001))
             try:
@@ -172,13 +188,18 @@ class SharedPolicy:
                 log.error("policy store: the result for an idempotency key came after its claim had expired, and "
                           "was not stored: a call with the same key runs the tool again")
             return
+        late = getattr(failure, "timed_out", False)  # the store may still run the request it did not answer
         if value is None:
-            log.warning("policy store: an idempotency key was not freed (%s); it frees itself when its claim "
-                        "expires", failure or "the store did not answer an earlier release")
+            log.warning("policy store: an idempotency key was %s freed (%s); it frees itself when its claim "
+                        "expires", "perhaps not" if late else "not", failure)
+        elif late:
+            log.error("policy store: the result for an idempotency key may not have been stored (%s); if it was "
+                      "not, a call with the same key is refused as still running until the claim expires, and "
+                      "runs the tool again after that", failure)
         else:
             log.error("policy store: the result for an idempotency key could not be stored (%s): a call with the "
                       "same key is refused as still running until the claim expires, and runs the tool again "
-                      "after that", failure or "the store did not answer an earlier release")
+                      "after that", failure)
 
     # -- admission -----------------------------------------------------------------------
 
@@ -447,18 +468,20 @@ class SharedPolicy:
         if shared.renewer is not None:
             shared.renewer.cancel()
         releases, store = _Releases(), self.store
+        steps: list[Callable[[], Awaitable[Any]]] = []
         if shared.claim is not None:  # first: a duplicate waiting for the key runs as soon as it is free
-            await self._store_result(releases, shared.claim, None, 0)
+            steps.append(functools.partial(self._store_result, releases, shared.claim, None, 0))
         if shared.lease is not None:
-            lease = shared.lease
-            await self._release(releases, lambda: store.release(*lease[:2]))
+            steps.append(functools.partial(self._release, releases, functools.partial(store.release,
+                                                                                      *shared.lease[:2])))
         if shared.breaker is not None and shared.breaker[2] is not None:
-            breaker = shared.breaker
-            await self._release(releases, lambda: self._abandon(breaker))
+            steps.append(functools.partial(self._release, releases, functools.partial(self._abandon, shared.breaker)))
         for key, interval, window, holder in shared.budgets:
-            await self._release(releases, functools.partial(store.settle, key, interval, window, holder, None))
+            steps.append(functools.partial(self._release, releases,
+                                           functools.partial(store.settle, key, interval, window, holder, None)))
         if shared.rate is not None:
-            await self._release(releases, functools.partial(store.untake, *shared.rate))
+            steps.append(functools.partial(self._release, releases, functools.partial(store.untake, *shared.rate)))
+        await self._run_releases(releases, steps)
         shared.lease = shared.breaker = shared.rate = shared.claim = None
         shared.budgets = []
 
@@ -481,6 +504,7 @@ class SharedPolicy:
             shared.renewer = None
         elapsed = self.plugin.clock() - held.started
         releases, store = _Releases(), self.store
+        steps: list[Callable[[], Awaitable[Any]]] = []
         if shared.claim is not None:  # first: the stored result is what the next call with the key gets
             value = None
             if failed is False and result.success:
@@ -488,15 +512,18 @@ class SharedPolicy:
                 metadata = {k: v for k, v in result.metadata.items() if k != "trail"}
                 value = json.dumps(redact({"output": result.output, "metadata": metadata},
                                           paths=[r for r in rules if r.startswith("output")]), default=str)
-            await self._store_result(releases, shared.claim, value, self.plugin.idempotency_window)
+            steps.append(functools.partial(self._store_result, releases, shared.claim, value,
+                                           self.plugin.idempotency_window))
+        if shared.lease is not None:  # then the slot, which every host's next call may be waiting for
+            steps.append(functools.partial(self._release, releases, functools.partial(store.release,
+                                                                                      *shared.lease[:2])))
         if shared.breaker is not None:  # then the outcome, which decides whether the next calls run
-            breaker = shared.breaker
-            await self._release(releases, lambda: self._record(breaker, failed, spec))
+            steps.append(functools.partial(self._release, releases,
+                                           functools.partial(self._record, shared.breaker, failed, spec)))
         for key, interval, window, holder in shared.budgets:
-            await self._release(releases, functools.partial(store.settle, key, interval, window, holder, elapsed))
-        if shared.lease is not None:
-            lease = shared.lease
-            await self._release(releases, lambda: store.release(*lease[:2]))
+            steps.append(functools.partial(self._release, releases,
+                                           functools.partial(store.settle, key, interval, window, holder, elapsed)))
+        await self._run_releases(releases, steps)
         shared.lease = shared.breaker = shared.rate = shared.claim = None
         shared.budgets = []
 
