@@ -233,3 +233,22 @@ async def test_releases_a_hung_store_did_not_answer_go_on_once_it_is_back(redis_
             assert second.error["code"] == "circuit_open"  # the failure was counted, the slot given back
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+async def test_closing_the_host_lets_background_releases_finish(redis_server: RedisServer, tmp_path: Path) -> None:
+    """The releases that went on in the background are not cut off by the host closing at once."""
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    try:
+        async with _host(tmp_path, redis_server.url, FailsAndPauses(pid, 0.8), timeout_ms=500) as host:
+            first = await host.call("pauser", {}, context=ToolContext(idempotency_key="k1"))
+            assert first.error["code"] == "backend_down"
+        # closed right away; the lease release and the breaker outcome went through before the store closed
+        async with _host(tmp_path, redis_server.url, FailsAndPauses(pid, 0.0), timeout_ms=2000) as host:
+            rows = await host.plugin_manager.get_plugin("policy").shared.store.status()  # type: ignore[union-attr]
+        slots = [row for row in rows if row["key"].startswith("slots:")]
+        assert all(not row["value"] for row in slots), slots
+        breaker = [row["value"] for row in rows if row["key"].startswith("breaker:")]
+        assert breaker and breaker[0]["state"] == "open"
+    finally:
+        os.kill(pid, signal.SIGCONT)

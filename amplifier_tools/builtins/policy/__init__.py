@@ -199,7 +199,7 @@ class PolicyPlugin:
             protected.add(shared.socket, "the policy store's Redis socket",  # type: ignore[attr-defined]
                           key=f"plugins.{PLUGIN}.store")
         self.shared = SharedPolicy(self, shared, settings.store_unavailable, timeout)
-        return shared.close
+        return self.shared.close
 
     def _configure(self, settings: PolicySettings) -> None:
         """Keep what the decisions read, as plain attributes."""

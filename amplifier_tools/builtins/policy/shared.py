@@ -263,6 +263,14 @@ class SharedPolicy:
                        f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
         return QUEUE if self.plugin._may_queue(spec, verdict, left) else verdict
 
+    async def close(self) -> None:
+        """Let releases still going on in the background finish (at most one store timeout more:
+        each has its own), then close the store."""
+        pending = [task for task in self.plugin._tasks if not task.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.timeout + 1.0)
+        await self.store.close()
+
     def _background(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)
         self.plugin._tasks.add(task)
