@@ -252,3 +252,83 @@ async def test_closing_the_host_lets_background_releases_finish(redis_server: Re
         assert breaker and breaker[0]["state"] == "open"
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+class LocksSQLite:
+    """Under every stateful policy; once admitted, another connection takes SQLite's write lock."""
+
+    spec = ToolSpec(name="locker", description="locker", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"timeout_ms": 10_000, "concurrency": {"limit": 4},
+                              "circuit_breaker": {"failure_threshold": 5, "cooldown_ms": 1000},
+                              "budgets": [{"per": "principal", "max_calls": 100, "max_seconds": 600},
+                                          {"per": "role", "max_calls": 100}]})
+    name, description = "locker", "locker"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.lock: Any = None
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        import sqlite3
+
+        self.lock = sqlite3.connect(self.path, isolation_level=None)
+        self.lock.execute("BEGIN IMMEDIATE")
+        return ToolResult(output="done")
+
+
+async def test_a_locked_sqlite_store_holds_a_result_for_one_store_timeout(tmp_path: Path) -> None:
+    """Found by attack: the releases after the first that waited out the lock went on "in the
+    background", but SQLite's waits hold the event loop: the result waited one busy timeout per
+    release (1.7 s for 0.3 s each). A locked SQLite store leaves them to their keys' expiry."""
+    tool = LocksSQLite(tmp_path / "state" / "policy.sqlite3")
+    async with _host(tmp_path, "sqlite", tool, timeout_ms=300) as host:
+        started = time.monotonic()
+        result = await host.call("locker", {}, context=ToolContext(idempotency_key="k"))
+        took = time.monotonic() - started
+        tool.lock.execute("ROLLBACK")
+        tool.lock.close()
+        assert result.success and took < 0.8, took
+
+
+class FailsAndPausesUnderBudgets(FailsAndPauses):
+    """``FailsAndPauses`` with three budgets more: six releases, a background chain of five."""
+
+    spec = ToolSpec(name="pauser", description="pauser", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"timeout_ms": 10_000, "concurrency": {"limit": 1, "queue": False},
+                              "circuit_breaker": {"failure_threshold": 1, "cooldown_ms": 60_000},
+                              "budgets": [{"per": per, "max_calls": 1000} for per in ("principal", "role",
+                                                                                     "environment")]})
+
+
+async def test_closing_cuts_off_background_releases_after_one_store_timeout(redis_server: RedisServer,
+                                                                            tmp_path: Path) -> None:
+    """Found by attack: close waited for the tasks of the moment only, a bounded while, then closed
+    the store under releases still going on, one of which opened a new connection after close."""
+    assert redis_server.process is not None
+    pid = redis_server.process.pid
+    try:
+        host = _host(tmp_path, redis_server.url, FailsAndPausesUnderBudgets(pid, 2.2), timeout_ms=500)
+        await host.start()
+        plugin: Any = host.plugin_manager.get_plugin("policy")
+        try:
+            first = await host.call("pauser", {}, context=ToolContext(idempotency_key="k1"))
+            assert first.error["code"] == "backend_down"
+            assert any(not task.done() for task in plugin._tasks)  # releases went on in the background
+        finally:
+            started = time.monotonic()
+            await host.close()
+            took = time.monotonic() - started
+        assert took < 3.0, took  # one store timeout and a second, then cut off
+        assert all(task.done() for task in plugin._tasks)
+        import asyncio
+
+        import redis.asyncio as aioredis
+
+        await asyncio.sleep(2.0)  # the server is back: nothing of the closed host may use it any more
+        checker = aioredis.Redis.from_url(redis_server.url)
+        try:
+            assert len(await checker.client_list()) == 1  # the checker alone
+        finally:
+            await checker.aclose()
+    finally:
+        os.kill(pid, signal.SIGCONT)

@@ -134,6 +134,12 @@ class SharedPolicy:
         for index, step in enumerate(steps):
             if releases.hung:
                 rest = steps[index:]
+                if self.synchronous:
+                    # SQLite's operations hold the event loop while they wait for the lock: in the
+                    # background they would stall it all the same (found by attack).
+                    log.warning("policy store: the store stayed locked past store_timeout_ms; the call's other "
+                                "%d release(s) are left to their keys' expiry", len(rest))
+                    return
                 log.warning("policy store: the store did not answer within store_timeout_ms; the call's other "
                             "%d release(s) go on in the background", len(rest))
                 self._background(self._late_releases(rest))
@@ -142,7 +148,10 @@ class SharedPolicy:
 
     async def _late_releases(self, steps: list[Callable[[], Awaitable[Any]]]) -> None:
         for step in steps:
-            await step()
+            try:
+                await step()
+            except Exception:  # never unnoticed, and never the end of the other releases
+                log.exception("policy store: a release failed unexpectedly; the key's expiry reclaims it")
 
     async def _release(self, releases: _Releases, work: Callable[[], Awaitable[Any]]) -> None:
         """One release (``work`` makes its operation), bounded by the store timeout; on failure
@@ -158,6 +167,8 @@ class SharedPolicy:
         except (StoreUnavailable, OSError) as exc:
             releases.hung = releases.hung or getattr(exc, "timed_out", False)
             log.warning("policy store: a release failed (%s); the key's expiry reclaims it", exc)
+        except Exception:  # a release never fails a call that already ran
+            log.exception("policy store: a release failed unexpectedly; the key's expiry reclaims it")
 
     async def _store_result(self, releases: _Releases, claim: tuple[str, str, str], value: str | None,
                             ttl: float) -> None:
@@ -176,7 +187,10 @@ class SharedPolicy:
             self.store.limit_wait(self.timeout if failure is None else max(deadline - clock(), 0.001))
             try:
                 held = await self.store.resolve(slot, holder, digest, value, ttl)
-            except (StoreUnavailable, OSError) as exc:
+            except Exception as exc:
+                if not isinstance(exc, (StoreUnavailable, OSError)):  # a release never fails a call that ran
+                    log.exception("policy store: storing an idempotency result failed unexpectedly")
+                    return
                 failure = exc
                 releases.hung = getattr(exc, "timed_out", False)
                 if releases.hung or deadline - clock() <= pause:
@@ -264,11 +278,21 @@ class SharedPolicy:
         return QUEUE if self.plugin._may_queue(spec, verdict, left) else verdict
 
     async def close(self) -> None:
-        """Let releases still going on in the background finish (at most one store timeout more:
-        each has its own), then close the store."""
-        pending = [task for task in self.plugin._tasks if not task.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=self.timeout + 1.0)
+        """Let what still runs in the background (releases, event deliveries) finish for at most one
+        store timeout more, tasks started meanwhile included; cancel what is left, and only then
+        close the store: nothing uses it after (found by attack: a late release opened a new
+        connection after close)."""
+        deadline = asyncio.get_running_loop().time() + self.timeout + 1.0
+        while pending := [task for task in self.plugin._tasks if not task.done()]:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.warning("policy store: closing; %d release(s) still waiting for the store are cut off, "
+                            "their keys' expiry reclaims them", len(pending))
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+            await asyncio.wait(pending, timeout=left)
         await self.store.close()
 
     def _background(self, work: Awaitable[Any]) -> None:
