@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 from helpers import ToolsPlugin
 from redis_proxy import ReplyDropper
 from redis_server import RedisServer
@@ -255,13 +256,9 @@ async def test_closing_the_host_lets_background_releases_finish(redis_server: Re
 
 
 class LocksSQLite:
-    """Under every stateful policy; once admitted, another connection takes SQLite's write lock."""
+    """Under every stateful policy (``Pausing``'s); once admitted, another connection takes SQLite's write lock."""
 
-    spec = ToolSpec(name="locker", description="locker", effect="IdempotentWrite", idempotency_key="optional",
-                    policies={"timeout_ms": 10_000, "concurrency": {"limit": 4},
-                              "circuit_breaker": {"failure_threshold": 5, "cooldown_ms": 1000},
-                              "budgets": [{"per": "principal", "max_calls": 100, "max_seconds": 600},
-                                          {"per": "role", "max_calls": 100}]})
+    spec = attrs.evolve(Pausing.spec, name="locker", description="locker")
     name, description = "locker", "locker"
 
     def __init__(self, path: Path) -> None:

@@ -125,18 +125,23 @@ class SharedPolicy:
             raise
         return work
 
-    async def _run_releases(self, releases: _Releases, steps: list[Callable[[], Awaitable[Any]]]) -> None:
-        """A call's releases (``steps``, most important first), one after another. Once one waited
-        its whole store timeout (``releases.hung``), the call's result waits no longer: the rest
-        go on in the background, each with its own bound, so a store that comes back still gets
-        them (found by attack: skipped, a lease held every host's slot for its TTL and a probe's
-        outcome left the breaker half-open, refusing every call, until its record expired)."""
-        for index, step in enumerate(steps):
+    async def _run_releases(self, claim: tuple[str, str, str] | None, value: str | None, ttl: float,
+                            works: list[Callable[[], Awaitable[Any]]]) -> None:
+        """A call's releases, one after another: its idempotency claim resolved (``value`` stored,
+        or the key freed), then ``works`` (each makes one store operation), most important first.
+        Once one waited its whole store timeout (``_Releases.hung``), the call's result waits no
+        longer: the rest go on in the background, each with its own bound, so a store that comes
+        back still gets them (found by attack: skipped, a lease held every host's slot for its TTL
+        and a probe's outcome left the breaker half-open, refusing every call, until its record
+        expired). SQLite's waits for a lock hold the event loop, so there the rest are left to
+        their keys' expiry (found by attack: "in the background" they held it all the same)."""
+        releases = _Releases()
+        if claim is not None:
+            await self._store_result(releases, claim, value, ttl)
+        for index, work in enumerate(works):
             if releases.hung:
-                rest = steps[index:]
+                rest = works[index:]
                 if self.synchronous:
-                    # SQLite's operations hold the event loop while they wait for the lock: in the
-                    # background they would stall it all the same (found by attack).
                     log.warning("policy store: the store stayed locked past store_timeout_ms; the call's other "
                                 "%d release(s) are left to their keys' expiry", len(rest))
                     return
@@ -144,14 +149,11 @@ class SharedPolicy:
                             "%d release(s) go on in the background", len(rest))
                 self._background(self._late_releases(rest))
                 return
-            await step()
+            await self._release(releases, work)
 
-    async def _late_releases(self, steps: list[Callable[[], Awaitable[Any]]]) -> None:
-        for step in steps:
-            try:
-                await step()
-            except Exception:  # never unnoticed, and never the end of the other releases
-                log.exception("policy store: a release failed unexpectedly; the key's expiry reclaims it")
+    async def _late_releases(self, works: list[Callable[[], Awaitable[Any]]]) -> None:
+        for work in works:
+            await self._release(_Releases(), work)
 
     async def _release(self, releases: _Releases, work: Callable[[], Awaitable[Any]]) -> None:
         """One release (``work`` makes its operation), bounded by the store timeout; on failure
@@ -499,21 +501,18 @@ class SharedPolicy:
         """Undo what a call that was not admitted took: it counts against nothing."""
         if shared.renewer is not None:
             shared.renewer.cancel()
-        releases, store = _Releases(), self.store
-        steps: list[Callable[[], Awaitable[Any]]] = []
-        if shared.claim is not None:  # first: a duplicate waiting for the key runs as soon as it is free
-            steps.append(functools.partial(self._store_result, releases, shared.claim, None, 0))
+        store = self.store
+        works: list[Callable[[], Awaitable[Any]]] = []
         if shared.lease is not None:
-            steps.append(functools.partial(self._release, releases, functools.partial(store.release,
-                                                                                      *shared.lease[:2])))
+            works.append(functools.partial(store.release, *shared.lease[:2]))
         if shared.breaker is not None and shared.breaker[2] is not None:
-            steps.append(functools.partial(self._release, releases, functools.partial(self._abandon, shared.breaker)))
+            works.append(functools.partial(self._abandon, shared.breaker))
         for key, interval, window, holder in shared.budgets:
-            steps.append(functools.partial(self._release, releases,
-                                           functools.partial(store.settle, key, interval, window, holder, None)))
+            works.append(functools.partial(store.settle, key, interval, window, holder, None))
         if shared.rate is not None:
-            steps.append(functools.partial(self._release, releases, functools.partial(store.untake, *shared.rate)))
-        await self._run_releases(releases, steps)
+            works.append(functools.partial(store.untake, *shared.rate))
+        # The claim first: a duplicate waiting for the key runs as soon as it is free.
+        await self._run_releases(shared.claim, None, 0, works)
         shared.lease = shared.breaker = shared.rate = shared.claim = None
         shared.budgets = []
 
@@ -535,27 +534,22 @@ class SharedPolicy:
             shared.renewer.cancel()
             shared.renewer = None
         elapsed = self.plugin.clock() - held.started
-        releases, store = _Releases(), self.store
-        steps: list[Callable[[], Awaitable[Any]]] = []
-        if shared.claim is not None:  # first: the stored result is what the next call with the key gets
-            value = None
-            if failed is False and result.success:
-                rules = spec.security.redaction_rules if spec is not None else ()
-                metadata = {k: v for k, v in result.metadata.items() if k != "trail"}
-                value = json.dumps(redact({"output": result.output, "metadata": metadata},
-                                          paths=[r for r in rules if r.startswith("output")]), default=str)
-            steps.append(functools.partial(self._store_result, releases, shared.claim, value,
-                                           self.plugin.idempotency_window))
-        if shared.lease is not None:  # then the slot, which every host's next call may be waiting for
-            steps.append(functools.partial(self._release, releases, functools.partial(store.release,
-                                                                                      *shared.lease[:2])))
+        value = None
+        if shared.claim is not None and failed is False and result.success:
+            rules = spec.security.redaction_rules if spec is not None else ()
+            metadata = {k: v for k, v in result.metadata.items() if k != "trail"}
+            value = json.dumps(redact({"output": result.output, "metadata": metadata},
+                                      paths=[r for r in rules if r.startswith("output")]), default=str)
+        store = self.store
+        works: list[Callable[[], Awaitable[Any]]] = []
+        if shared.lease is not None:  # the slot first, which every host's next call may be waiting for
+            works.append(functools.partial(store.release, *shared.lease[:2]))
         if shared.breaker is not None:  # then the outcome, which decides whether the next calls run
-            steps.append(functools.partial(self._release, releases,
-                                           functools.partial(self._record, shared.breaker, failed, spec)))
+            works.append(functools.partial(self._record, shared.breaker, failed, spec))
         for key, interval, window, holder in shared.budgets:
-            steps.append(functools.partial(self._release, releases,
-                                           functools.partial(store.settle, key, interval, window, holder, elapsed)))
-        await self._run_releases(releases, steps)
+            works.append(functools.partial(store.settle, key, interval, window, holder, elapsed))
+        # The stored result first of all: it is what the next call with the key gets.
+        await self._run_releases(shared.claim, value, self.plugin.idempotency_window, works)
         shared.lease = shared.breaker = shared.rate = shared.claim = None
         shared.budgets = []
 
