@@ -35,9 +35,9 @@ def marker() -> str:
     return "amp-marker-" + uuid.uuid4().hex
 
 
-def processes_with(text: str) -> list[int]:
-    """Pids of live (non-zombie) processes whose command line contains ``text``."""
-    found = []
+def _tagged(text: str) -> dict[int, bytes]:
+    """``{pid: stat line}`` of live (non-zombie) processes whose command line contains ``text``."""
+    found: dict[int, bytes] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == os.getpid():
             continue
@@ -50,8 +50,49 @@ def processes_with(text: str) -> list[int]:
             continue
         state = stat[stat.rfind(b")") + 2:].split()[0]
         if text in cmdline and state not in (b"Z", b"X"):
-            found.append(int(name))
+            found[int(name)] = stat
     return found
+
+
+def processes_with(text: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose command line contains ``text``.
+
+    One pass over /proc, not a snapshot: while processes come and go, a process that exits after
+    it was counted and one that starts after the pass went by both count. For "how many at once"
+    use :func:`processes_alive_together`.
+    """
+    return list(_tagged(text))
+
+
+def _start_time(stat: bytes) -> bytes:
+    return stat[stat.rfind(b")") + 2:].split()[19]  # field 22 of proc(5), counting from field 3
+
+
+def processes_alive_together(text: str) -> int:
+    """How many processes with ``text`` on their command line were certainly alive at one instant.
+
+    Two passes over /proc; a process (same pid and start time) found by both was alive from the
+    moment the first pass saw it to the moment the second did, so at the instant between the passes.
+    A lower bound on the true number under churn, never an overcount (unlike one pass).
+    """
+    first = _tagged(text)
+    second = _tagged(text)
+    return sum(1 for pid, stat in second.items()
+               if pid in first and _start_time(first[pid]) == _start_time(stat))
+
+
+def describe_processes(text: str) -> str:
+    """The live processes with ``text``, for an assertion message: pid, state and command."""
+    lines = []
+    for pid, stat in _tagged(text).items():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode("utf-8", "replace")[:120]
+        except OSError:
+            command = "?"
+        state = stat[stat.rfind(b")") + 2:].split()[0].decode()
+        lines.append(f"{pid} {state} {command}")
+    return "\n".join(lines) or "none"
 
 
 def group_members(pgid: int) -> list[int]:
