@@ -230,3 +230,40 @@ def test_the_kernels_resolution_agrees_with_the_component_walk(tmp_path: Path) -
                 spelling
             checked += 1
     assert checked > 2000
+
+
+def test_one_name_in_the_working_directory_resolves_as_the_kernel_walk_does(tmp_path: Path) -> None:
+    """A single name takes ``resolve_real``'s one-``lstat`` path; for every kind of entry of a
+    hostile working directory (symlinks in, out, dangling, looping, to /proc, a FIFO, a socket,
+    directories, missing names) its answer must be the kernel walk's."""
+    import socket
+
+    from amplifier_tools.builtins.filesystem.paths import PathRules
+
+    root = tmp_path / "w"
+    (root / "d").mkdir(parents=True)
+    (root / "f").write_text("x")
+    os.mkfifo(root / "fifo")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(root / "sock"))
+    outside = tmp_path / "outside"
+    outside.write_text("secret")
+    links = {"out": str(outside), "rel": "d", "up": "..", "dangling": "nowhere", "loop1": "loop2",
+             "loop2": "loop1", "self": ".", "proc": "/proc/self/root" + str(outside), "to_fifo": "fifo"}
+    for name, target in links.items():
+        (root / name).symlink_to(target)
+    names = [*links, "d", "f", "fifo", "sock", "missing", "with space", "-", "x" * 300, ".hidden"]
+    fast = PathRules(str(root), read_roots=[str(root)], write_roots=[str(root)])
+    walked = PathRules(str(root), read_roots=[str(root)], write_roots=[str(root)])
+    walked._one_name = lambda path: False  # type: ignore[method-assign]
+    taken = 0
+    try:
+        for name in names:
+            assert _resolution(lambda p, _: fast.resolve_real(p), name) == \
+                _resolution(lambda p, _: walked.resolve_real(p), name), name
+            taken += fast._one_name(name)
+    finally:
+        sock.close()
+    assert taken == len(names)
+    assert fast.resolve_real("out") == (str(outside),)
+    assert fast.resolve_real("f") == (str(root / "f"),)

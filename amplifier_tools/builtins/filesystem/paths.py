@@ -180,12 +180,33 @@ class PathRules:
         (``lstat``, ``readlink``), never contents.
         """
         joined = self._joined(path)
+        if self._one_name(path):
+            try:
+                mode = os.lstat(joined).st_mode
+            except FileNotFoundError:  # a missing name in the working directory: taken as written
+                return (joined,)
+            except OSError:
+                pass
+            else:
+                if not stat.S_ISLNK(mode):
+                    return (joined,)
         normalized = os.path.normpath(joined)
         lexical = self._followed(normalized, path)
         if joined == normalized:  # no ".", ".." or "//": one spelling
             return (lexical,)
         physical = self._followed(joined, path)
         return (lexical,) if physical == lexical else (lexical, physical)
+
+    def _one_name(self, path: str) -> bool:
+        """Whether ``path`` is one name directly in the working directory: then ``resolve_real`` takes
+        one ``lstat`` (anything but a symlink is itself; a missing name is taken as written) instead of
+        the kernel walk's three system calls — a tool's path argument is most often such a name.
+
+        The working directory's own path is the one resolved when the rules were made: a directory
+        above it replaced by a symlink since then is not noticed here (nothing confined can write
+        there; a process that can could equally change the tree after any check)."""
+        return ("/" not in path and path not in (".", "..") and not path.startswith("~")
+                and self.working_dir != "/")
 
     def _followed(self, current: str, original: str) -> str:
         """``current`` (absolute) resolved by the kernel itself: an ``O_PATH`` open (which never opens
