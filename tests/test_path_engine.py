@@ -267,3 +267,22 @@ def test_one_name_in_the_working_directory_resolves_as_the_kernel_walk_does(tmp_
     assert taken == len(names)
     assert fast.resolve_real("out") == (str(outside),)
     assert fast.resolve_real("f") == (str(root / "f"),)
+
+
+def test_one_name_follows_a_working_directory_swapped_for_a_symlink(tmp_path: Path) -> None:
+    """The working directory renamed away and a symlink to the host's state put in its place: a
+    single name must resolve where the kernel will open it (the state directory), not where the
+    working directory used to be. Found by review of the one-``lstat`` path (it answered the old
+    place, and the guard let a third-party tool write the audit log)."""
+    from amplifier_tools.builtins.filesystem.paths import PathRules
+
+    work, state = tmp_path / "proj", tmp_path / "state"
+    work.mkdir()
+    state.mkdir()
+    (state / "audit.jsonl").write_text("{}\n")
+    rules = PathRules(str(work), read_roots=[str(work)], write_roots=[str(work)])
+    assert rules.resolve_real("audit.jsonl") == (str(work / "audit.jsonl"),)
+    work.rename(tmp_path / "proj-moved")
+    work.symlink_to(state)
+    assert rules.resolve_real("audit.jsonl") == (str(state / "audit.jsonl"),)
+    assert rules.resolve_real("new-file") == (str(state / "new-file"),)

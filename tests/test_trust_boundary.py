@@ -7,6 +7,7 @@ test_bash_protected.py; the audit log's in test_audit*.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -202,6 +203,27 @@ async def test_third_party_tools_cannot_name_protected_paths_in_their_arguments(
         assert ordinary.success
         assert (await h.call("run", {"command": "ls -la"})).success
     assert config.read_text() == "[plugins.filesystem]\n"
+    assert writer.written == [str(work / "notes.txt")]
+
+
+async def test_a_working_directory_swapped_for_a_symlink_to_the_state_does_not_open_the_log(
+        tmp_path: Path, work: Path) -> None:
+    """A tool with host privileges moved the working directory away and left a symlink to the
+    host's state directory in its place: ``write_file`` with the bare name ``audit.jsonl`` would
+    write the audit log. The guard resolves the name where the kernel will open it."""
+    writer = ThirdPartyWrite(work)
+    async with ToolHost(plugins=[ToolsPlugin(writer)], builtins=["filesystem", "audit"], entry_points=False,
+                        working_dir=work, discover=False) as h:
+        log = Path(h.capabilities["audit.path"])
+        assert (await h.call("write_file", {"file_path": "notes.txt", "content": "fine"})).success
+        work.rename(tmp_path / "work-moved")
+        work.symlink_to(log.parent)
+        before = log.read_bytes()
+        result = await h.call("write_file", {"file_path": log.name, "content": "forged\n"})
+        assert result.error is not None and result.error["code"] == "path_protected", result
+        after = log.read_bytes()
+        assert after.startswith(before), "the log was rewritten"
+        assert all(json.loads(line) for line in after.splitlines()), "a line that is no record was written"
     assert writer.written == [str(work / "notes.txt")]
 
 

@@ -83,6 +83,15 @@ def _protected(original: str, resolved: str, protected: ProtectedPath) -> AuthEr
                           "other files")
 
 
+def _identity(directory: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of what ``directory`` leads to now (symlinks followed); None if nothing."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class PathRules:
     """Allowed read/write roots and denied patterns, applied to every path."""
 
@@ -90,6 +99,7 @@ class PathRules:
                  denied: Iterable[str] = (), write_denied: Iterable[str] = DEFAULT_WRITE_DENIED,
                  allow_hardlinks: bool = False, protected: ProtectedPaths | None = None) -> None:
         self.working_dir = os.path.realpath(working_dir)
+        self._working_dir_id = _identity(self.working_dir)
         # Held by reference: plugins that mount later (audit) add their files to the same object.
         self.protected = protected if protected is not None else ProtectedPaths()
         self.read_roots = tuple(self._root(r) for r in read_roots)
@@ -180,7 +190,8 @@ class PathRules:
         (``lstat``, ``readlink``), never contents.
         """
         joined = self._joined(path)
-        if self._one_name(path):
+        if self._working_dir_id is not None and self._one_name(path) \
+                and _identity(self.working_dir) == self._working_dir_id:
             try:
                 mode = os.lstat(joined).st_mode
             except FileNotFoundError:  # a missing name in the working directory: taken as written
@@ -198,13 +209,13 @@ class PathRules:
         return (lexical,) if physical == lexical else (lexical, physical)
 
     def _one_name(self, path: str) -> bool:
-        """Whether ``path`` is one name directly in the working directory: then ``resolve_real`` takes
-        one ``lstat`` (anything but a symlink is itself; a missing name is taken as written) instead of
-        the kernel walk's three system calls — a tool's path argument is most often such a name.
-
-        The working directory's own path is the one resolved when the rules were made: a directory
-        above it replaced by a symlink since then is not noticed here (nothing confined can write
-        there; a process that can could equally change the tree after any check)."""
+        """Whether ``path`` is one name directly in the working directory. Then, while the working
+        directory's path still leads to the directory it led to when the rules were made (a ``stat``:
+        same device and inode; an ancestor swapped for a symlink to elsewhere fails it),
+        ``resolve_real`` takes one ``lstat`` of the name (anything but a symlink is itself; a missing
+        name is taken as written) instead of the kernel walk's open, ``readlink`` and close — a
+        tool's path argument is most often such a name. Two system calls instead of three; the
+        answer is the walk's (``test_one_name_in_the_working_directory_resolves_as_the_kernel_walk_does``)."""
         return ("/" not in path and path not in (".", "..") and not path.startswith("~")
                 and self.working_dir != "/")
 
