@@ -4,7 +4,10 @@ search denied entries, and rewritten files never keep setuid, setgid or sticky b
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +16,8 @@ import pytest
 
 from amplifier_tools import PluginLoadError, ToolHost
 from amplifier_tools.builtins.filesystem import tools as fs_tools
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SECRET = "TOKEN-8c1f"
 
@@ -286,3 +291,41 @@ def test_one_name_follows_a_working_directory_swapped_for_a_symlink(tmp_path: Pa
     work.symlink_to(state)
     assert rules.resolve_real("audit.jsonl") == (str(state / "audit.jsonl"),)
     assert rules.resolve_real("new-file") == (str(state / "new-file"),)
+
+
+_BIND_DELETED = """
+import os, subprocess, sys, tempfile
+from amplifier_tools.builtins.filesystem.paths import PathRules
+from amplifier_tools.errors import ContractError
+base = tempfile.mkdtemp()
+work = os.path.join(base, "work"); os.mkdir(work)
+open(os.path.join(work, "mp"), "w").close()
+gone = os.path.join(base, "gone"); open(gone, "w").close()
+subprocess.run(["mount", "--bind", gone, os.path.join(work, "mp")], check=True)
+os.unlink(gone)
+fast = PathRules(work, read_roots=[work], write_roots=[work])
+walked = PathRules(work, read_roots=[work], write_roots=[work])
+walked._one_name = lambda path: False
+def answer(rules):
+    try:
+        return rules.resolve_real("mp")
+    except ContractError as exc:
+        return exc.code
+print(answer(fast), answer(walked))
+subprocess.run(["umount", os.path.join(work, "mp")], check=True)
+import shutil; shutil.rmtree(base)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)")
+def test_one_name_bound_to_a_deleted_file_is_refused_as_the_walk_refuses_it() -> None:
+    """A name in the working directory that is a bind mount of a deleted file leads to no path: the
+    walk refuses it (``unresolvable_path``, which a policy deny rule counts as a match); the
+    one-``lstat`` path must not answer the name instead. Found by attack. Run in a mount namespace
+    of its own, so no mount is left behind."""
+    run = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _BIND_DELETED],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if run.returncode != 0 and "unshare failed" in run.stderr:
+        pytest.skip(f"no mount namespace here: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["unresolvable_path", "unresolvable_path"]

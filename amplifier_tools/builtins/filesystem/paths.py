@@ -193,13 +193,13 @@ class PathRules:
         if self._working_dir_id is not None and self._one_name(path) \
                 and _identity(self.working_dir) == self._working_dir_id:
             try:
-                mode = os.lstat(joined).st_mode
+                entry = os.lstat(joined)
             except FileNotFoundError:  # a missing name in the working directory: taken as written
                 return (joined,)
             except OSError:
                 pass
-            else:
-                if not stat.S_ISLNK(mode):
+            else:  # a deleted file still reachable (a bind mount of it) is the walk's to refuse
+                if not stat.S_ISLNK(entry.st_mode) and entry.st_nlink > 0:
                     return (joined,)
         normalized = os.path.normpath(joined)
         lexical = self._followed(normalized, path)
@@ -212,8 +212,8 @@ class PathRules:
         """Whether ``path`` is one name directly in the working directory. Then, while the working
         directory's path still leads to the directory it led to when the rules were made (a ``stat``:
         same device and inode; an ancestor swapped for a symlink to elsewhere fails it),
-        ``resolve_real`` takes one ``lstat`` of the name (anything but a symlink is itself; a missing
-        name is taken as written) instead of the kernel walk's open, ``readlink`` and close — a
+        ``resolve_real`` takes one ``lstat`` of the name (anything but a symlink or a deleted file is
+        itself; a missing name is taken as written) instead of the kernel walk's open, ``readlink`` and close — a
         tool's path argument is most often such a name. Two system calls instead of three; the
         answer is the walk's (``test_one_name_in_the_working_directory_resolves_as_the_kernel_walk_does``)."""
         return ("/" not in path and path not in (".", "..") and not path.startswith("~")
