@@ -141,11 +141,11 @@ class CallPipeline:
                     raise error_from_result(result, spec.name)
             mounted.check_output(result.output)
 
-            result = ToolResult(True, result.output, None, result.metadata, call.id)
+            output = result.output
             if self.secrets:
-                result = ToolResult(True, redact(result.output, secrets=self.secrets, patterns=False), None,
-                                    result.metadata, call.id)
-            scanned = result.output
+                output = redact(output, secrets=self.secrets, patterns=False)
+            result = ToolResult(True, output, None, result.metadata, call.id)
+            scanned = output
 
             def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
                 if replacement.success:
