@@ -129,10 +129,16 @@ class ConfigError(ValueError):
 
 
 def did_you_mean(name: str, expected: Collection[str]) -> str | None:
-    """``"did you mean 'x'?"`` for a misspelled ``name`` among ``expected`` names, else None."""
-    import difflib  # only where a name is wrong, not at every start
+    """``"did you mean 'x'?"`` for a misspelled ``name`` among ``expected`` names, else None.
 
-    close = difflib.get_close_matches(name, sorted(expected), n=1, cutoff=0.6)
+    ``difflib`` is imported only when some name shares enough letters with ``name`` to be close
+    (``_quick_ratio``, the bound ``difflib`` itself checks first), not for every unknown name."""
+    candidates = sorted(e for e in expected if _quick_ratio(name, e) >= 0.6)
+    if not candidates:
+        return None
+    import difflib  # only where a name may be misspelled, not at every start
+
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     if not close:
         return None
     return f"did you mean {close[0]!r}?"
@@ -145,3 +151,20 @@ class PluginLoadError(RuntimeError):
         super().__init__(f"plugin {plugin!r}: {reason}")
         self.plugin = plugin
         self.reason = reason
+
+
+def _quick_ratio(a: str, b: str) -> float:
+    """An upper bound of ``difflib.SequenceMatcher(None, a, b).ratio()``: the letters both have,
+    counted with repetition (``SequenceMatcher.quick_ratio``)."""
+    if not a and not b:
+        return 1.0
+    left: dict[str, int] = {}
+    for letter in b:
+        left[letter] = left.get(letter, 0) + 1
+    shared = 0
+    for letter in a:
+        count = left.get(letter, 0)
+        if count:
+            left[letter] = count - 1
+            shared += 1
+    return 2.0 * shared / (len(a) + len(b))

@@ -278,6 +278,9 @@ class ToolHost:
                             dist.name if dist else None,
                             dist.version if dist else None, required=self._required(ep.name))
         planned = {entry["module"]: entry for entry in self.config.get("modules", [])}
+        if self._entry_points:  # without the scan, an entry point's name cannot be told from a typo
+            self._check_plugin_names({*BUILTIN_PLUGINS, *map(plugin_name, self._extra_plugins), *planned,
+                                      *(ep.name for group in (installed or {}).values() for ep in group)})
         if installed is not None:
             for ep in installed[SEED_ENTRY_POINT_GROUP]:
                 if ep.value.startswith(f"{__package__}."):
@@ -300,6 +303,25 @@ class ToolHost:
                 continue
             self._check_one_config_source(name, entry)
             self._queue(name, functools.partial(seed_from_config, entry), "module", None, None, required=True)
+
+    def _check_plugin_names(self, known: set[str]) -> None:
+        """A name in ``load_plugins`` must name a plugin there is; one in ``disable_plugins`` that is
+        none but close to one is a typo (``bsh`` would have left bash running): ``ConfigError``
+        naming the key, or the environment variable, and the plugin meant. A name close to none
+        is taken as an optional plugin that is not installed here."""
+        sources = (("load_plugins", ENV_LOAD, True), ("disable_plugins", ENV_DISABLE, False))
+        for key, variable, strict in sources:
+            for where, names in ((key, self.config.get(key, [])), (variable, sorted(env_names(variable)))):
+                for name in names:
+                    if name in known:
+                        continue
+                    hint = did_you_mean(name, known)
+                    if strict or hint is not None:
+                        verb = "load" if strict else "disable"
+                        raise ConfigError(f"{name!r} names no installed plugin, so there is none to {verb} "
+                                          f"(installed: {', '.join(sorted(known))})", key=where,
+                                          file=self.config_file if where == key else None,
+                                          hint=hint or "amplifier-tools plugins lists what is installed")
 
     def _check_one_config_source(self, name: str, entry: Mapping[str, Any]) -> None:
         """A module's config comes from one place: the mount plan entry or ``[plugins.NAME]``."""

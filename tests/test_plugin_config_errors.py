@@ -12,6 +12,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,58 @@ async def test_bad_per_tool_override_names_the_field_and_file_not_a_plugin(tmp_p
     message = str(info.value)
     assert message.startswith(f"{config}: tools.local::fs.read_file"), message
     assert "policies.rate_limit.limit" in message and "plugin" not in message
+
+
+@pytest.mark.parametrize(("where", "value", "meant"), [
+    ("config", {"disable_plugins": ["bsh"]}, "bash"),
+    ("env", "AMPLIFIER_TOOLS_DISABLE_PLUGINS", "gate"),
+    ("config", {"load_plugins": ["gat"]}, "gate"),
+    ("config", {"load_plugins": ["nosuch-plugin"]}, None),
+])
+async def test_a_misspelled_plugin_name_stops_the_host_naming_the_key_and_the_plugin_meant(
+        with_gate: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, value: Any,
+        meant: str | None) -> None:
+    """``disable_plugins = ["bsh"]`` was ignored without a word and left bash running (found by a
+    newcomer's pass); a name in ``load_plugins`` that no plugin has loaded nothing, silently."""
+    config: dict[str, Any] = {"plugins": {"gate": {"approvers": ["ops"]}}}
+    if where == "env":
+        monkeypatch.setenv(value, "gat")
+        key = value
+    else:
+        config.update(value)
+        key = next(iter(value))
+    host = ToolHost(config, builtins=["bash"], working_dir=tmp_path)
+    with pytest.raises(ConfigError) as info:
+        await host.start()
+    assert info.value.key == key and "names no installed plugin" in str(info.value)
+    assert info.value.hint == (f"did you mean {meant!r}?" if meant else
+                               "amplifier-tools plugins lists what is installed")
+    assert host.plugins == []
+
+
+async def test_disabling_a_plugin_not_installed_here_is_no_error(with_gate: Path, tmp_path: Path) -> None:
+    """A name close to no installed plugin is an optional plugin absent from this machine."""
+    config = {"plugins": {"gate": {"approvers": ["ops"]}}, "disable_plugins": ["http-fetch-extra"]}
+    async with ToolHost(config, builtins=["bash"], working_dir=tmp_path) as host:
+        assert {p.name for p in host.plugins} >= {"bash", "gate"}
+
+
+def test_did_you_mean_answers_as_difflib_and_imports_it_only_for_a_close_name() -> None:
+    """The letters-in-common bound spares the ``difflib`` import for names close to nothing (the
+    start-up of ``list`` with an absent plugin disabled), and never changes the answer."""
+    import difflib
+    import random
+
+    from amplifier_tools.errors import did_you_mean
+
+    rng = random.Random(16)
+    for _ in range(5000):
+        name = "".join(rng.choice("abcde-") for _ in range(rng.randint(0, 8)))
+        names = ["".join(rng.choice("abcdef") for _ in range(rng.randint(1, 7))) for _ in range(5)]
+        close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+        assert did_you_mean(name, names) == (f"did you mean {close[0]!r}?" if close else None), (name, names)
+    code = ("import sys\nfrom amplifier_tools.errors import did_you_mean\n"
+            "assert did_you_mean('approval', ['bash', 'audit', 'filesystem', 'policy', 'mcp']) is None\n"
+            "print('difflib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
