@@ -388,6 +388,9 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
         kind = "write" if "write" in rule else "read"
         return (f"the path is outside the filesystem plugin's {kind} roots; they are set by "
                 f"[plugins.filesystem] allowed_{kind}_paths (default: the working directory)")
+    if code == "path_denied" and rule == "symlink_escape":
+        return ("the path is a symbolic link leading outside the filesystem plugin's roots; name its target "
+                "if it lies inside them, or widen [plugins.filesystem] allowed_read_paths / allowed_write_paths")
     if code == "path_denied" and rule.startswith("denied:"):
         return "the path matches a denied pattern: [plugins.filesystem] denied_paths (or write_denied_paths)"
     if code == "path_protected":

@@ -605,6 +605,16 @@ def test_a_path_outside_the_roots_hints_at_the_setting_that_governs_it(tmp_path:
     assert "describe" not in out.stderr  # describe says nothing about roots
 
 
+def test_a_symlink_out_of_the_roots_hints_at_the_roots_not_the_policy(tmp_path: Path) -> None:
+    """It said "denied by the policy; describe shows the tool's scopes" (found by a newcomer's pass)."""
+    (tmp_path / "link").symlink_to("/etc/hostname")
+    out = cli(tmp_path, "call", "local::fs.read_file", '{"path": "link"}',
+              env={"XDG_STATE_HOME": str(tmp_path.parent / f"{tmp_path.name}-state")})
+    assert out.returncode == 4 and "symbolic link" in out.stderr
+    assert "hint: the path is a symbolic link leading outside the filesystem plugin's roots" in out.stderr
+    assert "allowed_read_paths" in out.stderr and "policy" not in out.stderr
+
+
 def test_a_timeout_hint_names_the_timeouts_not_the_policy(project: Path) -> None:
     (project / "slow_tools.py").write_text(textwrap.dedent('''
         import asyncio
