@@ -116,9 +116,9 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--role")
         p.add_argument("--environment")
         p.add_argument("--scope", action="append", default=[], help="grant a scope (repeatable)")
-        p.add_argument("--idempotency-key", help="replay the stored result of an earlier call with this key and "
-                                                 "these arguments (kept in <state_dir>/policy.sqlite3 unless "
-                                                 "[plugins.policy] store says otherwise)")
+        p.add_argument("--idempotency-key", type=_idempotency_key,
+                       help="replay the stored result of an earlier call with this key and these arguments "
+                            "(kept in <state_dir>/policy.sqlite3 unless [plugins.policy] store says otherwise)")
         p.add_argument("--json", action="store_true", help="print the whole ToolResult as JSON")
     if only in (None, "mcp"):
         p = sub.add_parser("mcp", help="imported MCP servers")
@@ -370,6 +370,13 @@ async def _call(host: ToolHost, args: argparse.Namespace) -> int:
     return _EXIT_BY_CATEGORY.get((result.error or {}).get("type", ""), EXIT_EXECUTION)
 
 
+def _idempotency_key(value: str) -> str:
+    """``--idempotency-key``: a key that names something (an empty one would be stored and replayed)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an idempotency key must not be empty")
+    return value
+
+
 def _call_hint(error: Mapping[str, Any], tool: str) -> str:
     """What to do about a failed call, as specific as the error allows."""
     code = error.get("code")
@@ -381,6 +388,8 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
         return "grant it: " + " ".join(f"--scope {scope}" for scope in error["missing_scopes"])
     if code == "idempotency_key_required":
         return "pass --idempotency-key KEY"
+    if code == "idempotency_conflict":
+        return "the key was used with other arguments: a new call needs a new --idempotency-key"
     if error.get("retry_after") is not None:
         return f"retry in {error['retry_after']} s"
     rule = str(error.get("rule") or "")
@@ -429,6 +438,9 @@ def _print_result(result: ToolResult, *, as_json: bool, verbose: bool = False, t
     elif result.success or result.output not in (None, "", {}, []):
         _print_output(result)
     if result.success:
+        if not as_json and result.metadata.get("replayed") is True:
+            print("(replayed: the stored result of the earlier call with this idempotency key; the tool did "
+                  "not run again)", file=sys.stderr)
         return
     error = result.error or {}
     print(f"{error.get('type')}[{error.get('code')}]: {error.get('message')}", file=sys.stderr)

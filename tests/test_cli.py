@@ -391,7 +391,17 @@ def test_idempotency_key_replays_across_invocations_without_running_the_tool(pro
     assert json.loads(other.stdout)["output"] == "run 2"
     conflict = cli(project, "call", "demo_stamp", '{"line": "b"}', "--idempotency-key", "k1")
     assert conflict.returncode != 0 and "idempotency_conflict" in conflict.stderr
+    assert "hint: the key was used with other arguments: a new call needs a new --idempotency-key" in conflict.stderr
     assert runs.read_text() == "a\na\n"
+    # In text mode a replay looked exactly like a run (found by a newcomer's pass): stderr says so.
+    text = cli(project, "call", "demo_stamp", '{"line": "a"}', "--idempotency-key", "k1")
+    assert text.returncode == 0 and text.stdout == "run 1\n", text.stdout + text.stderr
+    assert "(replayed: the stored result of the earlier call with this idempotency key" in text.stderr
+    fresh = cli(project, "call", "demo_stamp", '{"line": "c"}', "--idempotency-key", "k3")
+    assert fresh.returncode == 0 and "replayed" not in fresh.stderr
+    empty = cli(project, "call", "demo_stamp", '{"line": "a"}', "--idempotency-key", " ")
+    assert empty.returncode == 2 and "an idempotency key must not be empty" in empty.stderr
+    assert runs.read_text() == "a\na\nc\n"
 
 
 def test_policy_status_before_any_decision_shows_nothing_and_creates_nothing(project: Path) -> None:
