@@ -214,7 +214,7 @@ def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | No
         try:
             import yaml
         except ImportError:
-            raise ConfigError("YAML configuration needs PyYAML (pip install amplifier-tools[yaml])",
+            raise ConfigError("YAML configuration needs PyYAML (pip install 'amplifier-tools[yaml]')",
                               file=file) from None
         try:
             data = yaml.safe_load(text)

@@ -254,7 +254,7 @@ async def test_configured_servers_without_the_sdk_give_the_install_hint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "mcp", None)  # what an environment without the extra looks like
-    with pytest.raises(PluginLoadError, match=r"'mcp' extra is not installed \(pip install amplifier-tools\[mcp\]\)"):
+    with pytest.raises(PluginLoadError, match=r"'mcp' extra is not installed \(pip install 'amplifier-tools\[mcp\]'\)"):
         async with host_with(tmp_path):
             pass
 

@@ -156,3 +156,19 @@ def test_a_linked_configuration_is_not_edited_and_the_pins_are_printed_to_paste(
 def test_layouts_that_cannot_be_edited_exactly_are_refused(text: str) -> None:
     with pytest.raises(UneditableConfig):
         edit_pins(text, PINS)
+
+
+def test_pin_without_servers_says_so_even_where_the_sdk_is_missing(tmp_path: Path) -> None:
+    """It said "MCP servers are configured but the 'mcp' extra is not installed" with no server
+    configured at all (found by a newcomer's pass, in an environment without the extra)."""
+    import os
+    import subprocess
+
+    code = ("import runpy, sys\nsys.modules['mcp'] = None  # as where the extra is not installed\n"
+            "sys.argv = ['amplifier-tools', 'mcp', 'pin']\n"
+            "runpy.run_module('amplifier_tools', run_name='__main__', alter_sys=True)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMPLIFIER_TOOLS_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**env, "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "no MCP server is configured" in out.stderr and "extra is not installed" not in out.stderr

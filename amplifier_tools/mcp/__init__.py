@@ -40,7 +40,7 @@ RETRY_AFTER_S: Final = 10.0
 STDERR_TAIL_MARK: Final = "; its stderr ended with:"
 
 MISSING_SDK_MESSAGE: Final = (
-    "MCP servers are configured but the 'mcp' extra is not installed (pip install amplifier-tools[mcp])"
+    "MCP servers are configured but the 'mcp' extra is not installed (pip install 'amplifier-tools[mcp]')"
 )
 
 

@@ -12,7 +12,8 @@ from typing import Any
 from ..cli import add_serve_options, serve_overrides
 from . import sdk_available
 
-SERVE_MISSING_SDK_MESSAGE = "serve-mcp needs the 'mcp' extra, which is not installed (pip install amplifier-tools[mcp])"
+SERVE_MISSING_SDK_MESSAGE = ("serve-mcp needs the 'mcp' extra, which is not installed "
+                             "(pip install 'amplifier-tools[mcp]')")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

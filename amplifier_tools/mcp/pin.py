@@ -270,6 +270,10 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
     from ..hoststate import ensure_state_dir
     from . import MISSING_SDK_MESSAGE, sdk_available
 
+    own, _ = plugin_section(host.config, PLUGIN)
+    if not own.get("servers"):  # said before the SDK is looked for: without servers it is not needed
+        raise ConfigError("no MCP server is configured", key=SERVERS_TABLE,
+                          hint=f"add [{SERVERS_TABLE}.<name>] with command or url")
     if not sdk_available():
         raise ConfigError(MISSING_SDK_MESSAGE, key=SERVERS_TABLE)
     # Servers are started from this file: only from one the host itself would start from.

@@ -1,6 +1,6 @@
 """Optional OpenTelemetry for every call: one ``execute_tool {name}`` span and a duration histogram.
 
-Needs the ``otel`` extra (``pip install amplifier-tools[otel]``); the core never
+Needs the ``otel`` extra (``pip install 'amplifier-tools[otel]'``); the core never
 imports OpenTelemetry. Spans follow the GenAI semantic conventions
 (``gen_ai.operation.name = "execute_tool"``, ``gen_ai.tool.name``,
 ``gen_ai.tool.call.id``, ``error.type`` on failure). The span is recorded when
@@ -33,7 +33,7 @@ class ToolTelemetry:
         try:
             from opentelemetry import metrics, trace
         except ImportError:
-            raise ConfigError("OpenTelemetry is not installed (pip install amplifier-tools[otel])",
+            raise ConfigError("OpenTelemetry is not installed (pip install 'amplifier-tools[otel]')",
                               key="plugins.audit.otel") from None
         self._trace = trace
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("amplifier_tools")
