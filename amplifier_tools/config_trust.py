@@ -97,4 +97,5 @@ def check(state_dir: Path, config_file: str | None, working_dir: str, *,
     raise ConfigError(f"{change}; tools can write the working directory, so the host will not take it on "
                       "trust. Review it, then accept it with: amplifier-tools trust "
                       f"(remembered in {state_dir / TRUST_FILE})", file=now or before,
-                      hint=f"review {now or before}, then run: amplifier-tools trust")
+                      hint=f"review {now}, then run: amplifier-tools trust" if now is not None else
+                      "if its removal was meant, accept it with: amplifier-tools trust")

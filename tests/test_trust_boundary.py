@@ -275,6 +275,8 @@ def test_a_config_changed_planted_or_removed_between_runs_is_not_taken_on_trust(
     (work / "pyproject.toml").unlink()
     removed = cli(work, "list")
     assert removed.returncode == 2 and "is gone" in removed.stderr
+    # The hint named the deleted file to review (found by a newcomer's pass).
+    assert "hint: if its removal was meant, accept it with: amplifier-tools trust" in removed.stderr
     outside = tmp_path / "elsewhere.toml"
     outside.write_text("")
     assert cli(work, "--config", str(outside), "list").returncode == 0  # tools cannot reach it: no trust needed
