@@ -184,11 +184,15 @@ class ToolRegistry:
         return mounted
 
     def suggest(self, name: str) -> list[str]:
-        """Mounted names close to ``name``, for an "unknown tool" message."""
-        names = dict.fromkeys([*self._tools, *self._by_model_name])
+        """Up to three mounted tools close to ``name``, each named once (by whichever of its
+        canonical and model-facing names is closer), for an "unknown tool" message."""
+        names = list(dict.fromkeys([*self._tools, *self._by_model_name]))
         import difflib  # only for an unknown name, not at every start
 
-        return difflib.get_close_matches(str(name), list(names), n=3)
+        found: dict[str, str] = {}  # canonical name -> the spelling suggested
+        for close in difflib.get_close_matches(str(name), names, n=len(names)):
+            found.setdefault(self._by_model_name.get(close, close), close)
+        return list(found.values())[:3]
 
     def unused_overrides(self) -> list[str]:
         """Override sections that matched no mounted tool (a config error)."""

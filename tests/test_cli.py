@@ -699,3 +699,12 @@ def test_a_malformed_redis_url_names_the_setting(project: Path) -> None:
     out = cli(project, "call", "demo_greet", '{"who": "Ada"}')
     assert out.returncode != 0
     assert "plugins.policy.store" in out.stderr and "malformed" in out.stderr
+
+
+def test_an_unknown_tool_suggests_each_close_tool_once(project: Path) -> None:
+    """``read_file`` suggested 'fs_read_file', 'fs_edit_file' and 'local::fs.read_file': one tool
+    twice (found by a newcomer's pass)."""
+    out = cli(project, "call", "read_file", "{}")
+    assert out.returncode == 3
+    line = out.stderr.splitlines()[0]
+    assert "did you mean 'fs_read_file'" in line and "local::fs.read_file" not in line, out.stderr
