@@ -187,6 +187,8 @@ class ToolRegistry:
         """Up to three mounted tools close to ``name``, each named once (by whichever of its
         canonical and model-facing names is closer), for an "unknown tool" message."""
         names = list(dict.fromkeys([*self._tools, *self._by_model_name]))
+        if not names:
+            return []
         import difflib  # only for an unknown name, not at every start
 
         found: dict[str, str] = {}  # canonical name -> the spelling suggested
