@@ -193,11 +193,10 @@ class PolicyPlugin:
         if store == "sqlite" and protected is not None:
             for suffix in ("", "-wal", "-shm"):
                 protected.add(f"{shared.where}{suffix}", "the policy store")
-        elif getattr(shared, "socket", None) is not None and protected is not None:
+        elif shared.socket is not None and protected is not None:
             # Whoever can replace the socket answers every decision (found by attack: a fake server
             # answering ":1" admitted every call). Keyed: inside a writable root the start is refused.
-            protected.add(shared.socket, "the policy store's Redis socket",  # type: ignore[attr-defined]
-                          key=f"plugins.{PLUGIN}.store")
+            protected.add(shared.socket, "the policy store's Redis socket", key=f"plugins.{PLUGIN}.store")
         self.shared = SharedPolicy(self, shared, settings.store_unavailable, timeout)
         return self.shared.close
 

@@ -60,6 +60,7 @@ class SQLiteStore:
     """Policy state in ``path``; keys are stored under ``prefix``."""
 
     kind = "sqlite"
+    socket: str | None = None  # a file, protected as such by the plugin
 
     def __init__(self, path: str, prefix: str, timeout: float) -> None:
         self.where = path

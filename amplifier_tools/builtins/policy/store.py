@@ -49,6 +49,9 @@ class SharedStore(Protocol):
 
     kind: str
     where: str
+    #: The real path of a unix socket the store connects through, else None: whoever can replace
+    #: it answers every decision, so the host protects it.
+    socket: str | None
 
     def take(self, key: str, interval: float, limit: int) -> Awaitable[int]:
         """Take one unit of ``key``'s current window if fewer than ``limit`` are taken. One integer
