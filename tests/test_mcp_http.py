@@ -127,6 +127,61 @@ async def test_no_token_or_a_wrong_one_is_401_and_an_audit_event(tmp_path: Path)
     assert audit(tmp_path, "call") == []
 
 
+async def test_the_bearer_check_answers_as_the_sdk_did_on_every_path(tmp_path: Path) -> None:
+    """The gate replaced the SDK's three bearer middlewares: the same 401 (body and header), the
+    scheme read case-insensitively, a token with anything around it refused, every path guarded."""
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        async def post(authorization: str) -> httpx2.Response:
+            return await http.post(url, json=initialize, headers={**accept, "Authorization": authorization})
+
+        lower = await post(f"bearer {ALICE}")
+        assert lower.status_code == 200 and "mcp-session-id" in lower.headers
+        refused = {"basic": await post(f"Basic {ALICE}"), "padded": await post(f"Bearer  {ALICE}"),
+                   "prefix": await post(f"Bearer {ALICE[:-1]}"), "no scheme": await post(ALICE),
+                   "other path": await http.get(url.replace("/mcp", "/metrics"))}
+        for why, response in refused.items():
+            assert response.status_code == 401, why
+            assert response.json() == {"error": "invalid_token", "error_description": "Authentication required"}, why
+            assert response.headers["www-authenticate"] == \
+                'Bearer error="invalid_token", error_description="Authentication required"', why
+        known_elsewhere = await http.get(url.replace("/mcp", "/metrics"), headers={"Authorization": f"Bearer {BOB}"})
+        assert known_elsewhere.status_code == 404  # authenticated: the app answers (no such route)
+    events = [e["data"] for e in audit(tmp_path, "event")]
+    assert [(e["status"], e["path"], e["bearer_token_sent"]) for e in events] == [
+        (401, "/mcp", False), (401, "/mcp", True), (401, "/mcp", True), (401, "/mcp", False), (401, "/metrics", False)]
+
+
+def test_the_gate_sets_the_sdks_auth_context_for_the_request_only() -> None:
+    from mcp.server.auth.middleware.auth_context import get_access_token
+
+    from amplifier_tools.mcp.http import ClientTokens, EventBudget, Gate, _digest
+
+    seen: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        token = get_access_token()
+        seen.append((token.client_id if token else None, scope["user"].display_name))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def ignore(message: Any) -> None:
+        return None
+
+    gate = Gate(app, ClientTokens({_digest(ALICE): "alice_token"}), EventBudget(None))
+    scope = {"type": "http", "method": "POST", "path": "/mcp",
+             "headers": [(b"authorization", f"Bearer {ALICE}".encode())]}
+
+    async def twice() -> None:
+        await gate(dict(scope), None, ignore)
+        await gate(dict(scope), None, ignore)
+        assert get_access_token() is None  # reset once the request is answered
+
+    asyncio.run(twice())
+    assert seen == [("alice_token", "alice_token")] * 2
+
+
 async def test_a_session_opened_with_one_token_cannot_be_used_with_another(tmp_path: Path) -> None:
     headers = {"Accept": "application/json, text/event-stream"}
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -359,7 +414,7 @@ async def test_refusal_events_are_clipped_rate_limited_and_not_forged(tmp_path: 
 
 
 def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
-    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, EventBudget, RefusalAudit
+    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, EventBudget, Gate
 
     async def refuse(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 401, "headers": []})
@@ -369,7 +424,7 @@ def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
 
     now = [100.0]
     written: list[dict[str, Any]] = []
-    app = RefusalAudit(refuse, EventBudget(lambda event, data: written.append(data), clock=lambda: now[0]))
+    app = Gate(refuse, None, EventBudget(lambda event, data: written.append(data), clock=lambda: now[0]))
     scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("127.0.0.1", 5)}
 
     async def burst(count: int) -> None:

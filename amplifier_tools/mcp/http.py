@@ -4,9 +4,9 @@ clients, their tokens and their rights taken from ``[plugins.mcp.serve]``.
 Each ``[[plugins.mcp.serve.clients]]`` entry names a secret reference (``token_ref``, a key of
 the host's ``[secrets]``) whose value is that client's bearer token; a request carrying it runs
 as that client (its principal, role, environment, scopes) and sees that client's ``tools``. A
-request without a token, or with one no client has, is answered HTTP 401 by the SDK's bearer
-middleware and written to the audit log as an ``mcp.http.unauthorized`` event (the token itself
-never is). A session the SDK opened for one client cannot be used with another's token. An HTTP
+request without a token, or with one no client has, is answered HTTP 401 (as the SDK's bearer
+middleware answers it) and written to the audit log as an ``mcp.http.unauthorized`` event (the
+token itself never is). A session the SDK opened for one client cannot be used with another's token. An HTTP
 server without clients refuses to start, unless ``allow_anonymous = true`` on a loopback address.
 
 Limits, stated plainly: tokens are static shared secrets compared by their SHA-256 digest; there
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.middleware.auth_context import auth_context_var, get_access_token
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 
 from ..errors import AuthError, ConfigError
@@ -52,29 +52,35 @@ def _digest(token: str) -> bytes:
 
 
 class ClientTokens:
-    """The SDK's ``TokenVerifier`` for the configured clients: a token is known or it is not."""
+    """The configured clients' bearer tokens, known by their SHA-256 digest: a token is one
+    client's or nobody's. No expiry, no audience, no scopes: static shared secrets (see the module)."""
 
     def __init__(self, by_digest: dict[bytes, str]) -> None:
         self._by_digest = by_digest
-        #: One ``AccessToken`` per client, built on its first request (not one per request: the
-        #: pydantic model's validation is a measurable part of a call's cost).
-        self._access: dict[bytes, AccessToken] = {}
+        #: One ``AuthenticatedUser`` per client, built on its first request (not one per request:
+        #: its ``AccessToken`` is a pydantic model, whose validation is a measurable part of a call).
+        self._users: dict[bytes, AuthenticatedUser] = {}
 
-    async def verify_token(self, token: str) -> AccessToken | None:
-        """The client whose token this is (its ``token_ref`` as the client id), or None."""
-        digest = _digest(token)
-        access = self._access.get(digest)
-        if access is None:
+    def user(self, authorization: bytes | None) -> AuthenticatedUser | None:
+        """The client an ``Authorization`` header value authenticates (its ``token_ref`` as the
+        SDK's client id), or None: no header, not ``Bearer <token>``, or a token no client has.
+        Read as the SDK's ``BearerAuthBackend`` reads it (latin-1, scheme case-insensitive)."""
+        if authorization is None or authorization[:7].lower() != b"bearer ":
+            return None
+        digest = _digest(authorization[7:].decode("latin-1"))
+        user = self._users.get(digest)
+        if user is None:
             ref = self._by_digest.get(digest)
             if ref is None:
                 return None
-            access = self._access[digest] = AccessToken(token=token, client_id=ref, scopes=[])
-        return access
+            user = self._users[digest] = AuthenticatedUser(
+                AccessToken(token=authorization[7:].decode("latin-1"), client_id=ref, scopes=[]))
+        return user
 
 
 def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], Caller | None], ClientTokens | None]:
-    """Who makes the current HTTP request (from the SDK's authenticated token), and the token
-    verifier; ``ConfigError`` naming the key when the clients are not usable as configured."""
+    """Who makes the current HTTP request (from the SDK's auth context, which ``Gate`` sets), and
+    the clients' tokens; ``ConfigError`` naming the key when the clients are not usable as configured."""
     key = f"plugins.{PLUGIN}.serve"
     if not settings.clients:
         if not settings.allow_anonymous:
@@ -185,69 +191,104 @@ class EventBudget:
                                         "client": context.attributes.get("mcp_client"), "tool": _clip(tool)})
 
 
-class RefusalAudit:
-    """ASGI middleware recording refused requests as audit events: 401 (no or unknown token), 403
-    (Origin), 421 (Host) and 404 for a request naming a session. It writes the status, why, the
-    method and path (clipped to ``MAX_FIELD_CHARS``), the peer's address and whether a bearer
-    token came — never the token — within the ``EventBudget`` (at most
-    ``MAX_REFUSAL_EVENTS_PER_S`` a second), so a client cannot fill the disk through the log."""
+#: What a request without a client's token is answered (the body and header the SDK's
+#: ``RequireAuthMiddleware`` sends).
+_UNAUTHORIZED_BODY: Final = b'{"error": "invalid_token", "error_description": "Authentication required"}'
+_UNAUTHORIZED_START: Final = {
+    "type": "http.response.start", "status": 401,
+    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(_UNAUTHORIZED_BODY)).encode()),
+                (b"www-authenticate", b'Bearer error="invalid_token", error_description="Authentication required"')]}
 
-    def __init__(self, app: Any, budget: EventBudget) -> None:
+
+class Gate:
+    """The one ASGI middleware in front of the SDK's Streamable HTTP app. One layer, not five:
+    the SDK's three bearer-auth middlewares (with Starlette's per-request header parsing) and our
+    refusal audit and drain as two more cost ≈ 11 µs of a ≈ 66 µs call overhead (docs/mcp.md).
+
+    - **Authentication** (with ``tokens``, i.e. clients configured): every HTTP request needs an
+      ``Authorization: Bearer <token>`` of one client, else it is answered 401 with the body and
+      ``WWW-Authenticate`` header the SDK's ``RequireAuthMiddleware`` sends — on every path, not
+      only ``/mcp``. The request then carries the SDK's ``AuthenticatedUser`` in ``scope["user"]``
+      (the SDK's session manager binds each session to it: another client's token gets 404) and
+      in the SDK's auth context (``get_access_token``), as the SDK's own middlewares set them.
+    - **Refusal audit**: 401, 403 (Origin), 421 (Host) and 404 for a request naming a session are
+      written as ``mcp.http.unauthorized`` events: the status, why, the method and path (clipped
+      to ``MAX_FIELD_CHARS``), the peer's address and whether a bearer token came — never the
+      token — within the ``EventBudget`` (at most ``MAX_REFUSAL_EVENTS_PER_S`` a second), so a
+      client cannot fill the disk through the log.
+    - **Drain**: it counts open requests (not the long-lived GET event streams) and, once
+      ``draining``, answers a request that opens a new session (no ``mcp-session-id``) with 503,
+      while requests of open sessions still come in — a call in flight gets its result, and the
+      client's next request (the SDK client lists tools after a call) its answer. ``idle``
+      returns once no request has been open for ``DRAIN_QUIET_S``, or at a deadline.
+    """
+
+    def __init__(self, app: Any, tokens: ClientTokens | None, budget: EventBudget,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
+        self.tokens = tokens
         self.budget = budget
-        self.record = budget.record
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or self.record is None:
-            await self.app(scope, receive, send)
-            return
-        async def watch(message: Any) -> None:
-            if message["type"] == "http.response.start" and message["status"] in REFUSALS:
-                status = message["status"]
-                headers = dict(scope.get("headers") or ())
-                if status != 404 or b"mcp-session-id" in headers:
-                    client = scope.get("client")
-                    data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
-                            "path": _clip(scope.get("path")),
-                            "client_address": f"{client[0]}:{client[1]}" if client else None,
-                            "bearer_token_sent": headers.get(b"authorization", b"").lower().startswith(b"bearer ")}
-                    self.budget.write(UNAUTHORIZED_EVENT, data)
-            await send(message)
-
-        await self.app(scope, receive, watch)
-
-
-class Drain:
-    """ASGI middleware that lets a stopping server finish what its clients are doing: it counts
-    open requests (not the long-lived GET event streams) and, once ``draining``, answers a request
-    that opens a new session (no ``mcp-session-id``) with 503, while requests of open sessions
-    still come in — a call in flight gets its result, and the client's next request (the SDK
-    client lists tools after a call) its answer. ``idle`` returns once no request has been open
-    for ``DRAIN_QUIET_S``, or at a deadline."""
-
-    def __init__(self, app: Any, clock: Callable[[], float] = time.monotonic) -> None:
-        self.app = app
         self.clock = clock
         self.draining = False
         self._open = 0
         self._changed = clock()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("method") == "GET":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.draining and not any(name == b"mcp-session-id" for name, _ in scope.get("headers") or ()):
+        authorization = session = None
+        for name, value in scope.get("headers") or ():  # ASGI servers lowercase header names
+            if name == b"authorization":
+                if authorization is None:
+                    authorization = value
+            elif name == b"mcp-session-id":
+                session = value
+        counted = scope.get("method") != "GET"
+        if counted and self.draining and session is None:
             await send({"type": "http.response.start", "status": 503,
                         "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
             await send({"type": "http.response.body", "body": b"the server is shutting down\n"})
             return
-        self._open += 1
-        self._changed = self.clock()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self._open -= 1
+        reset = None
+        if self.tokens is not None:
+            user = self.tokens.user(authorization)
+            if user is None:
+                self._refused(scope, 401, authorization)
+                await send(_UNAUTHORIZED_START)
+                await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
+                return
+            scope["user"] = user
+            reset = auth_context_var.set(user)
+        if self.budget.record is not None:
+            async def watch(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                    if status in REFUSALS and (status != 404 or session is not None):
+                        self._refused(scope, status, authorization)
+                await send(message)
+        else:
+            watch = send
+        if counted:
+            self._open += 1
             self._changed = self.clock()
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if reset is not None:
+                auth_context_var.reset(reset)
+            if counted:
+                self._open -= 1
+                self._changed = self.clock()
+
+    def _refused(self, scope: Any, status: int, authorization: bytes | None) -> None:
+        if self.budget.record is None:
+            return
+        client = scope.get("client")
+        self.budget.write(UNAUTHORIZED_EVENT, {
+            "status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
+            "path": _clip(scope.get("path")), "client_address": f"{client[0]}:{client[1]}" if client else None,
+            "bearer_token_sent": authorization is not None and authorization[:7].lower() == b"bearer "})
 
     async def idle(self, deadline: float) -> None:
         """Return once no request has been open for ``DRAIN_QUIET_S``, or at ``deadline`` (of ``clock``)."""
@@ -274,20 +315,15 @@ def transport_security(host: str) -> TransportSecuritySettings | None:
                                      allowed_origins=[f"http://{name}:*" for name in names])
 
 
-def build_app(host: ToolHost, settings: ServeSettings) -> Any:
-    """The ASGI application serving ``host``'s tools at ``/mcp`` (``ConfigError`` as above)."""
-    caller, verifier = http_callers(host, settings)
+def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
+    """The ASGI application serving ``host``'s tools at ``/mcp`` (``ConfigError`` as above):
+    the SDK's Streamable HTTP app behind ``Gate``."""
+    caller, tokens = http_callers(host, settings)
     budget = EventBudget(host.capabilities.get("audit.event"))
     server = build_server(host, settings, caller, on_refused=budget.tool_refused)
-    auth = None
-    if verifier is not None:
-        # Resource-server mode without published metadata: there is no authorization server to
-        # point clients to (issuer_url is required by the model and otherwise unused).
-        auth = AuthSettings(issuer_url=f"http://{_url_host(settings.host)}:{settings.port}",  # type: ignore[arg-type]
-                            resource_server_url=None, validate_token_resource=False)
-    app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host, auth=auth,
-                                     token_verifier=verifier, transport_security=transport_security(settings.host))
-    return RefusalAudit(Drain(app), budget)
+    app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host,
+                                     transport_security=transport_security(settings.host))
+    return Gate(app, tokens, budget)
 
 
 def _listen(settings: ServeSettings) -> socket.socket:
@@ -324,7 +360,6 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             yield
 
     app = build_app(host, settings)
-    drain: Drain = app.app
     sock = _listen(settings)
     # proxy_headers off: X-Forwarded-For from any local client would otherwise set the address
     # the audit events show.
@@ -369,12 +404,12 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         if not task.done():
             # Still listening while open requests finish: closing the listener first (uvicorn's
             # shutdown) left a client unable to send the request that follows a result.
-            started = drain.clock()
-            drain.draining = True
-            idle = asyncio.ensure_future(drain.idle(started + SHUTDOWN_GRACE_S))
+            started = app.clock()
+            app.draining = True
+            idle = asyncio.ensure_future(app.idle(started + SHUTDOWN_GRACE_S))
             await asyncio.wait({task, idle}, return_when=asyncio.FIRST_COMPLETED)
             idle.cancel()
-            server.config.timeout_graceful_shutdown = max(1, int(SHUTDOWN_GRACE_S - (drain.clock() - started)))
+            server.config.timeout_graceful_shutdown = max(1, int(SHUTDOWN_GRACE_S - (app.clock() - started)))
         server.should_exit = True
         await asyncio.shield(task)
     except asyncio.CancelledError:
