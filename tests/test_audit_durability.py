@@ -126,6 +126,26 @@ async def test_interval_is_the_default_and_a_stalled_fsync_holds_back_no_record(
     assert verify(log_path(tmp_path)).ok
 
 
+async def test_interval_fsyncs_once_fsync_every_records_wait_not_before(tmp_path: Path, disk: SlowDisk) -> None:
+    """The count bound of ``"interval"``: with an interval far away, the fsync comes when the
+    ``fsync_every``-th unsynced record is written, and not for fewer."""
+    host = await make(tmp_path, fsync_interval_ms=600_000, fsync_every=5)
+    try:
+        before = disk.fsyncs
+        for i in range(4):
+            assert (await host.call("test_anything", {"i": i})).success
+        await asyncio.sleep(0.2)
+        assert disk.fsyncs == before  # 4 records wait: no fsync yet
+        assert (await host.call("test_anything", {"i": 4})).success
+        for _ in range(1000):
+            if disk.fsyncs > before:
+                break
+            await asyncio.sleep(0.01)
+        assert disk.fsyncs == before + 1
+    finally:
+        await host.close()
+
+
 async def test_always_acknowledges_after_fsync_and_concurrent_calls_share_one(
         tmp_path: Path, disk: SlowDisk) -> None:
     host = await make(tmp_path, fsync="always")

@@ -216,7 +216,7 @@ def test_an_empty_table_gives_the_documented_defaults() -> None:
 
     audit = structure_settings({}, AuditSettings, "plugins.audit")
     assert (audit.path, audit.fsync, audit.fsync_every, audit.fsync_interval_ms, audit.mode) == \
-        (None, "interval", 100, 100, "fail_closed")
+        (None, "interval", 1000, 100, "fail_closed")
     assert (audit.record_output, audit.redact_patterns, audit.otel) == (False, True, False)
     assert (audit.rotate_bytes, audit.rotate_seconds, audit.checkpoint_key_ref, audit.checkpoint_every) == \
         (None, None, None, 1000)

@@ -19,7 +19,7 @@ class AuditSettings:
 
     path: Annotated[str, Expect("a file path", bool)] | None = None  # None: <state_dir>/audit.jsonl
     fsync: Literal["always", "interval", "never"] = "interval"
-    fsync_every: Count = 100
+    fsync_every: Count = 1000
     fsync_interval_ms: Number = 100.0
     rotate_bytes: Count | None = None
     rotate_seconds: Number | None = None

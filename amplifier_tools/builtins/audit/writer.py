@@ -116,7 +116,7 @@ class AuditWriter:
     """The audit log of one host: appends, verifies, rotates, anchors; one fsync thread."""
 
     def __init__(self, path: str | os.PathLike[str], *, fsync: str = "interval", fsync_interval_ms: float = 100,
-                 fsync_every: int = 100,
+                 fsync_every: int = 1000,
                  rotate_bytes: int | None = None, rotate_seconds: float | None = None,
                  checkpoint_key: bytes | None = None, checkpoint_key_ref: str = "", checkpoint_every: int = 1000,
                  on_tamper: Callable[[str, str | None], None] | None = None) -> None:
