@@ -413,6 +413,47 @@ async def test_refusal_events_are_clipped_rate_limited_and_not_forged(tmp_path: 
     assert (tmp_path / "audit.jsonl").stat().st_size < 600 * len(events)  # small events, whatever was sent
 
 
+async def test_a_flood_without_a_token_cannot_hide_a_clients_refusal(tmp_path: Path) -> None:
+    """Found by attack: 40 requests without a token used up the one budget of refusal events, and
+    bob's use of alice's session went unrecorded. The 401s have a budget of their own, and a
+    refusal past authentication names the client."""
+    headers = {"Accept": "application/json, text/event-stream"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        opened = await http.post(url, json=initialize, headers={**headers, "Authorization": f"Bearer {ALICE}"})
+        version = {"mcp-protocol-version": "2025-06-18", "mcp-session-id": opened.headers["mcp-session-id"]}
+        for _ in range(40):
+            assert (await http.post(url, json={}, headers=headers)).status_code == 401
+        hijack = await http.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                                 headers={**headers, **version, "Authorization": f"Bearer {BOB}"})
+        assert hijack.status_code == 404
+    events = [e["data"] for e in audit(tmp_path, "event")]
+    assert [(e["status"], e.get("client")) for e in events if e["status"] == 404] == [(404, "bob_token")]
+    assert all("client" not in e for e in events if e["status"] == 401)
+
+
+@pytest.mark.parametrize("token", ["t\u00f6ken-0123456789abcdef", "token with spaces 0123456789",
+                                   "tab\tseparated-0123456789"])
+def test_a_token_no_authorization_header_can_carry_is_a_config_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str) -> None:
+    """Found by attack: the header is read as latin-1 and the token compared as UTF-8, so a token
+    beyond ASCII (or with a space) could never match; the server started and refused its client."""
+    from amplifier_tools.mcp.http import build_app
+
+    monkeypatch.setenv("TEST_ALICE_TOKEN", token)
+
+    async def build() -> None:
+        async with ToolHost(config=config(tmp_path), builtins=["filesystem", "audit", "mcp"], entry_points=False,
+                            discover=False) as host:
+            build_app(host, serve_settings(host))
+
+    with pytest.raises(ConfigError) as refused:
+        asyncio.run(build())
+    assert refused.value.key == "plugins.mcp.serve.clients[0].token_ref"
+    assert "token_urlsafe" in (refused.value.hint or "")
+
+
 def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
     from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, EventBudget, Gate
 
@@ -601,12 +642,16 @@ async def test_while_draining_a_new_session_gets_503_and_the_open_one_its_result
             await asyncio.sleep(0.2)
             refused = await late.post(url.result(), json=initialize, headers=headers, timeout=10)
             assert refused.status_code == 503 and "shutting down" in refused.text
+            stranger = await late.post(url.result(), json=initialize, timeout=10,
+                                       headers={**headers, "Authorization": "Bearer not-a-token-at-all"})
+            assert stranger.status_code == 401  # authentication first: refused and recorded, draining or not
             assert not task.done()  # still draining for bob
             release.set()
             result = await asyncio.wait_for(call, 30)
         assert not result.is_error and result.content[0].text == "finished"  # type: ignore[union-attr]
         await asyncio.wait_for(task, 30)
     assert [r["status"] for r in audit(tmp_path, "call")] == ["ok"]
+    assert [(e["data"]["status"], e["data"]["bearer_token_sent"]) for e in audit(tmp_path, "event")] == [(401, True)]
 
 
 async def test_a_client_calling_a_tool_outside_its_tools_is_an_audit_event_naming_it(tmp_path: Path) -> None:

@@ -112,6 +112,11 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
             raise ConfigError(f"the token of {client.token_ref!r} is {len(token)} characters; at least "
                               f"{MIN_TOKEN_LENGTH} are needed", key=f"{where}.token_ref",
                               hint="generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+        if not all("!" <= char <= "~" for char in token):
+            raise ConfigError(f"the token of {client.token_ref!r} holds a space, a control character or a "
+                              "character beyond ASCII: an Authorization header cannot carry it as it is, so "
+                              "no request could ever match it", key=f"{where}.token_ref",
+                              hint="generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'")
         digest = _digest(token)
         if digest in by_digest:
             raise ConfigError(f"the token of {client.token_ref!r} is also {by_digest[digest]!r}'s; each "
@@ -213,9 +218,12 @@ class Gate:
       in the SDK's auth context (``get_access_token``), as the SDK's own middlewares set them.
     - **Refusal audit**: 401, 403 (Origin), 421 (Host) and 404 for a request naming a session are
       written as ``mcp.http.unauthorized`` events: the status, why, the method and path (clipped
-      to ``MAX_FIELD_CHARS``), the peer's address and whether a bearer token came — never the
-      token — within the ``EventBudget`` (at most ``MAX_REFUSAL_EVENTS_PER_S`` a second), so a
-      client cannot fill the disk through the log.
+      to ``MAX_FIELD_CHARS``), the peer's address, whether a bearer token came — never the
+      token — and, past authentication, the ``client`` (its ``token_ref``). At most
+      ``MAX_REFUSAL_EVENTS_PER_S`` a second are written (``EventBudget``), so nobody fills the
+      disk through the log; the 401s have a budget of their own, so a flood without a token
+      cannot hide a client's refusals. Authentication comes first: a request without a token is
+      a 401, recorded, also while draining.
     - **Drain**: it counts open requests (not the long-lived GET event streams) and, once
       ``draining``, answers a request that opens a new session (no ``mcp-session-id``) with 503,
       while requests of open sessions still come in — a call in flight gets its result, and the
@@ -224,10 +232,14 @@ class Gate:
     """
 
     def __init__(self, app: Any, tokens: ClientTokens | None, budget: EventBudget,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 strangers: EventBudget | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.app = app
         self.tokens = tokens
+        #: Refusals of requests that passed authentication (and the tool refusals of
+        #: ``build_server``); ``strangers``: the 401s, under a budget of their own, so a flood
+        #: without a token cannot crowd a client's refusals out of the log.
         self.budget = budget
+        self.strangers = strangers if strangers is not None else EventBudget(budget.record, budget.clock)
         self.clock = clock
         self.draining = False
         self._open = 0
@@ -244,20 +256,21 @@ class Gate:
                     authorization = value
             elif name == b"mcp-session-id":
                 session = value
+        reset = user = None
+        if self.tokens is not None:
+            user = self.tokens.user(authorization)
+            if user is None:
+                self._refused(self.strangers, scope, 401, authorization, None)
+                await send(_UNAUTHORIZED_START)
+                await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
+                return
         counted = scope.get("method") != "GET"
         if counted and self.draining and session is None:
             await send({"type": "http.response.start", "status": 503,
                         "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
             await send({"type": "http.response.body", "body": b"the server is shutting down\n"})
             return
-        reset = None
-        if self.tokens is not None:
-            user = self.tokens.user(authorization)
-            if user is None:
-                self._refused(scope, 401, authorization)
-                await send(_UNAUTHORIZED_START)
-                await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
-                return
+        if user is not None:
             scope["user"] = user
             reset = auth_context_var.set(user)
         if self.budget.record is not None:
@@ -265,7 +278,7 @@ class Gate:
                 if message["type"] == "http.response.start":
                     status = message["status"]
                     if status in REFUSALS and (status != 404 or session is not None):
-                        self._refused(scope, status, authorization)
+                        self._refused(self.budget, scope, status, authorization, user)
                 await send(message)
         else:
             watch = send
@@ -281,14 +294,18 @@ class Gate:
                 self._open -= 1
                 self._changed = self.clock()
 
-    def _refused(self, scope: Any, status: int, authorization: bytes | None) -> None:
-        if self.budget.record is None:
+    @staticmethod
+    def _refused(budget: EventBudget, scope: Any, status: int, authorization: bytes | None,
+                 user: AuthenticatedUser | None) -> None:
+        if budget.record is None:
             return
-        client = scope.get("client")
-        self.budget.write(UNAUTHORIZED_EVENT, {
-            "status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
-            "path": _clip(scope.get("path")), "client_address": f"{client[0]}:{client[1]}" if client else None,
-            "bearer_token_sent": authorization is not None and authorization[:7].lower() == b"bearer "})
+        peer = scope.get("client")
+        data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
+                "path": _clip(scope.get("path")), "client_address": f"{peer[0]}:{peer[1]}" if peer else None,
+                "bearer_token_sent": authorization is not None and authorization[:7].lower() == b"bearer "}
+        if user is not None:
+            data["client"] = user.access_token.client_id  # the token_ref of the client refused
+        budget.write(UNAUTHORIZED_EVENT, data)
 
     async def idle(self, deadline: float) -> None:
         """Return once no request has been open for ``DRAIN_QUIET_S``, or at ``deadline`` (of ``clock``)."""
@@ -319,11 +336,12 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
     """The ASGI application serving ``host``'s tools at ``/mcp`` (``ConfigError`` as above):
     the SDK's Streamable HTTP app behind ``Gate``."""
     caller, tokens = http_callers(host, settings)
-    budget = EventBudget(host.capabilities.get("audit.event"))
+    record = host.capabilities.get("audit.event")
+    budget = EventBudget(record)
     server = build_server(host, settings, caller, on_refused=budget.tool_refused)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host,
                                      transport_security=transport_security(settings.host))
-    return Gate(app, tokens, budget)
+    return Gate(app, tokens, budget, EventBudget(record))
 
 
 def _listen(settings: ServeSettings) -> socket.socket:
