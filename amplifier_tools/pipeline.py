@@ -121,9 +121,10 @@ class CallPipeline:
             _check_arguments(call.arguments, mounted)
             if events:
                 await self.hooks.tool_event("tool:pre", event_data(call, ctx))
-            call = await self.hooks.tool_pre(
-                call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
-            )
+            if self.hooks.impls("tool_pre"):  # no chain, no coroutine and closure to build
+                call = await self.hooks.tool_pre(
+                    call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
+                )
             for ref in spec.security.secret_refs:  # resolving registers the value host-wide
                 ctx.secret(ref)
             if self.closing:  # admitted before close, but the tool has not started: do not start it now
@@ -147,19 +148,20 @@ class CallPipeline:
             result = ToolResult(True, output, None, result.metadata, call.id)
             scanned = output
 
-            def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
-                if replacement.success:
-                    try:
-                        mounted.check_output(replacement.output, plugin=plugin)
-                    except ContractError as exc:
-                        return self._failure_result(call, mounted, ctx, exc)
-                return replacement
-
             ending = True
-            result = await self.hooks.tool_post(
-                call, spec, result, ctx, revalidate,
-                lambda error: self._failure_result(call, mounted, ctx, error),
-            )
+            if self.hooks.impls("tool_post"):
+                def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
+                    if replacement.success:
+                        try:
+                            mounted.check_output(replacement.output, plugin=plugin)
+                        except ContractError as exc:
+                            return self._failure_result(call, mounted, ctx, exc)
+                    return replacement
+
+                result = await self.hooks.tool_post(
+                    call, spec, result, ctx, revalidate,
+                    lambda error: self._failure_result(call, mounted, ctx, error),
+                )
             if events:
                 await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
         except ToolError as error:
@@ -316,6 +318,8 @@ class CallPipeline:
         metadata["trail"] = _trail(ctx)
         metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
         result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id), scanned)
+        if not self.hooks.impls("tool_complete"):  # no observer: no coroutine and closure to build
+            return result
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
 
