@@ -502,9 +502,11 @@ class ToolHost:
         call_id: str | None = None,
     ) -> ToolResult:
         """Run one call through the whole pipeline. Never raises on a bad call."""
-        return await self.execute(
-            ToolCall(call_id or new_call_id(), name, {} if arguments is None else arguments), context
-        )
+        call = ToolCall(call_id or new_call_id(), name, {} if arguments is None else arguments)
+        pipeline = self._pipeline
+        if pipeline is not None and context is None:  # the common call: nothing for ``execute`` to check
+            return await pipeline.run(call, self._default_context)
+        return await self.execute(call, context)
 
     async def execute(self, call: ToolCall, context: ToolContext | None = None) -> ToolResult:
         """Run a ``ToolCall`` through the whole pipeline. Never raises on a bad call."""
