@@ -35,13 +35,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._checked_schemas import BUILTIN_SCHEMA_DIGESTS
 from ._json import json_pointer
 from .errors import ContractError
-from .schema_fastpath import CompiledPattern, PatternCompiler, compile_check
+from .schema_fastpath import CompiledPattern, PatternCompiler, compile_check, generate_check
 
 #: Digests of the schemas known to pass their metaschema (see the module's docstring).
 _CHECKED: set[str] = set(BUILTIN_SCHEMA_DIGESTS)
@@ -192,8 +192,18 @@ class CompiledSchema:
     def __init__(self, schema: dict[str, Any], patterns: PatternCompiler | None = None) -> None:
         self._schema = schema
         self._patterns = patterns
-        self._fast = compile_check(schema) if patterns is None else compile_check(schema, patterns)
+        fast = compile_check(schema) if patterns is None else compile_check(schema, patterns)
+        # The predicate is generated as one function at the schema's first use (a mounted tool
+        # never called costs no code generation); until then, only that it compiles is known.
+        self._fast: Callable[[Any], bool] | None = None if fast is None else self._first_use
         self._validator: Validator | None = None
+
+    def _first_use(self, instance: Any) -> bool:
+        patterns = self._patterns
+        fast = generate_check(self._schema) if patterns is None else generate_check(self._schema, patterns)
+        assert fast is not None  # compile_check took this schema: so does generate_check
+        self._fast = fast
+        return fast(instance)
 
     @property
     def compiled(self) -> bool:

@@ -81,6 +81,21 @@ def compile_check(schema: Any, compile_pattern: PatternCompiler = re.compile) ->
     return _compile(schema, compile_pattern)
 
 
+def generate_check(schema: Any, compile_pattern: PatternCompiler = re.compile) -> Check | None:
+    """``compile_check``'s predicate as one generated Python function (the same tests in the same
+    order, with no closure, lambda or generator per keyword at run time: ≈ 0.7 µs less a call for
+    a two-property object, and less code to run), or None where ``compile_check`` gives None. It
+    costs ≈ 80 µs (``compile``), so ``schema.CompiledSchema`` generates it at a schema's first use.
+    A schema nested deeper than Python's compiler takes blocks gets ``compile_check``'s closures."""
+    check = compile_check(schema, compile_pattern)
+    if check is None or check is _always:
+        return check
+    try:
+        return _generate(schema, compile_pattern)
+    except Exception:  # SyntaxError: too many statically nested blocks, or RecursionError
+        return check
+
+
 def _always(value: Any) -> bool:
     return True
 
@@ -276,3 +291,140 @@ def _compile_object(schema: dict[str, Any], compile_pattern: PatternCompiler) ->
         return True
 
     return check_object
+
+
+# -- one generated function per schema ------------------------------------------------------
+
+#: The type tests of ``_TYPE_CHECKS`` as source, over a variable named by ``{}``.
+_TYPE_SOURCE: Final = {
+    "string": "type({0}) is str",
+    "integer": "(type({0}) is int or (type({0}) is float and {0}.is_integer()))",
+    "number": "(type({0}) is int or type({0}) is float)",
+    "boolean": "type({0}) is bool",
+    "null": "{0} is None",
+    "object": "type({0}) is dict",
+    "array": "type({0}) is list",
+}
+#: What makes a value fail each bound (the negation of how jsonschema's keyword accepts it).
+_BOUND_FAILS: Final = {"minimum": "<", "maximum": ">", "exclusiveMinimum": "<=", "exclusiveMaximum": ">="}
+_NUMERIC_SOURCE: Final = "(isinstance({0}, (int, float)) and not isinstance({0}, bool))"
+_MISSING: Final = object()
+
+
+class _Source:
+    """The lines of one generated predicate; every constant lives in ``names`` (the source holds
+    only its own identifiers: nothing of a schema is ever spelled in the code)."""
+
+    def __init__(self, compile_pattern: PatternCompiler) -> None:
+        self.lines: list[str] = []
+        self.names: dict[str, Any] = {"_MISSING": _MISSING}
+        self.compile_pattern = compile_pattern
+        self._count = 0
+
+    def name(self, value: Any) -> str:
+        self._count += 1
+        identifier = f"_k{self._count}"
+        self.names[identifier] = value
+        return identifier
+
+    def variable(self) -> str:
+        self._count += 1
+        return f"_v{self._count}"
+
+    def fail_if(self, indent: int, condition: str) -> None:
+        self.lines.append(" " * indent + f"if {condition}: return False")
+
+
+def _emit(out: _Source, schema: Any, var: str, indent: int) -> None:
+    """Append the statements that return False when ``var`` breaks ``schema`` (a schema ``_compile``
+    accepted: the same keywords, tested in the same order, with the same comparisons)."""
+    if schema is True or schema == {}:
+        return
+    kind = schema.get("type")
+    if kind is not None:
+        names = [kind] if isinstance(kind, str) else kind
+        out.fail_if(indent, "not (" + " or ".join(_TYPE_SOURCE[n].format(var) for n in names) + ")")
+    if "enum" in schema or "const" in schema:
+        allowed = out.name(frozenset(schema["enum"] if "enum" in schema else [schema["const"]]))
+        out.fail_if(indent, f"not (({var} is None or type({var}) is str) and {var} in {allowed})")
+    for keyword, fails in _BOUND_FAILS.items():
+        if keyword in schema:
+            out.fail_if(indent, f"{_NUMERIC_SOURCE.format(var)} and {var} {fails} {out.name(schema[keyword])}")
+    for keyword, kind_, fails in (("minLength", "str", "<"), ("maxLength", "str", ">"),
+                                  ("minItems", "list", "<"), ("maxItems", "list", ">")):
+        if keyword in schema:
+            out.fail_if(indent, f"isinstance({var}, {kind_}) and len({var}) {fails} {out.name(schema[keyword])}")
+    if "pattern" in schema:
+        regex = out.name(out.compile_pattern(schema["pattern"]))
+        out.fail_if(indent, f"isinstance({var}, str) and {regex}.search({var}) is None")
+    if "oneOf" in schema:  # each branch a predicate of its own (disjoint types: any is one)
+        branches = [out.name(_generate(branch, out.compile_pattern)) for branch in schema["oneOf"]]
+        out.fail_if(indent, "not (" + " or ".join(f"{b}({var})" for b in branches) + ")")
+    if "items" in schema and not (schema["items"] is True or schema["items"] == {}):
+        item = out.variable()
+        out.lines.append(" " * indent + f"if isinstance({var}, list):")
+        out.lines.append(" " * (indent + 1) + f"for {item} in {var}:")
+        _emit(out, schema["items"], item, indent + 2)
+    _emit_object(out, schema, var, indent)
+
+
+def _emit_object(out: _Source, schema: dict[str, Any], var: str, indent: int) -> None:
+    if not {"properties", "required", "additionalProperties", "minProperties", "maxProperties"} & set(schema):
+        return
+    properties: dict[str, Any] = schema.get("properties", {})
+    extra = schema.get("additionalProperties", True)
+    out.lines.append(" " * indent + f"if isinstance({var}, dict):")
+    start = len(out.lines)
+    inner = indent + 1
+    for required in schema.get("required", []):
+        out.fail_if(inner, f"{out.name(required)} not in {var}")
+    min_props, max_props = schema.get("minProperties", 0), schema.get("maxProperties")
+    if min_props:
+        out.fail_if(inner, f"len({var}) < {out.name(min_props)}")
+    if max_props is not None:
+        out.fail_if(inner, f"len({var}) > {out.name(max_props)}")
+    if extra is True:  # only the declared properties have checks: look each one up
+        for key, sub in properties.items():
+            if sub is True or sub == {}:
+                continue
+            item = out.variable()
+            out.lines.append(" " * inner + f"{item} = {var}.get({out.name(key)}, _MISSING)")
+            out.lines.append(" " * inner + f"if {item} is not _MISSING:")
+            before = len(out.lines)
+            _emit(out, sub, item, inner + 1)
+            if len(out.lines) == before:
+                out.lines.append(" " * (inner + 1) + "pass")
+    else:  # every other key is checked too: walk the items once
+        key_var, item = out.variable(), out.variable()
+        out.lines.append(" " * inner + f"for {key_var}, {item} in {var}.items():")
+        keyword = "if"
+        for key, sub in properties.items():
+            out.lines.append(" " * (inner + 1) + f"{keyword} {key_var} == {out.name(key)}:")
+            before = len(out.lines)
+            _emit(out, sub, item, inner + 2)
+            if len(out.lines) == before:
+                out.lines.append(" " * (inner + 2) + "pass")
+            keyword = "elif"
+        if properties:
+            out.lines.append(" " * (inner + 1) + "else:")
+        before = len(out.lines)
+        if extra is False:
+            out.lines.append(" " * (inner + 2 if properties else inner + 1) + "return False")
+        else:
+            _emit(out, extra, item, inner + 2 if properties else inner + 1)
+        if len(out.lines) == before:
+            out.lines.append(" " * (inner + 2 if properties else inner + 1) + "pass")
+    if len(out.lines) == start:
+        out.lines.append(" " * inner + "pass")
+
+
+def _generate(schema: Any, compile_pattern: PatternCompiler) -> Check:
+    """One Python function testing ``schema`` (``_compile`` must have accepted it)."""
+    out = _Source(compile_pattern)
+    _emit(out, schema, "value", 1)
+    source = "def check(value):\n" + "\n".join([*out.lines, " return True"]) + "\n"
+    namespace = dict(out.names)
+    # The source holds only identifiers of ours; every value of the schema is in ``namespace``.
+    exec(compile(source, "<amplifier_tools.schema_fastpath>", "exec"), namespace)
+    check: Check = namespace["check"]
+    return check

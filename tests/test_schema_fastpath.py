@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amplifier_tools.schema_fastpath import compile_check
+from amplifier_tools.schema_fastpath import compile_check, generate_check
 
 scalars = (
     st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-5, 5) | st.sampled_from([1.0, 2.5, -0.0])
@@ -80,12 +80,40 @@ schemas = st.recursive(
 @settings(max_examples=1500, deadline=None)
 @given(schemas, st.lists(instances, min_size=1, max_size=6))
 def test_fast_path_accepts_only_what_jsonschema_accepts(schema: dict[str, Any], values: list[Any]) -> None:
-    check = compile_check(schema)
-    assert check is not None, schema  # every generated keyword is in the supported subset
+    closures, generated = compile_check(schema), generate_check(schema)
+    assert closures is not None and generated is not None, schema  # every keyword drawn is in the subset
     validator = jsonschema.Draft202012Validator(schema)
     for value in values:
         expected = validator.is_valid(value)
-        assert check(value) == expected, (schema, value)
+        assert closures(value) == expected, (schema, value)
+        assert generated(value) == expected, (schema, value)
+
+
+def test_a_schema_nested_past_the_compilers_block_limit_keeps_the_closures() -> None:
+    """Python's compiler refuses more than 20 nested blocks: such a schema still gets a fast path."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(30):
+        schema = {"type": "array", "items": schema}
+    check = generate_check(schema)
+    assert check is not None
+    value: Any = "deep"
+    for _ in range(30):
+        value = [value]
+    assert check(value) and not check([[1]])
+    assert check(value) == jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def test_nothing_of_a_schema_becomes_code() -> None:
+    """Property names and values are data in the generated function, never its source."""
+    hostile = 'a"] or __import__("os").system("exit 3") or v["'
+    schema = {"type": "object", "properties": {hostile: {"type": "string", "pattern": "^x"},
+                                               "n": {"type": "integer", "maximum": 1e308}},
+              "required": [hostile], "additionalProperties": False}
+    check = generate_check(schema)
+    assert check is not None
+    assert check({hostile: "xy", "n": 3})
+    assert not check({hostile: "yy"}) and not check({"n": 1}) and not check({hostile: "x", "other": 1})
+    assert hostile not in repr(check.__code__.co_consts)
 
 
 @pytest.mark.parametrize(
@@ -104,4 +132,4 @@ def test_fast_path_accepts_only_what_jsonschema_accepts(schema: dict[str, Any], 
     ],
 )
 def test_schemas_outside_the_subset_are_left_to_jsonschema(schema: dict[str, Any]) -> None:
-    assert compile_check(schema) is None
+    assert compile_check(schema) is None and generate_check(schema) is None
