@@ -588,7 +588,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve-mcp":
         from .mcp.__main__ import run_serve
 
-        return run_serve(args.config, args.working_dir, serve_overrides(args))
+        return run_serve(args.config, args.working_dir, serve_overrides(args), report=False)
     import asyncio
 
     return asyncio.run(_run(args))

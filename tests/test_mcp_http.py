@@ -205,7 +205,8 @@ async def test_a_session_opened_with_one_token_cannot_be_used_with_another(tmp_p
     ({"clients": [], "allow_anonymous": True, "host": "0.0.0.0"}, "plugins.mcp.serve.allow_anonymous",
      "not a loopback address"),
     ({"allow_anonymous": True}, "plugins.mcp.serve.allow_anonymous", "exclude each other"),
-    ({"clients": [{"token_ref": "nosuch", "principal": "x"}]}, "plugins.mcp.serve.clients[0].token_ref", "nosuch"),
+    ({"clients": [{"token_ref": "nosuch", "principal": "x"}]}, "plugins.mcp.serve.clients[0].token_ref",
+     "is not a key of the host's [secrets]"),
     ({"clients": [{"token_ref": "short", "principal": "x"}]}, "plugins.mcp.serve.clients[0].token_ref",
      "at least 16"),
     ({"clients": [{"token_ref": "alice_token"}, {"token_ref": "alice_token"}]},
@@ -721,3 +722,72 @@ async def test_freeze_heap_leaves_a_heap_frozen_before_it_frozen(tmp_path: Path)
         assert gc.get_freeze_count() >= before > 0
     finally:
         gc.unfreeze()
+
+
+# -- found by a newcomer's pass -----------------------------------------------------------------
+
+def test_a_token_written_where_its_reference_belongs_is_not_printed(tmp_path: Path) -> None:
+    """``token_ref = "${MCP_TOKEN}"`` (or the token pasted in) used to be echoed in the error."""
+    from amplifier_tools.mcp.http import build_app
+
+    cfg = config(tmp_path)
+    cfg["plugins"]["mcp"]["serve"]["clients"][0]["token_ref"] = ALICE
+
+    async def build() -> None:
+        async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False,
+                            discover=False) as host:
+            build_app(host, serve_settings(host))
+
+    with pytest.raises(ConfigError) as refused:
+        asyncio.run(build())
+    assert ALICE not in str(refused.value) and ALICE not in (refused.value.hint or "")
+    assert refused.value.key == "plugins.mcp.serve.clients[0].token_ref"
+    assert "'alice_token'" in str(refused.value)  # the [secrets] keys there are
+
+
+def test_a_reference_whose_variable_is_unset_names_the_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from amplifier_tools.mcp.http import build_app
+
+    monkeypatch.delenv("TEST_BOB_TOKEN")
+
+    async def build() -> None:
+        async with ToolHost(config=config(tmp_path), builtins=["filesystem", "audit", "mcp"], entry_points=False,
+                            discover=False) as host:
+            build_app(host, serve_settings(host))
+
+    with pytest.raises(ConfigError) as refused:
+        asyncio.run(build())
+    assert "TEST_BOB_TOKEN" in str(refused.value)
+    assert refused.value.hint == "set TEST_BOB_TOKEN to the client's token before starting"
+    assert refused.value.key == "plugins.mcp.serve.clients[1].token_ref"
+
+
+def test_a_client_that_sees_no_tool_is_warned_about_naming_the_setting(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from amplifier_tools.mcp.http import build_app
+
+    cfg = config(tmp_path)
+    del cfg["plugins"]["mcp"]["serve"]["tools"]  # bob has no tools of his own: he sees none
+
+    async def build() -> None:
+        async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False,
+                            discover=False) as host:
+            build_app(host, serve_settings(host))
+
+    with caplog.at_level("WARNING", logger="amplifier_tools.mcp"):
+        asyncio.run(build())
+    warnings = [r.getMessage() for r in caplog.records if "exposed no tool" in r.getMessage()]
+    assert warnings == ["serve-mcp: client 'bob_token' is exposed no tool; list them in plugins.mcp.serve.tools "
+                        '(tools = ["*"] exposes every mounted tool)']
+
+
+def test_serve_mcp_reports_a_config_error_as_every_command_does(tmp_path: Path) -> None:
+    """The hint line (here the did-you-mean of a misspelt key) used to be dropped by serve-mcp."""
+    from cli_helpers import cli
+
+    (tmp_path / "cfg.toml").write_text('[plugins.mcp.serve]\ntransport = "streamable-http"\nallow_anonymus = true\n')
+    done = cli(tmp_path, "--config", str(tmp_path / "cfg.toml"), "serve-mcp", "--port", "0")
+    assert done.returncode == 2, done.stderr
+    assert "allow_anonymus" in done.stderr
+    assert "hint:" in done.stderr and "allow_anonymous" in done.stderr.split("hint:", 1)[1], done.stderr

@@ -29,9 +29,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_serve(args.config, args.working_dir, serve_overrides(args))
 
 
-def run_serve(config: str | None, working_dir: str | None = None, overrides: dict[str, Any] | None = None) -> int:
+def run_serve(config: str | None, working_dir: str | None = None, overrides: dict[str, Any] | None = None,
+              *, report: bool = True) -> int:
     """Serve until the client closes stdin (stdio) or the process is interrupted (HTTP). Errors go to
-    stderr (stdout is the stdio protocol)."""
+    stderr (stdout is the stdio protocol): with ``report``, a configuration or plugin error is
+    printed here (``error:`` and its ``hint:``); without (``amplifier-tools serve-mcp``), it is
+    raised for the CLI to report as every command's are (``-v`` adds the traceback)."""
     import asyncio
 
     from ..errors import ConfigError, PluginLoadError
@@ -48,7 +51,12 @@ def run_serve(config: str | None, working_dir: str | None = None, overrides: dic
     try:
         asyncio.run(serve_configured(config, working_dir=working_dir, overrides=overrides, freeze_heap=True))
     except (ConfigError, PluginLoadError) as exc:
+        if not report:
+            raise
         print(f"error: {exc}", file=sys.stderr)
+        cause = exc.__cause__ if isinstance(exc, PluginLoadError) else exc
+        if isinstance(cause, ConfigError) and cause.hint:
+            print(f"hint: {cause.hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 0

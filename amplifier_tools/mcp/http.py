@@ -36,7 +36,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from ..errors import AuthError, ConfigError
 from ..host import ToolHost
-from .server import Caller, build_server, caller_context, exposed_tools
+from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
 
 ENDPOINT: Final = "/mcp"
@@ -94,6 +94,9 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
                               hint=f"set {key}.host = \"127.0.0.1\", or configure clients with tokens")
         anonymous = Caller(caller_context(host, settings, None, "mcp-http"),
                            exposed_tools(host, settings.tools, f"{key}.tools"))
+        if not anonymous.tools:
+            log.warning("serve-mcp: no tool is exposed; list them in [%s] tools "
+                        '(tools = ["*"] exposes every mounted tool)', key)
         return (lambda: anonymous), None
     if settings.allow_anonymous:
         raise ConfigError("allow_anonymous and clients exclude each other: with clients, every request must "
@@ -105,9 +108,8 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
         where = f"{key}.clients[{index}]"
         try:
             token = resolve(client.token_ref)
-        except AuthError as exc:
-            raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
-                              key=f"{where}.token_ref") from None
+        except AuthError:
+            raise _unresolved(host, client.token_ref, f"{where}.token_ref") from None
         if len(token) < MIN_TOKEN_LENGTH:
             raise ConfigError(f"the token of {client.token_ref!r} is {len(token)} characters; at least "
                               f"{MIN_TOKEN_LENGTH} are needed", key=f"{where}.token_ref",
@@ -123,15 +125,33 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
                               "client needs its own", key=f"{where}.token_ref")
         by_digest[digest] = client.token_ref
         tools = client.tools if client.tools is not None else settings.tools
+        setting = f"{where}.tools" if client.tools is not None else f"{key}.tools"
         callers[client.token_ref] = Caller(caller_context(host, settings, client, "mcp-http"),
-                                           exposed_tools(host, tools, f"{where}.tools" if client.tools is not None
-                                                         else f"{key}.tools"))
+                                           exposed_tools(host, tools, setting))
+        if not callers[client.token_ref].tools:
+            log.warning("serve-mcp: client %r is exposed no tool; list them in %s "
+                        '(tools = ["*"] exposes every mounted tool)', client.token_ref, setting)
 
     def current() -> Caller | None:
         token = get_access_token()
         return callers.get(token.client_id) if token is not None else None
 
     return current, ClientTokens(by_digest)
+
+
+def _unresolved(host: ToolHost, ref: str, key: str) -> ConfigError:
+    """The error for a ``token_ref`` that does not resolve. A reference that is no key of
+    ``[secrets]`` is not shown (it may be the token itself, written in by mistake or by a
+    ``${VAR}`` substitution); for a key whose variable is unset, the variable is named."""
+    table: dict[str, Any] = dict(host.config.get("secrets") or {})
+    if ref in table:
+        return ConfigError(f"the [secrets] entry {ref!r} names the environment variable {table[ref]!r}, which is "
+                           "not set", key=key, hint=f"set {table[ref]} to the client's token before starting")
+    known = ", ".join(sorted(map(repr, table))) or "none"
+    return ConfigError("is not a key of the host's [secrets] (the value is not shown: it may be a token written in "
+                       f"instead of a reference); [secrets] keys: {known}", key=key,
+                       hint="token_ref names a [secrets] entry, and that entry names the environment variable "
+                            "holding the token: [secrets] my_client = \"MY_CLIENT_TOKEN\", token_ref = \"my_client\"")
 
 
 #: The answers recorded as refusals, and why (404 only for a request naming a session).
