@@ -181,11 +181,21 @@ class ToolHost:
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
 
+    def _check_working_dir(self) -> None:
+        """A working directory that does not exist, or is no directory, stops the start (every
+        path argument is resolved from it: the calls would all fail, one by one)."""
+        if not os.path.isdir(self.working_dir):
+            what = "is not a directory" if os.path.exists(self.working_dir) else "does not exist"
+            raise ConfigError(f"the working directory {self.working_dir} {what}", key="working_dir",
+                              hint="pass an existing directory (--working-dir, ToolHost(working_dir=...), or "
+                                   "working_dir in the config), or create it first")
+
     async def start(self) -> None:
         """Load every plugin and mount it; raises ``ConfigError``/``PluginLoadError``."""
         if self._pipeline is not None:
             return
         try:
+            self._check_working_dir()
             self._make_state_dir()
             first_trust = config_trust.check(self.state_dir, self.config_file, self.working_dir,
                                              discovered=self.discovered_config)

@@ -120,6 +120,7 @@ class Early:
 
 
 async def test_the_audit_plugin_mounts_first_so_its_writer_closes_last(tmp_path: Path) -> None:
+    (tmp_path / "work").mkdir()
     host = ToolHost(config={"plugins": {"audit": {"path": str(log_path(tmp_path))}}},
                     plugins=[ToolsPlugin(Echo()), Early()], builtins=["policy", "audit"], entry_points=False,
                     working_dir=tmp_path / "work", discover=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from amplifier_tools import (
     ExecutionError,
     ToolCall,
     ToolContext,
+    ToolHost,
     ToolResult,
     ToolSpec,
 )
@@ -243,3 +245,19 @@ async def test_thousand_concurrent_sleeping_calls_overlap(host_factory: Any) -> 
     # Run one after another they would take 50 s; the bound only proves they overlap
     # (the speed itself is measured in bench/, not asserted on a shared machine).
     assert elapsed < 25, f"1,000 concurrent 50 ms calls took {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+async def test_a_working_directory_that_is_not_one_stops_the_start(tmp_path: Path, kind: str) -> None:
+    """Found by a newcomer's pass: the host started and every path argument then failed, call by call."""
+    from amplifier_tools.errors import ConfigError
+
+    where = tmp_path / "nowhere"
+    if kind == "file":
+        where.write_text("a file\n")
+    host = ToolHost(working_dir=where, builtins=False, entry_points=False, discover=False)
+    with pytest.raises(ConfigError) as refused:
+        await host.start()
+    assert refused.value.key == "working_dir" and str(where) in str(refused.value)
+    assert ("does not exist" if kind == "missing" else "is not a directory") in str(refused.value)
+    assert not host.started

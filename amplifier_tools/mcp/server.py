@@ -107,7 +107,10 @@ def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> fr
         return frozenset(mounted)
     for name in names:
         if name not in mounted:
-            raise ConfigError(f"names no mounted tool {name!r}", key=key)
+            by_model_name = {mounted.model_name: mounted.spec.name for mounted in host.tools}
+            hint = (f"'tools' takes contract names: {by_model_name[name]!r} (clients see it as {name!r})"
+                    if name in by_model_name else "'amplifier-tools list' shows the mounted tools' names")
+            raise ConfigError(f"names no mounted tool {name!r}", key=key, hint=hint)
     return frozenset(names)
 
 

@@ -117,7 +117,8 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-ToolNames = Annotated[tuple[str, ...], Expect('a list of tool names (["*"] for every mounted tool)', lambda names: (
+ToolNames = Annotated[tuple[str, ...], Expect('a list of tool names, or ["*"] alone for every mounted tool ("*" '
+                                              'is not combined with names)', lambda names: (
     "" not in names and ("*" not in names or len(names) == 1)))]
 Port = Annotated[int, Expect("a TCP port number (0 to 65535; 0 picks a free one)", lambda port: 0 <= port <= 65535)]
 
