@@ -791,3 +791,20 @@ def test_serve_mcp_reports_a_config_error_as_every_command_does(tmp_path: Path) 
     assert done.returncode == 2, done.stderr
     assert "allow_anonymus" in done.stderr
     assert "hint:" in done.stderr and "allow_anonymous" in done.stderr.split("hint:", 1)[1], done.stderr
+
+
+def test_serving_beyond_loopback_warns_that_tokens_travel_unencrypted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from amplifier_tools.mcp.http import build_app
+
+    async def build(host_address: str) -> None:
+        async with ToolHost(config=config(tmp_path, host=host_address), builtins=["filesystem", "audit", "mcp"],
+                            entry_points=False, discover=False) as host:
+            build_app(host, serve_settings(host))
+
+    with caplog.at_level("WARNING", logger="amplifier_tools.mcp"):
+        asyncio.run(build("127.0.0.1"))
+        assert not [r for r in caplog.records if "unencrypted" in r.getMessage()]
+        asyncio.run(build("0.0.0.0"))
+    assert [r.getMessage().split(":")[1].strip() for r in caplog.records if "unencrypted" in r.getMessage()] == \
+        ["serving plain HTTP on 0.0.0.0"]

@@ -356,6 +356,10 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
     """The ASGI application serving ``host``'s tools at ``/mcp`` (``ConfigError`` as above):
     the SDK's Streamable HTTP app behind ``Gate``."""
     caller, tokens = http_callers(host, settings)
+    if not is_loopback(settings.host):
+        log.warning("serve-mcp: serving plain HTTP on %s: bearer tokens cross the network unencrypted; put a "
+                    "TLS-terminating reverse proxy in front and keep this port off public interfaces "
+                    "(docs/mcp.md, limits of the authentication)", settings.host)
     record = host.capabilities.get("audit.event")
     budget = EventBudget(record)
     server = build_server(host, settings, caller, on_refused=budget.tool_refused)
