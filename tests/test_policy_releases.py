@@ -121,15 +121,29 @@ class AlwaysFails:
         raise ExecutionError("the backend is down", code="backend_down")
 
 
+class Succeeds:
+    """The same policies as ``AlwaysFails``, a tool of its own (its own breaker): its first call
+    connects the store and loads its scripts, so the calls measured after it pay none of that."""
+
+    spec = attrs.evolve(AlwaysFails.spec, name="steady", description="steady")
+    name, description = "steady", "steady"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="ok")
+
+
 async def test_a_slow_store_that_answers_records_every_release(redis_server: RedisServer, tmp_path: Path) -> None:
     """Found by attack on the one shared bound: a store 50 ms away (each command well inside the
     store timeout) lost the breaker's outcomes, recorded last, and the breaker never opened."""
     proxy = ReplyDropper(redis_server.port)
     url = await proxy.start()
-    proxy.delay = 0.05  # each command well inside the store timeout; the releases of a call together not
     tool = AlwaysFails()
     try:
-        async with _host(tmp_path, url, tool, timeout_ms=400) as host:
+        async with _host(tmp_path, url, tool, Succeeds(), timeout_ms=400) as host:
+            # Connected and the scripts loaded at full speed first: on a loaded machine the first
+            # call's extra round trips (scripts not yet loaded) at 50 ms each exceeded the timeout.
+            assert (await host.call("steady", {}, context=ToolContext(idempotency_key="warm"))).success
+            proxy.delay = 0.05  # each command well inside the store timeout; the releases of a call together not
             codes = [(await host.call("flaky", {"n": i}, context=ToolContext(idempotency_key=f"k{i}"))).error["code"]
                      for i in range(4)]
         assert codes == ["backend_down", "backend_down", "circuit_open", "circuit_open"]
