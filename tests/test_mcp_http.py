@@ -84,6 +84,18 @@ async def session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
         yield client
 
 
+def build_http_app(cfg: dict[str, Any]) -> None:
+    """Start a host with ``cfg`` and build its HTTP app, as ``serve-mcp`` does before it listens."""
+    from amplifier_tools.mcp.http import build_app
+
+    async def build() -> None:
+        async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False,
+                            discover=False) as host:
+            build_app(host, serve_settings(host))
+
+    asyncio.run(build())
+
+
 def audit(tmp_path: Path, kind: str) -> list[dict[str, Any]]:
     lines = (tmp_path / "audit.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r.get("kind") == kind]
@@ -440,17 +452,10 @@ def test_a_token_no_authorization_header_can_carry_is_a_config_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str) -> None:
     """Found by attack: the header is read as latin-1 and the token compared as UTF-8, so a token
     beyond ASCII (or with a space) could never match; the server started and refused its client."""
-    from amplifier_tools.mcp.http import build_app
-
     monkeypatch.setenv("TEST_ALICE_TOKEN", token)
 
-    async def build() -> None:
-        async with ToolHost(config=config(tmp_path), builtins=["filesystem", "audit", "mcp"], entry_points=False,
-                            discover=False) as host:
-            build_app(host, serve_settings(host))
-
     with pytest.raises(ConfigError) as refused:
-        asyncio.run(build())
+        build_http_app(config(tmp_path))
     assert refused.value.key == "plugins.mcp.serve.clients[0].token_ref"
     assert "token_urlsafe" in (refused.value.hint or "")
 
@@ -728,18 +733,11 @@ async def test_freeze_heap_leaves_a_heap_frozen_before_it_frozen(tmp_path: Path)
 
 def test_a_token_written_where_its_reference_belongs_is_not_printed(tmp_path: Path) -> None:
     """``token_ref = "${MCP_TOKEN}"`` (or the token pasted in) used to be echoed in the error."""
-    from amplifier_tools.mcp.http import build_app
-
     cfg = config(tmp_path)
     cfg["plugins"]["mcp"]["serve"]["clients"][0]["token_ref"] = ALICE
 
-    async def build() -> None:
-        async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False,
-                            discover=False) as host:
-            build_app(host, serve_settings(host))
-
     with pytest.raises(ConfigError) as refused:
-        asyncio.run(build())
+        build_http_app(cfg)
     assert ALICE not in str(refused.value) and ALICE not in (refused.value.hint or "")
     assert refused.value.key == "plugins.mcp.serve.clients[0].token_ref"
     assert "'alice_token'" in str(refused.value)  # the [secrets] keys there are
@@ -747,17 +745,10 @@ def test_a_token_written_where_its_reference_belongs_is_not_printed(tmp_path: Pa
 
 def test_a_reference_whose_variable_is_unset_names_the_variable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from amplifier_tools.mcp.http import build_app
-
     monkeypatch.delenv("TEST_BOB_TOKEN")
 
-    async def build() -> None:
-        async with ToolHost(config=config(tmp_path), builtins=["filesystem", "audit", "mcp"], entry_points=False,
-                            discover=False) as host:
-            build_app(host, serve_settings(host))
-
     with pytest.raises(ConfigError) as refused:
-        asyncio.run(build())
+        build_http_app(config(tmp_path))
     assert "TEST_BOB_TOKEN" in str(refused.value)
     assert refused.value.hint == "set TEST_BOB_TOKEN to the client's token before starting"
     assert refused.value.key == "plugins.mcp.serve.clients[1].token_ref"
@@ -765,18 +756,11 @@ def test_a_reference_whose_variable_is_unset_names_the_variable(
 
 def test_a_client_that_sees_no_tool_is_warned_about_naming_the_setting(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from amplifier_tools.mcp.http import build_app
-
     cfg = config(tmp_path)
     del cfg["plugins"]["mcp"]["serve"]["tools"]  # bob has no tools of his own: he sees none
 
-    async def build() -> None:
-        async with ToolHost(config=cfg, builtins=["filesystem", "audit", "mcp"], entry_points=False,
-                            discover=False) as host:
-            build_app(host, serve_settings(host))
-
     with caplog.at_level("WARNING", logger="amplifier_tools.mcp"):
-        asyncio.run(build())
+        build_http_app(cfg)
     warnings = [r.getMessage() for r in caplog.records if "exposed no tool" in r.getMessage()]
     assert warnings == ["serve-mcp: client 'bob_token' is exposed no tool; list them in plugins.mcp.serve.tools "
                         '(tools = ["*"] exposes every mounted tool)']
@@ -795,16 +779,9 @@ def test_serve_mcp_reports_a_config_error_as_every_command_does(tmp_path: Path) 
 
 def test_serving_beyond_loopback_warns_that_tokens_travel_unencrypted(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from amplifier_tools.mcp.http import build_app
-
-    async def build(host_address: str) -> None:
-        async with ToolHost(config=config(tmp_path, host=host_address), builtins=["filesystem", "audit", "mcp"],
-                            entry_points=False, discover=False) as host:
-            build_app(host, serve_settings(host))
-
     with caplog.at_level("WARNING", logger="amplifier_tools.mcp"):
-        asyncio.run(build("127.0.0.1"))
+        build_http_app(config(tmp_path, host="127.0.0.1"))
         assert not [r for r in caplog.records if "unencrypted" in r.getMessage()]
-        asyncio.run(build("0.0.0.0"))
+        build_http_app(config(tmp_path, host="0.0.0.0"))
     assert [r.getMessage().split(":")[1].strip() for r in caplog.records if "unencrypted" in r.getMessage()] == \
         ["serving plain HTTP on 0.0.0.0"]
