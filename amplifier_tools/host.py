@@ -56,7 +56,7 @@ from .loader import (
 )
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
 from .pipeline import CallPipeline
-from .redaction import RecordingResolver, SecretSet
+from .redaction import RecordingResolver, SecretSet, redact_text
 from .registry import ToolRegistry
 from .spec import ToolSpec
 
@@ -206,6 +206,12 @@ class ToolHost:
             self._check_protected_paths()
             if first_trust is not None:
                 config_trust.remember(self.state_dir, first_trust)
+        except (ConfigError, PluginLoadError) as exc:
+            await self.close()
+            clean = _without_secrets(exc, self.secrets)
+            if clean is exc:
+                raise
+            raise clean from clean.__cause__  # the original (holding the secret) is not chained
         except BaseException:
             await self.close()
             raise
@@ -562,6 +568,29 @@ class ToolHost:
     def tool_definitions(self, format: str = "openai") -> list[dict[str, Any]]:
         """The mounted tools as ``"openai"``, ``"anthropic"`` or ``"mcp"`` tool definitions."""
         return tool_definitions(self.specs, format)
+
+
+def _without_secrets(exc: ConfigError | PluginLoadError, secrets: SecretSet) -> ConfigError | PluginLoadError:
+    """``exc`` with every secret value the host knows (``${VAR}`` substitutions, values resolved
+    so far) redacted from its message and hint, and from a ``ConfigError`` it was raised from (a
+    setting's error quotes what it got: ``max_size = "${TOKEN}"`` printed the token); ``exc``
+    itself when none appears."""
+    if not secrets:
+        return exc
+    if isinstance(exc, PluginLoadError):
+        cause = exc.__cause__
+        clean_cause = _without_secrets(cause, secrets) if isinstance(cause, ConfigError) else cause
+        reason = redact_text(exc.reason, secrets, patterns=False)
+        if reason == exc.reason and clean_cause is cause:
+            return exc
+        plugin_error = PluginLoadError(exc.plugin, reason)
+        plugin_error.__cause__ = clean_cause
+        return plugin_error
+    detail = redact_text(exc.detail, secrets, patterns=False)
+    hint = None if exc.hint is None else redact_text(exc.hint, secrets, patterns=False)
+    if detail == exc.detail and hint == exc.hint:
+        return exc
+    return ConfigError(detail, key=exc.key, file=exc.file, hint=hint)
 
 
 def _trace_before(hook: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:

@@ -126,3 +126,19 @@ async def test_a_section_for_no_installed_plugin_names_the_file_and_the_likely_p
         await ToolHost(config=config, working_dir=work, entry_points=False).start()
     assert str(caught.value).startswith(f"{config}: plugins.filesytem: names no installed plugin")
     assert caught.value.hint == "did you mean 'filesystem'?"
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_substituted_value_quoted_by_a_start_error_is_redacted(tmp_path: Path, verbose: bool) -> None:
+    """Found in review: ``${VAR}`` values are secrets, yet a setting's error quoted what it got
+    (``denied_paths = "${TOKEN}"`` printed the token, and ``-v``'s traceback again)."""
+    from cli_helpers import cli
+
+    secret = "s3cr3t-value-0123456789abcdef"
+    (tmp_path / "cfg.toml").write_text('[plugins.filesystem]\ndenied_paths = "${TEST_SUBSTITUTED_TOKEN}"\n')
+    done = cli(tmp_path, "--config", str(tmp_path / "cfg.toml"), *(["-v"] if verbose else []), "list",
+               env={"TEST_SUBSTITUTED_TOKEN": secret})
+    assert done.returncode == 2, done.stderr
+    assert secret not in done.stderr + done.stdout
+    assert "plugins.filesystem.denied_paths: must be a list of paths or patterns, got '[REDACTED]'" in done.stderr
+    assert "hint: set plugins.filesystem.denied_paths" in done.stderr  # the setting is still named

@@ -194,6 +194,30 @@ def test_the_gate_sets_the_sdks_auth_context_for_the_request_only() -> None:
     assert seen == [("alice_token", "alice_token")] * 2
 
 
+def test_each_401_is_a_message_of_its_own() -> None:
+    """Found in review: the 401 start message was one shared constant, so a middleware wrapping the
+    gate that adds a header in place (as CORS middleware does) grew it on every refusal."""
+    from amplifier_tools.mcp.http import ClientTokens, EventBudget, Gate, _digest
+
+    async def never(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("an unauthenticated request reached the app")
+
+    gate = Gate(never, ClientTokens({_digest(ALICE): "alice_token"}), EventBudget(None))
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": []}
+    header_counts: list[int] = []
+
+    async def adds_a_header(message: Any) -> None:  # what a wrapping CORS middleware does to each start
+        if message["type"] == "http.response.start":
+            message.setdefault("headers", []).append((b"access-control-allow-origin", b"*"))
+            header_counts.append(len(message["headers"]))
+
+    async def refused_twice() -> None:
+        for _ in range(2):
+            await gate(dict(scope), None, adds_a_header)
+
+    asyncio.run(refused_twice())
+    assert header_counts == [4, 4]
+
 async def test_a_session_opened_with_one_token_cannot_be_used_with_another(tmp_path: Path) -> None:
     headers = {"Accept": "application/json, text/event-stream"}
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

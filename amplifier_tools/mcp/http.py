@@ -67,14 +67,14 @@ class ClientTokens:
         Read as the SDK's ``BearerAuthBackend`` reads it (latin-1, scheme case-insensitive)."""
         if authorization is None or authorization[:7].lower() != b"bearer ":
             return None
-        digest = _digest(authorization[7:].decode("latin-1"))
+        token = authorization[7:].decode("latin-1")
+        digest = _digest(token)
         user = self._users.get(digest)
         if user is None:
             ref = self._by_digest.get(digest)
             if ref is None:
                 return None
-            user = self._users[digest] = AuthenticatedUser(
-                AccessToken(token=authorization[7:].decode("latin-1"), client_id=ref, scopes=[]))
+            user = self._users[digest] = AuthenticatedUser(AccessToken(token=token, client_id=ref, scopes=[]))
         return user
 
 
@@ -219,10 +219,9 @@ class EventBudget:
 #: What a request without a client's token is answered (the body and header the SDK's
 #: ``RequireAuthMiddleware`` sends).
 _UNAUTHORIZED_BODY: Final = b'{"error": "invalid_token", "error_description": "Authentication required"}'
-_UNAUTHORIZED_START: Final = {
-    "type": "http.response.start", "status": 401,
-    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(_UNAUTHORIZED_BODY)).encode()),
-                (b"www-authenticate", b'Bearer error="invalid_token", error_description="Authentication required"')]}
+_UNAUTHORIZED_HEADERS: Final = (
+    (b"content-type", b"application/json"), (b"content-length", str(len(_UNAUTHORIZED_BODY)).encode()),
+    (b"www-authenticate", b'Bearer error="invalid_token", error_description="Authentication required"'))
 
 
 class Gate:
@@ -281,7 +280,8 @@ class Gate:
             user = self.tokens.user(authorization)
             if user is None:
                 self._refused(self.strangers, scope, 401, authorization, None)
-                await send(_UNAUTHORIZED_START)
+                # A message of its own each time: middleware wrapping ours may add headers in place.
+                await send({"type": "http.response.start", "status": 401, "headers": list(_UNAUTHORIZED_HEADERS)})
                 await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
                 return
         counted = scope.get("method") != "GET"
