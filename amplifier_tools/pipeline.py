@@ -145,11 +145,14 @@ class CallPipeline:
             output = result.output
             if self.secrets:
                 output = redact(output, secrets=self.secrets, patterns=False)
-            result = ToolResult(True, output, None, result.metadata, call.id)
             scanned = output
+            has_post = bool(self.hooks.impls("tool_post"))
+            if has_post or events or output is not result.output or result.error is not None:
+                # what hooks and observers see; else ``_complete`` builds the one result the caller gets
+                result = ToolResult(True, output, None, result.metadata, call.id)
 
             ending = True
-            if self.hooks.impls("tool_post"):
+            if has_post:
                 def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
                     if replacement.success:
                         try:
@@ -316,8 +319,12 @@ class CallPipeline:
     ) -> ToolResult:
         metadata = dict(result.metadata)
         metadata["trail"] = _trail(ctx)
-        metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
-        result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id), scanned)
+        result = ToolResult(result.success, result.output, result.error, metadata, call.id)
+        if len(metadata) > 1 or metadata["trail"] or result.error is not None or (
+                result.output is not None and result.output is not scanned):
+            result = self._scrubbed(result, scanned)  # else nothing left unscanned: no JSON text to build
+        # Set after the scrub: the host's own measurement is no secret, even when its digits hold one.
+        result.metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
         if not self.hooks.impls("tool_complete"):  # no observer: no coroutine and closure to build
             return result
         spec = mounted.spec if mounted is not None else None

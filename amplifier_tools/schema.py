@@ -287,7 +287,58 @@ MAX_INT_BITS: Final = 14_000
 
 def check_json_data(value: Any, pointer: str = "", depth: int = 0) -> None:
     """Raise ``ContractError`` at the first value JSON cannot represent, or that is too deep
-    (``MAX_JSON_DEPTH`` levels) or too large an integer (``MAX_INT_BITS``) to handle safely."""
+    (``MAX_JSON_DEPTH`` levels) or too large an integer (``MAX_INT_BITS``) to handle safely.
+
+    Valid data (nearly every call's) is confirmed by ``_is_plain_json``, which builds no JSON
+    pointer; only data it does not vouch for is walked again here, naming where it fails."""
+    if _is_plain_json(value, depth):
+        return
+    _locate_non_json(value, pointer, depth)
+
+
+def _is_plain_json(value: Any, depth: int) -> bool:
+    """Whether ``value`` is JSON data of exact builtin types (dict, list, str, int, float, bool,
+    None) within the limits ``check_json_data`` sets. False is no verdict: subclasses (enums),
+    tuples and every failure go to ``_locate_non_json``."""
+    kind = type(value)
+    if kind is dict:
+        items: Any = value.items()
+    elif kind is list:
+        items = enumerate(value)
+    else:
+        return _is_plain_scalar(value, kind)
+    if depth >= MAX_JSON_DEPTH:
+        return False
+    for key, item in items:
+        if kind is dict and type(key) is not str:
+            return False
+        item_kind = type(item)
+        if item_kind is str or item_kind is bool or item is None:
+            continue
+        if item_kind is int:
+            if item.bit_length() > MAX_INT_BITS:
+                return False
+        elif item_kind is dict or item_kind is list:
+            if not _is_plain_json(item, depth + 1):
+                return False
+        elif not (item_kind is float and math.isfinite(item)):
+            return False
+    return True
+
+
+def _is_plain_scalar(value: Any, kind: type) -> bool:
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return bool(value.bit_length() <= MAX_INT_BITS)
+    if kind is float:
+        return math.isfinite(value)
+    return False
+
+
+def _locate_non_json(value: Any, pointer: str, depth: int) -> None:
+    """``check_json_data``'s full walk: raise at the first value that is not JSON data, naming
+    its JSON pointer; return when there is none (an enum member, a tuple)."""
     kind = type(value)
     if kind is str or kind is bool or value is None:
         return
@@ -311,11 +362,11 @@ def check_json_data(value: Any, pointer: str = "", depth: int = 0) -> None:
                 raise ContractError(
                     f"{pointer or '/'}: key {key!r} is not a string", code="invalid_json", pointer=pointer
                 )
-            check_json_data(item, f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}", depth + 1)
+            _locate_non_json(item, f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}", depth + 1)
         return
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            check_json_data(item, f"{pointer}/{index}", depth + 1)
+            _locate_non_json(item, f"{pointer}/{index}", depth + 1)
         return
     if isinstance(value, (str, int, float)):  # subclasses (enums) that JSON encodes by value
         if isinstance(value, float) and not math.isfinite(value):

@@ -72,6 +72,7 @@ async def test_bad_arguments_are_contract_errors_naming_the_field(
     ("value", "success", "output", "error_fragment"),
     [
         (ToolResult(output="fine"), True, "fine", None),
+        (ToolResult(True, "fine", {"message": "stray"}, {"tool's": "own"}, "tool's id"), True, "fine", None),
         ({"success": True, "output": "seed dict"}, True, "seed dict", None),
         ({"output": "seed 003 shape", "is_error": False, "tool_call_id": "x"}, True, "seed 003 shape", None),
         ({"success": False, "error": "plain string error"}, False, None, "plain string error"),
@@ -88,9 +89,10 @@ async def test_tool_results_are_normalized_or_rejected(
     host = await host_factory(ToolsPlugin(ReturnsThis("t", value)))
     result = await host.call("t", {})
     assert result.success is success
-    assert result.tool_call_id is not None
+    assert result.tool_call_id is not None and result.tool_call_id != "tool's id"
     if success:
         assert result.output == output
+        assert result.error is None  # a success carries no error, even when the tool's result had one
     else:
         assert error_fragment in result.error["message"]
 

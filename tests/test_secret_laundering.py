@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from helpers import ToolsPlugin
 
-from amplifier_tools import ExecutionError, ToolContext, ToolHost, ToolResult, tool
+from amplifier_tools import ExecutionError, ToolContext, ToolHost, ToolResult, hookimpl, tool
 from amplifier_tools.builtins.audit import AuditPlugin
 from amplifier_tools.redaction import PLACEHOLDER, SecretSet, redact
 
@@ -321,3 +321,29 @@ async def test_a_secret_in_a_tools_version_stays_out_of_the_audit_log_and_spans(
     assert '"tool_version":"1.0.0+[REDACTED]"' in log.read_text()
     spans = exporter.get_finished_spans()
     assert spans and secret not in repr([dict(s.attributes or {}) for s in spans])
+
+
+async def test_a_secret_a_plugin_quotes_in_its_decision_is_redacted_from_a_plain_results_trail(
+        tmp_path: Path) -> None:
+    """A result with nothing of its own to scrub (string output, no metadata, no error) still has
+    its trail scrubbed: a plugin's decision reason is the part left to scan."""
+    token = f"decision-token-{uuid.uuid4().hex}"
+
+    @tool(name="echo", effect="Pure")
+    def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    class Quoting:
+        @hookimpl
+        def tool_pre(self, call: Any, spec: Any, context: ToolContext) -> None:
+            context.record("quoting", "tool_pre", "note", f"saw {token}", seen=token)
+
+    async with ToolHost(plugins=[ToolsPlugin(echo), Quoting()], builtins=False, entry_points=False,
+                        discover=False, **_places(tmp_path)) as host:
+        host.capabilities["session.secrets"].add(token)
+        result = await host.call("echo", {"text": "plain"})
+    assert result.output == "plain"
+    assert token not in json.dumps(result.metadata)
+    assert result.metadata["trail"][0]["reason"] == f"saw {PLACEHOLDER}"
+    assert isinstance(result.metadata["duration_ms"], float)

@@ -143,17 +143,22 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
         visible = who.tools if who is not None else frozenset()
         return mcp_types.ListToolsResult(tools=[tool for name, tool in listed if name in visible])
 
-    # Calls in flight: call id -> the relay to the request's session, whose report_progress reaches the
-    # client when it asked for progress (a progressToken; in process, a callback) and is a no-op otherwise.
-    progress_targets: dict[str, ProgressRelay] = {}
+    # Calls in flight: call id -> the request's session, replaced by a relay to it at the call's first
+    # progress (most calls report none, and build none). The session's report_progress reaches the
+    # client when it asked for progress (a progressToken; in process, a callback), else is a no-op.
+    progress_targets: dict[str, Any] = {}
 
     async def forward_progress(event: str, data: dict[str, Any]) -> None:
         # Never awaits the client: a client that does not read would hold every emitter (and, for an
         # imported tool, one SDK task per notification) until the call ends.
-        target = progress_targets.get(str(data.get("tool_call_id")))
+        call_id = str(data.get("tool_call_id"))
+        target = progress_targets.get(call_id)
         progress, total, message = _number(data.get("progress")), _number(data.get("total")), data.get("message")
-        if target is not None and progress is not None:
-            target.offer(progress, total, message if isinstance(message, str) else None)
+        if target is None or progress is None:
+            return
+        if not isinstance(target, ProgressRelay):
+            target = progress_targets[call_id] = ProgressRelay(target)
+        target.offer(progress, total, message if isinstance(message, str) else None)
 
     host.events.register("tool:progress", forward_progress, name="serve-mcp progress", owner=PLUGIN)
 
@@ -169,15 +174,16 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
         arguments = params.arguments if params.arguments is not None else {}
         if session is None:
             return to_call_tool_result(await host.call(name, arguments, context=who.context, call_id=call_id))
-        relay = progress_targets[call_id] = ProgressRelay(session)
+        progress_targets[call_id] = session
         try:
             result = await host.call(name, arguments, context=who.context, call_id=call_id)
         except BaseException:
-            relay.abandon()
+            relay = progress_targets.pop(call_id)
+            if isinstance(relay, ProgressRelay):
+                relay.abandon()
             raise
-        finally:
-            del progress_targets[call_id]
-        if relay.offered:  # what is still waiting (at most PROGRESS_BACKLOG) goes out before the result
+        relay = progress_targets.pop(call_id)
+        if isinstance(relay, ProgressRelay):  # what still waits (at most PROGRESS_BACKLOG) goes out before the result
             await relay.finish()
         return to_call_tool_result(result)
 
@@ -194,8 +200,9 @@ class ProgressRelay:
     """The progress of one call in flight on its way to the client: ``offer`` never waits; a task
     started by the first ``offer`` sends in order what waits, one at a time. At most
     ``PROGRESS_BACKLOG`` wait; progress is lossy, so when the client is not keeping up the newest
-    waiting one is replaced by a newer. A call that reports no progress (most calls) costs no
-    task: starting one per call was ≈ 60 µs, more than the rest of serving a call over HTTP."""
+    waiting one is replaced by a newer. ``build_server`` makes one at a call's first progress: a
+    call that reports none (most calls) costs no relay and no task (starting a task per call was
+    ≈ 60 µs, more than the rest of serving a call over HTTP)."""
 
     __slots__ = ("_closed", "_session", "_task", "_waiting", "_wake")
 
@@ -282,6 +289,8 @@ def to_call_tool_result(result: ToolResult) -> mcp_types.CallToolResult:
         text = json.dumps({"error": result.error}, ensure_ascii=False, default=str)
         return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], is_error=True)
     output = result.output
+    if type(output) is str and "content" not in result.metadata:  # the common result: its text as it is
+        return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=output)])
     blocks = content_blocks(result.metadata["content"]) if "content" in result.metadata else None
     content = blocks or [mcp_types.TextContent(type="text", text=result.get_serialized_output(max_chars=None))]
     if isinstance(output, dict):
