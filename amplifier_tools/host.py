@@ -58,6 +58,7 @@ from .models import ToolCall, ToolContext, ToolResult, new_call_id
 from .pipeline import CallPipeline
 from .redaction import RecordingResolver, SecretSet, redact_text
 from .registry import ToolRegistry
+from .secrets_table import EnvironmentSecrets
 from .spec import ToolSpec
 
 log = logging.getLogger("amplifier_tools")
@@ -479,21 +480,17 @@ class ToolHost:
 
     def _make_default_context(self) -> ToolContext:
         ctx = self.config.get("context", {})
-        secret_env = dict(self.config.get("secrets", {}))
+        table = self.config.get("secrets", {})
+        from_env = EnvironmentSecrets(table)
         # The values of the [secrets] variables are secret from the start, whether or not a tool
         # ever asks for them: a tool could read them some other way (a file, a child's environment).
-        self.secrets.update(os.environ[v] for v in secret_env.values() if v in os.environ)
-
-        def from_env(name: str) -> str | None:
-            variable = secret_env.get(name)
-            return os.environ.get(variable) if variable else None
-
+        self.secrets.update(from_env.variables())
         return ToolContext(
             principal=ctx.get("principal", "anonymous"),
             role=ctx.get("role"),
             environment=ctx.get("environment"),
             scopes=frozenset(ctx.get("scopes", ())),
-            secrets=self.secrets.recording(from_env) if secret_env else None,
+            secrets=self.secrets.recording(from_env) if table else None,
             session_id=self.session_id,
         )
 

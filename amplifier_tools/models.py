@@ -169,7 +169,10 @@ class ToolContext:
         else:
             value = resolver(name)
         if value is None:
-            raise AuthError(f"secret {name!r} could not be resolved", code="missing_secret", secret=name)
+            from .secrets_table import why_missing
+
+            reason, hint = why_missing(resolver, name)
+            raise AuthError(f"secret {name!r} {reason}", code="missing_secret", secret=name, hint=hint)
         return value
 
     def record(

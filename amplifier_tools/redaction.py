@@ -212,6 +212,11 @@ class RecordingResolver:
             self.registry.add(value)
         return value
 
+    def why_missing(self, name: str) -> tuple[str, str] | None:
+        """The wrapped resolver's reason ``name`` did not resolve, when it can say."""
+        explain = getattr(self.resolver, "why_missing", None)
+        return explain(name) if explain is not None else None
+
 
 def _matcher(secrets: Collection[str] | SecretSet) -> SecretMatcher | None:
     if isinstance(secrets, SecretSet):

@@ -774,7 +774,7 @@ def test_a_reference_whose_variable_is_unset_names_the_variable(
     with pytest.raises(ConfigError) as refused:
         build_http_app(config(tmp_path))
     assert "TEST_BOB_TOKEN" in str(refused.value)
-    assert refused.value.hint == "set TEST_BOB_TOKEN to the client's token before starting"
+    assert refused.value.hint == "set TEST_BOB_TOKEN in the environment the host starts in"
     assert refused.value.key == "plugins.mcp.serve.clients[1].token_ref"
 
 
@@ -809,3 +809,15 @@ def test_serving_beyond_loopback_warns_that_tokens_travel_unencrypted(
         build_http_app(config(tmp_path, host="0.0.0.0"))
     assert [r.getMessage().split(":")[1].strip() for r in caplog.records if "unencrypted" in r.getMessage()] == \
         ["serving plain HTTP on 0.0.0.0"]
+
+
+def test_a_port_given_to_a_stdio_server_is_refused_not_ignored(tmp_path: Path) -> None:
+    """``serve-mcp --port 8765`` without ``--transport streamable-http`` used to serve stdio,
+    silently, while the user waited for an HTTP server."""
+    from cli_helpers import cli
+
+    (tmp_path / "cfg.toml").write_text('[plugins.mcp.serve]\ntools = ["*"]\n')
+    done = cli(tmp_path, "--config", str(tmp_path / "cfg.toml"), "serve-mcp", "--port", "8765")
+    assert done.returncode == 2, done.stderr
+    assert "--port set where to listen for HTTP, but the transport is stdio" in done.stderr
+    assert "hint: add --transport streamable-http" in done.stderr

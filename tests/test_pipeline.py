@@ -18,6 +18,7 @@ from amplifier_tools import (
     ToolHost,
     ToolResult,
     ToolSpec,
+    tool,
 )
 
 
@@ -198,6 +199,32 @@ async def test_secret_values_never_reach_the_caller(host_factory: Any) -> None:
     missing = await host.call("uses_secret", {}, context=ToolContext())
     assert missing.error["type"] == "AuthError" and missing.error["code"] == "missing_secret"
     assert "API_TOKEN" in missing.error["message"]
+
+
+@pytest.mark.parametrize(("secrets", "reason", "hint"), [
+    (None, "could not be resolved: the context has no secrets", "configure [secrets]"),
+    ({"other": "AMP_TEST_OTHER"}, "is not a key of the host's [secrets] ([secrets] keys: 'other')",
+     '[secrets] my_ref = "MY_VARIABLE"'),
+    ({"API_TOKEN": "AMP_TEST_UNSET_TOKEN"},
+     "names, in [secrets], the environment variable 'AMP_TEST_UNSET_TOKEN', which is not set",
+     "set AMP_TEST_UNSET_TOKEN in the environment"),
+])
+async def test_a_missing_secret_says_which_setting_to_fix(host_factory: Any, monkeypatch: pytest.MonkeyPatch,
+                                                          secrets: dict[str, str] | None, reason: str,
+                                                          hint: str) -> None:
+    """The reference missing from [secrets], or the variable it names not set: the error says which."""
+    monkeypatch.delenv("AMP_TEST_UNSET_TOKEN", raising=False)
+
+    @tool(name="needs", effect="Pure", security={"secret_refs": ["API_TOKEN"]})
+    def needs() -> str:
+        """Needs a token."""
+        return "ran"
+
+    host = await host_factory(ToolsPlugin(needs), config={} if secrets is None else {"secrets": secrets})
+    missing = await host.call("needs", {})
+    assert missing.error["code"] == "missing_secret"
+    assert missing.error["message"] == f"secret 'API_TOKEN' {reason}"
+    assert hint in missing.error["hint"]
 
 
 async def test_call_before_start_returns_error_instead_of_raising() -> None:

@@ -36,6 +36,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from ..errors import AuthError, ConfigError
 from ..host import ToolHost
+from ..secrets_table import EnvironmentSecrets
 from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
 
@@ -140,18 +141,11 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
 
 
 def _unresolved(host: ToolHost, ref: str, key: str) -> ConfigError:
-    """The error for a ``token_ref`` that does not resolve. A reference that is no key of
-    ``[secrets]`` is not shown (it may be the token itself, written in by mistake or by a
-    ``${VAR}`` substitution); for a key whose variable is unset, the variable is named."""
-    table: dict[str, Any] = dict(host.config.get("secrets") or {})
-    if ref in table:
-        return ConfigError(f"the [secrets] entry {ref!r} names the environment variable {table[ref]!r}, which is "
-                           "not set", key=key, hint=f"set {table[ref]} to the client's token before starting")
-    known = ", ".join(sorted(map(repr, table))) or "none"
-    return ConfigError("is not a key of the host's [secrets] (the value is not shown: it may be a token written in "
-                       f"instead of a reference); [secrets] keys: {known}", key=key,
-                       hint="token_ref names a [secrets] entry, and that entry names the environment variable "
-                            "holding the token: [secrets] my_client = \"MY_CLIENT_TOKEN\", token_ref = \"my_client\"")
+    """The error for a ``token_ref`` that does not resolve: the reason of the host's ``[secrets]``
+    table (the key missing, or the variable unset, named), never the reference itself, which may
+    be the token, written in by mistake or by a ``${VAR}`` substitution."""
+    reason, hint = EnvironmentSecrets(host.config.get("secrets") or {}).why_missing(ref)
+    return ConfigError(f"the token_ref {reason}", key=key, hint=hint)
 
 
 #: The answers recorded as refusals, and why (404 only for a request naming a session).

@@ -358,6 +358,12 @@ async def serve_configured(
         settings = serve_settings(host)
         if overrides:
             settings = attrs.evolve(settings, **overrides)
+            listening = sorted(f"--{name}" for name in ("host", "port") if name in overrides)
+            if listening and settings.transport == "stdio":
+                raise ConfigError(f"{' and '.join(listening)} set where to listen for HTTP, but the transport is "
+                                  "stdio", key=f"plugins.{PLUGIN}.serve.transport",
+                                  hint="add --transport streamable-http (or set transport = \"streamable-http\" "
+                                       f"in [plugins.{PLUGIN}.serve])")
         await serve(host, settings, freeze_heap=freeze_heap)
 
 
