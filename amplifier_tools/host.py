@@ -56,7 +56,7 @@ from .loader import (
 )
 from .models import ToolCall, ToolContext, ToolResult, new_call_id
 from .pipeline import CallPipeline
-from .redaction import RecordingResolver, SecretSet, redact_text
+from .redaction import RecordingResolver, SecretSet, chain_without_secrets, redact_text
 from .registry import ToolRegistry
 from .secrets_table import EnvironmentSecrets
 from .spec import ToolSpec
@@ -569,25 +569,28 @@ class ToolHost:
 
 def _without_secrets(exc: ConfigError | PluginLoadError, secrets: SecretSet) -> ConfigError | PluginLoadError:
     """``exc`` with every secret value the host knows (``${VAR}`` substitutions, values resolved
-    so far) redacted from its message and hint, and from a ``ConfigError`` it was raised from (a
-    setting's error quotes what it got: ``max_size = "${TOKEN}"`` printed the token); ``exc``
+    so far) redacted from its message and hint, and from every exception chained to it (a
+    setting's error quotes what it got: ``max_size = "${TOKEN}"`` printed the token; an HTTP
+    library's error quotes the header it refused, which ``-v`` prints with the traceback); ``exc``
     itself when none appears."""
     if not secrets:
         return exc
+    cause = exc.__cause__
+    clean_cause = _without_secrets(cause, secrets) if isinstance(cause, (ConfigError, PluginLoadError)) \
+        else chain_without_secrets(cause, secrets)
     if isinstance(exc, PluginLoadError):
-        cause = exc.__cause__
-        clean_cause = _without_secrets(cause, secrets) if isinstance(cause, ConfigError) else cause
         reason = redact_text(exc.reason, secrets, patterns=False)
         if reason == exc.reason and clean_cause is cause:
             return exc
-        plugin_error = PluginLoadError(exc.plugin, reason)
-        plugin_error.__cause__ = clean_cause
-        return plugin_error
-    detail = redact_text(exc.detail, secrets, patterns=False)
-    hint = None if exc.hint is None else redact_text(exc.hint, secrets, patterns=False)
-    if detail == exc.detail and hint == exc.hint:
-        return exc
-    return ConfigError(detail, key=exc.key, file=exc.file, hint=hint)
+        clean: ConfigError | PluginLoadError = PluginLoadError(exc.plugin, reason)
+    else:
+        detail = redact_text(exc.detail, secrets, patterns=False)
+        hint = None if exc.hint is None else redact_text(exc.hint, secrets, patterns=False)
+        if detail == exc.detail and hint == exc.hint and clean_cause is cause:
+            return exc
+        clean = ConfigError(detail, key=exc.key, file=exc.file, hint=hint)
+    clean.__cause__ = clean_cause
+    return clean
 
 
 def _trace_before(hook: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:

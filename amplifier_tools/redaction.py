@@ -323,6 +323,53 @@ def _may_match(value: Any, matcher: SecretMatcher | None, patterns: bool) -> boo
     return patterns and may_hold_pattern(text)
 
 
+class RedactedError(Exception):
+    """Stands in, in an exception chain, for an exception whose text held a secret: its message
+    is ``<original type>: <original text, redacted>``; its traceback frames are the original's
+    (they show code, not values)."""
+
+
+#: Exceptions deeper than this in a chain are dropped by ``chain_without_secrets`` (a chain is
+#: rarely longer than a few links; a cycle would otherwise never end).
+MAX_CHAIN_DEPTH: Final = 32
+
+
+def chain_without_secrets(exc: BaseException | None, secrets: Collection[str] | SecretSet,
+                          depth: int = 0) -> BaseException | None:
+    """``exc`` as a traceback would print it, with ``secrets`` out of every message in it: its
+    cause, context and (for an exception group) sub-exceptions, to any depth. An exception whose
+    text held a secret is replaced by a ``RedactedError``; ``exc`` itself when none did.
+
+    Limits: only exception text (``str(exc)``) is scrubbed; an attribute a handler reads (an
+    HTTP library's ``request``) is not, nor local variables a debugger shows."""
+    if exc is None or depth >= MAX_CHAIN_DEPTH:
+        return None
+    cause = chain_without_secrets(exc.__cause__, secrets, depth + 1)
+    context = chain_without_secrets(exc.__context__, secrets, depth + 1)
+    members = getattr(exc, "exceptions", None)
+    clean_members = [chain_without_secrets(m, secrets, depth + 1) for m in members] \
+        if isinstance(members, tuple) else None
+    try:
+        text = str(exc)
+    except Exception:  # a hostile __str__: say only what it was
+        text = "<its message could not be read>"
+    clean_text = redact_text(text, secrets, patterns=False)
+    same_members = clean_members is None or all(a is b for a, b in zip(clean_members, members or (), strict=True))
+    if clean_text == text and cause is exc.__cause__ and context is exc.__context__ and same_members:
+        return exc
+    replaced: BaseException = RedactedError(f"{type(exc).__name__}: {clean_text}")
+    if clean_members is not None and clean_text == text and hasattr(exc, "derive"):
+        try:  # the group itself, holding its members scrubbed
+            replaced = exc.derive([m for m in clean_members if m is not None])
+        except Exception:  # no member left (past MAX_CHAIN_DEPTH): the stand-in above, with its text
+            replaced = RedactedError(f"{type(exc).__name__}: {clean_text}")
+    replaced.__traceback__ = exc.__traceback__
+    replaced.__cause__ = cause
+    replaced.__context__ = context
+    replaced.__suppress_context__ = exc.__suppress_context__
+    return replaced
+
+
 def sanitize_message(text: str, secrets: Collection[str] | SecretSet = ()) -> str:
     """An error message safe to show a model or log: redacted, without control
     characters, at most ``MAX_MESSAGE_CHARS`` long."""

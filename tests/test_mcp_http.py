@@ -356,6 +356,7 @@ async def test_a_host_imports_an_http_server_with_headers_from_its_secrets(tmp_p
             read = await outer.call("mcp::inner::fs_read_file", {"path": "hello.txt"})
             assert read.success and "hello over http" in json.dumps(read.output)
             assert f"Bearer {ALICE}" in outer.capabilities["session.secrets"]  # redacted like any secret
+            assert ALICE in outer.capabilities["session.secrets"]  # and the bare token, which a server may echo
             pinned = outer.specs[0].tags
         digest = next(tag for tag in pinned if tag.startswith("sha256:"))
         async with ToolHost(config=importing(url, pins={"fs_read_file": digest}), builtins=["mcp"],
@@ -821,3 +822,110 @@ def test_a_port_given_to_a_stdio_server_is_refused_not_ignored(tmp_path: Path) -
     assert done.returncode == 2, done.stderr
     assert "--port set where to listen for HTTP, but the transport is stdio" in done.stderr
     assert "hint: add --transport streamable-http" in done.stderr
+
+
+# -- found by an attacker's pass (2026-11-25) ---------------------------------------------------
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+
+
+@pytest.mark.parametrize("order", ["valid first", "valid last"])
+async def test_two_authorization_headers_are_refused_whichever_comes_first(tmp_path: Path, order: str) -> None:
+    """The first header used to win: a proxy appending its own lost to what the client sent."""
+    pair = [("authorization", f"Bearer {ALICE}"), ("authorization", "Bearer not-a-client-token-at-all")]
+    if order == "valid last":
+        pair.reverse()
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        refused = await http.post(url, json=INITIALIZE, headers=[*ACCEPT.items(), *pair])
+        one = await http.post(url, json=INITIALIZE, headers={**ACCEPT, "Authorization": f"Bearer {ALICE}"})
+    assert refused.status_code == 401 and one.status_code == 200
+    assert [e["data"]["status"] for e in audit(tmp_path, "event")] == [401]
+
+
+async def test_a_host_header_without_a_port_is_this_server(tmp_path: Path) -> None:
+    """Served on port 80, clients send ``Host: 127.0.0.1``: every request was refused 421."""
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        bare = await http.post(url, json=INITIALIZE, headers={**ACCEPT, "Authorization": f"Bearer {ALICE}",
+                                                               "Host": "127.0.0.1", "Origin": "http://127.0.0.1"})
+        other = await http.post(url, json=INITIALIZE, headers={**ACCEPT, "Authorization": f"Bearer {ALICE}",
+                                                                "Host": "127.0.0.1.evil.example"})
+    assert bare.status_code == 200
+    assert other.status_code == 421
+
+
+def test_the_sdks_refusal_lines_on_stderr_are_few_clipped_and_escaped() -> None:
+    """A 60 KB Host header was a 60 KB warning line, ESC bytes reached the terminal, and a flood
+    was a line per request."""
+    import logging
+
+    from amplifier_tools.mcp.http import MAX_LOG_LINE_CHARS, MAX_REFUSAL_EVENTS_PER_S, RefusalLogFilter
+
+    now = [1000.0]
+    guard = RefusalLogFilter(clock=lambda: now[0])
+
+    def line(host: str) -> str | None:
+        record = logging.LogRecord("mcp.server.transport_security", logging.WARNING, __file__, 1,
+                                   "Invalid Host header: %s", (host,), None)
+        return record.getMessage() if guard.filter(record) else None
+
+    kept = [line("x\x1b[2J\x1b[31mFAKE LOG LINE\x1b[0m" + "h" * 60_000) for _ in range(25)]
+    written = [text for text in kept if text is not None]
+    assert len(written) == MAX_REFUSAL_EVENTS_PER_S
+    assert all("\x1b" not in text and "\\x1b[2J" in text for text in written)
+    assert all(len(text) < MAX_LOG_LINE_CHARS + 40 for text in written)
+    now[0] += 1
+    assert (line("evil.example") or "").endswith("(15 more such lines left out before this one)")
+
+
+async def test_serve_http_filters_the_sdks_refusal_lines_while_serving(tmp_path: Path,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        with caplog.at_level("WARNING", logger="mcp.server.transport_security"):
+            for _ in range(30):
+                await http.post(url, json=INITIALIZE, headers={**ACCEPT, "Authorization": f"Bearer {ALICE}",
+                                                                "Host": "evil\x1b[31m.example"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "mcp.server.transport_security"]
+    assert 1 <= len(lines) < 30 and all("\x1b" not in text for text in lines)  # 10 a second
+    import logging
+
+    assert not logging.getLogger("mcp.server.transport_security").filters  # removed when serving ended
+
+
+@pytest.mark.parametrize(("value", "problem"), [
+    (f"Bearer {ALICE}\r", "holds a control character"),
+    (f"Bearer {ALICE} ", "begins or ends with a space"),
+    (f"Bearer {ALICE}é", "beyond ASCII"),
+])
+async def test_an_import_header_value_no_request_can_carry_names_its_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str, problem: str) -> None:
+    """A CRLF .env file's CR used to fail at the first request, as httpx's 'Illegal header value'."""
+    monkeypatch.setenv("TEST_INNER_AUTH", value)
+    with pytest.raises(PluginLoadError) as refused:
+        async with ToolHost(config=importing("http://127.0.0.1:9/mcp"), builtins=["mcp"], entry_points=False,
+                            discover=False, working_dir=tmp_path):
+            pass
+    text = str(refused.value)
+    assert "plugins.mcp.servers.inner.headers.Authorization" in text and problem in text
+    assert ALICE not in text
+
+
+async def test_an_import_header_name_that_is_no_http_token_names_its_key(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TEST_INNER_AUTH", f"Bearer {ALICE}")
+    cfg = importing("http://127.0.0.1:9/mcp")
+    cfg["plugins"]["mcp"]["servers"]["inner"]["headers"] = {"Author ization": "inner_auth"}
+    with pytest.raises(PluginLoadError, match=r"headers\.Author ization.*is not an HTTP header name"):
+        async with ToolHost(config=cfg, builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
+            pass
+
+
+async def test_a_server_asking_for_credentials_none_were_sent_for_says_so(tmp_path: Path) -> None:
+    """It used to say 'the credentials in headers were refused' with no headers configured."""
+    async with served(config(tmp_path)) as url:
+        with pytest.raises(PluginLoadError) as refused:
+            async with ToolHost(config={"plugins": {"mcp": {"servers": {"inner": {"url": url}}}}},
+                                builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
+                pass
+    assert "HTTP 401" in str(refused.value) and "none were sent: configure headers" in str(refused.value)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import sys
 import urllib.parse
 import uuid
 from pathlib import Path
@@ -22,6 +23,9 @@ from helpers import ToolsPlugin
 from amplifier_tools import ExecutionError, ToolContext, ToolHost, ToolResult, hookimpl, tool
 from amplifier_tools.builtins.audit import AuditPlugin
 from amplifier_tools.redaction import PLACEHOLDER, SecretSet, redact
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import ExceptionGroup
 
 DEPLOY_VAR = "AMP_TEST_LAUNDER_DEPLOY"
 IDLE_VAR = "AMP_TEST_LAUNDER_IDLE"  # in [secrets], never asked for by any tool
@@ -347,3 +351,63 @@ async def test_a_secret_a_plugin_quotes_in_its_decision_is_redacted_from_a_plain
     assert token not in json.dumps(result.metadata)
     assert result.metadata["trail"][0]["reason"] == f"saw {PLACEHOLDER}"
     assert isinstance(result.metadata["duration_ms"], float)
+
+
+def _printed(exc: BaseException) -> str:
+    import traceback
+
+    return "".join(traceback.format_exception(exc))
+
+
+def test_an_exception_chain_is_printed_without_a_secret_anywhere_in_it() -> None:
+    """Cause, context and exception-group members, to any depth; an exception with nothing to hide
+    is the same object."""
+    from amplifier_tools.redaction import RedactedError, chain_without_secrets
+
+    token = f"chain-token-{uuid.uuid4().hex}"
+    secrets = SecretSet()
+    secrets.add(token)
+    try:
+        try:
+            raise ValueError(f"Illegal header value b'Bearer {token}\\r'")
+        except ValueError as inner:
+            group = ExceptionGroup("unhandled errors in a TaskGroup", [inner, KeyError("clean")])
+            raise RuntimeError("the connection failed") from group
+    except RuntimeError as outer:
+        caught = outer
+    assert token in _printed(caught)
+    clean = chain_without_secrets(caught, secrets)
+    assert clean is not None and token not in _printed(clean)
+    assert "ValueError: Illegal header value b'Bearer [REDACTED]\\r'" in _printed(clean)
+    assert isinstance(clean.__cause__, ExceptionGroup)
+    assert isinstance(clean.__cause__.exceptions[0], RedactedError)
+    assert clean.__cause__.exceptions[1] is caught.__cause__.exceptions[1]  # type: ignore[union-attr]
+    plain = RuntimeError("nothing secret")
+    assert chain_without_secrets(plain, secrets) is plain
+
+
+async def test_a_start_error_printed_with_its_traceback_holds_no_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-v`` printed the HTTP library's 'Illegal header value b'Bearer <token>\\r'' from the cause
+    chain of a redacted PluginLoadError."""
+    from amplifier_tools import PluginLoadError
+
+    token = f"start-token-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AMP_TEST_START_TOKEN", token)
+
+    class Connects:
+        @hookimpl
+        def mount(self, coordinator: Any) -> None:
+            value = coordinator.get_capability("session.secret")("upstream")
+            try:
+                raise ValueError(f"Illegal header value b'Bearer {value}\\r'")
+            except ValueError as exc:
+                raise ConnectionError(f"could not connect ({exc})") from exc
+
+    with pytest.raises(PluginLoadError) as failed:
+        async with ToolHost(config={"secrets": {"upstream": "AMP_TEST_START_TOKEN"}, **_places(tmp_path)["config"]},
+                            plugins=[Connects()], builtins=False, entry_points=False, discover=False,
+                            working_dir=_places(tmp_path)["working_dir"]):
+            pass
+    assert token not in _printed(failed.value)
+    assert "[REDACTED]" in _printed(failed.value)

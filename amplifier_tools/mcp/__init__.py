@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Any, Final
 
@@ -53,22 +54,55 @@ def sdk_available() -> bool:
     return True
 
 
-def resolve_headers(resolve: Any, name: str, server: Any) -> dict[str, str]:
+#: An HTTP header name (RFC 9110 ``token``).
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: ``<auth-scheme> <credentials>`` (RFC 9110 §11.4): the credentials are a secret of their own.
+_SCHEMED: Final = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) +(\S.*)", re.DOTALL)
+
+
+def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None) -> dict[str, str]:
     """A ``url`` server's headers, each value resolved from its ``[secrets]`` reference (and so
     registered for redaction) by ``resolve`` (``session.secret``); ``ConfigError`` naming the
-    header's key when one does not resolve. The value is never shown: an inline value (a token
-    written into the config instead of a reference) would otherwise be printed."""
+    header's key when one does not resolve, or could not be sent as it is (a name that is no HTTP
+    token; a value with a control character, a character beyond ASCII, or space at either end:
+    an ``.env`` file's CR). The value is never shown: an inline value (a token written into the
+    config instead of a reference) would otherwise be printed. With ``secrets`` (the host's
+    ``session.secrets``), the credentials of a value ``<scheme> <credentials>`` (``Bearer …``)
+    are registered on their own too: a server that echoes the bare token gets it redacted."""
     values: dict[str, str] = {}
     for header, ref in server.headers.items():
+        key = f"plugins.{PLUGIN}.servers.{name}.headers.{header}"
+        if not _HEADER_NAME.fullmatch(header):
+            raise ConfigError(f"{header!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only)",
+                              key=key)
         try:
-            values[header] = resolve(ref)
+            value = resolve(ref)
         except AuthError:
             raise ConfigError(f"the value of header {header!r} is not a [secrets] reference that resolves; header "
                               "values must be references (a key of the host's [secrets] whose variable is set), "
                               "never the value itself (not shown here)",
-                              key=f"plugins.{PLUGIN}.servers.{name}.headers.{header}",
+                              key=key,
                               hint="add the reference to [secrets], set its variable, and put its name here") from None
+        problem = _header_value_problem(value)
+        if problem is not None:
+            raise ConfigError(f"the value of header {header!r} (from [secrets] {ref!r}, not shown) {problem}: "
+                              "an HTTP request cannot carry it as it is", key=key,
+                              hint="fix the variable's value (an .env file with CRLF line ends adds a CR)")
+        scheme = _SCHEMED.fullmatch(value)
+        if secrets is not None and scheme is not None:
+            secrets.add(scheme.group(2))
+        values[header] = value
     return values
+
+
+def _header_value_problem(value: str) -> str | None:
+    if value != value.strip(" \t"):
+        return "begins or ends with a space or tab"
+    if any((char < " " and char != "\t") or char == "\x7f" for char in value):
+        return "holds a control character (a CR or LF, say)"
+    if not value.isascii():
+        return "holds a character beyond ASCII"
+    return None
 
 
 class McpImportPlugin:
@@ -244,7 +278,8 @@ class McpImportPlugin:
 
     @staticmethod
     def _headers(coordinator: Any, name: str, server: Any) -> dict[str, str]:
-        return resolve_headers(coordinator.get_capability("session.secret"), name, server)
+        return resolve_headers(coordinator.get_capability("session.secret"), name, server,
+                               coordinator.get_capability("session.secrets"))
 
     async def close(self) -> None:
         """Stop every server (their process groups are gone when this returns)."""

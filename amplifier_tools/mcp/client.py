@@ -608,7 +608,13 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
     valid MCP — then the last lines it wrote to stderr, which usually say why."""
     if connection.http_refusal is not None:
         status, url = connection.http_refusal
-        why = " (the credentials in headers were refused)" if status in (401, 403) else ""
+        if status not in (401, 403):
+            why = ""
+        elif connection.settings.headers:
+            why = " (the credentials in headers were refused)"
+        else:
+            why = (" (the server wants credentials, and none were sent: configure headers, e.g. "
+                   "Authorization, with a [secrets] reference)")
         return f"HTTP {status} from {url}{why}"
     s = connection.settings
     process = connection._process

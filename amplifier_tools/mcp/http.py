@@ -22,6 +22,7 @@ import contextlib
 import errno
 import gc
 import hashlib
+import logging
 import signal
 import socket
 import sys
@@ -149,7 +150,8 @@ def _unresolved(host: ToolHost, ref: str, key: str) -> ConfigError:
 
 
 #: The answers recorded as refusals, and why (404 only for a request naming a session).
-REFUSALS: Final = {401: "no bearer token, or one no client has", 403: "refused by the Origin check",
+REFUSALS: Final = {401: "no bearer token, one no client has, or more than one Authorization header",
+                   403: "refused by the Origin check",
                    404: "a session that does not exist, or was opened with another token",
                    421: "refused by the Host check (DNS rebinding protection)"}
 #: Most refusal events written per second; the rest are counted in the next one written.
@@ -192,12 +194,23 @@ class EventBudget:
         self._written += 1
         return True
 
+    def take(self) -> int | None:
+        """One event's place in this second's budget: None when it is spent (the event is counted
+        as left out), else how many were left out since the last one taken."""
+        if not self._admit():
+            return None
+        left_out, self._suppressed = self._suppressed, 0
+        return left_out
+
     def write(self, event: str, data: dict[str, Any]) -> None:
         """Record ``event`` unless this second's budget is spent."""
-        if self.record is None or not self._admit():
+        if self.record is None:
             return
-        if self._suppressed:
-            data["suppressed_before"], self._suppressed = self._suppressed, 0
+        left_out = self.take()
+        if left_out is None:
+            return
+        if left_out:
+            data["suppressed_before"] = left_out
         self.record(event, data)
 
     def tool_refused(self, caller: Caller | None, tool: str) -> None:
@@ -263,15 +276,18 @@ class Gate:
             await self.app(scope, receive, send)
             return
         authorization = session = None
+        repeated = False
         for name, value in scope.get("headers") or ():  # ASGI servers lowercase header names
             if name == b"authorization":
-                if authorization is None:
-                    authorization = value
+                repeated = authorization is not None
+                authorization = value
             elif name == b"mcp-session-id":
                 session = value
         reset = user = None
         if self.tokens is not None:
-            user = self.tokens.user(authorization)
+            # Two Authorization headers are no credential: which one a proxy adds, and which one
+            # wins, is not for this server to guess.
+            user = None if repeated else self.tokens.user(authorization)
             if user is None:
                 self._refused(self.strangers, scope, 401, authorization, None)
                 # A message of its own each time: middleware wrapping ours may add headers in place.
@@ -329,6 +345,51 @@ class Gate:
             await asyncio.sleep(0.02)
 
 
+#: The SDK's loggers that write a line per refused request (``Invalid Host header: <the header>``,
+#: a session used with another token), with what the client sent in it.
+REFUSAL_LOGGERS: Final = ("mcp.server.transport_security", "mcp.server.streamable_http_manager",
+                          "mcp.server.streamable_http")
+#: Longest such log line kept (the rest is cut, saying how much).
+MAX_LOG_LINE_CHARS: Final = 200
+
+
+class RefusalLogFilter(logging.Filter):
+    """What the SDK logs about requests, made safe for the operator's console: at most
+    ``MAX_REFUSAL_EVENTS_PER_S`` lines a second (the next line kept counts those left out),
+    clipped to ``MAX_LOG_LINE_CHARS``, every character that is not printable escaped (a client's
+    header cannot move the cursor or forge a line). The audit log has these refusals in full."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._budget = EventBudget(None, clock)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        suppressed = self._budget.take()
+        if suppressed is None:
+            return False
+        text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in record.getMessage())
+        if len(text) > MAX_LOG_LINE_CHARS:
+            text = text[:MAX_LOG_LINE_CHARS] + f"...[{len(text)} chars]"
+        if suppressed:
+            text += f" ({suppressed} more such lines left out before this one)"
+        record.msg, record.args = text, ()
+        return True
+
+
+@contextlib.contextmanager
+def refusal_logs_filtered() -> Iterator[None]:
+    """``RefusalLogFilter`` on the SDK's ``REFUSAL_LOGGERS`` while serving."""
+    guard = RefusalLogFilter()
+    loggers = [logging.getLogger(name) for name in REFUSAL_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(guard)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(guard)
+
+
 def _url_host(host: str) -> str:
     """``host`` as it appears in a URL (an IPv6 address in brackets)."""
     return f"[{host}]" if ":" in host else host
@@ -341,9 +402,11 @@ def transport_security(host: str) -> TransportSecuritySettings | None:
     if not is_loopback(host):
         return None
     names = sorted({_url_host(host), "127.0.0.1", "localhost", "[::1]"})
+    # With and without a port: a client leaves out the default one (port 80 is ``Host: 127.0.0.1``).
     return TransportSecuritySettings(enable_dns_rebinding_protection=True,
-                                     allowed_hosts=[f"{name}:*" for name in names],
-                                     allowed_origins=[f"http://{name}:*" for name in names])
+                                     allowed_hosts=[*names, *(f"{name}:*" for name in names)],
+                                     allowed_origins=[*(f"http://{name}" for name in names),
+                                                      *(f"http://{name}:*" for name in names)])
 
 
 def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
@@ -421,6 +484,8 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     stopping = asyncio.ensure_future(stop.wait())
     frozen = False
+    filtered = contextlib.ExitStack()
+    filtered.enter_context(refusal_logs_filtered())
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
@@ -453,6 +518,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S + 5)
         raise
     finally:
+        filtered.close()
         if frozen:
             gc.unfreeze()
         stopping.cancel()

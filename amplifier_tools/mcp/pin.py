@@ -92,7 +92,7 @@ async def current_pins(host: Any, only: Sequence[str] = ()) -> list[ServerPins]:
 def _headers(host: Any, name: str, server: ServerSettings) -> dict[str, str]:
     from . import resolve_headers
 
-    return resolve_headers(host.capabilities["session.secret"], name, server)
+    return resolve_headers(host.capabilities["session.secret"], name, server, host.capabilities["session.secrets"])
 
 
 def _key(text: str) -> str:
