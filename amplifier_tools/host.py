@@ -212,10 +212,14 @@ class ToolHost:
             clean = _without_secrets(exc, self.secrets)
             if clean is exc:
                 raise
-            raise clean from clean.__cause__  # the original (holding the secret) is not chained
+            failed: ConfigError | PluginLoadError | None = clean
         except BaseException:
             await self.close()
             raise
+        else:
+            failed = None
+        if failed is not None:  # raised here, outside the handler: the original (holding the secret) is not its context
+            raise failed
         default_timeout = self.config.get("default_timeout_ms", 60_000) / 1000.0
         self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout,
                                       secrets=self.secrets)
@@ -575,21 +579,25 @@ def _without_secrets(exc: ConfigError | PluginLoadError, secrets: SecretSet) -> 
     itself when none appears."""
     if not secrets:
         return exc
-    cause = exc.__cause__
+    cause, context = exc.__cause__, exc.__context__
     clean_cause = _without_secrets(cause, secrets) if isinstance(cause, (ConfigError, PluginLoadError)) \
         else chain_without_secrets(cause, secrets)
+    clean_context = clean_cause if context is cause else chain_without_secrets(context, secrets)
+    chain_clean = clean_cause is cause and clean_context is context
     if isinstance(exc, PluginLoadError):
         reason = redact_text(exc.reason, secrets, patterns=False)
-        if reason == exc.reason and clean_cause is cause:
+        if reason == exc.reason and chain_clean:
             return exc
         clean: ConfigError | PluginLoadError = PluginLoadError(exc.plugin, reason)
     else:
         detail = redact_text(exc.detail, secrets, patterns=False)
         hint = None if exc.hint is None else redact_text(exc.hint, secrets, patterns=False)
-        if detail == exc.detail and hint == exc.hint and clean_cause is cause:
+        if detail == exc.detail and hint == exc.hint and chain_clean:
             return exc
         clean = ConfigError(detail, key=exc.key, file=exc.file, hint=hint)
-    clean.__cause__ = clean_cause
+    clean.__cause__, clean.__context__ = clean_cause, clean_context
+    clean.__suppress_context__ = exc.__suppress_context__
+    clean.__traceback__ = exc.__traceback__
     return clean
 
 

@@ -929,3 +929,30 @@ async def test_a_server_asking_for_credentials_none_were_sent_for_says_so(tmp_pa
                                 builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
                 pass
     assert "HTTP 401" in str(refused.value) and "none were sent: configure headers" in str(refused.value)
+
+
+def test_a_flood_of_one_kind_of_sdk_line_does_not_hide_another() -> None:
+    """One budget for every SDK line let a token holder's 421 flood drop the SDK's error lines."""
+    import logging
+
+    from amplifier_tools.mcp.http import RefusalLogFilter
+
+    guard = RefusalLogFilter(clock=lambda: 1000.0)
+
+    def kept(name: str, level: int) -> bool:
+        return guard.filter(logging.LogRecord(name, level, __file__, 1, "line", (), None))
+
+    assert sum(kept("mcp.server.transport_security", logging.WARNING) for _ in range(100)) == 10
+    assert kept("mcp.server.streamable_http", logging.ERROR)
+    assert kept("mcp.server.streamable_http_manager", logging.WARNING)
+
+
+async def test_one_import_header_spelt_twice_names_the_second(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Authorization`` and ``authorization`` were both sent, and the server's 401 blamed the credentials."""
+    monkeypatch.setenv("TEST_INNER_AUTH", f"Bearer {ALICE}")
+    cfg = importing("http://127.0.0.1:9/mcp")
+    cfg["plugins"]["mcp"]["servers"]["inner"]["headers"] = {"Authorization": "inner_auth",
+                                                             "authorization": "inner_auth"}
+    with pytest.raises(PluginLoadError, match=r"headers\.authorization.*are one HTTP header"):
+        async with ToolHost(config=cfg, builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
+            pass

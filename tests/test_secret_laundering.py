@@ -411,3 +411,43 @@ async def test_a_start_error_printed_with_its_traceback_holds_no_secret(
             pass
     assert token not in _printed(failed.value)
     assert "[REDACTED]" in _printed(failed.value)
+    assert not [text for text in _reachable_texts(failed.value) if token in text]  # nor in a hidden __context__
+
+
+def _reachable_texts(exc: BaseException | None, seen: set[int] | None = None) -> list[str]:
+    """The text of every exception an error reporter walking ``__cause__``, ``__context__`` (shown
+    or not) and group members reaches from ``exc``."""
+    seen = set() if seen is None else seen
+    if exc is None or id(exc) in seen:
+        return []
+    seen.add(id(exc))
+    texts = [str(exc), repr(exc.args)]
+    for linked in (exc.__cause__, exc.__context__, *getattr(exc, "exceptions", ())):
+        texts += _reachable_texts(linked, seen)
+    return texts
+
+
+async def test_a_start_error_whose_secret_is_only_in_its_implicit_context_is_cleaned(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin raising a ConfigError while handling an exception that quoted a secret (no ``from``)."""
+    from amplifier_tools import ConfigError, PluginLoadError
+
+    token = f"context-token-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AMP_TEST_CONTEXT_TOKEN", token)
+
+    class Parses:
+        @hookimpl
+        def mount(self, coordinator: Any) -> None:
+            value = coordinator.get_capability("session.secret")("upstream")
+            try:
+                int(value)
+            except ValueError:
+                raise ConfigError("the upstream setting is not a number", key="plugins.parses.upstream")  # noqa: B904
+
+    with pytest.raises((ConfigError, PluginLoadError)) as failed:
+        async with ToolHost(config={"secrets": {"upstream": "AMP_TEST_CONTEXT_TOKEN"}, **_places(tmp_path)["config"]},
+                            plugins=[Parses()], builtins=False, entry_points=False, discover=False,
+                            working_dir=_places(tmp_path)["working_dir"]):
+            pass
+    assert token not in _printed(failed.value)
+    assert not [text for text in _reachable_texts(failed.value) if token in text]

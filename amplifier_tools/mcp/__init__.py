@@ -70,11 +70,16 @@ def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None) -
     ``session.secrets``), the credentials of a value ``<scheme> <credentials>`` (``Bearer …``)
     are registered on their own too: a server that echoes the bare token gets it redacted."""
     values: dict[str, str] = {}
+    spelled: dict[str, str] = {}
     for header, ref in server.headers.items():
         key = f"plugins.{PLUGIN}.servers.{name}.headers.{header}"
         if not _HEADER_NAME.fullmatch(header):
             raise ConfigError(f"{header!r} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only)",
                               key=key)
+        if header.lower() in spelled:  # HTTP header names are case-insensitive: both would be sent
+            raise ConfigError(f"{header!r} and {spelled[header.lower()]!r} are one HTTP header", key=key,
+                              hint="keep one of them")
+        spelled[header.lower()] = header
         try:
             value = resolve(ref)
         except AuthError:

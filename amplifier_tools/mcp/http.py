@@ -355,16 +355,23 @@ MAX_LOG_LINE_CHARS: Final = 200
 
 class RefusalLogFilter(logging.Filter):
     """What the SDK logs about requests, made safe for the operator's console: at most
-    ``MAX_REFUSAL_EVENTS_PER_S`` lines a second (the next line kept counts those left out),
+    ``MAX_REFUSAL_EVENTS_PER_S`` lines a second of each logger and level (the next line kept
+    counts those left out; a flood of one kind, say 421s, cannot hide the errors of another),
     clipped to ``MAX_LOG_LINE_CHARS``, every character that is not printable escaped (a client's
-    header cannot move the cursor or forge a line). The audit log has these refusals in full."""
+    header cannot move the cursor or forge a line). The audit log has the refusals in full."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
-        self._budget = EventBudget(None, clock)
+        self._clock = clock
+        #: One budget per (logger, level): a few loggers and levels, so a few budgets.
+        self._budgets: dict[tuple[str, int], EventBudget] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        suppressed = self._budget.take()
+        kind = (record.name, record.levelno)
+        budget = self._budgets.get(kind)
+        if budget is None:
+            budget = self._budgets[kind] = EventBudget(None, self._clock)
+        suppressed = budget.take()
         if suppressed is None:
             return False
         text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in record.getMessage())
