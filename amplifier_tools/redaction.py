@@ -25,6 +25,7 @@ short string destroys output without protecting anything.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import re
@@ -357,12 +358,12 @@ def chain_without_secrets(exc: BaseException | None, secrets: Collection[str] | 
     same_members = clean_members is None or all(a is b for a, b in zip(clean_members, members or (), strict=True))
     if clean_text == text and cause is exc.__cause__ and context is exc.__context__ and same_members:
         return exc
-    replaced: BaseException = RedactedError(f"{type(exc).__name__}: {clean_text}")
+    replaced: BaseException | None = None
     if clean_members is not None and clean_text == text and hasattr(exc, "derive"):
-        try:  # the group itself, holding its members scrubbed
-            replaced = exc.derive([m for m in clean_members if m is not None])
-        except Exception:  # no member left (past MAX_CHAIN_DEPTH): the stand-in above, with its text
-            replaced = RedactedError(f"{type(exc).__name__}: {clean_text}")
+        with contextlib.suppress(ValueError):  # no member left (past MAX_CHAIN_DEPTH): a stand-in below
+            replaced = exc.derive([m for m in clean_members if m is not None])  # the group, members scrubbed
+    if replaced is None:
+        replaced = RedactedError(f"{type(exc).__name__}: {clean_text}")
     replaced.__traceback__ = exc.__traceback__
     replaced.__cause__ = cause
     replaced.__context__ = context

@@ -313,7 +313,7 @@ def _is_plain_json(value: Any, depth: int) -> bool:
         if kind is dict and type(key) is not str:
             return False
         item_kind = type(item)
-        if item_kind is str or item_kind is bool or item is None:
+        if item_kind is str or item_kind is bool or item is None:  # common leaves: no call per leaf
             continue
         if item_kind is int:
             if item.bit_length() > MAX_INT_BITS:
@@ -321,7 +321,7 @@ def _is_plain_json(value: Any, depth: int) -> bool:
         elif item_kind is dict or item_kind is list:
             if not _is_plain_json(item, depth + 1):
                 return False
-        elif not (item_kind is float and math.isfinite(item)):
+        elif not _is_plain_scalar(item, item_kind):
             return False
     return True
 

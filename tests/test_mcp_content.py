@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import EchoTool, ToolsPlugin
 
 pytest.importorskip("mcp")
 
@@ -515,24 +516,30 @@ async def test_progress_a_client_can_no_longer_take_is_dropped_without_failing_t
     await asyncio.wait_for(relay.finish(), 5)  # returns: no exception reaches the call
 
 
-async def test_a_progress_relay_costs_nothing_until_progress_is_offered() -> None:
-    # Most calls report no progress: their relay builds no queue, no event and no task, and the
-    # call does not wait on it.
-    from amplifier_tools.mcp.server import ProgressRelay
+async def test_a_served_call_that_reports_no_progress_builds_no_relay(host_factory: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Most calls report no progress: they get no relay (no queue, no event, no task, nothing to
+    wait for before the result); a call that reports some gets one, at its first progress."""
+    import amplifier_tools.mcp.server as served
 
-    sent: list[tuple[float, float | None, str | None]] = []
+    built: list[Any] = []
 
-    class Session:
-        async def report_progress(self, progress: float, total: float | None, message: str | None) -> None:
-            sent.append((progress, total, message))
+    class Counted(served.ProgressRelay):
+        __slots__ = ()
 
-    quiet = ProgressRelay(Session())
-    assert not quiet.offered and quiet.waiting == 0
-    assert not hasattr(quiet, "_wake")
-    await quiet.finish()
-    quiet.abandon()
-    busy = ProgressRelay(Session())
-    busy.offer(1.0, 2.0, "half")
-    assert busy.offered
-    await asyncio.wait_for(busy.finish(), 5)
-    assert sent == [(1.0, 2.0, "half")]
+        def __init__(self, session: Any) -> None:
+            super().__init__(session)
+            built.append(self)
+
+    monkeypatch.setattr(served, "ProgressRelay", Counted)
+    host = await host_factory(_CounterPlugin(), ToolsPlugin(EchoTool()))
+    received: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append(progress)
+
+    async with Client(build_server(host, ServeSettings(tools=("*",)))) as client:
+        quiet = await client.call_tool("echo", {"path": "hi"}, progress_callback=on_progress)
+        assert not quiet.is_error and built == []
+        busy = await client.call_tool("count", {}, progress_callback=on_progress)
+    assert not busy.is_error and len(built) == 1 and received == [1.0, 2.0, 3.0]

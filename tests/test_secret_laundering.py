@@ -386,32 +386,18 @@ def test_an_exception_chain_is_printed_without_a_secret_anywhere_in_it() -> None
     assert chain_without_secrets(plain, secrets) is plain
 
 
-async def test_a_start_error_printed_with_its_traceback_holds_no_secret(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``-v`` printed the HTTP library's 'Illegal header value b'Bearer <token>\\r'' from the cause
-    chain of a redacted PluginLoadError."""
-    from amplifier_tools import PluginLoadError
+async def _start_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, token: str, plugin: Any) -> BaseException:
+    """What starting a host with ``plugin`` raises, the host's ``[secrets] upstream`` holding ``token``."""
+    from amplifier_tools import ConfigError, PluginLoadError
 
-    token = f"start-token-{uuid.uuid4().hex}"
     monkeypatch.setenv("AMP_TEST_START_TOKEN", token)
-
-    class Connects:
-        @hookimpl
-        def mount(self, coordinator: Any) -> None:
-            value = coordinator.get_capability("session.secret")("upstream")
-            try:
-                raise ValueError(f"Illegal header value b'Bearer {value}\\r'")
-            except ValueError as exc:
-                raise ConnectionError(f"could not connect ({exc})") from exc
-
-    with pytest.raises(PluginLoadError) as failed:
-        async with ToolHost(config={"secrets": {"upstream": "AMP_TEST_START_TOKEN"}, **_places(tmp_path)["config"]},
-                            plugins=[Connects()], builtins=False, entry_points=False, discover=False,
-                            working_dir=_places(tmp_path)["working_dir"]):
+    places = _places(tmp_path)
+    with pytest.raises((ConfigError, PluginLoadError)) as failed:
+        async with ToolHost(config={"secrets": {"upstream": "AMP_TEST_START_TOKEN"}, **places["config"]},
+                            plugins=[plugin], builtins=False, entry_points=False, discover=False,
+                            working_dir=places["working_dir"]):
             pass
-    assert token not in _printed(failed.value)
-    assert "[REDACTED]" in _printed(failed.value)
-    assert not [text for text in _reachable_texts(failed.value) if token in text]  # nor in a hidden __context__
+    return failed.value
 
 
 def _reachable_texts(exc: BaseException | None, seen: set[int] | None = None) -> list[str]:
@@ -427,13 +413,32 @@ def _reachable_texts(exc: BaseException | None, seen: set[int] | None = None) ->
     return texts
 
 
+async def test_a_start_error_printed_with_its_traceback_holds_no_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-v`` printed the HTTP library's 'Illegal header value b'Bearer <token>\\r'' from the cause
+    chain of a redacted PluginLoadError."""
+    token = f"start-token-{uuid.uuid4().hex}"
+
+    class Connects:
+        @hookimpl
+        def mount(self, coordinator: Any) -> None:
+            value = coordinator.get_capability("session.secret")("upstream")
+            try:
+                raise ValueError(f"Illegal header value b'Bearer {value}\\r'")
+            except ValueError as exc:
+                raise ConnectionError(f"could not connect ({exc})") from exc
+
+    failed = await _start_error(tmp_path, monkeypatch, token, Connects())
+    assert token not in _printed(failed) and "[REDACTED]" in _printed(failed)
+    assert not [text for text in _reachable_texts(failed) if token in text]  # nor in a hidden __context__
+
+
 async def test_a_start_error_whose_secret_is_only_in_its_implicit_context_is_cleaned(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A plugin raising a ConfigError while handling an exception that quoted a secret (no ``from``)."""
-    from amplifier_tools import ConfigError, PluginLoadError
+    from amplifier_tools import ConfigError
 
     token = f"context-token-{uuid.uuid4().hex}"
-    monkeypatch.setenv("AMP_TEST_CONTEXT_TOKEN", token)
 
     class Parses:
         @hookimpl
@@ -444,10 +449,6 @@ async def test_a_start_error_whose_secret_is_only_in_its_implicit_context_is_cle
             except ValueError:
                 raise ConfigError("the upstream setting is not a number", key="plugins.parses.upstream")  # noqa: B904
 
-    with pytest.raises((ConfigError, PluginLoadError)) as failed:
-        async with ToolHost(config={"secrets": {"upstream": "AMP_TEST_CONTEXT_TOKEN"}, **_places(tmp_path)["config"]},
-                            plugins=[Parses()], builtins=False, entry_points=False, discover=False,
-                            working_dir=_places(tmp_path)["working_dir"]):
-            pass
-    assert token not in _printed(failed.value)
-    assert not [text for text in _reachable_texts(failed.value) if token in text]
+    failed = await _start_error(tmp_path, monkeypatch, token, Parses())
+    assert token not in _printed(failed)
+    assert not [text for text in _reachable_texts(failed) if token in text]

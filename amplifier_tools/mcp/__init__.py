@@ -54,10 +54,11 @@ def sdk_available() -> bool:
     return True
 
 
-#: An HTTP header name (RFC 9110 ``token``).
-_HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: An RFC 9110 ``token``: a header name, an auth scheme.
+_TOKEN: Final = r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+_HEADER_NAME: Final = re.compile(_TOKEN)
 #: ``<auth-scheme> <credentials>`` (RFC 9110 §11.4): the credentials are a secret of their own.
-_SCHEMED: Final = re.compile(r"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) +(\S.*)", re.DOTALL)
+_SCHEMED: Final = re.compile(f"{_TOKEN} +(\\S.*)", re.DOTALL)
 
 
 def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None) -> dict[str, str]:
@@ -95,7 +96,7 @@ def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None) -
                               hint="fix the variable's value (an .env file with CRLF line ends adds a CR)")
         scheme = _SCHEMED.fullmatch(value)
         if secrets is not None and scheme is not None:
-            secrets.add(scheme.group(2))
+            secrets.add(scheme.group(1))
         values[header] = value
     return values
 

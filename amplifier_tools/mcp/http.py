@@ -383,18 +383,18 @@ class RefusalLogFilter(logging.Filter):
         return True
 
 
-@contextlib.contextmanager
-def refusal_logs_filtered() -> Iterator[None]:
-    """``RefusalLogFilter`` on the SDK's ``REFUSAL_LOGGERS`` while serving."""
+def filter_refusal_logs() -> Callable[[], None]:
+    """Put a ``RefusalLogFilter`` on the SDK's ``REFUSAL_LOGGERS``; the function that takes it off."""
     guard = RefusalLogFilter()
     loggers = [logging.getLogger(name) for name in REFUSAL_LOGGERS]
     for logger in loggers:
         logger.addFilter(guard)
-    try:
-        yield
-    finally:
+
+    def remove() -> None:
         for logger in loggers:
             logger.removeFilter(guard)
+
+    return remove
 
 
 def _url_host(host: str) -> str:
@@ -491,8 +491,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     stopping = asyncio.ensure_future(stop.wait())
     frozen = False
-    filtered = contextlib.ExitStack()
-    filtered.enter_context(refusal_logs_filtered())
+    unfilter_logs = filter_refusal_logs()
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
@@ -525,7 +524,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S + 5)
         raise
     finally:
-        filtered.close()
+        unfilter_logs()
         if frozen:
             gc.unfreeze()
         stopping.cancel()

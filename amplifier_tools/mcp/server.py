@@ -206,14 +206,11 @@ class ProgressRelay:
 
     __slots__ = ("_closed", "_session", "_task", "_waiting", "_wake")
 
-    _waiting: deque[tuple[float, float | None, str | None]]
-    _wake: asyncio.Event
-
     def __init__(self, session: Any) -> None:
-        # The queue and its event come with the first offer: built for every call, they were
-        # ≈ 1.5 µs of a call that reports no progress.
         self._session = session
         self._closed = False
+        self._waiting: deque[tuple[float, float | None, str | None]] = deque()
+        self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def offer(self, progress: float, total: float | None, message: str | None) -> None:
@@ -222,8 +219,6 @@ class ProgressRelay:
         if message is not None and len(message) > PROGRESS_MESSAGE_CHARS:
             message = message[:PROGRESS_MESSAGE_CHARS - 1] + "\u2026"
         if self._task is None:
-            self._waiting = deque()
-            self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run())
         if len(self._waiting) >= PROGRESS_BACKLOG:
             self._waiting[-1] = (progress, total, message)
@@ -232,13 +227,8 @@ class ProgressRelay:
         self._wake.set()
 
     @property
-    def offered(self) -> bool:
-        """Whether any progress was offered (then ``finish`` has something to wait for)."""
-        return self._task is not None
-
-    @property
     def waiting(self) -> int:
-        return len(self._waiting) if self._task is not None else 0
+        return len(self._waiting)
 
     async def finish(self) -> None:
         """Send what waits, then return (at once if nothing was ever offered). Cancelled, the
