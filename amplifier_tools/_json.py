@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -70,6 +70,22 @@ def dumps(value: Any) -> bytes:
                 # encoder's limit moves with the interpreter's (3.13 writes what 3.11 cannot read).
                 raise ValueError(str(exc)) from None
     return _STDLIB.encode(value).encode("utf-8")
+
+
+def _orjson_piece(value: Any) -> bytes:
+    return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS)
+
+
+def _stdlib_piece(value: Any) -> bytes:
+    return _STDLIB.encode(value).encode("utf-8")
+
+
+def piece_encoder() -> Callable[[Any], bytes]:
+    """What ``dumps`` encodes with, without its fallback: orjson when installed (raising for what
+    it refuses), else the stdlib encoder. For a document encoded in pieces and joined: ``dumps``
+    of the whole spells every value with one encoder, so the pieces must be spelled by that one
+    too (the two disagree on some floats); a piece that raises means "encode the whole instead"."""
+    return _orjson_piece if _fast() is not None else _stdlib_piece
 
 
 def canonical(value: Any) -> bytes:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amplifier_tools import ToolContext, ToolResult, ToolSpec
+from amplifier_tools import ToolContext, ToolResult, ToolSpec, _json
 from amplifier_tools.builtins import audit
 from amplifier_tools.builtins.audit.settings import AuditSettings
 from amplifier_tools.models import ToolCall
@@ -38,25 +39,59 @@ def fixed_time(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(audit, "timestamp", lambda: "2026-11-24T11:00:00.000000+00:00")
 
 
-@settings(max_examples=600, deadline=None)
+OPTIONAL_WORDS = st.one_of(st.none(), WORDS)
+
+
+@settings(max_examples=800, deadline=None)
 @given(arguments=st.dictionaries(st.one_of(WORDS, st.text(max_size=4)), VALUES, max_size=4),
        original=st.one_of(st.none(), st.dictionaries(WORDS, VALUES, max_size=2)),
-       output=VALUES, failed=st.booleans(), message=WORDS, spec=st.sampled_from(SPECS),
-       principal=WORDS, record_output=st.booleans(), patterns=st.booleans(), secret=st.booleans(),
+       output=VALUES, failed=st.booleans(), message=WORDS, spec=st.sampled_from([*SPECS, None]),
+       name=st.one_of(st.none(), WORDS), principal=WORDS, role=OPTIONAL_WORDS, environment=OPTIONAL_WORDS,
+       scopes=st.frozensets(WORDS, max_size=3), trace_id=OPTIONAL_WORDS, call_id=WORDS,
+       attempts=st.one_of(st.none(), st.integers(1, 5), WORDS), duration=st.one_of(st.none(), st.floats(0, 1e20)),
+       record_output=st.booleans(), patterns=st.booleans(), secret=st.booleans(), stdlib=st.booleans(),
        trail=st.lists(st.dictionaries(WORDS, WORDS, max_size=2), max_size=2))
-def test_the_fast_record_is_the_reference_record(arguments: dict[str, Any], original: Any, output: Any, failed: bool,
-                                                 message: str, spec: ToolSpec, principal: str, record_output: bool,
-                                                 patterns: bool, secret: bool, trail: list[Any]) -> None:
-    call = ToolCall("call_1", spec.name, arguments)
+def test_the_fast_record_is_the_reference_record(
+        arguments: dict[str, Any], original: Any, output: Any, failed: bool, message: str, spec: ToolSpec | None,
+        name: str | None, principal: str, role: str | None, environment: str | None, scopes: frozenset[str],
+        trace_id: str | None, call_id: str, attempts: Any, duration: float | None, record_output: bool,
+        patterns: bool, secret: bool, stdlib: bool, trail: list[Any]) -> None:
+    """Every member the splice takes from the tool, the caller or the call, with either encoder."""
+    tool = name if name is not None or spec is None else spec.name
+    call = ToolCall(call_id, tool or "unknown", arguments)
     error = {"type": "ExecutionError", "code": "x", "message": message, "plugin": None} if failed else None
-    result = ToolResult(not failed, output, error, {"trail": trail, "duration_ms": 1.5}, "call_1")
-    context = ToolContext(principal=principal, session_id="session_1")
+    metadata: dict[str, Any] = {"trail": trail}
+    if attempts is not None:
+        metadata["attempts"] = attempts
+    if duration is not None:
+        metadata["duration_ms"] = duration
+    result = ToolResult(not failed, output, error, metadata, call_id)
+    context = ToolContext(principal=principal, role=role, environment=environment, scopes=scopes,
+                          trace_id=trace_id, session_id="session_1")
     settings_ = AuditSettings(record_output=record_output, redact_patterns=patterns)
     original = arguments if original is None else original
-    expected = audit.encode_record(audit.build_record(call, spec, result, context, original, settings_,
-                                                      SecretSet([SECRET] if secret else [])))
-    got = audit.record_body(call, spec, result, context, original, settings_, SecretSet([SECRET] if secret else []))
+    with mock.patch.object(_json, "orjson", None if stdlib else _json._fast()):
+        expected = audit.encode_record(audit.build_record(call, spec, result, context, original, settings_,
+                                                          SecretSet([SECRET] if secret else [])))
+        got = audit.record_body(call, spec, result, context, original, settings_,
+                                SecretSet([SECRET] if secret else []))
     assert got == expected
+
+
+def test_a_secret_registered_later_is_found_in_the_members_encoded_before() -> None:
+    """The tool's and caller's members are encoded and searched once; a secret that joins the
+    registry afterwards is searched for in them again (a principal that turns out to hold it)."""
+    spec, settings_ = SPECS[0], AuditSettings(redact_patterns=False)
+    call = ToolCall("call_1", spec.name, {"path": "README.md"})
+    context = ToolContext(principal=f"agent-{SECRET}", session_id="session_1")
+    result = ToolResult(True, "ok", None, {"trail": []}, "call_1")
+    secrets = SecretSet()
+    assert SECRET.encode() in audit.record_body(call, spec, result, context, call.arguments, settings_, secrets)
+    secrets.add(SECRET)
+    body = audit.record_body(call, spec, result, context, call.arguments, settings_, secrets)
+    assert SECRET.encode() not in body
+    assert body == audit.encode_record(audit.build_record(call, spec, result, context, call.arguments, settings_,
+                                                          secrets))
 
 
 def test_a_plain_call_is_encoded_once_and_a_secret_in_the_hashed_output_is_not(
@@ -64,17 +99,16 @@ def test_a_plain_call_is_encoded_once_and_a_secret_in_the_hashed_output_is_not(
     """The fast path is the common case; an output that is only hashed is searched too (its hash is
     of the redacted output)."""
     slow: list[bool] = []
-    real = audit._slow_body
-    monkeypatch.setattr(audit, "_slow_body", lambda *a: slow.append(True) or real(*a))
+    real = audit.build_record
+    monkeypatch.setattr(audit, "build_record", lambda *a: slow.append(True) or real(*a))
     spec, secrets = SPECS[0], SecretSet([SECRET])
     call = ToolCall("call_1", spec.name, {"path": "README.md", "limit": 10})
     context, settings_ = ToolContext(session_id="session_1"), AuditSettings()
     plain = ToolResult(True, "ok", None, {"trail": [], "duration_ms": 1.0}, "call_1")
     assert audit.record_body(call, spec, plain, context, call.arguments, settings_, secrets) == \
-        audit.encode_record(audit.build_record(call, spec, plain, context, call.arguments, settings_, secrets))
+        audit.encode_record(real(call, spec, plain, context, call.arguments, settings_, secrets))
     assert slow == []
     leaky = ToolResult(True, f"the key is {SECRET}", None, {"trail": []}, "call_1")
     body = audit.record_body(call, spec, leaky, context, call.arguments, settings_, secrets)
     assert slow == [True] and SECRET.encode() not in body
-    assert body == audit.encode_record(audit.build_record(call, spec, leaky, context, call.arguments, settings_,
-                                                          secrets))
+    assert body == audit.encode_record(real(call, spec, leaky, context, call.arguments, settings_, secrets))

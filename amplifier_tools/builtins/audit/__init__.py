@@ -36,16 +36,16 @@ from ...content import summary as content_summary
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
 from ...plugin_settings import structure_settings
-from ...redaction import SecretSet, may_hold_pattern, redact
+from ...redaction import SecretSet, redact
 from ...spec import ToolSpec
-from .chain import anchor_path, encode_body, log_location
+from .chain import SCHEMA_VERSION, anchor_path, encode_body, log_location
 from .settings import AuditSettings
+from .spliced import may_hold_nonfinite, spliced_body
 from .writer import AuditWriteError, AuditWriter
 
 log = logging.getLogger("amplifier_tools.audit")
 
 PLUGIN: Final = "audit"
-SCHEMA_VERSION: Final = 1
 def _register_secrets(spec: ToolSpec | None, context: ToolContext, secrets: SecretSet) -> None:
     """The tool's own secret values join the registry (a context from outside the host may carry
     a resolver that does not register what it resolves)."""
@@ -81,7 +81,7 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         output_bytes = dumps(io["output"]) if result.output is not None else b""
         # NaN and infinities encode, but not as themselves (orjson: null; json: a non-JSON token):
         # look for them only when the encoded values could hold one.
-        suspect = _may_hold_nonfinite(output_bytes) or _may_hold_nonfinite(dumps(io["arguments"]))
+        suspect = may_hold_nonfinite(output_bytes) or may_hold_nonfinite(dumps(io["arguments"]))
     except Exception:  # not encodable as it is (a hostile __str__ too): escaped or summarized below
         suspect = failed = True
     else:
@@ -106,42 +106,17 @@ def record_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, conte
     """The encoded record of one call: the bytes of ``encode_record(build_record(...))``, for less.
 
     The common record — no redaction rules, no rich content, no value JSON cannot say, nothing
-    to redact — is assembled from the unredacted parts and encoded once; then the record's text
-    (and the output's, when the record does not hold it: its hash does) is searched as
-    ``redact``'s pre-scan searches the parts' text. That is sound for the same reason: every
-    string the caller, the tool or a plugin put in the record appears in that text JSON-escaped,
-    as the search's needles are spelled. A hit anywhere (the host's own fields included) or
-    anything else unusual takes ``build_record``, which redacts and escapes. Tested against it:
-    ``tests/test_audit_record_fastpath.py``.
+    to redact — is spliced from encoded pieces (``spliced``: the tool's and caller's members
+    encoded once, the call's own values where they sort), after the same search for secrets and
+    credential shapes that ``redact``'s pre-scan makes; anything else takes ``build_record``,
+    which redacts and escapes. Tested against it: ``tests/test_audit_record_fastpath.py``.
     """
     _register_secrets(spec, context, secrets)
-    if (spec is not None and spec.security.redaction_rules) or blocks_of(result.metadata):
-        return _slow_body(call, spec, result, context, original, settings, secrets)
-    try:
-        output_bytes = dumps(result.output) if result.output is not None else b""
-        if _may_hold_nonfinite(output_bytes) or _may_hold_nonfinite(dumps(call.arguments)):
-            return _slow_body(call, spec, result, context, original, settings, secrets)
-        raw = _raw_parts(call, spec, result, context, original, result.error or {})
-        record = _assemble(raw, spec, result, context, output_bytes, timestamp())
-        if settings.record_output:
-            record["output"] = raw["output"]
-        body = encode_body(record)
-    except Exception:  # not encodable as it is: escaped or summarized by build_record
-        return _slow_body(call, spec, result, context, original, settings, secrets)
-    matcher = secrets.matcher
-    patterns = settings.redact_patterns
-    if matcher is not None or patterns:
-        text = body.decode("utf-8")
-        if output_bytes and not settings.record_output:
-            text += output_bytes.decode("utf-8")
-        if (matcher is not None and ((matcher.walk_on_escape and "\\" in text) or matcher.found_in(text))) \
-                or (patterns and may_hold_pattern(text)):
-            return _slow_body(call, spec, result, context, original, settings, secrets)
-    return body
-
-
-def _slow_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
-               original: Any, settings: AuditSettings, secrets: SecretSet) -> bytes:
+    if (spec is None or not spec.security.redaction_rules) and not blocks_of(result.metadata):
+        body = spliced_body(call, spec, result, context, original, settings.record_output, settings.redact_patterns,
+                            secrets, definition_of(spec), timestamp())
+        if body is not None:
+            return body
     return encode_record(build_record(call, spec, result, context, original, settings, secrets))
 
 
@@ -229,10 +204,6 @@ def timestamp() -> str:
     if stamp[0] != second:
         stamp = _stamp = (second, dt.datetime.fromtimestamp(second, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S."))
     return f"{stamp[1]}{fraction:06d}+00:00"
-
-
-def _may_hold_nonfinite(encoded: bytes) -> bool:
-    return b"null" in encoded or b"NaN" in encoded or b"Infinity" in encoded
 
 
 def encode_record(record: dict[str, Any]) -> bytes:

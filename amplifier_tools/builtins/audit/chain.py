@@ -39,6 +39,8 @@ import attrs
 from ..._json import dumps
 
 GENESIS: Final = "0" * 64
+#: The ``v`` of every record this version writes.
+SCHEMA_VERSION: Final = 1
 ROTATED: Final = re.compile(r"^(?P<stem>.+)\.(?P<n>\d+)\.jsonl$")
 
 

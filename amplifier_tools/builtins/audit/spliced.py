@@ -1,0 +1,145 @@
+"""The common call record's bytes, spliced from encoded pieces (issue #16).
+
+A call record is the key-sorted JSON of a dict whose keys are fixed (``_assemble`` in the
+package), so where each member goes is known in advance. Most members do not change from one
+call of a tool to the next for one caller: the tool's name, version, definition hash and effect,
+and the context's principal, role, environment, scopes and session. ``Segments`` holds those
+encoded once per tool and caller, searched once; a call encodes only its own values (arguments,
+output, call id, trace id, trail, error, time, duration) and puts the pieces in order.
+
+The bytes are those of ``encode_record(build_record(...))`` whenever ``spliced_body`` answers:
+JSON encoding is compositional (a value nested in a record is spelled as it is alone) as long as
+every piece is spelled by one encoder, so a piece the preferred encoder refuses (an integer
+beyond 64 bits for orjson) sends the record down the reference path, which encodes it whole.
+``tests/test_audit_record_fastpath.py`` checks the equality on generated calls.
+
+Redaction is decided as the reference path's pre-scan decides it: every string that a caller,
+a tool or a plugin put in the record is searched, as encoded, for the forms of the host's secrets
+and, when patterns are on, for the credential patterns' trigger words; a hit anywhere answers
+``None`` and the caller takes ``build_record``, which redacts. The host's own members (time,
+duration, attempts, status, size, output hash, kind, version) are not searched: they hold digits,
+hex and fixed words from which no trigger can be made, and the reference path does not redact
+them either.
+
+What it does not cover: records with redaction rules or rich content, and values JSON cannot say
+as they are (NaN, infinities, lone surrogates, huge integers, non-string keys): ``record_body``
+sends those to the reference path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+from ..._json import piece_encoder
+from ...models import ToolCall, ToolContext, ToolResult
+from ...redaction import SecretMatcher, SecretSet, may_hold_pattern
+from ...spec import ToolSpec
+from .chain import SCHEMA_VERSION
+
+#: Segments kept per process, one per (tool, caller); the cache is emptied when it grows past this.
+MAX_SEGMENTS: Final = 1024
+
+
+class Segments:
+    """One tool's and one caller's members, encoded in the three runs they sort into (the record's
+    keys in order: ``arguments attempts call_id [definition] duration_ms | effect environment |
+    error kind original_arguments [output] output_bytes output_sha256 | principal role scopes
+    session_id | status | tool tool_version | trace_id trail ts v``), and what a search of them
+    found: the credential patterns' triggers once, the secrets once per matcher."""
+
+    __slots__ = ("definition", "effect", "matcher", "pattern_hit", "secret_hit", "spec", "text", "tool", "who")
+
+    def __init__(self, spec: ToolSpec | None, name: Any, context: ToolContext, definition: Any,
+                 encode: Any) -> None:
+        self.spec = spec
+        self.definition = b',"definition":' + encode(definition) if definition is not None else b""
+        self.effect = b',"effect":%s,"environment":%s' % (encode(spec.effect.value if spec is not None else None),
+                                                         encode(context.environment))
+        self.who = b',"principal":%s,"role":%s,"scopes":%s,"session_id":%s' % (
+            encode(context.principal), encode(context.role), encode(sorted(context.scopes)),
+            encode(context.session_id))
+        self.tool = b',"tool":%s,"tool_version":%s' % (encode(name), encode(spec.version if spec is not None else None))
+        self.text = b"\n".join((self.definition, self.effect, self.who, self.tool)).decode("utf-8")
+        self.pattern_hit = may_hold_pattern(self.text)
+        self.matcher: SecretMatcher | None = None
+        self.secret_hit = False
+
+    def secret_in(self, matcher: SecretMatcher) -> bool:
+        """Whether a form of a secret may be among these members (searched again when the secrets change)."""
+        if self.matcher is not matcher:
+            self.secret_hit = (matcher.walk_on_escape and "\\" in self.text) or matcher.found_in(self.text)
+            self.matcher = matcher
+        return self.secret_hit
+
+
+_segments: dict[tuple[Any, ...], Segments] = {}
+
+
+def _segments_for(spec: ToolSpec | None, name: Any, context: ToolContext, definition: Any,
+                  encode: Any) -> Segments:
+    key = (id(spec), name, context.principal, context.role, context.environment, context.scopes,
+           context.session_id)
+    found = _segments.get(key)
+    if found is None or found.spec is not spec:  # a new pair, or another spec at a reused id
+        if len(_segments) >= MAX_SEGMENTS:
+            _segments.clear()
+        found = _segments[key] = Segments(spec, name, context, definition, encode)
+    return found
+
+
+#: The record's last member; ``ts`` (the host's own ISO 8601 text) needs no escaping before it.
+_TAIL: Final = b'","v":%d}' % SCHEMA_VERSION
+
+
+def may_hold_nonfinite(encoded: bytes) -> bool:
+    """Whether encoded JSON may stand for NaN or an infinity (orjson writes ``null``, json ``NaN``)."""
+    return b"null" in encoded or b"NaN" in encoded or b"Infinity" in encoded
+
+
+def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
+                 original: Any, record_output: bool, patterns: bool, secrets: SecretSet,
+                 definition: Any, ts: str) -> bytes | None:
+    """The record's bytes, or None when the reference path must build it: something to redact
+    may be in it, or a value is not plain JSON as it is. Never raises."""
+    encode = piece_encoder()
+    try:
+        arguments = encode(call.arguments)
+        output = result.output
+        output_bytes = encode(output) if output is not None else b""
+        if may_hold_nonfinite(output_bytes) or may_hold_nonfinite(arguments):
+            return None
+        segments = _segments_for(spec, call.name, context, definition, encode)
+        try:
+            changed = original is not call.arguments and original != call.arguments
+        except RecursionError:
+            changed = True
+        original_bytes = encode(original) if changed else b"null"
+        trail = result.metadata.get("trail", [])
+        trail_bytes = b"[]" if trail == [] else encode(trail)
+        error = result.error
+        error_bytes = encode({"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
+                              "plugin": error.get("plugin")}) if error else b"null"
+        call_id, trace_id = encode(call.id), encode(context.trace_id)
+        attempts = encode(result.metadata.get("attempts", 1))
+        duration = encode(round(float(result.metadata.get("duration_ms", 0.0)), 3))
+    except Exception:  # not encodable as it is by this encoder: the reference path escapes it
+        return None
+    matcher = secrets.matcher
+    if matcher is not None or patterns:
+        # Every caller-, tool- or plugin-given string, as encoded; the constant members were searched once.
+        text = b"\n".join((arguments, output_bytes, original_bytes, trail_bytes, error_bytes, call_id,
+                           trace_id)).decode("utf-8")
+        if patterns and (segments.pattern_hit or may_hold_pattern(text)):
+            return None
+        if matcher is not None and (segments.secret_in(matcher) or (matcher.walk_on_escape and "\\" in text)
+                                    or matcher.found_in(text)):
+            return None
+    digest = b'"%s"' % hashlib.sha256(output_bytes).hexdigest().encode() if output_bytes else b"null"
+    return b"".join((
+        b'{"arguments":', arguments, b',"attempts":', attempts, b',"call_id":', call_id, segments.definition,
+        b',"duration_ms":', duration, segments.effect, b',"error":', error_bytes, b',"kind":"call"',
+        b',"original_arguments":', original_bytes, b',"output":' + (output_bytes or b"null") if record_output else b"",
+        b',"output_bytes":%d,"output_sha256":' % len(output_bytes), digest, segments.who,
+        b',"status":"ok"' if result.success else b',"status":"error"', segments.tool,
+        b',"trace_id":', trace_id, b',"trail":', trail_bytes, b',"ts":"', ts.encode(), _TAIL))
