@@ -511,9 +511,9 @@ def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
     from .errors import ConfigError, PluginLoadError
 
     tail = "" if args.verbose else f"; {VERBOSE_HINT}"
-    own = exc.hint if isinstance(exc, ConfigError) else None
+    own = exc.hint if isinstance(exc, (ConfigError, PluginLoadError)) else None
     if isinstance(exc, PluginLoadError) and isinstance(exc.__cause__, ConfigError):
-        own = exc.__cause__.hint
+        own = own or exc.__cause__.hint
     if own:
         return own
     if isinstance(exc, PluginLoadError):

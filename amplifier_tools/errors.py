@@ -147,10 +147,12 @@ def did_you_mean(name: str, expected: Collection[str]) -> str | None:
 class PluginLoadError(RuntimeError):
     """A plugin could not be imported, registered or mounted; names the plugin."""
 
-    def __init__(self, plugin: str, reason: str) -> None:
+    def __init__(self, plugin: str, reason: str, *, hint: str | None = None) -> None:
         super().__init__(f"plugin {plugin!r}: {reason}")
         self.plugin = plugin
         self.reason = reason
+        #: What to do about it, for a person, when the plugin said (the command line's hint line).
+        self.hint = hint
 
 
 def _quick_ratio(a: str, b: str) -> float:

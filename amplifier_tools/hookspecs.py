@@ -47,7 +47,9 @@ def mount(coordinator: Coordinator, config: dict[str, Any]) -> Any:
     reserved keys ``on_error``, ``hook_timeout_ms`` and ``enabled``). Mount
     tools with ``await coordinator.mount("tools", tool)``. May return a cleanup
     callable (sync or async); cleanups run in reverse order when the host
-    closes. Raising here fails host start with an error naming the plugin.
+    closes. Raising here fails host start with an error naming the plugin,
+    whatever ``on_error`` says (it governs the other hooks); a ``hint=`` on the
+    typed error raised becomes the error's hint.
     """
 
 

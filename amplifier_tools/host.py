@@ -399,11 +399,22 @@ class ToolHost:
             rank[id(impl.plugin)] = 0 if impl.tryfirst else 2 if impl.trylast else 1
         return sorted(self._pending, key=lambda entry: rank.get(id(entry[0]), 1))
 
-    def _fail_plugin(self, name: str, source: str, reason: str, required: bool, exc: BaseException) -> None:
+    def _fail_plugin(self, name: str, source: str, reason: str, required: bool, exc: BaseException,
+                     hint: str | None = None) -> None:
         if required:
-            raise PluginLoadError(name, reason) from exc
+            raise PluginLoadError(name, reason, hint=hint) from exc
         log.warning("plugin %r %s; continuing without it", name, reason)
         self.failed_plugins.append(FailedPlugin(name, source, reason))
+
+    def _on_error_note(self, name: str) -> str:
+        """What a failed mount adds when the plugin is configured ``on_error = "ignore"``: that setting
+        lets its hooks fail open (an observer's opt-in), never its start — a plugin that did not mount
+        may be a policy that is missing — so the error says it was not applied, not silently."""
+        _, reserved = plugin_section(self.config, name)
+        if reserved.get("on_error") != "ignore":
+            return ""
+        return (f"; [plugins.{name}] on_error = 'ignore' does not apply: it lets the plugin's hooks fail open, "
+                "never its start")
 
     async def _mount_plugin(self, plugin: Any, info: PluginInfo, required: bool) -> None:
         own, _ = plugin_section(self.config, info.name)
@@ -435,9 +446,12 @@ class ToolHost:
                     raise located from exc  # the host's per-tool overrides: not the mounting plugin's fault
                 # A plugin that refuses its configuration never runs silently without it (that would
                 # fail open): configure it, or name it in disable_plugins.
-                self._fail_plugin(info.name, info.source, f"failed to mount: ConfigError: {located}", True, exc)
+                self._fail_plugin(info.name, info.source,
+                                  f"failed to mount: ConfigError: {located}{self._on_error_note(info.name)}", True, exc)
             reason = exc.message if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}"
-            self._fail_plugin(info.name, info.source, f"failed to mount: {reason}", required, exc)
+            hint = exc.details.get("hint") if isinstance(exc, ToolError) else None
+            self._fail_plugin(info.name, info.source, f"failed to mount: {reason}{self._on_error_note(info.name)}",
+                              required, exc, hint if isinstance(hint, str) else None)
             return
         if cleanup is not None:
             if not callable(cleanup):
@@ -586,9 +600,10 @@ def _without_secrets(exc: ConfigError | PluginLoadError, secrets: SecretSet) -> 
     chain_clean = clean_cause is cause and clean_context is context
     if isinstance(exc, PluginLoadError):
         reason = redact_text(exc.reason, secrets, patterns=False)
-        if reason == exc.reason and chain_clean:
+        hint = None if exc.hint is None else redact_text(exc.hint, secrets, patterns=False)
+        if reason == exc.reason and hint == exc.hint and chain_clean:
             return exc
-        clean: ConfigError | PluginLoadError = PluginLoadError(exc.plugin, reason)
+        clean: ConfigError | PluginLoadError = PluginLoadError(exc.plugin, reason, hint=hint)
     else:
         detail = redact_text(exc.detail, secrets, patterns=False)
         hint = None if exc.hint is None else redact_text(exc.hint, secrets, patterns=False)

@@ -154,6 +154,30 @@ async def test_fail_open_plugin_failure_is_ignored_and_logged(
     assert result.metadata["trail"][0]["action"] == "ignored_failure"
 
 
+async def test_on_error_ignore_does_not_excuse_a_failed_mount_and_the_error_says_so(tmp_path: Any) -> None:
+    """``on_error = "ignore"`` is an observer's opt-in to fail open in its hooks; a plugin that did not
+    mount may be a missing policy, so its start still stops the host — saying the setting was not
+    applied, instead of ignoring it silently (found with the mcp plugin's servers)."""
+    import pytest
+
+    from amplifier_tools import ExecutionError, PluginLoadError, ToolHost
+
+    class CannotMount:
+        name = "cannot-mount"
+
+        @hookimpl
+        def mount(self) -> None:
+            raise ExecutionError("its backend is down", hint="start the backend")
+
+    config = {"plugins": {"cannot-mount": {"on_error": "ignore"}}}
+    with pytest.raises(PluginLoadError) as caught:
+        async with ToolHost(config, plugins=[CannotMount()], builtins=False, entry_points=False,
+                            working_dir=tmp_path, discover=False):
+            pass
+    assert "its backend is down; [plugins.cannot-mount] on_error = 'ignore' does not apply" in str(caught.value)
+    assert caught.value.hint == "start the backend"
+
+
 async def test_async_hook_overrunning_its_timeout_fails_closed(host_factory: Any, echo: EchoTool) -> None:
     class Slow:
         name = "slow"

@@ -158,3 +158,35 @@ async def test_the_stderr_tail_has_every_host_secret_redacted(tmp_path: Path, mo
         reason = host.plugin_manager.get_plugin("mcp").unavailable["srv"]
     assert "token is [REDACTED]" in reason
     assert "token is [REDACTED]" in caplog.text and "leaked-token" not in caplog.text
+
+
+# -- on_error is no way to start without a server ------------------------------------------------
+
+async def test_a_required_servers_start_error_names_required_false_and_says_on_error_does_not_apply(
+        tmp_path: Path) -> None:
+    """Issue 18, finding 3: a broken server stopped the host "even with on_error = 'ignore'". That
+    setting governs the plugin's hooks (fail open for observers), not a server's start, and stays
+    so; the error says so, and its hint names the setting that does let the host start without it."""
+    config = {"plugins": {"mcp": {"on_error": "ignore",
+                                  "servers": {"broken": {"command": "no-such-mcp-server-xyz"}}}}}
+    with pytest.raises(PluginLoadError) as caught:
+        async with ToolHost(config=config, builtins=["mcp"], entry_points=False, working_dir=tmp_path,
+                            discover=False):
+            pass
+    assert "[plugins.mcp] on_error = 'ignore' does not apply" in str(caught.value)
+    assert caught.value.hint is not None and "[plugins.mcp.servers.broken] required = false" in caught.value.hint
+
+
+def test_the_command_lines_hint_for_a_broken_server_is_required_false(tmp_path: Path) -> None:
+    from cli_helpers import cli
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "amplifier-tools.toml").write_text(
+        '[plugins.mcp]\non_error = "ignore"\n\n[plugins.mcp.servers.broken]\ncommand = "no-such-mcp-server-xyz"\n')
+    out = cli(work, "list", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert out.returncode != 0
+    error, hint = out.stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: ") and "MCP server 'broken' could not start" in error
+    assert "on_error = 'ignore' does not apply" in error and "never its start" in error
+    assert hint.startswith("hint: ") and "[plugins.mcp.servers.broken] required = false" in hint

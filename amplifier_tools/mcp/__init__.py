@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any, Final
 
 from .._markers import hookimpl
-from ..errors import AuthError, ConfigError
+from ..errors import AuthError, ConfigError, ToolError
 from ..hoststate import ProtectedPaths
 from ..plugin_settings import structure_settings
 from ..redaction import redact_text
@@ -99,6 +99,18 @@ def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None) -
             secrets.add(scheme.group(1))
         values[header] = value
     return values
+
+
+def with_required_hint(exc: BaseException, server: str) -> BaseException:
+    """A required server's start failure (``exc``, which stops the host), given the hint the command
+    line prints: the per-server ``required = false`` is what lets the host start without it —
+    ``[plugins.mcp] on_error`` is not (it governs the plugin's hooks; the host says so when it is
+    set). Only typed errors carry a hint (a ``ConfigError`` has its own); ``exc`` is returned."""
+    if isinstance(exc, ToolError):
+        exc.details.setdefault("hint", (
+            f"fix the server or its settings, or let the host start without it: [plugins.{PLUGIN}.servers.{server}] "
+            "required = false (it is then started again when a call names one of its tools)"))
+    return exc
 
 
 def _header_value_problem(value: str) -> str | None:
@@ -187,7 +199,7 @@ class McpImportPlugin:
             for connection, outcome in zip(connections, imported, strict=True):
                 if isinstance(outcome, BaseException):
                     if connection.settings.required or not isinstance(outcome, Exception):
-                        raise outcome
+                        raise with_required_hint(outcome, connection.name)
                     reason = redact_text(str(outcome), secrets)  # a server's words may hold what it was given
                     log.warning("MCP server %r is not mounted (required = false): %s; it is started again when "
                                 "a call names one of its tools", connection.name, reason)
