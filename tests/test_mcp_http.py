@@ -408,6 +408,21 @@ async def test_a_header_whose_secret_is_missing_names_its_key(tmp_path: Path) ->
             pass
 
 
+async def test_a_header_whose_secrets_variable_is_unset_names_the_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It said only that the value "is not a [secrets] reference that resolves", where serve-mcp's
+    ``token_ref`` names the unset variable (found by review); still never the value itself."""
+    monkeypatch.delenv("TEST_INNER_AUTH", raising=False)
+    with pytest.raises(PluginLoadError) as refused:
+        async with ToolHost(config=importing("http://127.0.0.1:9/mcp"), builtins=["mcp"], entry_points=False,
+                            discover=False, working_dir=tmp_path):
+            pass
+    cause = refused.value.__cause__
+    assert isinstance(cause, ConfigError) and cause.key == "plugins.mcp.servers.inner.headers.Authorization"
+    assert "the environment variable 'TEST_INNER_AUTH', which is not set" in str(refused.value)
+    assert cause.hint == "set TEST_INNER_AUTH in the environment the host starts in"
+
+
 @pytest.mark.parametrize(("server", "key", "message"), [
     ({"url": "https://example.com/mcp", "command": "x"}, "url", "not both"),
     ({}, "command", "not both or neither"),

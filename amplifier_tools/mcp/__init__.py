@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .._markers import hookimpl
@@ -21,6 +22,7 @@ from ..errors import AuthError, ConfigError, ToolError
 from ..hoststate import ProtectedPaths
 from ..plugin_settings import structure_settings
 from ..redaction import redact_text
+from ..secrets_table import EnvironmentSecrets
 
 if TYPE_CHECKING:  # imported at the first mount with a [plugins.mcp] table, or when settings are read
     from .settings import McpSettings
@@ -61,15 +63,18 @@ _HEADER_NAME: Final = re.compile(_TOKEN)
 _SCHEMED: Final = re.compile(f"{_TOKEN} +(\\S.*)", re.DOTALL)
 
 
-def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None) -> dict[str, str]:
+def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None,
+                    table: Mapping[str, str] | None = None) -> dict[str, str]:
     """A ``url`` server's headers, each value resolved from its ``[secrets]`` reference (and so
     registered for redaction) by ``resolve`` (``session.secret``); ``ConfigError`` naming the
-    header's key when one does not resolve, or could not be sent as it is (a name that is no HTTP
-    token; a value with a control character, a character beyond ASCII, or space at either end:
-    an ``.env`` file's CR). The value is never shown: an inline value (a token written into the
-    config instead of a reference) would otherwise be printed. With ``secrets`` (the host's
-    ``session.secrets``), the credentials of a value ``<scheme> <credentials>`` (``Bearer …``)
-    are registered on their own too: a server that echoes the bare token gets it redacted."""
+    header's key when one does not resolve — saying why from ``table``, the host's ``[secrets]``
+    (no such key, or the variable it names, named, is unset) — or could not be sent as it is (a
+    name that is no HTTP token; a value with a control character, a character beyond ASCII, or
+    space at either end: an ``.env`` file's CR). The reference and the value are never shown: an
+    inline value (a token written into the config instead of a reference) would otherwise be
+    printed. With ``secrets`` (the host's ``session.secrets``), the credentials of a value
+    ``<scheme> <credentials>`` (``Bearer …``) are registered on their own too: a server that
+    echoes the bare token gets it redacted."""
     values: dict[str, str] = {}
     spelled: dict[str, str] = {}
     for header, ref in server.headers.items():
@@ -84,11 +89,7 @@ def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None) -
         try:
             value = resolve(ref)
         except AuthError:
-            raise ConfigError(f"the value of header {header!r} is not a [secrets] reference that resolves; header "
-                              "values must be references (a key of the host's [secrets] whose variable is set), "
-                              "never the value itself (not shown here)",
-                              key=key,
-                              hint="add the reference to [secrets], set its variable, and put its name here") from None
+            raise _unresolved_header(header, ref, key, table) from None
         problem = _header_value_problem(value)
         if problem is not None:
             raise ConfigError(f"the value of header {header!r} (from [secrets] {ref!r}, not shown) {problem}: "
@@ -99,6 +100,21 @@ def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None) -
             secrets.add(scheme.group(1))
         values[header] = value
     return values
+
+
+def _unresolved_header(header: str, ref: str, key: str, table: Mapping[str, str] | None) -> ConfigError:
+    """The error for a header whose reference does not resolve: the variable named when the
+    reference is a ``[secrets]`` key whose variable is unset (as serve-mcp's ``token_ref`` error
+    does), else that values must be references; never the reference, which may be a token."""
+    if table is not None and ref in table:
+        reason, hint = EnvironmentSecrets(table).why_missing(ref)
+        return ConfigError(f"the value of header {header!r} is a [secrets] reference (not shown here) that {reason}",
+                           key=key, hint=hint)
+    listed = "" if table is None else f" ([secrets] keys: {', '.join(sorted(map(repr, table))) or 'none'})"
+    return ConfigError(f"the value of header {header!r} is not a [secrets] reference that resolves{listed}; header "
+                       "values must be references (a key of the host's [secrets] whose variable is set), never the "
+                       "value itself (not shown here)",
+                       key=key, hint="add the reference to [secrets], set its variable, and put its name here")
 
 
 def with_required_hint(exc: BaseException, server: str) -> BaseException:
@@ -297,7 +313,7 @@ class McpImportPlugin:
     @staticmethod
     def _headers(coordinator: Any, name: str, server: Any) -> dict[str, str]:
         return resolve_headers(coordinator.get_capability("session.secret"), name, server,
-                               coordinator.get_capability("session.secrets"))
+                               coordinator.get_capability("session.secrets"), coordinator.config.get("secrets") or {})
 
     async def close(self) -> None:
         """Stop every server (their process groups are gone when this returns)."""

@@ -92,7 +92,8 @@ async def current_pins(host: Any, only: Sequence[str] = ()) -> list[ServerPins]:
 def _headers(host: Any, name: str, server: ServerSettings) -> dict[str, str]:
     from . import resolve_headers
 
-    return resolve_headers(host.capabilities["session.secret"], name, server, host.capabilities["session.secrets"])
+    return resolve_headers(host.capabilities["session.secret"], name, server, host.capabilities["session.secrets"],
+                           host.config.get("secrets") or {})
 
 
 def _key(text: str) -> str:
