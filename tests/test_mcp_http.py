@@ -139,6 +139,26 @@ async def test_no_token_or_a_wrong_one_is_401_and_an_audit_event(tmp_path: Path)
     assert audit(tmp_path, "call") == []
 
 
+@pytest.mark.parametrize("token", [None, "not-a-token-at-all"])
+async def test_an_sdk_client_sees_the_401_only_as_an_opaque_internal_error(tmp_path: Path, token: str | None
+                                                                           ) -> None:
+    """What docs/mcp.md tells a user to expect: the official client turns the 401 into JSON-RPC
+    -32603 "Server returned an error response" (no status, no reason); the audit event says why."""
+    async with served(config(tmp_path)) as url:
+        with pytest.raises(BaseException) as refused:  # inside the SDK's task groups' exception groups
+            async with session(url, token):
+                pass
+    error: BaseException = refused.value
+    while getattr(error, "exceptions", None):
+        error = error.exceptions[0]  # type: ignore[attr-defined]
+    assert isinstance(error, MCPError), repr(refused.value)
+    assert error.error.code == mcp_types.INTERNAL_ERROR == -32603
+    assert error.error.message == "Server returned an error response"
+    events = audit(tmp_path, "event")
+    assert events and events[0]["event"] == "mcp.http.unauthorized"
+    assert events[0]["data"]["bearer_token_sent"] is (token is not None)
+
+
 async def test_the_bearer_check_answers_as_the_sdk_did_on_every_path(tmp_path: Path) -> None:
     """The gate replaced the SDK's three bearer middlewares: the same 401 (body and header), the
     scheme read case-insensitively, a token with anything around it refused, every path guarded."""
