@@ -62,6 +62,10 @@ SCHEMA = {"type": "object", "properties": {
     "files": {"type": "array", "items": {"type": "string"}},
     "options": {"type": "object", "properties": {"cwd": {"type": "string"}, "n": {"type": "integer"}}}}}
 
+#: The same properties with the nested and array ones first: the answer keeps the schema's order.
+SCHEMA_NESTED_FIRST = {"type": "object", "properties": {
+    key: SCHEMA["properties"][key] for key in ("options", "files", "path", "limit", "query")}}
+
 KEYS = st.sampled_from(["path", "limit", "query", "files", "options", "cwd", "n", "targetFile", "text", "a/b~c",
                         "output_dir", "src"])
 LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8))
@@ -72,10 +76,11 @@ VALUES = st.recursive(LEAVES, lambda inner: st.one_of(
 
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(st.dictionaries(KEYS, VALUES, max_size=6), st.dictionaries(KEYS, VALUES, max_size=4).map(Frozen),
-                 VALUES))
-def test_path_arguments_match_the_plain_walk(args: Any) -> None:
-    got = [(a.pointer, a.value, a.walk) for a in arguments.path_arguments("third::tool", SCHEMA, args)]
-    assert got == reference("third::tool", SCHEMA, args)
+                 VALUES), st.sampled_from([("third::tool", SCHEMA), ("third::nested-first", SCHEMA_NESTED_FIRST)]))
+def test_path_arguments_match_the_plain_walk(args: Any, tool_schema: tuple[str, Any]) -> None:
+    tool, schema = tool_schema
+    got = [(a.pointer, a.value, a.walk) for a in arguments.path_arguments(tool, schema, args)]
+    assert got == reference(tool, schema, args)
 
 
 @settings(max_examples=300, deadline=None)

@@ -27,9 +27,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
-
-import attrs
+from typing import Any, Final, NamedTuple
 
 from ..._json import json_pointer
 
@@ -45,9 +43,9 @@ MAX_DEPTH: Final = 8
 _WORDS: Final = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 
 
-@attrs.frozen
-class PathArgument:
-    """One path in a call's arguments: where it is, its text, and whether the tool reads below it."""
+class PathArgument(NamedTuple):
+    """One path in a call's arguments: where it is, its text, and whether the tool reads below it
+    (a tuple: one is made for every path of every call)."""
 
     pointer: str
     value: Any  # a string when usable; anything else is refused by the rules (fail closed)
@@ -89,17 +87,33 @@ def _locations(schema: Any, prefix: Location, depth: int) -> Iterator[Location]:
         yield from _locations(sub, here, depth + 1)
 
 
-_CACHE: dict[str, tuple[Any, tuple[Location, ...]]] = {}
+class _Plan(NamedTuple):
+    """A schema's path locations as ``path_arguments`` uses them, in the schema's order, each with
+    the JSON pointer of a top-level property (looked up, not walked) or None (walked)."""
+
+    locations: tuple[Location, ...]
+    steps: tuple[tuple[Location, str | None], ...]
 
 
-def schema_locations(tool: str, schema: Any) -> tuple[Location, ...]:
+_CACHE: dict[str, tuple[Any, _Plan]] = {}
+
+
+def _plan(tool: str, schema: Any) -> _Plan:
     """The path locations of a tool's input schema (cached per tool while its schema object is the same)."""
     cached = _CACHE.get(tool)
     if cached is not None and cached[0] is schema:
         return cached[1]
     found = tuple(dict.fromkeys(_locations(schema, (), 0)))
-    _CACHE[tool] = (schema, found)
-    return found
+    steps = tuple((location, _top_pointer(location[0]) if len(location) == 1 and location[0] is not None else None)
+                  for location in found)
+    plan = _Plan(found, steps)
+    _CACHE[tool] = (schema, plan)
+    return plan
+
+
+def schema_locations(tool: str, schema: Any) -> tuple[Location, ...]:
+    """The path locations of a tool's input schema (cached per tool while its schema object is the same)."""
+    return _plan(tool, schema).locations
 
 
 def _at(data: Any, location: Location, keys: tuple[str | int, ...], found: dict[str, str]) -> None:
@@ -148,14 +162,18 @@ def path_arguments(tool: str, schema: Any, arguments: Any) -> list[PathArgument]
             else None
         return [PathArgument("/path", value, tool in WALK_TOOLS)]
     found: dict[str, str] = {}
-    mapping = isinstance(arguments, (dict, Mapping))
-    for location in schema_locations(tool, schema):
-        head = location[0]
-        if mapping and len(location) == 1 and head is not None:  # a top-level property: one lookup
-            value = arguments.get(head)
-            if isinstance(value, str):
-                found.setdefault(_top_pointer(head), value)
-        else:
+    plan = _plan(tool, schema)
+    if isinstance(arguments, (dict, Mapping)):
+        for location, pointer in plan.steps:
+            head = location[0]
+            if pointer is not None:  # a top-level property: one lookup
+                value = arguments.get(head)
+                if isinstance(value, str):
+                    found.setdefault(pointer, value)
+            elif head is None or not isinstance(arguments.get(head), str):  # nothing lies below a string
+                _at(arguments, location, (), found)
+    else:
+        for location in plan.locations:
             _at(arguments, location, (), found)
     _named(arguments, (), False, 0, found)
     return [PathArgument(pointer, value, True) for pointer, value in found.items()]

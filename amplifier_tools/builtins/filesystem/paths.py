@@ -99,6 +99,7 @@ class PathRules:
                  denied: Iterable[str] = (), write_denied: Iterable[str] = DEFAULT_WRITE_DENIED,
                  allow_hardlinks: bool = False, protected: ProtectedPaths | None = None) -> None:
         self.working_dir = os.path.realpath(working_dir)
+        self._prefix = self.working_dir if self.working_dir.endswith("/") else self.working_dir + "/"
         self._working_dir_id = _identity(self.working_dir)
         # Held by reference: plugins that mount later (audit) add their files to the same object.
         self.protected = protected if protected is not None else ProtectedPaths()
@@ -127,10 +128,14 @@ class PathRules:
             raise ContractError("path must be a non-empty string", code="invalid_path", pointer="/path")
         if "\x00" in path:
             raise ContractError("path contains a NUL byte", code="invalid_path", pointer="/path")
-        if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+        # A character is at most 4 bytes in UTF-8: a short path needs no encoding to be measured.
+        if len(path) * 4 > MAX_PATH_BYTES and len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
             raise ContractError(f"path is longer than {MAX_PATH_BYTES} bytes", code="invalid_path",
                                 pointer="/path")
-        return os.path.join(self.working_dir, os.path.expanduser(path))
+        if path[0] == "~":
+            path = os.path.expanduser(path)
+        # ``os.path.join(self.working_dir, path)``, spelled out: the working directory is absolute.
+        return path if path[0] == "/" else self._prefix + path
 
     _inside = staticmethod(components_below)
 
