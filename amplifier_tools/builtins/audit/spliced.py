@@ -115,13 +115,15 @@ def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         except RecursionError:
             changed = True
         original_bytes = encode(original) if changed else b"null"
-        trail = result.metadata.get("trail", [])
-        trail_bytes = b"[]" if trail == [] else encode(trail)
+        trail = result.metadata.get("trail")
+        trail_bytes = b"[]" if trail is None or trail == [] else encode(trail)
         error = result.error
         error_bytes = encode({"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
                               "plugin": error.get("plugin")}) if error else b"null"
-        call_id, trace_id = encode(call.id), encode(context.trace_id)
-        attempts = encode(result.metadata.get("attempts", 1))
+        call_id = encode(call.id)
+        trace_id = b"null" if context.trace_id is None else encode(context.trace_id)
+        attempts = result.metadata.get("attempts", 1)
+        attempts_bytes = b"1" if attempts == 1 and attempts.__class__ is int else encode(attempts)
         duration = encode(round(float(result.metadata.get("duration_ms", 0.0)), 3))
     except Exception:  # not encodable as it is by this encoder: the reference path escapes it
         return None
@@ -137,7 +139,7 @@ def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
             return None
     digest = b'"%s"' % hashlib.sha256(output_bytes).hexdigest().encode() if output_bytes else b"null"
     return b"".join((
-        b'{"arguments":', arguments, b',"attempts":', attempts, b',"call_id":', call_id, segments.definition,
+        b'{"arguments":', arguments, b',"attempts":', attempts_bytes, b',"call_id":', call_id, segments.definition,
         b',"duration_ms":', duration, segments.effect, b',"error":', error_bytes, b',"kind":"call"',
         b',"original_arguments":', original_bytes, b',"output":' + (output_bytes or b"null") if record_output else b"",
         b',"output_bytes":%d,"output_sha256":' % len(output_bytes), digest, segments.who,
