@@ -95,3 +95,28 @@ def test_protects_matches_the_plain_loop(entries: list[str], path: str) -> None:
     expected = next((e for e in protected if path == e.path or path.startswith(e.path.rstrip(os.sep) + os.sep)),
                     None)
     assert protected.protects(path) == expected
+
+
+PATH_TEXT = st.one_of(
+    st.sampled_from(["~", "~/x", "~root", "~root/x", "~nobody-here/x", "/", "/etc/passwd", "//x", ".", "..",
+                     "a//b", "./a", "a/../b", "é", "\udcff", "x" * 1025, "é" * 1025, "\U0001f600" * 1024]),
+    st.text(min_size=1, max_size=12).filter(lambda text: "\x00" not in text))
+
+
+@settings(max_examples=400, deadline=None)
+@given(PATH_TEXT, st.sampled_from(["/srv/app", "/", "/home/u/work"]))
+def test_a_joined_path_is_os_path_join_of_the_expanded_path(path: str, working_dir: str) -> None:
+    """``PathRules._joined`` (a path made absolute without ``os.path.join``, measured without
+    encoding when short) answers what the plain spelling answers, or refuses the same paths."""
+    from amplifier_tools.builtins.filesystem.paths import MAX_PATH_BYTES, PathRules
+    from amplifier_tools.errors import ContractError
+
+    rules = PathRules(working_dir, read_roots=[working_dir], write_roots=[working_dir])
+    too_long = len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES
+    try:
+        got = rules._joined(path)
+    except ContractError:
+        assert too_long
+    else:
+        assert not too_long
+        assert got == os.path.join(working_dir, os.path.expanduser(path))
