@@ -279,7 +279,16 @@ def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -
     if isinstance(value, (int, float)) and not isinstance(value, bool) and matcher is not None \
             and matcher.found_in(str(value)):
         return PLACEHOLDER  # a numeric secret (a PIN, an account number) returned as a JSON number
-    return value
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    # Anything else (a set, bytes, an object) is written as its str() by the encoders (default=str):
+    # scrub that text, and keep the object itself when there was nothing in it to scrub.
+    try:
+        text = str(value)
+    except Exception:  # a hostile __str__: nothing can write it either (the audit escapes it)
+        return value
+    clean = _redact_strings(text, matcher, patterns)
+    return value if clean == text else clean
 
 
 def redact(

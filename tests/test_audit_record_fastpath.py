@@ -112,3 +112,71 @@ def test_a_plain_call_is_encoded_once_and_a_secret_in_the_hashed_output_is_not(
     body = audit.record_body(call, spec, leaky, context, call.arguments, settings_, secrets)
     assert slow == [True] and SECRET.encode() not in body
     assert body == audit.encode_record(real(call, spec, leaky, context, call.arguments, settings_, secrets))
+
+
+def _both(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
+          secrets: SecretSet | None = None) -> tuple[bytes, bytes]:
+    settings_ = AuditSettings(record_output=True)
+    secrets = secrets if secrets is not None else SecretSet()
+    return (audit.record_body(call, spec, result, context, call.arguments, settings_, secrets),
+            audit.encode_record(audit.build_record(call, spec, result, context, call.arguments, settings_, secrets)))
+
+
+class Sly(str):
+    """A principal equal to every string, hashed as a known one: it must never find another
+    caller's members (found by attack)."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return hash("agent-1")
+
+
+def test_callers_whose_members_only_compare_equal_never_share_encoded_members() -> None:
+    """Found by attack: the cache of a tool's and caller's members was keyed with ``==``, so a
+    caller with principal ``True`` got ``1`` written, and a ``str`` subclass equal to everything
+    reused another caller's clean verdict and had a credential spliced in unredacted."""
+    spec, result = SPECS[0], ToolResult(True, "ok", None, {"trail": []}, "c")
+    call = ToolCall("c", spec.name, {"a": 1})
+    for principal in (1, True, 1.0, "agent-1", Sly("Bearer abcdefgh12345678")):
+        got, expected = _both(call, spec, result, ToolContext(principal=principal, session_id="s"))  # type: ignore[arg-type]
+        assert got == expected, principal
+    assert b"abcdefgh12345678" not in got
+
+
+def test_an_unknown_tools_name_and_long_members_are_not_kept() -> None:
+    """Found by attack: an unknown tool's name is the caller's to choose, and each was kept (1,023
+    names of 1 MB held 3 GB). Members of an unknown tool, or longer than MAX_CACHED_CHARS, are
+    encoded per call and never kept."""
+    from amplifier_tools.builtins.audit import spliced
+
+    spliced._segments.clear()
+    result = ToolResult(False, None, {"type": "ContractError", "code": "unknown_tool", "message": "m"}, {"trail": []})
+    for i in range(5):
+        call = ToolCall("c", f"{'x' * 100_000}{i}", {})
+        got, expected = _both(call, None, result, ToolContext(session_id="s"))
+        assert got == expected
+    long_principal = ToolContext(principal="p" * (spliced.MAX_CACHED_CHARS + 1), session_id="s")
+    call = ToolCall("c", SPECS[0].name, {})
+    assert _both(call, SPECS[0], result, long_principal)[0] == _both(call, SPECS[0], result, long_principal)[1]
+    assert spliced._segments == {}
+
+
+@pytest.mark.parametrize("depth", [250, 252, 253, 254, 300])
+def test_arguments_nested_at_the_encoders_limit_are_written_as_the_reference_writes_them(depth: int) -> None:
+    """Found by attack: at exactly 253 levels a piece encoded alone fitted orjson's limit while the
+    whole record did not, so the splice wrote what the reference summarized."""
+    nested: Any = "leaf"
+    for _ in range(depth):
+        nested = [nested]
+    call = ToolCall("c", SPECS[0].name, {"deep": nested})
+    got, expected = _both(call, SPECS[0], ToolResult(True, nested, None, {"trail": []}), ToolContext(session_id="s"))
+    assert got == expected
+
+
+def test_a_trail_of_none_is_written_as_null_as_the_reference_does() -> None:
+    """Found by attack: ``metadata["trail"] = None`` (a plugin's replacement result) was written as ``[]``."""
+    call = ToolCall("c", SPECS[0].name, {})
+    got, expected = _both(call, SPECS[0], ToolResult(True, "ok", None, {"trail": None}), ToolContext(session_id="s"))
+    assert got == expected and b'"trail":null' in got

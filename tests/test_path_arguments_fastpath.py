@@ -120,3 +120,19 @@ def test_a_joined_path_is_os_path_join_of_the_expanded_path(path: str, working_d
     else:
         assert not too_long
         assert got == os.path.join(working_dir, os.path.expanduser(path))
+
+
+class Disagreeing(dict):  # type: ignore[type-arg]
+    """Arguments whose ``get`` and ``[]`` answer differently (a caller's own mapping type)."""
+
+    def __getitem__(self, key: Any) -> Any:
+        return {"file_path": "/state/audit.jsonl"} if key == "options" else dict.__getitem__(self, key)
+
+
+def test_a_dict_subclass_is_walked_as_the_tool_will_read_it() -> None:
+    """Found by attack: the walk below a top-level string was skipped after ``get`` said it was a
+    string, while a tool reads with ``[]``: a nested path naming the audit log went unseen."""
+    schema = {"type": "object", "properties": {"options": {"type": "object",
+                                                           "properties": {"file_path": {"type": "string"}}}}}
+    found = arguments.path_arguments("third::writer", schema, Disagreeing(options="harmless"))
+    assert ("/options/file_path", "/state/audit.jsonl") in [(a.pointer, a.value) for a in found]

@@ -67,3 +67,23 @@ def test_every_default_pattern_needs_a_trigger() -> None:
     for sample in samples:
         assert any(t in sample.lower() for t in PATTERN_TRIGGERS), sample
     assert all(PLACEHOLDER in r for r in redact(samples))
+
+
+def test_a_secret_or_credential_inside_a_set_bytes_or_an_object_is_redacted_where_it_is_written() -> None:
+    """Found by attack: the walk did not enter what JSON has no type for, and the encoders write
+    such a value as its ``str()`` (``default=str``): a set, bytes or an object holding a secret or
+    a credential reached the audit log unredacted. Now that text is scrubbed; a value with nothing
+    to scrub is kept as it is."""
+
+    class Token:
+        def __str__(self) -> str:
+            return "token hunter2-secret-value"
+
+    value = {"set": {"Bearer abcdefgh12345678"}, "bytes": b"hunter2-secret-value", "object": Token(),
+             "clean": {"a set", "of words"}}
+    clean = redact(value, secrets=["hunter2-secret-value"])
+    assert clean["set"] == f"{{'{PLACEHOLDER}'}}"
+    assert clean["bytes"] == f"b'{PLACEHOLDER}'"
+    assert clean["object"] == f"token {PLACEHOLDER}"
+    assert clean["clean"] is value["clean"]
+    assert b"hunter2" not in _json.dumps(clean) and b"abcdefgh12345678" not in _json.dumps(clean)

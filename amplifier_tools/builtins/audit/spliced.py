@@ -39,6 +39,8 @@ from .chain import SCHEMA_VERSION
 
 #: Segments kept per process, one per (tool, caller); the cache is emptied when it grows past this.
 MAX_SEGMENTS: Final = 1024
+#: Members longer than this (in all, as encoded) are encoded per call, never kept.
+MAX_CACHED_CHARS: Final = 2048
 
 
 class Segments:
@@ -48,43 +50,68 @@ class Segments:
     session_id | status | tool tool_version | trace_id trail ts v``), and what a search of them
     found: the credential patterns' triggers once, the secrets once per matcher."""
 
-    __slots__ = ("definition", "effect", "matcher", "pattern_hit", "secret_hit", "spec", "text", "tool", "who")
+    __slots__ = ("_secrets", "definition", "effect", "pattern_hit", "spec", "text", "tool", "who")
 
     def __init__(self, spec: ToolSpec | None, name: Any, context: ToolContext, definition: Any,
                  encode: Any) -> None:
         self.spec = spec
-        self.definition = b',"definition":' + encode(definition) if definition is not None else b""
-        self.effect = b',"effect":%s,"environment":%s' % (encode(spec.effect.value if spec is not None else None),
-                                                         encode(context.environment))
+        self.definition = b',"definition":' + encode([definition])[1:-1] if definition is not None else b""
+        self.effect = b',"effect":%s,"environment":%s' % (
+            _member(encode, spec.effect.value if spec is not None else None), _member(encode, context.environment))
         self.who = b',"principal":%s,"role":%s,"scopes":%s,"session_id":%s' % (
-            encode(context.principal), encode(context.role), encode(sorted(context.scopes)),
-            encode(context.session_id))
-        self.tool = b',"tool":%s,"tool_version":%s' % (encode(name), encode(spec.version if spec is not None else None))
+            _member(encode, context.principal), _member(encode, context.role),
+            encode([sorted(context.scopes)])[1:-1], _member(encode, context.session_id))
+        self.tool = b',"tool":%s,"tool_version":%s' % (
+            _member(encode, name), _member(encode, spec.version if spec is not None else None))
         self.text = b"\n".join((self.definition, self.effect, self.who, self.tool)).decode("utf-8")
         self.pattern_hit = may_hold_pattern(self.text)
-        self.matcher: SecretMatcher | None = None
-        self.secret_hit = False
+        #: The last matcher searched for and its verdict, replaced together (one reference).
+        self._secrets: tuple[SecretMatcher | None, bool] = (None, False)
 
     def secret_in(self, matcher: SecretMatcher) -> bool:
         """Whether a form of a secret may be among these members (searched again when the secrets change)."""
-        if self.matcher is not matcher:
-            self.secret_hit = (matcher.walk_on_escape and "\\" in self.text) or matcher.found_in(self.text)
-            self.matcher = matcher
-        return self.secret_hit
+        searched, hit = self._secrets
+        if searched is not matcher:
+            hit = (matcher.walk_on_escape and "\\" in self.text) or matcher.found_in(self.text)
+            self._secrets = (matcher, hit)
+        return hit
 
 
 _segments: dict[tuple[Any, ...], Segments] = {}
 
+#: Values that hold nothing nested: encoded as they are.
+_SCALARS: Final = (str, int, float, bool, type(None))
+
+
+def _member(encode: Any, value: Any) -> bytes:
+    """``value`` encoded as a member of the record: one level down when it is a container (see
+    ``spliced_body``)."""
+    return encode(value) if value.__class__ in _SCALARS else encode([value])[1:-1]  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> bool:
+    return value is None or value.__class__ is str
+
 
 def _segments_for(spec: ToolSpec | None, name: Any, context: ToolContext, definition: Any,
                   encode: Any) -> Segments:
-    key = (id(spec), name, context.principal, context.role, context.environment, context.scopes,
-           context.session_id)
+    """The members of ``spec`` called as ``name`` by ``context``'s caller: kept for the next call
+    when they are a mounted tool's (an unknown tool's name is the caller's to choose), every member
+    is exactly a ``str`` or None (a key compares with ``==``: ``1``, ``True`` and a ``str`` subclass
+    with its own ``__eq__`` must never find another caller's members) and they are short."""
+    principal, role, environment, scopes, session = (context.principal, context.role, context.environment,
+                                                     context.scopes, context.session_id)
+    if spec is None or not (name.__class__ is str and _plain(principal) and _plain(role) and _plain(environment)
+                            and _plain(session) and all(scope.__class__ is str for scope in scopes)):
+        return Segments(spec, name, context, definition, encode)
+    key = (id(spec), name, principal, role, environment, scopes, session)
     found = _segments.get(key)
     if found is None or found.spec is not spec:  # a new pair, or another spec at a reused id
-        if len(_segments) >= MAX_SEGMENTS:
-            _segments.clear()
-        found = _segments[key] = Segments(spec, name, context, definition, encode)
+        found = Segments(spec, name, context, definition, encode)
+        if len(found.text) <= MAX_CACHED_CHARS:
+            if len(_segments) >= MAX_SEGMENTS:
+                _segments.clear()
+            _segments[key] = found
     return found
 
 
@@ -104,9 +131,12 @@ def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     may be in it, or a value is not plain JSON as it is. Never raises."""
     encode = piece_encoder()
     try:
-        arguments = encode(call.arguments)
+        # Containers are encoded one level down, as they lie in the record: an encoder's nesting
+        # limit must refuse a piece exactly when it would refuse the whole record.
+        arguments = encode([call.arguments])[1:-1]
         output = result.output
-        output_bytes = encode(output) if output is not None else b""
+        output_bytes = b"" if output is None else encode(output) if output.__class__ is str else \
+            encode([output])[1:-1]
         if may_hold_nonfinite(output_bytes) or may_hold_nonfinite(arguments):
             return None
         segments = _segments_for(spec, call.name, context, definition, encode)
@@ -114,16 +144,16 @@ def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
             changed = original is not call.arguments and original != call.arguments
         except RecursionError:
             changed = True
-        original_bytes = encode(original) if changed else b"null"
-        trail = result.metadata.get("trail")
-        trail_bytes = b"[]" if trail is None or trail == [] else encode(trail)
+        original_bytes = encode([original])[1:-1] if changed else b"null"
+        trail = result.metadata.get("trail", [])
+        trail_bytes = b"[]" if trail.__class__ is list and not trail else encode([trail])[1:-1]
         error = result.error
-        error_bytes = encode({"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
-                              "plugin": error.get("plugin")}) if error else b"null"
-        call_id = encode(call.id)
-        trace_id = b"null" if context.trace_id is None else encode(context.trace_id)
+        error_bytes = encode([{"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
+                               "plugin": error.get("plugin")}])[1:-1] if error else b"null"
+        call_id = encode(call.id) if call.id.__class__ is str else _member(encode, call.id)
+        trace_id = b"null" if context.trace_id is None else _member(encode, context.trace_id)
         attempts = result.metadata.get("attempts", 1)
-        attempts_bytes = b"1" if attempts == 1 and attempts.__class__ is int else encode(attempts)
+        attempts_bytes = b"1" if attempts == 1 and attempts.__class__ is int else _member(encode, attempts)
         duration = encode(round(float(result.metadata.get("duration_ms", 0.0)), 3))
     except Exception:  # not encodable as it is by this encoder: the reference path escapes it
         return None

@@ -163,7 +163,7 @@ def path_arguments(tool: str, schema: Any, arguments: Any) -> list[PathArgument]
         return [PathArgument("/path", value, tool in WALK_TOOLS)]
     found: dict[str, str] = {}
     plan = _plan(tool, schema)
-    if isinstance(arguments, (dict, Mapping)):
+    if arguments.__class__ is dict:  # a plain dict: ``get`` and ``[]`` agree (a subclass may not)
         for location, pointer in plan.steps:
             head = location[0]
             if pointer is not None:  # a top-level property: one lookup
