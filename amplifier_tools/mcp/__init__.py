@@ -63,8 +63,8 @@ _HEADER_NAME: Final = re.compile(_TOKEN)
 _SCHEMED: Final = re.compile(f"{_TOKEN} +(\\S.*)", re.DOTALL)
 
 
-def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None,
-                    table: Mapping[str, str] | None = None) -> dict[str, str]:
+def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any,
+                    table: Mapping[str, str]) -> dict[str, str]:
     """A ``url`` server's headers, each value resolved from its ``[secrets]`` reference (and so
     registered for redaction) by ``resolve`` (``session.secret``); ``ConfigError`` naming the
     header's key when one does not resolve — saying why from ``table``, the host's ``[secrets]``
@@ -102,19 +102,14 @@ def resolve_headers(resolve: Any, name: str, server: Any, secrets: Any = None,
     return values
 
 
-def _unresolved_header(header: str, ref: str, key: str, table: Mapping[str, str] | None) -> ConfigError:
-    """The error for a header whose reference does not resolve: the variable named when the
-    reference is a ``[secrets]`` key whose variable is unset (as serve-mcp's ``token_ref`` error
-    does), else that values must be references; never the reference, which may be a token."""
-    if table is not None and ref in table:
-        reason, hint = EnvironmentSecrets(table).why_missing(ref)
-        return ConfigError(f"the value of header {header!r} is a [secrets] reference (not shown here) that {reason}",
-                           key=key, hint=hint)
-    listed = "" if table is None else f" ([secrets] keys: {', '.join(sorted(map(repr, table))) or 'none'})"
-    return ConfigError(f"the value of header {header!r} is not a [secrets] reference that resolves{listed}; header "
-                       "values must be references (a key of the host's [secrets] whose variable is set), never the "
-                       "value itself (not shown here)",
-                       key=key, hint="add the reference to [secrets], set its variable, and put its name here")
+def _unresolved_header(header: str, ref: str, key: str, table: Mapping[str, str]) -> ConfigError:
+    """The error for a header whose reference does not resolve, with the reason of the host's
+    ``[secrets]`` table (the key missing, its keys listed; or the variable unset, named), as
+    serve-mcp's ``token_ref`` error gives it; never the reference, which may be a token."""
+    reason, hint = EnvironmentSecrets(table).why_missing(ref)
+    if ref not in table:
+        reason += "; header values must be references to [secrets] entries, never the value itself"
+    return ConfigError(f"the value of header {header!r} (not shown here) {reason}", key=key, hint=hint)
 
 
 def with_required_hint(exc: BaseException, server: str) -> BaseException:
