@@ -38,7 +38,7 @@ from ...models import ToolCall, ToolContext, ToolResult
 from ...plugin_settings import structure_settings
 from ...redaction import SecretSet, redact
 from ...spec import ToolSpec
-from .chain import SCHEMA_VERSION, anchor_path, encode_body, log_location
+from .chain import SCHEMA_VERSION, anchor_path, definition_of, encode_body, log_location
 from .settings import AuditSettings
 from .spliced import may_hold_nonfinite, spliced_body
 from .writer import AuditWriteError, AuditWriter
@@ -114,7 +114,7 @@ def record_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, conte
     _register_secrets(spec, context, secrets)
     if (spec is None or not spec.security.redaction_rules) and not blocks_of(result.metadata):
         body = spliced_body(call, spec, result, context, original, settings.record_output, settings.redact_patterns,
-                            secrets, definition_of(spec), timestamp())
+                            secrets, timestamp())
         if body is not None:
             return body
     return encode_record(build_record(call, spec, result, context, original, settings, secrets))
@@ -137,28 +137,6 @@ def _raw_parts(call: ToolCall, spec: ToolSpec | None, result: ToolResult, contex
             "output": result.output, "trail": result.metadata.get("trail", []),
             "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
                       "plugin": error.get("plugin")} if error else None}
-
-
-#: The contract tags naming the exact definition a tool was built from (imported MCP tools carry
-#: both: docs/mcp.md, "The contract of an imported tool").
-DEFINITION_TAG: Final = "sha256:"
-SERVER_VERSION_TAG: Final = "mcp-server-version:"
-
-
-def definition_of(spec: ToolSpec | None) -> dict[str, Any] | None:
-    """The record's ``definition``: the definition hash a tool's contract declares as a
-    ``sha256:<hex>`` tag, with the ``mcp-server-version:`` tag's server version; None for a tool
-    that declares no hash. Read from the public contract, so it is there for every call of the
-    tool — also one vetoed, timed out or whose server died before it answered."""
-    if spec is None:
-        return None
-    digest = version = None
-    for tag in spec.tags:
-        if tag.startswith(DEFINITION_TAG):
-            digest = tag
-        elif tag.startswith(SERVER_VERSION_TAG):
-            version = tag[len(SERVER_VERSION_TAG):]
-    return None if digest is None else {"sha256": digest, "server_version": version}
 
 
 def _assemble(io: dict[str, Any], spec: ToolSpec | None, result: ToolResult, context: ToolContext,

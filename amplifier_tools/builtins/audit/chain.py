@@ -32,16 +32,40 @@ import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from ..._json import dumps
 
+if TYPE_CHECKING:
+    from ...spec import ToolSpec
+
 GENESIS: Final = "0" * 64
 #: The ``v`` of every record this version writes.
 SCHEMA_VERSION: Final = 1
 ROTATED: Final = re.compile(r"^(?P<stem>.+)\.(?P<n>\d+)\.jsonl$")
+
+#: The contract tags naming the exact definition a tool was built from (imported MCP tools carry
+#: both: docs/mcp.md, "The contract of an imported tool").
+DEFINITION_TAG: Final = "sha256:"
+SERVER_VERSION_TAG: Final = "mcp-server-version:"
+
+
+def definition_of(spec: ToolSpec | None) -> dict[str, Any] | None:
+    """The record's ``definition``: the definition hash a tool's contract declares as a
+    ``sha256:<hex>`` tag, with the ``mcp-server-version:`` tag's server version; None for a tool
+    that declares no hash. Read from the public contract, so it is there for every call of the
+    tool — also one vetoed, timed out or whose server died before it answered."""
+    if spec is None:
+        return None
+    digest = version = None
+    for tag in spec.tags:
+        if tag.startswith(DEFINITION_TAG):
+            digest = tag
+        elif tag.startswith(SERVER_VERSION_TAG):
+            version = tag[len(SERVER_VERSION_TAG):]
+    return None if digest is None else {"sha256": digest, "server_version": version}
 
 
 def canonical(record: dict[str, Any]) -> bytes:

@@ -35,7 +35,7 @@ from ..._json import piece_encoder
 from ...models import ToolCall, ToolContext, ToolResult
 from ...redaction import SecretMatcher, SecretSet, may_hold_pattern
 from ...spec import ToolSpec
-from .chain import SCHEMA_VERSION
+from .chain import SCHEMA_VERSION, definition_of
 
 #: Segments kept per process, one per (tool, caller); the cache is emptied when it grows past this.
 MAX_SEGMENTS: Final = 1024
@@ -52,9 +52,9 @@ class Segments:
 
     __slots__ = ("_secrets", "definition", "effect", "pattern_hit", "spec", "text", "tool", "who")
 
-    def __init__(self, spec: ToolSpec | None, name: Any, context: ToolContext, definition: Any,
-                 encode: Any) -> None:
+    def __init__(self, spec: ToolSpec | None, name: Any, context: ToolContext, encode: Any) -> None:
         self.spec = spec
+        definition = definition_of(spec)
         self.definition = b',"definition":' + encode([definition])[1:-1] if definition is not None else b""
         self.effect = b',"effect":%s,"environment":%s' % (
             _member(encode, spec.effect.value if spec is not None else None), _member(encode, context.environment))
@@ -93,8 +93,7 @@ def _plain(value: Any) -> bool:
     return value is None or value.__class__ is str
 
 
-def _segments_for(spec: ToolSpec | None, name: Any, context: ToolContext, definition: Any,
-                  encode: Any) -> Segments:
+def _segments_for(spec: ToolSpec | None, name: Any, context: ToolContext, encode: Any) -> Segments:
     """The members of ``spec`` called as ``name`` by ``context``'s caller: kept for the next call
     when they are a mounted tool's (an unknown tool's name is the caller's to choose), every member
     is exactly a ``str`` or None (a key compares with ``==``: ``1``, ``True`` and a ``str`` subclass
@@ -103,11 +102,11 @@ def _segments_for(spec: ToolSpec | None, name: Any, context: ToolContext, defini
                                                      context.scopes, context.session_id)
     if spec is None or not (name.__class__ is str and _plain(principal) and _plain(role) and _plain(environment)
                             and _plain(session) and all(scope.__class__ is str for scope in scopes)):
-        return Segments(spec, name, context, definition, encode)
+        return Segments(spec, name, context, encode)
     key = (id(spec), name, principal, role, environment, scopes, session)
     found = _segments.get(key)
     if found is None or found.spec is not spec:  # a new pair, or another spec at a reused id
-        found = Segments(spec, name, context, definition, encode)
+        found = Segments(spec, name, context, encode)
         if len(found.text) <= MAX_CACHED_CHARS:
             if len(_segments) >= MAX_SEGMENTS:
                 _segments.clear()
@@ -125,8 +124,7 @@ def may_hold_nonfinite(encoded: bytes) -> bool:
 
 
 def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
-                 original: Any, record_output: bool, patterns: bool, secrets: SecretSet,
-                 definition: Any, ts: str) -> bytes | None:
+                 original: Any, record_output: bool, patterns: bool, secrets: SecretSet, ts: str) -> bytes | None:
     """The record's bytes, or None when the reference path must build it: something to redact
     may be in it, or a value is not plain JSON as it is. Never raises."""
     encode = piece_encoder()
@@ -139,7 +137,7 @@ def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
             encode([output])[1:-1]
         if may_hold_nonfinite(output_bytes) or may_hold_nonfinite(arguments):
             return None
-        segments = _segments_for(spec, call.name, context, definition, encode)
+        segments = _segments_for(spec, call.name, context, encode)
         try:
             changed = original is not call.arguments and original != call.arguments
         except RecursionError:
