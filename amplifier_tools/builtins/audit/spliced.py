@@ -89,19 +89,18 @@ def _member(encode: Any, value: Any) -> bytes:
     return encode(value) if value.__class__ in _SCALARS else encode([value])[1:-1]  # type: ignore[no-any-return]
 
 
-def _plain(value: Any) -> bool:
-    return value is None or value.__class__ is str
-
-
 def _segments_for(spec: ToolSpec | None, name: Any, context: ToolContext, encode: Any) -> Segments:
     """The members of ``spec`` called as ``name`` by ``context``'s caller: kept for the next call
-    when they are a mounted tool's (an unknown tool's name is the caller's to choose), every member
-    is exactly a ``str`` or None (a key compares with ``==``: ``1``, ``True`` and a ``str`` subclass
-    with its own ``__eq__`` must never find another caller's members) and they are short."""
+    when they are a mounted tool's (an unknown tool's name is the caller's to choose), the name,
+    principal and scopes are exactly ``str`` and the rest ``str`` or None (a key compares with
+    ``==``: ``1``, ``True`` and a ``str`` subclass with its own ``__eq__`` must never find another
+    caller's members), and they are short."""
     principal, role, environment, scopes, session = (context.principal, context.role, context.environment,
                                                      context.scopes, context.session_id)
-    if spec is None or not (name.__class__ is str and _plain(principal) and _plain(role) and _plain(environment)
-                            and _plain(session) and all(scope.__class__ is str for scope in scopes)):
+    if spec is None or name.__class__ is not str or principal.__class__ is not str \
+            or not (role is None or role.__class__ is str) \
+            or not (environment is None or environment.__class__ is str) \
+            or not (session is None or session.__class__ is str) or any(s.__class__ is not str for s in scopes):
         return Segments(spec, name, context, encode)
     key = (id(spec), name, principal, role, environment, scopes, session)
     found = _segments.get(key)
