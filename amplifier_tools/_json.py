@@ -69,7 +69,7 @@ def dumps(value: Any) -> bytes:
                 # Too deep for orjson (255 levels): the same on every CPython, where the stdlib
                 # encoder's limit moves with the interpreter's (3.13 writes what 3.11 cannot read).
                 raise ValueError(str(exc)) from None
-    return _STDLIB.encode(value).encode("utf-8")
+    return _stdlib_piece(value)
 
 
 def _orjson_piece(value: Any) -> bytes:

@@ -87,3 +87,16 @@ def test_a_secret_or_credential_inside_a_set_bytes_or_an_object_is_redacted_wher
     assert clean["object"] == f"token {PLACEHOLDER}"
     assert clean["clean"] is value["clean"]
     assert b"hunter2" not in _json.dumps(clean) and b"abcdefgh12345678" not in _json.dumps(clean)
+
+
+def test_an_object_whose_str_raises_is_left_to_the_encoders_escaping() -> None:
+    """Scrubbing a value JSON has no type for goes through its ``str()``; one that raises is kept
+    as it is (no encoder can write it either: the audit escapes it), never an exception here."""
+
+    class Hostile:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    value = {"x": Hostile(), "y": "Bearer abcdefgh12345678"}
+    clean = redact(value, secrets=["hunter2-secret-value"])
+    assert clean["x"] is value["x"] and clean["y"] == PLACEHOLDER
