@@ -37,7 +37,7 @@ def new_call_id() -> str:
     return f"{_CALL_ID_PREFIX}{next(_call_counter)}"
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=False)
 class ToolCall:
     """One request to run a tool: correlation ``id``, tool ``name``, JSON ``arguments``."""
 
@@ -46,7 +46,7 @@ class ToolCall:
     arguments: Any = attrs.field(factory=dict)
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=False)
 class ToolResult:
     """The outcome of a call.
 
@@ -117,11 +117,14 @@ class Decision:
     details: dict[str, Any] = attrs.field(factory=dict)
 
 
+_new_context = object.__new__
+
+
 def _frozen_scopes(scopes: Iterable[str]) -> frozenset[str]:
     return scopes if type(scopes) is frozenset else frozenset(scopes)
 
 
-@attrs.frozen(slots=True)
+@attrs.frozen(slots=False)
 class ToolContext:
     """Who is calling, with what rights, under which correlation ids.
 
@@ -190,10 +193,12 @@ class ToolContext:
 
     def for_call(self, call_id: str) -> ToolContext:
         """A copy for one call: ``call_id`` set, a fresh trail. Used by the host."""
-        return ToolContext(  # direct construction: this runs once per call
-            self.principal, self.role, self.environment, self.scopes, self.secrets, self.idempotency_key,
-            self.deadline, call_id, self.trace_id, self.session_id, self.attributes, [],
-        )
+        copy = _new_context(ToolContext)
+        fields = copy.__dict__
+        fields.update(self.__dict__)
+        fields["call_id"] = call_id
+        fields["trail"] = []
+        return copy
 
 
 @attrs.frozen(slots=True)

@@ -153,3 +153,35 @@ def test_no_module_of_the_package_shares_a_public_name() -> None:
 
     assert isinstance(amplifier_tools.converter, cattrs.Converter)
     assert amplifier_tools.converter is _converter.converter
+
+
+def test_a_call_copy_of_a_context_keeps_every_field_and_has_a_trail_of_its_own() -> None:
+    """``for_call`` copies the context field by field (no ``__init__``, it runs once per call):
+    every field but ``call_id`` and ``trail`` is the caller's, each copy records into its own
+    trail, and the caller's context is untouched. Enumerated from ``attrs.fields``, so a field
+    added later is covered too."""
+    import attrs
+
+    given_values: dict[str, Any] = {
+        "principal": "alice", "role": "admin", "environment": "prod", "scopes": frozenset({"fs:read"}),
+        "secrets": {"K": "v" * 16}, "idempotency_key": "idem-1", "deadline": 123.5, "call_id": "caller-id",
+        "trace_id": "trace-1", "session_id": "session-1", "attributes": {"approval": "yes"},
+    }
+    assert set(given_values) | {"trail"} == {field.name for field in attrs.fields(ToolContext)}
+    context = ToolContext(**given_values)
+    context.record("caller", "setup", "note")
+    first, second = context.for_call("call-1"), context.for_call("call-2")
+    for copy, call_id in ((first, "call-1"), (second, "call-2")):
+        assert type(copy) is ToolContext
+        assert copy.call_id == call_id
+        assert copy.trail == []
+        for name, value in given_values.items():
+            if name != "call_id":
+                assert getattr(copy, name) == value, name
+        assert copy == attrs.evolve(context, call_id=call_id)
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            copy.principal = "mallory"  # type: ignore[misc]
+    first.record("plugin", "tool_pre", "allow")
+    assert [d.action for d in first.trail] == ["allow"]
+    assert second.trail == [] and [d.action for d in context.trail] == ["note"]
+    assert context.call_id == "caller-id"
