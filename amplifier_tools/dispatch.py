@@ -32,6 +32,8 @@ from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 log = logging.getLogger("amplifier_tools")
 
 CHAINED_HOOKS: Final = ("tool_pre", "tool_post", "tool_error", "tool_complete")
+#: The hooks a call may run: the chained ones and the ``tool_event`` observers.
+CALL_HOOKS: Final = (*CHAINED_HOOKS, "tool_event")
 
 class _Resume:
     """The rest of a coroutine whose first step already ran, as an awaitable.
@@ -254,6 +256,7 @@ class HookDispatcher:
         # ``enable_tracing`` replaced it, each call goes through the replacement (see ``_start``).
         self._plain_hookexec = pm._inner_hookexec
         self._cache: dict[str, list[Impl]] = {}
+        self._present: frozenset[str] | None = None
         self._generation = -1
         #: More implementations to run in the chain, after the plain pluggy ones and before the
         #: ``trylast`` ones: ``hook -> [(plugin, function, argnames)]`` (the Amplifier bridge).
@@ -262,16 +265,19 @@ class HookDispatcher:
     def invalidate(self) -> None:
         """Recompute the implementation lists on the next call (the set of handlers changed)."""
         self._cache.clear()
+        self._present = None
 
     def configure(self, plugin: str, settings: PluginSettings) -> None:
         """Set how ``plugin``'s failures are treated; takes effect on the next call."""
         self._settings[plugin] = settings
         self._cache.clear()
+        self._present = None
 
     def impls(self, hook: str) -> list[Impl]:
         """Implementations of ``hook`` in call order (pluggy's order)."""
         if self._generation != self._pm.generation:
             self._cache.clear()
+            self._present = None
             self._generation = self._pm.generation
         cached = self._cache.get(hook)
         if cached is not None:
@@ -615,9 +621,14 @@ class HookDispatcher:
             raise asyncio.CancelledError
         return result, first
 
-    def has_event_observers(self) -> bool:
-        """Whether any plugin implements ``tool_event`` (events are not built otherwise)."""
-        return bool(self.impls("tool_event"))
+    def present(self) -> frozenset[str]:
+        """The call hooks (``CALL_HOOKS``) that have at least one implementation: what a call
+        asks once, where asking ``impls`` hook by hook cost a call each."""
+        present = self._present
+        if present is None or self._generation != self._pm.generation:
+            present = frozenset(hook for hook in CALL_HOOKS if self.impls(hook))
+            self._present = present  # after impls(), which clears it when the generation moved
+        return present
 
     async def tool_event(self, event: str, data: dict[str, Any]) -> None:
         """Deliver an event to every ``tool_event`` implementation; failures are logged."""

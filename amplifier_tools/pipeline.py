@@ -108,7 +108,8 @@ class CallPipeline:
         mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
         kept_output: Any = None
         scanned: Any = None  # the output object already scrubbed before tool_post
-        events = self.hooks.has_event_observers()
+        present = self.hooks.present()  # which hooks have implementations, asked once per call
+        events = "tool_event" in present
         ending = False  # the tool_post or tool_error chain has begun: the other must never run
         try:
             if self.closing:
@@ -121,7 +122,7 @@ class CallPipeline:
             _check_arguments(call.arguments, mounted)
             if events:
                 await self.hooks.tool_event("tool:pre", event_data(call, ctx))
-            if self.hooks.impls("tool_pre"):  # no chain, no coroutine and closure to build
+            if "tool_pre" in present:  # no chain, no coroutine and closure to build
                 call = await self.hooks.tool_pre(
                     call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
                 )
@@ -146,7 +147,7 @@ class CallPipeline:
             if self.secrets:
                 output = redact(output, secrets=self.secrets, patterns=False)
             scanned = output
-            has_post = bool(self.hooks.impls("tool_post"))
+            has_post = "tool_post" in present
             if has_post or events or output is not result.output or result.error is not None:
                 # what hooks and observers see; else ``_complete`` builds the one result the caller gets
                 result = ToolResult(True, output, None, result.metadata, call.id)

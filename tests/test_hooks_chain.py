@@ -541,3 +541,40 @@ def test_registration_finds_the_hooks_pluggy_finds() -> None:
                 pm, plugin, name), (plugin, name)
     assert pm.parse_hookimpl_opts(odd, "__init_subclass__") is not None
     assert pm.parse_hookimpl_opts(odd, "__repr__") is not None
+
+
+class EveryCallHook:
+    """tool_pre, tool_post and tool_event, each noting that it ran."""
+
+    name = "late"
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> None:
+        self.ran.append("tool_pre")
+
+    @hookimpl
+    def tool_post(self, result: Any) -> None:
+        self.ran.append("tool_post")
+
+    @hookimpl
+    def tool_event(self, event: str) -> None:
+        self.ran.append(event)
+
+
+async def test_a_plugin_registered_or_unregistered_between_calls_is_heard_from_the_next_call(
+        host_factory: Any, echo: EchoTool) -> None:
+    """Which hooks a call runs is asked once per call (``HookDispatcher.present``): the answer
+    follows plugins registered and unregistered after the host started."""
+    host = await host_factory(ToolsPlugin(echo))
+    assert (await host.call("echo", {"path": "a"})).success
+    late = EveryCallHook()
+    host.plugin_manager.register(late, name="late")
+    assert (await host.call("echo", {"path": "b"})).success
+    assert late.ran == ["tool:pre", "tool_pre", "tool_post", "tool:post"]
+    host.plugin_manager.unregister(late)
+    late.ran.clear()
+    assert (await host.call("echo", {"path": "c"})).success
+    assert late.ran == []
