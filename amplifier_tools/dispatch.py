@@ -213,11 +213,17 @@ class PluginManager(pluggy.PluginManager):
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
         self.generation += 1
-        return super().register(plugin, name)
+        try:
+            return super().register(plugin, name)
+        finally:
+            self.generation += 1  # after too: a list built while pluggy was adding it is not kept
 
     def unregister(self, plugin: Any | None = None, name: str | None = None) -> Any | None:
         self.generation += 1
-        return super().unregister(plugin, name)
+        try:
+            return super().unregister(plugin, name)
+        finally:
+            self.generation += 1
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> pluggy.HookimplOpts | None:
         """pluggy's, skipping at once the names a plugin object only inherits from ``object``
@@ -256,7 +262,11 @@ class HookDispatcher:
         # ``enable_tracing`` replaced it, each call goes through the replacement (see ``_start``).
         self._plain_hookexec = pm._inner_hookexec
         self._cache: dict[str, list[Impl]] = {}
-        self._present: frozenset[str] | None = None
+        #: ``present()``'s answer, and the plugin generation and ``_epoch`` it was computed for.
+        self._present: frozenset[str] = frozenset()
+        self._present_generation = -1
+        self._present_epoch = -1
+        self._epoch = 0  # bumped by invalidate/configure (handler changes pluggy does not count)
         self._generation = -1
         #: More implementations to run in the chain, after the plain pluggy ones and before the
         #: ``trylast`` ones: ``hook -> [(plugin, function, argnames)]`` (the Amplifier bridge).
@@ -264,20 +274,19 @@ class HookDispatcher:
 
     def invalidate(self) -> None:
         """Recompute the implementation lists on the next call (the set of handlers changed)."""
+        self._epoch += 1
         self._cache.clear()
-        self._present = None
 
     def configure(self, plugin: str, settings: PluginSettings) -> None:
         """Set how ``plugin``'s failures are treated; takes effect on the next call."""
         self._settings[plugin] = settings
+        self._epoch += 1
         self._cache.clear()
-        self._present = None
 
     def impls(self, hook: str) -> list[Impl]:
         """Implementations of ``hook`` in call order (pluggy's order)."""
         if self._generation != self._pm.generation:
             self._cache.clear()
-            self._present = None
             self._generation = self._pm.generation
         cached = self._cache.get(hook)
         if cached is not None:
@@ -622,12 +631,17 @@ class HookDispatcher:
         return result, first
 
     def present(self) -> frozenset[str]:
-        """The call hooks (``CALL_HOOKS``) that have at least one implementation: what a call
-        asks once, where asking ``impls`` hook by hook cost a call each."""
-        present = self._present
-        if present is None or self._generation != self._pm.generation:
-            present = frozenset(hook for hook in CALL_HOOKS if self.impls(hook))
-            self._present = present  # after impls(), which clears it when the generation moved
+        """The call hooks (``CALL_HOOKS``) that have at least one implementation, cached until a
+        plugin is registered or unregistered (pluggy's generation) or ``invalidate``/``configure``
+        runs: one question where asking ``impls`` hook by hook cost a call each. The pipeline asks
+        at a call's start and again before ``tool_post`` (a plugin registered while the tool ran
+        gets its ``tool_post``, as it gets its ``tool_complete``)."""
+        generation, epoch = self._pm.generation, self._epoch
+        if self._present_generation == generation and self._present_epoch == epoch:
+            return self._present
+        # The stamps are read before computing: a change meanwhile is seen by the next call.
+        present = frozenset(hook for hook in CALL_HOOKS if self.impls(hook))
+        self._present, self._present_generation, self._present_epoch = present, generation, epoch
         return present
 
     async def tool_event(self, event: str, data: dict[str, Any]) -> None:

@@ -193,6 +193,11 @@ class ToolContext:
 
     def for_call(self, call_id: str) -> ToolContext:
         """A copy for one call: ``call_id`` set, a fresh trail. Used by the host."""
+        if type(self) is not ToolContext:  # a subclass may keep fields elsewhere (slots) or hold more
+            return ToolContext(
+                self.principal, self.role, self.environment, self.scopes, self.secrets, self.idempotency_key,
+                self.deadline, call_id, self.trace_id, self.session_id, self.attributes, [],
+            )
         copy = _new_context(ToolContext)
         fields = copy.__dict__
         fields.update(self.__dict__)

@@ -122,7 +122,7 @@ class CallPipeline:
             _check_arguments(call.arguments, mounted)
             if events:
                 await self.hooks.tool_event("tool:pre", event_data(call, ctx))
-            if "tool_pre" in present:  # no chain, no coroutine and closure to build
+            if "tool_pre" in (self.hooks.present() if events else present):  # re-asked after an awaited observer
                 call = await self.hooks.tool_pre(
                     call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
                 )
@@ -147,7 +147,7 @@ class CallPipeline:
             if self.secrets:
                 output = redact(output, secrets=self.secrets, patterns=False)
             scanned = output
-            has_post = "tool_post" in present
+            has_post = "tool_post" in self.hooks.present()  # asked again: plugins may have come during the tool
             if has_post or events or output is not result.output or result.error is not None:
                 # what hooks and observers see; else ``_complete`` builds the one result the caller gets
                 result = ToolResult(True, output, None, result.metadata, call.id)
