@@ -42,7 +42,7 @@ from .redaction import SecretSet, redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
 from .retry import retry_allowed, run_with_retries
-from .schema import check_json_data
+from .schema import check_json_data, is_plain_json
 
 log = logging.getLogger("amplifier_tools")
 
@@ -374,6 +374,8 @@ def _internal(exc: Exception) -> ToolSystemError:
 
 
 def _check_arguments(arguments: Any, mounted: MountedTool, plugin: str | None = None) -> None:
+    if type(arguments) is dict and is_plain_json(arguments) and mounted.input_validator.is_valid(arguments):
+        return  # the common call: plain JSON the schema accepts, asked without the layers that explain a refusal
     if not isinstance(arguments, dict):
         who = f"plugin {plugin!r} rewrote " if plugin else ""
         raise ContractError(

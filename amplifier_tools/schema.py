@@ -289,14 +289,14 @@ def check_json_data(value: Any, pointer: str = "", depth: int = 0) -> None:
     """Raise ``ContractError`` at the first value JSON cannot represent, or that is too deep
     (``MAX_JSON_DEPTH`` levels) or too large an integer (``MAX_INT_BITS``) to handle safely.
 
-    Valid data (nearly every call's) is confirmed by ``_is_plain_json``, which builds no JSON
+    Valid data (nearly every call's) is confirmed by ``is_plain_json``, which builds no JSON
     pointer; only data it does not vouch for is walked again here, naming where it fails."""
-    if _is_plain_json(value, depth):
+    if is_plain_json(value, depth):
         return
     _locate_non_json(value, pointer, depth)
 
 
-def _is_plain_json(value: Any, depth: int) -> bool:
+def is_plain_json(value: Any, depth: int = 0) -> bool:
     """Whether ``value`` is JSON data of exact builtin types (dict, list, str, int, float, bool,
     None) within the limits ``check_json_data`` sets. False is no verdict: subclasses (enums),
     tuples and every failure go to ``_locate_non_json``."""
@@ -319,7 +319,7 @@ def _is_plain_json(value: Any, depth: int) -> bool:
             if item.bit_length() > MAX_INT_BITS:
                 return False
         elif item_kind is dict or item_kind is list:
-            if not _is_plain_json(item, depth + 1):
+            if not is_plain_json(item, depth + 1):
                 return False
         elif not _is_plain_scalar(item, item_kind):
             return False

@@ -1,6 +1,6 @@
 """``check_json_data``: what is refused as not JSON data, and where it is reported.
 
-Valid data is confirmed by a walk that builds no JSON pointers (``_is_plain_json``); anything it
+Valid data is confirmed by a walk that builds no JSON pointers (``is_plain_json``); anything it
 does not vouch for is walked again by ``_locate_non_json``, which names the failing value. These
 tests hold the two to the same verdicts."""
 
