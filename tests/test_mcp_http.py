@@ -991,3 +991,41 @@ async def test_one_import_header_spelt_twice_names_the_second(tmp_path: Path, mo
     with pytest.raises(PluginLoadError, match=r"headers\.authorization.*are one HTTP header"):
         async with ToolHost(config=cfg, builtins=["mcp"], entry_points=False, discover=False, working_dir=tmp_path):
             pass
+
+
+async def test_without_an_audit_log_a_refusal_is_a_warning_line_few_and_escaped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a review: with the audit plugin off, a 401 (and a tool refused) left no trace at
+    all. Now each is one warning line naming the event and the setting, under the same budget as
+    the events (a flood gives at most MAX_REFUSAL_EVENTS_PER_S lines a second), with what the
+    client chose escaped, never the token."""
+    import math
+    import time
+
+    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, UNAUTHORIZED_EVENT
+
+    caplog.set_level("WARNING", logger="amplifier_tools.mcp")
+    cfg = config(tmp_path)
+    del cfg["plugins"]["audit"]
+    async with served(cfg, builtins=("filesystem", "mcp")) as url, httpx2.AsyncClient() as http:
+        started = time.monotonic()
+        wrong = await http.post(url + "/%1b[2J%0aforged", json={},
+                                headers={"Authorization": "Bearer not-a-token-at-all"})
+        assert wrong.status_code == 401
+        for _ in range(30):
+            assert (await http.post(url, json={})).status_code == 401
+        seconds = math.ceil(time.monotonic() - started) + 1
+        async with session(url, ALICE) as alice:
+            with pytest.raises(MCPError):
+                await alice.call_tool("fs_list_dir", {"path": "."})  # outside alice's tools
+    lines = [r.getMessage() for r in caplog.records if r.name == "amplifier_tools.mcp"]
+    refusals = [line for line in lines if UNAUTHORIZED_EVENT in line]
+    assert refusals and len(refusals) <= min(31, MAX_REFUSAL_EVENTS_PER_S * seconds)
+    assert "'status': 401" in refusals[0] or "status=401" in refusals[0]
+    assert "[plugins.audit]" in refusals[0]
+    assert all("\x1b" not in line and "\n" not in line for line in lines)
+    assert "\\x1b[2J\\nforged" in refusals[0]
+    assert not any("not-a-token-at-all" in line or ALICE in line for line in lines)
+    refused_tool = [line for line in lines if "mcp.http.tool_refused" in line]
+    assert len(refused_tool) == 1 and "fs_list_dir" in refused_tool[0] and "principal='alice'" in refused_tool[0]
+    assert not (tmp_path / "audit.jsonl").exists()

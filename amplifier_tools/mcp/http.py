@@ -6,7 +6,8 @@ the host's ``[secrets]``) whose value is that client's bearer token; a request c
 as that client (its principal, role, environment, scopes) and sees that client's ``tools``. A
 request without a token, or with one no client has, is answered HTTP 401 (as the SDK's bearer
 middleware answers it) and written to the audit log as an ``mcp.http.unauthorized`` event (the
-token itself never is). A session the SDK opened for one client cannot be used with another's token. An HTTP
+token itself never is); a host without an audit log logs it as a warning line instead. A
+session the SDK opened for one client cannot be used with another's token. An HTTP
 server without clients refuses to start, unless ``allow_anonymous = true`` on a loopback address.
 
 Limits, stated plainly: tokens are static shared secrets compared by their SHA-256 digest; there
@@ -227,6 +228,16 @@ class EventBudget:
                                         "client": context.attributes.get("mcp_client"), "tool": _clip(tool)})
 
 
+def log_refusal(event: str, data: dict[str, Any]) -> None:
+    """Where refusals go when the host has no audit log (the audit plugin is off): one warning line
+    each, under the same budgets as the audit events. Every value is written as its ``repr``, so
+    what a client chose (method, path, tool name; clipped before) cannot move the cursor or
+    forge a line."""
+    fields = ", ".join(f"{key}={value!r}" for key, value in data.items())
+    log.warning("serve-mcp: %s: %s (the host has no audit log to keep it: enable the audit plugin, "
+                "[plugins.audit])", event, fields)
+
+
 #: What a request without a client's token is answered (the body and header the SDK's
 #: ``RequireAuthMiddleware`` sends).
 _UNAUTHORIZED_BODY: Final = b'{"error": "invalid_token", "error_description": "Authentication required"}'
@@ -253,7 +264,10 @@ class Gate:
       ``MAX_REFUSAL_EVENTS_PER_S`` a second are written (``EventBudget``), so nobody fills the
       disk through the log; the 401s have a budget of their own, so a flood without a token
       cannot hide a client's refusals. Authentication comes first: a request without a token is
-      a 401, recorded, also while draining.
+      a 401, recorded, also while draining. Built by ``build_app`` for a host without an audit
+      log, the 401s (and ``build_server``'s tool refusals) go to ``log_refusal``, a warning line
+      each under the same budgets, and the app's answers are not watched (``watch_answers``):
+      the SDK's loggers report its 403, 421 and 404 themselves.
     - **Drain**: it counts open requests (not the long-lived GET event streams) and, once
       ``draining``, answers a request that opens a new session (no ``mcp-session-id``) with 503,
       while requests of open sessions still come in — a call in flight gets its result, and the
@@ -262,7 +276,8 @@ class Gate:
     """
 
     def __init__(self, app: Any, tokens: ClientTokens | None, budget: EventBudget,
-                 strangers: EventBudget | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 strangers: EventBudget | None = None, clock: Callable[[], float] = time.monotonic, *,
+                 watch_answers: bool = True) -> None:
         self.app = app
         self.tokens = tokens
         #: Refusals of requests that passed authentication (and the tool refusals of
@@ -271,6 +286,9 @@ class Gate:
         self.budget = budget
         self.strangers = strangers if strangers is not None else EventBudget(budget.record, budget.clock)
         self.clock = clock
+        #: Whether the app's answers are watched for refusals (403, 421, 404) to record: with an
+        #: audit log; without one, the SDK's own log lines report them.
+        self.watch_answers = watch_answers
         self.draining = False
         self._open = 0
         self._changed = clock()
@@ -307,7 +325,7 @@ class Gate:
         if user is not None:
             scope["user"] = user
             reset = auth_context_var.set(user)
-        if self.budget.record is not None:
+        if self.watch_answers and self.budget.record is not None:
             async def watch(message: Any) -> None:
                 if message["type"] == "http.response.start":
                     status = message["status"]
@@ -429,11 +447,13 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
                     "TLS-terminating reverse proxy in front and keep this port off public interfaces "
                     "(docs/mcp.md, limits of the authentication)", settings.host)
     record = host.capabilities.get("audit.event")
-    budget = EventBudget(record)
+    # Without an audit log, the 401s and tool refusals (which nothing else reports) are logged; the
+    # SDK's own answers (403, 421, 404) are not watched, as its loggers already say so (filtered).
+    budget = EventBudget(record or log_refusal)
     server = build_server(host, settings, caller, on_refused=budget.tool_refused)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host,
                                      transport_security=transport_security(settings.host))
-    return Gate(app, tokens, budget, EventBudget(record))
+    return Gate(app, tokens, budget, EventBudget(record or log_refusal), watch_answers=record is not None)
 
 
 def _listen(settings: ServeSettings) -> socket.socket:
