@@ -267,7 +267,7 @@ class Gate:
       a 401, recorded, also while draining. Built by ``build_app`` for a host without an audit
       log, the 401s (and ``build_server``'s tool refusals) go to ``log_refusal``, a warning line
       each under the same budgets, and the app's answers are not watched (``watch_answers``):
-      the SDK's loggers report its 403, 421 and 404 themselves.
+      the SDK's loggers report a refused Host or Origin and a session used with another token.
     - **Drain**: it counts open requests (not the long-lived GET event streams) and, once
       ``draining``, answers a request that opens a new session (no ``mcp-session-id``) with 503,
       while requests of open sessions still come in — a call in flight gets its result, and the
@@ -448,7 +448,8 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
                     "(docs/mcp.md, limits of the authentication)", settings.host)
     record = host.capabilities.get("audit.event")
     # Without an audit log, the 401s and tool refusals (which nothing else reports) are logged; the
-    # SDK's own answers (403, 421, 404) are not watched, as its loggers already say so (filtered).
+    # SDK's own answers are not watched: its loggers report a refused Host or Origin and a session
+    # used with another token (an unknown session's 404 only at INFO).
     budget = EventBudget(record or log_refusal)
     server = build_server(host, settings, caller, on_refused=budget.tool_refused)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host,
