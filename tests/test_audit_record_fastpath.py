@@ -180,3 +180,25 @@ def test_a_trail_of_none_is_written_as_null_as_the_reference_does() -> None:
     call = ToolCall("c", SPECS[0].name, {})
     got, expected = _both(call, SPECS[0], ToolResult(True, "ok", None, {"trail": None}), ToolContext(session_id="s"))
     assert got == expected and b'"trail":null' in got
+
+
+@pytest.mark.parametrize("spliced", [True, False])
+def test_a_secret_in_the_callers_session_id_or_the_tools_attempts_is_redacted(spliced: bool) -> None:
+    """Found by a review: the reference record wrote ``session_id`` (a caller-built context's) and
+    ``attempts`` (a tool's result metadata, when the host did not retry) as they were, so a secret
+    or a credential there reached the log, whichever path built the record (the splice hands any
+    record with a hit to the reference path)."""
+    secrets = SecretSet([SECRET])
+    spec = SPECS[0]
+    context = ToolContext(principal="p", session_id=f"session-{SECRET}")
+    result = ToolResult(True, "ok", None, {"attempts": "Bearer abcdefgh12345678", "duration_ms": 1.0}, "c1")
+    call = ToolCall("c1", spec.name, {"path": "README.md"})
+    settings_ = AuditSettings(redact_patterns=True)
+    if spliced:
+        body = audit.record_body(call, spec, result, context, call.arguments, settings_, secrets)
+    else:
+        body = _json.dumps(audit.build_record(call, spec, result, context, call.arguments, settings_, secrets))
+    text = body.decode()
+    assert SECRET not in text and "abcdefgh12345678" not in text
+    assert '"session_id":"session-[REDACTED]"' in text
+    assert '"attempts":"Bearer [REDACTED]"' in text or '"attempts":"[REDACTED]"' in text

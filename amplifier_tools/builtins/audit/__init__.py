@@ -129,10 +129,13 @@ def _raw_parts(call: ToolCall, spec: ToolSpec | None, result: ToolResult, contex
         changed = True
     # Who and what: the tool name and call id come from the caller, the version from the tool (an
     # imported server's own string), so they are redacted like the rest.
+    # The session id is the caller's too (a ToolContext it built), and ``attempts`` the tool's when
+    # the host did not retry (whatever its result's metadata said).
     about = {"tool": call.name, "tool_version": spec.version if spec is not None else None,
-             "definition": definition_of(spec), "call_id": call.id,
+             "definition": definition_of(spec), "call_id": call.id, "session_id": context.session_id,
              "trace_id": context.trace_id, "principal": context.principal, "role": context.role,
-             "environment": context.environment, "scopes": sorted(context.scopes)}
+             "environment": context.environment, "scopes": sorted(context.scopes),
+             "attempts": result.metadata.get("attempts", 1)}
     return {"about": about, "arguments": call.arguments, "original_arguments": original if changed else None,
             "output": result.output, "trail": result.metadata.get("trail", []),
             "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
@@ -148,7 +151,7 @@ def _assemble(io: dict[str, Any], spec: ToolSpec | None, result: ToolResult, con
         "kind": "call",
         "ts": ts,
         "call_id": about["call_id"],
-        "session_id": context.session_id,
+        "session_id": about["session_id"],
         "trace_id": about["trace_id"],
         "tool": about["tool"],
         "tool_version": about["tool_version"],
@@ -165,7 +168,7 @@ def _assemble(io: dict[str, Any], spec: ToolSpec | None, result: ToolResult, con
         "error": io["error"],
         "output_bytes": len(output_bytes),
         "output_sha256": hashlib.sha256(output_bytes).hexdigest() if output_bytes else None,
-        "attempts": result.metadata.get("attempts", 1),
+        "attempts": about["attempts"],
         "duration_ms": round(float(result.metadata.get("duration_ms", 0.0)), 3),
     }
 

@@ -16,10 +16,11 @@ beyond 64 bits for orjson) sends the record down the reference path, which encod
 Redaction is decided as the reference path's pre-scan decides it: every string that a caller,
 a tool or a plugin put in the record is searched, as encoded, for the forms of the host's secrets
 and, when patterns are on, for the credential patterns' trigger words; a hit anywhere answers
-``None`` and the caller takes ``build_record``, which redacts. The host's own members (time,
-duration, attempts, status, size, output hash, kind, version) are not searched: they hold digits,
-hex and fixed words from which no trigger can be made, and the reference path does not redact
-them either.
+``None`` and the caller takes ``build_record``, which redacts (the session id and ``attempts``
+included: a caller builds its own context, and a tool's result metadata may say anything under
+``attempts`` when the host did not retry). The host's own members (time, duration, status,
+size, output hash, kind, version) are not searched: they hold digits, hex and fixed words from
+which no trigger can be made, and the reference path does not redact them either.
 
 What it does not cover: records with redaction rules or rich content, and values JSON cannot say
 as they are (NaN, infinities, lone surrogates, huge integers, non-string keys): ``record_body``
@@ -158,7 +159,7 @@ def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     if matcher is not None or patterns:
         # Every caller-, tool- or plugin-given string, as encoded; the constant members were searched once.
         text = b"\n".join((arguments, output_bytes, original_bytes, trail_bytes, error_bytes, call_id,
-                           trace_id)).decode("utf-8")
+                           trace_id, attempts_bytes)).decode("utf-8")
         if patterns and (segments.pattern_hit or may_hold_pattern(text)):
             return None
         if matcher is not None and (segments.secret_in(matcher) or (matcher.walk_on_escape and "\\" in text)
