@@ -374,8 +374,10 @@ def _internal(exc: Exception) -> ToolSystemError:
 
 
 def _check_arguments(arguments: Any, mounted: MountedTool, plugin: str | None = None) -> None:
-    if type(arguments) is dict and is_plain_json(arguments) and mounted.input_validator.is_valid(arguments):
-        return  # the common call: plain JSON the schema accepts, asked without the layers that explain a refusal
+    if type(arguments) is dict and is_plain_json(arguments):
+        if mounted.input_validator.is_valid(arguments):
+            return  # the common call: plain JSON the schema accepts, asked without the layers that explain a refusal
+        mounted.refuse_input(arguments, plugin=plugin)  # asked once: a refusal is not validated twice
     if not isinstance(arguments, dict):
         who = f"plugin {plugin!r} rewrote " if plugin else ""
         raise ContractError(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 
@@ -39,14 +39,18 @@ class MountedTool:
     def check_input(self, arguments: Any, *, plugin: str | None = None) -> None:
         """Raise ``ContractError`` naming the first bad field (by JSON pointer)."""
         if not self.input_validator.is_valid(arguments):
-            pointer, message = describe_errors(self.input_validator, arguments)
-            who = f" (rewritten by plugin {plugin!r})" if plugin else ""
-            raise ContractError(
-                f"invalid arguments for tool {self.spec.name!r}{who}: {message}",
-                code="invalid_input",
-                pointer=pointer,
-                plugin=plugin,
-            )
+            self.refuse_input(arguments, plugin=plugin)
+
+    def refuse_input(self, arguments: Any, *, plugin: str | None = None) -> NoReturn:
+        """Raise the ``ContractError`` for ``arguments`` the input schema refused (already asked)."""
+        pointer, message = describe_errors(self.input_validator, arguments)
+        who = f" (rewritten by plugin {plugin!r})" if plugin else ""
+        raise ContractError(
+            f"invalid arguments for tool {self.spec.name!r}{who}: {message}",
+            code="invalid_input",
+            pointer=pointer,
+            plugin=plugin,
+        )
 
     def check_output(self, output: Any, *, plugin: str | None = None) -> None:
         """Raise ``ContractError`` when ``output`` breaks the declared output schema."""

@@ -48,14 +48,15 @@ OPTIONAL_WORDS = st.one_of(st.none(), WORDS)
        output=VALUES, failed=st.booleans(), message=WORDS, spec=st.sampled_from([*SPECS, None]),
        name=st.one_of(st.none(), WORDS), principal=WORDS, role=OPTIONAL_WORDS, environment=OPTIONAL_WORDS,
        scopes=st.frozensets(WORDS, max_size=3), trace_id=OPTIONAL_WORDS, call_id=WORDS,
-       attempts=st.one_of(st.none(), st.integers(1, 5), WORDS), duration=st.one_of(st.none(), st.floats(0, 1e20)),
+       attempts=st.one_of(st.none(), st.integers(1, 5), WORDS, st.floats()),
+       duration=st.one_of(st.none(), st.floats(0, 1e20)), session=OPTIONAL_WORDS,
        record_output=st.booleans(), patterns=st.booleans(), secret=st.booleans(), stdlib=st.booleans(),
-       trail=st.lists(st.dictionaries(WORDS, WORDS, max_size=2), max_size=2))
+       trail=st.lists(st.dictionaries(WORDS, st.one_of(WORDS, st.floats()), max_size=2), max_size=2))
 def test_the_fast_record_is_the_reference_record(
         arguments: dict[str, Any], original: Any, output: Any, failed: bool, message: str, spec: ToolSpec | None,
         name: str | None, principal: str, role: str | None, environment: str | None, scopes: frozenset[str],
-        trace_id: str | None, call_id: str, attempts: Any, duration: float | None, record_output: bool,
-        patterns: bool, secret: bool, stdlib: bool, trail: list[Any]) -> None:
+        trace_id: str | None, call_id: str, attempts: Any, duration: float | None, session: str | None,
+        record_output: bool, patterns: bool, secret: bool, stdlib: bool, trail: list[Any]) -> None:
     """Every member the splice takes from the tool, the caller or the call, with either encoder."""
     tool = name if name is not None or spec is None else spec.name
     call = ToolCall(call_id, tool or "unknown", arguments)
@@ -67,7 +68,7 @@ def test_the_fast_record_is_the_reference_record(
         metadata["duration_ms"] = duration
     result = ToolResult(not failed, output, error, metadata, call_id)
     context = ToolContext(principal=principal, role=role, environment=environment, scopes=scopes,
-                          trace_id=trace_id, session_id="session_1")
+                          trace_id=trace_id, session_id=session)
     settings_ = AuditSettings(record_output=record_output, redact_patterns=patterns)
     original = arguments if original is None else original
     with mock.patch.object(_json, "orjson", None if stdlib else _json._fast()):

@@ -1029,3 +1029,19 @@ async def test_without_an_audit_log_a_refusal_is_a_warning_line_few_and_escaped(
     refused_tool = [line for line in lines if "mcp.http.tool_refused" in line]
     assert len(refused_tool) == 1 and "fs_list_dir" in refused_tool[0] and "principal='alice'" in refused_tool[0]
     assert not (tmp_path / "audit.jsonl").exists()
+
+
+
+async def test_without_an_audit_log_a_token_in_the_path_is_not_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a review: a client that puts its token in the URL (``.../mcp/<token>``) and no Authorization header
+    gets a 401. The audit event's path is redacted (the token is in session.secrets); the warning
+    line written instead when the audit plugin is off carries it in clear (64 chars fit a token)."""
+    caplog.set_level("WARNING", logger="amplifier_tools.mcp")
+    cfg = config(tmp_path)
+    del cfg["plugins"]["audit"]
+    async with served(cfg, builtins=("filesystem", "mcp")) as url, httpx2.AsyncClient() as http:
+        assert (await http.post(f"{url}/{BOB}", json={})).status_code == 401
+    lines = [r.getMessage() for r in caplog.records if r.name == "amplifier_tools.mcp"]
+    assert any("mcp.http.unauthorized" in line for line in lines)
+    assert not any(BOB in line for line in lines), lines

@@ -290,3 +290,24 @@ async def test_a_working_directory_that_is_not_one_stops_the_start(tmp_path: Pat
     assert refused.value.key == "working_dir" and str(where) in str(refused.value)
     assert ("does not exist" if kind == "missing" else "is not a directory") in str(refused.value)
     assert not host.started
+
+
+
+def test_a_refused_call_asks_the_input_schema_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a review of e7f70ea (the one-step argument check): before it, a refusal cost one
+    ``is_valid`` (then ``iter_errors`` to explain it); the early return's ``is_valid`` was asked
+    again by ``check_input``, so a client's refused calls (an expensive ``pattern``, a large array)
+    cost one more full validation each."""
+    from amplifier_tools import pipeline, registry, schema
+    from amplifier_tools.errors import ContractError
+
+    asked: list[bool] = []
+    real = schema.CompiledSchema.is_valid
+    monkeypatch.setattr(schema.CompiledSchema, "is_valid", lambda self, value: asked.append(True) or real(self, value))
+    spec = ToolSpec(name="t::t", version="1.0.0", description="d", effect="Pure",
+                    input_schema={"type": "object", "properties": {"p": {"type": "string", "pattern": "^a+$"}}})
+    validator = schema.compile_validator(spec.input_schema, owner=spec.name, which="input_schema")
+    mounted = registry.MountedTool(spec, None, "x", "t", validator, None, lambda a: None, False)
+    with pytest.raises(ContractError, match="does not match"):
+        pipeline._check_arguments({"p": "b"}, mounted)
+    assert len(asked) == 1

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import gc
 import hashlib
 import logging
@@ -38,6 +39,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from ..errors import AuthError, ConfigError
 from ..host import ToolHost
+from ..redaction import SecretSet, redact
 from ..secrets_table import EnvironmentSecrets
 from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
@@ -228,11 +230,13 @@ class EventBudget:
                                         "client": context.attributes.get("mcp_client"), "tool": _clip(tool)})
 
 
-def log_refusal(event: str, data: dict[str, Any]) -> None:
+def log_refusal(event: str, data: dict[str, Any], secrets: SecretSet | None = None) -> None:
     """Where refusals go when the host has no audit log (the audit plugin is off): one warning line
     each, under the same budgets as the audit events. Every value is written as its ``repr``, so
     what a client chose (method, path, tool name; clipped before) cannot move the cursor or
-    forge a line."""
+    forge a line; and redacted as the audit event would be (the host's secrets, among them the
+    clients' tokens, and credential shapes), so a token sent in the path is not written out."""
+    data = redact(data, secrets=secrets if secrets is not None else (), patterns=True)
     fields = ", ".join(f"{key}={value!r}" for key, value in data.items())
     log.warning("serve-mcp: %s: %s (the host has no audit log to keep it: enable the audit plugin, "
                 "[plugins.audit])", event, fields)
@@ -450,11 +454,14 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
     # Without an audit log, the 401s and tool refusals (which nothing else reports) are logged; the
     # SDK's own answers are not watched: its loggers report a refused Host or Origin and a session
     # used with another token (an unknown session's 404 only at INFO).
-    budget = EventBudget(record or log_refusal)
+    watch = record is not None
+    if record is None:
+        record = functools.partial(log_refusal, secrets=host.capabilities.get("session.secrets"))
+    budget = EventBudget(record)
     server = build_server(host, settings, caller, on_refused=budget.tool_refused)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host,
                                      transport_security=transport_security(settings.host))
-    return Gate(app, tokens, budget, EventBudget(record or log_refusal), watch_answers=record is not None)
+    return Gate(app, tokens, budget, EventBudget(record), watch_answers=watch)
 
 
 def _listen(settings: ServeSettings) -> socket.socket:

@@ -40,7 +40,7 @@ from ...redaction import SecretSet, redact
 from ...spec import ToolSpec
 from .chain import SCHEMA_VERSION, anchor_path, definition_of, encode_body, log_location
 from .settings import AuditSettings
-from .spliced import may_hold_nonfinite, spliced_body
+from .spliced import has_nonfinite, may_hold_nonfinite, spliced_body
 from .writer import AuditWriteError, AuditWriter
 
 log = logging.getLogger("amplifier_tools.audit")
@@ -81,7 +81,8 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         output_bytes = dumps(io["output"]) if result.output is not None else b""
         # NaN and infinities encode, but not as themselves (orjson: null; json: a non-JSON token):
         # look for them only when the encoded values could hold one.
-        suspect = may_hold_nonfinite(output_bytes) or may_hold_nonfinite(dumps(io["arguments"]))
+        suspect = may_hold_nonfinite(output_bytes) or may_hold_nonfinite(dumps(io["arguments"])) \
+            or has_nonfinite((io["about"], io["trail"], io["error"]))
     except Exception:  # not encodable as it is (a hostile __str__ too): escaped or summarized below
         suspect = failed = True
     else:
@@ -97,7 +98,9 @@ def build_record(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
     if "content" in io:
         record["content"] = io["content"]
     if altered:
-        record["altered"] = altered
+        # The notes name paths as they were (a key holding a secret or a credential included):
+        # redacted like the values they point at.
+        record["altered"] = redact(altered, secrets=secrets, patterns=settings.redact_patterns)
     return record
 
 
@@ -134,12 +137,25 @@ def _raw_parts(call: ToolCall, spec: ToolSpec | None, result: ToolResult, contex
     about = {"tool": call.name, "tool_version": spec.version if spec is not None else None,
              "definition": definition_of(spec), "call_id": call.id, "session_id": context.session_id,
              "trace_id": context.trace_id, "principal": context.principal, "role": context.role,
-             "environment": context.environment, "scopes": sorted(context.scopes),
+             "environment": context.environment, "scopes": _sorted_scopes(context.scopes),
              "attempts": result.metadata.get("attempts", 1)}
     return {"about": about, "arguments": call.arguments, "original_arguments": original if changed else None,
             "output": result.output, "trail": result.metadata.get("trail", []),
             "error": {"type": error.get("type"), "code": error.get("code"), "message": error.get("message"),
                       "plugin": error.get("plugin")} if error else None}
+
+
+def _sorted_scopes(scopes: Any) -> list[Any]:
+    """``sorted(scopes)``, or, for scopes that do not compare (a caller's ``{"read", 1}``), an
+    order by type and repr: the record is written whatever a caller built (the splice, whose
+    ``sorted`` raises, hands such a record here)."""
+    try:
+        return sorted(scopes)
+    except Exception:
+        try:
+            return sorted(scopes, key=lambda scope: (type(scope).__name__, repr(scope)))
+        except Exception:
+            return [f"<{type(scopes).__name__}>"]
 
 
 def _assemble(io: dict[str, Any], spec: ToolSpec | None, result: ToolResult, context: ToolContext,

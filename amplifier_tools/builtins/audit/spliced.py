@@ -30,6 +30,7 @@ sends those to the reference path.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any, Final
 
 from ..._json import piece_encoder
@@ -51,7 +52,7 @@ class Segments:
     session_id | status | tool tool_version | trace_id trail ts v``), and what a search of them
     found: the credential patterns' triggers once, the secrets once per matcher."""
 
-    __slots__ = ("_secrets", "definition", "effect", "pattern_hit", "spec", "text", "tool", "who")
+    __slots__ = ("_secrets", "definition", "effect", "pattern_hit", "plain", "spec", "text", "tool", "who")
 
     def __init__(self, spec: ToolSpec | None, name: Any, context: ToolContext, encode: Any) -> None:
         self.spec = spec
@@ -65,6 +66,10 @@ class Segments:
         self.tool = b',"tool":%s,"tool_version":%s' % (
             _member(encode, name), _member(encode, spec.version if spec is not None else None))
         self.text = b"\n".join((self.definition, self.effect, self.who, self.tool)).decode("utf-8")
+        #: Whether the caller's members and the name are strings or None (scopes strings): no NaN in them.
+        self.plain = all(value is None or value.__class__ is str for value in (
+            name, context.principal, context.role, context.environment, context.session_id)) \
+            and all(scope.__class__ is str for scope in context.scopes)
         self.pattern_hit = may_hold_pattern(self.text)
         #: The last matcher searched for and its verdict, replaced together (one reference).
         self._secrets: tuple[SecretMatcher | None, bool] = (None, False)
@@ -118,6 +123,18 @@ def _segments_for(spec: ToolSpec | None, name: Any, context: ToolContext, encode
 _TAIL: Final = b'","v":%d}' % SCHEMA_VERSION
 
 
+def has_nonfinite(value: Any) -> bool:
+    """Whether ``value`` holds NaN or an infinity (a float, or one inside dicts, lists, tuples).
+    For the small members neither encoder's text tells apart (``null`` is common in them)."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(has_nonfinite(item) for item in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(has_nonfinite(item) for item in value)
+    return False
+
+
 def may_hold_nonfinite(encoded: bytes) -> bool:
     """Whether encoded JSON may stand for NaN or an infinity (orjson writes ``null``, json ``NaN``)."""
     return b"null" in encoded or b"NaN" in encoded or b"Infinity" in encoded
@@ -153,6 +170,14 @@ def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
         attempts = result.metadata.get("attempts", 1)
         attempts_bytes = b"1" if attempts == 1 and attempts.__class__ is int else _member(encode, attempts)
         duration = encode(round(float(result.metadata.get("duration_ms", 0.0)), 3))
+        # NaN in a member neither encoder's text tells apart (``null`` is common in them) goes to the
+        # reference path, which writes it as a string and notes it in ``altered``. The common call's
+        # members (an int, no trail, no error, strings) hold none: walked only when one is not that.
+        if (trail or error or attempts.__class__ is not int or call.id.__class__ is not str
+                or not (context.trace_id is None or context.trace_id.__class__ is str) or not segments.plain) \
+                and has_nonfinite((attempts, trail, error, call.id, context.trace_id, context.principal,
+                                   context.role, context.environment, context.scopes, context.session_id)):
+            return None
     except Exception:  # not encodable as it is by this encoder: the reference path escapes it
         return None
     matcher = secrets.matcher
