@@ -108,7 +108,7 @@ class CallPipeline:
         mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
         kept_output: Any = None
         scanned: Any = None  # the output object already scrubbed before tool_post
-        present = self.hooks.present()  # which hooks have implementations, asked once per call
+        present = self.hooks.present()  # which hooks have implementations (cached; asked again below)
         events = "tool_event" in present
         ending = False  # the tool_post or tool_error chain has begun: the other must never run
         try:

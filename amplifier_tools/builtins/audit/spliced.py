@@ -54,8 +54,12 @@ class Segments:
 
     __slots__ = ("_secrets", "definition", "effect", "pattern_hit", "plain", "spec", "text", "tool", "who")
 
-    def __init__(self, spec: ToolSpec | None, name: Any, context: ToolContext, encode: Any) -> None:
+    def __init__(self, spec: ToolSpec | None, name: Any, context: ToolContext, encode: Any,
+                 plain: bool = False) -> None:
         self.spec = spec
+        #: The name and the caller's members are strings or None (``_segments_for``'s check for
+        #: keeping them): no NaN can be among them. False says nothing (they are walked per call).
+        self.plain = plain
         definition = definition_of(spec)
         self.definition = b',"definition":' + encode([definition])[1:-1] if definition is not None else b""
         self.effect = b',"effect":%s,"environment":%s' % (
@@ -66,10 +70,6 @@ class Segments:
         self.tool = b',"tool":%s,"tool_version":%s' % (
             _member(encode, name), _member(encode, spec.version if spec is not None else None))
         self.text = b"\n".join((self.definition, self.effect, self.who, self.tool)).decode("utf-8")
-        #: Whether the caller's members and the name are strings or None (scopes strings): no NaN in them.
-        self.plain = all(value is None or value.__class__ is str for value in (
-            name, context.principal, context.role, context.environment, context.session_id)) \
-            and all(scope.__class__ is str for scope in context.scopes)
         self.pattern_hit = may_hold_pattern(self.text)
         #: The last matcher searched for and its verdict, replaced together (one reference).
         self._secrets: tuple[SecretMatcher | None, bool] = (None, False)
@@ -111,7 +111,7 @@ def _segments_for(spec: ToolSpec | None, name: Any, context: ToolContext, encode
     key = (id(spec), name, principal, role, environment, scopes, session)
     found = _segments.get(key)
     if found is None or found.spec is not spec:  # a new pair, or another spec at a reused id
-        found = Segments(spec, name, context, encode)
+        found = Segments(spec, name, context, encode, plain=True)
         if len(found.text) <= MAX_CACHED_CHARS:
             if len(_segments) >= MAX_SEGMENTS:
                 _segments.clear()
