@@ -136,8 +136,11 @@ def has_nonfinite(value: Any) -> bool:
 
 
 def may_hold_nonfinite(encoded: bytes) -> bool:
-    """Whether encoded JSON may stand for NaN or an infinity (orjson writes ``null``, json ``NaN``)."""
-    return b"null" in encoded or b"NaN" in encoded or b"Infinity" in encoded
+    """Whether encoded JSON may stand for NaN or an infinity (orjson writes ``null``, json ``NaN``).
+
+    ``find``, not ``in``: CPython's ``bytes.__contains__`` first tries its argument as an integer,
+    which for ``bytes`` raises and clears a formatted ``TypeError`` each time (three per check)."""
+    return encoded.find(b"null") >= 0 or encoded.find(b"NaN") >= 0 or encoded.find(b"Infinity") >= 0
 
 
 def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, context: ToolContext,
