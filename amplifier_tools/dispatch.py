@@ -114,6 +114,11 @@ else:  # pragma: no cover - exercised by the py310 tox env
             raise TimeoutError from None
 
 
+def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The keys a ``Modify`` added, removed or changed, sorted (for the trail's ``modify`` note)."""
+    return sorted(set(after) ^ set(before) | {key for key in after if key in before and after[key] != before[key]})
+
+
 def _pending(impl: Impl, out: Any) -> bool:
     """Whether what ``impl`` returned must still be awaited (an async implementation's coroutine)."""
     return impl.is_async or (out is not None and inspect.isawaitable(out))
@@ -502,11 +507,8 @@ class HookDispatcher:
                 except ContractError as exc:
                     context.record(impl.plugin, "tool_pre", "invalid_modify", exc.message)
                     raise
-                changed = sorted(
-                    set(out.arguments) ^ set(call.arguments)
-                    | {k for k in out.arguments if k in call.arguments and out.arguments[k] != call.arguments[k]}
-                )
-                context.record(impl.plugin, "tool_pre", "modify", out.reason, changed=changed)
+                context.record(impl.plugin, "tool_pre", "modify", out.reason,
+                               changed=_changed_keys(call.arguments, out.arguments))
                 call = kwargs["call"] = ToolCall(call.id, call.name, out.arguments)
                 continue
             context.record(impl.plugin, "tool_pre", "failed", f"returned {type(out).__name__}")
@@ -639,7 +641,12 @@ class HookDispatcher:
         generation, epoch = self._pm.generation, self._epoch
         if self._present_generation == generation and self._present_epoch == epoch:
             return self._present
-        # The stamps are read before computing: a change meanwhile is seen by the next call.
+        return self._refresh_present(generation, epoch)
+
+    def _refresh_present(self, generation: int, epoch: int) -> frozenset[str]:
+        """``present``'s answer computed for the stamps ``generation`` and ``epoch``, read before
+        computing (a change meanwhile is seen by the next call). Apart from ``present``: its
+        comprehension would make ``self`` a cell on every call."""
         present = frozenset(hook for hook in CALL_HOOKS if self.impls(hook))
         self._present, self._present_generation, self._present_epoch = present, generation, epoch
         return present

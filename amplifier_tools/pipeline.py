@@ -31,6 +31,7 @@ import itertools
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .amplifier_hooks import event_data, result_data
@@ -42,7 +43,6 @@ from .redaction import SecretSet, redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
 from .retry import retry_allowed, run_with_retries
-from .schema import check_json_data, is_plain_json
 
 log = logging.getLogger("amplifier_tools")
 
@@ -119,13 +119,11 @@ class CallPipeline:
             spec = mounted.spec
             if call.name != spec.name:  # hooks and records always see the canonical name
                 call = ToolCall(call.id, spec.name, call.arguments)
-            _check_arguments(call.arguments, mounted)
+            mounted.check_arguments(call.arguments)
             if events:
                 await self.hooks.tool_event("tool:pre", event_data(call, ctx))
             if "tool_pre" in (self.hooks.present() if events else present):  # re-asked after an awaited observer
-                call = await self.hooks.tool_pre(
-                    call, spec, ctx, lambda args, plugin: _check_arguments(args, mounted, plugin)
-                )
+                call = await self.hooks.tool_pre(call, spec, ctx, mounted.check_arguments)
             for ref in spec.security.secret_refs:  # resolving registers the value host-wide
                 ctx.secret(ref)
             if self.closing:  # admitted before close, but the tool has not started: do not start it now
@@ -154,18 +152,7 @@ class CallPipeline:
 
             ending = True
             if has_post:
-                def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
-                    if replacement.success:
-                        try:
-                            mounted.check_output(replacement.output, plugin=plugin)
-                        except ContractError as exc:
-                            return self._failure_result(call, mounted, ctx, exc)
-                    return replacement
-
-                result = await self.hooks.tool_post(
-                    call, spec, result, ctx, revalidate,
-                    lambda error: self._failure_result(call, mounted, ctx, error),
-                )
+                result = await self.hooks.tool_post(call, spec, result, ctx, *self._post_callbacks(call, mounted, ctx))
             if events:
                 await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
         except ToolError as error:
@@ -330,7 +317,33 @@ class CallPipeline:
             return result
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
+        result, _ = await self.hooks.tool_complete(call, spec, result, ctx, self._withholder(call, mounted, ctx))
+        if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
+            metadata = {**result.metadata, "trail": _trail(ctx)}
+            result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
+        return result
 
+    # The hook chains' callbacks are built by these helpers, not inline: a variable an inner
+    # function captures is a cell for the whole of the function that defines it, made on every
+    # call, so ``_run`` and ``_complete`` capture nothing (a call without those hooks builds none).
+
+    def _post_callbacks(self, call: ToolCall, mounted: MountedTool, ctx: ToolContext) -> tuple[
+            Callable[[ToolResult, str], ToolResult], Callable[[ToolError], ToolResult]]:
+        """``tool_post``'s ``revalidate`` (a replaced output is checked against the output schema)
+        and the failure result a failing hook's error becomes."""
+        def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
+            if replacement.success:
+                try:
+                    mounted.check_output(replacement.output, plugin=plugin)
+                except ContractError as exc:
+                    return self._failure_result(call, mounted, ctx, exc)
+            return replacement
+
+        return revalidate, lambda error: self._failure_result(call, mounted, ctx, error)
+
+    def _withholder(self, call: ToolCall, mounted: MountedTool | None,
+                    ctx: ToolContext) -> Callable[[ToolResult, ToolError], ToolResult]:
+        """``tool_complete``'s result for an observer that failed closed."""
         def withheld(current: ToolResult, error: ToolError) -> ToolResult:
             """An observer failed closed: the output is withheld; a failed call keeps its first error."""
             trail = _trail(ctx)
@@ -338,11 +351,7 @@ class CallPipeline:
                 call, mounted, ctx, error).error
             return ToolResult(False, None, failure, {**current.metadata, "trail": trail}, call.id)
 
-        result, _ = await self.hooks.tool_complete(call, spec, result, ctx, withheld)
-        if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
-            metadata = {**result.metadata, "trail": _trail(ctx)}
-            result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
-        return result
+        return withheld
 
     def _scrubbed(self, result: ToolResult, scanned: Any = None) -> ToolResult:
         """``result`` with every registered secret redacted from its output, error and metadata:
@@ -373,31 +382,6 @@ def _internal(exc: Exception) -> ToolSystemError:
     return ToolSystemError(f"internal error: {type(exc).__name__}: {exc}", cause=type(exc).__name__)
 
 
-def _check_arguments(arguments: Any, mounted: MountedTool, plugin: str | None = None) -> None:
-    if type(arguments) is dict and is_plain_json(arguments):
-        if mounted.input_validator.is_valid(arguments):
-            return  # the common call: plain JSON the schema accepts, asked without the layers that explain a refusal
-        mounted.refuse_input(arguments, plugin=plugin)  # asked once: a refusal is not validated twice
-    if not isinstance(arguments, dict):
-        who = f"plugin {plugin!r} rewrote " if plugin else ""
-        raise ContractError(
-            f"{who}arguments for tool {mounted.spec.name!r} must be a JSON object, got {type(arguments).__name__}",
-            code="invalid_input",
-            pointer="",
-            plugin=plugin,
-        )
-    try:
-        check_json_data(arguments)
-    except ContractError as exc:
-        raise ContractError(
-            f"arguments for tool {mounted.spec.name!r} are not JSON data: {exc.message}",
-            code="invalid_json",
-            pointer=exc.details.get("pointer", ""),
-            plugin=plugin,
-        ) from None
-    mounted.check_input(arguments, plugin=plugin)
-
-
 def _trail(ctx: ToolContext) -> list[Any]:
     """The call's decision trail as JSON data (cattrs is imported by the first call that has a decision,
     not by a host's start; an empty trail, the common case, needs no import statement per call)."""
@@ -405,4 +389,4 @@ def _trail(ctx: ToolContext) -> list[Any]:
         return []
     from ._converter import converter
 
-    return [converter.unstructure(decision) for decision in ctx.trail]
+    return list(map(converter.unstructure, ctx.trail))  # no comprehension: it would make ``converter`` a cell

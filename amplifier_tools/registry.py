@@ -16,7 +16,7 @@ import attrs
 
 from .definitions import model_name
 from .errors import ConfigError, ContractError
-from .schema import Validator, compile_validator, describe_errors
+from .schema import Validator, check_json_data, compile_validator, describe_errors, is_plain_json
 from .spec import ToolSpec, spec_from_tool
 
 
@@ -35,6 +35,33 @@ class MountedTool:
     #: A seed-style module's tool: its input also carries ``_tool_call_id`` (after validation), as
     #: Amplifier's orchestrators pass it.
     seed: bool = False
+
+    def check_arguments(self, arguments: Any, plugin: str | None = None) -> None:
+        """Raise ``ContractError`` unless ``arguments`` are a JSON object of plain JSON data that the
+        input schema accepts: a call's arguments, and again those a ``tool_pre`` plugin rewrote
+        (``plugin``: named in the error; positional, as the hook chain calls this bound method)."""
+        if type(arguments) is dict and is_plain_json(arguments):
+            if self.input_validator.is_valid(arguments):
+                return  # the common call: plain JSON the schema accepts, without the layers that explain a refusal
+            self.refuse_input(arguments, plugin=plugin)  # asked once: a refusal is not validated twice
+        if not isinstance(arguments, dict):
+            who = f"plugin {plugin!r} rewrote " if plugin else ""
+            raise ContractError(
+                f"{who}arguments for tool {self.spec.name!r} must be a JSON object, got {type(arguments).__name__}",
+                code="invalid_input",
+                pointer="",
+                plugin=plugin,
+            )
+        try:
+            check_json_data(arguments)
+        except ContractError as exc:
+            raise ContractError(
+                f"arguments for tool {self.spec.name!r} are not JSON data: {exc.message}",
+                code="invalid_json",
+                pointer=exc.details.get("pointer", ""),
+                plugin=plugin,
+            ) from None
+        self.check_input(arguments, plugin=plugin)
 
     def check_input(self, arguments: Any, *, plugin: str | None = None) -> None:
         """Raise ``ContractError`` naming the first bad field (by JSON pointer)."""

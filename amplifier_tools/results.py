@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final
 
 from .errors import (
@@ -51,12 +51,18 @@ def normalize_result(raw: Any, tool: str) -> ToolResult:
             )
         return _build(raw.get, tool)
     if hasattr(raw, "output") and (hasattr(raw, "success") or hasattr(raw, "is_error")):
-        return _build(lambda key, default=None: getattr(raw, key, default), tool)
+        return _build(_attribute_getter(raw), tool)
     raise ContractError(
         f"tool {tool!r} returned {type(raw).__name__}, not a ToolResult, a result dict "
         "or an object with success/output/error",
         code="invalid_result",
     )
+
+
+def _attribute_getter(raw: Any) -> Callable[..., Any]:
+    """``get(key, default)`` over ``raw``'s attributes (a helper: an inline lambda would make ``raw``
+    a cell on every ``normalize_result`` call)."""
+    return lambda key, default=None: getattr(raw, key, default)
 
 
 def _build(get: Any, tool: str) -> ToolResult:

@@ -298,7 +298,7 @@ def test_a_refused_call_asks_the_input_schema_once(monkeypatch: pytest.MonkeyPat
     ``is_valid`` (then ``iter_errors`` to explain it); the early return's ``is_valid`` was asked
     again by ``check_input``, so a client's refused calls (an expensive ``pattern``, a large array)
     cost one more full validation each."""
-    from amplifier_tools import pipeline, registry, schema
+    from amplifier_tools import registry, schema
     from amplifier_tools.errors import ContractError
 
     asked: list[bool] = []
@@ -309,5 +309,5 @@ def test_a_refused_call_asks_the_input_schema_once(monkeypatch: pytest.MonkeyPat
     validator = schema.compile_validator(spec.input_schema, owner=spec.name, which="input_schema")
     mounted = registry.MountedTool(spec, None, "x", "t", validator, None, lambda a: None, False)
     with pytest.raises(ContractError, match="does not match"):
-        pipeline._check_arguments({"p": "b"}, mounted)
+        mounted.check_arguments({"p": "b"})
     assert len(asked) == 1
