@@ -400,8 +400,8 @@ class AuditWriter:
             if not live:
                 raise _Tampered(f"the log {self.path} ends in an incomplete line")
             os.ftruncate(fd, head.size)
-            self._write_lines(fd, [encode_body({"v": 1, "kind": "recovered", "ts": time.time(),
-                                                "note": "a torn final line was removed before appending"})])
+            self._write_line(fd, encode_body({"v": 1, "kind": "recovered", "ts": time.time(),
+                                              "note": "a torn final line was removed before appending"}))
 
     def _catch_up(self) -> None:
         """Before appending (``self._fd`` locked): the file at the path is still ours and ends at our head,
@@ -502,7 +502,7 @@ class AuditWriter:
                                       "moved_to": moved}
             if trusted is not None:
                 record["trusted"] = {"hash": trusted.hash, "records": trusted.records, "size": trusted.size}
-            self._write_lines(fd, [encode_body(record)])
+            self._write_line(fd, encode_body(record))
             self._write_anchor()
         finally:
             if old is not None:
@@ -570,7 +570,7 @@ class AuditWriter:
                     self._fresh_segment(tampered.reason)
             fd = self._fd
             assert fd is not None
-            self._write_lines(fd, [body])
+            self._write_line(fd, body)
             self._since_checkpoint += 1
             if self.checkpoint_key is not None and self._since_checkpoint >= self.checkpoint_every:
                 try:
@@ -584,24 +584,23 @@ class AuditWriter:
             if not self._flocked:
                 self._unlock()
 
-    def _write_lines(self, fd: int, bodies: list[bytes]) -> None:
-        """Chain and write each body as one ``write(2)``; a short write is cut off and raised."""
+    def _write_line(self, fd: int, body: bytes) -> None:
+        """Chain and write ``body`` as one ``write(2)``; a short write is cut off and raised."""
         head = self._head
         assert head is not None
-        for body in bodies:
-            line, digest = link(body, head.hash)
-            try:
-                written = os.write(fd, line)
-            except OSError:
-                self._cut(fd, head.size)
-                raise
-            if written != len(line):
-                self._cut(fd, head.size)
-                raise AuditWriteError(errno.ENOSPC, f"audit log {self.path} cannot be written: short write "
-                                                    f"({written} of {len(line)} bytes; the disk is full?)")
-            head.size += written
-            head.hash = digest
-            head.records += 1
+        line, digest = link(body, head.hash)
+        try:
+            written = os.write(fd, line)
+        except OSError:
+            self._cut(fd, head.size)
+            raise
+        if written != len(line):
+            self._cut(fd, head.size)
+            raise AuditWriteError(errno.ENOSPC, f"audit log {self.path} cannot be written: short write "
+                                                f"({written} of {len(line)} bytes; the disk is full?)")
+        head.size += written
+        head.hash = digest
+        head.records += 1
         if self._file_started is None:
             self._file_started = time.time()
 
@@ -615,8 +614,8 @@ class AuditWriter:
 
     def _write_checkpoint(self) -> None:
         assert self.checkpoint_key is not None and self._fd is not None and self._head is not None
-        self._write_lines(self._fd, [checkpoint_body(self.checkpoint_key, self.checkpoint_key_ref, self._head.hash,
-                                                     self._since_checkpoint, time.time())])
+        self._write_line(self._fd, checkpoint_body(self.checkpoint_key, self.checkpoint_key_ref, self._head.hash,
+                                                   self._since_checkpoint, time.time()))
         self._since_checkpoint = 0
 
     def _maybe_rotate(self) -> None:
@@ -639,7 +638,7 @@ class AuditWriter:
         self._retire(fd)
         self._head = _Head(os.fstat(new).st_ino, 0, head.hash, 0)
         self._file_started = None
-        self._write_lines(new, [encode_body({"v": 1, "kind": "rotated", "ts": time.time(), "from": target})])
+        self._write_line(new, encode_body({"v": 1, "kind": "rotated", "ts": time.time(), "from": target}))
         self._write_anchor()
 
     def _age(self) -> float:
