@@ -526,13 +526,16 @@ class HookDispatcher:
         spec: Any,
         result: ToolResult,
         context: ToolContext,
-        revalidate: Callable[[ToolResult, str], ToolResult],
-        on_failure: Callable[[ToolError], ToolResult],
+        check_output: Callable[..., None],
+        on_failure: Callable[[ToolCall, Any, ToolContext, ToolError], ToolResult],
     ) -> ToolResult:
         """Run the ``tool_post`` chain over ``result``; a failed hook replaces it with a failure.
 
-        After a fail-closed failure the withheld output stays withheld: later implementations
-        still see the (failed) result, but a replacement they return is recorded and ignored.
+        A replacement's output is checked (``check_output(output, plugin=...)``, raising
+        ``ContractError``); a failure, and a refused replacement, become
+        ``on_failure(call, spec, context, error)``. After a fail-closed failure the withheld output
+        stays withheld: later implementations still see the (failed) result, but a replacement
+        they return is recorded and ignored.
         """
         kwargs = {"call": call, "spec": spec, "result": result, "context": context}
         failed_closed = False
@@ -552,7 +555,7 @@ class HookDispatcher:
                 error = self._failed(failure, context)
                 if error is not None and not failed_closed:
                     failed_closed = True
-                    result = kwargs["result"] = on_failure(error)
+                    result = kwargs["result"] = on_failure(call, spec, context, error)
                 continue
             if out is None:
                 continue
@@ -562,7 +565,12 @@ class HookDispatcher:
                                    "an earlier plugin failed closed; the output stays withheld")
                     continue
                 context.record(impl.plugin, "tool_post", "replace")
-                result = kwargs["result"] = revalidate(out, impl.plugin)
+                if out.success:
+                    try:
+                        check_output(out.output, plugin=impl.plugin)
+                    except ContractError as refused:
+                        out = on_failure(call, spec, context, refused)
+                result = kwargs["result"] = out
                 continue
             error = ToolSystemError(
                 f"plugin {impl.plugin!r} returned {type(out).__name__} from tool_post; "
@@ -573,7 +581,7 @@ class HookDispatcher:
             context.record(impl.plugin, "tool_post", "failed", error.message)
             if not failed_closed:
                 failed_closed = True
-                result = kwargs["result"] = on_failure(error)
+                result = kwargs["result"] = on_failure(call, spec, context, error)
         return result
 
     async def tool_error(
@@ -601,11 +609,11 @@ class HookDispatcher:
 
     async def tool_complete(
         self, call: ToolCall, spec: Any, result: ToolResult, context: ToolContext,
-        on_failure: Callable[[ToolResult, ToolError], ToolResult] | None = None,
+        on_failure: Callable[[ToolCall, Any, ToolContext, ToolResult, ToolError], ToolResult] | None = None,
     ) -> tuple[ToolResult, ToolError | None]:
         """Run every ``tool_complete`` observer once; ``(final result, error that failed it closed)``.
 
-        When an observer fails closed, ``on_failure(result, error)`` builds the result the caller
+        When an observer fails closed, ``on_failure(call, spec, context, result, error)`` builds the result the caller
         will get and every later observer (the audit log last of all) sees that one, so the record
         states what the caller received. A cancellation that arrives while an async observer is
         awaited does not cut the chain short: every observer still runs to its end, then
@@ -627,7 +635,7 @@ class HookDispatcher:
                 if first is None and error is not None:
                     first = error
                     if on_failure is not None:
-                        result = kwargs["result"] = on_failure(result, error)
+                        result = kwargs["result"] = on_failure(call, spec, context, result, error)
         if cancelled:
             raise asyncio.CancelledError
         return result, first

@@ -31,7 +31,6 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .amplifier_hooks import event_data, result_data
@@ -43,6 +42,7 @@ from .redaction import SecretSet, redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
 from .retry import retry_allowed, run_with_retries
+from .spec import ToolSpec
 
 log = logging.getLogger("amplifier_tools")
 
@@ -152,7 +152,7 @@ class CallPipeline:
 
             ending = True
             if has_post:
-                result = await self.hooks.tool_post(call, spec, result, ctx, *self._post_callbacks(call, mounted, ctx))
+                result = await self.hooks.tool_post(call, spec, result, ctx, mounted.check_output, self._failure_result)
             if events:
                 await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
         except ToolError as error:
@@ -163,7 +163,7 @@ class CallPipeline:
             log.exception("unexpected failure %s %r", "ending" if ending else "running", call.name)
             failure = _internal(exc)
             if ending:  # tool_post already ran: tool_error must not run as well
-                result = self._failure_result(call, mounted, ctx, failure)
+                result = self._failure_result(call, mounted.spec if mounted is not None else None, ctx, failure)
                 failure = None
         else:
             failure = None
@@ -210,7 +210,7 @@ class CallPipeline:
 
         async def finish() -> ToolResult:
             if errors_ran:
-                failure = self._failure_result(call, mounted, ctx, error)
+                failure = self._failure_result(call, mounted.spec if mounted is not None else None, ctx, error)
                 return await self._complete(call, mounted, ctx, failure, started)
             return await self._fail(call, mounted, ctx, error, started, None, False, recover=False)
 
@@ -273,10 +273,11 @@ class CallPipeline:
         return ContractError(f"unknown tool {name!r}{suffix}", code="unknown_tool", tool_name=name)
 
     def _failure_result(
-        self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, error: ToolError,
-        output: Any = None,
+        self, call: ToolCall, spec: ToolSpec | None, ctx: ToolContext, error: ToolError, output: Any = None,
     ) -> ToolResult:
-        tool = mounted.spec.name if mounted is not None else None
+        """The failed result ``error`` ends ``call`` with (also the hook chains' ``on_failure``: a
+        bound method made once, where a closure per call would capture the call's values)."""
+        tool = spec.name if spec is not None else None
         if output is not None and self.secrets:
             output = redact(output, secrets=self.secrets, patterns=False)
         # A failure the tool reported keeps the metadata it reported with it (an imported MCP
@@ -291,7 +292,7 @@ class CallPipeline:
         started: float, output: Any, events: bool, *, recover: bool = True,
     ) -> ToolResult:
         spec = mounted.spec if mounted is not None else None
-        result = self._failure_result(call, mounted, ctx, error, output)
+        result = self._failure_result(call, spec, ctx, error, output)
         recovery = await self.hooks.tool_error(call, spec, error, ctx)
         if recovery is not None and not recover:
             ctx.record("host", "tool_error", "recover_ignored", "a cancelled call cannot be recovered")
@@ -317,41 +318,18 @@ class CallPipeline:
             return result
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
-        result, _ = await self.hooks.tool_complete(call, spec, result, ctx, self._withholder(call, mounted, ctx))
+        result, _ = await self.hooks.tool_complete(call, spec, result, ctx, self._withheld)
         if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
             metadata = {**result.metadata, "trail": _trail(ctx)}
             result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
         return result
 
-    # The hook chains' callbacks are built by these helpers, not inline: a variable an inner
-    # function captures is a cell for the whole of the function that defines it, made on every
-    # call, so ``_run`` and ``_complete`` capture nothing (a call without those hooks builds none).
-
-    def _post_callbacks(self, call: ToolCall, mounted: MountedTool, ctx: ToolContext) -> tuple[
-            Callable[[ToolResult, str], ToolResult], Callable[[ToolError], ToolResult]]:
-        """``tool_post``'s ``revalidate`` (a replaced output is checked against the output schema)
-        and the failure result a failing hook's error becomes."""
-        def revalidate(replacement: ToolResult, plugin: str) -> ToolResult:
-            if replacement.success:
-                try:
-                    mounted.check_output(replacement.output, plugin=plugin)
-                except ContractError as exc:
-                    return self._failure_result(call, mounted, ctx, exc)
-            return replacement
-
-        return revalidate, lambda error: self._failure_result(call, mounted, ctx, error)
-
-    def _withholder(self, call: ToolCall, mounted: MountedTool | None,
-                    ctx: ToolContext) -> Callable[[ToolResult, ToolError], ToolResult]:
-        """``tool_complete``'s result for an observer that failed closed."""
-        def withheld(current: ToolResult, error: ToolError) -> ToolResult:
-            """An observer failed closed: the output is withheld; a failed call keeps its first error."""
-            trail = _trail(ctx)
-            failure = current.error if not current.success else self._failure_result(
-                call, mounted, ctx, error).error
-            return ToolResult(False, None, failure, {**current.metadata, "trail": trail}, call.id)
-
-        return withheld
+    def _withheld(self, call: ToolCall, spec: ToolSpec | None, ctx: ToolContext, current: ToolResult,
+                  error: ToolError) -> ToolResult:
+        """What the caller gets when a ``tool_complete`` observer failed closed: the output is
+        withheld; a failed call keeps its first error."""
+        failure = current.error if not current.success else self._failure_result(call, spec, ctx, error).error
+        return ToolResult(False, None, failure, {**current.metadata, "trail": _trail(ctx)}, call.id)
 
     def _scrubbed(self, result: ToolResult, scanned: Any = None) -> ToolResult:
         """``result`` with every registered secret redacted from its output, error and metadata:
