@@ -266,13 +266,14 @@ class HookDispatcher:
         # pluggy's hook executor as it is without monitoring: when ``add_hookcall_monitoring`` or
         # ``enable_tracing`` replaced it, each call goes through the replacement (see ``_start``).
         self._plain_hookexec = pm._inner_hookexec
+        #: ``impls``' lists, for the plugin generation and ``_epoch`` they were built for.
         self._cache: dict[str, list[Impl]] = {}
+        self._cache_generation = self._cache_epoch = -1
         #: ``present()``'s answer, and the plugin generation and ``_epoch`` it was computed for.
         self._present: frozenset[str] = frozenset()
         self._present_generation = -1
         self._present_epoch = -1
         self._epoch = 0  # bumped by invalidate/configure (handler changes pluggy does not count)
-        self._generation = -1
         #: More implementations to run in the chain, after the plain pluggy ones and before the
         #: ``trylast`` ones: ``hook -> [(plugin, function, argnames)]`` (the Amplifier bridge).
         self.extra_impls: Callable[[str], list[tuple[str, Callable[..., Any], tuple[str, ...]]]] | None = None
@@ -280,20 +281,25 @@ class HookDispatcher:
     def invalidate(self) -> None:
         """Recompute the implementation lists on the next call (the set of handlers changed)."""
         self._epoch += 1
-        self._cache.clear()
 
     def configure(self, plugin: str, settings: PluginSettings) -> None:
         """Set how ``plugin``'s failures are treated; takes effect on the next call."""
         self._settings[plugin] = settings
         self._epoch += 1
-        self._cache.clear()
 
     def impls(self, hook: str) -> list[Impl]:
-        """Implementations of ``hook`` in call order (pluggy's order)."""
-        if self._generation != self._pm.generation:
-            self._cache.clear()
-            self._generation = self._pm.generation
-        cached = self._cache.get(hook)
+        """Implementations of ``hook`` in call order (pluggy's order).
+
+        Cached per plugin generation and ``_epoch``, read before a list is built: when either
+        moves, a fresh dict replaces the cache (never cleared in place), so a list built from the
+        old state (a handler registered from another thread meanwhile) lands in the dict that
+        was dropped, not in the one the next call reads."""
+        generation, epoch = self._pm.generation, self._epoch
+        cache = self._cache
+        if self._cache_generation != generation or self._cache_epoch != epoch:
+            cache = self._cache = {}
+            self._cache_generation, self._cache_epoch = generation, epoch
+        cached = cache.get(hook)
         if cached is not None:
             return cached
         ordered = []
@@ -323,7 +329,7 @@ class HookDispatcher:
                 )
             )
         ordered.extend(self._extra(extra))
-        self._cache[hook] = ordered
+        cache[hook] = ordered
         return ordered
 
     def _extra(self, extra: list[tuple[str, Callable[..., Any], tuple[str, ...]]]) -> list[Impl]:

@@ -150,3 +150,38 @@ async def test_present_is_not_cached_from_a_generation_that_moved_while_it_was_c
     assert not result.success and result.error["code"] == "denied"  # HEAD: the guard never runs
     result = await host.call("echo", {"path": "c"})
     assert not result.success
+
+
+async def test_an_impls_list_built_across_an_invalidate_is_not_kept(host_factory: Any, echo: Any) -> None:
+    """An Amplifier handler registered from another thread while the host's loop builds a hook's
+    implementation list: ``invalidate()`` lands between the list's build and its store. Before,
+    the stale list was stored into the cache ``invalidate`` had just cleared, and the handler
+    never ran until something else invalidated again. Simulated deterministically at the
+    ``extra_impls`` step of ``impls("tool_pre")`` (which asks for the bridge's handlers)."""
+    host = await host_factory(ToolsPlugin(echo))
+    await host.call("echo", {"path": "warm"})  # every list cached
+    host.dispatcher.invalidate()  # the next call rebuilds tool_pre's list, and is interrupted
+    inner = host.dispatcher.extra_impls
+    guard: list[Any] = []
+    fired = False
+
+    def extra(hook: str) -> Any:
+        nonlocal fired
+        # Read before the other thread's change: the list being built is stale.
+        answer = [*inner(hook), *(guard if hook == "tool_pre" else [])]
+        if hook == "tool_pre" and not fired:
+            fired = True
+            guard.append(("guard", _deny, ("call",)))
+            host.dispatcher.invalidate()  # "the other thread", after its registration
+        return answer
+
+    host.dispatcher.extra_impls = extra
+    first = await host.call("echo", {"path": "a"})  # the call during which the handler arrived
+    assert fired and first.success
+    result = await host.call("echo", {"path": "b"})
+    assert not result.success and result.error["code"] == "denied"  # before: the guard never ran
+    assert not (await host.call("echo", {"path": "c"})).success
+
+
+async def _deny(call: Any) -> Deny:
+    return Deny("guarded")
