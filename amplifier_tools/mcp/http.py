@@ -24,6 +24,7 @@ import errno
 import functools
 import gc
 import hashlib
+import json
 import logging
 import signal
 import socket
@@ -232,12 +233,14 @@ class EventBudget:
 
 def log_refusal(event: str, data: dict[str, Any], secrets: SecretSet | None = None) -> None:
     """Where refusals go when the host has no audit log (the audit plugin is off): one warning line
-    each, under the same budgets as the audit events. Every value is written as its ``repr``, so
-    what a client chose (method, path, tool name; clipped before) cannot move the cursor or
-    forge a line; and redacted as the audit event would be (the host's secrets, among them the
-    clients' tokens, and credential shapes), so a token sent in the path is not written out."""
+    each, under the same budgets as the audit events. The fields are one JSON object (ASCII only:
+    every control character and non-ASCII character escaped), so what a client chose (method,
+    path, tool name; clipped before) cannot move the cursor or forge a line, and a log reader
+    parses it without guessing at quotes; redacted as the audit event would be (the host's
+    secrets, among them the clients' tokens, and credential shapes), so a token sent in the path
+    is not written out."""
     data = redact(data, secrets=secrets if secrets is not None else (), patterns=True)
-    fields = ", ".join(f"{key}={value!r}" for key, value in data.items())
+    fields = json.dumps(data, ensure_ascii=True, default=repr)
     log.warning("serve-mcp: %s: %s (the host has no audit log to keep it: enable the audit plugin, "
                 "[plugins.audit])", event, fields)
 
