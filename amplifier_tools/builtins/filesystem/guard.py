@@ -31,15 +31,15 @@ MAX_DEPTH: Final = 16
 
 
 def _strings(value: Any, found: list[str], depth: int) -> list[str]:
-    """Every string in ``value`` (to ``MAX_DEPTH``), appended to ``found``."""
+    """Every string in ``value`` (to ``MAX_DEPTH``), appended to ``found``. A string or a number
+    inside a container is taken in the container's loop, without a call of its own."""
     if isinstance(value, str):
         found.append(value)
-    elif depth < MAX_DEPTH:
-        if isinstance(value, dict):
-            for item in value.values():
-                _strings(item, found, depth + 1)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
+    elif depth < MAX_DEPTH and isinstance(value, (dict, list, tuple)):
+        for item in value.values() if isinstance(value, dict) else value:
+            if isinstance(item, str):
+                found.append(item)
+            elif isinstance(item, (dict, list, tuple)):
                 _strings(item, found, depth + 1)
     return found
 
