@@ -101,6 +101,22 @@ def json_pointer(parts: Iterable[Any]) -> str:
     return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in parts)
 
 
+def same_json(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are the same JSON data: equal, and of the same types all through.
+    ``==`` holds ``1``, ``1.0`` and ``True`` equal, yet a tool receives, and a record writes,
+    three different values. Raises ``RecursionError`` for data nested past the stack."""
+    if a is b:
+        return True
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind is dict:
+        return len(a) == len(b) and all(key in b and same_json(value, b[key]) for key, value in a.items())
+    if kind is list or kind is tuple:
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def encoder_name() -> str:
     """Which encoder ``dumps`` uses (for benchmark reports)."""
     fast = _fast()

@@ -26,6 +26,7 @@ from typing import Any, Final
 import attrs
 import pluggy
 
+from ._json import same_json
 from .errors import ERROR_CLASSES, ContractError, ToolError, ToolSystemError
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 
@@ -115,8 +116,13 @@ else:  # pragma: no cover - exercised by the py310 tox env
 
 
 def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
-    """The keys a ``Modify`` added, removed or changed, sorted (for the trail's ``modify`` note)."""
-    return sorted(set(after) ^ set(before) | {key for key in after if key in before and after[key] != before[key]})
+    """The keys a ``Modify`` added, removed or changed (a value of another type too: ``1`` to
+    ``True``), sorted (for the trail's ``modify`` note)."""
+    try:
+        return sorted(set(after) ^ set(before)
+                      | {key for key in after if key in before and not same_json(after[key], before[key])})
+    except RecursionError:  # nested past the stack (not JSON data the schema check passed): every key
+        return sorted(set(after) | set(before))
 
 
 def _pending(impl: Impl, out: Any) -> bool:

@@ -55,8 +55,9 @@ class MountedTool:
         try:
             check_json_data(arguments)
         except ContractError as exc:
+            who = f" (rewritten by plugin {plugin!r})" if plugin else ""
             raise ContractError(
-                f"arguments for tool {self.spec.name!r} are not JSON data: {exc.message}",
+                f"arguments for tool {self.spec.name!r}{who} are not JSON data: {exc.message}",
                 code="invalid_json",
                 pointer=exc.details.get("pointer", ""),
                 plugin=plugin,

@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, Final
 
-from ..._json import dumps, encodable
+from ..._json import dumps, encodable, same_json
 from ..._markers import hookimpl
 from ...content import blocks_of
 from ...content import summary as content_summary
@@ -127,7 +127,7 @@ def _raw_parts(call: ToolCall, spec: ToolSpec | None, result: ToolResult, contex
                error: dict[str, Any]) -> dict[str, Any]:
     """What a record holds from the caller, the tool and the plugins: what redaction scrubs."""
     try:
-        changed = original is not call.arguments and original != call.arguments
+        changed = original is not call.arguments and not same_json(original, call.arguments)
     except RecursionError:
         changed = True
     # Who and what: the tool name and call id come from the caller, the version from the tool (an

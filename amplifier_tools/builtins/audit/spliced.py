@@ -33,7 +33,7 @@ import hashlib
 import math
 from typing import Any, Final
 
-from ..._json import piece_encoder
+from ..._json import piece_encoder, same_json
 from ...models import ToolCall, ToolContext, ToolResult
 from ...redaction import SecretMatcher, SecretSet, may_hold_pattern
 from ...spec import ToolSpec
@@ -159,7 +159,7 @@ def spliced_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, cont
             return None
         segments = _segments_for(spec, call.name, context, encode)
         try:
-            changed = original is not call.arguments and original != call.arguments
+            changed = original is not call.arguments and not same_json(original, call.arguments)
         except RecursionError:
             changed = True
         original_bytes = encode([original])[1:-1] if changed else b"null"

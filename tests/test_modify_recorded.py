@@ -1,0 +1,108 @@
+"""A ``tool_pre`` rewrite is on the record even when ``==`` cannot see it.
+
+Found by a review (older than the change it reviewed): a ``Modify`` that turned ``1`` into ``True``
+(or ``1.0``) is a rewrite the tool receives, yet the trail's ``changed`` omitted the key and the
+audit record said ``original_arguments: null``, as if no plugin had rewritten anything: Python's
+``==`` holds ``1 == 1.0 == True``. Both now compare as JSON data (``_json.same_json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ToolsPlugin
+
+from amplifier_tools import Modify, ToolHost, ToolResult, hookimpl
+from amplifier_tools._json import same_json
+
+
+class Loose:
+    name = "loose"
+    description = "any n"
+    input_schema = {"type": "object", "properties": {"n": {}}}
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output=repr(input["n"]))
+
+
+class Rewrite:
+    name = "rewrite"
+
+    def __init__(self, arguments: dict[str, Any]) -> None:
+        self.arguments = arguments
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> Modify:
+        return Modify(self.arguments)
+
+
+@pytest.mark.parametrize("path", ["spliced", "reference"])
+@pytest.mark.parametrize(("sent", "rewritten", "tool_saw"), [
+    ({"n": 1}, {"n": True}, "True"),
+    ({"n": 1}, {"n": 1.0}, "1.0"),
+    ({"n": [0, {"k": 1}]}, {"n": [False, {"k": 1}]}, "[False, {'k': 1}]"),
+])
+async def test_a_rewrite_only_of_a_type_is_in_the_trail_and_the_record(
+        tmp_path: Path, path: str, sent: dict[str, Any], rewritten: dict[str, Any], tool_saw: str) -> None:
+    log = tmp_path / "audit" / "log.jsonl"
+    (tmp_path / "work").mkdir()
+    audit: dict[str, Any] = {"path": str(log)}
+    tools: dict[str, Any] = {}
+    if path == "reference":  # redaction rules send the record through build_record, not the splice
+        tools = {"loose": {"security": {"redaction_rules": ["/nothing"]}}}
+    host = ToolHost(config={"plugins": {"audit": audit}, "tools": tools},
+                    plugins=[ToolsPlugin(Loose()), Rewrite(rewritten)],
+                    builtins=["audit"], entry_points=False, working_dir=tmp_path / "work", discover=False)
+    async with host:
+        result = await host.call("loose", sent)
+    assert result.output == tool_saw  # the tool saw the rewrite
+    assert result.metadata["trail"][0]["details"]["changed"] == ["n"]  # before: []
+    record = json.loads(log.read_text().splitlines()[0])
+    assert record["original_arguments"] == sent and record["arguments"] == rewritten  # before: null
+    assert json.dumps(record["original_arguments"]) == json.dumps(sent)  # 1 stays 1, not 1.0 or true
+
+
+async def test_an_unchanged_modify_is_not_a_change(tmp_path: Path) -> None:
+    log = tmp_path / "audit" / "log.jsonl"
+    (tmp_path / "work").mkdir()
+    host = ToolHost(config={"plugins": {"audit": {"path": str(log)}}},
+                    plugins=[ToolsPlugin(Loose()), Rewrite({"n": [1, {"k": "v"}]})],
+                    builtins=["audit"], entry_points=False, working_dir=tmp_path / "work", discover=False)
+    async with host:
+        result = await host.call("loose", {"n": [1, {"k": "v"}]})
+    assert result.metadata["trail"][0]["details"]["changed"] == []
+    assert json.loads(log.read_text().splitlines()[0])["original_arguments"] is None
+
+
+class NotJson:
+    name = "notjson"
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> Modify:
+        return Modify({"n": {1, 2}})
+
+
+async def test_a_non_json_modify_names_the_plugin_in_its_message(host_factory: Any) -> None:
+    """Found by the same review: the ``invalid_json`` refusal set ``plugin`` but its message, unlike
+    the ``invalid_input`` ones ("rewritten by plugin ..."), read as if the caller had sent it."""
+    host = await host_factory(ToolsPlugin(Loose()), NotJson())
+    result = await host.call("loose", {"n": 1})
+    assert result.error["code"] == "invalid_json" and result.error["plugin"] == "notjson"
+    assert "rewritten by plugin 'notjson'" in result.error["message"]
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    (1, 1, True), (1, True, False), (1, 1.0, False), (0, False, False), ("a", "a", True),
+    ({"a": [1, None]}, {"a": [1, None]}, True), ({"a": [1]}, {"a": [1.0]}, False), ({"a": 1}, {"b": 1}, False),
+    ({"a": 1}, {"a": 1, "b": 2}, False), ([1, 2], [1, 2, 3], False), ([1], (1,), False), (None, None, True),
+])
+def test_same_json_tells_types_apart(a: Any, b: Any, same: bool) -> None:
+    assert same_json(a, b) is same and same_json(b, a) is same
+
+
+def test_same_json_of_the_same_nan_object_is_same() -> None:
+    nan = float("nan")
+    assert same_json({"x": [nan]}, {"x": [nan]}) and not same_json(float("nan"), float("nan"))
