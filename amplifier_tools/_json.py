@@ -88,6 +88,19 @@ def piece_encoder() -> Callable[[Any], bytes]:
     return _orjson_piece if _fast() is not None else _stdlib_piece
 
 
+def fingerprint(value: Any) -> bytes:
+    """Bytes that differ whenever JSON data ``value`` does (a value of another type, a key added,
+    removed or moved), at the least cost: to tell whether data was changed in place. Not
+    canonical (keys in their order), never written anywhere."""
+    fast = _fast()
+    if fast is not None:
+        try:
+            return fast.dumps(value)  # type: ignore[no-any-return]
+        except (TypeError, fast.JSONEncodeError):  # an integer past 64 bits, a str subclass orjson refuses
+            pass
+    return _STDLIB.encode(value).encode("utf-8")
+
+
 def canonical(value: Any) -> bytes:
     """``value`` as canonical JSON for hashing: always the stdlib encoder (sorted keys, no spaces,
     UTF-8), so a digest does not depend on whether the ``fast`` extra is installed (the encoders
@@ -103,8 +116,8 @@ def json_pointer(parts: Iterable[Any]) -> str:
 
 def same_json(a: Any, b: Any) -> bool:
     """Whether ``a`` and ``b`` are the same JSON data: equal, and of the same types all through.
-    ``==`` holds ``1``, ``1.0`` and ``True`` equal, yet a tool receives, and a record writes,
-    three different values. Raises ``RecursionError`` for data nested past the stack."""
+    ``==`` holds ``1``, ``1.0`` and ``True`` equal (and ``0.0`` and ``-0.0``), yet a tool
+    receives, and a record writes, different values. Raises ``RecursionError`` for data nested past the stack."""
     if a is b:
         return True
     kind = type(a)
@@ -114,6 +127,8 @@ def same_json(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(key in b and same_json(value, b[key]) for key, value in a.items())
     if kind is list or kind is tuple:
         return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    if kind is float:  # 0.0 == -0.0, yet JSON spells them apart (and a tool can tell them apart)
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
     return bool(a == b)
 
 

@@ -44,6 +44,7 @@ class Rewrite:
     ({"n": 1}, {"n": True}, "True"),
     ({"n": 1}, {"n": 1.0}, "1.0"),
     ({"n": [0, {"k": 1}]}, {"n": [False, {"k": 1}]}, "[False, {'k': 1}]"),
+    ({"n": 0.0}, {"n": -0.0}, "-0.0"),  # found by an attack on the fix: same_json held them the same
 ])
 async def test_a_rewrite_only_of_a_type_is_in_the_trail_and_the_record(
         tmp_path: Path, path: str, sent: dict[str, Any], rewritten: dict[str, Any], tool_saw: str) -> None:
@@ -106,3 +107,74 @@ def test_same_json_tells_types_apart(a: Any, b: Any, same: bool) -> None:
 def test_same_json_of_the_same_nan_object_is_same() -> None:
     nan = float("nan")
     assert same_json({"x": [nan]}, {"x": [nan]}) and not same_json(float("nan"), float("nan"))
+
+
+# -- a rewrite made in place, not through Modify ------------------------------------------------
+
+class Typed:
+    name = "typed"
+    description = "n is an integer"
+    input_schema = {"type": "object", "properties": {"n": {"type": "integer"}, "list": {"type": "array"}}}
+
+    def __init__(self) -> None:
+        self.ran: list[Any] = []
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.ran.append(dict(input))
+        return ToolResult(output="ran")
+
+
+class InPlace:
+    """Changes the arguments object it was given; ``modify``: then returns ``Modify`` of it."""
+
+    name = "inplace"
+
+    def __init__(self, change: Any, modify: bool) -> None:
+        self.change, self.modify = change, modify
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> Modify | None:
+        self.change(call.arguments)
+        return Modify(call.arguments) if self.modify else None
+
+
+@pytest.mark.parametrize("modify", [False, True])
+@pytest.mark.parametrize(("change", "schema_refuses"), [
+    (lambda a: a.__setitem__("n", "not an integer"), True),
+    (lambda a: a.__setitem__("n", True), True),  # equal to 1, another type
+    (lambda a: a.__setitem__("extra", 1), False),
+    (lambda a: a["list"].append(2), False),  # inside a container
+], ids=["refused value", "another type", "key added", "nested"])
+async def test_arguments_changed_in_place_by_tool_pre_are_refused_not_run(
+        tmp_path: Path, change: Any, schema_refuses: bool, modify: bool) -> None:
+    """Found by an attack (older than this fix): a tool_pre plugin that changed the arguments
+    object in place, instead of returning a Modify, reached the tool unvalidated ("not an integer"
+    for an integer) and unrecorded (no trail entry, the record named the changed value as the
+    caller's). Now the call ends before the tool runs, typed, naming Modify, and is recorded. A
+    plugin that also returns ``Modify`` of that object has it checked first, as any Modify."""
+    log = tmp_path / "audit" / "log.jsonl"
+    (tmp_path / "work").mkdir()
+    tool = Typed()
+    async with ToolHost(config={"plugins": {"audit": {"path": str(log)}}},
+                        plugins=[ToolsPlugin(tool), InPlace(change, modify)],
+                        builtins=["audit"], entry_points=False, working_dir=tmp_path / "work", discover=False) as host:
+        result = await host.call("typed", {"n": 1, "list": [1]})
+    assert tool.ran == []  # before: the tool ran with what the plugin put there
+    code = "invalid_input" if modify and schema_refuses else "hook_changed_arguments"
+    assert not result.success and result.error["code"] == code
+    assert "inplace" in result.error["message"]
+    if code == "hook_changed_arguments":
+        assert "Modify" in result.error["hint"]
+        assert [step["action"] for step in result.metadata["trail"]][-1] == "changed_in_place"
+    record = json.loads(log.read_text().splitlines()[0])
+    assert record["status"] == "error" and record["error"]["code"] == code
+
+
+async def test_a_modify_with_a_new_object_is_not_a_change_in_place(tmp_path: Path) -> None:
+    """The check compares the object the chain was given, not what the tool gets."""
+    tool = Typed()
+    (tmp_path / "work").mkdir()
+    async with ToolHost(plugins=[ToolsPlugin(tool), Rewrite({"n": 2, "list": [1]})], builtins=False,
+                        entry_points=False, working_dir=tmp_path / "work", discover=False) as host:
+        result = await host.call("typed", {"n": 1, "list": [1]})
+    assert result.success and tool.ran == [{"n": 2, "list": [1]}]
