@@ -1033,6 +1033,29 @@ async def test_without_an_audit_log_a_refusal_is_a_warning_line_few_and_escaped(
 
 
 
+LONG_TOKEN = "bob-token-0123456789abcdef-bob" * 2  # 60 characters: cut at 64 in a path past /mcp/x/
+
+
+@pytest.mark.parametrize("audit", [True, False])
+async def test_a_token_cut_by_the_clip_is_not_logged_in_part(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, audit: bool) -> None:
+    """Found by an attack (older): a refusal's path was clipped to MAX_FIELD_CHARS before it was
+    redacted, so a token straddling the cut no longer matched and its head (57 of 60 characters)
+    was written, to the audit event and to the no-audit warning line alike. Redacted, then cut."""
+    monkeypatch.setenv("TEST_BOB_TOKEN", LONG_TOKEN)
+    caplog.set_level("WARNING", logger="amplifier_tools.mcp")
+    cfg = config(tmp_path)
+    if not audit:
+        del cfg["plugins"]["audit"]
+    async with served(cfg, builtins=("filesystem", "mcp", *(("audit",) if audit else ()))) as url, \
+            httpx2.AsyncClient() as http:
+        assert (await http.post(f"{url}/x/{LONG_TOKEN}", json={})).status_code == 401
+    written = (tmp_path / "audit.jsonl").read_text() if audit else \
+        "\n".join(r.getMessage() for r in caplog.records if r.name == "amplifier_tools.mcp")
+    assert "mcp.http.unauthorized" in written
+    assert LONG_TOKEN[:20] not in written  # before: "/mcp/x/bob-token-0123456789abcdef-bobbob-token-..."
+
+
 def _fields(line: str) -> dict[str, Any]:
     """The JSON object of a no-audit refusal line (``serve-mcp: <event>: {...} (the host has ...)``)."""
     start = line.index("{")

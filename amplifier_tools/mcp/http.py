@@ -173,10 +173,13 @@ SHUTDOWN_GRACE_S: Final = 10.0
 DRAIN_QUIET_S: Final = 0.25
 
 
-def _clip(value: Any) -> str | None:
+def _clip(value: Any, secrets: SecretSet | None) -> str | None:
+    """``value`` as text of at most ``MAX_FIELD_CHARS``, redacted first (the host's secrets, the
+    clients' tokens among them, and credential shapes): cut first, a token's head would no longer
+    be the token a redaction finds."""
     if value is None:
         return None
-    text = str(value)
+    text = str(redact(str(value), secrets=secrets if secrets is not None else (), patterns=True))
     return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + f"...[{len(text)} chars]"
 
 
@@ -185,9 +188,11 @@ class EventBudget:
     refusal; the next event written counts those left out (``suppressed_before``)."""
 
     def __init__(self, record: Callable[[str, dict[str, Any]], Any] | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, secrets: SecretSet | None = None) -> None:
         self.record = record
         self.clock = clock
+        #: Redacted from what a client sent before it is clipped into an event (``_clip``).
+        self.secrets = secrets
         self._second = -1
         self._written = 0
         self._suppressed = 0
@@ -228,7 +233,8 @@ class EventBudget:
         context = caller.context
         self.write(TOOL_REFUSED_EVENT, {"reason": "a tool this client may not see, or no such tool",
                                         "principal": context.principal,
-                                        "client": context.attributes.get("mcp_client"), "tool": _clip(tool)})
+                                        "client": context.attributes.get("mcp_client"),
+                                        "tool": _clip(tool, self.secrets)})
 
 
 def log_refusal(event: str, data: dict[str, Any], secrets: SecretSet | None = None) -> None:
@@ -291,7 +297,8 @@ class Gate:
         #: ``build_server``); ``strangers``: the 401s, under a budget of their own, so a flood
         #: without a token cannot crowd a client's refusals out of the log.
         self.budget = budget
-        self.strangers = strangers if strangers is not None else EventBudget(budget.record, budget.clock)
+        self.strangers = strangers if strangers is not None else EventBudget(budget.record, budget.clock,
+                                                                                        budget.secrets)
         self.clock = clock
         #: Whether the app's answers are watched for refusals (403, 421, 404) to record: with an
         #: audit log; without one, the SDK's own log lines report them.
@@ -359,8 +366,9 @@ class Gate:
         if budget.record is None:
             return
         peer = scope.get("client")
-        data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method")),
-                "path": _clip(scope.get("path")), "client_address": f"{peer[0]}:{peer[1]}" if peer else None,
+        secrets = budget.secrets
+        data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method"), secrets),
+                "path": _clip(scope.get("path"), secrets), "client_address": f"{peer[0]}:{peer[1]}" if peer else None,
                 "bearer_token_sent": authorization is not None and authorization[:7].lower() == b"bearer "}
         if user is not None:
             data["client"] = user.access_token.client_id  # the token_ref of the client refused
@@ -458,13 +466,14 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
     # SDK's own answers are not watched: its loggers report a refused Host or Origin and a session
     # used with another token (an unknown session's 404 only at INFO).
     watch = record is not None
+    secrets = host.capabilities.get("session.secrets")
     if record is None:
-        record = functools.partial(log_refusal, secrets=host.capabilities.get("session.secrets"))
-    budget = EventBudget(record)
+        record = functools.partial(log_refusal, secrets=secrets)
+    budget = EventBudget(record, secrets=secrets)
     server = build_server(host, settings, caller, on_refused=budget.tool_refused)
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host,
                                      transport_security=transport_security(settings.host))
-    return Gate(app, tokens, budget, EventBudget(record), watch_answers=watch)
+    return Gate(app, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch)
 
 
 def _listen(settings: ServeSettings) -> socket.socket:
