@@ -89,16 +89,18 @@ def piece_encoder() -> Callable[[Any], bytes]:
 
 
 def fingerprint(value: Any) -> bytes:
-    """Bytes that differ whenever JSON data ``value`` does (a value of another type, a key added,
-    removed or moved), at the least cost: to tell whether data was changed in place. Not
-    canonical (keys in their order), never written anywhere."""
+    """Bytes that differ whenever JSON data ``value`` does (a value JSON spells otherwise: ``1``
+    for ``true`` or ``1.0``; a key added, removed or moved), at the least cost: to tell whether
+    data was changed in place. Not canonical (keys in their order), never written anywhere.
+    What it does not tell apart: what JSON spells alike (a tuple for a list, an ``IntEnum``
+    member for its number, a ``str`` subclass for its text)."""
     fast = _fast()
     if fast is not None:
         try:
             return fast.dumps(value)  # type: ignore[no-any-return]
         except (TypeError, fast.JSONEncodeError):  # an integer past 64 bits, a str subclass orjson refuses
             pass
-    return _STDLIB.encode(value).encode("utf-8")
+    return _STDLIB.encode(value).encode("utf-8", "surrogatepass")  # a lone surrogate is valid JSON text
 
 
 def canonical(value: Any) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any, Final
 import attrs
 import pluggy
 
-from ._json import same_json
+from ._json import fingerprint, same_json
 from .errors import ERROR_CLASSES, ContractError, ToolError, ToolSystemError
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 
@@ -481,9 +481,17 @@ class HookDispatcher:
         context: ToolContext,
         revalidate: Callable[[Any, str], None],
     ) -> ToolCall:
-        """Run the ``tool_pre`` chain; the call as rewritten, or raise the ``ToolError`` that stops it."""
+        """Run the ``tool_pre`` chain; the call as rewritten, or raise the ``ToolError`` that stops it.
+
+        A rewrite is a ``Modify``, checked (``revalidate``) and recorded. The arguments object the
+        chain was given, and each ``Modify``'s once checked, must come out of the chain as they
+        went in (``fingerprint`` before and after, ``_changed_in_place``): changed in place, they
+        would reach the tool unchecked and be missing from the trail and the audit record."""
         kwargs = {"call": call, "spec": spec, "context": context}
         pm, plain = self._pm, self._plain_hookexec
+        given, given_print = call.arguments, fingerprint(call.arguments)
+        latest: Any = None  # the last Modify's arguments, and their fingerprint once checked
+        latest_print = b""
         for impl in self.impls("tool_pre"):
             try:
                 # ``_invoke`` inlined, and ``_start``'s unmonitored path: a sync implementation
@@ -522,6 +530,7 @@ class HookDispatcher:
                 context.record(impl.plugin, "tool_pre", "modify", out.reason,
                                changed=_changed_keys(call.arguments, out.arguments))
                 call = kwargs["call"] = ToolCall(call.id, call.name, out.arguments)
+                latest, latest_print = out.arguments, fingerprint(out.arguments)
                 continue
             context.record(impl.plugin, "tool_pre", "failed", f"returned {type(out).__name__}")
             raise ToolSystemError(
@@ -530,7 +539,19 @@ class HookDispatcher:
                 code="hook_invalid_return",
                 plugin=impl.plugin,
             )
+        if fingerprint(given) != given_print or (latest is not None and fingerprint(latest) != latest_print):
+            raise self._changed_in_place(call.name, context)
         return call
+
+    def _changed_in_place(self, tool: str, context: ToolContext) -> ToolSystemError:
+        """The call's end when a ``tool_pre`` hook changed the arguments in place."""
+        plugins = sorted({impl.plugin for impl in self.impls("tool_pre")})
+        message = (f"a tool_pre hook changed the arguments of {tool!r} in place (tool_pre ran in: "
+                   f"{', '.join(plugins)}); the call was not run")
+        context.record("host", "tool_pre", "changed_in_place", message)
+        return ToolSystemError(message, code="hook_changed_arguments",
+                               hint="rewrite arguments by returning Modify with a new object (a changed copy) from "
+                                    "tool_pre: it is checked against the input schema and recorded")
 
     async def tool_post(
         self,

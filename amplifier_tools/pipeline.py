@@ -33,7 +33,6 @@ import sys
 import time
 from typing import Any
 
-from ._json import fingerprint
 from .amplifier_hooks import event_data, result_data
 from .content import withhold_redacted
 from .dispatch import HookDispatcher, finish_despite_cancel, run_with_timeout
@@ -124,12 +123,7 @@ class CallPipeline:
             if events:
                 await self.hooks.tool_event("tool:pre", event_data(call, ctx))
             if "tool_pre" in (self.hooks.present() if events else present):  # re-asked after an awaited observer
-                # A rewrite is a Modify, validated and recorded; the arguments the chain was given
-                # must come out of it as they went in (the audit's original_arguments is that object).
-                sent, snapshot = call.arguments, fingerprint(call.arguments)
                 call = await self.hooks.tool_pre(call, spec, ctx, mounted.check_arguments)
-                if fingerprint(sent) != snapshot:
-                    raise self._changed_in_place(spec.name, ctx)
             for ref in spec.security.secret_refs:  # resolving registers the value host-wide
                 ctx.secret(ref)
             if self.closing:  # admitted before close, but the tool has not started: do not start it now
@@ -270,17 +264,6 @@ class CallPipeline:
 
         result, attempts = await run_with_retries(attempt, spec, ctx, note)
         return ToolResult(True, result.output, None, {**result.metadata, "attempts": attempts}, call.id)
-
-    def _changed_in_place(self, tool: str, ctx: ToolContext) -> ToolSystemError:
-        """The call's end when a ``tool_pre`` hook changed the arguments object in place: the
-        change would reach the tool unvalidated and be missing from the record."""
-        plugins = sorted({impl.plugin for impl in self.hooks.impls("tool_pre")})
-        message = (f"a tool_pre hook changed the arguments of {tool!r} in place (tool_pre ran in: "
-                   f"{', '.join(plugins)}); the call was not run")
-        ctx.record("host", "tool_pre", "changed_in_place", message)
-        return ToolSystemError(message, code="hook_changed_arguments",
-                               hint="rewrite arguments by returning Modify(new_arguments) from tool_pre: "
-                                    "it is validated against the input schema and recorded")
 
     def _unknown_tool(self, name: Any) -> ContractError:
         if not isinstance(name, str):

@@ -178,3 +178,56 @@ async def test_a_modify_with_a_new_object_is_not_a_change_in_place(tmp_path: Pat
                         entry_points=False, working_dir=tmp_path / "work", discover=False) as host:
         result = await host.call("typed", {"n": 1, "list": [1]})
     assert result.success and tool.ran == [{"n": 2, "list": [1]}]
+
+
+class ModifyFirst:
+    name = "modify_first"
+
+    @hookimpl(tryfirst=True)
+    def tool_pre(self, call: Any) -> Modify:
+        return Modify({"n": 2, "list": [1]})
+
+
+class ChangeLater:
+    name = "change_later"
+
+    @hookimpl(trylast=True)
+    def tool_pre(self, call: Any) -> None:
+        call.arguments["n"] = "not an integer"
+
+
+async def test_a_change_in_place_of_an_earlier_modify_is_refused_too(tmp_path: Path) -> None:
+    """Found by a review of the first version of this check, which fingerprinted only the object
+    the chain was given: after one plugin's Modify, a later plugin that assigned into the new
+    arguments sent a string for an integer to the tool."""
+    tool = Typed()
+    (tmp_path / "work").mkdir()
+    async with ToolHost(plugins=[ToolsPlugin(tool), ModifyFirst(), ChangeLater()], builtins=False,
+                        entry_points=False, working_dir=tmp_path / "work", discover=False) as host:
+        result = await host.call("typed", {"n": 1, "list": [1]})
+    assert tool.ran == [] and result.error["code"] == "hook_changed_arguments"
+    assert "change_later" in result.error["message"] and "new object" in result.error["hint"]
+
+
+class Reader:
+    name = "reader"
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> None:
+        assert isinstance(call.arguments, dict)
+
+
+@pytest.mark.parametrize("builtins", [False, ["audit"]])
+@pytest.mark.parametrize("arguments", [{"s": "a\ud800"}, {"list": [{"k\ud800": 1}]}], ids=["value", "key"])
+async def test_a_lone_surrogate_is_no_change_in_place(tmp_path: Path, builtins: Any, arguments: Any) -> None:
+    """Found by the same review: a lone surrogate (valid JSON text, accepted by the checks) made
+    the fingerprint raise (orjson refuses it, and the stdlib fallback's UTF-8 encoding did too):
+    with any tool_pre hook, the audit's included, the call ended as an internal error."""
+    tool = Typed()
+    (tmp_path / "work").mkdir()
+    config = {"plugins": {"audit": {"path": str(tmp_path / "log.jsonl")}}} if builtins else None
+    async with ToolHost(config=config, plugins=[ToolsPlugin(tool), Reader()], builtins=builtins,
+                        entry_points=False, working_dir=tmp_path / "work", discover=False) as host:
+        result = await host.call("typed", arguments)
+    assert result.success, result.error
+    assert tool.ran == [arguments]

@@ -173,14 +173,23 @@ SHUTDOWN_GRACE_S: Final = 10.0
 DRAIN_QUIET_S: Final = 0.25
 
 
+#: How much of a client-sent value ``_clip`` redacts: what it shows, and room for a secret that
+#: starts there to end (a secret longer than this that starts in the shown part is not found).
+REDACT_WINDOW: Final = MAX_FIELD_CHARS + 4096
+
+
 def _clip(value: Any, secrets: SecretSet | None) -> str | None:
     """``value`` as text of at most ``MAX_FIELD_CHARS``, redacted first (the host's secrets, the
     clients' tokens among them, and credential shapes): cut first, a token's head would no longer
-    be the token a redaction finds."""
+    be the token a redaction finds. Only ``REDACT_WINDOW`` characters are searched: a client's
+    4 MB tool name costs no more than a short one (the refusal may not even be written)."""
     if value is None:
         return None
-    text = str(redact(str(value), secrets=secrets if secrets is not None else (), patterns=True))
-    return text if len(text) <= MAX_FIELD_CHARS else text[:MAX_FIELD_CHARS] + f"...[{len(text)} chars]"
+    text = str(value)
+    shown = str(redact(text[:REDACT_WINDOW], secrets=secrets if secrets is not None else (), patterns=True))
+    if len(text) <= MAX_FIELD_CHARS and len(shown) <= MAX_FIELD_CHARS:
+        return shown
+    return shown[:MAX_FIELD_CHARS] + f"...[{len(text)} chars]"
 
 
 class EventBudget:
