@@ -55,9 +55,8 @@ class MountedTool:
         try:
             check_json_data(arguments)
         except ContractError as exc:
-            who = f" (rewritten by plugin {plugin!r})" if plugin else ""
             raise ContractError(
-                f"arguments for tool {self.spec.name!r}{who} are not JSON data: {exc.message}",
+                f"arguments for tool {self.spec.name!r}{_rewritten_by(plugin)} are not JSON data: {exc.message}",
                 code="invalid_json",
                 pointer=exc.details.get("pointer", ""),
                 plugin=plugin,
@@ -72,9 +71,8 @@ class MountedTool:
     def refuse_input(self, arguments: Any, *, plugin: str | None = None) -> NoReturn:
         """Raise the ``ContractError`` for ``arguments`` the input schema refused (already asked)."""
         pointer, message = describe_errors(self.input_validator, arguments)
-        who = f" (rewritten by plugin {plugin!r})" if plugin else ""
         raise ContractError(
-            f"invalid arguments for tool {self.spec.name!r}{who}: {message}",
+            f"invalid arguments for tool {self.spec.name!r}{_rewritten_by(plugin)}: {message}",
             code="invalid_input",
             pointer=pointer,
             plugin=plugin,
@@ -91,6 +89,11 @@ class MountedTool:
                 pointer=pointer,
                 plugin=plugin,
             )
+
+
+def _rewritten_by(plugin: str | None) -> str:
+    """What an argument refusal says of the plugin whose ``Modify`` it refused (nothing for a caller's)."""
+    return f" (rewritten by plugin {plugin!r})" if plugin else ""
 
 
 def _takes_context(execute: Callable[..., Any]) -> bool:

@@ -231,3 +231,28 @@ async def test_a_lone_surrogate_is_no_change_in_place(tmp_path: Path, builtins: 
         result = await host.call("typed", arguments)
     assert result.success, result.error
     assert tool.ran == [arguments]
+
+
+class ChangeThenFail:
+    """Changes the arguments in place, then raises; configured to fail open (the chain goes on)."""
+
+    name = "change_then_fail"
+
+    @hookimpl
+    def tool_pre(self, call: Any) -> None:
+        call.arguments["n"] = "not an integer"
+        raise RuntimeError("broken after the change")
+
+
+async def test_a_hook_failing_open_after_a_change_in_place_is_still_refused(tmp_path: Path) -> None:
+    """A fail-open hook's failure lets the chain go on; what it changed before failing must not
+    reach the tool all the same."""
+    tool = Typed()
+    (tmp_path / "work").mkdir()
+    config = {"plugins": {"change_then_fail": {"on_error": "ignore"}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(tool), ChangeThenFail()], builtins=False,
+                        entry_points=False, working_dir=tmp_path / "work", discover=False) as host:
+        result = await host.call("typed", {"n": 1, "list": [1]})
+    assert tool.ran == [] and result.error["code"] == "hook_changed_arguments"
+    actions = [step["action"] for step in result.metadata["trail"]]
+    assert actions == ["ignored_failure", "changed_in_place"]
