@@ -600,3 +600,22 @@ def test_a_loop_closed_before_its_release_ran_does_not_keep_the_lock(tmp_path: P
         writer.close()
     report = verify(path)
     assert report.ok and report.records == 2, report
+
+
+async def test_a_gathered_burst_under_always_is_covered_by_one_fsync(tmp_path: Path, disk: SlowDisk) -> None:
+    """Issue 16: the fsync thread is told of a loop's waiters once that loop has finished its turn,
+    so every call of a gathered burst (their records all written in that turn) shares one fsync.
+    Woken at the first waiter, the thread fsynced while the burst was still being written, again
+    and again (8 to 31 fsyncs for 1,000 calls), contending for the GIL with the calls it waited for:
+    1,000 calls cost 2.4 to 2.5 times what they cost under ``"interval"``."""
+    host = await make(tmp_path, fsync="always", fsync_interval_ms=600_000)
+    try:
+        assert (await host.call("test_anything", {"i": -1})).success
+        before = disk.fsyncs
+        results = await asyncio.gather(*(host.call("test_anything", {"i": i}) for i in range(200)))
+        assert all(r.success for r in results)
+        assert disk.fsyncs - before == 1
+        assert len(calls_on_disk(tmp_path)) == 201
+    finally:
+        await host.close()
+    assert verify(log_path(tmp_path)).ok

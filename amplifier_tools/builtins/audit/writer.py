@@ -17,7 +17,9 @@ calls. Another process sharing the log waits for the lock at most that long.
 Called with no running loop, it releases the lock after each record. When it returns,
 the line is in the file (one completed ``write(2)``, its return value checked;
 a short write is cut off and raised). A background thread only fsyncs (for
-``fsync="always"`` it serves every waiter with one fsync: group commit; for
+``fsync="always"`` it serves every waiter with one fsync: group commit, asked for
+once per turn of each waiting loop, when the calls completing in that turn have all
+written their records; for
 ``"interval"`` every ``fsync_interval_ms``; ``"never"`` leaves it to the OS) and
 refreshes the anchor. There is no queue: memory does not grow with load.
 
@@ -156,6 +158,10 @@ class AuditWriter:
         self._flocked = False
         self._release_scheduled = False
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        #: The loops whose waiters the fsync thread will be told of at their next turn (``_commit``).
+        self._commit_scheduled: set[asyncio.AbstractEventLoop] = set()
+        #: Set by ``_commit``: waiters whose loop has finished its turn want their fsync now.
+        self._sync_requested = False
         #: What a waiter of a failed fsync raises: the error as it is, unless the owner says
         #: otherwise (the audit plugin's fail_closed / fail_open), or None to resolve it.
         self.judge_failure: Callable[[AuditWriteError], BaseException | None] = lambda error: error
@@ -223,8 +229,22 @@ class AuditWriter:
                 return None
             future: asyncio.Future[None] = loop.create_future()
             self._waiters.append((seq, loop, future))
-            self._wake.notify()
+            if loop not in self._commit_scheduled:
+                self._commit_scheduled.add(loop)
+                loop.call_soon(self._commit, loop)
         return future
+
+    def _commit(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wake the fsync thread for the waiters of ``loop`` (run on that loop, one turn after the
+        first of them): the calls completing in the same turn — a gathered burst — have written
+        their records by then, and one fsync covers them all. Woken at the first waiter, the thread
+        contended for the GIL with the rest of the burst and fsynced it in many small pieces (1,000
+        gathered calls cost 2.5 times their cost under ``"interval"``)."""
+        with self._lock:
+            self._commit_scheduled.discard(loop)
+            if self._waiters:
+                self._sync_requested = True
+                self._wake.notify()
 
     def close(self) -> None:
         """A final signed checkpoint (with a key), fsync, anchor; then stop the thread and close the files."""
@@ -727,9 +747,10 @@ class AuditWriter:
 
     def _cycle(self) -> bool:
         with self._wake:
-            if not self._stop and not (self.fsync == "always" and self._waiters) and not (
+            if not self._stop and not self._sync_requested and not (
                     self.fsync == "interval" and self._written - self._synced >= self.fsync_every):
                 self._wake.wait(self.fsync_interval)
+            self._sync_requested = False
             stopping = self._stop
             fd, target = self._fd, self._written
             retired, self._retired = self._retired, []
