@@ -619,3 +619,76 @@ async def test_a_gathered_burst_under_always_is_covered_by_one_fsync(tmp_path: P
     finally:
         await host.close()
     assert verify(log_path(tmp_path)).ok
+
+
+class CloseFailsOnceInTheThread:
+    """The writer's view of ``os`` where the fsync thread's first ``close`` of a rotated-away file,
+    once ``armed``, reports EIO after closing it (``close(2)`` may, on NFS)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+        if self.armed and threading.current_thread().name.startswith("audit-fsync"):
+            self.armed = False
+            self.failed += 1
+            raise OSError(5, "Input/output error")
+
+
+async def test_a_failed_fsync_cycle_asks_again_for_the_waiters_it_took(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an attack on the per-turn request: the thread clears the request when it starts a
+    cycle, so a cycle that raised afterwards (here closing a rotated-away file) left the waiting
+    calls for the timed wake-up — with ``fsync_interval_ms`` at 600 s, the call ended with the hook
+    timeout after 10 s. The thread asks itself again while waiters remain."""
+    disk = CloseFailsOnceInTheThread()
+    monkeypatch.setattr(writer_module, "os", disk)
+    host = await make(tmp_path, fsync="always", fsync_interval_ms=600_000, rotate_bytes=1500)
+    try:
+        assert (await host.call("test_anything", {"i": -1})).success
+        disk.armed = True
+        for i in range(12):  # some of them rotate the log: the thread closes the retired file
+            result = await asyncio.wait_for(host.call("test_anything", {"i": i}), 5)
+            assert result.success, result.error
+        assert disk.failed == 1
+    finally:
+        await host.close()
+
+
+def test_a_loop_closed_before_its_commit_is_not_kept(tmp_path: Path) -> None:
+    """Found by an attack: a loop stopped and closed between ``wait_synced`` and its ``_commit``
+    stayed in the writer's set of loops to tell the thread about, for the writer's lifetime."""
+    import gc
+    import time
+    import weakref
+
+    from amplifier_tools.builtins.audit.chain import encode_body
+
+    writer = writer_module.AuditWriter(tmp_path / "a.jsonl", fsync="always", fsync_interval_ms=20)
+    loops = []
+    try:
+        for i in range(20):
+            loop = asyncio.new_event_loop()
+
+            def append_and_stop(loop: asyncio.AbstractEventLoop = loop, i: int = i) -> None:
+                writer.wait_synced(writer.append(encode_body({"v": 1, "kind": "event", "i": i})))
+                loop.stop()  # before the _commit it scheduled runs
+
+            loop.call_soon(append_and_stop)
+            loop.run_forever()
+            loop.close()
+            loops.append(weakref.ref(loop))
+            del loop, append_and_stop
+        for _ in range(500):  # the thread's timed cycles (20 ms) fsync the records and drop the loops
+            gc.collect()
+            if not any(ref() is not None for ref in loops):
+                break
+            time.sleep(0.01)
+        assert [ref() for ref in loops] == [None] * 20
+    finally:
+        writer.close()

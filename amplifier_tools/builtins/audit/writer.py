@@ -743,6 +743,9 @@ class AuditWriter:
                     return
             except Exception:  # never die: every later call would stall
                 log.exception("audit fsync thread: unexpected failure; continuing")
+                with self._lock:  # the failed cycle may have taken the waiters' request: ask again
+                    if self._waiters:
+                        self._sync_requested = True
                 time.sleep(0.01)
 
     def _cycle(self) -> bool:
@@ -783,6 +786,8 @@ class AuditWriter:
                 ready, self._waiters = self._waiters, []
                 failure = AuditWriteError(error.errno, f"audit log {self.path} cannot be fsynced: {error.strerror}")
                 self.sync_error = failure  # unhealthy: fail_closed refuses calls until an fsync succeeds
+            if self._commit_scheduled:  # a loop closed before its ``_commit`` ran: do not keep it
+                self._commit_scheduled = {loop for loop in self._commit_scheduled if not loop.is_closed()}
             if stopping or time.monotonic() - self._last_anchor >= self.fsync_interval:
                 try:
                     self._anchor_if_current()
