@@ -692,3 +692,65 @@ def test_a_loop_closed_before_its_commit_is_not_kept(tmp_path: Path) -> None:
         assert [ref() for ref in loops] == [None] * 20
     finally:
         writer.close()
+
+
+class BusyLoop:
+    """Tasks that keep the event loop busy in turns shorter than the interpreter's switch interval:
+    each computes for a millisecond, then yields."""
+
+    def __init__(self, tasks: int = 4) -> None:
+        self.stop = False
+        self.tasks = [asyncio.create_task(self.burn()) for _ in range(tasks)]
+
+    async def burn(self) -> None:
+        import time
+
+        while not self.stop:
+            started = time.perf_counter()
+            while time.perf_counter() - started < 0.001:
+                pass
+            await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        self.stop = True
+        await asyncio.gather(*self.tasks)
+
+
+async def test_a_busy_loop_does_not_starve_the_fsync_thread_of_its_calls(tmp_path: Path, disk: SlowDisk) -> None:
+    """Found by an attack: a loop busy in turns shorter than 5 ms releases the GIL only for an
+    instant per turn, and the fsync thread never got it: every ``"always"`` call ended with the
+    hook timeout after 10 s. The loop now steps aside for the thread when it is late."""
+    host = await make(tmp_path, fsync="always")
+    busy = BusyLoop()
+    try:
+        await asyncio.sleep(0.05)
+        for i in range(3):
+            result = await asyncio.wait_for(host.call("test_anything", {"i": i}), 5)
+            assert result.success, result.error
+    finally:
+        await busy.close()
+        await host.close()
+    assert [r["arguments"]["i"] for r in calls_on_disk(tmp_path)] == [0, 1, 2]
+
+
+async def test_a_busy_loop_does_not_keep_interval_from_fsyncing(tmp_path: Path, disk: SlowDisk) -> None:
+    """The same starvation under ``"interval"``: nobody waits, and a record written while the loop
+    was busy could stay unsynced for as long as it stayed busy (5 s and more in one of six tries
+    before; 20 ms the other five, depending on where the thread was when the loop became busy).
+    Now the loop steps aside once the thread is later than the interval plus ``WATCH_EVERY``: the
+    bound asserted is 2 s, far above that (120 ms here), a liveness check, not a timing one."""
+    import time
+
+    host = await make(tmp_path, fsync_interval_ms=20)
+    busy = BusyLoop()
+    try:
+        await asyncio.sleep(0.05)
+        before = disk.fsyncs
+        assert (await host.call("test_anything", {"i": 0})).success
+        started = time.monotonic()
+        while disk.fsyncs == before and time.monotonic() - started < 2:
+            await asyncio.sleep(0.01)
+        assert disk.fsyncs > before
+    finally:
+        await busy.close()
+        await host.close()

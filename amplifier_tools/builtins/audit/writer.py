@@ -76,6 +76,10 @@ READ_CHUNK: Final = 1 << 20
 LOG_FLAGS: Final = os.O_RDWR | os.O_APPEND
 #: Opens of the log's path before giving up when the file there keeps being moved away meanwhile.
 OPEN_ATTEMPTS: Final = 16
+#: How often a loop that has work pending for the fsync thread checks that the thread gets to do
+#: it (``AuditWriter._watch``), and how long, at most, it steps aside when it does not.
+WATCH_EVERY: Final = 0.05
+STEP_ASIDE: Final = 0.002
 
 
 class AuditWriteError(OSError):
@@ -162,6 +166,11 @@ class AuditWriter:
         self._commit_scheduled: set[asyncio.AbstractEventLoop] = set()
         #: Set by ``_commit``: waiters whose loop has finished its turn want their fsync now.
         self._sync_requested = False
+        #: When the fsync thread last ended a cycle, an event it sets then, and the loops with a
+        #: ``_watch`` armed: how a loop tells that its own busyness keeps the thread from the GIL.
+        self._heartbeat = time.monotonic()
+        self._cycled = threading.Event()
+        self._watched: set[asyncio.AbstractEventLoop] = set()
         #: What a waiter of a failed fsync raises: the error as it is, unless the owner says
         #: otherwise (the audit plugin's fail_closed / fail_open), or None to resolve it.
         self.judge_failure: Callable[[AuditWriteError], BaseException | None] = lambda error: error
@@ -205,8 +214,11 @@ class AuditWriter:
             self._written += 1
             if self.fsync == "interval" and self._written - self._synced == self.fsync_every:
                 self._wake.notify()  # enough unsynced records: do not wait for the interval
+            loop = asyncio_running_loop()
+            if loop is not None and loop not in self._watched and self.fsync != "never":
+                self._watched.add(loop)
+                loop.call_later(WATCH_EVERY, self._watch, loop)
             if self._flocked and not self._release_scheduled:
-                loop = asyncio_running_loop()
                 if loop is None:
                     self._unlock()
                 else:  # keep the lock for the rest of this turn of the loop
@@ -220,6 +232,37 @@ class AuditWriter:
             self._release_scheduled = False
             if self._flocked:
                 self._unlock()
+
+    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run on ``loop`` every ``WATCH_EVERY`` while it has work pending for the fsync thread
+        (its calls waiting for an fsync, or records not yet fsynced under ``"interval"``): if the
+        thread has not ended a cycle for longer than that work allows, step aside — wait, the GIL
+        released, until it ends one, at most ``STEP_ASIDE``.
+
+        Why: a loop whose turns are shorter than the interpreter's switch interval (5 ms) — tasks
+        that compute for a millisecond and yield — releases the GIL only for an instant at each
+        turn's poll, and takes it back before the woken thread runs; the thread's wait for the GIL
+        then never times out, so it never asks for it, and it starves (found by an attack: no
+        fsync in 20 s, every ``"always"`` call ended with the hook timeout; under ``"interval"`` a
+        record stayed unsynced for seconds). Stepping aside hands it the GIL. Also taken when the
+        thread is merely slow (a stalled disk): then it costs the loop ``STEP_ASIDE`` per
+        ``WATCH_EVERY``. Not covered: a loop that never yields at all (one turn of seconds) runs
+        no callback either, this one included."""
+        with self._lock:
+            mine = any(waiter[1] is loop for waiter in self._waiters)
+            if self._stop or not (mine or (self.fsync == "interval" and self._written > self._synced)):
+                self._watched.discard(loop)
+                return
+            allowed = WATCH_EVERY if mine else self.fsync_interval + WATCH_EVERY
+            late = time.monotonic() - self._heartbeat > allowed
+            if late:
+                self._cycled.clear()
+                if mine:  # its _commit may not have run yet: ask now, the thread is let in below
+                    self._sync_requested = True
+                    self._wake.notify()
+        if late:
+            self._cycled.wait(STEP_ASIDE)
+        loop.call_later(WATCH_EVERY, self._watch, loop)
 
     def wait_synced(self, seq: int) -> asyncio.Future[None] | None:
         """A future resolved once record ``seq`` is fsynced (None if it already is)."""
@@ -788,6 +831,9 @@ class AuditWriter:
                 self.sync_error = failure  # unhealthy: fail_closed refuses calls until an fsync succeeds
             if self._commit_scheduled:  # a loop closed before its ``_commit`` ran: do not keep it
                 self._commit_scheduled = {loop for loop in self._commit_scheduled if not loop.is_closed()}
+            if self._watched:  # nor one closed with its ``_watch`` armed
+                self._watched = {loop for loop in self._watched if not loop.is_closed()}
+            self._heartbeat = time.monotonic()
             if stopping or time.monotonic() - self._last_anchor >= self.fsync_interval:
                 try:
                     self._anchor_if_current()
@@ -801,6 +847,8 @@ class AuditWriter:
                 loop.call_soon_threadsafe(_settle_all, futures, failure, self.judge_failure)
             except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
                 pass
+        if not self._cycled.is_set():  # a loop stepping aside for this cycle (``_watch``) goes on
+            self._cycled.set()
         return stopping
 
 
