@@ -754,3 +754,112 @@ async def test_a_busy_loop_does_not_keep_interval_from_fsyncing(tmp_path: Path, 
     finally:
         await busy.close()
         await host.close()
+
+
+def _event(i: int) -> bytes:
+    from amplifier_tools.builtins.audit.chain import encode_body
+
+    return encode_body({"v": 1, "kind": "event", "i": i})
+
+
+async def test_the_watch_never_blocks_the_loop_on_a_lock_the_thread_holds_for_long(tmp_path: Path) -> None:
+    """Found by an attack on the watch: the fsync thread anchors holding the writer's lock, and
+    waits there for another process's ``flock`` on the log; the watch, armed by one unsynced
+    record, blocked the loop on that lock for as long (3.3 s of a 4 s hold). It now waits for the
+    lock at most ``STEP_ASIDE`` and tries again later."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "a.jsonl"
+    writer = writer_module.AuditWriter(path, fsync="interval", fsync_interval_ms=300)
+    holder = None
+    try:
+        writer.append(_event(-1))
+        await asyncio.sleep(0.4)  # the log exists, a first cycle has run
+        writer.append(_event(0))  # unsynced until the next cycle: the loop's watch is armed
+        await asyncio.sleep(0)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); "
+             "print('locked', flush=True); time.sleep(2)", str(path)], stdout=subprocess.PIPE)
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        worst, last, end = 0.0, time.monotonic(), time.monotonic() + 2
+        while time.monotonic() < end:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            worst, last = max(worst, now - last), now
+        assert worst < 0.5  # 1.3 s and more before (a liveness bound, far above the ≈ 10 ms now)
+    finally:
+        if holder is not None:
+            holder.wait()
+        writer.close()
+
+
+async def test_many_writers_on_a_stalled_disk_cost_their_loop_one_step_aside_per_period(
+        tmp_path: Path, disk: SlowDisk) -> None:
+    """Found by an attack on the watch: every writer stepped aside on its own, so a loop serving
+    ten hosts whose disk stalled spent 39 % of its time waiting (25 hosts: 94 %). One step releases
+    the GIL to every starved thread: a loop now steps aside at most once per ``WATCH_EVERY``."""
+    import time
+
+    disk.release.clear()
+    writers = [writer_module.AuditWriter(tmp_path / f"h{i}.jsonl", fsync="interval", fsync_interval_ms=20)
+               for i in range(10)]
+    try:
+        for i, writer in enumerate(writers):
+            writer.append(_event(i))
+        await asyncio.sleep(0.3)  # every thread is now stuck in its fsync
+        spent = 0.0
+        original = writer_module.AuditWriter._watch
+
+        def timed(self: Any, *args: Any) -> None:
+            nonlocal spent
+            started = time.perf_counter()
+            original(self, *args)
+            spent += time.perf_counter() - started
+
+        writer_module.AuditWriter._watch = timed  # type: ignore[method-assign]
+        try:
+            await asyncio.sleep(1.0)
+        finally:
+            writer_module.AuditWriter._watch = original  # type: ignore[method-assign]
+        assert spent < 0.15  # ≈ 0.04 (2 ms per 50 ms); 0.39 before
+    finally:
+        disk.release.set()
+        for writer in writers:
+            writer.close()
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval"])
+def test_a_loop_left_without_close_is_not_kept_alive(tmp_path: Path, fsync: str) -> None:
+    """Found by an attack on the watch: a loop run once and dropped without ``close()`` stayed
+    referenced by the writer (its armed watch), with its three descriptors, for the writer's life."""
+    import gc
+    import time
+    import warnings
+    import weakref
+
+    writer = writer_module.AuditWriter(tmp_path / "a.jsonl", fsync=fsync, fsync_interval_ms=20)
+    loops = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)  # the unclosed loops, on purpose
+            for i in range(10):
+                loop = asyncio.new_event_loop()
+
+                async def one(i: int = i) -> None:
+                    waiting = writer.wait_synced(writer.append(_event(i)))
+                    if waiting is not None:
+                        await waiting
+
+                loop.run_until_complete(one())
+                loops.append(weakref.ref(loop))
+                del loop
+            for _ in range(300):  # the thread's cycles (20 ms) drop the loops no longer running
+                gc.collect()
+                if not any(ref() is not None for ref in loops):
+                    break
+                time.sleep(0.01)
+        assert [ref() for ref in loops] == [None] * 10
+    finally:
+        writer.close()

@@ -48,6 +48,7 @@ import os
 import stat
 import threading
 import time
+import weakref
 from asyncio import _get_running_loop as asyncio_running_loop  # None, not an exception, without a loop
 from collections.abc import Callable
 from pathlib import Path
@@ -80,6 +81,10 @@ OPEN_ATTEMPTS: Final = 16
 #: it (``AuditWriter._watch``), and how long, at most, it steps aside when it does not.
 WATCH_EVERY: Final = 0.05
 STEP_ASIDE: Final = 0.002
+
+#: When each loop last stepped aside for a writer's thread (``AuditWriter._watch``): one step
+#: releases the GIL to every starved thread, so a loop serving many writers steps once per period.
+_stepped_aside: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = weakref.WeakKeyDictionary()
 
 
 class AuditWriteError(OSError):
@@ -170,7 +175,8 @@ class AuditWriter:
         #: ``_watch`` armed: how a loop tells that its own busyness keeps the thread from the GIL.
         self._heartbeat = time.monotonic()
         self._cycled = threading.Event()
-        self._watched: set[asyncio.AbstractEventLoop] = set()
+        #: (each armed loop's token: a timer whose token is no longer its loop's is stale).
+        self._watched: dict[asyncio.AbstractEventLoop, object] = {}
         #: What a waiter of a failed fsync raises: the error as it is, unless the owner says
         #: otherwise (the audit plugin's fail_closed / fail_open), or None to resolve it.
         self.judge_failure: Callable[[AuditWriteError], BaseException | None] = lambda error: error
@@ -216,8 +222,8 @@ class AuditWriter:
                 self._wake.notify()  # enough unsynced records: do not wait for the interval
             loop = asyncio_running_loop()
             if loop is not None and loop not in self._watched and self.fsync != "never":
-                self._watched.add(loop)
-                loop.call_later(WATCH_EVERY, self._watch, loop)
+                token = self._watched[loop] = object()
+                loop.call_later(WATCH_EVERY, self._watch, loop, token)
             if self._flocked and not self._release_scheduled:
                 if loop is None:
                     self._unlock()
@@ -233,11 +239,12 @@ class AuditWriter:
             if self._flocked:
                 self._unlock()
 
-    def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _watch(self, loop: asyncio.AbstractEventLoop, token: object) -> None:
         """Run on ``loop`` every ``WATCH_EVERY`` while it has work pending for the fsync thread
         (its calls waiting for an fsync, or records not yet fsynced under ``"interval"``): if the
         thread has not ended a cycle for longer than that work allows, step aside — wait, the GIL
-        released, until it ends one, at most ``STEP_ASIDE``.
+        released, until it ends one, at most ``STEP_ASIDE``, and at most once per ``WATCH_EVERY``
+        on a loop however many writers it serves (``_stepped_aside``).
 
         Why: a loop whose turns are shorter than the interpreter's switch interval (5 ms) — tasks
         that compute for a millisecond and yield — releases the GIL only for an instant at each
@@ -245,24 +252,35 @@ class AuditWriter:
         then never times out, so it never asks for it, and it starves (found by an attack: no
         fsync in 20 s, every ``"always"`` call ended with the hook timeout; under ``"interval"`` a
         record stayed unsynced for seconds). Stepping aside hands it the GIL. Also taken when the
-        thread is merely slow (a stalled disk): then it costs the loop ``STEP_ASIDE`` per
-        ``WATCH_EVERY``. Not covered: a loop that never yields at all (one turn of seconds) runs
-        no callback either, this one included."""
-        with self._lock:
-            mine = any(waiter[1] is loop for waiter in self._waiters)
-            if self._stop or not (mine or (self.fsync == "interval" and self._written > self._synced)):
-                self._watched.discard(loop)
-                return
-            allowed = WATCH_EVERY if mine else self.fsync_interval + WATCH_EVERY
-            late = time.monotonic() - self._heartbeat > allowed
-            if late:
-                self._cycled.clear()
-                if mine:  # its _commit may not have run yet: ask now, the thread is let in below
-                    self._sync_requested = True
-                    self._wake.notify()
+        thread is merely slow (a stalled disk): then it costs the loop at most ``STEP_ASIDE`` per
+        ``WATCH_EVERY``. The writer's lock is waited for at most ``STEP_ASIDE`` (that wait releases
+        the GIL too, so a starved thread holding the lock gets to finish): the thread may hold it
+        for long (an anchor waiting for another process's ``flock``). Not covered: a
+        loop that never yields at all (one turn of seconds) runs no callback either, this one
+        included."""
+        if self._watched.get(loop) is not token:  # dropped (``_cycle``) or re-armed since: stale
+            return
+        late = False
+        if self._lock.acquire(timeout=STEP_ASIDE):
+            try:
+                mine = any(waiter[1] is loop for waiter in self._waiters)
+                if self._stop or not (mine or (self.fsync == "interval" and self._written > self._synced)):
+                    del self._watched[loop]
+                    return
+                allowed = WATCH_EVERY if mine else self.fsync_interval + WATCH_EVERY
+                now = time.monotonic()
+                late = now - self._heartbeat > allowed and now - _stepped_aside.get(loop, 0.0) >= WATCH_EVERY
+                if late:
+                    _stepped_aside[loop] = now
+                    self._cycled.clear()
+                    if mine:  # its _commit may not have run yet: ask now, the thread is let in below
+                        self._sync_requested = True
+                        self._wake.notify()
+            finally:
+                self._lock.release()
         if late:
             self._cycled.wait(STEP_ASIDE)
-        loop.call_later(WATCH_EVERY, self._watch, loop)
+        loop.call_later(WATCH_EVERY, self._watch, loop, token)
 
     def wait_synced(self, seq: int) -> asyncio.Future[None] | None:
         """A future resolved once record ``seq`` is fsynced (None if it already is)."""
@@ -829,10 +847,12 @@ class AuditWriter:
                 ready, self._waiters = self._waiters, []
                 failure = AuditWriteError(error.errno, f"audit log {self.path} cannot be fsynced: {error.strerror}")
                 self.sync_error = failure  # unhealthy: fail_closed refuses calls until an fsync succeeds
-            if self._commit_scheduled:  # a loop closed before its ``_commit`` ran: do not keep it
-                self._commit_scheduled = {loop for loop in self._commit_scheduled if not loop.is_closed()}
-            if self._watched:  # nor one closed with its ``_watch`` armed
-                self._watched = {loop for loop in self._watched if not loop.is_closed()}
+            # A loop closed, or left (not running), before its ``_commit`` or ``_watch`` ran: do not
+            # keep it (nor its descriptors) alive; run again, it is armed again by its next record.
+            if self._commit_scheduled:
+                self._commit_scheduled = {loop for loop in self._commit_scheduled if loop.is_running()}
+            if self._watched:
+                self._watched = {loop: token for loop, token in self._watched.items() if loop.is_running()}
             self._heartbeat = time.monotonic()
             if stopping or time.monotonic() - self._last_anchor >= self.fsync_interval:
                 try:
