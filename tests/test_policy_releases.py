@@ -354,3 +354,53 @@ async def test_closing_cuts_off_background_releases_after_one_store_timeout(redi
             await checker.aclose()
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+class RateAndBudget:
+    """One call a minute, and a budget of seconds that each call reserves its timeout from."""
+
+    spec = ToolSpec(name="rated", description="rated", effect="Pure",
+                    policies={"timeout_ms": 4000, "rate_limit": {"limit": 1, "interval_ms": 60_000},
+                              "budgets": [{"per": "principal", "max_seconds": 8, "window_ms": 3_600_000}]})
+    name, description = "rated", "rated"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="ok")
+
+
+async def test_a_refused_call_cancelled_while_giving_back_still_gives_everything_back(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """Found by attack: a call refused after it reserved a budget (here by the rate limit) gave back
+    what it took one store round trip at a time in its own task; cancelled during one, it left the
+    rest in the store — the budget's reservation of its 4 s timeout and its count — until the keys
+    expired, though it never ran. The give-back now runs in a task of its own."""
+    import asyncio
+
+    async with _host(tmp_path, redis_server.url, RateAndBudget(), timeout_ms=2000) as host:
+        store = host.plugin_manager.get_plugin("policy").shared.store
+        assert (await host.call("rated", {})).success  # takes the minute's one token
+        settle = store.settle
+        settling = asyncio.Event()
+
+        async def slow_settle(*args: Any, **kwargs: Any) -> Any:
+            settling.set()
+            await asyncio.sleep(0.3)  # a store 300 ms away
+            return await settle(*args, **kwargs)
+
+        store.settle = slow_settle
+        refused = asyncio.ensure_future(host.call("rated", {}))  # reserves 4 s, then rate_limited
+        await settling.wait()
+        refused.cancel()
+        try:
+            await refused
+        except asyncio.CancelledError:
+            pass
+        for _ in range(200):  # the give-back ends in the background (bounded wait)
+            rows = {row["key"].split("@")[0]: row["value"] for row in await store.status()}
+            if "budget:principal:anonymous:reserved" not in rows:
+                break
+            await asyncio.sleep(0.01)
+        store.settle = settle
+    assert "budget:principal:anonymous:reserved" not in rows
+    assert "budget:principal:anonymous:amounts" not in rows
+    assert rows["budget:principal:anonymous:calls"] == 1  # the call that ran; the refused one counts for nothing

@@ -237,7 +237,13 @@ class SharedPolicy:
             raise
         if verdict is not None:
             plugin._forget(context, held)
-            await self.give_back(shared)
+            # In a task of its own, tracked like the releases (found by attack: cancelled during a
+            # round trip, the rest of what the refused call took — a budget reservation, an
+            # idempotency claim — stayed in the store until its keys expired). Waited for, so the
+            # refusal returns with everything given back; a cancellation leaves it running.
+            giving_back = asyncio.ensure_future(self.give_back(shared))
+            self._background(giving_back)
+            await asyncio.shield(giving_back)
             return verdict
         held.admitted = True
         held.started = plugin.clock()
