@@ -404,3 +404,41 @@ async def test_a_refused_call_cancelled_while_giving_back_still_gives_everything
     assert "budget:principal:anonymous:reserved" not in rows
     assert "budget:principal:anonymous:amounts" not in rows
     assert rows["budget:principal:anonymous:calls"] == 1  # the call that ran; the refused one counts for nothing
+
+
+class Slow:
+    """Runs for 1.5 s under an idempotency key; its callers may wait 0.4 s."""
+
+    spec = ToolSpec(name="slow", description="slow", effect="IdempotentWrite", idempotency_key="optional",
+                    policies={"timeout_ms": 400})
+    name, description = "slow", "slow"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        import asyncio
+
+        await asyncio.sleep(1.5)
+        return ToolResult(output="done")
+
+
+async def test_a_duplicate_whose_wait_runs_out_mid_poll_hears_in_progress_not_store_unavailable(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    """Found by attack: a duplicate waiting for a key polls the store, the last poll bounded by what
+    is left of its wait; with a store 60 ms away that poll was cut, and the wait that ran out read
+    as a retryable ``policy_store_unavailable``. It is ``idempotency_in_progress``, as documented."""
+    import asyncio
+
+    proxy = ReplyDropper(redis_server.port)
+    url = await proxy.start()
+    try:
+        async with _host(tmp_path, url, Slow(), timeout_ms=2000) as host:
+            first = asyncio.ensure_future(host.call("slow", {}, context=ToolContext(idempotency_key="k")))
+            await asyncio.sleep(0.1)  # the first holds the key
+            proxy.delay = 0.06
+            duplicate = await host.call("slow", {}, context=ToolContext(idempotency_key="k"))
+            proxy.delay = 0.0
+            assert not duplicate.success
+            assert duplicate.error is not None and duplicate.error["code"] == "idempotency_in_progress", duplicate.error
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+    finally:
+        await proxy.close()

@@ -341,9 +341,21 @@ class SharedPolicy:
         holder = new_holder()
         ttl = self._held_for(spec, context, started, self.plugin.idempotency_window)
         delay = POLL_FIRST
+        polled = False
         while True:
-            state, stored_digest, value = await self._op(self.store.claim(slot, digest, holder, ttl),
-                                                         spec, context, started)
+            try:
+                state, stored_digest, value = await self._op(self.store.claim(slot, digest, holder, ttl),
+                                                             spec, context, started)
+            except StoreUnavailable:
+                # A poll cut by the call's own bound (the store answered the earlier ones): the wait
+                # ran out, which is the policy's answer, not a store outage (found by attack: it
+                # read as a retryable policy_store_unavailable).
+                left = self.plugin._time_left(spec, context, started)
+                if polled and left is not None and left <= 0:
+                    return Deny(f"a call with idempotency key {key!r} is still running",
+                                code="idempotency_in_progress")
+                raise
+            polled = True
             if state == "claimed":
                 shared.claim = (slot, holder, digest)
                 return None
