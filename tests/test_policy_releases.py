@@ -432,7 +432,11 @@ async def test_a_duplicate_whose_wait_runs_out_mid_poll_hears_in_progress_not_st
     try:
         async with _host(tmp_path, url, Slow(), timeout_ms=2000) as host:
             first = asyncio.ensure_future(host.call("slow", {}, context=ToolContext(idempotency_key="k")))
-            await asyncio.sleep(0.1)  # the first holds the key
+            store = host.plugin_manager.get_plugin("policy").shared.store
+            for _ in range(500):  # until the first holds the key
+                if any(row["key"].startswith("idem:") for row in await store.status()):
+                    break
+                await asyncio.sleep(0.01)
             proxy.delay = 0.06
             duplicate = await host.call("slow", {}, context=ToolContext(idempotency_key="k"))
             proxy.delay = 0.0

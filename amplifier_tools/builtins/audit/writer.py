@@ -265,7 +265,7 @@ class AuditWriter:
             try:
                 mine = any(waiter[1] is loop for waiter in self._waiters)
                 if self._stop or not (mine or (self.fsync == "interval" and self._written > self._synced)):
-                    del self._watched[loop]
+                    self._watched.pop(loop, None)
                     return
                 allowed = WATCH_EVERY if mine else self.fsync_interval + WATCH_EVERY
                 now = time.monotonic()
@@ -830,8 +830,11 @@ class AuditWriter:
                     os.fsync(old)
             except OSError as exc:
                 error = exc
-            finally:
+            try:  # each closed whatever the others do (a close that raised left the rest open, unsynced)
                 os.close(old)
+            except OSError as exc:  # close(2) reporting EIO (NFS) reports lost writes: a failed fsync
+                if error is None and self.fsync != "never":
+                    error = exc
         with self._lock:
             if self._flocked:  # the appending loop has been busy (or closed) since: let other processes in
                 self._unlock()

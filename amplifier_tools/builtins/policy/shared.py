@@ -240,10 +240,14 @@ class SharedPolicy:
             # In a task of its own, tracked like the releases (found by attack: cancelled during a
             # round trip, the rest of what the refused call took — a budget reservation, an
             # idempotency claim — stayed in the store until its keys expired). Waited for, so the
-            # refusal returns with everything given back; a cancellation leaves it running.
+            # refusal returns with everything given back; a cancellation of the caller leaves it
+            # running, and its own end (``close`` cutting it) is not the caller's cancellation.
             giving_back = asyncio.ensure_future(self.give_back(shared))
             self._background(giving_back)
-            await asyncio.shield(giving_back)
+            await asyncio.wait((giving_back,))
+            if not giving_back.cancelled() and (failure := giving_back.exception()) is not None:
+                log.error("policy store: giving back what a refused call took failed (%s); its keys' "
+                          "expiry reclaims it", failure)
             return verdict
         held.admitted = True
         held.started = plugin.clock()
