@@ -213,6 +213,9 @@ class HookFailure(Exception):
         self.impl = impl
         self.hook = hook
         self.cause = cause
+        #: Whether the caller's cancellation arrived while this implementation was awaited to its
+        #: end (``tool_complete``): the failure must not drop it.
+        self.cancelled_meanwhile = False
 
 
 class PluginManager(pluggy.PluginManager):
@@ -410,6 +413,8 @@ class HookDispatcher:
                     except asyncio.CancelledError:
                         if expired:
                             break
+                        if future.done() and not (sys.version_info >= (3, 11) and _being_cancelled()):
+                            break  # the future's own cancellation (the plugin's failure, below), not the caller's
                         cancelled = True  # the caller's: keep waiting, then honour it
                     except Exception:
                         break  # the future's own: raised below, as the plugin's failure
@@ -417,15 +422,32 @@ class HookDispatcher:
                 if timer is not None:
                     timer.cancel()
             if not future.done():
-                raise self._failure(impl, "tool_complete", TimeoutError())
+                raise self._failure_meanwhile(impl, TimeoutError(), cancelled)
         if future.cancelled():
-            raise self._failure(impl, "tool_complete", _OwnCancellation("its future was cancelled"))
+            raise self._failure_meanwhile(impl, _OwnCancellation("its future was cancelled"), cancelled)
         exc = future.exception()
         if isinstance(exc, Exception):
-            raise self._failure(impl, "tool_complete", exc) from exc
+            raise self._failure_meanwhile(impl, exc, cancelled) from exc
         if exc is not None:
             raise exc
         return cancelled
+
+    def _failure_meanwhile(self, impl: Impl, cause: Exception, cancelled: bool) -> HookFailure:
+        """A ``tool_complete`` observer's failure, carrying whether the caller was cancelled while
+        it was awaited (found by attack: a cancellation that arrived before an observer failed
+        or timed out was lost, and the cancelled caller got a result)."""
+        failure = self._failure(impl, "tool_complete", cause)
+        failure.cancelled_meanwhile = cancelled
+        return failure
+
+    async def _finish_observer(self, impl: Impl, out: Any) -> HookFailure | None:
+        """``_finish`` for an async ``tool_complete`` observer, its failure returned, not raised:
+        ``finish_despite_cancel``'s answer (whether a cancellation arrived) is not lost with it."""
+        try:
+            await self._finish(impl, "tool_complete", out)
+        except HookFailure as failure:
+            return failure
+        return None
 
     async def _invoke(self, impl: Impl, hook: str, kwargs: dict[str, Any]) -> Any:
         """Call one implementation to completion; ``HookFailure`` if it raises or times out.
@@ -641,14 +663,17 @@ class HookDispatcher:
     async def tool_complete(
         self, call: ToolCall, spec: Any, result: ToolResult, context: ToolContext,
         on_failure: Callable[[ToolCall, Any, ToolContext, ToolResult, ToolError], ToolResult] | None = None,
-    ) -> tuple[ToolResult, ToolError | None]:
-        """Run every ``tool_complete`` observer once; ``(final result, error that failed it closed)``.
+    ) -> tuple[ToolResult, ToolError | None, bool]:
+        """Run every ``tool_complete`` observer once; ``(final result, error that failed it closed,
+        whether the caller's task was cancelled meanwhile)``.
 
         When an observer fails closed, ``on_failure(call, spec, context, result, error)`` builds the result the caller
         will get and every later observer (the audit log last of all) sees that one, so the record
         states what the caller received. A cancellation that arrives while an async observer is
-        awaited does not cut the chain short: every observer still runs to its end, then
-        ``CancelledError`` is raised to the caller.
+        awaited does not cut the chain short: every observer still runs to its end, and the caller
+        is told (it honours the cancellation then: raises ``CancelledError``, or returns the
+        ``host_closing`` result of a call cut by ``close``), also when the observer that was
+        awaited failed.
         """
         first: ToolError | None = None
         cancelled = False
@@ -659,17 +684,18 @@ class HookDispatcher:
                 if isinstance(out, asyncio.Future):  # only waited for: no task of its own (the audit's fsync)
                     cancelled = await self._finish_future(impl, out) or cancelled
                 elif impl.is_async or (out is not None and inspect.isawaitable(out)):
-                    _, late = await finish_despite_cancel(self._finish(impl, "tool_complete", out))
+                    failed, late = await finish_despite_cancel(self._finish_observer(impl, out))
                     cancelled = cancelled or late
+                    if failed is not None:
+                        raise failed
             except HookFailure as failure:
+                cancelled = cancelled or failure.cancelled_meanwhile
                 error = self._failed(failure, context)
                 if first is None and error is not None:
                     first = error
                     if on_failure is not None:
                         result = kwargs["result"] = on_failure(call, spec, context, result, error)
-        if cancelled:
-            raise asyncio.CancelledError
-        return result, first
+        return result, first, cancelled
 
     def present(self) -> frozenset[str]:
         """The call hooks (``CALL_HOOKS``) that have at least one implementation, cached until a

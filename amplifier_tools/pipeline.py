@@ -83,7 +83,8 @@ class CallPipeline:
         """Wait until no call is in flight, at most ``timeout`` seconds; whether it is idle."""
         if not self.in_flight:
             return True
-        self._idle = asyncio.Event()
+        if self._idle is None or self._idle.is_set():  # shared by every close() waiting at once
+            self._idle = asyncio.Event()                # (found by attack: a second one left the first waiting)
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except (asyncio.TimeoutError, TimeoutError):
@@ -95,6 +96,8 @@ class CallPipeline:
         tasks: list[asyncio.Task[Any]] = []
         current = asyncio.current_task()
         for number, task in self.in_flight.items():
+            if number in self.cut:  # cut by an earlier close(): one cancellation, or the second
+                continue            # reads as the caller's own (``_after_cancel``)
             self.cut.add(number)
             if task is not None and task is not current and all(task is not other for other in tasks):
                 tasks.append(task)
@@ -177,17 +180,19 @@ class CallPipeline:
                 return self._after_cancel(ended, number)
             ended_result: ToolResult = ended
             return ended_result
-        # A cancellation arriving in here is raised only once every tool_complete observer has run.
-        return await self._complete(call, mounted, ctx, result, started, scanned)
+        # A cancellation arriving in here is honoured only once every tool_complete observer has run.
+        return await self._complete(call, mounted, ctx, result, started, scanned, number)
 
     def _after_cancel(self, result: ToolResult, number: int) -> ToolResult:
         """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
-        returns the result; the caller's own cancellation is raised."""
+        returns the result; the caller's own cancellation is raised — also when ``close`` cut the
+        call as well (found by attack: the cut's result was returned to a caller that had
+        cancelled; Python 3.11 and later, where a task counts its cancellation requests)."""
         if number not in self.cut:
             raise asyncio.CancelledError
         current = asyncio.current_task()
-        if current is not None and sys.version_info >= (3, 11):
-            current.uncancel()
+        if current is not None and sys.version_info >= (3, 11) and current.uncancel() > 0:
+            raise asyncio.CancelledError
         return result
 
     async def _cancelled(
@@ -304,8 +309,13 @@ class CallPipeline:
 
     async def _complete(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, result: ToolResult,
-        started: float, scanned: Any = None,
+        started: float, scanned: Any = None, number: int | None = None,
     ) -> ToolResult:
+        """The call's final result: trail, scrub, duration, then every ``tool_complete`` observer.
+        A cancellation of the caller's task while an observer was awaited is honoured afterwards:
+        ``number`` given (the call's own task), by ``_after_cancel`` (a cut by ``close`` returns
+        the result; found by attack: it raised ``CancelledError`` to a caller who never cancelled);
+        else (inside ``finish_despite_cancel``'s task) by raising ``CancelledError``."""
         metadata = dict(result.metadata)
         metadata["trail"] = _trail(ctx)
         result = ToolResult(result.success, result.output, result.error, metadata, call.id)
@@ -318,10 +328,14 @@ class CallPipeline:
             return result
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
-        result, _ = await self.hooks.tool_complete(call, spec, result, ctx, self._withheld)
+        result, _, cancelled = await self.hooks.tool_complete(call, spec, result, ctx, self._withheld)
         if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
             metadata = {**result.metadata, "trail": _trail(ctx)}
             result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
+        if cancelled:
+            if number is None:
+                raise asyncio.CancelledError
+            return self._after_cancel(result, number)  # cut by close: what was recorded
         return result
 
     def _withheld(self, call: ToolCall, spec: ToolSpec | None, ctx: ToolContext, current: ToolResult,

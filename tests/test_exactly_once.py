@@ -669,3 +669,130 @@ async def test_a_future_from_tool_complete_that_fails_is_the_plugins_failure(tmp
     assert not result.success and result.error["plugin"] == "futures"
     assert result.error["code"] == ("hook_timeout" if outcome == "hangs" else "hook_failed")
     assert last.seen == ["f2"] and record["error"]["code"] == result.error["code"]
+
+
+class SlowComplete:
+    """An async ``tool_complete`` observer that takes ``seconds``, then optionally fails."""
+
+    name = "slow_complete"
+
+    def __init__(self, seconds: float, fails: bool = False) -> None:
+        self.seconds = seconds
+        self.fails = fails
+
+    @hookimpl
+    async def tool_complete(self, call: Any) -> None:
+        await asyncio.sleep(self.seconds)
+        if self.fails:
+            raise RuntimeError("observer bug")
+
+
+def _closing_host(tmp_path: Path, *plugins: Any, tools: Any = (), **config: Any) -> ToolHost:
+    settings = {"plugins": {"audit": {"fsync": "never"}}, **config}
+    return ToolHost(config=settings, plugins=[ToolsPlugin(*tools), *plugins], builtins=["audit"],
+                    entry_points=False, working_dir=tmp_path, discover=False)
+
+
+async def test_a_call_cut_by_close_while_observed_returns_its_result_not_cancelled_error(tmp_path: Path) -> None:
+    """Found by attack: a successful call still in a slow async ``tool_complete`` observer when
+    ``close()``'s grace ran out raised ``CancelledError`` to a caller who never cancelled."""
+    counting, sleeps = Counting(), Sleeps()
+    host = _closing_host(tmp_path, SlowComplete(0.5), counting, tools=[sleeps], shutdown_grace_ms=100)
+    await host.start()
+    call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="k1"))
+    await asyncio.sleep(0.05)  # in the observer now
+    await host.close()
+    result = await call
+    assert result.success, result.error  # what was recorded: the call had ended
+    counting.assert_once("k1")
+    assert audit_records(host) == Counter({"k1": 1})
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="a task counts its cancellation requests from 3.11")
+async def test_a_callers_cancellation_stands_when_close_cuts_the_call_too(tmp_path: Path) -> None:
+    """Found by attack: the caller cancelled, and while the cancelled call was being recorded
+    ``close()`` cut it as well; the caller got the cut's result, its own cancellation dropped."""
+    counting, sleeps = Counting(), Sleeps()
+    host = _closing_host(tmp_path, SlowComplete(0.5), counting, tools=[sleeps], shutdown_grace_ms=100)
+    await host.start()
+    call = asyncio.ensure_future(host.call("sleeps", {"seconds": 10}, call_id="k1"))
+    await sleeps.running.wait()
+    call.cancel()
+    await asyncio.sleep(0.01)
+    await host.close()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    counting.assert_once("k1")
+    assert audit_records(host) == Counter({"k1": 1})
+
+
+@pytest.mark.parametrize("failure", ["timeout", "raises"])
+async def test_a_cancellation_is_not_lost_when_the_observer_awaited_then_fails(tmp_path: Path, failure: str) -> None:
+    """Found by attack: a cancellation that arrived while an async ``tool_complete`` observer was
+    awaited was dropped when that observer then timed out or raised (fail-open): the cancelled
+    caller got a result. It is honoured once the chain has ended."""
+    counting, sleeps = Counting(), Sleeps()
+    observer = SlowComplete(0.3, fails=failure == "raises")
+    host = _closing_host(tmp_path, observer, counting, tools=[sleeps], plugins={
+        "audit": {"fsync": "never"},
+        "slow_complete": {"hook_timeout_ms": 200 if failure == "timeout" else 5000, "on_error": "ignore"}})
+    await host.start()
+    try:
+        call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="k1"))
+        await asyncio.sleep(0.1)  # in the observer now
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        counting.assert_once("k1")
+        assert audit_records(host) == Counter({"k1": 1})
+    finally:
+        await host.close()
+
+
+async def test_two_concurrent_closes_both_return_once_the_host_is_idle(tmp_path: Path) -> None:
+    """Found by attack: each ``close()`` waiting for the calls in flight made the pipeline's idle
+    event anew, so the first waited on one nobody set, until its hook timeout (3 s here for a
+    call done in 0.2 s)."""
+    sleeps = Sleeps()
+    host = _closing_host(tmp_path, tools=[sleeps], shutdown_grace_ms=3000)
+    await host.start()
+    call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0.2}))
+    await sleeps.running.wait()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    first = asyncio.ensure_future(host.close())
+    await asyncio.sleep(0.05)
+    second = asyncio.ensure_future(host.close())
+    await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert (await call).success
+    assert loop.time() - started < 2.0  # both ended with the call (≈ 0.2 s), not at the grace (3 s)
+
+
+async def test_a_call_cut_by_two_closes_is_cancelled_once_and_returns_host_closing(tmp_path: Path) -> None:
+    """A second ``close()`` after the grace cut the call again: two cancellation requests, and the
+    second would read as the caller's own (``_after_cancel`` counts them from Python 3.11)."""
+
+    class Stubborn:
+        name = "stubborn"
+        description = "Cleans up for 0.3 s when cancelled."
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                await asyncio.sleep(0.3)
+                raise
+            return ToolResult(True, "slept")
+
+    counting = Counting()
+    host = _closing_host(tmp_path, counting, tools=[Stubborn()], shutdown_grace_ms=200)
+    await host.start()
+    call = asyncio.ensure_future(host.call("stubborn", {}, call_id="k1"))
+    await asyncio.sleep(0.01)
+    first = asyncio.ensure_future(host.close())
+    await asyncio.sleep(0.25)  # past the grace: the call is cut and cleaning up
+    await asyncio.gather(first, host.close())
+    result = await call
+    assert result.error is not None and result.error["code"] == "host_closing"
+    counting.assert_once("k1")
+    assert audit_records(host) == Counter({"k1": 1})
