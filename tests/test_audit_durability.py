@@ -710,11 +710,25 @@ async def test_a_close_that_reports_eio_fails_the_fsync_and_the_other_retired_fi
         await host.close()
 
 
+def collected(refs: list[Any], seconds: float = 5.0) -> list[Any]:
+    """What ``refs`` still point to once the garbage collector has had up to ``seconds`` (bounded
+    wait for the fsync thread's cycles to drop its references, not a timing assertion)."""
+    import gc
+    import time
+
+    deadline = time.monotonic() + seconds
+    while True:
+        gc.collect()
+        alive = [ref() for ref in refs]
+        if not any(target is not None for target in alive) or time.monotonic() > deadline:
+            return alive
+        del alive
+        time.sleep(0.01)
+
+
 def test_a_loop_closed_before_its_commit_is_not_kept(tmp_path: Path) -> None:
     """Found by an attack: a loop stopped and closed between ``wait_synced`` and its ``_commit``
     stayed in the writer's set of loops to tell the thread about, for the writer's lifetime."""
-    import gc
-    import time
     import weakref
 
     from amplifier_tools.builtins.audit.chain import encode_body
@@ -734,12 +748,8 @@ def test_a_loop_closed_before_its_commit_is_not_kept(tmp_path: Path) -> None:
             loop.close()
             loops.append(weakref.ref(loop))
             del loop, append_and_stop
-        for _ in range(500):  # the thread's timed cycles (20 ms) fsync the records and drop the loops
-            gc.collect()
-            if not any(ref() is not None for ref in loops):
-                break
-            time.sleep(0.01)
-        assert [ref() for ref in loops] == [None] * 20
+        # the thread's timed cycles (20 ms) fsync the records and drop the loops
+        assert collected(loops) == [None] * 20
     finally:
         writer.close()
 
@@ -883,8 +893,6 @@ async def test_many_writers_on_a_stalled_disk_cost_their_loop_one_step_aside_per
 def test_a_loop_left_without_close_is_not_kept_alive(tmp_path: Path, fsync: str) -> None:
     """Found by an attack on the watch: a loop run once and dropped without ``close()`` stayed
     referenced by the writer (its armed watch), with its three descriptors, for the writer's life."""
-    import gc
-    import time
     import warnings
     import weakref
 
@@ -904,11 +912,7 @@ def test_a_loop_left_without_close_is_not_kept_alive(tmp_path: Path, fsync: str)
                 loop.run_until_complete(one())
                 loops.append(weakref.ref(loop))
                 del loop
-            for _ in range(300):  # the thread's cycles (20 ms) drop the loops no longer running
-                gc.collect()
-                if not any(ref() is not None for ref in loops):
-                    break
-                time.sleep(0.01)
-        assert [ref() for ref in loops] == [None] * 10
+            alive = collected(loops)  # the thread's cycles (20 ms) drop the loops no longer running
+        assert alive == [None] * 10
     finally:
         writer.close()
