@@ -89,9 +89,10 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
             await anyio.sleep(float(args.get("seconds", 10)))
         except anyio.get_cancelled_exc_class():
             marker = os.environ.get("FIXTURE_CANCEL_FILE")
-            if marker:
-                with open(marker, "w") as f:
+            if marker:  # whole or absent: a test polling for the file never reads it half written
+                with open(marker + ".part", "w") as f:
                     f.write("cancelled")
+                os.replace(marker + ".part", marker)
             raise
         return text("slept")
     if params.name == "crash":
