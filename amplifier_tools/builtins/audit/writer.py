@@ -274,8 +274,7 @@ class AuditWriter:
                     _stepped_aside[loop] = now
                     self._cycled.clear()
                     if mine:  # its _commit may not have run yet: ask now, the thread is let in below
-                        self._sync_requested = True
-                        self._wake.notify()
+                        self._request_sync()
             finally:
                 self._lock.release()
         if late:
@@ -304,8 +303,13 @@ class AuditWriter:
         with self._lock:
             self._commit_scheduled.discard(loop)
             if self._waiters:
-                self._sync_requested = True
-                self._wake.notify()
+                self._request_sync()
+
+    def _request_sync(self) -> None:
+        """Ask the fsync thread for a cycle now (the caller holds the writer's lock): the one place
+        that sets the request the thread's wait checks, so no request is set without a wake-up."""
+        self._sync_requested = True
+        self._wake.notify()
 
     def close(self) -> None:
         """A final signed checkpoint (with a key), fsync, anchor; then stop the thread and close the files."""
@@ -806,7 +810,7 @@ class AuditWriter:
                 log.exception("audit fsync thread: unexpected failure; continuing")
                 with self._lock:  # the failed cycle may have taken the waiters' request: ask again
                     if self._waiters:
-                        self._sync_requested = True
+                        self._request_sync()
                 time.sleep(0.01)
 
     def _cycle(self) -> bool:

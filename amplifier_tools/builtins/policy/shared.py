@@ -346,6 +346,7 @@ class SharedPolicy:
         ttl = self._held_for(spec, context, started, self.plugin.idempotency_window)
         delay = POLL_FIRST
         polled = False
+        still_running = Deny(f"a call with idempotency key {key!r} is still running", code="idempotency_in_progress")
         while True:
             try:
                 state, stored_digest, value = await self._op(self.store.claim(slot, digest, holder, ttl),
@@ -356,8 +357,7 @@ class SharedPolicy:
                 # read as a retryable policy_store_unavailable).
                 left = self.plugin._time_left(spec, context, started)
                 if polled and left is not None and left <= 0:
-                    return Deny(f"a call with idempotency key {key!r} is still running",
-                                code="idempotency_in_progress")
+                    return still_running
                 raise
             polled = True
             if state == "claimed":
@@ -373,7 +373,7 @@ class SharedPolicy:
                 return Deny(f"replayed the result stored for idempotency key {key!r}", code="idempotent_replay")
             left = self.plugin._time_left(spec, context, started)
             if left is not None and left <= 0:
-                return Deny(f"a call with idempotency key {key!r} is still running", code="idempotency_in_progress")
+                return still_running
             await asyncio.sleep(delay if left is None else min(delay, left))
             delay = min(delay * 2, POLL_MAX)
 
