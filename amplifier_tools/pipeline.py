@@ -21,7 +21,10 @@ task is cancelled (``task.cancel()``, ``asyncio.wait_for``, a tool raising
 a task of its own that a second cancellation cannot interrupt, and then
 ``CancelledError`` is re-raised to the caller. A call cut by ``close()`` after
 the grace period ends the same way with ``host_closing``, but returns that
-result instead of raising (the caller did not cancel it).
+result instead of raising (the caller did not cancel it). On Python 3.11 and
+later, a cancellation a tool or hook swallowed (caught ``CancelledError`` and
+returned or raised something else) is honoured the same way: the task's count
+of cancellation requests says one arrived during the call.
 """
 
 from __future__ import annotations
@@ -45,6 +48,18 @@ from .retry import retry_allowed, run_with_retries
 from .spec import ToolSpec
 
 log = logging.getLogger("amplifier_tools")
+
+if sys.version_info >= (3, 11):
+
+    def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
+        """How many cancellations of ``task`` are requested and not yet withdrawn (``uncancel``)."""
+        return task.cancelling() if task is not None else 0
+
+else:  # pragma: no cover - exercised by the py310 tox env
+
+    def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
+        """Python 3.10 does not count them: a swallowed cancellation cannot be seen."""
+        return 0
 
 
 class CallPipeline:
@@ -70,9 +85,9 @@ class CallPipeline:
         """Run ``call`` to its final ``ToolResult``. Never raises, except ``CancelledError``
         when the caller cancelled it (after the call was completed and recorded)."""
         number = next(self._numbers)
-        self.in_flight[number] = asyncio.current_task()
+        task = self.in_flight[number] = asyncio.current_task()
         try:
-            return await self._run(call, context, number)
+            return await self._run(call, context, number, task, _cancel_requests(task))
         finally:
             del self.in_flight[number]
             self.cut.discard(number)
@@ -105,7 +120,9 @@ class CallPipeline:
             task.cancel(msg="amplifier-tools host closing")
         return len(self.cut)
 
-    async def _run(self, call: ToolCall, context: ToolContext, number: int) -> ToolResult:
+    async def _run(self, call: ToolCall, context: ToolContext, number: int, task: asyncio.Task[Any] | None,
+                   requests: int) -> ToolResult:
+        """``run``'s body; ``requests``: the task's cancellation requests when the call began."""
         started = time.perf_counter()
         ctx = context.for_call(call.id)
         mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
@@ -131,9 +148,12 @@ class CallPipeline:
                 ctx.secret(ref)
             if self.closing:  # admitted before close, but the tool has not started: do not start it now
                 raise _closing_error(f"the host is closing; tool {spec.name!r} was not started")
+            if _cancel_requests(task) > requests:  # a tool_pre hook swallowed it: do not start the tool
+                self._swallowed(ctx)
+                raise asyncio.CancelledError
             if retry_allowed(spec, ctx):
                 try:
-                    result = await self._execute_with_retries(mounted, call, ctx)
+                    result = await self._execute_with_retries(mounted, call, ctx, task, requests)
                 except ToolError as failed:
                     kept_output = failed.details.pop("output", None)
                     raise
@@ -158,10 +178,16 @@ class CallPipeline:
                 result = await self.hooks.tool_post(call, spec, result, ctx, mounted.check_output, self._failure_result)
             if events:
                 await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
+            if _cancel_requests(task) > requests:
+                self._swallowed(ctx)
+                raise asyncio.CancelledError
         except ToolError as error:
+            if _cancel_requests(task) > requests:
+                self._swallowed(ctx)
+                return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
             failure: ToolError | None = error
         except asyncio.CancelledError:
-            return await self._cancelled(call, mounted, ctx, started, number, errors_ran=ending)
+            return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
         except Exception as exc:  # a host bug must still end as a typed result
             log.exception("unexpected failure %s %r", "ending" if ending else "running", call.name)
             failure = _internal(exc)
@@ -177,27 +203,36 @@ class CallPipeline:
             ended, cancelled = await finish_despite_cancel(
                 self._fail(call, mounted, ctx, failure, started, kept_output, events))
             if cancelled:
-                return self._after_cancel(ended, number)
+                return self._after_cancel(ended, number, requests)
             ended_result: ToolResult = ended
             return ended_result
         # A cancellation arriving in here is honoured only once every tool_complete observer has run.
-        return await self._complete(call, mounted, ctx, result, started, scanned, number)
+        return await self._complete(call, mounted, ctx, result, started, scanned, number, requests)
 
-    def _after_cancel(self, result: ToolResult, number: int) -> ToolResult:
+    @staticmethod
+    def _swallowed(ctx: ToolContext) -> None:
+        """Note in the trail that the call's task was cancelled and the tool or a hook caught the
+        ``CancelledError`` (found by attack: the call then ended as a success, or as the tool's own
+        failure, and the caller's cancellation was lost: its ``asyncio.timeout`` never fired)."""
+        ctx.record("host", "execute", "cancel_swallowed",
+                   "the call was cancelled, and the tool or a hook caught the cancellation and went on")
+
+    def _after_cancel(self, result: ToolResult, number: int, requests: int) -> ToolResult:
         """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
         returns the result; the caller's own cancellation is raised — also when ``close`` cut the
         call as well (found by attack: the cut's result was returned to a caller that had
-        cancelled; Python 3.11 and later, where a task counts its cancellation requests)."""
+        cancelled; Python 3.11 and later, where a task counts its cancellation requests:
+        ``requests`` were pending when the call began)."""
         if number not in self.cut:
             raise asyncio.CancelledError
         current = asyncio.current_task()
-        if current is not None and sys.version_info >= (3, 11) and current.uncancel() > 0:
+        if current is not None and sys.version_info >= (3, 11) and current.uncancel() > requests:
             raise asyncio.CancelledError
         return result
 
     async def _cancelled(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, started: float,
-        number: int, *, errors_ran: bool,
+        number: int, requests: int, *, errors_ran: bool,
     ) -> ToolResult:
         """End a call whose task was cancelled: ``tool_error`` (unless an ending chain already
         began), ``tool_complete`` and the record, in a task a second cancellation cannot stop.
@@ -220,7 +255,7 @@ class CallPipeline:
             return await self._fail(call, mounted, ctx, error, started, None, False, recover=False)
 
         ended, _ = await finish_despite_cancel(finish())
-        return self._after_cancel(ended, number)
+        return self._after_cancel(ended, number, requests)
 
     async def _execute(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult:
         timeout = mounted.spec.policies.timeout_ms
@@ -249,15 +284,23 @@ class CallPipeline:
             raise error_from_exception(exc, mounted.spec.name) from exc
         return normalize_result(raw, mounted.spec.name)
 
-    async def _execute_with_retries(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult:
+    async def _execute_with_retries(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext,
+                                    task: asyncio.Task[Any] | None, requests: int) -> ToolResult:
         """``_execute`` under the spec's retry policy; the result reports ``attempts``.
 
         The output of a tool-reported failure is kept on the error raised after the last attempt.
+        An attempt that swallowed the call's cancellation ends the retries as cancelled.
         """
         spec = mounted.spec
 
         async def attempt() -> ToolResult:
-            outcome = await self._execute(mounted, call, ctx)
+            try:
+                outcome = await self._execute(mounted, call, ctx)
+            except ToolError:
+                if _cancel_requests(task) > requests:
+                    self._swallowed(ctx)
+                    raise asyncio.CancelledError from None
+                raise
             if not outcome.success:
                 error = error_from_result(outcome, spec.name)
                 error.details.setdefault("output", outcome.output)
@@ -309,7 +352,7 @@ class CallPipeline:
 
     async def _complete(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, result: ToolResult,
-        started: float, scanned: Any = None, number: int | None = None,
+        started: float, scanned: Any = None, number: int | None = None, requests: int = 0,
     ) -> ToolResult:
         """The call's final result: trail, scrub, duration, then every ``tool_complete`` observer.
         A cancellation of the caller's task while an observer was awaited is honoured afterwards:
@@ -335,7 +378,7 @@ class CallPipeline:
         if cancelled:
             if number is None:
                 raise asyncio.CancelledError
-            return self._after_cancel(result, number)  # cut by close: what was recorded
+            return self._after_cancel(result, number, requests)  # cut by close: what was recorded
         return result
 
     def _withheld(self, call: ToolCall, spec: ToolSpec | None, ctx: ToolContext, current: ToolResult,

@@ -796,3 +796,201 @@ async def test_a_call_cut_by_two_closes_is_cancelled_once_and_returns_host_closi
     assert result.error is not None and result.error["code"] == "host_closing"
     counting.assert_once("k1")
     assert audit_records(host) == Counter({"k1": 1})
+
+
+class Swallows:
+    """Catches the cancellation of its sleep, then returns (or raises, or sleeps on)."""
+
+    name = "swallows"
+    description = "Sleeps; when cancelled, carries on."
+    input_schema = {"type": "object", "properties": {"then": {"type": "string"}}}
+
+    def __init__(self) -> None:
+        self.running = asyncio.Event()
+        self.caught = 0
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.running.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            self.caught += 1
+            if input.get("then") == "raise":
+                raise RuntimeError("interrupted") from None
+        return ToolResult(True, "done anyway")
+
+
+swallowing = pytest.mark.skipif(sys.version_info < (3, 11), reason="a task counts its cancellation requests from 3.11")
+
+
+@swallowing
+@pytest.mark.parametrize("then", ["return", "raise"])
+async def test_a_cancellation_the_tool_swallowed_is_recorded_and_reraised(tmp_path: Path, then: str) -> None:
+    """Found by attack: a tool that caught ``CancelledError`` and returned turned the cancelled
+    call into a success (or into its own failure), and the caller's cancellation was lost."""
+    counting, tool = Counting(), Swallows()
+    host = _closing_host(tmp_path, counting, tools=[tool])
+    await host.start()
+    try:
+        call = asyncio.ensure_future(host.call("swallows", {"then": then}, call_id="s1"))
+        await tool.running.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert tool.caught == 1
+        result = counting.assert_once("s1")
+        assert result.error is not None and result.error["code"] == "cancelled"
+        assert audit_records(host) == Counter({"s1": 1})
+        trail = [entry["action"] for entry in audit_record(host, "s1")["trail"]]
+        assert "cancel_swallowed" in trail
+    finally:
+        await host.close()
+
+
+@swallowing
+async def test_the_callers_timeout_fires_when_the_tool_swallows_its_cancellation(tmp_path: Path) -> None:
+    """The caller's ``asyncio.timeout`` cancels the call; the tool catches that and returns: the
+    caller gets ``TimeoutError`` (before: the tool's success, the timeout never fired), and its
+    task holds no cancellation request afterwards."""
+    counting, tool = Counting(), Swallows()
+    host = _closing_host(tmp_path, counting, tools=[tool])
+    await host.start()
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await host.call("swallows", {}, call_id="s1")
+        current = asyncio.current_task()
+        assert current is not None and current.cancelling() == 0
+        assert counting.assert_once("s1").error["code"] == "cancelled"
+        assert (await host.call("swallows.missing", {})).error["code"] == "unknown_tool"  # the task goes on
+    finally:
+        await host.close()
+
+
+@swallowing
+async def test_a_cut_by_close_the_tool_swallowed_returns_host_closing(tmp_path: Path) -> None:
+    """``close()`` cuts the call after its grace; the tool catches that and returns. The caller,
+    who never cancelled, gets ``host_closing`` (what was recorded) and its task is left with no
+    cancellation request (before: the tool's success, and the cut's request left on the task)."""
+    counting, tool = Counting(), Swallows()
+    host = _closing_host(tmp_path, counting, tools=[tool], shutdown_grace_ms=100)
+    await host.start()
+    outcome: dict[str, Any] = {}
+
+    async def caller() -> None:
+        outcome["result"] = await host.call("swallows", {}, call_id="s1")
+        current = asyncio.current_task()
+        outcome["requests"] = current.cancelling() if current is not None else None
+
+    call = asyncio.ensure_future(caller())
+    await tool.running.wait()
+    await host.close()
+    await call
+    assert outcome["result"].error["code"] == "host_closing"
+    assert outcome["requests"] == 0
+    counting.assert_once("s1")
+    assert audit_records(host) == Counter({"s1": 1})
+
+
+@swallowing
+async def test_a_call_made_while_the_task_is_already_being_cancelled_is_not_taken_for_cancelled(
+        tmp_path: Path) -> None:
+    """Cleanup code in an ``except CancelledError`` block may still call a tool: the request that
+    was pending before the call began is not the call's cancellation."""
+    counting, sleeps = Counting(), Sleeps()
+    host = _closing_host(tmp_path, counting, tools=[sleeps])
+    await host.start()
+    outcome: dict[str, Any] = {}
+
+    async def worker() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            outcome["result"] = await host.call("sleeps", {"seconds": 0.01}, call_id="c1")
+            raise
+
+    try:
+        task = asyncio.ensure_future(worker())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert outcome["result"].success, outcome["result"].error
+        counting.assert_once("c1")
+    finally:
+        await host.close()
+
+
+@swallowing
+async def test_a_tool_pre_hook_that_swallowed_the_cancellation_does_not_start_the_tool(tmp_path: Path) -> None:
+    """An async ``tool_pre`` hook catches the cancellation of its wait and returns None: the tool
+    is not started for a call its caller cancelled."""
+    entered = asyncio.Event()
+
+    class Stubborn:
+        name = "stubborn_pre"
+
+        @hookimpl
+        async def tool_pre(self, call: Any) -> None:
+            entered.set()
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                pass
+
+    counting, sleeps = Counting(), Sleeps()
+    host = _closing_host(tmp_path, Stubborn(), counting, tools=[sleeps])
+    await host.start()
+    try:
+        call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="p1"))
+        await entered.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert sleeps.started == 0
+        assert counting.assert_once("p1").error["code"] == "cancelled"
+        assert audit_records(host) == Counter({"p1": 1})
+    finally:
+        await host.close()
+
+
+@swallowing
+async def test_a_retried_tool_that_swallowed_the_cancellation_is_not_retried(tmp_path: Path) -> None:
+    """A retry-safe tool catches the cancellation and fails with a retryable error: the call ends
+    as cancelled, with no further attempt."""
+
+    class Flaky:
+        name = "flaky"
+        description = "Sleeps; when cancelled, fails retryably."
+        effect = "Pure"
+
+        def __init__(self) -> None:
+            self.attempts = 0
+            self.running = asyncio.Event()
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            self.attempts += 1
+            self.running.set()
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                raise ConnectionError("connection reset") from None
+            return ToolResult(True, "ok")
+
+    counting, tool = Counting(), Flaky()
+    host = ToolHost(
+        config={"plugins": {"audit": {"fsync": "never"}},
+                "tools": {"flaky": {"policies": {"retry": {"max_attempts": 3, "initial_backoff_ms": 1}}}}},
+        plugins=[ToolsPlugin(tool), counting], builtins=["audit"], entry_points=False, working_dir=tmp_path,
+        discover=False)
+    await host.start()
+    try:
+        call = asyncio.ensure_future(host.call("flaky", {}, call_id="f1"))
+        await tool.running.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert tool.attempts == 1
+        assert counting.assert_once("f1").error["code"] == "cancelled"
+    finally:
+        await host.close()
