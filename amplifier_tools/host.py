@@ -14,6 +14,7 @@ whatever its source (configure it or disable it); a bad per-tool override in
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -232,9 +233,21 @@ class ToolHost:
         not started yet is not started. The rest are cancelled; each ends in ``host_closing``
         and is recorded before the cleanups run (the audit writer's last: it mounts first).
         A cleanup failure is logged and the next cleanup still runs.
+
+        Awaited from inside one of this host's own calls (a tool or a hook), it raises
+        ``ToolSystemError`` ``close_inside_call`` and changes nothing: it would wait for the call
+        awaiting it, then cut it and run the cleanups before the call was recorded (found by attack:
+        15 s, and the record lost). ``asyncio.ensure_future(host.close())`` closes the host once
+        the call has ended.
         """
         pipeline = self._pipeline
         if pipeline is not None:
+            current = asyncio.current_task()
+            if current is not None and any(task is current for task in pipeline.in_flight.values()):
+                raise ToolSystemError(
+                    "close() was awaited from inside one of this host's own calls; it would wait for that "
+                    "call to end. Schedule it instead: asyncio.ensure_future(host.close())",
+                    code="close_inside_call")
             pipeline.closing = True
             grace = self.config.get("shutdown_grace_ms", 5000) / 1000.0
             if not await pipeline.wait_idle(grace):

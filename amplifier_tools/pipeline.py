@@ -21,10 +21,10 @@ task is cancelled (``task.cancel()``, ``asyncio.wait_for``, a tool raising
 a task of its own that a second cancellation cannot interrupt, and then
 ``CancelledError`` is re-raised to the caller. A call cut by ``close()`` after
 the grace period ends the same way with ``host_closing``, but returns that
-result instead of raising (the caller did not cancel it). On Python 3.11 and
-later, a cancellation a tool or hook swallowed (caught ``CancelledError`` and
-returned or raised something else) is honoured the same way: the task's count
-of cancellation requests says one arrived during the call.
+result instead of raising (the caller did not cancel it). On CPython 3.12.3
+and later, a cancellation a tool or hook swallowed (caught ``CancelledError``
+and returned or raised something else) is honoured the same way: the task's
+count of cancellation requests says one arrived during the call.
 """
 
 from __future__ import annotations
@@ -49,16 +49,19 @@ from .spec import ToolSpec
 
 log = logging.getLogger("amplifier_tools")
 
-if sys.version_info >= (3, 11):
+if sys.version_info >= (3, 11) and sys.version_info >= (3, 12, 3):  # (3, 11): for mypy
 
     def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
         """How many cancellations of ``task`` are requested and not yet withdrawn (``uncancel``)."""
         return task.cancelling() if task is not None else 0
 
-else:  # pragma: no cover - exercised by the py310 tox env
+else:  # pragma: no cover - exercised by the py310 and py311 tox envs
 
     def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
-        """Python 3.10 does not count them: a swallowed cancellation cannot be seen."""
+        """Not counted reliably before CPython 3.12.3: a ``TaskGroup`` whose child failed while it
+        waited for them cancelled its task and never withdrew it (gh-116720; found by attack: a
+        tool that handled its own task group's failure was reported cancelled). A swallowed
+        cancellation cannot be told from that leftover, so it is not looked for."""
         return 0
 
 
@@ -302,6 +305,9 @@ class CallPipeline:
                     raise asyncio.CancelledError from None
                 raise
             if not outcome.success:
+                if _cancel_requests(task) > requests:  # found by attack: a returned failure was retried
+                    self._swallowed(ctx)
+                    raise asyncio.CancelledError
                 error = error_from_result(outcome, spec.name)
                 error.details.setdefault("output", outcome.output)
                 raise error

@@ -820,7 +820,8 @@ class Swallows:
         return ToolResult(True, "done anyway")
 
 
-swallowing = pytest.mark.skipif(sys.version_info < (3, 11), reason="a task counts its cancellation requests from 3.11")
+swallowing = pytest.mark.skipif(sys.version_info < (3, 12, 3),
+                                reason="counted reliably from CPython 3.12.3 (gh-116720: TaskGroup left a request)")
 
 
 @swallowing
@@ -955,7 +956,8 @@ async def test_a_tool_pre_hook_that_swallowed_the_cancellation_does_not_start_th
 
 
 @swallowing
-async def test_a_retried_tool_that_swallowed_the_cancellation_is_not_retried(tmp_path: Path) -> None:
+@pytest.mark.parametrize("then", ["raise", "return"])
+async def test_a_retried_tool_that_swallowed_the_cancellation_is_not_retried(tmp_path: Path, then: str) -> None:
     """A retry-safe tool catches the cancellation and fails with a retryable error: the call ends
     as cancelled, with no further attempt."""
 
@@ -974,6 +976,9 @@ async def test_a_retried_tool_that_swallowed_the_cancellation_is_not_retried(tmp
             try:
                 await asyncio.sleep(10)
             except asyncio.CancelledError:
+                if input.get("then") == "return":  # found by attack: a returned failure was retried
+                    return ToolResult(False, None, {"type": "ExecutionError", "code": "reset",
+                                                    "message": "connection reset", "retryable": True})
                 raise ConnectionError("connection reset") from None
             return ToolResult(True, "ok")
 
@@ -985,12 +990,83 @@ async def test_a_retried_tool_that_swallowed_the_cancellation_is_not_retried(tmp
         discover=False)
     await host.start()
     try:
-        call = asyncio.ensure_future(host.call("flaky", {}, call_id="f1"))
+        call = asyncio.ensure_future(host.call("flaky", {"then": then}, call_id="f1"))
         await tool.running.wait()
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
         assert tool.attempts == 1
         assert counting.assert_once("f1").error["code"] == "cancelled"
+    finally:
+        await host.close()
+
+
+async def test_close_awaited_from_inside_a_call_is_refused_and_the_call_is_recorded(tmp_path: Path) -> None:
+    """Found by attack: a tool awaiting ``host.close()`` waited for its own call through the grace
+    and the hook timeout, then the cleanups closed the audit log before the call was recorded.
+    It is refused at once; ``ensure_future(host.close())`` closes the host after the call."""
+    holder: dict[str, Any] = {}
+
+    class Closes:
+        name = "closes"
+        description = "Closes its own host."
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            host = holder["host"]
+            try:
+                await host.close()
+            except Exception as exc:  # what the tool saw is the assertion
+                holder["error"] = exc
+            holder["later"] = asyncio.ensure_future(host.close())
+            return ToolResult(True, "closing")
+
+    counting = Counting()
+    host = holder["host"] = _closing_host(tmp_path, counting, tools=[Closes()], shutdown_grace_ms=2000)
+    await host.start()
+    audit_path = Path(host.capabilities["audit.path"])
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result = await asyncio.wait_for(host.call("closes", {}, call_id="x1"), 10)
+    assert result.success, result.error
+    assert getattr(holder["error"], "code", None) == "close_inside_call"
+    await asyncio.wait_for(holder["later"], 10)
+    assert loop.time() - started < 1.5
+    counting.assert_once("x1")
+    records = [json.loads(line) for line in audit_path.read_text().splitlines()]
+    assert [r["call_id"] for r in records if r.get("kind") == "call"] == ["x1"]
+    assert (await host.call("closes", {})).error["code"] == "host_closing"
+
+
+async def test_a_tool_handling_its_own_task_groups_failure_is_not_taken_for_cancelled(tmp_path: Path) -> None:
+    """Found by attack: CPython's ``TaskGroup`` before 3.12.3 cancels its task when a child fails
+    while it waits, and never withdraws the request (gh-116720); that leftover was read as a
+    cancellation the tool swallowed, and a caller who never cancelled got ``CancelledError``."""
+
+    class Fanout:
+        name = "fanout"
+        description = "Fetches two things at once; reports what it got when one fails."
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            async def fails() -> None:
+                await asyncio.sleep(0.01)
+                raise ConnectionError("backend down")
+
+            try:
+                async with asyncio.TaskGroup() as group:  # type: ignore[attr-defined,unused-ignore]
+                    group.create_task(fails())
+                    group.create_task(asyncio.sleep(1))
+            except Exception:  # an ExceptionGroup
+                return ToolResult(True, "partial result")
+            return ToolResult(True, "full result")
+
+    if sys.version_info < (3, 11):
+        pytest.skip("asyncio.TaskGroup is new in 3.11")
+    counting = Counting()
+    host = _closing_host(tmp_path, counting, tools=[Fanout()])
+    await host.start()
+    try:
+        result = await host.call("fanout", {}, call_id="t1")
+        assert result.success and result.output == "partial result", result.error
+        counting.assert_once("t1")
     finally:
         await host.close()
