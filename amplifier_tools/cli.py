@@ -536,11 +536,11 @@ def _trust(args: argparse.Namespace) -> int:
     from .hoststate import ensure_state_dir
 
     host = _host(args)
-    state = config_trust.config_state(host.config_file, host.working_dir)
+    state = config_trust.config_state(host.config_file, host.trust_roots)
     if state is None:
         print(f"{host.config_file} lies outside the working directory: it needs no trust")
         return EXIT_OK
-    config_trust.remember(ensure_state_dir(host.state_dir), state)
+    config_trust.remember(ensure_state_dir(host.trust_dir), state)
     print(f"trusted: {state['path'] or 'no configuration file'}"
           + (f" (sha256 {state['sha256'][:16]}…)" if state["sha256"] else ""))
     return EXIT_OK

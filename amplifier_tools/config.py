@@ -206,10 +206,7 @@ def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | No
     registers them as secrets)."""
     file = str(path)
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read configuration: {exc.strerror}", file=file) from None
+    text = read_config_text(p)
     if p.suffix in (".yaml", ".yml"):
         try:
             import yaml
@@ -234,6 +231,33 @@ def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | No
     return checked
 
 
+#: The largest configuration file read (a ``pyproject.toml`` too): a file a tool made huge (found by
+#: attack: ``truncate -s 1G pyproject.toml``) stops the start at once, instead of reading it all.
+MAX_CONFIG_BYTES: Final = 4 * 1024 * 1024
+
+
+class ConfigTooLarge(ConfigError):
+    """A configuration file over ``MAX_CONFIG_BYTES``."""
+
+
+def read_config_text(path: Path) -> str:
+    """The text of a configuration file, at most ``MAX_CONFIG_BYTES``; ``ConfigError`` naming the
+    file when it cannot be read, is larger, or is not UTF-8."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration: {exc.strerror}", file=str(path)) from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigTooLarge(f"the file is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB: not read as "
+                          "a configuration", file=str(path),
+                          hint="a configuration is small; check what wrote this file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", file=str(path)) from None
+
+
 def discover_config_file(cwd: str | os.PathLike[str] | None = None) -> Path | None:
     """The config file to use when none is named: ``$AMPLIFIER_TOOLS_CONFIG``, then
     ``./amplifier-tools.toml``, then ``./pyproject.toml`` if it has ``[tool.amplifier-tools]``.
@@ -252,8 +276,10 @@ def discover_config_file(cwd: str | os.PathLike[str] | None = None) -> Path | No
         from ._toml import TOMLDecodeError, loads
 
         try:
-            data = loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, TOMLDecodeError):
+            data = loads(read_config_text(pyproject))
+        except ConfigTooLarge:
+            raise  # too large to look for our section in: said, rather than starting without it
+        except (ConfigError, TOMLDecodeError):
             return None  # not ours to complain about unless it holds our section
         if "amplifier-tools" in data.get("tool", {}):
             return pyproject

@@ -9,6 +9,15 @@ reach), which configuration it last started with in this working directory and i
 refuses to start when that changed: a new file, an edited one, or one that disappeared. The
 operator reviews the file and accepts it with ``amplifier-tools trust``.
 
+The record lives where the configuration cannot move it: in the default state directory of the
+working directory the operator started the host in (``ToolHost(working_dir=...)`` or the current
+directory), whatever ``state_dir`` or ``working_dir`` the file itself names (found by attack: a
+planted file naming a fresh ``state_dir`` or another ``working_dir`` was checked against an empty
+record, and taken as a first start). A file is checked when it lies in that directory or in the
+working directory the configuration names, judged by where it is found, not where a symlink
+leads (found by attack: ``amplifier-tools.toml`` linked to an empty file elsewhere was taken as
+outside, unchecked, and every rule of ``pyproject.toml`` dropped).
+
 The first start in a working directory trusts what it finds (there is nothing to compare with):
 a config planted before the host ever ran is not detected. A configuration given from outside
 the working directory (``--config``/``AMPLIFIER_TOOLS_CONFIG`` elsewhere, or a mapping in code)
@@ -20,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,14 +43,15 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
-def config_state(config_file: str | None, working_dir: str) -> dict[str, Any] | None:
-    """What to remember about the configuration of a start, or None when it needs no trust
-    (given from outside the working directory)."""
-    root = Path(working_dir).resolve()
+def config_state(config_file: str | None, roots: Sequence[str]) -> dict[str, Any] | None:
+    """What to remember about the configuration of a start, or None when it needs no trust (it
+    lies outside every one of ``roots``, the directories tools can write). The file is placed by
+    its directory, resolved, and its own name: a symlink is judged where it is, not where it leads."""
     if config_file is None:
         return {"path": None, "sha256": None}
-    path = Path(config_file).resolve()
-    if not _inside(path, root):
+    given = Path(config_file).absolute()
+    path = given.parent.resolve() / given.name
+    if not any(_inside(path, Path(root).resolve()) for root in roots):
         return None
     try:
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -68,7 +79,7 @@ def remember(state_dir: Path, state: dict[str, Any]) -> None:
     os.replace(temp, state_dir / TRUST_FILE)
 
 
-def check(state_dir: Path, config_file: str | None, working_dir: str, *,
+def check(state_dir: Path, config_file: str | None, roots: Sequence[str], *,
           discovered: bool) -> dict[str, Any] | None:
     """Refuse to start on a configuration in the working directory that changed since the last
     start there (``ConfigError`` naming the file and ``amplifier-tools trust``). On the first start
@@ -77,7 +88,7 @@ def check(state_dir: Path, config_file: str | None, working_dir: str, *,
     looked for a config itself (so "none" is a state too)."""
     if config_file is None and not discovered:
         return None  # a mapping from code
-    state = config_state(config_file, working_dir)
+    state = config_state(config_file, roots)
     if state is None:
         return None
     trusted = _read(state_dir)

@@ -120,6 +120,11 @@ class ToolHost:
         self._builtins = builtins
         self._entry_points = entry_points
         self._installed_modules = installed_modules
+        #: The working directory the operator started the host in, before the configuration could
+        #: name another: where the configuration's trust record lives (``config_trust``).
+        self.trust_root = str(Path(working_dir or os.getcwd()).expanduser().resolve())
+        #: Where the trust record is kept: never a directory the configuration chose.
+        self.trust_dir = default_state_dir(self.trust_root)
         wd = working_dir or self.config.get("working_dir") or os.getcwd()
         self.working_dir = str(Path(wd).expanduser().resolve())
         configured_state = self.config.get("state_dir")
@@ -131,6 +136,8 @@ class ToolHost:
         self.protected_paths.add(self.state_dir, "the host's state directory", key="state_dir")
         if not configured_state:  # every workspace's state, not only this one's (another host's log too)
             self.protected_paths.add(self.state_dir.parent.parent, "the hosts' state directories")
+        if self.trust_dir != self.state_dir:  # the trust record kept apart (a configured state_dir or working_dir)
+            self.protected_paths.add(self.trust_dir.parent.parent, "the hosts' state directories")
         if self.config_file is not None:
             self.protected_paths.add(self.config_file, "the host's configuration file")
         # Where a config would be discovered next start: a tool must not plant one there.
@@ -176,6 +183,12 @@ class ToolHost:
 
     # -- lifecycle -------------------------------------------------------------
 
+    @property
+    def trust_roots(self) -> tuple[str, str]:
+        """The directories a configuration file inside which must be trusted (``config_trust``):
+        the operator's working directory and the one the configuration names."""
+        return self.trust_root, self.working_dir
+
     async def __aenter__(self) -> ToolHost:
         await self.start()
         return self
@@ -199,7 +212,7 @@ class ToolHost:
         try:
             self._check_working_dir()
             self._make_state_dir()
-            first_trust = config_trust.check(self.state_dir, self.config_file, self.working_dir,
+            first_trust = config_trust.check(self.trust_dir, self.config_file, self.trust_roots,
                                              discovered=self.discovered_config)
             self._collect_plugins()
             for plugin, info, required in self._mount_order():
@@ -207,7 +220,8 @@ class ToolHost:
             self._check_config_references()
             self._check_protected_paths()
             if first_trust is not None:
-                config_trust.remember(self.state_dir, first_trust)
+                self._make_state_dir(self.trust_dir)
+                config_trust.remember(self.trust_dir, first_trust)
         except (ConfigError, PluginLoadError) as exc:
             await self.close()
             clean = _without_secrets(exc, self.secrets)
@@ -484,15 +498,17 @@ class ToolHost:
                 raise ConfigError(f"names no installed plugin (loaded: {', '.join(sorted(loaded))})",
                                   key=f"plugins.{name}", file=self.config_file, hint=did_you_mean(name, loaded))
 
-    def _make_state_dir(self) -> None:
-        """Create ``state_dir`` (0700) or stop the start naming the key and what is wrong."""
+    def _make_state_dir(self, path: Path | None = None) -> None:
+        """Create ``state_dir`` (or ``path``, the trust record's) 0700, or stop the start naming the
+        key and what is wrong."""
+        path = self.state_dir if path is None else path
         try:
-            ensure_state_dir(self.state_dir)
+            ensure_state_dir(path)
         except HostFileError as exc:
             raise ConfigError(f"{exc.strerror}; remove it or set another state_dir", key="state_dir",
                               file=self.config_file) from None
         except OSError as exc:
-            raise ConfigError(f"cannot create the state directory {self.state_dir}: {exc.strerror}",
+            raise ConfigError(f"cannot create the state directory {path}: {exc.strerror}",
                               key="state_dir", file=self.config_file) from None
 
     def _check_protected_paths(self) -> None:

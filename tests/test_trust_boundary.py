@@ -280,3 +280,68 @@ def test_a_config_changed_planted_or_removed_between_runs_is_not_taken_on_trust(
     outside = tmp_path / "elsewhere.toml"
     outside.write_text("")
     assert cli(work, "--config", str(outside), "list").returncode == 0  # tools cannot reach it: no trust needed
+
+
+def _discovering(work: Path) -> ToolHost:
+    """A host started the way the command line starts one: in the current directory (``work``),
+    finding its configuration itself."""
+    assert Path.cwd() == work
+    return ToolHost(plugins=[ToolsPlugin(EchoTool())], builtins=False, entry_points=False)
+
+
+@pytest.mark.parametrize("moves", ["state_dir", "working_dir"])
+async def test_a_planted_config_cannot_move_the_trust_record_it_is_checked_against(
+        tmp_path: Path, work: Path, moves: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: a ``pyproject.toml`` written by a tool named a fresh ``state_dir`` (or
+    another ``working_dir``, whose state it then was); the start looked for its trust record there,
+    found none, and took the planted file on first-use trust (``sandbox = "off"`` with it)."""
+    monkeypatch.chdir(work)
+    async with _discovering(work):
+        pass  # the first start: no configuration here, remembered as such
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = tmp_path / "fresh-state" if moves == "state_dir" else elsewhere
+    (work / "pyproject.toml").write_text(f'[tool.amplifier-tools]\n{moves} = "{target}"\n'
+                                         'default_timeout_ms = 1234\n')
+    with pytest.raises(ConfigError, match="appeared in the working directory"):
+        await _discovering(work).start()
+    # Once the operator accepts it, it is taken, and its state_dir or working_dir with it.
+    from cli_helpers import cli
+
+    assert cli(work, "trust").returncode == 0
+    async with _discovering(work) as accepted:
+        assert accepted.config_file == str(work / "pyproject.toml")
+        if moves == "state_dir":
+            assert accepted.state_dir == target
+        else:
+            assert accepted.working_dir == str(elsewhere)
+        # The record is kept apart from a configured state_dir, and protected like any host state.
+        assert accepted.protected_paths.protects(str(accepted.trust_dir / "trusted-config.json")) is not None
+
+
+async def test_a_config_symlinked_to_a_file_outside_is_still_checked(
+        tmp_path: Path, work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: ``amplifier-tools.toml`` made a symlink to an empty file outside the
+    workspace was judged by where it led: outside, so unchecked, and every rule of the trusted
+    ``pyproject.toml`` was dropped at the next start."""
+    monkeypatch.chdir(work)
+    (work / "pyproject.toml").write_text('[tool.amplifier-tools]\ndefault_timeout_ms = 1234\n')
+    async with _discovering(work) as first:
+        assert first.config_file == str(work / "pyproject.toml")  # first start: remembered
+    empty = tmp_path / "outside" / "py.typed"
+    empty.parent.mkdir()
+    empty.write_text("")
+    (work / "amplifier-tools.toml").symlink_to(empty)
+    with pytest.raises(ConfigError, match="moved from"):
+        await _discovering(work).start()
+
+
+@pytest.mark.parametrize("name", ["pyproject.toml", "amplifier-tools.toml"])
+def test_a_huge_config_file_stops_the_start_without_being_read(work: Path, name: str) -> None:
+    """Found by attack: ``truncate -s 1G pyproject.toml`` made the next start read the whole file
+    (9.6 s, 2 GiB); at 100 GiB it died of ``MemoryError``."""
+    with open(work / name, "wb") as file:
+        file.truncate(64 * 1024 * 1024 * 1024)  # sparse: 64 GiB of nothing
+    with pytest.raises(ConfigError, match="larger than 4 MiB") as refused:
+        ToolHost(plugins=[ToolsPlugin(EchoTool())], builtins=False, entry_points=False, working_dir=work)
+    assert str(work / name) in str(refused.value)

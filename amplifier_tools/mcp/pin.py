@@ -278,8 +278,8 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
     if not sdk_available():
         raise ConfigError(MISSING_SDK_MESSAGE, key=SERVERS_TABLE)
     # Servers are started from this file: only from one the host itself would start from.
-    state_dir = ensure_state_dir(host.state_dir)
-    config_trust.check(state_dir, host.config_file, host.working_dir, discovered=host.discovered_config)
+    trust_dir = ensure_state_dir(host.trust_dir)
+    config_trust.check(trust_dir, host.config_file, host.trust_roots, discovered=host.discovered_config)
     path = Path(host.config_file) if host.config_file is not None else None
     writable = path is not None and path.suffix == ".toml"
     refusal = link_refusal(path) if writable and not print_only and path is not None else None
@@ -313,9 +313,9 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
         print(f"error: {path} was not changed: {exc}; paste these pins into it instead:", file=sys.stderr)
         print(toml_block(done, prefix), end="")
         return 1
-    state = config_trust.config_state(str(path), host.working_dir)
+    state = config_trust.config_state(str(path), host.trust_roots)
     if state is not None:  # the change is the operator's own: the next start takes it
-        config_trust.remember(state_dir, state)
+        config_trust.remember(trust_dir, state)
     for r in done:
         print(f"pinned {len(r.pins)} tool(s) of MCP server {r.name!r} in {path}")
     return status
