@@ -224,3 +224,9 @@ async def test_a_probe_started_long_before_the_mount_is_not_used(
                         discover=False) as host:
         mounted = host.tools.resolve("bash")
         assert mounted is not None and "a stale answer" not in mounted.spec.description
+
+
+async def test_a_nul_in_the_command_is_the_callers_contract_error(host: ToolHost) -> None:
+    """Found by attack: it failed as ``ExecutionError`` ``tool_raised`` (exec's ``ValueError``)."""
+    result = await host.call("bash", {"command": "echo \x00"})
+    assert result.error is not None and (result.error["type"], result.error["pointer"]) == ("ContractError", "/command")

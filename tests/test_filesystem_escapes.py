@@ -237,3 +237,70 @@ async def test_fifo_with_a_writer_inside_the_root_is_refused_not_read(tmp_path: 
         assert os.read(writer, 100) == SECRET.encode()  # nothing was consumed from the pipe
     finally:
         os.close(writer)
+
+
+async def test_a_fifo_swapped_in_after_the_edit_check_is_refused_without_blocking(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: ``fs_edit_file`` checked the file, then opened it by name without
+    ``O_NONBLOCK``; a FIFO renamed over it in between blocked the open for good (the worker
+    thread stuck, the process unable to exit). It is refused as ``file_changed``."""
+    from amplifier_tools.builtins.filesystem.paths import PathRules
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "t.txt").write_text("hello\n")
+    checked = PathRules.check_replace
+
+    def check_then_swap(self: PathRules, dir_fd: int, name: str, path: str) -> Any:
+        found = checked(self, dir_fd, name, path)
+        os.mkfifo(work / "fifo.tmp")
+        os.rename(work / "fifo.tmp", work / "t.txt")  # what a process racing the call does
+        return found
+
+    monkeypatch.setattr(PathRules, "check_replace", check_then_swap)
+    async with ToolHost(config={"plugins": {"filesystem": {"require_read_before_write": False}}},
+                        builtins=["filesystem"], entry_points=False, working_dir=work, discover=False) as h:
+        result = await asyncio.wait_for(
+            h.call("fs_edit_file", {"path": "t.txt", "old_string": "hello", "new_string": "bye"}), 20)
+    assert result.error is not None and result.error["code"] == "file_changed", result.error
+
+
+async def test_glob_and_grep_over_more_directories_than_descriptors_miss_nothing(tmp_path: Path) -> None:
+    """Found by attack: the walk opened every subdirectory of a level at once; with more of them
+    than the process may open descriptors, the rest were skipped unsaid (and other code in the
+    process got EMFILE meanwhile). It holds one descriptor per level now."""
+    import resource
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for i in range(1500):
+        (work / f"d{i:04d}").mkdir()
+    for i in (0, 700, 1499):
+        (work / f"d{i:04d}" / "needle.txt").write_text("needle\n")
+    async with ToolHost(builtins=["filesystem"], entry_points=False, working_dir=work, discover=False) as h:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        in_use = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 400, hard))
+        try:
+            found = await h.call("fs_glob", {"pattern": "**/needle.txt"})
+            grepped = await h.call("fs_grep", {"pattern": "needle"})
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert found.output["matches"] == ["d0000/needle.txt", "d0700/needle.txt", "d1499/needle.txt"], found.error
+    assert grepped.success and len(grepped.output["matches"]) == 3, grepped.output
+
+
+async def test_a_catastrophic_grep_pattern_does_not_freeze_the_host(tmp_path: Path) -> None:
+    """Found by attack: on Python's ``re``, ``(a|a)*b`` against a line of ``a``s held the GIL for
+    seconds (doubling per ``a``), freezing every call and timer of the host past the call's own
+    timeout. On RE2 it is linear: the search ends at once, with no match."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a" * 40 + "\n")  # about 18 minutes on re
+    async with ToolHost(config={"default_timeout_ms": 20_000}, builtins=["filesystem"], entry_points=False,
+                        working_dir=work, discover=False) as h:
+        result = await asyncio.wait_for(h.call("fs_grep", {"pattern": "(a|a)*b"}), 20)
+        assert result.success and result.output["matches"] == [], result.error
+        refused = await h.call("fs_grep", {"pattern": "a(?=b)"})
+    assert refused.error["code"] == "invalid_pattern" and refused.error["pointer"] == "/pattern"
+    assert "lookaround" in refused.error["message"]

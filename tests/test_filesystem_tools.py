@@ -318,3 +318,23 @@ def test_random_operation_sequences_never_raise(tmp_path_factory: pytest.TempPat
 
     asyncio.run(go())
     assert not (root.parent / "x").exists()
+
+
+@pytest.mark.parametrize(("tool", "arguments", "code", "pointer"), [
+    ("fs_glob", {"pattern": "[z-a]"}, "invalid_pattern", "/pattern"),
+    ("fs_glob", {"pattern": "[]"}, "invalid_pattern", "/pattern"),
+    ("fs_grep", {"pattern": "x", "glob": "[z-a]"}, "invalid_pattern", "/glob"),
+    ("fs_read_file", {"path": "a.txt", "encoding": "idna"}, "invalid_encoding", "/encoding"),
+    ("fs_read_file", {"path": "a.txt", "encoding": "rot13"}, "invalid_encoding", "/encoding"),
+    ("fs_write_file", {"path": "w.txt", "content": "\udcff"}, "invalid_input", "/content"),
+    ("fs_write_file", {"path": "w.txt", "content": "x", "encoding": "idna"}, "invalid_encoding", "/encoding"),
+    ("fs_write_file", {"path": "w.txt", "content": "\u20ac", "encoding": "ascii"}, "invalid_input", "/content"),
+])
+async def test_bad_arguments_are_the_callers_contract_error_naming_the_argument(
+        host: ToolHost, tmp_path: Path, tool: str, arguments: dict[str, Any], code: str, pointer: str) -> None:
+    """Found by attack: these failed as ``ExecutionError`` ``tool_raised`` (an untyped exception)."""
+    (tmp_path / "a.txt").write_text("text\n")
+    result = await host.call(tool, arguments)
+    assert result.error is not None and result.error["type"] == "ContractError", result.error
+    assert (result.error["code"], result.error["pointer"]) == (code, pointer)
+    assert not (tmp_path / "w.txt").exists()

@@ -20,7 +20,7 @@ from typing import Any, Final
 import attrs
 
 from ... import sandbox as engine
-from ...errors import ExecutionError, ToolSystemError
+from ...errors import ContractError, ExecutionError, ToolSystemError
 from ...hoststate import ProtectedPath, ProtectedPaths
 from ...models import ToolContext, ToolResult
 from ...spec import Policies, Security, ToolSpec
@@ -169,6 +169,9 @@ class BashTool:
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
         s = self.settings
         command: str = input["command"]
+        if "\x00" in command:  # found by attack: exec refused it as an untyped ValueError
+            raise ContractError("the command holds a NUL character, which no program argument can",
+                                code="invalid_input", pointer="/command")
         s.rules.check(command)
         cwd, writable, protected = self.working_directory(input.get("cwd"))
         env = self.environment(context)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import bisect
+import codecs
 import os
 import re
 import stat
@@ -101,12 +102,7 @@ class ReadFile(FilesystemTool):
 
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
         path = input["path"]
-        encoding = input.get("encoding", "utf-8")
-        try:
-            "".encode(encoding)
-        except LookupError:
-            raise ContractError(f"unknown encoding {encoding!r}", code="invalid_encoding",
-                                pointer="/encoding") from None
+        encoding = text_encoding(input.get("encoding", "utf-8"))
         offset = input.get("offset", 1)
         paging = "limit" in input or "offset" in input
         limit = input.get("limit", self.settings.default_limit)
@@ -161,10 +157,13 @@ class WriteFile(FilesystemTool):
 
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
         path = input["path"]
+        encoding = text_encoding(input.get("encoding", "utf-8"))
         try:
-            data = input["content"].encode(input.get("encoding", "utf-8"))
-        except LookupError:
-            raise ContractError("unknown encoding", code="invalid_encoding", pointer="/encoding") from None
+            data = input["content"].encode(encoding)
+        except UnicodeError as exc:  # a lone surrogate (JSON "\ud800"), or text the encoding cannot say
+            where = f" at character {exc.start}" if isinstance(exc, UnicodeEncodeError) else ""
+            raise ContractError(f"the content cannot be encoded as {encoding}{where}", code="invalid_input",
+                                pointer="/content") from None
         with self.rules.open_parent(path, write=True, create=True) as (dir_fd, name, resolved):
             if not name:
                 raise ExecutionError(f"{path!r} is a directory", code="is_a_directory")
@@ -212,11 +211,7 @@ class EditFile(FilesystemTool):
                 raise ExecutionError(f"{path!r} is larger than max_size", code="file_too_large")
             if self.settings.require_read_before_write:
                 self.read_log.check(existing, path)
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-            try:
-                raw = os.read(fd, existing.st_size + 1)
-            finally:
-                os.close(fd)
+            raw = _read_checked(dir_fd, name, existing, path)
             if looks_binary(raw[:SNIFF_BYTES]):
                 raise ExecutionError(f"{path!r} looks like a binary file", code="binary_file")
             text = raw.decode("utf-8", errors="surrogateescape")
@@ -231,6 +226,25 @@ class EditFile(FilesystemTool):
                            permission_bits(existing.st_mode))
             self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
         return {"path": resolved.path, "replacements": count if input.get("replace_all") else 1}
+
+
+def _read_checked(dir_fd: int, name: str, checked: os.stat_result, path: str) -> bytes:
+    """The bytes of ``name``, opened without blocking and only if it is still the regular file
+    ``checked`` was taken of (found by attack: a FIFO swapped in after the check blocked the open
+    for good, and the host could not exit); a swap is the typed ``file_changed``."""
+    changed = ExecutionError(f"{path!r} was replaced while it was being edited; read it again",
+                             code="file_changed")
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        raise changed from None
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
+            raise changed
+        return os.read(fd, checked.st_size + 1)
+    finally:
+        os.close(fd)
 
 
 def _kind(mode: int) -> str:
@@ -273,37 +287,63 @@ class ListDir(FilesystemTool):
 
 def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
     """(relative path, dir fd, name) of every regular file under ``start``; never follows symlinks,
-    never enters or yields a protected or denied path (``PathRules.hidden``)."""
+    never enters or yields a protected or denied path (``PathRules.hidden``).
+
+    Depth first, each subdirectory opened only when it is entered: one descriptor per level
+    (found by attack: opening every subdirectory of a level at once, 21,000 of them, ran the
+    process out of descriptors, and the directories that failed to open were skipped unsaid)."""
     with rules.open_dir(start) as (top_fd, top):
-        stack: list[tuple[int, str, bool]] = [(os.dup(top_fd), "", True)]
-        while stack:
-            fd, prefix, _ = stack.pop()
-            try:
-                with os.scandir(fd) as it:
-                    entries = sorted(it, key=lambda e: e.name, reverse=True)
-                dirs = []
-                for entry in entries:
-                    rel = f"{prefix}{entry.name}"
-                    if entry.is_symlink() or rules.hidden(top, rel):
-                        continue
-                    if entry.is_dir(follow_symlinks=False):
-                        if entry.name in IGNORED_DIRS:
+        # (directory fd, its relative prefix, the names of its subdirectories still to enter, or
+        # None before it is listed)
+        stack: list[tuple[int, str, list[str] | None]] = [(os.dup(top_fd), "", None)]
+        try:
+            while stack:
+                fd, prefix, pending = stack[-1]
+                if pending is None:
+                    with os.scandir(fd) as it:
+                        entries = sorted(it, key=lambda e: e.name, reverse=True)
+                    pending = []
+                    for entry in entries:
+                        rel = f"{prefix}{entry.name}"
+                        if entry.is_symlink() or rules.hidden(top, rel):
                             continue
-                        try:
-                            sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                          dir_fd=fd)
-                        except OSError:
-                            continue
-                        dirs.append((sub, rel + "/", True))
-                    elif entry.is_file(follow_symlinks=False):
-                        yield rel, fd, entry.name
-                stack.extend(dirs)
-            finally:
+                        if entry.is_dir(follow_symlinks=False):
+                            if entry.name not in IGNORED_DIRS:
+                                pending.append(entry.name)  # last name first: popped in name order
+                        elif entry.is_file(follow_symlinks=False):
+                            yield rel, fd, entry.name
+                    stack[-1] = (fd, prefix, pending)
+                if not pending:
+                    stack.pop()
+                    os.close(fd)
+                    continue
+                name = pending.pop()
+                try:
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError:
+                    continue  # gone, swapped for a symlink or unreadable since it was listed
+                stack.append((sub, f"{prefix}{name}/", None))
+        finally:
+            for fd, _, _ in stack:
                 os.close(fd)
 
 
-def glob_regex(pattern: str) -> re.Pattern[str]:
-    """A regex for a glob with ``**`` (any number of directories), ``*``, ``?`` and ``[...]``."""
+def text_encoding(encoding: str) -> str:
+    """``encoding`` when it is a text encoding that can replace what it cannot decode, else
+    ``ContractError`` ``invalid_encoding`` naming ``/encoding`` (found by attack: ``idna``, which
+    cannot, failed the call as an untyped ``UnicodeError``)."""
+    try:
+        codecs.lookup(encoding)
+        b"\xff\xfe".decode(encoding, errors="replace")
+    except (LookupError, UnicodeError):
+        raise ContractError(f"{encoding!r} is not a text encoding this tool can use (e.g. utf-8, latin-1)",
+                            code="invalid_encoding", pointer="/encoding") from None
+    return encoding
+
+
+def glob_regex(pattern: str, pointer: str = "/pattern") -> re.Pattern[str]:
+    """A regex for a glob with ``**`` (any number of directories), ``*``, ``?`` and ``[...]``;
+    ``ContractError`` ``invalid_pattern`` naming ``pointer`` for a class ``re`` refuses (``[z-a]``)."""
     out = []
     i = 0
     while i < len(pattern):
@@ -331,7 +371,10 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
         else:
             out.append(re.escape(pattern[i]))
             i += 1
-    return re.compile("".join(out) + r"\Z")
+    try:
+        return re.compile("".join(out) + r"\Z")
+    except re.error as exc:
+        raise ContractError(f"invalid glob {pattern!r}: {exc.msg}", code="invalid_pattern", pointer=pointer) from None
 
 
 class Glob(FilesystemTool):
@@ -361,7 +404,8 @@ class Glob(FilesystemTool):
 class Grep(FilesystemTool):
     spec = ToolSpec(
         name="local::fs.grep", version=VERSION, title="Search file contents",
-        description="Search files under 'path' for a regular expression (Python syntax), optionally only files "
+        description="Search files under 'path' for a regular expression (RE2 syntax, as ripgrep: no lookaround "
+                    "or backreferences), optionally only files "
                     "matching a glob; prints 'file:line:text' with optional context lines. Skips binary files, "
                     ".git and similar directories, and symlinks; capped.",
         tags=("fs", "read", "search"), effect="Pure",
@@ -381,13 +425,8 @@ class Grep(FilesystemTool):
     )
 
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
-        flags = re.MULTILINE | (re.IGNORECASE if input.get("ignore_case") else 0)
-        try:
-            regex = re.compile(input["pattern"].encode("utf-8"), flags)
-        except re.error as exc:
-            raise ContractError(f"invalid regular expression: {exc}", code="invalid_pattern",
-                                pointer="/pattern") from None
-        only = glob_regex(input["glob"]) if "glob" in input else None
+        regex = search_regex(input["pattern"], bool(input.get("ignore_case")))
+        only = glob_regex(input["glob"], "/glob") if "glob" in input else None
         context = input.get("context", 0)
         cap = input.get("max_matches", self.settings.max_matches)
         max_file = self.settings.max_size
@@ -426,7 +465,7 @@ class Grep(FilesystemTool):
         return {"matches": matches, "files_searched": searched, "truncated": len(matches) >= cap}
 
     @staticmethod
-    def _search_fd(fd: int, size: int, rel: str, regex: re.Pattern[bytes], context: int, cap: int,
+    def _search_fd(fd: int, size: int, rel: str, regex: Any, context: int, cap: int,
                    matches: list[dict[str, Any]], max_file: int) -> None:
         if size > max_file:
             return
@@ -460,6 +499,30 @@ class Grep(FilesystemTool):
             matches.append(entry)
             if len(matches) >= cap:
                 return
+
+
+def search_regex(pattern: str, ignore_case: bool) -> Any:
+    """``pattern`` compiled by RE2 for bytes, ``^``/``$`` at every line (``ContractError``
+    ``invalid_pattern`` naming ``/pattern`` when RE2 cannot run it).
+
+    RE2, not ``re``: it matches in time linear in the text, with bounded memory (found by attack:
+    on ``re``, ``(a|a)*b`` against 25 ``a``s held the GIL for 6 s, freezing every call and timer
+    of the host past the call's own timeout; each more ``a`` doubles it). The cost: no lookaround
+    and no backreferences, as in ripgrep's default engine."""
+    import re2  # a dependency of the core; imported by the first grep, not at start
+
+    options = re2.Options()
+    options.log_errors = False  # the refusal is the caller's typed error, not a line on stderr
+    options.case_sensitive = not ignore_case
+    try:
+        return re2.compile(b"(?m)" + pattern.encode("utf-8"), options)
+    except UnicodeEncodeError as exc:
+        raise ContractError(f"the pattern is not valid text: {exc.reason} at character {exc.start}",
+                            code="invalid_pattern", pointer="/pattern") from None
+    except re2.error as exc:
+        detail = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ContractError(f"invalid regular expression for RE2: {detail} (lookaround and backreferences "
+                            "are not supported)", code="invalid_pattern", pointer="/pattern") from None
 
 
 def _read_umask() -> int:
