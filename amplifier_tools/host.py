@@ -239,11 +239,12 @@ class ToolHost:
         self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout,
                                       secrets=self.secrets)
 
-    async def close(self) -> None:
+    async def close(self, *, grace_ms: float | None = None) -> None:
         """Stop admitting calls, let in-flight calls finish, then run cleanups in reverse order.
 
         New calls end at once in ``SystemError`` ``host_closing`` (recorded like any call).
-        In-flight calls get ``shutdown_grace_ms`` (default 5000) to finish; a call whose tool had
+        In-flight calls get ``shutdown_grace_ms`` (default 5000; ``grace_ms``, when given, instead:
+        0 cuts them at once, as a second Ctrl-C does) to finish; a call whose tool had
         not started yet is not started. The rest are cancelled; each ends in ``host_closing``
         and is recorded before the cleanups run (the audit writer's last: it mounts first).
         A cleanup failure is logged and the next cleanup still runs.
@@ -263,7 +264,7 @@ class ToolHost:
                     "call to end. Schedule it instead: asyncio.ensure_future(host.close())",
                     code="close_inside_call")
             pipeline.closing = True
-            grace = self.config.get("shutdown_grace_ms", 5000) / 1000.0
+            grace = (self.config.get("shutdown_grace_ms", 5000) if grace_ms is None else grace_ms) / 1000.0
             if not await pipeline.wait_idle(grace):
                 count = pipeline.cut_in_flight()
                 log.warning("closing: cancelled %d call(s) still running after shutdown_grace_ms", count)

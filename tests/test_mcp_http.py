@@ -545,6 +545,33 @@ def test_a_burst_of_refusals_is_counted_in_the_next_event() -> None:
     assert written[-1]["suppressed_before"] == 25 - MAX_REFUSAL_EVENTS_PER_S
 
 
+def test_refusals_left_out_in_the_last_second_are_counted_when_serving_ends() -> None:
+    """Found by attack: 50 requests without a token, then SIGTERM: 10 events were written and the
+    other 40 counted nowhere (the count waited for a next event that never came)."""
+    from amplifier_tools.mcp.http import MAX_REFUSAL_EVENTS_PER_S, SUPPRESSED_EVENT, EventBudget, Gate
+
+    async def refuse(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+
+    async def ignore(message: Any) -> None:
+        return None
+
+    written: list[tuple[str, dict[str, Any]]] = []
+    app = Gate(refuse, None, EventBudget(lambda event, data: written.append((event, data)), clock=lambda: 100.0))
+    scope = {"type": "http", "method": "POST", "path": "/mcp", "headers": [], "client": ("127.0.0.1", 5)}
+
+    async def burst(count: int) -> None:
+        for _ in range(count):
+            await app(scope, None, ignore)
+
+    asyncio.run(burst(50))
+    app.flush()
+    assert written[-1] == (SUPPRESSED_EVENT, {"suppressed_before": 50 - MAX_REFUSAL_EVENTS_PER_S})
+    assert len(written) == MAX_REFUSAL_EVENTS_PER_S + 1
+    app.flush()  # nothing left out since: nothing written
+    assert len(written) == MAX_REFUSAL_EVENTS_PER_S + 1
+
+
 async def test_dns_rebinding_protection_covers_every_loopback_address(tmp_path: Path) -> None:
     """allow_anonymous on 127.0.0.2: a page rebound to it sends another Host: refused (421) and audited."""
     cfg = config(tmp_path, clients=[], allow_anonymous=True, host="127.0.0.2")
@@ -599,6 +626,54 @@ def test_a_second_sigterm_stops_a_server_held_open_by_an_event_stream(tmp_path: 
 
         asyncio.run(hold_stream())
         assert proc.wait(5) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_second_sigint_with_a_call_in_flight_stops_at_once_and_records_the_call(tmp_path: Path) -> None:
+    """Found by attack: with a call in flight, the second Ctrl-C still waited out the 10 s drain,
+    then the host's 5 s shutdown grace (15 s in all). The call is now cut at once, recorded as
+    ``host_closing``, and the process exits 0."""
+    import signal
+    import threading
+    import time
+
+    cfg = config(tmp_path, tools=["local::bash"])
+    cfg["plugins"]["bash"] = {"sandbox": "off"}
+    proc, url = serve_mcp_cli(tmp_path, cfg)
+    assert proc.stderr is not None
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # never let its pipe fill
+    try:
+        auth = {"Authorization": f"Bearer {BOB}", "Accept": "application/json, text/event-stream"}
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": "sleep 60"}}}
+
+        async def interrupt_twice() -> float:
+            async with httpx2.AsyncClient(timeout=60) as http:
+                opened = await http.post(url, json=initialize, headers=auth)
+                ids = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+                await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                                headers={**auth, **ids})
+                calling = asyncio.ensure_future(http.post(url, json=call, headers={**auth, **ids}))
+                await asyncio.sleep(1.0)  # the call is running
+                proc.send_signal(signal.SIGINT)
+                await asyncio.sleep(0.3)
+                started = time.monotonic()
+                proc.send_signal(signal.SIGINT)
+                while proc.poll() is None and time.monotonic() - started < 12:
+                    await asyncio.sleep(0.05)
+                calling.cancel()
+                await asyncio.gather(calling, return_exceptions=True)
+                return time.monotonic() - started
+
+        took = asyncio.run(interrupt_twice())
+        assert proc.wait(5) == 0
+        assert took < 5, took  # 15 s before
+        records = audit(tmp_path, "call")
+        assert [(r["tool"], r["error"]["code"]) for r in records] == [("local::bash", "host_closing")]
     finally:
         proc.kill()
         proc.wait()

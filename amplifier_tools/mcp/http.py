@@ -51,6 +51,9 @@ MIN_TOKEN_LENGTH: Final = 16
 UNAUTHORIZED_EVENT: Final = "mcp.http.unauthorized"
 #: An authenticated client called a tool it may not see (answered -32602, as for an unknown tool).
 TOOL_REFUSED_EVENT: Final = "mcp.http.tool_refused"
+#: Written when serving ends with refusals left out of the log since the last one written (their
+#: count in ``suppressed_before``): every refusal is counted, also those of the last second.
+SUPPRESSED_EVENT: Final = "mcp.http.refusals_suppressed"
 
 
 def _digest(token: str) -> bytes:
@@ -224,6 +227,13 @@ class EventBudget:
         left_out, self._suppressed = self._suppressed, 0
         return left_out
 
+    def flush(self) -> None:
+        """Record how many refusals were left out since the last one written, if any (serving
+        ends: found by attack, the refusals of the last second were counted nowhere)."""
+        left_out, self._suppressed = self._suppressed, 0
+        if left_out and self.record is not None:
+            self.record(SUPPRESSED_EVENT, {"suppressed_before": left_out})
+
     def write(self, event: str, data: dict[str, Any]) -> None:
         """Record ``event`` unless this second's budget is spent."""
         if self.record is None:
@@ -383,6 +393,14 @@ class Gate:
             data["client"] = user.access_token.client_id  # the token_ref of the client refused
         budget.write(UNAUTHORIZED_EVENT, data)
 
+    def flush(self) -> None:
+        """Count, in the log, the refusals of both budgets left out since their last event."""
+        for budget in (self.budget, self.strangers):
+            try:
+                budget.flush()
+            except Exception:  # the log may be unwritable by now: the count is what is lost
+                log.exception("serve-mcp: could not record the count of refusals left out of the log")
+
     async def idle(self, deadline: float) -> None:
         """Return once no request has been open for ``DRAIN_QUIET_S``, or at ``deadline`` (of ``clock``)."""
         while self.clock() < deadline:
@@ -526,6 +544,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
                                    timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S)))
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
+    forced = asyncio.Event()  # a second signal: stop waiting for anything
     if stop is None:
         stop = asyncio.Event()
         signalled = stop
@@ -533,6 +552,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         def on_signal() -> None:
             if signalled.is_set():
                 server.force_exit = True  # the second signal: do not wait for open requests
+                forced.set()
             signalled.set()
 
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -543,6 +563,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
                 pass  # only the main thread takes signals; elsewhere a caller stops us by cancelling the task
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     stopping = asyncio.ensure_future(stop.wait())
+    forcing = asyncio.ensure_future(forced.wait())
     frozen = False
     unfilter_logs = filter_refusal_logs()
     try:
@@ -567,20 +588,26 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             started = app.clock()
             app.draining = True
             idle = asyncio.ensure_future(app.idle(started + SHUTDOWN_GRACE_S))
-            await asyncio.wait({task, idle}, return_when=asyncio.FIRST_COMPLETED)
+            # found by attack: a second signal during this drain waited it out (10 s), then the host's grace
+            await asyncio.wait({task, idle, forcing}, return_when=asyncio.FIRST_COMPLETED)
             idle.cancel()
             server.config.timeout_graceful_shutdown = max(1, int(SHUTDOWN_GRACE_S - (app.clock() - started)))
         server.should_exit = True
         await asyncio.shield(task)
+        app.flush()
+        if forced.is_set():  # calls still running are cut now (each recorded), not after shutdown_grace_ms
+            await host.close(grace_ms=0)
     except asyncio.CancelledError:
         server.should_exit = True
         await asyncio.wait({task}, timeout=SHUTDOWN_GRACE_S + 5)
+        app.flush()
         raise
     finally:
         unfilter_logs()
         if frozen:
             gc.unfreeze()
         stopping.cancel()
+        forcing.cancel()
         sock.close()
         for signum in handled:
             loop.remove_signal_handler(signum)
