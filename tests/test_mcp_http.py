@@ -631,6 +631,43 @@ def test_a_second_sigterm_stops_a_server_held_open_by_an_event_stream(tmp_path: 
         proc.wait()
 
 
+def test_one_sigterm_with_only_an_event_stream_open_stops_within_seconds(tmp_path: Path) -> None:
+    """Found by attack: with no call in flight, a client holding its event stream kept the server
+    up for the whole 10 s grace after SIGTERM (an idle SDK client 5-6 s). Once no request has
+    been open for a moment, the streams get a second."""
+    import signal
+    import threading
+    import time
+
+    proc, url = serve_mcp_cli(tmp_path, config(tmp_path))
+    assert proc.stderr is not None
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    try:
+        auth = {"Authorization": f"Bearer {BOB}", "Accept": "application/json, text/event-stream"}
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+        async def hold_stream() -> float:
+            async with httpx2.AsyncClient(timeout=30) as http:
+                opened = await http.post(url, json=initialize, headers=auth)
+                get = {**auth, "Accept": "text/event-stream", "mcp-session-id": opened.headers["mcp-session-id"],
+                       "mcp-protocol-version": "2025-06-18"}
+                async with http.stream("GET", url, headers=get) as stream:
+                    assert stream.status_code == 200
+                    started = time.monotonic()
+                    proc.send_signal(signal.SIGTERM)
+                    while proc.poll() is None and time.monotonic() - started < 12:
+                        await asyncio.sleep(0.05)
+                    return time.monotonic() - started
+
+        took = asyncio.run(hold_stream())
+        assert proc.wait(5) == 0
+        assert took < 5, took  # 10.4 s before
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_second_sigint_with_a_call_in_flight_stops_at_once_and_records_the_call(tmp_path: Path) -> None:
     """Found by attack: with a call in flight, the second Ctrl-C still waited out the 10 s drain,
     then the host's 5 s shutdown grace (15 s in all). The call is now cut at once, recorded as

@@ -401,12 +401,14 @@ class Gate:
             except Exception:  # the log may be unwritable by now: the count is what is lost
                 log.exception("serve-mcp: could not record the count of refusals left out of the log")
 
-    async def idle(self, deadline: float) -> None:
-        """Return once no request has been open for ``DRAIN_QUIET_S``, or at ``deadline`` (of ``clock``)."""
+    async def idle(self, deadline: float) -> bool:
+        """Return once no request has been open for ``DRAIN_QUIET_S`` (True), or at ``deadline``
+        (of ``clock``; False)."""
         while self.clock() < deadline:
             if self._open == 0 and self.clock() - self._changed >= DRAIN_QUIET_S:
-                return
+                return True
             await asyncio.sleep(0.02)
+        return False
 
 
 #: The SDK's loggers that write a line per refused request (``Invalid Host header: <the header>``,
@@ -591,7 +593,12 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             # found by attack: a second signal during this drain waited it out (10 s), then the host's grace
             await asyncio.wait({task, idle, forcing}, return_when=asyncio.FIRST_COMPLETED)
             idle.cancel()
-            server.config.timeout_graceful_shutdown = max(1, int(SHUTDOWN_GRACE_S - (app.clock() - started)))
+            # Quiet: what is still connected is event streams and idle keep-alives, with no call to
+            # wait for; a second is enough to end them (found by attack: an idle SDK client kept
+            # the server up 5-6 s, a held event stream the whole 10 s).
+            quiet = idle.done() and not idle.cancelled() and idle.result()
+            server.config.timeout_graceful_shutdown = 1 if quiet else \
+                max(1, int(SHUTDOWN_GRACE_S - (app.clock() - started)))
         server.should_exit = True
         await asyncio.shield(task)
         app.flush()
