@@ -264,23 +264,29 @@ class CallPipeline:
         timeout = mounted.spec.policies.timeout_ms
         seconds = timeout / 1000.0 if timeout is not None else self.default_timeout
         remaining = ctx.remaining()
+        by_deadline = False  # the caller's deadline, not the tool's timeout, bounds this run
         if remaining is not None:
             if remaining <= 0:
                 raise PolicyError(
                     f"deadline passed before tool {mounted.spec.name!r} could run", code="deadline_exceeded"
                 )
+            by_deadline = seconds is None or remaining < seconds
             seconds = remaining if seconds is None else min(seconds, remaining)
         arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else call.arguments
         coro = mounted.execute(arguments, ctx) if mounted.takes_context else mounted.execute(arguments)
         try:
             raw = await run_with_timeout(coro, seconds)
         except TimeoutError:
-            raise PolicyError(
-                f"tool {mounted.spec.name!r} timed out after {seconds:.3g} s",
+            timed_out = PolicyError(
+                f"tool {mounted.spec.name!r} timed out after {seconds:.3g} s"
+                + (" (the caller's deadline)" if by_deadline else ""),
                 code="timeout",
                 retryable=mounted.spec.effect.retry_safe,
                 timeout_s=seconds,
-            ) from None
+            )
+            if by_deadline:  # the policy plugin's breakers do not count it against the tool
+                timed_out.details["by_deadline"] = True
+            raise timed_out from None
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -1001,6 +1001,7 @@ async def test_a_retried_tool_that_swallowed_the_cancellation_is_not_retried(tmp
         await host.close()
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 runs a tool under a timeout in a task of its own")
 async def test_close_awaited_from_inside_a_call_is_refused_and_the_call_is_recorded(tmp_path: Path) -> None:
     """Found by attack: a tool awaiting ``host.close()`` waited for its own call through the grace
     and the hook timeout, then the cleanups closed the audit log before the call was recorded.

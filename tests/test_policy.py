@@ -545,3 +545,135 @@ def test_a_tool_given_another_spec_is_decided_by_the_new_one() -> None:
     assert plugin.tool_pre(call, limited, ToolContext()).code == "rate_limited"
     assert plugin.tool_pre(call, free, ToolContext()) is None
     assert plugin.tool_pre(call, guarded, ToolContext()).code == "missing_scope"
+
+
+# -- found by attack: budgets, memory, remounts, deadlines --------------------------------------------
+
+
+async def test_two_budgets_of_one_principal_each_keep_their_own_window() -> None:
+    """Found by attack: every budget of a principal shared one counter key, so a one-minute budget's
+    new window wiped the hourly one (30 calls admitted in 10 minutes against an hourly 5)."""
+    clock = FakeClock()
+    tool = Tool("b", policies={"budgets": [{"per": "principal", "max_calls": 5, "window_ms": 3_600_000},
+                                           {"per": "principal", "max_calls": 3, "window_ms": 60_000}]})
+    host = await host_with(tool, clock=clock)
+    try:
+        admitted = 0
+        for _ in range(10):  # ten minutes, three calls tried in each
+            for _ in range(3):
+                admitted += (await host.call("b", {})).success
+            clock.now += 60
+        assert admitted == 5
+    finally:
+        await host.close()
+
+
+async def test_two_budgets_of_one_window_count_each_call_once_with_the_tighter_limit() -> None:
+    """Found by attack: a calls budget and a seconds budget of the same window shared a counter and
+    counted each call twice (2 admitted of a max_calls of 4)."""
+    tool = Tool("b", policies={"budgets": [{"per": "principal", "max_calls": 4, "window_ms": 3_600_000},
+                                           {"per": "principal", "max_seconds": 1000, "window_ms": 3_600_000},
+                                           {"per": "principal", "max_calls": 6, "window_ms": 3_600_000}]})
+    host = await host_with(tool)
+    try:
+        assert [(await host.call("b", {})).success for _ in range(6)] == [True] * 4 + [False] * 2
+    finally:
+        await host.close()
+
+
+async def test_a_time_budget_reserves_the_waits_between_retries_too() -> None:
+    """Found by attack: a call reserved its timeout times its attempts but was charged its backoff
+    sleeps as well: ten concurrent callers spent 8 s of a 1 s budget. With the waits reserved, a
+    call that may run longer than the budget leaves no room for a second one."""
+    clock = FakeClock()
+    tool = Tool("r", fail=True, clock=clock, takes=0.01,
+                policies={"timeout_ms": 100, "retry": {"max_attempts": 3, "initial_backoff_ms": 1000,
+                                                       "max_backoff_ms": 1000, "jitter": False},
+                          "budgets": [{"per": "principal", "max_seconds": 1, "window_ms": 3_600_000}]})
+    host = await host_with(tool, clock=clock)
+    try:
+        results = await asyncio.gather(*(host.call("r", {}) for _ in range(10)))
+        admitted = [r for r in results if r.error["code"] != "budget_exceeded"]
+        assert len(admitted) == 1, [r.error["code"] for r in results]
+        policy: PolicyPlugin = host.plugin_manager.get_plugin("policy")  # type: ignore[assignment]
+        assert not any(policy.held_resources().values())
+    finally:
+        await host.close()
+
+
+async def test_a_principal_of_none_is_still_counted_by_a_per_principal_budget() -> None:
+    """Found by attack: ``principal=None`` skipped every per-principal budget (5 of 5 admitted with
+    a max_calls of 1); it is counted, apart from the principal named "None"."""
+    tool = Tool("b", policies={"budgets": [{"per": "principal", "max_calls": 1, "window_ms": 60_000}]})
+    host = await host_with(tool)
+    try:
+        nobody = ToolContext(principal=None)  # type: ignore[arg-type]  # what a careless caller passes
+        assert [(await host.call("b", {}, context=nobody)).success for _ in range(3)] == [True, False, False]
+        assert (await host.call("b", {}, context=ToolContext(principal="None"))).success
+    finally:
+        await host.close()
+
+
+async def test_a_callers_own_deadline_does_not_open_the_breaker_for_everyone() -> None:
+    """Found by attack: three calls of one caller with a 10 ms deadline on a healthy 200 ms tool
+    timed out and opened the breaker: the next caller got circuit_open for the whole cooldown."""
+    tool = Tool("slow", delay=0.2, policies={"timeout_ms": 5000,
+                                             "circuit_breaker": {"failure_threshold": 3, "cooldown_ms": 60_000}})
+    host = ToolHost(plugins=[ToolsPlugin(tool), PolicyPlugin()], builtins=False, entry_points=False, discover=False)
+    await host.start()
+    try:
+        for _ in range(3):
+            cut = await host.call("slow", {}, context=ToolContext(principal="mallory").with_timeout(0.01))
+            assert cut.error["code"] == "timeout" and cut.error["by_deadline"] is True
+        assert (await host.call("slow", {}, context=ToolContext(principal="alice"))).success
+    finally:
+        await host.close()
+
+
+async def test_a_tool_mounted_again_with_another_cap_gets_that_cap() -> None:
+    """Found by attack: concurrency slots were kept by tool name, so a tool mounted again with a cap
+    of 4 instead of 1 still ran one call at a time (and 4 → 1 ran four at once)."""
+    for first, second in ((1, 4), (4, 1)):
+        gate = asyncio.Event()
+        tool = Tool("c", gate=gate, policies={"concurrency": {"limit": first}})
+        host = await host_with(tool)
+        try:
+            policy: PolicyPlugin = host.plugin_manager.get_plugin("policy")  # type: ignore[assignment]
+            gate.set()
+            assert (await host.call("c", {})).success  # the first spec's slots exist now
+            again = Tool("c", gate=asyncio.Event(), policies={"concurrency": {"limit": second}})
+            host.tools.remove("c")
+            host.tools.add(again, plugin="test")
+            calls = [asyncio.ensure_future(host.call("c", {})) for _ in range(4)]
+            await asyncio.sleep(0.05)
+            assert again.max_in_flight == second
+            again.gate.set()  # type: ignore[union-attr]
+            results = await asyncio.gather(*calls)
+            assert all(r.success for r in results), [r.error for r in results]  # the rest queued
+            assert again.max_in_flight == second
+            assert not any(policy.held_resources().values())
+        finally:
+            await host.close()
+
+
+def test_the_memory_store_drops_ended_windows_and_expired_records_as_it_grows() -> None:
+    """Found by attack: the counters of principals gone quiet and the idempotency records of keys
+    never asked again were kept for the life of the process (5,100 records of a 1 s window an hour
+    later), and each key entering a new window rebuilt the whole table (4 s of the event loop for
+    8,000 principals). Now each key keeps its current window only, and what has ended is swept
+    out whenever a table has doubled: it never holds more than about twice what is live."""
+    from amplifier_tools.builtins.policy.state import MemoryState
+
+    state = MemoryState()
+    for i in range(5000):
+        state.add(f"rate:t:gone{i}", 0, 1, 1.0)  # window 0 of a 1 s interval: over by t = 1
+        state.remember(f"idem:gone{i}", i, expires_at=1.0, now=0.5)
+    for i in range(5000):
+        state.add(f"rate:t:here{i}", 100, 1, 1.0)
+        state.remember(f"idem:here{i}", i, expires_at=200.0, now=100.0)
+    assert len(state._counters) < 7000 and len(state._records) < 7000
+    assert state.get("rate:t:here7", 100) == 1 and state.recall("idem:here7", 100.0) == 7
+    # Counting is unchanged: a key's window, a new window, a late settlement into an ended one.
+    assert state.add("k", 5, 2, 1.0) == 2 and state.add("k", 5, 1, 1.0) == 3 and state.get("k", 5) == 3
+    assert state.add("k", 6, 1, 1.0) == 1 and state.get("k", 5) == 0
+    assert state.add("k", 5, 4, 1.0) == 4 and state.get("k", 6) == 1

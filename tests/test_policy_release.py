@@ -692,7 +692,10 @@ async def test_random_cancellations_at_the_host_leave_nothing_held(started: Any)
         context = ToolContext(idempotency_key=f"k{rng.randrange(5)}") if tool.name == "keyed" else None
         await asyncio.sleep(rng.random() * 0.05)
         try:
-            result = await asyncio.wait_for(host.call(tool.name, {}, context=context), rng.random() * 0.01)
+            # Every other call unbounded: on a loaded machine no call finishes within 10 ms, and the
+            # mix of outcomes the test is about (CI, py310) became all cancellations.
+            bound = rng.random() * 0.01 if n % 2 else None
+            result = await asyncio.wait_for(host.call(tool.name, {}, context=context), bound)
         except (asyncio.TimeoutError, TimeoutError):
             codes["cancelled"] = codes.get("cancelled", 0) + 1
         else:

@@ -23,6 +23,9 @@ from redis_server import RedisServer
 
 from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
 
+#: The counter of the hourly per-principal budget of the anonymous caller, in a shared store.
+BUDGET_KEY = "budget:principal:3600000ms:anonymous"
+
 
 class Pausing:
     """Under every stateful policy; pauses the Redis server once admitted (``SIGSTOP``)."""
@@ -396,8 +399,8 @@ async def test_a_refused_call_cancelled_while_giving_back_still_gives_everything
         except asyncio.CancelledError:
             pass
         def given_back(rows: dict[str, Any]) -> bool:
-            return ("budget:principal:anonymous:reserved" not in rows and "budget:principal:anonymous:amounts"
-                    not in rows and rows.get("budget:principal:anonymous:calls") == 1)
+            return (f"{BUDGET_KEY}:reserved" not in rows and f"{BUDGET_KEY}:amounts" not in rows
+                    and rows.get(f"{BUDGET_KEY}:calls") == 1)
 
         for _ in range(300):  # the give-back ends in the background (bounded wait; status() reads key by
             rows = {row["key"].split("@")[0]: row["value"] for row in await store.status()}  # key, not at once)
@@ -405,9 +408,9 @@ async def test_a_refused_call_cancelled_while_giving_back_still_gives_everything
                 break
             await asyncio.sleep(0.01)
         store.settle = settle
-    assert "budget:principal:anonymous:reserved" not in rows
-    assert "budget:principal:anonymous:amounts" not in rows
-    assert rows["budget:principal:anonymous:calls"] == 1  # the call that ran; the refused one counts for nothing
+    assert f"{BUDGET_KEY}:reserved" not in rows
+    assert f"{BUDGET_KEY}:amounts" not in rows
+    assert rows[f"{BUDGET_KEY}:calls"] == 1  # the call that ran; the refused one counts for nothing
 
 
 class Slow:

@@ -42,7 +42,7 @@ from .breaker import CircuitBreaker
 from .rules import CallPaths, Rule, matches, path_engine
 from .settings import PolicySettings
 from .shared import QUEUE, SharedHeld, SharedPolicy
-from .state import MemoryState, PolicyState, idempotency_slot, monotonic
+from .state import MemoryState, PolicyState, budget_pools, idempotency_slot, monotonic
 from .store import open_store
 
 PLUGIN: Final = "policy"
@@ -97,12 +97,23 @@ class Slots:
                 self.waiters.remove(waiter)
 
     def release(self) -> None:
-        while self.waiters:  # hand the slot straight to the next waiter
+        if self.in_use <= self.limit:  # (more in use than the limit only after ``resize`` cut it)
+            while self.waiters:  # hand the slot straight to the next waiter
+                waiter = self.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)
+                    return
+        self.in_use -= 1
+
+    def resize(self, limit: int) -> None:
+        """Take the cap of a tool mounted again with another spec: waiters get the slots a larger
+        cap frees at once; with a smaller one, slots in use are not handed on until under it."""
+        self.limit = limit
+        while self.in_use < limit and self.waiters:
             waiter = self.waiters.popleft()
             if not waiter.done():
+                self.in_use += 1
                 waiter.set_result(None)
-                return
-        self.in_use -= 1
 
 
 class _Held:
@@ -115,8 +126,8 @@ class _Held:
         self.slots: Slots | None = None
         self.breaker: CircuitBreaker | None = None
         self.probe: int | None = None
-        self.budgets: list[tuple[str, int, float]] = []  # (budget key, window, seconds reserved)
-        self.rate: tuple[str, int] | None = None  # the rate-limit token: (key, window)
+        self.budgets: list[tuple[str, int, float, float]] = []  # (budget key, window, interval, seconds reserved)
+        self.rate: tuple[str, int, float] | None = None  # the rate-limit token: (key, window, interval)
         self.idempotency: tuple[str, str, asyncio.Future[ToolResult | None]] | None = None
         self.started = 0.0
         self.shared: SharedHeld | None = None  # what it took from a shared store
@@ -433,6 +444,8 @@ class PolicyPlugin:
         breaker = self._breakers.get(spec.name)
         if breaker is None:
             breaker = self._breakers[spec.name] = CircuitBreaker(policy)
+        elif breaker.policy is not policy:  # mounted again with another spec: its policy, this state
+            breaker.policy = policy
         now = self.clock()
         allowed, changed, probe = breaker.admit(now)
         if changed is not None:
@@ -449,15 +462,16 @@ class PolicyPlugin:
         longest possible run, at most what is left. Admitted only while spent + reserved < max."""
         subjects = {"principal": context.principal, "role": context.role, "environment": context.environment}
         now = self.clock()
-        checked: list[tuple[str, int, float]] = []
+        checked: list[tuple[str, int, float, float]] = []
         longest: float | None = None
         longest_known = False
-        for budget in spec.policies.budgets:
+        for budget in budget_pools(spec.policies.budgets):
             subject = subjects[budget.per]
-            if subject is None:
+            if not budget.applies(subject):
                 continue
-            key = f"budget:{budget.per}:{subject}"
-            window = int(now // (budget.window_ms / 1000.0))
+            key = budget.key(subject)
+            interval = budget.window_ms / 1000.0
+            window = int(now // interval)
             if budget.max_calls is not None and self.state.get(f"{key}:calls", window) >= budget.max_calls:
                 return Deny(f"call budget of {budget.per} {subject!r} is used up "
                             f"({budget.max_calls} calls per {budget.window_ms:g} ms)", code="budget_exceeded",
@@ -474,21 +488,26 @@ class PolicyPlugin:
                 if not longest_known:
                     longest, longest_known = self._longest_run(spec, context), True
                 reserve = left if longest is None else min(left, longest)
-            checked.append((key, window, reserve))
-        for key, window, reserve in checked:
-            self.state.add(f"{key}:calls", window, 1)
+            checked.append((key, window, interval, reserve))
+        for key, window, interval, reserve in checked:
+            self.state.add(f"{key}:calls", window, 1, interval)
             if reserve:
                 count, total = self._reserved.get((key, window), (0, 0.0))
                 self._reserved[(key, window)] = (count + 1, total + reserve)
-            held.budgets.append((key, window, reserve))
+            held.budgets.append((key, window, interval, reserve))
         return None
 
     def _longest_run(self, spec: ToolSpec, context: ToolContext) -> float | None:
-        """The longest this call may execute: its timeout times its attempts, cut by its deadline."""
+        """The longest this call may execute: its timeout times its attempts, plus the longest
+        waits between them (found by attack: a call was charged its backoff sleeps it had not
+        reserved, 8 s spent of a 1 s budget), cut by its deadline."""
         timeout_ms = spec.policies.timeout_ms
         longest = timeout_ms / 1000.0 if timeout_ms is not None else self.default_timeout
-        if longest is not None and spec.policies.retry is not None:
-            longest *= spec.policies.retry.max_attempts
+        retry = spec.policies.retry
+        if longest is not None and retry is not None:
+            longest = longest * retry.max_attempts + sum(
+                min(retry.max_backoff_ms, retry.initial_backoff_ms * retry.multiplier ** n)
+                for n in range(retry.max_attempts - 1)) / 1000.0
         remaining = context.remaining()
         if remaining is not None:
             longest = max(remaining, 0.0) if longest is None else min(longest, max(remaining, 0.0))
@@ -506,11 +525,11 @@ class PolicyPlugin:
             key = self._rate_keys[spec.name] = f"rate:{spec.name}"
         now = self.clock()
         window = int(now // interval)
-        if self.state.add(key, window, 1) <= limit.limit:
+        if self.state.add(key, window, 1, interval) <= limit.limit:
             if held is not None:
-                held.rate = (key, window)
+                held.rate = (key, window, interval)
             return None
-        self.state.add(key, window, -1)
+        self.state.add(key, window, -1, interval)
         retry_after = (window + 1) * interval - now
         return Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for {spec.name!r}",
                     code="rate_limited", details={"retry_after": round(retry_after, 3)})
@@ -535,10 +554,14 @@ class PolicyPlugin:
             waited += verdict.details["retry_after"]
 
     def _slots_of(self, spec: ToolSpec) -> Slots:
+        """The tool's concurrency slots, under its spec's cap (found by attack: a tool mounted again
+        with another cap kept its first one, by name: 1 → 4 still ran one at a time, 4 → 1 four)."""
+        limit = spec.policies.concurrency.limit  # type: ignore[union-attr]  # callers checked it is set
         slots = self._slots.get(spec.name)
         if slots is None:
-            assert spec.policies.concurrency is not None
-            slots = self._slots[spec.name] = Slots(spec.policies.concurrency.limit)
+            slots = self._slots[spec.name] = Slots(limit)
+        elif slots.limit != limit:
+            slots.resize(limit)
         return slots
 
     @staticmethod
@@ -580,7 +603,8 @@ class PolicyPlugin:
         if self._in_flight.get(slot) is future:
             del self._in_flight[slot]
         if result is not None and result.success:
-            self.state.remember(slot, (digest, result), self.clock() + self.idempotency_window)
+            now = self.clock()
+            self.state.remember(slot, (digest, result), now + self.idempotency_window, now)
         if not future.done():
             future.set_result(result)
 
@@ -592,12 +616,13 @@ class PolicyPlugin:
         if held.breaker is not None:
             held.breaker.abandon(held.probe)
             held.breaker = None
-        for key, window, reserve in held.budgets:
-            self.state.add(f"{key}:calls", window, -1)
+        for key, window, interval, reserve in held.budgets:
+            self.state.add(f"{key}:calls", window, -1, interval)
             self._unreserve(key, window, reserve)
         held.budgets = []
         if held.rate is not None:
-            self.state.add(*held.rate, -1)
+            key, window, interval = held.rate
+            self.state.add(key, window, -1, interval)
             held.rate = None
         if held.idempotency is not None:
             self._resolve_claim(held, None)
@@ -616,8 +641,8 @@ class PolicyPlugin:
             held.breaker = None
         if held.budgets:
             elapsed = self.clock() - held.started
-            for key, window, reserve in held.budgets:
-                self.state.add(f"{key}:seconds", window, elapsed)
+            for key, window, interval, reserve in held.budgets:
+                self.state.add(f"{key}:seconds", window, elapsed, interval)
                 self._unreserve(key, window, reserve)
             held.budgets = []
         if held.idempotency is not None:
@@ -651,8 +676,11 @@ class PolicyPlugin:
         if error is None:
             failed: bool | None = False
         elif error.get("plugin") is not None or (error.get("code") in NEUTRAL_CODES
-                                                 and error.get("type") == "SystemError"):
-            failed = None  # cut off, or decided by a plugin (a later veto, a hook failure): says nothing of the tool
+                                                 and error.get("type") == "SystemError") or error.get("by_deadline"):
+            # cut off, decided by a plugin (a later veto, a hook failure), or out of the caller's own
+            # time (found by attack: a caller's 10 ms deadlines opened a healthy tool's breaker for
+            # everyone): says nothing of the tool
+            failed = None
         else:
             failed = error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout"
         if held.shared is not None and self.shared is not None:

@@ -35,7 +35,7 @@ from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker
-from .state import idempotency_slot
+from .state import budget_pools, idempotency_slot
 from .store import SharedStore, StoreUnavailable, next_window
 
 if TYPE_CHECKING:
@@ -421,11 +421,11 @@ class SharedPolicy:
     async def _budgets(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld, started: float) -> Deny | None:
         subjects = {"principal": context.principal, "role": context.role, "environment": context.environment}
         longest = self.plugin._longest_run(spec, context)
-        for budget in spec.policies.budgets:
+        for budget in budget_pools(spec.policies.budgets):
             subject = subjects[budget.per]
-            if subject is None:
+            if not budget.applies(subject):
                 continue
-            key = f"budget:{budget.per}:{subject}"
+            key = budget.key(subject)
             interval = budget.window_ms / 1000.0
             holder = new_holder()
             ttl = self._held_for(spec, context, started, interval)

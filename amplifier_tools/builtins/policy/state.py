@@ -9,54 +9,82 @@ different, asynchronous interface: ``SharedStore`` in ``store.py``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+
+import attrs
 
 from ..._json import canonical, dumps
+from ...spec import Budget
 
 
 class PolicyState(Protocol):
     """The counters and records policies share."""
 
-    def add(self, key: str, window: int, amount: float) -> float:
-        """Add ``amount`` to the counter of ``key`` in ``window``; the new total."""
+    def add(self, key: str, window: int, amount: float, interval: float) -> float:
+        """Add ``amount`` to the counter of ``key`` in ``window`` (``int(now // interval)``); the
+        new total."""
 
     def get(self, key: str, window: int) -> float:
         """The counter of ``key`` in ``window`` (0 when unset)."""
 
-    def remember(self, key: str, value: Any, expires_at: float) -> None:
+    def remember(self, key: str, value: Any, expires_at: float, now: float) -> None:
         """Store an idempotency record until ``expires_at``."""
 
     def recall(self, key: str, now: float) -> Any | None:
         """A stored, unexpired idempotency record, or None."""
 
 
+#: Entries kept before the first sweep of ended windows or expired records; after it, a sweep runs
+#: each time the table has doubled since the last (amortized O(1) per write).
+SWEEP_FROM: Final = 1024
+
+
 class MemoryState:
-    """``PolicyState`` in this process's memory; old windows are dropped as time moves on."""
+    """``PolicyState`` in this process's memory: each key's current window only (a newer window
+    replaces it), ended windows and expired records swept out as the tables grow.
+
+    Found by attack: each key entering a new window rebuilt the whole table (4 s of the event loop
+    for one window of 8,000 principals, quadratic), and neither the counters of principals gone
+    quiet nor the idempotency records of keys never asked again were ever dropped."""
 
     def __init__(self) -> None:
-        self._counters: dict[tuple[str, int], float] = {}
-        self._records: dict[str, tuple[Any, float]] = {}
-        self._latest: dict[str, int] = {}
+        self._counters: dict[str, tuple[int, float, float]] = {}  # key -> (window, total, window end)
+        self._records: dict[str, tuple[Any, float]] = {}  # key -> (record, expires at)
+        self._now = float("-inf")  # the latest window start written: time is at least this
+        self._counters_swept = self._records_swept = 0  # the table sizes after their last sweep
 
-    def add(self, key: str, window: int, amount: float) -> float:
-        latest = self._latest.get(key)
-        if latest is None or latest < window:
-            if latest is not None:  # a new window: forget older ones of this key
-                self._counters = {k: v for k, v in self._counters.items() if k[0] != key or k[1] >= window}
-            self._latest[key] = window
-        total = self._counters.get((key, window), 0.0) + amount
-        self._counters[(key, window)] = total
-        return total
+    def add(self, key: str, window: int, amount: float, interval: float) -> float:
+        entry = self._counters.get(key)
+        if entry is not None and entry[0] == window:
+            total = entry[1] + amount
+            self._counters[key] = (window, total, entry[2])
+            return total
+        if entry is not None and entry[0] > window:
+            return amount  # a window already over for this key (a late settlement): nothing reads it
+        start = window * interval
+        if start > self._now:
+            self._now = start
+        self._counters[key] = (window, amount, start + interval)
+        if len(self._counters) > 2 * max(self._counters_swept, SWEEP_FROM // 2):
+            now = self._now
+            self._counters = {k: v for k, v in self._counters.items() if v[2] > now}
+            self._counters_swept = len(self._counters)
+        return amount
 
     def get(self, key: str, window: int) -> float:
-        return self._counters.get((key, window), 0.0)
+        entry = self._counters.get(key)
+        return entry[1] if entry is not None and entry[0] == window else 0.0
 
-    def remember(self, key: str, value: Any, expires_at: float) -> None:
+    def remember(self, key: str, value: Any, expires_at: float, now: float) -> None:
         self._records[key] = (value, expires_at)
+        if len(self._records) > 2 * max(self._records_swept, SWEEP_FROM // 2):
+            self._records = {k: v for k, v in self._records.items() if v[1] > now}
+            self._records_swept = len(self._records)
 
     def recall(self, key: str, now: float) -> Any | None:
         entry = self._records.get(key)
@@ -71,6 +99,50 @@ class MemoryState:
 #: The plugin's default clock: ``time.monotonic`` itself, not a function calling it (the decision
 #: path reads it once or twice per call, and a Python frame around it costs more than the read).
 monotonic: Callable[[], float] = time.monotonic
+
+
+@attrs.frozen(slots=True)
+class BudgetPool:
+    """The budgets of one subject kind (``per``) and one window length, as one counter with the
+    tightest of their limits. Found by attack: two budgets of one principal shared a key whatever
+    their windows, so a one-minute budget's new window wiped the hourly one (30 calls of an hourly
+    5 admitted in 10 minutes), and two budgets of one window counted each call twice."""
+
+    per: str
+    window_ms: float
+    max_calls: int | None
+    max_seconds: float | None
+
+    def key(self, subject: Any) -> str:
+        """The counter's key for ``subject`` (the same in every store: every host shares it). A
+        subject that is not a string (a caller's ``principal=None``, ``1``) is named with its type:
+        it never shares a counter with the string that reads the same."""
+        window = int(self.window_ms) if float(self.window_ms).is_integer() else self.window_ms
+        name = subject if subject.__class__ is str else f"{type(subject).__name__}:{subject!r}"
+        return f"budget:{self.per}:{window}ms:{name}"
+
+    def applies(self, subject: Any) -> bool:
+        """Whether a call whose subject is ``subject`` counts: every call for a per-principal
+        budget (found by attack: ``principal=None`` escaped it); a call with a role or environment
+        for the others."""
+        return subject is not None or self.per == "principal"
+
+
+def _tighter(first: float | None, second: float | None) -> Any:
+    return second if first is None else first if second is None else min(first, second)
+
+
+@functools.lru_cache(maxsize=256)
+def budget_pools(budgets: tuple[Budget, ...]) -> tuple[BudgetPool, ...]:
+    """``budgets`` merged by subject kind and window length, in the order first declared."""
+    pools: dict[tuple[str, float], BudgetPool] = {}
+    for budget in budgets:
+        found = pools.get((budget.per, budget.window_ms))
+        pools[(budget.per, budget.window_ms)] = BudgetPool(budget.per, budget.window_ms, budget.max_calls,
+                                                           budget.max_seconds) if found is None else \
+            BudgetPool(budget.per, budget.window_ms, _tighter(found.max_calls, budget.max_calls),
+                       _tighter(found.max_seconds, budget.max_seconds))
+    return tuple(pools.values())
 
 
 def idempotency_slot(principal: str, tool: str, key: str, arguments: Any) -> tuple[str, str]:
