@@ -190,8 +190,47 @@ async def test_a_line_torn_by_a_crash_is_reported_then_cut_and_marked(tmp_path: 
         await host.close()
     kinds = [r["kind"] for r in records(tmp_path)]
     assert kinds == ["call"] * 3 + ["recovered", "call"]
+    recovered = records(tmp_path)[3]
+    assert recovered["removed_bytes"] == 70  # what was cut off is named (found by attack: it left no trace)
     healed = verify(path)
     assert healed.ok and not healed.torn_tail and healed.records == 5
+
+
+async def test_a_line_longer_than_any_record_appended_mid_run_is_tampering(tmp_path: Path) -> None:
+    """Found by attack: each 1 MiB chunk of a line with no newline was appended to what was pending
+    and split again (quadratic: 256 MiB held the event loop 38 s, 543 MiB resident), then cut off
+    as a torn write, leaving no trace of how much. The line is read once now, and one longer than
+    any record (``MAX_LINE_BYTES``) is tampering: the file is set aside, a fresh segment begun."""
+    from amplifier_tools.builtins.audit.writer import MAX_LINE_BYTES
+
+    host = await make(tmp_path)
+    try:
+        assert (await host.call("test_echo", {"text": "t0"}, context=CTX)).success
+        path = log_path(tmp_path)
+        with open(path, "ab") as file:
+            file.truncate(path.stat().st_size + MAX_LINE_BYTES + (1 << 20))  # NULs (sparse), no newline
+        assert (await host.call("test_echo", {"text": "t1"}, context=CTX)).success
+    finally:
+        await host.close()
+    kinds = [r["kind"] for r in records(tmp_path)]
+    assert kinds[0] == "tamper" and "no record is that long" in records(tmp_path)[0]["reason"], kinds
+    assert kinds[1:] == ["call"]
+
+
+async def test_json_nested_past_the_parsers_limit_is_a_bad_line_not_a_crash(tmp_path: Path) -> None:
+    """Found by attack: a line with a valid hash and 100,000 nested brackets raised RecursionError
+    out of verify, tail and stats (exit 1, "this is a bug") and out of the host's start."""
+    from amplifier_tools.builtins.audit.chain import GENESIS, read_records
+
+    path = log_path(tmp_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = b'{"v":1,"kind":"call","x":' + b"[" * 100_000 + b"]" * 100_000 + b',"prev":"' + GENESIS.encode() + b'"}'
+    import hashlib
+
+    path.write_bytes(body[:-1] + b',"hash":"' + hashlib.sha256(body).hexdigest().encode() + b'"}\n')
+    report = verify(path, anchor=None)
+    assert not report.ok and report.bad_line == 1 and "not valid JSON" in (report.reason or "")
+    assert list(read_records(path)) == []
 
 
 async def test_records_cut_from_the_end_are_caught_by_an_anchor(tmp_path: Path) -> None:

@@ -409,3 +409,87 @@ async def test_a_record_appended_between_runs_is_tampering_never_signed(
     finally:
         await host.close()
     assert all(r.get("call_id") != "forged" for r in lines(path))  # set aside, never continued or signed
+
+
+@pytest.mark.parametrize("calls_after_copy", [0, 1, 3])
+async def test_an_anchor_put_back_after_close_is_found_rolled_back_by_the_next_writer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, calls_after_copy: int) -> None:
+    """Found by attack: the anchor copied mid-run (any tool that can read the state directory can),
+    a record forged after the host closed (chained, no key needed) and the copy put back: the next
+    writer checked only the anchor's signature and the record at its end, adopted the forged record
+    and signed it, and ``verify --key-env`` then passed. Every checkpoint is anchored at once and
+    the close always checkpoints, so the copy is older than a signed checkpoint: rolled back."""
+    events = TamperEvents()
+    host = await make(tmp_path, monkeypatch, signed=True)
+    try:
+        assert (await call(host, "t0")).success
+        saved = anchor_of(tmp_path).read_bytes()
+        for i in range(calls_after_copy):
+            assert (await call(host, f"t{i + 1}")).success
+    finally:
+        await host.close()
+    log = log_path(tmp_path)
+    last = lines(log)[-1]["hash"]
+    forged, _ = link(encode_body({"v": 1, "kind": "call", "tool": "local::test.echo", "status": "ok",
+                                  "principal": "admin", "arguments": {"text": "FORGED"}}), last)
+    with open(log, "ab") as file:
+        file.write(forged)
+    anchor_of(tmp_path).write_bytes(saved)
+    host = await make(tmp_path, monkeypatch, signed=True, events=events)
+    try:
+        await call(host, "next run")
+    finally:
+        await host.close()
+    assert events.events and "rolled back" in events.events[0]["reason"]
+    assert all(r.get("arguments") != {"text": "FORGED"} for r in lines(log))  # set aside, never signed
+    assert cli_verify(str(log), "--key-env", "K", env={"K": KEY}).returncode == 1  # the tamper record stands
+
+
+async def test_a_planted_fresh_segment_is_not_joined_without_a_signed_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: mid-run, the log cut short and moved away, and a file put at its path that
+    begins with a forged ``tamper`` record (chained from genesis: no key needed) and a forged call.
+    The writer took it for a fresh segment another writer had started, kept the forged records and
+    signed them, and the reason verify showed was the attacker's. A segment is joined only when a
+    checkpoint signs its ``tamper`` record; this one is set aside, with the true reason."""
+    host = await make(tmp_path, monkeypatch, signed=True, mode="fail_open")
+    log = log_path(tmp_path)
+    try:
+        for i in range(3):
+            assert (await call(host, f"genuine {i}")).success
+        os.truncate(log, 10)
+        os.rename(log, tmp_path / "gone.jsonl")
+        first, digest = link(encode_body({"v": 1, "kind": "tamper", "reason": "routine maintenance (benign)",
+                                          "moved_to": "audit.jsonl.tampered-OLD-1"}), GENESIS)
+        second, _ = link(encode_body({"v": 1, "kind": "call", "arguments": {"text": "FORGED"}}), digest)
+        log.write_bytes(first + second)
+        await call(host, "after the attack")
+    finally:
+        await host.close()
+    written = lines(log)
+    assert written[0]["kind"] == "tamper" and "benign" not in written[0]["reason"]
+    assert written[1]["kind"] == "checkpoint"  # a fresh segment is signed at once
+    assert all(r.get("arguments") != {"text": "FORGED"} for r in written)
+    kept = [p for p in log.parent.iterdir() if ".tampered-" in p.name]
+    assert len(kept) == 1 and b"FORGED" in kept[0].read_bytes()  # the planted file, kept aside
+
+
+@pytest.mark.parametrize("attack", ["directory", "deleted"])
+async def test_a_log_swapped_for_a_directory_or_deleted_fails_verify_against_its_anchor(
+        tmp_path: Path, attack: str) -> None:
+    """Found by attack: with the log replaced by an empty directory, or deleted and the state
+    directory verified, ``audit verify`` said "OK: 0 records" although the anchor beside it
+    records three."""
+    host = await make(tmp_path)
+    try:
+        for i in range(3):
+            assert (await call(host, f"t{i}")).success
+    finally:
+        await host.close()
+    log = log_path(tmp_path)
+    log.unlink()
+    if attack == "directory":
+        log.mkdir()
+    checked = cli_verify(str(log if attack == "directory" else log.parent))
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert ("is a directory" if attack == "directory" else "no log beside the anchor") in checked.stdout

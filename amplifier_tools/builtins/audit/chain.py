@@ -363,8 +363,8 @@ def check_line(raw: bytes, prev: str) -> dict[str, Any] | str:
         return "hash mismatch: the record was edited"
     try:
         record = json.loads(raw)
-    except ValueError:
-        return "not valid JSON"
+    except (ValueError, RecursionError):  # found by attack: nesting past the parser's limit crashed verify
+        return "not valid JSON (or nested deeper than any record)"
     if not isinstance(record, dict):
         return "not an audit record"
     if record.get("prev") != prev:
@@ -379,5 +379,5 @@ def read_records(path: str | Path) -> Iterable[dict[str, Any]]:
             for raw in handle:
                 try:
                     yield json.loads(raw)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue

@@ -92,6 +92,18 @@ def _live_file(path: Path) -> Path | None:
     return files[-1] if files else None
 
 
+def _anchor_without_log(path: Path) -> str | None:
+    """What is wrong when ``path`` holds no log file but an anchor says there was one (found by
+    attack: the log replaced by an empty directory, or deleted and its directory verified, passed
+    as "0 records")."""
+    if path.is_dir() and anchor_path(path).is_file():
+        return f"the log {path} is a directory, not the file its anchor ({anchor_path(path)}) was written for"
+    orphans = sorted(path.glob("*.jsonl.anchor")) if path.is_dir() else []
+    if orphans:
+        return f"no log beside the anchor {orphans[0]}: the log it anchors was deleted or moved"
+    return None
+
+
 def _verify(args: argparse.Namespace, path: Path) -> int:
     key = None
     if args.key_env is not None:
@@ -104,6 +116,8 @@ def _verify(args: argparse.Namespace, path: Path) -> int:
     problem = None
     live = _live_file(path)
     where = anchor_path(live) if live is not None else None
+    if live is None and not args.no_anchor:
+        problem = _anchor_without_log(path)
     if not args.no_anchor and where is not None:
         try:
             head = read_anchor(where)

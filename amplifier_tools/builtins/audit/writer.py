@@ -42,6 +42,8 @@ import asyncio
 import datetime as dt
 import errno
 import fcntl
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -64,6 +66,7 @@ from .chain import (
     anchor_path,
     check_line,
     checkpoint_body,
+    checkpoint_mac,
     encode_anchor,
     encode_body,
     ends_with_hash,
@@ -74,6 +77,9 @@ from .chain import (
 log = logging.getLogger("amplifier_tools.audit")
 
 READ_CHUNK: Final = 1 << 20
+#: The longest line taken for a record when reading what others appended: longer is tampering
+#: (a record holds its arguments in full, and at most the output's size and digest by default).
+MAX_LINE_BYTES: Final = 256 << 20
 LOG_FLAGS: Final = os.O_RDWR | os.O_APPEND
 #: Opens of the log's path before giving up when the file there keeps being moved away meanwhile.
 OPEN_ATTEMPTS: Final = 16
@@ -312,11 +318,15 @@ class AuditWriter:
         self._wake.notify()
 
     def close(self) -> None:
-        """A final signed checkpoint (with a key), fsync, anchor; then stop the thread and close the files."""
+        """A final signed checkpoint (with a key), fsync, anchor; then stop the thread and close the files.
+
+        The final checkpoint is written even when the last record is a checkpoint: an anchor saved
+        before it (by whoever could read the log's directory) is then older than a signed
+        checkpoint, and a writer adopting the log with that anchor put back finds it rolled back."""
         with self._lock:
             if self._stop:
                 return
-            if self.checkpoint_key is not None and self._since_checkpoint and self._fd is not None:
+            if self.checkpoint_key is not None and self._fd is not None:
                 try:
                     fcntl.flock(self._fd, fcntl.LOCK_EX)
                     try:
@@ -456,37 +466,64 @@ class AuditWriter:
                             "writer closed it at: appended while no writer ran")
         self._head = _Head(st.st_ino, anchor.size, anchor.hash, anchor.records)
         self._file_started = first_timestamp(fd)
-        self._extend(fd, st.st_size, live=True)
+        self._extend(fd, st.st_size, live=True, adopting=True)
         self._write_anchor()
 
-    def _extend(self, fd: int, end: int, *, live: bool) -> None:
+    def _extend(self, fd: int, end: int, *, live: bool, adopting: bool = False) -> None:
         """Accept what was appended after our head (by another process sharing the log) if it chains
-        from it; a torn final line (a writer killed mid-write) is cut off and marked."""
+        from it; a torn final line (a writer killed mid-write) is cut off and marked.
+
+        ``adopting`` (at start, from the anchor's end), with a checkpoint key: a checkpoint past the
+        anchored end means the anchor was rolled back, since every checkpoint is anchored at once
+        (found by attack: an anchor saved mid-run and put back after the host closed made the next
+        writer adopt, and sign, records forged after the close). ``verify`` judges it the same way."""
         head = self._head
         assert head is not None
-        pending = b""
+        pending = bytearray()  # the line being read, up to the chunk read last
         offset = head.size
         while offset < end:
             chunk = os.pread(fd, min(READ_CHUNK, end - offset), offset)
             if not chunk:
                 break
             offset += len(chunk)
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                problem = check_line(raw + b"\n", head.hash)
-                if isinstance(problem, str):
-                    raise _Tampered(f"the log {self.path} does not continue from record {head.records} "
-                                    f"as this writer left it: {problem}")
-                head.size += len(raw) + 1
-                head.hash = problem["hash"]
-                head.records += 1
+            begin = 0
+            newline = chunk.find(b"\n")
+            while newline >= 0:  # each byte looked at once (found by attack: a split of all that was
+                pending += chunk[begin:newline + 1]  # pending per chunk took 38 s for one 256 MiB line)
+                self._accept(bytes(pending), adopting)
+                pending.clear()
+                begin = newline + 1
+                newline = chunk.find(b"\n", begin)
+            pending += chunk[begin:]
+            if len(pending) > MAX_LINE_BYTES:
+                raise _Tampered(f"the log {self.path} holds a line of more than {MAX_LINE_BYTES} bytes after record "
+                                f"{head.records}: no record is that long")
         if pending:
             if not live:
                 raise _Tampered(f"the log {self.path} ends in an incomplete line")
             os.ftruncate(fd, head.size)
+            # What was removed is named by size and digest (found by attack: 64 MiB appended with no
+            # newline were cut off with no trace of how much): a writer killed mid-write tears at
+            # most one record.
             self._write_line(fd, encode_body({"v": 1, "kind": "recovered", "ts": time.time(),
-                                              "note": "a torn final line was removed before appending"}))
+                                              "note": "a torn final line was removed before appending",
+                                              "removed_bytes": len(pending),
+                                              "removed_sha256": hashlib.sha256(pending).hexdigest()}))
+
+    def _accept(self, raw: bytes, adopting: bool) -> None:
+        """Take the complete line ``raw`` as our next record (``_extend``), or ``_Tampered``."""
+        head = self._head
+        assert head is not None
+        problem = check_line(raw, head.hash)
+        if isinstance(problem, str):
+            raise _Tampered(f"the log {self.path} does not continue from record {head.records} "
+                            f"as this writer left it: {problem}")
+        if adopting and self.checkpoint_key is not None and problem.get("kind") == "checkpoint":
+            raise _Tampered(f"the anchor {self.anchor_path} is older than a signed checkpoint of the log "
+                            f"(after record {head.records}): the anchor was rolled back")
+        head.size += len(raw)
+        head.hash = problem["hash"]
+        head.records += 1
 
     def _catch_up(self) -> None:
         """Before appending (``self._fd`` locked): the file at the path is still ours and ends at our head,
@@ -588,7 +625,10 @@ class AuditWriter:
             if trusted is not None:
                 record["trusted"] = {"hash": trusted.hash, "records": trusted.records, "size": trusted.size}
             self._write_line(fd, encode_body(record))
-            self._write_anchor()
+            if self.checkpoint_key is not None:  # signed at once: only a writer with the key starts a
+                self._write_checkpoint()           # segment that others join (``_join``); anchors it too
+            else:
+                self._write_anchor()
         finally:
             if old is not None:
                 self._retire(old)
@@ -618,13 +658,20 @@ class AuditWriter:
 
     def _join(self, reason: str, fd: int) -> bool:
         """Adopt ``fd`` (locked, the file at the path) if it is a fresh segment another writer started
-        on finding the tampering too: its first record a ``tamper`` record chained from genesis.
-        False (nothing changed) if it is not one."""
+        on finding the tampering too: its first record a ``tamper`` record chained from genesis and,
+        with a checkpoint key, its second a checkpoint signing it (found by attack: a file planted
+        at the path with a forged ``tamper`` record was joined, and the forged records after it
+        signed). False (nothing changed) if it is not one."""
         st = os.fstat(fd)
-        first = os.pread(fd, 1 << 16, 0).split(b"\n", 1)[0] + b"\n"
-        record = check_line(first, GENESIS)
+        first, second, _ = [*os.pread(fd, 1 << 17, 0).split(b"\n", 2), b"", b""][:3]
+        record = check_line(first + b"\n", GENESIS)
         if isinstance(record, str) or record.get("kind") != "tamper":
             return False
+        if self.checkpoint_key is not None:
+            signed = check_line(second + b"\n", record["hash"])
+            if isinstance(signed, str) or signed.get("kind") != "checkpoint" or not hmac.compare_digest(
+                    str(signed.get("hmac")), checkpoint_mac(self.checkpoint_key, record["hash"])):
+                return False
         self.tampered = reason
         self._head = _Head(st.st_ino, 0, GENESIS, 0)
         self._file_started = None
@@ -698,10 +745,13 @@ class AuditWriter:
             log.error("audit log: could not remove a partly written line: %s", exc)
 
     def _write_checkpoint(self) -> None:
+        """A signed checkpoint, anchored at once: no anchor is ever older than a checkpoint the
+        writer left (what ``_extend`` and ``verify`` take for an anchor rolled back)."""
         assert self.checkpoint_key is not None and self._fd is not None and self._head is not None
         self._write_line(self._fd, checkpoint_body(self.checkpoint_key, self.checkpoint_key_ref, self._head.hash,
                                                    self._since_checkpoint, time.time()))
         self._since_checkpoint = 0
+        self._write_anchor()
 
     def _maybe_rotate(self) -> None:
         head, fd = self._head, self._fd
@@ -889,5 +939,5 @@ def first_timestamp(fd: int) -> float | None:
         if isinstance(ts, (int, float)):
             return float(ts)
         return dt.datetime.fromisoformat(ts).timestamp()
-    except (ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):
         return os.fstat(fd).st_mtime  # unreadable first line: the last change is the best bound
