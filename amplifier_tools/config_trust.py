@@ -9,14 +9,17 @@ reach), which configuration it last started with in this working directory and i
 refuses to start when that changed: a new file, an edited one, or one that disappeared. The
 operator reviews the file and accepts it with ``amplifier-tools trust``.
 
-The record lives where the configuration cannot move it: in the default state directory of the
-working directory the operator started the host in (``ToolHost(working_dir=...)`` or the current
-directory), whatever ``state_dir`` or ``working_dir`` the file itself names (found by attack: a
-planted file naming a fresh ``state_dir`` or another ``working_dir`` was checked against an empty
-record, and taken as a first start). A file is checked when it lies in that directory or in the
-working directory the configuration names, judged by where it is found, not where a symlink
-leads (found by attack: ``amplifier-tools.toml`` linked to an empty file elsewhere was taken as
-outside, unchecked, and every rule of ``pyproject.toml`` dropped).
+The record lives where the configuration cannot move it (``record_dir``), whatever ``state_dir``
+or ``working_dir`` the file itself names (found by attack: a planted file naming a fresh
+``state_dir`` or another ``working_dir`` was checked against an empty record, and taken as a
+first start): for a configuration the host looked for, in the default state directory of the
+directory it looked in (``ToolHost(working_dir=...)`` or the current directory); for a file named
+to it (``--config``, ``ToolHost(config=path)``), in one of that file's own (found by review: two
+projects started with ``--config`` from one directory shared one record, and refused each other).
+A file is checked when it lies in the directory the host was started in or in the working
+directory the configuration names, judged by where it is found, not where a symlink leads (found
+by attack: ``amplifier-tools.toml`` linked to an empty file elsewhere was taken as outside,
+unchecked, and every rule of ``pyproject.toml`` dropped).
 
 The first start in a working directory trusts what it finds (there is nothing to compare with):
 a config planted before the host ever ran is not detected. A configuration given from outside
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .errors import ConfigError
-from .hoststate import open_host_file
+from .hoststate import default_state_dir, open_host_file
 
 TRUST_FILE: Final = "trusted-config.json"
 
@@ -43,14 +46,27 @@ def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
 
+def placed(config_file: str) -> Path:
+    """Where ``config_file`` is: its directory resolved, its own name kept (a symlink is judged
+    where it is, not where it leads)."""
+    given = Path(config_file).absolute()
+    return given.parent.resolve() / given.name
+
+
+def record_dir(root: str, config_file: str | None, *, discovered: bool) -> Path:
+    """Where the trust record of a start is kept: never a directory its configuration names."""
+    if discovered or config_file is None:
+        return default_state_dir(root)
+    return default_state_dir(str(placed(config_file)))
+
+
 def config_state(config_file: str | None, roots: Sequence[str]) -> dict[str, Any] | None:
     """What to remember about the configuration of a start, or None when it needs no trust (it
     lies outside every one of ``roots``, the directories tools can write). The file is placed by
     its directory, resolved, and its own name: a symlink is judged where it is, not where it leads."""
     if config_file is None:
         return {"path": None, "sha256": None}
-    given = Path(config_file).absolute()
-    path = given.parent.resolve() / given.name
+    path = placed(config_file)
     if not any(_inside(path, Path(root).resolve()) for root in roots):
         return None
     try:

@@ -121,10 +121,10 @@ class ToolHost:
         self._entry_points = entry_points
         self._installed_modules = installed_modules
         #: The working directory the operator started the host in, before the configuration could
-        #: name another: where the configuration's trust record lives (``config_trust``).
+        #: name another: a configuration file inside it must be trusted (``config_trust``).
         self.trust_root = str(Path(working_dir or os.getcwd()).expanduser().resolve())
         #: Where the trust record is kept: never a directory the configuration chose.
-        self.trust_dir = default_state_dir(self.trust_root)
+        self.trust_dir = config_trust.record_dir(self.trust_root, self.config_file, discovered=self.discovered_config)
         wd = working_dir or self.config.get("working_dir") or os.getcwd()
         self.working_dir = str(Path(wd).expanduser().resolve())
         configured_state = self.config.get("state_dir")

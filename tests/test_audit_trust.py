@@ -493,3 +493,37 @@ async def test_a_log_swapped_for_a_directory_or_deleted_fails_verify_against_its
     checked = cli_verify(str(log if attack == "directory" else log.parent))
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert ("is a directory" if attack == "directory" else "no log beside the anchor") in checked.stdout
+
+
+async def test_a_writer_killed_between_a_checkpoint_and_its_anchor_is_not_taken_for_tampering(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review of the rolled-back-anchor check: SIGKILL after a checkpoint line and before
+    the anchor's rename leaves a signed checkpoint past the anchored end, and the next writer set
+    the real log aside as tampered. A checkpoint that ends the file is taken; one that records
+    follow is still a rolled-back anchor (the test above)."""
+    from amplifier_tools.builtins.audit.chain import Anchor, encode_anchor
+
+    events = TamperEvents()
+    host = await make(tmp_path, monkeypatch, signed=True)
+    try:
+        for i in range(3):
+            assert (await call(host, f"t{i}")).success
+    finally:
+        await host.close()
+    log = log_path(tmp_path)
+    data = log.read_bytes()
+    written = lines(log)
+    assert written[-1]["kind"] == "checkpoint"
+    before = len(data) - len(data.rstrip(b"\n").rsplit(b"\n", 1)[1]) - 1  # where the last line begins
+    # The state a kill leaves: the anchor still at the record before the checkpoint, not closed.
+    killed = Anchor(log.name, log.stat().st_ino, before, written[-2]["hash"], len(written) - 1, 0.0, "audit_key")
+    anchor_of(tmp_path).write_bytes(encode_anchor(killed, KEY.encode()))
+    assert cli_verify(str(log), "--key-env", "K", env={"K": KEY}).returncode == 0
+    host = await make(tmp_path, monkeypatch, signed=True, events=events)
+    try:
+        assert (await call(host, "after the restart")).success
+    finally:
+        await host.close()
+    assert events.events == []
+    assert [r.get("arguments") for r in lines(log) if r["kind"] == "call"][-1] == {"text": "after the restart"}
+    assert cli_verify(str(log), "--key-env", "K", env={"K": KEY}).returncode == 0

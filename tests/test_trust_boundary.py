@@ -345,3 +345,25 @@ def test_a_huge_config_file_stops_the_start_without_being_read(work: Path, name:
     with pytest.raises(ConfigError, match="larger than 4 MiB") as refused:
         ToolHost(plugins=[ToolsPlugin(EchoTool())], builtins=False, entry_points=False, working_dir=work)
     assert str(work / name) in str(refused.value)
+
+
+async def test_two_projects_named_with_config_from_one_directory_keep_their_own_trust_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review of the planted-config fix: the record was kept per directory the host was
+    started in, so two projects started with ``--config`` from one directory (an operator's shell,
+    an MCP client's launch directory) refused each other in turn ("the configuration moved")."""
+    monkeypatch.chdir(tmp_path)
+    configs = []
+    for name in ("projA", "projB"):
+        project = tmp_path / name
+        project.mkdir()
+        config = project / "amplifier-tools.toml"
+        config.write_text(f'working_dir = "{project}"\n')
+        configs.append(config)
+    for config in [*configs, *configs]:
+        async with ToolHost(config=config, plugins=[ToolsPlugin(EchoTool())], builtins=False, entry_points=False):
+            pass
+    configs[0].write_text(configs[0].read_text() + "default_timeout_ms = 5\n")  # still caught when edited
+    with pytest.raises(ConfigError, match="changed since the host last started"):
+        await ToolHost(config=configs[0], plugins=[ToolsPlugin(EchoTool())], builtins=False,
+                       entry_points=False).start()

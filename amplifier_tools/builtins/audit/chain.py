@@ -264,7 +264,7 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
     torn = False
     names = tuple(str(f) for f in files)
     anchored_at: int | None = None  # records verified when the live file reached head.size
-    last_checkpoint_end = -1  # byte offset in the live file after the last verified checkpoint
+    unanchored_checkpoint_end: int | None = None  # in the live file: the first verified checkpoint past the anchor
     live_start = offset = 0
 
     def failed(file: Path | None, number: int | None, reason: str) -> VerifyReport:
@@ -310,8 +310,9 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
                                                     "or signed with another key")
                     checkpoints += 1
                     signed = count + 1
-                    if live:
-                        last_checkpoint_end = offset + len(raw)
+                    if live and head is not None and unanchored_checkpoint_end is None \
+                            and offset + len(raw) > head.size:
+                        unanchored_checkpoint_end = offset + len(raw)
                 prev = problem["hash"]
                 count += 1
                 offset += len(raw)
@@ -334,8 +335,12 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
         if head.closed and after:
             return failed(None, None, f"{after} record(s) follow the end its last writer closed the log at: "
                                       "appended while no writer ran")
-        if key is not None and head.signed_by(key) and last_checkpoint_end > head.size:
-            return failed(None, None, "the anchor is older than the log's last signed checkpoint: "
+        # A checkpoint past the anchor that ends the file is what a writer killed between writing it
+        # and anchoring it leaves; with records after it, the anchor was rolled back (the writer
+        # judges a log it adopts the same way).
+        if key is not None and head.signed_by(key) and unanchored_checkpoint_end is not None \
+                and unanchored_checkpoint_end < offset:
+            return failed(None, None, "the anchor is older than a signed checkpoint that records follow: "
                                       "the anchor was rolled back")
     if require_signed and key is not None and checkpoints == 0:
         return failed(None, None, "no signed checkpoint verifies: the checkpoints were removed, or the log "

@@ -168,6 +168,8 @@ class AuditWriter:
         self._anchored: tuple[int, int] = (-1, -1)
         self._last_anchor = 0.0
         self._recheck = False
+        #: While adopting (``_extend``): the record a checkpoint past the anchored end followed, if one did.
+        self._unanchored_checkpoint: int | None = None
         #: Whether we hold the ``flock`` on ``self._fd`` between appends (``append``), and whether
         #: its release is scheduled on the appending loop.
         self._flocked = False
@@ -474,13 +476,16 @@ class AuditWriter:
         from it; a torn final line (a writer killed mid-write) is cut off and marked.
 
         ``adopting`` (at start, from the anchor's end), with a checkpoint key: a checkpoint past the
-        anchored end means the anchor was rolled back, since every checkpoint is anchored at once
-        (found by attack: an anchor saved mid-run and put back after the host closed made the next
-        writer adopt, and sign, records forged after the close). ``verify`` judges it the same way."""
+        anchored end with any record after it means the anchor was rolled back, since every
+        checkpoint is anchored at once (found by attack: an anchor saved mid-run and put back after
+        the host closed made the next writer adopt, and sign, records forged after the close). A
+        checkpoint that ends the file is what a writer killed between writing it and anchoring it
+        leaves, and is taken (found by review: that crash read as tampering)."""
         head = self._head
         assert head is not None
         pending = bytearray()  # the line being read, up to the chunk read last
         offset = head.size
+        self._unanchored_checkpoint = None
         while offset < end:
             chunk = os.pread(fd, min(READ_CHUNK, end - offset), offset)
             if not chunk:
@@ -518,9 +523,13 @@ class AuditWriter:
         if isinstance(problem, str):
             raise _Tampered(f"the log {self.path} does not continue from record {head.records} "
                             f"as this writer left it: {problem}")
-        if adopting and self.checkpoint_key is not None and problem.get("kind") == "checkpoint":
-            raise _Tampered(f"the anchor {self.anchor_path} is older than a signed checkpoint of the log "
-                            f"(after record {head.records}): the anchor was rolled back")
+        if adopting and self.checkpoint_key is not None:
+            if self._unanchored_checkpoint is not None:
+                raise _Tampered(f"the anchor {self.anchor_path} is older than a signed checkpoint of the log "
+                                f"(after record {self._unanchored_checkpoint}) that records follow: the anchor "
+                                "was rolled back")
+            if problem.get("kind") == "checkpoint":
+                self._unanchored_checkpoint = head.records
         head.size += len(raw)
         head.hash = problem["hash"]
         head.records += 1
