@@ -527,3 +527,35 @@ async def test_a_writer_killed_between_a_checkpoint_and_its_anchor_is_not_taken_
     assert events.events == []
     assert [r.get("arguments") for r in lines(log) if r["kind"] == "call"][-1] == {"text": "after the restart"}
     assert cli_verify(str(log), "--key-env", "K", env={"K": KEY}).returncode == 0
+
+
+async def test_a_writer_starting_after_one_of_two_sharing_the_log_closed_is_not_misled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: one of two hosts sharing a log closed (its anchor says "closed"), the other
+    went on writing, and a third host starting before the second's anchor refresh took the
+    second's records for ones appended while no writer ran: tampering, a fresh segment. A writer
+    that finds another process's records anchors with its own next record."""
+    events = TamperEvents()
+    # No refresh of the anchor by the thread within the test, and no checkpoint (which anchors) on b1.
+    slow = {"fsync_interval_ms": 600_000}
+    first = await make(tmp_path, monkeypatch, signed=True, **slow)
+    second = await make(tmp_path, monkeypatch, signed=True, **slow)
+    for host in (first, second):
+        writer = host.plugin_manager.get_plugin("audit").writer
+        writer.checkpoint_every = 100
+    try:
+        assert (await call(first, "a0")).success
+        assert (await call(second, "b0")).success
+        await first.close()  # a final checkpoint, the anchor marked closed
+        assert (await call(second, "b1")).success
+        third = await make(tmp_path, monkeypatch, signed=True, events=events, **slow)
+        try:
+            assert (await call(third, "c0")).success
+        finally:
+            await third.close()
+    finally:
+        await second.close()
+    assert events.events == []
+    assert [r["arguments"]["text"] for r in lines(log_path(tmp_path)) if r["kind"] == "call"] == \
+        ["a0", "b0", "b1", "c0"]
+    assert cli_verify(str(log_path(tmp_path)), "--key-env", "K", env={"K": KEY}).returncode == 0

@@ -168,6 +168,8 @@ class AuditWriter:
         self._anchored: tuple[int, int] = (-1, -1)
         self._last_anchor = 0.0
         self._recheck = False
+        #: Whether the next record is anchored at once (``_catch_up`` found another process's records).
+        self._anchor_after_append = False
         #: While adopting (``_extend``): the record a checkpoint past the anchored end followed, if one did.
         self._unanchored_checkpoint: int | None = None
         #: Whether we hold the ``flock`` on ``self._fd`` between appends (``append``), and whether
@@ -561,6 +563,11 @@ class AuditWriter:
                                 "this writer wrote")
             self._recheck = False
             self._extend(fd, size, live=True)
+            # Another process appended: anchor with our record, in the same hold of the lock. Its
+            # anchor may say "closed" (it closed, we did not); left so until our thread's next
+            # refresh, a writer starting meanwhile took our records for ones appended while no
+            # writer ran (found by review: 5 processes sharing a log, false tampering).
+            self._anchor_after_append = True
 
     def _follow_rotation(self, on_path: os.stat_result) -> None:
         """The path holds another file: another process rotated the log, or it was replaced."""
@@ -712,6 +719,9 @@ class AuditWriter:
             fd = self._fd
             assert fd is not None
             self._write_line(fd, body)
+            if self._anchor_after_append:
+                self._anchor_after_append = False
+                self._write_anchor()
             self._since_checkpoint += 1
             if self.checkpoint_key is not None and self._since_checkpoint >= self.checkpoint_every:
                 try:
