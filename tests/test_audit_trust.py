@@ -77,6 +77,16 @@ async def call(host: ToolHost, text: str) -> Any:
     return await asyncio.wait_for(host.call("test_echo", {"text": text}), 60)
 
 
+async def one_run(tmp_path: Path, calls: int, monkeypatch: pytest.MonkeyPatch | None = None, **kwargs: Any) -> None:
+    """A host that makes ``calls`` calls (``t0``, ``t1``, …), each recorded, and closes."""
+    host = await make(tmp_path, monkeypatch, **kwargs)
+    try:
+        for i in range(calls):
+            assert (await call(host, f"t{i}")).success
+    finally:
+        await host.close()
+
+
 def lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_bytes().split(b"\n")[:-1]]
 
@@ -277,12 +287,7 @@ async def test_a_forged_chain_is_neither_continued_nor_signed(
 
 @pytest.mark.parametrize("attack", ["truncate", "empty", "delete anchor", "replace"])
 async def test_truncation_emptying_and_replacement_fail_verify(tmp_path: Path, attack: str) -> None:
-    host = await make(tmp_path)
-    try:
-        for i in range(4):
-            assert (await call(host, f"t{i}")).success
-    finally:
-        await host.close()
+    await one_run(tmp_path, 4)
     path = log_path(tmp_path)
     assert cli_verify(str(path)).returncode == 0
     data = path.read_bytes()
@@ -480,12 +485,7 @@ async def test_a_log_swapped_for_a_directory_or_deleted_fails_verify_against_its
     """Found by attack: with the log replaced by an empty directory, or deleted and the state
     directory verified, ``audit verify`` said "OK: 0 records" although the anchor beside it
     records three."""
-    host = await make(tmp_path)
-    try:
-        for i in range(3):
-            assert (await call(host, f"t{i}")).success
-    finally:
-        await host.close()
+    await one_run(tmp_path, 3)
     log = log_path(tmp_path)
     log.unlink()
     if attack == "directory":
@@ -504,12 +504,7 @@ async def test_a_writer_killed_between_a_checkpoint_and_its_anchor_is_not_taken_
     from amplifier_tools.builtins.audit.chain import Anchor, encode_anchor
 
     events = TamperEvents()
-    host = await make(tmp_path, monkeypatch, signed=True)
-    try:
-        for i in range(3):
-            assert (await call(host, f"t{i}")).success
-    finally:
-        await host.close()
+    await one_run(tmp_path, 3, monkeypatch, signed=True)
     log = log_path(tmp_path)
     data = log.read_bytes()
     written = lines(log)
