@@ -134,10 +134,9 @@ class ToolHost:
         #: Paths no tool may read or write (``session.protected_paths``); plugins add their host files.
         self.protected_paths = ProtectedPaths()
         self.protected_paths.add(self.state_dir, "the host's state directory", key="state_dir")
-        if not configured_state:  # every workspace's state, not only this one's (another host's log too)
-            self.protected_paths.add(self.state_dir.parent.parent, "the hosts' state directories")
-        if self.trust_dir != self.state_dir:  # the trust record kept apart (a configured state_dir or working_dir)
-            self.protected_paths.add(self.trust_dir.parent.parent, "the hosts' state directories")
+        # Every workspace's default state, not only this one's: another host's log, and the trust
+        # records, which live there whatever state_dir is configured (``config_trust.record_dir``).
+        self.protected_paths.add(self.trust_dir.parent.parent, "the hosts' state directories")
         if self.config_file is not None:
             self.protected_paths.add(self.config_file, "the host's configuration file")
         # Where a config would be discovered next start: a tool must not plant one there.

@@ -34,7 +34,7 @@ import itertools
 import logging
 import sys
 import time
-from typing import Any
+from typing import Any, Final
 
 from .amplifier_hooks import event_data, result_data
 from .content import withhold_redacted
@@ -49,11 +49,24 @@ from .spec import ToolSpec
 
 log = logging.getLogger("amplifier_tools")
 
+_SWALLOWED_NOTE: Final = "the call was cancelled, and the tool or a hook caught the cancellation and went on"
+
 if sys.version_info >= (3, 11) and sys.version_info >= (3, 12, 3):  # (3, 11): for mypy
 
     def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
         """How many cancellations of ``task`` are requested and not yet withdrawn (``uncancel``)."""
         return task.cancelling() if task is not None else 0
+
+    def _swallowed(ctx: ToolContext, task: asyncio.Task[Any] | None, requests: int) -> bool:
+        """Whether the call's task was cancelled and the tool or a hook caught the ``CancelledError``
+        and went on (more cancellation requests than ``requests``, those pending when the call
+        began); if so, noted in the trail. Found by attack: the call then ended as a success, or as
+        the tool's own failure, and the caller's cancellation was lost (its ``asyncio.timeout``
+        never fired)."""
+        if task is None or task.cancelling() <= requests:
+            return False
+        ctx.record("host", "execute", "cancel_swallowed", _SWALLOWED_NOTE)
+        return True
 
 else:  # pragma: no cover - exercised by the py310 and py311 tox envs
 
@@ -63,6 +76,10 @@ else:  # pragma: no cover - exercised by the py310 and py311 tox envs
         tool that handled its own task group's failure was reported cancelled). A swallowed
         cancellation cannot be told from that leftover, so it is not looked for."""
         return 0
+
+    def _swallowed(ctx: ToolContext, task: asyncio.Task[Any] | None, requests: int) -> bool:
+        """Never seen before CPython 3.12.3 (``_cancel_requests``)."""
+        return False
 
 
 class CallPipeline:
@@ -151,8 +168,7 @@ class CallPipeline:
                 ctx.secret(ref)
             if self.closing:  # admitted before close, but the tool has not started: do not start it now
                 raise _closing_error(f"the host is closing; tool {spec.name!r} was not started")
-            if _cancel_requests(task) > requests:  # a tool_pre hook swallowed it: do not start the tool
-                self._swallowed(ctx)
+            if _swallowed(ctx, task, requests):  # by a tool_pre hook: do not start the tool
                 raise asyncio.CancelledError
             if retry_allowed(spec, ctx):
                 try:
@@ -181,12 +197,10 @@ class CallPipeline:
                 result = await self.hooks.tool_post(call, spec, result, ctx, mounted.check_output, self._failure_result)
             if events:
                 await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
-            if _cancel_requests(task) > requests:
-                self._swallowed(ctx)
+            if _swallowed(ctx, task, requests):
                 raise asyncio.CancelledError
         except ToolError as error:
-            if _cancel_requests(task) > requests:
-                self._swallowed(ctx)
+            if _swallowed(ctx, task, requests):
                 return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
             failure: ToolError | None = error
         except asyncio.CancelledError:
@@ -211,14 +225,6 @@ class CallPipeline:
             return ended_result
         # A cancellation arriving in here is honoured only once every tool_complete observer has run.
         return await self._complete(call, mounted, ctx, result, started, scanned, number, requests)
-
-    @staticmethod
-    def _swallowed(ctx: ToolContext) -> None:
-        """Note in the trail that the call's task was cancelled and the tool or a hook caught the
-        ``CancelledError`` (found by attack: the call then ended as a success, or as the tool's own
-        failure, and the caller's cancellation was lost: its ``asyncio.timeout`` never fired)."""
-        ctx.record("host", "execute", "cancel_swallowed",
-                   "the call was cancelled, and the tool or a hook caught the cancellation and went on")
 
     def _after_cancel(self, result: ToolResult, number: int, requests: int) -> ToolResult:
         """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
@@ -306,13 +312,11 @@ class CallPipeline:
             try:
                 outcome = await self._execute(mounted, call, ctx)
             except ToolError:
-                if _cancel_requests(task) > requests:
-                    self._swallowed(ctx)
+                if _swallowed(ctx, task, requests):
                     raise asyncio.CancelledError from None
                 raise
             if not outcome.success:
-                if _cancel_requests(task) > requests:  # found by attack: a returned failure was retried
-                    self._swallowed(ctx)
+                if _swallowed(ctx, task, requests):  # found by attack: a returned failure was retried
                     raise asyncio.CancelledError
                 error = error_from_result(outcome, spec.name)
                 error.details.setdefault("output", outcome.output)

@@ -170,8 +170,6 @@ class AuditWriter:
         self._recheck = False
         #: Whether the next record is anchored at once (``_catch_up`` found another process's records).
         self._anchor_after_append = False
-        #: While adopting (``_extend``): the record a checkpoint past the anchored end followed, if one did.
-        self._unanchored_checkpoint: int | None = None
         #: Whether we hold the ``flock`` on ``self._fd`` between appends (``append``), and whether
         #: its release is scheduled on the appending loop.
         self._flocked = False
@@ -487,7 +485,8 @@ class AuditWriter:
         assert head is not None
         pending = bytearray()  # the line being read, up to the chunk read last
         offset = head.size
-        self._unanchored_checkpoint = None
+        watch = adopting and self.checkpoint_key is not None
+        checkpoint_at: int | None = None  # adopting: the record a checkpoint past the anchor followed
         while offset < end:
             chunk = os.pread(fd, min(READ_CHUNK, end - offset), offset)
             if not chunk:
@@ -497,7 +496,11 @@ class AuditWriter:
             newline = chunk.find(b"\n")
             while newline >= 0:  # each byte looked at once (found by attack: a split of all that was
                 pending += chunk[begin:newline + 1]  # pending per chunk took 38 s for one 256 MiB line)
-                self._accept(bytes(pending), adopting)
+                if checkpoint_at is not None:
+                    raise _Tampered(f"the anchor {self.anchor_path} is older than a signed checkpoint of the log "
+                                    f"(after record {checkpoint_at}) that records follow: the anchor was rolled back")
+                if self._accept(bytes(pending)).get("kind") == "checkpoint" and watch:
+                    checkpoint_at = head.records - 1
                 pending.clear()
                 begin = newline + 1
                 newline = chunk.find(b"\n", begin)
@@ -517,24 +520,18 @@ class AuditWriter:
                                               "removed_bytes": len(pending),
                                               "removed_sha256": hashlib.sha256(pending).hexdigest()}))
 
-    def _accept(self, raw: bytes, adopting: bool) -> None:
-        """Take the complete line ``raw`` as our next record (``_extend``), or ``_Tampered``."""
+    def _accept(self, raw: bytes) -> dict[str, Any]:
+        """Take the complete line ``raw`` as our next record (``_extend``): its record, or ``_Tampered``."""
         head = self._head
         assert head is not None
-        problem = check_line(raw, head.hash)
-        if isinstance(problem, str):
+        record = check_line(raw, head.hash)
+        if isinstance(record, str):
             raise _Tampered(f"the log {self.path} does not continue from record {head.records} "
-                            f"as this writer left it: {problem}")
-        if adopting and self.checkpoint_key is not None:
-            if self._unanchored_checkpoint is not None:
-                raise _Tampered(f"the anchor {self.anchor_path} is older than a signed checkpoint of the log "
-                                f"(after record {self._unanchored_checkpoint}) that records follow: the anchor "
-                                "was rolled back")
-            if problem.get("kind") == "checkpoint":
-                self._unanchored_checkpoint = head.records
+                            f"as this writer left it: {record}")
         head.size += len(raw)
-        head.hash = problem["hash"]
+        head.hash = record["hash"]
         head.records += 1
+        return record
 
     def _catch_up(self) -> None:
         """Before appending (``self._fd`` locked): the file at the path is still ours and ends at our head,

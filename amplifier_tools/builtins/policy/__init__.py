@@ -137,9 +137,10 @@ class _Plan:
     """What ``tool_pre`` reads of one tool's spec, worked out at the tool's first call rather than at
     every call (specs are frozen; a tool mounted again with another spec gets a new plan): the
     scopes it requires, whether any policy of it keeps state, and whether a rate limit is its only
-    one (then a call without an idempotency key takes a token and holds nothing to release)."""
+    one (then a call without an idempotency key takes a token and holds nothing to release), and
+    its budgets merged into the counters they keep (``budget_pools``)."""
 
-    __slots__ = ("rate_only", "scopes", "spec", "stateful")
+    __slots__ = ("budgets", "rate_only", "scopes", "spec", "stateful")
 
     def __init__(self, spec: ToolSpec) -> None:
         policies = spec.policies
@@ -149,6 +150,7 @@ class _Plan:
         self.scopes = frozenset(spec.security.required_scopes) or None
         self.stateful = others or policies.rate_limit is not None
         self.rate_only = policies.rate_limit is not None and not others
+        self.budgets = budget_pools(policies.budgets)
 
 
 class PolicyPlugin:
@@ -247,12 +249,28 @@ class PolicyPlugin:
 
     # -- decisions ---------------------------------------------------------------
 
+    def _plan_of(self, spec: ToolSpec) -> _Plan:
+        """The tool's plan (``_Plan``), made anew when the tool is mounted again with another spec;
+        then its concurrency slots and breaker, kept by name, take that spec's cap and policy
+        (found by attack: 1 → 4 still ran one call at a time, 4 → 1 ran four). With a smaller cap,
+        calls already running finish over it."""
+        plan = self._plans.get(spec.name)
+        if plan is None or plan.spec is not spec:
+            plan = self._plans[spec.name] = _Plan(spec)
+            slots, concurrency = self._slots.get(spec.name), spec.policies.concurrency
+            if slots is not None and concurrency is not None:
+                slots.resize(concurrency.limit)
+            breaker, policy = self._breakers.get(spec.name), spec.policies.circuit_breaker
+            if breaker is not None and policy is not None:
+                breaker.policy = policy
+        return plan
+
     @hookimpl
     def tool_pre(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
         """Decide synchronously when nothing has to wait; otherwise return a coroutine the host awaits."""
         plan = self._plans.get(spec.name)
         if plan is None or plan.spec is not spec:
-            plan = self._plans[spec.name] = _Plan(spec)
+            plan = self._plan_of(spec)
         if plan.scopes is not None and not plan.scopes <= context.scopes:
             missing = sorted(plan.scopes - context.scopes)
             return Deny(f"missing scope {', '.join(map(repr, missing))} for {spec.name!r}", code="missing_scope",
@@ -444,8 +462,6 @@ class PolicyPlugin:
         breaker = self._breakers.get(spec.name)
         if breaker is None:
             breaker = self._breakers[spec.name] = CircuitBreaker(policy)
-        elif breaker.policy is not policy:  # mounted again with another spec: its policy, this state
-            breaker.policy = policy
         now = self.clock()
         allowed, changed, probe = breaker.admit(now)
         if changed is not None:
@@ -465,7 +481,7 @@ class PolicyPlugin:
         checked: list[tuple[str, int, float, float]] = []
         longest: float | None = None
         longest_known = False
-        for budget in budget_pools(spec.policies.budgets):
+        for budget in self._plan_of(spec).budgets:
             subject = subjects[budget.per]
             if not budget.applies(subject):
                 continue
@@ -554,14 +570,10 @@ class PolicyPlugin:
             waited += verdict.details["retry_after"]
 
     def _slots_of(self, spec: ToolSpec) -> Slots:
-        """The tool's concurrency slots, under its spec's cap (found by attack: a tool mounted again
-        with another cap kept its first one, by name: 1 → 4 still ran one at a time, 4 → 1 four)."""
-        limit = spec.policies.concurrency.limit  # type: ignore[union-attr]  # callers checked it is set
         slots = self._slots.get(spec.name)
         if slots is None:
-            slots = self._slots[spec.name] = Slots(limit)
-        elif slots.limit != limit:
-            slots.resize(limit)
+            assert spec.policies.concurrency is not None
+            slots = self._slots[spec.name] = Slots(spec.policies.concurrency.limit)
         return slots
 
     @staticmethod

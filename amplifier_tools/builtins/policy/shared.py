@@ -35,7 +35,7 @@ from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker
-from .state import budget_pools, idempotency_slot
+from .state import idempotency_slot
 from .store import SharedStore, StoreUnavailable, next_window
 
 if TYPE_CHECKING:
@@ -421,7 +421,7 @@ class SharedPolicy:
     async def _budgets(self, spec: ToolSpec, context: ToolContext, shared: SharedHeld, started: float) -> Deny | None:
         subjects = {"principal": context.principal, "role": context.role, "environment": context.environment}
         longest = self.plugin._longest_run(spec, context)
-        for budget in budget_pools(spec.policies.budgets):
+        for budget in self.plugin._plan_of(spec).budgets:
             subject = subjects[budget.per]
             if not budget.applies(subject):
                 continue

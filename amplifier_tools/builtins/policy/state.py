@@ -9,7 +9,6 @@ different, asynchronous interface: ``SharedStore`` in ``store.py``.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import time
@@ -132,7 +131,6 @@ def _tighter(first: float | None, second: float | None) -> Any:
     return second if first is None else first if second is None else min(first, second)
 
 
-@functools.lru_cache(maxsize=256)
 def budget_pools(budgets: tuple[Budget, ...]) -> tuple[BudgetPool, ...]:
     """``budgets`` merged by subject kind and window length, in the order first declared."""
     pools: dict[tuple[str, float], BudgetPool] = {}
