@@ -820,6 +820,16 @@ class Swallows:
         return ToolResult(True, "done anyway")
 
 
+async def cancelled_once_running(host: ToolHost, started: asyncio.Event, name: str, arguments: dict[str, Any],
+                                 call_id: str) -> None:
+    """Call ``name``, cancel the call once ``started`` is set, and expect ``CancelledError``."""
+    call = asyncio.ensure_future(host.call(name, arguments, call_id=call_id))
+    await started.wait()
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+
+
 swallowing = pytest.mark.skipif(sys.version_info < (3, 12, 3),
                                 reason="counted reliably from CPython 3.12.3 (gh-116720: TaskGroup left a request)")
 
@@ -833,11 +843,7 @@ async def test_a_cancellation_the_tool_swallowed_is_recorded_and_reraised(tmp_pa
     host = _closing_host(tmp_path, counting, tools=[tool])
     await host.start()
     try:
-        call = asyncio.ensure_future(host.call("swallows", {"then": then}, call_id="s1"))
-        await tool.running.wait()
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
+        await cancelled_once_running(host, tool.running, "swallows", {"then": then}, "s1")
         assert tool.caught == 1
         result = counting.assert_once("s1")
         assert result.error is not None and result.error["code"] == "cancelled"
@@ -943,11 +949,7 @@ async def test_a_tool_pre_hook_that_swallowed_the_cancellation_does_not_start_th
     host = _closing_host(tmp_path, Stubborn(), counting, tools=[sleeps])
     await host.start()
     try:
-        call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="p1"))
-        await entered.wait()
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
+        await cancelled_once_running(host, entered, "sleeps", {"seconds": 0}, "p1")
         assert sleeps.started == 0
         assert counting.assert_once("p1").error["code"] == "cancelled"
         assert audit_records(host) == Counter({"p1": 1})
@@ -990,11 +992,7 @@ async def test_a_retried_tool_that_swallowed_the_cancellation_is_not_retried(tmp
         discover=False)
     await host.start()
     try:
-        call = asyncio.ensure_future(host.call("flaky", {"then": then}, call_id="f1"))
-        await tool.running.wait()
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
+        await cancelled_once_running(host, tool.running, "flaky", {"then": then}, "f1")
         assert tool.attempts == 1
         assert counting.assert_once("f1").error["code"] == "cancelled"
     finally:
