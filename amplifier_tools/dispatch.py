@@ -89,6 +89,10 @@ def _first_step(awaitable: Any) -> tuple[bool, Any]:
 
 if sys.version_info >= (3, 11):
 
+    #: ``_first_step``: a caller that runs the first step itself and passes the rest to
+    #: ``run_with_timeout`` saves a coroutine of its own for a tool that never waits.
+    first_step = _first_step
+
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
         """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``); the timer is
         armed only once a coroutine actually suspends."""
@@ -101,6 +105,10 @@ if sys.version_info >= (3, 11):
             return await rest
 
 else:  # pragma: no cover - exercised by the py310 tox env
+
+    def first_step(awaitable: Any) -> tuple[bool, Any]:
+        """Takes no step: ``wait_for`` must run the whole coroutine in its own task."""
+        return False, awaitable
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
         """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``).

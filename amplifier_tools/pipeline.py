@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from .amplifier_hooks import event_data, result_data
 from .content import withhold_redacted
-from .dispatch import HookDispatcher, finish_despite_cancel, run_with_timeout
+from .dispatch import HookDispatcher, finish_despite_cancel, first_step, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
 from .models import ToolCall, ToolContext, ToolResult
 from .redaction import SecretSet, redact
@@ -281,7 +281,9 @@ class CallPipeline:
         arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else call.arguments
         coro = mounted.execute(arguments, ctx) if mounted.takes_context else mounted.execute(arguments)
         try:
-            raw = await run_with_timeout(coro, seconds)
+            finished, raw = first_step(coro)  # a tool that never waits: no timer, no coroutine of its own
+            if not finished:
+                raw = await run_with_timeout(raw, seconds)
         except TimeoutError:
             timed_out = PolicyError(
                 f"tool {mounted.spec.name!r} timed out after {seconds:.3g} s"
@@ -383,7 +385,7 @@ class CallPipeline:
             result = self._scrubbed(result, scanned)  # else nothing left unscanned: no JSON text to build
         # Set after the scrub: the host's own measurement is no secret, even when its digits hold one.
         result.metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
-        if not self.hooks.impls("tool_complete"):  # no observer: no coroutine and closure to build
+        if "tool_complete" not in self.hooks.present():  # no observer: no coroutine and closure to build
             return result
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)

@@ -40,10 +40,14 @@ class MountedTool:
         """Raise ``ContractError`` unless ``arguments`` are a JSON object of plain JSON data that the
         input schema accepts: a call's arguments, and again those a ``tool_pre`` plugin rewrote
         (``plugin``: named in the error; positional, as the hook chain calls this bound method)."""
-        if type(arguments) is dict and is_plain_json(arguments):
-            if self.input_validator.is_valid(arguments):
-                return  # the common call: plain JSON the schema accepts, without the layers that explain a refusal
-            self.refuse_input(arguments, plugin=plugin)  # asked once: a refusal is not validated twice
+        if type(arguments) is dict:
+            validator = self.input_validator
+            if validator.accepts_plain(arguments):
+                return  # the common call: plain JSON the schema accepts, by one generated predicate
+            if is_plain_json(arguments):
+                if validator.is_valid(arguments):
+                    return  # plain JSON the schema accepts, without the layers that explain a refusal
+                self.refuse_input(arguments, plugin=plugin)  # asked once: a refusal is not validated twice
         if not isinstance(arguments, dict):
             who = f"plugin {plugin!r} rewrote " if plugin else ""
             raise ContractError(

@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from ._checked_schemas import BUILTIN_SCHEMA_DIGESTS
 from ._json import json_pointer
 from .errors import ContractError
-from .schema_fastpath import CompiledPattern, PatternCompiler, compile_check, generate_check
+from .schema_fastpath import (
+    CompiledPattern,
+    PatternCompiler,
+    compile_check,
+    generate_check,
+    generate_plain_check,
+    proves_plain,
+)
 
 #: Digests of the schemas known to pass their metaschema (see the module's docstring).
 _CHECKED: set[str] = set(BUILTIN_SCHEMA_DIGESTS)
@@ -59,6 +66,11 @@ class Validator(Protocol):
     def is_valid(self, instance: Any) -> bool: ...
 
     def iter_errors(self, instance: Any) -> Iterable[jsonschema.exceptions.ValidationError]: ...
+
+    def accepts_plain(self, instance: Any) -> bool:
+        """True only when ``instance`` is plain JSON data (``is_plain_json``) that the schema
+        accepts; False is no verdict."""
+        ...
 
 
 def compile_validator(
@@ -187,7 +199,7 @@ class CompiledSchema:
     every rejection. The jsonschema validator is made when first asked for.
     """
 
-    __slots__ = ("_fast", "_patterns", "_schema", "_validator")
+    __slots__ = ("_fast", "_patterns", "_plain", "_schema", "_validator")
 
     def __init__(self, schema: dict[str, Any], patterns: PatternCompiler | None = None) -> None:
         self._schema = schema
@@ -196,6 +208,8 @@ class CompiledSchema:
         # The predicate is generated as one function at the schema's first use (a mounted tool
         # never called costs no code generation); until then, only that it compiles is known.
         self._fast: Callable[[Any], bool] | None = None if fast is None else self._first_use
+        self._plain: Callable[[Any], bool] | None = \
+            self._first_plain_use if fast is not None and proves_plain(schema) else None
         self._validator: Validator | None = None
 
     def _first_use(self, instance: Any) -> bool:
@@ -204,6 +218,20 @@ class CompiledSchema:
         assert fast is not None  # compile_check took this schema: so does generate_check
         self._fast = fast
         return fast(instance)
+
+    def _first_plain_use(self, instance: Any) -> bool:
+        patterns = self._patterns
+        plain = self._plain = generate_plain_check(self._schema, MAX_INT_BITS) if patterns is None \
+            else generate_plain_check(self._schema, MAX_INT_BITS, patterns)
+        return plain is not None and plain(instance)
+
+    def accepts_plain(self, instance: Any) -> bool:
+        """True only when ``instance`` is plain JSON data within the host's limits (what
+        ``is_plain_json`` says) and the schema accepts it: one generated predicate for both, for
+        schemas whose every value is tested by its exact type (``proves_plain``). False is no
+        verdict: ask ``is_plain_json`` and ``is_valid``."""
+        plain = self._plain
+        return plain is not None and plain(instance)
 
     @property
     def compiled(self) -> bool:

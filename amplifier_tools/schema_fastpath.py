@@ -22,6 +22,7 @@ engine for a schema it was not told to trust.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -94,6 +95,45 @@ def generate_check(schema: Any, compile_pattern: PatternCompiler = re.compile) -
         return _generate(schema, compile_pattern)
     except Exception:  # SyntaxError: too many statically nested blocks, or RecursionError
         return check
+
+
+#: How deep a schema may nest for ``proves_plain`` (well below the host's ``MAX_JSON_DEPTH``).
+_PLAIN_DEPTH: Final = 32
+
+
+def proves_plain(schema: Any, depth: int = 0) -> bool:
+    """Whether every value ``schema`` accepts is reached by a test of its exact type — scalar
+    types, string enums, objects that allow no unlisted property, arrays with ``items`` — so a
+    predicate generated with ``plain=True`` can vouch, when it answers True, that the value is
+    also plain JSON data (what ``schema.is_plain_json`` walks the value again to say). ``oneOf``,
+    open objects and untyped subschemas are not: their values may be anything."""
+    if depth > _PLAIN_DEPTH or not isinstance(schema, dict) or "oneOf" in schema:
+        return False
+    kind = schema.get("type")
+    if kind is None:
+        return "enum" in schema or "const" in schema  # compiled only for strings and None
+    names = [kind] if isinstance(kind, str) else kind
+    if not isinstance(names, list) or not ("object" in names or "array" in names):
+        return True
+    if names == ["object"]:
+        extra = schema.get("additionalProperties", True)
+        properties = schema.get("properties", {})
+        return (extra is False or proves_plain(extra, depth + 1)) and isinstance(properties, dict) \
+            and all(proves_plain(sub, depth + 1) for sub in properties.values())
+    return names == ["array"] and proves_plain(schema.get("items"), depth + 1)
+
+
+def generate_plain_check(schema: Any, max_int_bits: int, compile_pattern: PatternCompiler = re.compile) -> Check | None:
+    """For a schema that ``compile_check`` takes and that ``proves_plain``: ``generate_check``'s
+    predicate with exact leaf tests — an ``int`` of at most ``max_int_bits`` bits, a finite
+    ``float``, ``str`` keys — so that True also means "plain JSON data within the host's limits".
+    None for any other schema, or where the function cannot be generated. False is no verdict."""
+    if not proves_plain(schema) or compile_check(schema, compile_pattern) is None:
+        return None
+    try:
+        return _generate(schema, compile_pattern, max_int_bits)
+    except Exception:  # SyntaxError: too many statically nested blocks, or RecursionError
+        return None
 
 
 def _always(value: Any) -> bool:
@@ -306,6 +346,13 @@ _TYPE_SOURCE: Final = {
     "array": "type({0}) is list",
 }
 #: What makes a value fail each bound (the negation of how jsonschema's keyword accepts it).
+#: ``_TYPE_SOURCE`` for a plain predicate: numbers JSON and the host can carry (``{1}``: the
+#: largest integer's bit length); ``float.is_integer`` is already False for NaN and infinities.
+_PLAIN_TYPE_SOURCE: Final = {
+    **_TYPE_SOURCE,
+    "integer": "((type({0}) is int and {0}.bit_length() <= {1}) or (type({0}) is float and {0}.is_integer()))",
+    "number": "((type({0}) is int and {0}.bit_length() <= {1}) or (type({0}) is float and _isfinite({0})))",
+}
 _BOUND_FAILS: Final = {"minimum": "<", "maximum": ">", "exclusiveMinimum": "<=", "exclusiveMaximum": ">="}
 _NUMERIC_SOURCE: Final = "(isinstance({0}, (int, float)) and not isinstance({0}, bool))"
 _MISSING: Final = object()
@@ -315,11 +362,18 @@ class _Source:
     """The lines of one generated predicate; every constant lives in ``names`` (the source holds
     only its own identifiers: nothing of a schema is ever spelled in the code)."""
 
-    def __init__(self, compile_pattern: PatternCompiler) -> None:
+    def __init__(self, compile_pattern: PatternCompiler, max_int_bits: int | None = None) -> None:
         self.lines: list[str] = []
-        self.names: dict[str, Any] = {"_MISSING": _MISSING}
+        self.names: dict[str, Any] = {"_MISSING": _MISSING, "_isfinite": math.isfinite}
         self.compile_pattern = compile_pattern
+        #: Set for a plain predicate (``generate_plain_check``): exact leaf tests, this bit limit.
+        self.max_int_bits = max_int_bits
         self._count = 0
+
+    def type_test(self, kind: str, var: str) -> str:
+        if self.max_int_bits is None:
+            return _TYPE_SOURCE[kind].format(var)
+        return _PLAIN_TYPE_SOURCE[kind].format(var, self.name(self.max_int_bits))
 
     def name(self, value: Any) -> str:
         self._count += 1
@@ -343,7 +397,7 @@ def _emit(out: _Source, schema: Any, var: str, indent: int) -> None:
     kind = schema.get("type")
     if kind is not None:
         names = [kind] if isinstance(kind, str) else kind
-        out.fail_if(indent, "not (" + " or ".join(_TYPE_SOURCE[n].format(var) for n in names) + ")")
+        out.fail_if(indent, "not (" + " or ".join(out.type_test(n, var) for n in names) + ")")
     if "enum" in schema or "const" in schema:
         allowed = out.name(frozenset(schema["enum"] if "enum" in schema else [schema["const"]]))
         out.fail_if(indent, f"not (({var} is None or type({var}) is str) and {var} in {allowed})")
@@ -397,6 +451,8 @@ def _emit_object(out: _Source, schema: dict[str, Any], var: str, indent: int) ->
     else:  # every other key is checked too: walk the items once
         key_var, item = out.variable(), out.variable()
         out.lines.append(" " * inner + f"for {key_var}, {item} in {var}.items():")
+        if out.max_int_bits is not None:  # a key of another type could compare equal to a name
+            out.fail_if(inner + 1, f"type({key_var}) is not str")
         keyword = "if"
         for key, sub in properties.items():
             out.lines.append(" " * (inner + 1) + f"{keyword} {key_var} == {out.name(key)}:")
@@ -418,9 +474,10 @@ def _emit_object(out: _Source, schema: dict[str, Any], var: str, indent: int) ->
         out.lines.append(" " * inner + "pass")
 
 
-def _generate(schema: Any, compile_pattern: PatternCompiler) -> Check:
-    """One Python function testing ``schema`` (``_compile`` must have accepted it)."""
-    out = _Source(compile_pattern)
+def _generate(schema: Any, compile_pattern: PatternCompiler, max_int_bits: int | None = None) -> Check:
+    """One Python function testing ``schema`` (``_compile`` must have accepted it); with
+    ``max_int_bits``, the plain predicate (``generate_plain_check``)."""
+    out = _Source(compile_pattern, max_int_bits)
     _emit(out, schema, "value", 1)
     source = "def check(value):\n" + "\n".join([*out.lines, " return True"]) + "\n"
     namespace = dict(out.names)

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amplifier_tools.schema_fastpath import compile_check, generate_check
+from amplifier_tools.schema import MAX_INT_BITS, is_plain_json
+from amplifier_tools.schema_fastpath import compile_check, generate_check, generate_plain_check, proves_plain
 
 scalars = (
     st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-5, 5) | st.sampled_from([1.0, 2.5, -0.0])
@@ -133,3 +134,57 @@ def test_nothing_of_a_schema_becomes_code() -> None:
 )
 def test_schemas_outside_the_subset_are_left_to_jsonschema(schema: dict[str, Any]) -> None:
     assert compile_check(schema) is None and generate_check(schema) is None
+
+
+class Key(str):
+    """A key that is not plain JSON but compares equal to a property name."""
+
+
+#: Values a caller may pass that are not plain JSON data, or not within the host's limits.
+hostile = st.sampled_from([2 ** MAX_INT_BITS, -(2 ** MAX_INT_BITS), float("nan"), float("-inf"), (1, 2), {"a"},
+                           {Key("a"): "x"}, {1: "x"}, True, b"a"])
+plain_scalar_types = st.sampled_from(["string", "integer", "number", "boolean", "null"])
+plain_schemas = st.recursive(
+    st.fixed_dictionaries({"type": plain_scalar_types | st.lists(plain_scalar_types, min_size=1, max_size=3,
+                                                                 unique=True)},
+                          optional={"minimum": st.integers(-3, 3), "maxLength": st.integers(0, 3)})
+    | st.fixed_dictionaries({"enum": st.lists(st.sampled_from(["a", "b", None]), min_size=1, max_size=3)}),
+    lambda inner: st.fixed_dictionaries(
+        {"type": st.just("object"), "properties": st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3),
+         "additionalProperties": st.just(False) | inner},
+        optional={"required": st.lists(st.sampled_from(["a", "b"]), max_size=2, unique=True)})
+    | st.fixed_dictionaries({"type": st.just("array"), "items": inner}, optional={"maxItems": st.integers(0, 3)}),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(plain_schemas, st.lists(st.recursive(
+    scalars | hostile,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), c, max_size=4)
+    | st.dictionaries(st.sampled_from([Key("a"), 1]), c, max_size=1),
+    max_leaves=8), min_size=1, max_size=6))
+def test_the_plain_predicate_is_plain_json_and_valid(schema: dict[str, Any], values: list[Any]) -> None:
+    """One generated predicate answers both questions of an argument check (the host's limits
+    on integers and floats included, a key that only compares equal to a name refused)."""
+    assert proves_plain(schema), schema
+    plain = generate_plain_check(schema, MAX_INT_BITS)
+    assert plain is not None, schema
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in values:
+        assert plain(value) == (is_plain_json(value) and validator.is_valid(value)), (schema, value)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string"}}},  # any other key, any value
+        {"type": "object", "properties": {"a": {}}, "additionalProperties": False},  # "a" may hold anything
+        {"type": "array"},
+        {"type": ["object", "string"], "additionalProperties": False},
+        {"oneOf": [{"type": "string"}, {"type": "null"}]},
+        {"minLength": 1},
+    ],
+)
+def test_schemas_that_let_any_value_through_get_no_plain_predicate(schema: dict[str, Any]) -> None:
+    assert generate_plain_check(schema, MAX_INT_BITS) is None
