@@ -17,9 +17,11 @@ confined process sees. Interface:
   dropped; a new session (no TIOCSTI into the caller's terminal); ``--die-with-parent``. The
   namespace's first process is reported on ``info_fd``; ``wait_namespace_gone`` kills it and so
   the whole PID namespace, daemons included (``--die-with-parent`` alone was seen to fail).
-- ``find_bwrap()``: the ``bwrap`` on PATH and, when it cannot make a sandbox here, why not;
-  ``start_find_bwrap()`` the same answer computed in a thread from now on (a plugin starts it when
-  it is created, so that the probe runs while the host loads its other plugins).
+- ``find_bwrap(exclude)``: the ``bwrap`` on PATH (outside the paths commands may write) and,
+  when it cannot make a sandbox here, why not;
+  ``start_find_bwrap()`` the same answer for a ``bwrap`` in a system directory, computed in a
+  thread from now on (a plugin starts it when it is created, so that the probe runs while the
+  host loads its other plugins).
 - ``probe(bwrap)``: None when bubblewrap can set up such a sandbox on this host, else the reason.
   A success is cached per ``bwrap`` path for the process; callers probe at start, never per call.
 - ``unavailable(reason, setting)``: the ``ToolSystemError`` (code ``sandbox_unavailable``) a
@@ -109,7 +111,61 @@ def _mask(path: str, info: os.stat_result) -> list[str]:
     return ["--ro-bind", "/dev/null", path]
 
 
-def mask_argv(view: View) -> list[str]:
+def _inside_writable(path: str, view: View) -> str | None:
+    """The writable root (other than ``path`` itself) that ``path`` lies inside, or None: below
+    one, a sandboxed command may have renamed or replaced any component of ``path``."""
+    return next((root for root in view.writable if root != path and _under(path, root)), None)
+
+
+def _unchanged(path: str, what: str) -> None:
+    """Raise ``sandbox_failed`` unless ``path`` still resolves to itself (no component replaced by
+    a symlink): bwrap follows symlinks in what it binds, so a bind of it would show, or hide,
+    what the symlink names instead — the host's ``/proc`` (found by attack: a write path below the
+    working directory swapped for ``../../proc`` gave the next command the host's root)."""
+    real = os.path.realpath(path)
+    if real != path:
+        raise ToolSystemError(f"the {what} {path} now resolves to {real} (was a component replaced by a "
+                              "symlink?); the sandbox cannot bind it safely, so the command was not run",
+                              code="sandbox_failed", path=path)
+
+
+def _pin_chain(path: str, view: View, pinned: set[str]) -> list[str]:
+    """Bind every directory between a writable root and ``path`` onto itself: inside the sandbox
+    they are mount points then, which no command can rename or remove (to put a symlink where
+    ``path`` was before a later command's sandbox binds it)."""
+    argv: list[str] = []
+    for root in (root for root in view.writable if _under(path, root)):
+        parent, chain = os.path.dirname(path), []
+        while parent not in pinned and _under(parent, root):
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for directory in reversed(chain):
+            argv += ["--bind", directory, directory]
+            pinned.add(directory)
+    return argv
+
+
+def inner_binds_argv(view: View, pinned: set[str]) -> list[str]:
+    """The read-only paths that lie inside a writable root, bound read-only on top of it (after
+    the writable binds: found by attack, ``sandbox_read_paths = ["vendor"]`` in the working
+    directory was writable), each checked to resolve to itself and its parents pinned
+    (``_pin_chain``). A writable path inside another writable root is not bound again: it is
+    writable through that root, and binding it by name would follow a symlink a command planted.
+    Paths that do not exist are skipped."""
+    argv: list[str] = []
+    for path in sorted(set(view.read_only), key=lambda p: (p.count("/"), p)):
+        if _inside_writable(path, view) is None or not os.path.lexists(path):
+            continue
+        _unchanged(path, "read-only path")
+        if not os.path.isdir(path) and not os.path.isfile(path):
+            continue  # a FIFO, socket or device: nothing to read there that needs a bind
+        argv += _pin_chain(path, view, pinned)
+        argv += ["--ro-bind", path, path]
+        pinned.add(path)
+    return argv
+
+
+def mask_argv(view: View, pinned: set[str] | None = None) -> list[str]:
     """The bwrap arguments that hide each protected path and each ``SENSITIVE`` file the view shows.
 
     Raises ``ToolSystemError`` (``sandbox_failed``) when a protected path no longer resolves to
@@ -120,7 +176,7 @@ def mask_argv(view: View) -> list[str]:
     """
     argv: list[str] = []
     masked: list[str] = []
-    pinned: set[str] = set(view.writable)
+    pinned = {path for path in view.writable if _inside_writable(path, view) is None} if pinned is None else pinned
     sensitive = {os.path.realpath(p) for p in _present(SENSITIVE)}
     for path in sorted(set(view.protected) | sensitive):  # parents before what lies below them
         if any(_under(path, done) for done in masked) or not visible(path, view):
@@ -129,27 +185,19 @@ def mask_argv(view: View) -> list[str]:
             info = os.lstat(path)
         except FileNotFoundError:
             continue  # never make bwrap create a mount point on the host
-        if os.path.realpath(path) != path:
-            raise ToolSystemError(f"the protected path {path} now resolves to {os.path.realpath(path)} (was a "
-                                  "component replaced by a symlink?); the sandbox cannot hide it, so the command "
-                                  "was not run", code="sandbox_failed", path=path)
-        for root in (root for root in view.writable if _under(path, root)):
-            parent, chain = os.path.dirname(path), []
-            while parent not in pinned and _under(parent, root):
-                chain.append(parent)
-                parent = os.path.dirname(parent)
-            for directory in reversed(chain):
-                argv += ["--bind", directory, directory]
-                pinned.add(directory)
+        _unchanged(path, "protected path")
+        argv += _pin_chain(path, view, pinned)
         argv += _mask(path, info)
         masked.append(path)
     return argv
 
 
-def _read_only_argv(paths: Iterable[str]) -> list[str]:
+def _read_only_argv(view: View) -> list[str]:
+    """The read-only binds made before the writable ones (those inside a writable root come after
+    them: ``inner_binds_argv``)."""
     argv: list[str] = []
-    for path in sorted(set(paths), key=lambda p: (p.count("/"), p)):  # parents first
-        if not os.path.lexists(path):
+    for path in sorted(set(view.read_only), key=lambda p: (p.count("/"), p)):  # parents first
+        if _inside_writable(path, view) is not None or not os.path.lexists(path):
             continue  # skipped, never created on the host
         if os.path.islink(path) and os.path.dirname(path) == "/":
             argv += ["--symlink", os.readlink(path), path]  # /bin -> usr/bin stays a symlink
@@ -171,11 +219,13 @@ def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap", info_fd: i
         out.append("--unshare-net")
     out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # first: a path bound below them shows
     out += _proc_argv()
-    out += _read_only_argv(view.read_only)
+    out += _read_only_argv(view)
     for path in sorted(set(view.writable), key=lambda p: (p.count("/"), p)):
-        if os.path.isdir(path):
+        if _inside_writable(path, view) is None and os.path.isdir(path):
             out += ["--bind", path, path]
-    out += mask_argv(view)  # after the binds: mounted on top of them
+    pinned = {path for path in view.writable if _inside_writable(path, view) is None}  # the roots bound
+    out += inner_binds_argv(view, pinned)
+    out += mask_argv(view, pinned)  # after the binds: mounted on top of them
     out += ["--remount-ro", "/", "--chdir", view.cwd, "--", *argv]
     return out
 
@@ -206,24 +256,52 @@ def _proc_argv() -> list[str]:
     return out
 
 
-async def find_bwrap() -> tuple[str | None, str | None]:
-    """(the ``bwrap`` on PATH or None, why no sandbox can be had here or None); probes in a thread."""
-    bwrap = shutil.which("bwrap")
+def writable_by_commands(path: str, writable: Iterable[str]) -> str | None:
+    """The root among ``writable`` (absolute) that ``path`` really lies inside, or None."""
+    real = os.path.realpath(path)
+    return next((root for root in writable if _under(real, os.path.realpath(root))), None)
+
+
+def _search_path(exclude: Sequence[str]) -> str:
+    """PATH without the directories that lie inside ``exclude`` (an empty or relative entry is
+    taken from this process's working directory, as ``shutil.which`` would)."""
+    entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    return os.pathsep.join(entry for entry in entries
+                           if writable_by_commands(os.path.abspath(entry or "."), exclude) is None)
+
+
+async def find_bwrap(exclude: Sequence[str] = ()) -> tuple[str | None, str | None]:
+    """(the ``bwrap`` on PATH or None, why no sandbox can be had here or None); probes in a thread.
+
+    PATH directories inside ``exclude`` — the paths sandboxed commands may write — are passed
+    over: found by attack, a command planted its own ``bwrap`` (one that runs the command as it
+    is) in an activated in-project ``.venv/bin``, and the next host ran every command unconfined
+    while reporting it sandboxed."""
+    bwrap = shutil.which("bwrap", path=_search_path(exclude))
     if bwrap is None:
-        return None, "'bwrap' was not found on PATH"
+        where = " outside the paths sandboxed commands may write" if exclude else ""
+        return None, f"'bwrap' was not found on PATH{where}"
     return bwrap, await asyncio.to_thread(probe, bwrap)
 
 
-def start_find_bwrap() -> concurrent.futures.Future[tuple[str | None, str | None]]:
+#: Where a ``bwrap`` is probed before the host knows which paths its commands may write
+#: (``start_find_bwrap``): directories no sandboxed command writes.
+SYSTEM_BIN_DIRS: Final = ("/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin", "/run/current-system/sw/bin")
+
+
+def start_find_bwrap() -> concurrent.futures.Future[tuple[str | None, str | None]] | None:
     """``find_bwrap()``'s answer, computed from now on in a daemon thread (which a process that
-    exits before it finishes does not wait for)."""
+    exits before it finishes does not wait for) — only for a ``bwrap`` found in one of the
+    ``SYSTEM_BIN_DIRS``; None for any other (it is looked for, and run, only once the paths
+    commands may write are known: ``find_bwrap(exclude)``)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None or os.path.dirname(os.path.realpath(bwrap)) not in SYSTEM_BIN_DIRS:
+        return None
     future: concurrent.futures.Future[tuple[str | None, str | None]] = concurrent.futures.Future()
 
     def run() -> None:
         try:
-            bwrap = shutil.which("bwrap")
-            future.set_result((bwrap, probe(bwrap)) if bwrap is not None
-                              else (None, "'bwrap' was not found on PATH"))
+            future.set_result((bwrap, probe(bwrap)))
         except BaseException as exc:  # handed to whoever waits for the answer
             future.set_exception(exc)
 

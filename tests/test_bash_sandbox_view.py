@@ -337,3 +337,84 @@ async def test_root_in_the_sandbox_cannot_change_the_kernel_through_proc_sys(wor
         assert out.count("refused") == 3
     finally:
         await host.close()
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["write-path-existing", "write-path-missing-at-start"])
+async def test_a_write_path_swapped_for_a_symlink_binds_nothing_outside(work: Path, existing: bool) -> None:
+    """Found by attack: a ``sandbox_write_paths`` entry inside the working directory was bound again
+    by name on every call, and bwrap followed the symlink a command had put there: the next
+    command got the host's /proc (and through /proc/<pid>/root the host's whole filesystem). Here
+    the symlink names a host directory outside the view instead, holding a marker."""
+    outside = work.parent / "outside"
+    outside.mkdir()
+    (outside / "marker").write_text("host file")
+    if existing:
+        (work / "out" / "cache").mkdir(parents=True)
+    host = await bash_host(work, sandbox_write_paths=["out/cache" if existing else "build"])
+    try:
+        target = "out/cache" if existing else "build"
+        plant = (f"mv out out.old && mkdir out && ln -s {outside} {target}" if existing
+                 else f"ln -s {outside} {target}")
+        assert (await host.call("bash", {"command": plant})).output["exit_code"] == 0
+        result = await host.call("bash", {"command": f"cat {target}/marker; echo written > {target}/new"})
+        assert "host file" not in result.output["stdout"], result.output
+        assert not (outside / "new").exists()
+    finally:
+        await host.close()
+
+
+async def test_a_read_path_inside_the_working_directory_is_read_only(work: Path) -> None:
+    """Found by attack: read-only binds came before the working directory's read-write bind, which
+    covered them: ``sandbox_read_paths = ["vendor"]`` was writable."""
+    (work / "vendor").mkdir()
+    (work / "vendor" / "lib.py").write_text("original")
+    host = await bash_host(work, sandbox_read_paths=["vendor"])
+    try:
+        result = await host.call("bash", {"command": "cat vendor/lib.py; echo changed > vendor/lib.py; "
+                                                     "mv vendor vendor.old; touch other"})
+        assert "original" in result.output["stdout"] and "Read-only file system" in result.output["stderr"]
+        assert (work / "vendor" / "lib.py").read_text() == "original" and (work / "other").exists()
+    finally:
+        await host.close()
+
+
+async def test_a_read_path_replaced_by_a_symlink_is_refused_and_nothing_runs(work: Path) -> None:
+    """A read path inside a writable root that no longer resolves to itself is not bound (bwrap
+    would bind what the symlink names): the call fails with ``sandbox_failed`` naming it."""
+    outside = work.parent / "outside"
+    outside.mkdir()
+    host = await bash_host(work, sandbox_read_paths=["docs"])  # missing at start: skipped
+    try:
+        assert (await host.call("bash", {"command": f"ln -s {outside} docs"})).output["exit_code"] == 0
+        result = await host.call("bash", {"command": "touch ran"})
+        assert not result.success and result.error["code"] == "sandbox_failed", result.error
+        assert str(work / "docs") in result.error["message"] and not (work / "ran").exists()
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize("entry", ["absolute", "relative"])
+async def test_a_bwrap_planted_on_path_inside_the_workspace_is_passed_over(
+        work: Path, monkeypatch: pytest.MonkeyPatch, entry: str) -> None:
+    """Found by attack: with an in-project ``.venv/bin`` on PATH (an activated virtualenv), a command
+    planted its own ``bwrap`` there, one that runs the command as it is; the next host ran every
+    command unconfined while reporting it sandboxed. A bwrap inside a path commands may write is
+    never used: the next one on PATH is."""
+    venv_bin = work / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    ran = work.parent / "fake-bwrap-ran"
+    fake = venv_bin / "bwrap"
+    fake.write_text(f'#!/bin/sh\ntouch {ran}\nwhile [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done; shift\n'
+                    'exec "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.chdir(work)
+    first = str(venv_bin) if entry == "absolute" else ".venv/bin"
+    monkeypatch.setenv("PATH", first + os.pathsep + os.environ["PATH"])
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": f"test -e {work.parent / 'fake-bwrap-ran'} || echo hidden; "
+                                                     "test -d /root || echo no-root"})
+        assert result.output["sandboxed"] is True and not ran.exists()
+        assert result.output["stdout"].split() == ["hidden", "no-root"], result.output
+    finally:
+        await host.close()

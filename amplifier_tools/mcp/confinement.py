@@ -63,10 +63,10 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
     if settings.sandbox == "off":
         return None
     where = f"[plugins.mcp.servers.{name}]"
-    bwrap, reason = await engine.find_bwrap()
+    view = view_for(settings, working_dir, protected, name)
+    bwrap, reason = await engine.find_bwrap(exclude=(working_dir, *view.writable))
     if bwrap is None or reason is not None:
         raise engine.unavailable(reason or "no usable bwrap", where)
-    view = view_for(settings, working_dir, protected, name)
     key = f"plugins.mcp.servers.{name}.sandbox_read_paths"
 
     def wrap(argv: Sequence[str]) -> list[str]:

@@ -102,7 +102,8 @@ class BashPlugin:
         probed, self._sandbox_probe = self._sandbox_probe, None
         if time.monotonic() - self._probe_started > PROBE_FRESH_S:
             probed = None  # the plugin was made long before this mount: probe now
-        confined, bwrap, unavailable = await self._sandbox(settings.sandbox, probed)
+        commands_write = (*(writable if isinstance(writable, list) else ()), working_dir, *write_paths)
+        confined, bwrap, unavailable = await self._sandbox(settings.sandbox, probed, commands_write)
         spill_dir = settings.spill_dir
         if spill_dir is not None:
             spill_dir = self._spill_dir(spill_dir, coordinator, own_rules, protected)
@@ -132,16 +133,21 @@ class BashPlugin:
         await coordinator.mount("tools", self.tool)
 
     @staticmethod
-    async def _sandbox(mode: str, probed: concurrent.futures.Future[tuple[str | None, str | None]] | None
-                       ) -> tuple[bool, str | None, str | None]:
+    async def _sandbox(mode: str, probed: concurrent.futures.Future[tuple[str | None, str | None]] | None,
+                       commands_write: tuple[str, ...]) -> tuple[bool, str | None, str | None]:
         """(confined, bwrap, why no sandbox works here or None); ``off`` is logged as a warning.
-        ``probed``: the probe started with the plugin, or None to probe now (a second mount)."""
+        ``probed``: the probe started with the plugin, or None to probe now (a second mount, or
+        a bwrap outside the system directories); never a bwrap inside ``commands_write``."""
         if mode in ("off", "none"):
             alias = " ('none' is a deprecated alias of 'off')" if mode == "none" else ""
             log.warning("bash runs UNCONFINED: [plugins.%s] sandbox = %r%s; commands run as the host's user with "
                         "its whole filesystem, processes and network", PLUGIN, mode, alias)
             return False, None, None
-        bwrap, reason = await (asyncio.wrap_future(probed) if probed is not None else engine.find_bwrap())
+        if probed is not None:
+            bwrap, reason = await asyncio.wrap_future(probed)
+            if bwrap is None or engine.writable_by_commands(bwrap, commands_write) is None:
+                return True, bwrap, reason
+        bwrap, reason = await engine.find_bwrap(exclude=commands_write)  # never one a command may have planted
         return True, bwrap, reason
 
     @staticmethod
