@@ -271,7 +271,8 @@ class ToolHandlerImpls:
         ``tool_result`` holds the output and the error. Its ``deny`` withholds the output, its
         ``modify`` replaces the result (a recovery). Not called for failures the tool raised or
         the host decided (those reach ``tool:error`` handlers only)."""
-        async def post_failure(call: ToolCall, spec: Any, error: Any, context: ToolContext) -> ToolResult | None:
+        async def post_failure(call: ToolCall, spec: Any, error: Any, context: ToolContext
+                               ) -> ToolResult | Deny | None:
             reported = getattr(error, "reported", None)
             if not isinstance(reported, ToolResult):
                 return None
@@ -289,7 +290,8 @@ class ToolHandlerImpls:
                 return await self._pre_outcome(r, parsed, call, spec, context)
             return pre, ("call", "spec", "context")
         if hook == "tool_post":
-            async def post(call: ToolCall, spec: Any, result: ToolResult, context: ToolContext) -> ToolResult | None:
+            async def post(call: ToolCall, spec: Any, result: ToolResult, context: ToolContext
+                           ) -> ToolResult | Deny | None:
                 parsed = await self._run(r, event_data(call, context, tool_result=result_data(result)))
                 return await self._post_outcome(r, parsed, call, spec, result, context)
             return post, ("call", "spec", "result", "context")
@@ -300,6 +302,9 @@ class ToolHandlerImpls:
             parsed = await self._run(r, data)
             if parsed.action == "inject_context":
                 self._inject(r, "tool_error", parsed, context)
+            elif parsed.action != "continue":  # Amplifier acts on none of them here: said, not dropped
+                context.record(r.owner, "tool_error", f"{parsed.action}_ignored", parsed.reason, handler=r.name,
+                               why="a tool:error handler cannot deny, modify or ask; the error stands")
         return error, ("call", "error", "context")
 
     @staticmethod
@@ -352,15 +357,15 @@ class ToolHandlerImpls:
         return None
 
     async def _post_outcome(self, r: Registration, parsed: Parsed, call: ToolCall, spec: Any, result: ToolResult,
-                            context: ToolContext) -> ToolResult | None:
+                            context: ToolContext) -> ToolResult | Deny | None:
         if parsed.action == "ask_user":
             denied = await self._approved(r, parsed, call, spec, context)
-            parsed = Parsed("deny", denied.reason) if denied is not None else Parsed("continue")
-        if parsed.action == "deny":
-            message = f"denied by plugin {r.owner!r}: {parsed.reason or f'handler {r.name!r} withheld the output'}"
-            return ToolResult(False, None, {"type": "PolicyError", "code": "hook_denied", "message": message,
-                                            "retryable": False, "cause": None, "plugin": r.owner,
-                                            "handler": r.name, "tool": call.name, "call_id": call.id})
+            if denied is not None:
+                return denied
+            return None
+        if parsed.action == "deny":  # withholds the output; no later handler or plugin gives it back
+            return Deny(parsed.reason or f"handler {r.name!r} withheld the output", code="hook_denied",
+                        details={"handler": r.name})
         if parsed.action == "modify":
             data = parsed.data
             replaced = data.get("tool_result") if isinstance(data, dict) else None

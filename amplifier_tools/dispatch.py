@@ -123,6 +123,13 @@ else:  # pragma: no cover - exercised by the py310 tox env
             raise TimeoutError from None
 
 
+def _denial(impl: Impl, hook: str, deny: Deny, context: ToolContext) -> ToolError:
+    """The error a plugin's ``Deny`` ends the call with, recorded in the trail as ``deny``."""
+    context.record(impl.plugin, hook, "deny", deny.reason, code=deny.code, **deny.details)
+    return ERROR_CLASSES[deny.category](f"denied by plugin {impl.plugin!r}: {deny.reason}", code=deny.code,
+                                        plugin=impl.plugin, **deny.details)
+
+
 def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """The keys a ``Modify`` added, removed or changed (a value of another type too: ``1`` to
     ``True``), sorted (for the trail's ``modify`` note). Both sides passed the argument check, so
@@ -542,13 +549,7 @@ class HookDispatcher:
             if out is None:
                 continue
             if isinstance(out, Deny):
-                context.record(impl.plugin, "tool_pre", "deny", out.reason, code=out.code, **out.details)
-                raise ERROR_CLASSES[out.category](
-                    f"denied by plugin {impl.plugin!r}: {out.reason}",
-                    code=out.code,
-                    plugin=impl.plugin,
-                    **out.details,
-                )
+                raise _denial(impl, "tool_pre", out, context)
             if isinstance(out, Modify):
                 try:
                     revalidate(out.arguments, impl.plugin)
@@ -594,9 +595,11 @@ class HookDispatcher:
 
         A replacement's output is checked (``check_output(output, plugin=...)``, raising
         ``ContractError``); a failure, and a refused replacement, become
-        ``on_failure(call, spec, context, error)``. After a fail-closed failure the withheld output
-        stays withheld: later implementations still see the (failed) result, but a replacement
-        they return is recorded and ignored.
+        ``on_failure(call, spec, context, error)``. A ``Deny`` withholds the output the same way,
+        as the plugin's denial (``hook_denied``, recorded as ``deny``). After either the withheld
+        output stays withheld: later implementations still see the (failed) result, but a
+        replacement or another denial they return is recorded and ignored (found by attack: an
+        Amplifier handler's ``modify`` after another's ``deny`` turned the call back into a success).
         """
         kwargs = {"call": call, "spec": spec, "result": result, "context": context}
         failed_closed = False
@@ -620,10 +623,17 @@ class HookDispatcher:
                 continue
             if out is None:
                 continue
+            if isinstance(out, Deny):
+                if failed_closed:
+                    context.record(impl.plugin, "tool_post", "deny_ignored", out.reason, code=out.code)
+                    continue
+                failed_closed = True
+                result = kwargs["result"] = on_failure(call, spec, context, _denial(impl, "tool_post", out, context))
+                continue
             if isinstance(out, ToolResult):
                 if failed_closed:
                     context.record(impl.plugin, "tool_post", "replace_ignored",
-                                   "an earlier plugin failed closed; the output stays withheld")
+                                   "an earlier plugin withheld the output (it failed closed or denied)")
                     continue
                 context.record(impl.plugin, "tool_post", "replace")
                 if out.success:
@@ -647,9 +657,14 @@ class HookDispatcher:
 
     async def tool_error(
         self, call: ToolCall, spec: Any, error: ToolError, context: ToolContext
-    ) -> ToolResult | None:
-        """Run every ``tool_error`` implementation; the first recovery result, if any."""
+    ) -> tuple[ToolResult | None, ToolError | None]:
+        """Run every ``tool_error`` implementation: ``(the first recovery result or None, the first
+        denial's error or None)``. A ``Deny`` withholds the failed call's output (a tool-reported
+        failure's: bash's stdout) and its error (``hook_denied``) is the call's; a recovery before
+        or after it, and a second denial, are recorded and ignored, as after a denial in
+        ``tool_post`` (found by attack: such a denial was recorded as a recovery)."""
         recovery: ToolResult | None = None
+        denied: ToolError | None = None
         kwargs = {"call": call, "spec": spec, "error": error, "context": context}
         for impl in self.impls("tool_error"):
             try:
@@ -658,15 +673,21 @@ class HookDispatcher:
                 log.error("%s (the original error stands)", failure)
                 context.record(impl.plugin, "tool_error", "failed", str(failure))
                 continue
-            if isinstance(out, ToolResult):
-                if recovery is None:
+            if isinstance(out, Deny):
+                if denied is None:
+                    denied = _denial(impl, "tool_error", out, context)
+                else:
+                    context.record(impl.plugin, "tool_error", "deny_ignored", out.reason, code=out.code)
+            elif isinstance(out, ToolResult):
+                if recovery is None and denied is None:
                     recovery = out
                     context.record(impl.plugin, "tool_error", "recover")
                 else:
-                    context.record(impl.plugin, "tool_error", "recover_ignored", "an earlier plugin recovered")
+                    context.record(impl.plugin, "tool_error", "recover_ignored",
+                                   "an earlier plugin recovered" if denied is None else "an earlier plugin denied")
             elif out is not None:
                 context.record(impl.plugin, "tool_error", "failed", f"returned {type(out).__name__}")
-        return recovery
+        return (recovery if denied is None else None), denied
 
     async def tool_complete(
         self, call: ToolCall, spec: Any, result: ToolResult, context: ToolContext,

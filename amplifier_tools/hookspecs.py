@@ -79,13 +79,15 @@ def tool_post(
     """Inspect or replace the result of a call that executed successfully.
 
     Chained like ``tool_pre``: each implementation sees the result as replaced
-    by the ones before it. Return ``None`` to keep it or a ``ToolResult`` to
-    replace it; a replacement's output is validated against the tool's output
-    schema at once and an invalid one becomes a ``ContractError`` attributed to
-    this plugin. When an earlier implementation failed closed, later ones see
-    the failed result, so an observer still sees the call exactly once; a
-    replacement they return is recorded (``replace_ignored``) and never
-    delivered: withheld output stays withheld.
+    by the ones before it. Return ``None`` to keep it, a ``ToolResult`` to
+    replace it, or ``Deny(reason, code=...)`` to withhold the output (the call
+    fails with this plugin's denial, recorded as ``deny``); a replacement's
+    output is validated against the tool's output schema at once and an
+    invalid one becomes a ``ContractError`` attributed to this plugin. When an
+    earlier implementation failed closed or denied, later ones see the failed
+    result, so an observer still sees the call exactly once; a replacement or
+    denial they return is recorded (``replace_ignored``, ``deny_ignored``) and
+    never delivered: withheld output stays withheld.
     """
 
 
@@ -104,7 +106,10 @@ def tool_error(
     implementation is called, so each observer sees each failure once. The
     first implementation returning a ``ToolResult`` recovers the call: that
     result goes to the caller; later recoveries are recorded and ignored. A
-    failure raised here is logged and the original error stands.
+    ``Deny`` withholds the failed call's output (a tool-reported failure's,
+    such as a command's output) and its denial becomes the call's error; no
+    recovery before or after it is delivered. A failure raised here is logged
+    and the original error stands.
     """
 
 

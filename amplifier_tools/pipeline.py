@@ -358,8 +358,10 @@ class CallPipeline:
         started: float, output: Any, events: bool, *, recover: bool = True,
     ) -> ToolResult:
         spec = mounted.spec if mounted is not None else None
+        recovery, denied = await self.hooks.tool_error(call, spec, error, ctx)
+        if denied is not None:  # a plugin withheld the failed call's output: its denial is the error
+            error, output = denied, None
         result = self._failure_result(call, spec, ctx, error, output)
-        recovery = await self.hooks.tool_error(call, spec, error, ctx)
         if recovery is not None and not recover:
             ctx.record("host", "tool_error", "recover_ignored", "a cancelled call cannot be recovered")
         elif recovery is not None:

@@ -299,3 +299,66 @@ async def test_a_handler_changing_tool_input_in_place_changes_nothing(tmp_path: 
                         working_dir=tmp_path, discover=False) as host:
         assert (await host.call("nested", {"opts": {"safe": 1}})).success
     assert seen == [{"opts": {"safe": 1}}]
+
+
+class PostHandlers:
+    """Registers Amplifier handlers on one event from its mount, as a hook module does."""
+
+    name = "post-handlers"
+
+    def __init__(self, event: str, *handlers: tuple[str, int, Any]) -> None:
+        self.event, self.handlers = event, handlers
+
+    @hookimpl
+    def mount(self, coordinator: Any) -> None:
+        for name, priority, handler in self.handlers:
+            coordinator.hooks.register(self.event, handler, priority=priority, name=name)
+
+
+async def test_a_tool_post_deny_is_not_overturned_by_a_later_modify(tmp_path: Path, echo: EchoTool) -> None:
+    """Found by a new-user trial: a guard's ``deny`` withheld the output, then a formatter's
+    ``modify`` (a later handler) turned the call back into a success carrying the denial's text.
+    In Amplifier a deny ends the event; here later handlers still observe, but nothing they return
+    gives the output back."""
+    seen: list[Any] = []
+
+    def guard(event: str, data: dict[str, Any]) -> dict[str, Any]:
+        return {"action": "deny", "reason": "sensitive output withheld"}
+
+    def formatter(event: str, data: dict[str, Any]) -> dict[str, Any]:
+        seen.append(data["tool_result"])
+        return {"action": "modify", "data": {**data, "tool_result": {"success": True, "output": "formatted"}}}
+
+    async with host_with(tmp_path, echo, plugins=(PostHandlers("tool:post", ("guard", 0, guard),
+                                                              ("formatter", 10, formatter)),)) as host:
+        result = await host.call("echo", {"path": "secret"})
+    assert not result.success and result.output is None and result.error["code"] == "hook_denied"
+    assert "sensitive output withheld" in result.error["message"]
+    actions = [(d["hook"], d["action"]) for d in result.metadata["trail"]]
+    assert actions == [("tool_post", "deny"), ("tool_post", "replace_ignored")]
+    assert seen and seen[0]["success"] is False  # the later handler saw the denial
+
+
+async def test_a_deny_of_a_reported_failure_is_recorded_as_a_deny_not_a_recovery(tmp_path: Path) -> None:
+    """Found by a new-user trial: a tool:post deny of bash's non-zero exit was recorded in the
+    trail and the audit record as ``tool_error``/``recover``."""
+    config = {"modules": [{"module": "amplifier_fixtures.tool_module"},
+                          {"module": MODULE, "config": {"action": "deny", "event": "tool:post"}}]}
+    async with ToolHost(config=config, builtins=False, entry_points=False, working_dir=tmp_path,
+                        discover=False) as host:
+        failed = await host.call("run", {"command": "false"})
+    assert failed.error["code"] == "hook_denied" and failed.output is None
+    assert [(d["hook"], d["action"]) for d in failed.metadata["trail"]] == [("tool_error", "deny")]
+
+
+async def test_what_a_tool_error_handler_cannot_do_is_recorded_not_dropped(tmp_path: Path) -> None:
+    """Amplifier's tool:error handlers' ``deny`` and ``modify`` have no effect on a failure; they
+    were dropped without a word (new-user trial: hooks-redaction returns modify on every error)."""
+    config = {"modules": [{"module": "amplifier_fixtures.tool_module"}]}
+    handlers = PostHandlers("tool:error", ("redactor", 0, lambda event, data: {"action": "modify", "data": data}))
+    async with ToolHost(config=config, plugins=[handlers], builtins=False, entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        raised = await host.call("run", {"command": 3})
+    assert not raised.success and raised.error["code"] == "invalid_input"
+    noted = [d for d in raised.metadata["trail"] if d["hook"] == "tool_error"]
+    assert [(d["plugin"], d["action"]) for d in noted] == [("post-handlers", "modify_ignored")]

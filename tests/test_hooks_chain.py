@@ -142,6 +142,58 @@ async def test_raising_tool_post_withholds_output(host_factory: Any, echo: EchoT
     assert "tool_error" not in recorder.hooks()
 
 
+class PostDeny:
+    """Denies in ``tool_post`` (withholding a successful call's output) or in ``tool_error``."""
+
+    name = "post-guard"
+
+    @hookimpl
+    def tool_post(self) -> Deny:
+        return Deny("sensitive output", code="output_withheld")
+
+    @hookimpl
+    def tool_error(self) -> Deny:
+        return Deny("sensitive failure output")
+
+
+class Restorer:
+    name = "restorer"
+
+    @hookimpl(trylast=True)
+    def tool_post(self) -> ToolResult:
+        return ToolResult(output="restored")
+
+    @hookimpl(trylast=True)
+    def tool_error(self) -> ToolResult:
+        return ToolResult(output="recovered")
+
+
+async def test_a_deny_in_tool_post_withholds_the_output_and_no_later_plugin_restores_it(
+        host_factory: Any, echo: EchoTool) -> None:
+    """A ``Deny`` from ``tool_post`` is the plugin's denial (it was ``hook_invalid_return``), and,
+    as after a fail-closed failure, a later replacement is ignored (found by attack through the
+    Amplifier bridge: a later handler's modify made a denied call a success)."""
+    host = await host_factory(ToolsPlugin(echo), PostDeny(), Restorer())
+    result = await host.call("echo", {"path": "sensitive"})
+    assert not result.success and result.output is None
+    assert result.error["type"] == "PolicyError" and result.error["code"] == "output_withheld"
+    assert result.error["plugin"] == "post-guard" and "sensitive output" in result.error["message"]
+    assert [(d["plugin"], d["action"]) for d in result.metadata["trail"]] == [
+        ("post-guard", "deny"), ("restorer", "replace_ignored")]
+
+
+async def test_a_deny_in_tool_error_withholds_a_reported_failures_output(host_factory: Any) -> None:
+    class Failing(EchoTool):
+        async def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+            return {"success": False, "output": "partial secret", "error": "backend down"}
+
+    host = await host_factory(ToolsPlugin(Failing()), PostDeny(), Restorer())
+    result = await host.call("echo", {"path": "a"})
+    assert not result.success and result.output is None and result.error["code"] == "denied"
+    assert [(d["plugin"], d["action"]) for d in result.metadata["trail"]] == [
+        ("post-guard", "deny"), ("restorer", "recover_ignored")]
+
+
 async def test_fail_open_plugin_failure_is_ignored_and_logged(
     host_factory: Any, echo: EchoTool, caplog: Any
 ) -> None:
