@@ -420,6 +420,9 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
         return (f"the call ran out of time; raise the tool's timeout_ms "
                 f"([tools.\"{error.get('tool') or tool}\".policies] timeout_ms) "
                 "or the host's default_timeout_ms; bash has its own: [plugins.bash] default_timeout / max_timeout")
+    own = error.get("hint")
+    if isinstance(own, str) and own:  # the error's own advice (a missing secret's: what to set) beats a guess
+        return own
     if error.get("type") in ("PolicyError", "AuthError"):
         who = f"plugin {error['plugin']!r}" if error.get("plugin") else "the policy"
         return f"denied by {who}; 'amplifier-tools describe {tool}' shows the tool's scopes and policies"

@@ -225,7 +225,8 @@ def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | No
         except TOMLDecodeError as exc:
             raise ConfigError(f"not valid TOML: {exc}", file=file) from None
         if p.name == "pyproject.toml":
-            data = data.get("tool", {}).get("amplifier-tools", {})
+            section = pyproject_section(data, file)
+            data = {} if section is None else section
     used: set[str] = set() if substituted is None else substituted
     checked: dict[str, Any] = validate_config(_substitute(data, file, "", used), file=file)
     return checked
@@ -281,6 +282,30 @@ def discover_config_file(cwd: str | os.PathLike[str] | None = None) -> Path | No
             raise  # too large to look for our section in: said, rather than starting without it
         except (ConfigError, TOMLDecodeError):
             return None  # not ours to complain about unless it holds our section
-        if "amplifier-tools" in data.get("tool", {}):
+        if pyproject_section(data, str(pyproject)) is not None:
             return pyproject
+    return None
+
+
+#: The ``pyproject.toml`` table this host reads: ``[tool.amplifier-tools]``.
+PYPROJECT_SECTION: Final = "amplifier-tools"
+
+
+def pyproject_section(data: Any, file: str) -> Any:
+    """``[tool.amplifier-tools]`` of a parsed ``pyproject.toml``, or None when it has none.
+
+    ``ConfigError`` for a table that is meant to be ours but spelled otherwise
+    (``[tool.amplifier_tools]``, ``[tool.Amplifier-Tools]``): found by a new-user trial, such a
+    section, rules and all, was ignored without a word and the host ran on its defaults."""
+    tools = data.get("tool") if isinstance(data, dict) else None
+    if not isinstance(tools, dict):
+        return None
+    section = tools.get(PYPROJECT_SECTION)
+    if section is not None:
+        return section  # a table, or what the validation then refuses naming the file
+    for key in tools:
+        if isinstance(key, str) and key.lower().replace("_", "-").replace(".", "-") == PYPROJECT_SECTION:
+            raise ConfigError(f"[tool.{key}] is not read: this host's section is [tool.{PYPROJECT_SECTION}]",
+                              file=file, key=f"tool.{key}",
+                              hint=f"rename the table to [tool.{PYPROJECT_SECTION}] (with a hyphen)")
     return None

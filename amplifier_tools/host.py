@@ -463,10 +463,19 @@ class ToolHost:
                 if first == second:  # one plugin mounting two tools of one name: its own bug
                     raise PluginLoadError(info.name, f"{exc.message}: it mounts two tools of that name; "
                                                      "give each tool its own name") from exc
-                raise ConfigError(f"{exc.message}; keep one: disable_plugins = [{second!r}] (or {first!r}), "
-                                  "or mount it under another name", key="disable_plugins",
-                                  file=self.config_file, hint=f"add {second!r} (or {first!r}) to disable_plugins "
-                                  "in the configuration") from exc
+                sandboxed = "bash" if "bash" in (first, second) and any(
+                    p.name == "bash" and p.source == "builtin" for p in self.plugins) else None
+                other = second if first == sandboxed else first
+                note = (f"; the built-in {sandboxed!r} runs commands in the sandbox, {other!r}'s tool runs them as "
+                        "the host's user with its whole filesystem, environment and network (found by a new-user "
+                        "trial: following this hint gave the model an unconfined shell)") if sandboxed else ""
+                keep = f"disable_plugins = [{other!r}]" if sandboxed else \
+                    f"disable_plugins = [{second!r}] (or {first!r})"
+                raise ConfigError(f"{exc.message}; keep one: {keep}, or mount it under another name{note}",
+                                  key="disable_plugins", file=self.config_file,
+                                  hint=f"add {other!r} to disable_plugins in the configuration to keep the sandboxed "
+                                  f"{sandboxed!r}" if sandboxed else f"add {second!r} (or {first!r}) to "
+                                  "disable_plugins in the configuration") from exc
             if isinstance(exc, ConfigError):
                 located = ConfigError(exc.detail, key=exc.key, file=exc.file or self.config_file)
                 if exc.key is not None and exc.key.startswith("tools."):

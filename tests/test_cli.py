@@ -348,6 +348,16 @@ def test_a_bash_timeout_hint_names_the_calls_own_timeout_argument(project: Path)
     assert 'larger "timeout" argument' in hint and "[plugins.bash] max_timeout" in hint
 
 
+
+def test_a_missing_secret_hint_says_what_to_set(project: Path) -> None:
+    """Found by a new-user trial: the hint read "denied by the policy; ... describe bash shows the
+    tool's scopes and policies", where the error itself said which variable to set."""
+    (project / "amplifier-tools.toml").write_text('[secrets]\ndeploy = "AMP_TEST_DEPLOY_KEY"\n'
+                                                  '[plugins.bash]\nsandbox = "off"\nsecrets = { DEPLOY = "deploy" }\n')
+    out = cli(project, "call", "local::bash", '{"command": "echo hi"}')
+    assert out.returncode == 4 and "AuthError[missing_secret]" in out.stderr
+    assert out.stderr.splitlines()[-1] == "hint: set AMP_TEST_DEPLOY_KEY in the environment the host starts in"
+
 COUNTER_MODULE = '''
 from pathlib import Path
 from amplifier_tools import ToolResult, ToolSpec

@@ -99,6 +99,24 @@ def test_pyproject_section_and_bad_toml(tmp_path: Path) -> None:
         load_config_file(wrong)
 
 
+
+@pytest.mark.parametrize("spelling", ["amplifier_tools", "Amplifier-Tools", "amplifier.tools"])
+def test_a_misspelled_pyproject_section_stops_the_start_naming_the_right_one(tmp_path: Path, spelling: str) -> None:
+    """Found by a new-user trial: ``[tool.amplifier_tools]``, rules and all, was ignored without a
+    word (discovery found no section, ``trust`` said no configuration file) and the host ran on
+    its defaults."""
+    from amplifier_tools.config import discover_config_file
+
+    pyproject = tmp_path / "pyproject.toml"
+    table = f'"{spelling}"' if "." in spelling else spelling
+    pyproject.write_text(f'[project]\nname = "x"\n[tool.{table}]\ndefault_timeout_ms = 500\n')
+    for load in (lambda: discover_config_file(tmp_path), lambda: load_config_file(pyproject)):
+        with pytest.raises(ConfigError, match=r"is not read: this host's section is \[tool.amplifier-tools\]") as info:
+            load()
+        assert info.value.hint is not None and "[tool.amplifier-tools]" in info.value.hint
+    pyproject.write_text('[project]\nname = "x"\n[tool.ruff]\nline-length = 100\n')  # another tool's: not ours
+    assert discover_config_file(tmp_path) is None
+
 def test_mount_plan_yaml_is_accepted(tmp_path: Path) -> None:
     pytest.importorskip("yaml")
     plan = tmp_path / "plan.yaml"

@@ -109,6 +109,25 @@ async def test_a_tool_colliding_with_another_plugins_tool_stops_the_start_naming
     assert "'builtin-like'" in message and "'tool-bash'" in message and "disable_plugins" in message
 
 
+
+async def test_a_bash_colliding_with_the_built_in_says_which_one_is_sandboxed(tmp_path: Any) -> None:
+    """Found by a new-user trial: the hint offered ``disable_plugins = ['bash']`` as freely as the
+    module's name, and following it gave the model Amplifier's bash, unconfined (the host's
+    environment, filesystem and network) without a word."""
+    from amplifier_tools import ToolHost
+
+    class Bash(EchoTool):
+        name = "bash"
+
+    host = ToolHost(plugins=[ToolsPlugin(Bash(), name="tool-bash")], builtins=["bash"], entry_points=False,
+                    working_dir=tmp_path, discover=False)
+    with pytest.raises(ConfigError) as caught:
+        await host.start()
+    await host.close()
+    message, hint = str(caught.value), caught.value.hint or ""
+    assert "disable_plugins = ['tool-bash']" in message and "runs commands in the sandbox" in message
+    assert "unconfined" in message and "'tool-bash'" in hint and "disable_plugins = ['bash']" not in message
+
 @pytest.mark.parametrize(
     ("fields", "fragment"),
     [
