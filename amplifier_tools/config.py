@@ -16,6 +16,7 @@ for the host's reserved keys (``enabled``, ``on_error``, ``hook_timeout_ms``).
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import re
@@ -25,6 +26,8 @@ from typing import Any, Final
 
 from .errors import ConfigError
 from .schema import CompiledSchema, Validator, schema_problems
+
+log = logging.getLogger("amplifier_tools.config")
 
 RESERVED_PLUGIN_KEYS: Final = ("enabled", "on_error", "hook_timeout_ms")
 
@@ -150,6 +153,8 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
         raise ConfigError(f"configuration must be a table/mapping, got {type(raw).__name__}", file=file)
     data: dict[str, Any] = dict(raw)
     _reject_non_finite(data, "", file)
+    if isinstance(data.get("tools"), list) or isinstance(data.get("hooks"), list):
+        _fold_mount_plan(data, file)
     validator = _validator()
     if not validator.is_valid(data):
         pointer, message = schema_problems(validator, data, limit=1)[0]
@@ -160,6 +165,31 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     if "hooks" in data:
         data["modules"] = list(data.get("modules", [])) + data.pop("hooks")
     return data
+
+
+#: The sections of an Amplifier mount plan that configure the agent, not its tools: read by
+#: amplifier-core, passed over here (with a warning naming them).
+AGENT_PLAN_SECTIONS: Final = ("session", "providers", "agents", "context", "orchestrator", "ui", "spawn")
+
+
+def _fold_mount_plan(data: dict[str, Any], file: str | None) -> None:
+    """An Amplifier mount plan: its agent sections are dropped, saying so (found by a new-user
+    trial: a real plan failed with "'session' is not an allowed property"), and a module's
+    ``source`` — where Amplifier installs it from — is said to be unused: this host mounts the
+    module installed in its environment, whatever version that is."""
+    where = f" in {file}" if file else ""
+    dropped = [key for key in AGENT_PLAN_SECTIONS if key in data]
+    for key in dropped:
+        del data[key]
+    if dropped:
+        log.warning("mount plan%s: %s configure the agent, not its tools; amplifier-tools mounts only the "
+                    "tools: and hooks: modules", where, ", ".join(repr(key) for key in dropped))
+    for key in ("tools", "hooks"):
+        for entry in data.get(key) or ():
+            if isinstance(entry, Mapping) and isinstance(entry.get("source"), str):
+                log.warning("mount plan%s: module %r: source %r is not installed by amplifier-tools; the module "
+                            "installed in this environment is mounted (pip install it from that source to use "
+                            "it)", where, entry.get("module"), entry["source"])
 
 
 def _reject_non_finite(value: Any, path: str, file: str | None) -> None:

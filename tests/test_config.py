@@ -117,6 +117,23 @@ def test_a_misspelled_pyproject_section_stops_the_start_naming_the_right_one(tmp
     pyproject.write_text('[project]\nname = "x"\n[tool.ruff]\nline-length = 100\n')  # another tool's: not ours
     assert discover_config_file(tmp_path) is None
 
+
+def test_an_amplifier_mount_plans_agent_sections_and_sources_are_named_not_used(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a new-user trial: a real mount plan failed with "'session' is not an allowed
+    property", and a module's ``source`` (a git URL at another version) was accepted and ignored
+    without a word, the installed version mounted instead."""
+    pytest.importorskip("yaml")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("session:\n  orchestrator: loop-basic\nproviders:\n  - module: provider-x\ntools:\n"
+                    "  - module: tool-filesystem\n    source: git+https://example.invalid/x@v9.9.9\n")
+    with caplog.at_level("WARNING", logger="amplifier_tools.config"):
+        assert load_config_file(plan) == {
+            "modules": [{"module": "tool-filesystem", "source": "git+https://example.invalid/x@v9.9.9"}]}
+    text = caplog.text
+    assert "'session', 'providers' configure the agent, not its tools" in text and str(plan) in text
+    assert "source 'git+https://example.invalid/x@v9.9.9' is not installed by amplifier-tools" in text
+
 def test_mount_plan_yaml_is_accepted(tmp_path: Path) -> None:
     pytest.importorskip("yaml")
     plan = tmp_path / "plan.yaml"

@@ -304,3 +304,17 @@ async def test_a_catastrophic_grep_pattern_does_not_freeze_the_host(tmp_path: Pa
         refused = await h.call("fs_grep", {"pattern": "a(?=b)"})
     assert refused.error["code"] == "invalid_pattern" and refused.error["pointer"] == "/pattern"
     assert "lookaround" in refused.error["message"]
+
+
+async def test_a_root_that_is_not_a_directory_is_named_at_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by a new-user trial: ``allowed_read_paths = ["/nonexistent"]`` started without a word
+    and every read then failed with ``path_denied``."""
+    missing = tmp_path / "no-such-dir"
+    config = {"plugins": {"filesystem": {"allowed_read_paths": [str(missing)]}}}
+    with caplog.at_level("WARNING", logger="amplifier_tools.filesystem"):
+        async with ToolHost(config=config, builtins=["filesystem"], entry_points=False, working_dir=tmp_path,
+                            discover=False):
+            pass
+    assert f"[plugins.filesystem] allowed_read_paths: {missing} is not a directory here" in caplog.text
+    assert "allowed_write_paths" not in caplog.text  # the working directory is one

@@ -10,6 +10,8 @@ so the read-before-write log is never shared between hosts.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any, Final
 
 from ..._markers import hookimpl
@@ -21,6 +23,8 @@ from .guard import ArgumentGuard
 from .paths import PathRules
 from .settings import FilesystemSettings
 from .tools import TOOL_CLASSES, ReadLog
+
+log = logging.getLogger("amplifier_tools.filesystem")
 
 PLUGIN: Final = "filesystem"
 #: Built-in tools that decide paths themselves (the path engine; bash: its cwd rule and sandbox).
@@ -52,6 +56,11 @@ class FilesystemPlugin:
             protected=protected if isinstance(protected, ProtectedPaths) else None,
         )
         coordinator.register_capability("fs.path_rules", self.rules)
+        for key, roots in (("allowed_read_paths", self.rules.read_roots), ("allowed_write_paths", self.rules.write_roots)):
+            for root in roots:
+                if not os.path.isdir(root):  # found by a new-user trial: every call failed, the start said nothing
+                    log.warning("[plugins.%s] %s: %s is not a directory here; no path under it can be read or "
+                                "written until it is", PLUGIN, key, root)
         read_log = ReadLog()
         for cls in TOOL_CLASSES:
             await coordinator.mount("tools", cls(self.rules, settings, read_log))
