@@ -184,8 +184,8 @@ def _fold_mount_plan(data: dict[str, Any], file: str | None) -> None:
     if dropped:
         log.warning("mount plan%s: %s configure the agent, not its tools; amplifier-tools mounts only the "
                     "tools: and hooks: modules", where, ", ".join(repr(key) for key in dropped))
-    for key in ("tools", "hooks"):
-        for entry in data.get(key) or ():
+    for section in ("tools", "hooks"):
+        for entry in data.get(section) or ():
             if isinstance(entry, Mapping) and isinstance(entry.get("source"), str):
                 log.warning("mount plan%s: module %r: source %r is not installed by amplifier-tools; the module "
                             "installed in this environment is mounted (pip install it from that source to use "

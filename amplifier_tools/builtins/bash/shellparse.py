@@ -7,17 +7,22 @@ on the latter. The tree-sitter parser is created once per thread.
 
 Unreadable, because bash would evaluate text the reader cannot follow:
 - command or process substitutions inside arithmetic, array subscripts,
-  here-documents or ``${…}`` parameter expansions;
+  here-documents or ``${…}`` parameter expansions (in a ``${…}`` its text is
+  checked: the grammar keeps most operands as plain text);
 - a variable read in an arithmetic context (``(( ))``, ``$(( ))``, ``$[ ]``,
   ``[[ a -eq b ]]``, ``let``, subscripts, substring offsets) unless the command
   line only ever gives it integers: bash evaluates a variable's *value* as an
-  expression, and a value like ``a[$(rm x)]`` runs ``rm``;
+  expression, and a value like ``a[$(rm x)]`` runs ``rm``; the keys of a
+  compound array assignment (``a=([key]=v)``) are read as arithmetic;
 - a variable name with a subscript passed to a builtin (``printf -v 'a[$(…)]'``,
   ``read``, ``unset``, ``declare``, ``[[ -v ]]``), ``${!x}``, ``${x@P}`` and the
   other ``@`` transformations, ``declare -i``/``-n``;
 - ``eval``, ``source``/``.``, ``trap``, ``coproc``, ``alias``, ``enable``,
   ``hash -p``, assignments to ``PATH``, ``BASH_ENV``, ``ENV``, ``PS4``,
-  ``PROMPT_COMMAND``, ``SHELLOPTS``, ``BASHOPTS``, ``LD_*``;
+  ``PROMPT_COMMAND``, ``SHELLOPTS``, ``BASHOPTS``, ``LD_*`` (``changes_what_runs``)
+  however made: ``NAME=``, a quoted ``declare 'NAME=…'``, a builtin assigning by
+  name (``read``, ``printf -v``, ``mapfile``, ``getopts``, ``wait -p``), a loop
+  variable, ``${NAME:=…}``, arithmetic (``let``, ``(( ))``);
 - a program name only known at run time (``$X``, ``$(echo rm)``, globs, braces);
 - anything tree-sitter reports as an error or a missing token.
 
@@ -59,6 +64,8 @@ _NAME_BUILTINS: Final = frozenset({"read", "mapfile", "readarray", "printf", "ge
                                    "local", "export", "readonly", "unset", "test", "[", "[[", "let"})
 #: Builtins that store text in the variables they name.
 _TEXT_WRITERS: Final = frozenset({"read", "mapfile", "readarray", "printf", "getopts", "wait"})
+#: Builtins that assign a value to a variable named by ``NAME=value`` in an argument (a quoted one is a word).
+_DECLARERS: Final = frozenset({"declare", "typeset", "local", "export", "readonly"})
 _ASSIGNING_WRAPPERS: Final = frozenset({"env", "sudo"})
 _NEVER_READ: Final = {
     "eval": "eval runs a string the rules cannot read",
@@ -80,6 +87,14 @@ _INTEGER: Final = re.compile(r"^[+-]?[0-9][0-9A-Za-z#]*$")
 _OPERATOR: Final = re.compile(r"[-+*/%<>=!&|^~?:,]+")
 _INTEGER_SPECIALS: Final = frozenset({"#", "?", "$", "!"})
 _FD_VARIABLE: Final = re.compile(r"(?:(?<=^)|(?<=[\s;&|(]))\{[A-Za-z_][A-Za-z0-9_]*\}(?=[<>])")
+#: Text that starts a command, process or arithmetic substitution (escaped or quoted ones included: a
+#: ``${…}`` holding one fails closed whatever the grammar made of it).
+_SUBSTITUTION_OPENER: Final = re.compile(r"`|\$\(|\$\[|[<>]\(")
+#: ``[key]=`` / ``[key]+=`` at the start of an element of a compound array assignment.
+_ARRAY_KEY: Final = re.compile(r"^\[(.*?)\]\+?=", re.S)
+#: ``$name`` and ``${name}`` in an arithmetic text, and the text arithmetic is read from once they are names.
+_SIMPLE_REFERENCE: Final = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+_ARITHMETIC_TEXT: Final = re.compile(r"[\sA-Za-z0-9_#+\-*/%()<>=!&|^~?:,]*")
 _GLOB: Final = re.compile(r"[*?]|\[.*\]|\{[^{}\s]*(,|\.\.)[^{}\s]*\}")
 
 _WORD_NODES: Final = frozenset({"command_name", "word", "string", "raw_string", "ansi_c_string", "concatenation",
@@ -273,6 +288,9 @@ class _Reader:
         elif kind in ("for_statement", "select_statement"):
             variable = node.child_by_field_name("variable")
             if variable is not None:
+                if changes_what_runs(self.text(variable)):
+                    self.closed(f"a loop assigns {self.text(variable)}, which changes what later commands run",
+                                variable)
                 self.taint(self.text(variable), node)
             for child in node.children:
                 if child != variable:
@@ -399,6 +417,8 @@ class _Reader:
                 continue
             base, bracket, rest = text.partition("[")
             base = base.split("=", 1)[0]
+            if changes_what_runs(base) and (name in _TEXT_WRITERS or (name in _DECLARERS and "=" in text)):
+                self.closed(f"{name} assigns {base}, which changes what later commands run", where)
             if bracket and "]" in rest:
                 subscript = rest[:rest.index("]")] if "=" in rest else rest[:rest.rindex("]")]
                 if not (_SAFE_SUBSCRIPT.match(subscript) or _NAME.match(subscript)):
@@ -414,6 +434,8 @@ class _Reader:
             self.closed("an expansion or subscript in a let expression", where)
             return
         for match in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", arg.text):
+            if changes_what_runs(match.group()):
+                self.closed(f"let uses {match.group()}, which changes what later commands run", where)
             self.arith_names.setdefault(match.group(), where)
         assigned = re.match(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*[-+*/%&|^<>]*=", arg.text)
         if assigned:
@@ -446,7 +468,33 @@ class _Reader:
             self.integers.add(name)
         else:
             self.taint(name, node)
+            if value.type == "array":
+                self.array_keys(value)
             self.walk(value, depth)
+
+    def array_keys(self, array: tree_sitter.Node) -> None:
+        """``a=([key]=value …)``: bash evaluates each key of an indexed array as arithmetic, like ``a[key]=``.
+
+        The grammar keeps a key as plain words, so its text is read: numbers, names (checked as in any
+        arithmetic), ``$name`` and operators; anything else fails closed.
+        """
+        for element in array.children:
+            text = self.text(element)
+            found = _ARRAY_KEY.match(text)
+            if found is None:
+                continue
+            key = found.group(1)
+            if _SAFE_SUBSCRIPT.match(key):
+                continue
+            plain = _SIMPLE_REFERENCE.sub(lambda m: f" {m.group(1) or m.group(2)} ", key)
+            if not _ARITHMETIC_TEXT.fullmatch(plain):
+                self.closed("an array subscript in a compound assignment (bash evaluates it)", element)
+                continue
+            for match in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", plain):
+                if changes_what_runs(match.group()):
+                    self.closed(f"{match.group()} inside an array subscript (an assignment to it changes what "
+                                "later commands run)", element)
+                self.arith_names.setdefault(match.group(), text)
 
     def taint(self, name: str, node: tree_sitter.Node) -> None:
         self.tainted.setdefault(name, self.text(node)[:80])
@@ -475,7 +523,15 @@ class _Reader:
     # -- expansions ----------------------------------------------------------------------------------------
 
     def expansion(self, node: tree_sitter.Node, depth: int) -> None:
-        """``$x`` / ``${…}`` outside arithmetic: transformations and hidden substitutions are unreadable."""
+        """``$x`` / ``${…}`` outside arithmetic: transformations and hidden substitutions are unreadable.
+
+        The grammar keeps most operands of ``${…}`` (after ``#``, ``%``, ``^``, ``,``, and backticks or
+        ``<(…)`` after ``:-``, ``=``, ``?``) as plain text, so the text is checked, not just the nodes:
+        any substitution opener anywhere in a ``${…}``, nested ones included, fails closed.
+        """
+        if node.type == "expansion" and _SUBSTITUTION_OPENER.search(self.text(node)):
+            self.closed("a command substitution inside a parameter expansion", node)
+            return
         for sub in (node, *_descendants(node)):
             if sub.type == "expansion":
                 self.parameter(sub, depth)
@@ -496,6 +552,8 @@ class _Reader:
         if any(op in ("=", ":=") for op in operators):
             name = next((c for c in children if c.type == "variable_name"), None)
             if name is not None:
+                if changes_what_runs(self.text(name)):
+                    self.closed(f"an assignment to {self.text(name)} changes what later commands run", node)
                 self.taint(self.text(name), node)
         if ":" in operators:  # ${x:offset:length}: both are arithmetic
             after = children[[self.text(c) for c in children].index(":"):]
@@ -522,6 +580,9 @@ class _Reader:
         elif kind in ("variable_name", "word"):
             text = self.text(node)
             if _NAME.match(text):
+                if changes_what_runs(text):  # (( PATH = 0 )) assigns it
+                    self.closed(f"{text} inside {where} (an assignment to it changes what later commands run)",
+                                node.parent or node)
                 self.arith_names.setdefault(text, self.text(node.parent) if node.parent is not None else text)
             elif not _INTEGER.match(text) and not _OPERATOR.fullmatch(text):
                 self.closed(f"the text {text!r} inside {where}", node)

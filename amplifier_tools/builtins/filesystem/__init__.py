@@ -56,7 +56,8 @@ class FilesystemPlugin:
             protected=protected if isinstance(protected, ProtectedPaths) else None,
         )
         coordinator.register_capability("fs.path_rules", self.rules)
-        for key, roots in (("allowed_read_paths", self.rules.read_roots), ("allowed_write_paths", self.rules.write_roots)):
+        rules = self.rules
+        for key, roots in (("allowed_read_paths", rules.read_roots), ("allowed_write_paths", rules.write_roots)):
             for root in roots:
                 if not os.path.isdir(root):  # found by a new-user trial: every call failed, the start said nothing
                     log.warning("[plugins.%s] %s: %s is not a directory here; no path under it can be read or "
