@@ -55,6 +55,7 @@ import attrs
 
 from .errors import ToolSystemError
 from .procfs import is_live, proc_stat
+from .seccomp import filter_fd
 
 #: Read-only by default: what common commands need (programs, libraries, configuration). Symlinks
 #: among them (``/bin -> usr/bin`` on merged-usr systems) are recreated as symlinks.
@@ -206,15 +207,19 @@ def _read_only_argv(view: View) -> list[str]:
     return argv
 
 
-def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap", info_fd: int | None = None) -> list[str]:
+def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap", info_fd: int | None = None,
+            seccomp_fd: int | None = None) -> list[str]:
     """``bwrap`` with the view's mounts and namespaces, then ``--`` and ``argv`` (see the module docstring).
 
     With ``info_fd``, bwrap writes ``{"child-pid": N}`` there: N is the sandbox's first process (PID 1
-    of its namespace) as the host sees it; see ``wait_namespace_gone``."""
+    of its namespace) as the host sees it; see ``wait_namespace_gone``. With ``seccomp_fd`` (a
+    ``seccomp.filter_fd()``), the command runs under ``seccomp.FILTER``: no kernel keyrings."""
     out = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
            "--unshare-cgroup-try", "--cap-drop", "ALL"]
     if info_fd is not None:
         out += ["--info-fd", str(info_fd)]
+    if seccomp_fd is not None:
+        out += ["--seccomp", str(seccomp_fd)]
     if not view.network:
         out.append("--unshare-net")
     out += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # first: a path bound below them shows
@@ -330,12 +335,16 @@ def probe(bwrap: str) -> str | None:
 
 
 def _run_probe(bwrap: str) -> str | None:
-    argv = command(View(cwd="/"), ["/bin/sh", "-c", "exit 0"], bwrap=bwrap)
+    """The probe runs what every command runs: the same namespaces and the seccomp filter."""
+    seccomp_fd = filter_fd()
+    argv = command(View(cwd="/"), ["/bin/sh", "-c", "exit 0"], bwrap=bwrap, seccomp_fd=seccomp_fd)
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=PROBE_TIMEOUT,
-                              check=False)
+                              check=False, pass_fds=(seccomp_fd,))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{bwrap} could not be run ({exc})"
+    finally:
+        os.close(seccomp_fd)
     if done.returncode != 0:
         lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
         return f"{bwrap} failed to set up a sandbox ({lines[-1] if lines else f'exit code {done.returncode}'})"

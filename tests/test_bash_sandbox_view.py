@@ -418,3 +418,34 @@ async def test_a_bwrap_planted_on_path_inside_the_workspace_is_passed_over(
         assert result.output["stdout"].split() == ["hidden", "no-root"], result.output
     finally:
         await host.close()
+
+
+async def test_the_hosts_kernel_keyrings_are_out_of_reach(work: Path) -> None:
+    """Found by attack: a key in the host process's session keyring (and, on a root host, root's
+    user keyring) was readable through keyctl(2) from the sandbox, ``user`` set or not; /proc/keys
+    is hidden, the keys were not. The seccomp filter refuses the keyring calls (EPERM)."""
+    import ctypes
+    import platform
+
+    numbers = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(platform.machine())
+    if numbers is None:
+        pytest.skip("keyring system call numbers known here for x86-64 and AArch64 only")
+    add_key, keyctl = numbers
+    libc = ctypes.CDLL(None, use_errno=True)
+    secret = b"host-keyring-secret-" + os.urandom(4).hex().encode()
+    key = libc.syscall(add_key, b"user", b"amp-test-key", secret, len(secret), ctypes.c_int(-3))  # session
+    if key < 0:
+        pytest.skip(f"no session keyring to put a key in here (errno {ctypes.get_errno()})")
+    reader = (f"import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+              f"kid = libc.syscall({keyctl}, 10, ctypes.c_int(-3), b'user', b'amp-test-key', 0); "
+              f"buf = ctypes.create_string_buffer(200); "
+              f"n = libc.syscall({keyctl}, 11, kid, buf, 200) if kid > 0 else -1; "
+              f"print('READ', buf.raw[:n].decode() if n > 0 else 'refused', ctypes.get_errno())")
+    host = await bash_host(work)
+    try:
+        result = await host.call("bash", {"command": f"{PYTHON_IN_VIEW} -c \"{reader}\"; echo still-runs"})
+        out = result.output["stdout"]
+        assert secret.decode() not in out and "READ refused 1" in out and "still-runs" in out, result.output
+    finally:
+        libc.syscall(keyctl, 3, ctypes.c_int(key))  # KEYCTL_REVOKE: leave nothing behind
+        await host.close()

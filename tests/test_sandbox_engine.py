@@ -96,3 +96,37 @@ def test_any_sandboxed_process_finds_proc_sys_read_only(work: Path) -> None:
     done = subprocess.run(engine.command(view, ["sh", "-c", script], bwrap=BWRAP), capture_output=True, text=True,
                           timeout=30)
     assert "Read-only file system" in done.stdout + done.stderr
+
+
+def _run_bpf(program: bytes, arch: int, nr: int) -> int:
+    """What a classic-BPF seccomp program returns for a system call ``nr`` on ``arch`` (the subset
+    of instructions ``seccomp.build_filter`` emits)."""
+    import struct
+
+    data = struct.pack("=iI", nr, arch)
+    pc = 0
+    accumulator = 0
+    while True:
+        code, jt, jf, k = struct.unpack_from("=HBBI", program, pc * 8)
+        if code == 0x20:
+            accumulator = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+        elif code == 0x15:
+            pc += 1 + (jt if accumulator == k else jf)
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected instruction {code:#x}")
+
+
+def test_the_seccomp_filter_refuses_exactly_the_keyring_calls_on_every_listed_architecture() -> None:
+    from amplifier_tools.seccomp import FILTER, KEYRING_SYSCALLS
+
+    allow, eperm = 0x7FFF0000, 0x00050000 | 1
+    for arch, numbers in KEYRING_SYSCALLS.items():
+        for nr in numbers:
+            assert _run_bpf(FILTER, arch, nr) == eperm, (hex(arch), nr)
+        for nr in (0, 1, 59, 231, 247, 251, 285, 289, 216, 220, 308, 312, 0x40000000):
+            if nr not in numbers:
+                assert _run_bpf(FILTER, arch, nr) == allow, (hex(arch), nr)
+    assert _run_bpf(FILTER, 0xDEADBEEF, 250) == allow  # an architecture it does not know: allowed

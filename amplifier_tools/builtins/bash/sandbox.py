@@ -19,14 +19,17 @@ from ... import sandbox as engine
 from ...errors import ToolSystemError
 
 
-def bwrap_argv(bwrap: str, view: engine.View, *, status_fd: int, bash: str, info_fd: int | None = None) -> list[str]:
+def bwrap_argv(bwrap: str, view: engine.View, *, status_fd: int, bash: str, info_fd: int | None = None,
+               seccomp_fd: int | None = None) -> list[str]:
     """The ``bwrap`` prefix for a command (appended after it) that runs in ``view`` and reports its
-    start on ``status_fd`` (and, with ``info_fd``, bwrap its namespace's first process there)."""
+    start on ``status_fd`` (and, with ``info_fd``, bwrap its namespace's first process there;
+    with ``seccomp_fd``, under the engine's seccomp filter)."""
     probe = f"printf started >&{status_fd} && exec {status_fd}>&- && exec \"$@\""
     # The probe needs only printf and exec: a POSIX sh (dash on Debian) starts faster than bash,
     # but dash takes single-digit descriptors only (see ``low_status_fd``).
     shell = "/bin/sh" if status_fd <= 9 and os.access("/bin/sh", os.X_OK) else bash
-    return engine.command(view, [shell, "-c", probe, "sandbox-probe"], bwrap=bwrap, info_fd=info_fd)
+    return engine.command(view, [shell, "-c", probe, "sandbox-probe"], bwrap=bwrap, info_fd=info_fd,
+                          seccomp_fd=seccomp_fd)
 
 
 def low_status_fd(fd: int) -> int:

@@ -23,6 +23,7 @@ from ... import sandbox as engine
 from ...errors import ContractError, ExecutionError, ToolSystemError
 from ...hoststate import ProtectedPath, ProtectedPaths
 from ...models import ToolContext, ToolResult
+from ...seccomp import filter_fd
 from ...spec import Policies, Security, ToolSpec
 from ..filesystem.paths import PathRules
 from . import process, sandbox
@@ -200,16 +201,18 @@ class BashTool:
         # log the host may create meanwhile): in practice the config file and its location.
         missing = [entry for root in (*writable, *s.sandbox_write_paths) for entry in protected.inside(root)
                    if entry.key is None and not os.path.lexists(entry.path)]
-        status_r = status_w = info_r = info_w = -1
+        status_r = status_w = info_r = info_w = seccomp_r = -1
         captures: list[StreamCapture] = []
         try:
             if view is not None and s.bwrap is not None:
                 status_r, status_w = os.pipe()
                 status_w = sandbox.low_status_fd(status_w)
                 info_r, info_w = os.pipe()
+                seccomp_r = filter_fd()
                 # Raises (sandbox_failed) for a protected path it cannot hide, before anything is made.
-                argv = sandbox.bwrap_argv(s.bwrap, view, status_fd=status_w, bash=s.bash, info_fd=info_w) + argv
-                popen["pass_fds"] = (status_w, info_w)
+                argv = sandbox.bwrap_argv(s.bwrap, view, status_fd=status_w, bash=s.bash, info_fd=info_w,
+                                          seccomp_fd=seccomp_r) + argv
+                popen["pass_fds"] = (status_w, info_w, seccomp_r)
             out_spill = err_spill = None
             if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
                 out_spill, err_spill = open_spill_files(s.spill_dir,
@@ -241,7 +244,7 @@ class BashTool:
         finally:
             for capture in captures:
                 capture.close()
-            for fd in (status_r, status_w, info_r, info_w):
+            for fd in (status_r, status_w, info_r, info_w, seccomp_r):
                 if fd != -1:
                     os.close(fd)
         planted = [entry for entry in missing if os.path.lexists(entry.path)]
