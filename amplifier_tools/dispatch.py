@@ -372,6 +372,8 @@ class HookDispatcher:
         directly: this is the hot path."""
         hookexec = self._pm._inner_hookexec
         monitored = hookexec is not self._plain_hookexec and impl.hookimpl is not None
+        if self._trace and impl.hookimpl is None:  # an Amplifier handler: no pluggy hookimpl to monitor
+            print(f"amplifier_tools: calling {hook} of plugin {impl.plugin!r} (Amplifier handler)", file=sys.stderr)
         try:
             if monitored:
                 return hookexec(hook, [impl.hookimpl], kwargs, True)
@@ -394,13 +396,17 @@ class HookDispatcher:
         A ``CancelledError`` the implementation raised itself, while nobody cancelled the task, is a
         plugin failure like any other (it must not pass for the caller's cancellation)."""
         try:
-            return await run_with_timeout(awaitable, impl.timeout)
+            out = await run_with_timeout(awaitable, impl.timeout)
         except Exception as exc:
             raise self._failure(impl, hook, exc) from exc
         except asyncio.CancelledError as exc:
             if _being_cancelled():
                 raise
             raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError")) from exc
+        if self._trace:  # the trace's first line said "returned coroutine": say what it came to
+            print(f"amplifier_tools: {hook} of plugin {impl.plugin!r} (awaited) returned {type(out).__name__}",
+                  file=sys.stderr)
+        return out
 
     async def _finish_future(self, impl: Impl, future: asyncio.Future[Any]) -> bool:
         """Wait for a future a ``tool_complete`` observer returned: to its end despite a

@@ -362,3 +362,16 @@ async def test_what_a_tool_error_handler_cannot_do_is_recorded_not_dropped(tmp_p
     assert not raised.success and raised.error["code"] == "invalid_input"
     noted = [d for d in raised.metadata["trail"] if d["hook"] == "tool_error"]
     assert [(d["plugin"], d["action"]) for d in noted] == [("post-handlers", "modify_ignored")]
+
+
+async def test_the_trace_shows_amplifier_handlers_and_what_they_came_to(
+        tmp_path: Path, echo: EchoTool, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by a new-user trial: ``AMPLIFIER_TOOLS_TRACE=1`` showed no line for the Amplifier
+    handler that denied the call, and async hooks only as "returned coroutine"."""
+    monkeypatch.setenv("AMPLIFIER_TOOLS_TRACE", "1")
+    async with host_with(tmp_path, echo, (MODULE, {"action": "deny"})) as host:
+        result = await host.call("echo", {"path": "prod.cfg"})
+    assert result.error["code"] == "hook_denied"
+    err = capsys.readouterr().err
+    assert f"calling tool_pre of plugin {MODULE!r} (Amplifier handler)" in err
+    assert f"tool_pre of plugin {MODULE!r} (awaited) returned Deny" in err
