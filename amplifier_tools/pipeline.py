@@ -40,7 +40,7 @@ from .amplifier_hooks import event_data, result_data
 from .content import withhold_redacted
 from .dispatch import HookDispatcher, finish_despite_cancel, first_step, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
-from .models import ToolCall, ToolContext, ToolResult
+from .models import Decision, ToolCall, ToolContext, ToolResult
 from .redaction import SecretSet, redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
@@ -361,6 +361,7 @@ class CallPipeline:
         recovery, denied = await self.hooks.tool_error(call, spec, error, ctx)
         if denied is not None:  # a plugin withheld the failed call's output: its denial is the error
             error, output = denied, None
+            _withhold_retry_reasons(ctx)
         result = self._failure_result(call, spec, ctx, error, output)
         if recovery is not None and not recover:
             ctx.record("host", "tool_error", "recover_ignored", "a cancelled call cannot be recovered")
@@ -427,6 +428,17 @@ class CallPipeline:
         if same:
             output = result.output
         return ToolResult(result.success, output, error, metadata, result.tool_call_id)
+
+
+def _withhold_retry_reasons(ctx: ToolContext) -> None:
+    """The trail's notes of retried attempts quote each attempt's error, which may quote what the
+    tool returned: withheld with the output when a plugin denied it (found by attack: a ``Pure``
+    tool's retried failures kept the denied text in the trail and the audit record)."""
+    for index, decision in enumerate(ctx.trail):
+        if decision.plugin == "host" and decision.action == "retry" and decision.reason is not None:
+            ctx.trail[index] = Decision(decision.plugin, decision.hook, decision.action,
+                                        "withheld (a plugin denied the failed call's output)", decision.code,
+                                        decision.details)
 
 
 def _closing_error(message: str) -> ToolSystemError:

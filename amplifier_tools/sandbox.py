@@ -146,27 +146,45 @@ def _pin_chain(path: str, view: View, pinned: set[str]) -> list[str]:
     return argv
 
 
-def inner_binds_argv(view: View, pinned: set[str]) -> list[str]:
-    """The read-only paths that lie inside a writable root, bound read-only on top of it (after
-    the writable binds: found by attack, ``sandbox_read_paths = ["vendor"]`` in the working
-    directory was writable), each checked to resolve to itself and its parents pinned
-    (``_pin_chain``). A writable path inside another writable root is not bound again: it is
-    writable through that root, and binding it by name would follow a symlink a command planted.
-    Paths that do not exist are skipped."""
-    argv: list[str] = []
-    for path in sorted(set(view.read_only), key=lambda p: (p.count("/"), p)):
-        if _inside_writable(path, view) is None or not os.path.lexists(path):
-            continue
-        _unchanged(path, "read-only path")
-        if not os.path.isdir(path) and not os.path.isfile(path):
-            continue  # a FIFO, socket or device: nothing to read there that needs a bind
-        argv += _pin_chain(path, view, pinned)
-        argv += ["--ro-bind", path, path]
-        pinned.add(path)
-    return argv
+def unbindable(path: str, *, writable: bool) -> str | None:
+    """Why ``path`` (absolute, resolved) can never be bound into a view, or None: ``/`` (the whole
+    host), ``/proc`` and ``/dev`` and what lies below them (found by attack: a read-only bind of the
+    host's ``/proc`` over the sandbox's gave ``/proc/<pid>/root``, the host's whole filesystem,
+    writable), and as a writable path one that holds the system directories (the host's programs,
+    the ``bwrap`` that runs the sandbox among them)."""
+    if path == "/":
+        return "/ is the whole host"
+    if _under(path, "/proc"):
+        return "/proc is the host's own (its /proc/<pid>/root is the whole host); the sandbox has a fresh one"
+    if _under(path, "/dev"):
+        return "/dev is the host's own (its device nodes); the sandbox has a fresh one"
+    held = next((system for system in SYSTEM_PATHS if _under(system, path)), None)
+    if writable and held is not None:
+        return f"it holds {held}, the host's programs (the sandbox's bwrap among them)"
+    return None
 
 
-def mask_argv(view: View, pinned: set[str] | None = None) -> list[str]:
+def view_problem(view: View) -> tuple[str, str] | None:
+    """The first path of ``view`` that cannot be bound safely, and why (``unbindable``; a read-only
+    path inside a writable root: bound by name, a command could have swapped a component of it for a
+    symlink in the moment before bwrap binds it — found by attack, racing a second call, the
+    host's ``/proc`` — so such a path cannot be made read-only); None when every path can."""
+    for path in view.writable:
+        reason = unbindable(path, writable=True)
+        if reason is not None:
+            return path, reason
+    for path in view.read_only:
+        reason = unbindable(path, writable=False)
+        if reason is not None:
+            return path, reason
+        root = next((root for root in view.writable if _under(path, root) and root != path), None)
+        if root is not None:
+            return path, (f"it lies inside {root}, which commands may write: a command could swap it before the "
+                          "sandbox binds it, so it cannot be made read-only")
+    return None
+
+
+def mask_argv(view: View) -> list[str]:
     """The bwrap arguments that hide each protected path and each ``SENSITIVE`` file the view shows.
 
     Raises ``ToolSystemError`` (``sandbox_failed``) when a protected path no longer resolves to
@@ -177,7 +195,7 @@ def mask_argv(view: View, pinned: set[str] | None = None) -> list[str]:
     """
     argv: list[str] = []
     masked: list[str] = []
-    pinned = {path for path in view.writable if _inside_writable(path, view) is None} if pinned is None else pinned
+    pinned = {path for path in view.writable if _inside_writable(path, view) is None}  # the roots bound
     sensitive = {os.path.realpath(p) for p in _present(SENSITIVE)}
     for path in sorted(set(view.protected) | sensitive):  # parents before what lies below them
         if any(_under(path, done) for done in masked) or not visible(path, view):
@@ -194,11 +212,11 @@ def mask_argv(view: View, pinned: set[str] | None = None) -> list[str]:
 
 
 def _read_only_argv(view: View) -> list[str]:
-    """The read-only binds made before the writable ones (those inside a writable root come after
-    them: ``inner_binds_argv``)."""
+    """The read-only binds, made before the writable ones (``view_problem`` refuses a read-only path
+    inside a writable root)."""
     argv: list[str] = []
     for path in sorted(set(view.read_only), key=lambda p: (p.count("/"), p)):  # parents first
-        if _inside_writable(path, view) is not None or not os.path.lexists(path):
+        if not os.path.lexists(path):
             continue  # skipped, never created on the host
         if os.path.islink(path) and os.path.dirname(path) == "/":
             argv += ["--symlink", os.readlink(path), path]  # /bin -> usr/bin stays a symlink
@@ -213,7 +231,13 @@ def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap", info_fd: i
 
     With ``info_fd``, bwrap writes ``{"child-pid": N}`` there: N is the sandbox's first process (PID 1
     of its namespace) as the host sees it; see ``wait_namespace_gone``. With ``seccomp_fd`` (a
-    ``seccomp.filter_fd()``), the command runs under ``seccomp.FILTER``: no kernel keyrings."""
+    ``seccomp.filter_fd()``), the command runs under ``seccomp.FILTER``: no kernel keyrings.
+    ``ToolSystemError`` (``sandbox_failed``) for a view with a path it cannot bind safely
+    (``view_problem``; callers refuse such settings at start)."""
+    problem = view_problem(view)
+    if problem is not None:
+        raise ToolSystemError(f"the sandbox cannot bind {problem[0]}: {problem[1]}; nothing was run",
+                              code="sandbox_failed", path=problem[0])
     out = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-uts",
            "--unshare-cgroup-try", "--cap-drop", "ALL"]
     if info_fd is not None:
@@ -228,9 +252,7 @@ def command(view: View, argv: Sequence[str], *, bwrap: str = "bwrap", info_fd: i
     for path in sorted(set(view.writable), key=lambda p: (p.count("/"), p)):
         if _inside_writable(path, view) is None and os.path.isdir(path):
             out += ["--bind", path, path]
-    pinned = {path for path in view.writable if _inside_writable(path, view) is None}  # the roots bound
-    out += inner_binds_argv(view, pinned)
-    out += mask_argv(view, pinned)  # after the binds: mounted on top of them
+    out += mask_argv(view)  # after the binds: mounted on top of them
     out += ["--remount-ro", "/", "--chdir", view.cwd, "--", *argv]
     return out
 
@@ -261,46 +283,59 @@ def _proc_argv() -> list[str]:
     return out
 
 
-def writable_by_commands(path: str, writable: Iterable[str]) -> str | None:
-    """The root among ``writable`` (absolute) that ``path`` really lies inside, or None."""
-    real = os.path.realpath(path)
-    return next((root for root in writable if _under(real, os.path.realpath(root))), None)
-
-
-def _search_path(exclude: Sequence[str]) -> str:
-    """PATH without the directories that lie inside ``exclude`` (an empty or relative entry is
-    taken from this process's working directory, as ``shutil.which`` would)."""
-    entries = os.environ.get("PATH", os.defpath).split(os.pathsep)
-    return os.pathsep.join(entry for entry in entries
-                           if writable_by_commands(os.path.abspath(entry or "."), exclude) is None)
+def writable_by_commands(path: str, writable: Iterable[str], *, resolve: bool = True) -> str | None:
+    """The root among ``writable`` (absolute) that ``path`` lies inside, or None; both resolved
+    first unless ``resolve`` is False (per call: the view's paths and the bwrap in use are)."""
+    real = os.path.realpath(path) if resolve else path
+    return next((root for root in writable if _under(real, os.path.realpath(root) if resolve else root)), None)
 
 
 async def find_bwrap(exclude: Sequence[str] = ()) -> tuple[str | None, str | None]:
-    """(the ``bwrap`` on PATH or None, why no sandbox can be had here or None); probes in a thread.
+    """(the ``bwrap`` on PATH, resolved, or None; why no sandbox can be had here or None); probes in
+    a thread.
 
-    PATH directories inside ``exclude`` — the paths sandboxed commands may write — are passed
-    over: found by attack, a command planted its own ``bwrap`` (one that runs the command as it
-    is) in an activated in-project ``.venv/bin``, and the next host ran every command unconfined
-    while reporting it sandboxed."""
-    bwrap = shutil.which("bwrap", path=_search_path(exclude))
+    A candidate is passed over when its PATH directory or the file it resolves to lies inside
+    ``exclude`` — the paths sandboxed commands may write (found by attack: a command planted its
+    own ``bwrap``, one that runs the command as it is, in an activated in-project ``.venv/bin``, and
+    the next host ran every command unconfined while reporting it sandboxed; then a symlink there
+    to ``/usr/bin/bwrap``, swapped after the check). The resolved path is what runs, so a symlink
+    changed later changes nothing. An empty or relative PATH entry is taken from this process's
+    working directory, as ``shutil.which`` would."""
+    bwrap = _lookup(exclude)
     if bwrap is None:
         where = " outside the paths sandboxed commands may write" if exclude else ""
         return None, f"'bwrap' was not found on PATH{where}"
     return bwrap, await asyncio.to_thread(probe, bwrap)
 
 
+def _lookup(exclude: Sequence[str]) -> str | None:
+    excluded = [os.path.realpath(root) for root in exclude]
+    for entry in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        directory = os.path.abspath(entry or ".")
+        candidate = shutil.which("bwrap", path=directory)
+        if candidate is None:
+            continue
+        real = os.path.realpath(candidate)
+        if writable_by_commands(directory, excluded) is None and \
+                writable_by_commands(real, excluded, resolve=False) is None:
+            return real
+    return None
+
+
 #: Where a ``bwrap`` is probed before the host knows which paths its commands may write
-#: (``start_find_bwrap``): directories no sandboxed command writes.
-SYSTEM_BIN_DIRS: Final = ("/usr/bin", "/usr/local/bin", "/bin", "/usr/sbin", "/sbin", "/run/current-system/sw/bin")
+#: (``start_find_bwrap``): the package manager's directories, which no sandboxed command writes
+#: (``unbindable`` refuses a writable path that holds them).
+EARLY_PROBE_DIRS: Final = ("/usr/bin", "/bin", "/usr/sbin", "/sbin")
 
 
 def start_find_bwrap() -> concurrent.futures.Future[tuple[str | None, str | None]] | None:
     """``find_bwrap()``'s answer, computed from now on in a daemon thread (which a process that
-    exits before it finishes does not wait for) — only for a ``bwrap`` found in one of the
-    ``SYSTEM_BIN_DIRS``; None for any other (it is looked for, and run, only once the paths
+    exits before it finishes does not wait for) — only for a ``bwrap`` that resolves into one of
+    ``EARLY_PROBE_DIRS``; None for any other (it is looked for, and run, only once the paths
     commands may write are known: ``find_bwrap(exclude)``)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None or os.path.dirname(os.path.realpath(bwrap)) not in SYSTEM_BIN_DIRS:
+    found = shutil.which("bwrap")
+    bwrap = os.path.realpath(found) if found is not None else None
+    if bwrap is None or os.path.dirname(bwrap) not in EARLY_PROBE_DIRS:
         return None
     future: concurrent.futures.Future[tuple[str | None, str | None]] = concurrent.futures.Future()
 

@@ -25,7 +25,7 @@ needs_bash = pytest.mark.skipif(shutil.which("bash") is None, reason="bash is no
 #: The docs' hardened allow list and the harmless builtins the attacks use; none of them is touch.
 ALLOW = CommandRules(allow=("ls", "cat", "grep", "git", "python*", "pytest", "make", "echo", "true", "set", "read",
                             "printf", "mapfile", "readarray", "export", "declare", "bash", ":", "getopts", "wait",
-                            "let", "cp"))
+                            "let", "cp", "shopt", "command"))
 DENY = CommandRules(deny=("touch",))
 
 #: A substitution inside ``${…}`` that the grammar keeps as text ({M}: the marker file).
@@ -61,6 +61,14 @@ BY_NAME_ASSIGNMENTS = [
     "echo 'touch {M}' > ev; read BASH_ENV <<< ./ev; export BASH_ENV; bash -c true",
     "echo 'touch {M}' > ev; printf -v BASH_ENV ./ev; export BASH_ENV; bash -c true",
     "echo 'touch {M}' > ev; : ${BASH_ENV:=./ev}; export BASH_ENV; bash -c true",
+    # Found by a second attack: a name quoted in part is one word to bash, two to the grammar;
+    # and the command hash table and aliases are variables too.
+    "declare P''S4='$(touch {M})'; set -x; true",
+    "declare PS\"4\"='$(touch {M})'; set -x; true",
+    "echo 'touch {M}' > ev; export B\"ASH_ENV\"=./ev; bash -c true",
+    "BASH_CMDS[ls]=$(command -v touch); ls {M}",
+    "BASH_CMDS+=([cat]=$(command -v touch)); cat {M}",
+    "shopt -s expand_aliases; BASH_ALIASES[ls]='touch {M}'\nls",
 ]
 #: An indexed array's ``[key]=`` is arithmetic: a variable holding ``a[$(…)]`` runs the command.
 ARRAY_KEYS = [

@@ -363,32 +363,100 @@ async def test_a_write_path_swapped_for_a_symlink_binds_nothing_outside(work: Pa
         await host.close()
 
 
-async def test_a_read_path_inside_the_working_directory_is_read_only(work: Path) -> None:
-    """Found by attack: read-only binds came before the working directory's read-write bind, which
-    covered them: ``sandbox_read_paths = ["vendor"]`` was writable."""
+@pytest.mark.parametrize("read_path", ["vendor", "out/cache"])
+async def test_a_read_path_inside_a_writable_root_is_refused_at_start(work: Path, read_path: str) -> None:
+    """Found by attack, twice: bound before the working directory, ``sandbox_read_paths =
+    ["vendor"]`` was writable; bound after it by name, a second call racing a component swap got the
+    host's /proc. A path a command may swap cannot be made read-only: the start says so, naming
+    the key."""
     (work / "vendor").mkdir()
-    (work / "vendor" / "lib.py").write_text("original")
-    host = await bash_host(work, sandbox_read_paths=["vendor"])
+    with pytest.raises(PluginLoadError, match=r"plugins.bash.sandbox_read_paths: the sandbox cannot bind "
+                                              r".* lies inside .*which commands may write"):
+        await bash_host(work, sandbox_read_paths=[read_path])
+
+
+@pytest.mark.parametrize(("key", "path"), [
+    ("sandbox_read_paths", "/proc"), ("sandbox_read_paths", "/proc/1"), ("sandbox_read_paths", "/dev"),
+    ("sandbox_read_paths", "/"), ("sandbox_write_paths", "/usr"), ("sandbox_write_paths", "/dev/shm")])
+async def test_paths_that_would_show_the_host_are_refused_at_start(work: Path, key: str, path: str) -> None:
+    """Found by attack: ``sandbox_read_paths = ["/proc"]`` was bound over the sandbox's own /proc,
+    and /proc/<pid>/root was the host's whole filesystem, writable."""
+    with pytest.raises(PluginLoadError, match=rf"plugins.bash.{key}: the sandbox cannot bind {path}"):
+        await bash_host(work, **{key: [path]})
+
+
+async def test_a_read_path_on_the_write_roots_of_the_filesystem_plugin_is_refused(work: Path) -> None:
+    outside = work.parent / "shared"
+    (outside / "docs").mkdir(parents=True)
+    config = {"plugins": {"filesystem": {"allowed_write_paths": [str(work), str(outside)]},
+                          "bash": {"sandbox_read_paths": [str(outside / "docs")]}}}
+    host = ToolHost(config=config, builtins=["filesystem", "bash"], entry_points=False, working_dir=work,
+                    discover=False)
+    with pytest.raises(PluginLoadError, match="plugins.bash.sandbox_read_paths"):
+        await host.start()
+    await host.close()
+
+
+def _unconfining_bwrap(path: Path, ran: Path) -> None:
+    """A ``bwrap`` that runs the command unconfined and leaves ``ran`` behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\ntouch {ran}\nwhile [ "$#" -gt 0 ] && [ "$1" != "--" ]; do shift; done; shift\n'
+                    'exec "$@"\n')
+    path.chmod(0o755)
+
+
+async def _confined(host: ToolHost, ran: Path) -> None:
+    result = await host.call("bash", {"command": "test -d /root || echo no-root"})
+    assert result.output["sandboxed"] is True and result.output["stdout"] == "no-root\n", result.output
+    assert not ran.exists()
+
+
+async def test_a_bwrap_symlink_in_the_workspace_runs_its_target_not_what_it_later_names(
+        work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: ``.venv/bin/bwrap -> /usr/bin/bwrap`` passed the check (its target is a
+    system file) but the host kept running the link: a command replaced it, and the next call ran
+    unconfined. The resolved path is what runs."""
+    real = shutil.which("bwrap")
+    assert real is not None
+    venv_bin = work / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "bwrap").symlink_to(os.path.realpath(real))
+    monkeypatch.setenv("PATH", str(venv_bin) + os.pathsep + os.environ["PATH"])
+    ran = work.parent / "fake-bwrap-ran"
+    host = await bash_host(work)
     try:
-        result = await host.call("bash", {"command": "cat vendor/lib.py; echo changed > vendor/lib.py; "
-                                                     "mv vendor vendor.old; touch other"})
-        assert "original" in result.output["stdout"] and "Read-only file system" in result.output["stderr"]
-        assert (work / "vendor" / "lib.py").read_text() == "original" and (work / "other").exists()
+        await _confined(host, ran)
+        (venv_bin / "bwrap").unlink()
+        _unconfining_bwrap(venv_bin / "bwrap", ran)
+        await _confined(host, ran)
     finally:
         await host.close()
 
 
-async def test_a_read_path_replaced_by_a_symlink_is_refused_and_nothing_runs(work: Path) -> None:
-    """A read path inside a writable root that no longer resolves to itself is not bound (bwrap
-    would bind what the symlink names): the call fails with ``sandbox_failed`` naming it."""
-    outside = work.parent / "outside"
-    outside.mkdir()
-    host = await bash_host(work, sandbox_read_paths=["docs"])  # missing at start: skipped
+@pytest.mark.parametrize("where", ["link-into-workspace", "filesystem-write-root"])
+async def test_a_bwrap_a_command_could_have_written_is_never_run(
+        work: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Found by attack: a PATH directory outside the workspace holding ``bwrap -> <workspace>/...``
+    was used, and so was one inside the filesystem plugin's write roots (bash binds them read-write,
+    but they were not looked at)."""
+    ran = work.parent / "fake-bwrap-ran"
+    config: dict[str, object] = {}
+    if where == "link-into-workspace":
+        _unconfining_bwrap(work / "tools" / "bwrap", ran)
+        (work.parent / "bin").mkdir()
+        (work.parent / "bin" / "bwrap").symlink_to(work / "tools" / "bwrap")
+        entry = work.parent / "bin"
+    else:
+        shared = work.parent / "shared"
+        _unconfining_bwrap(shared / "bin" / "bwrap", ran)
+        config = {"plugins": {"filesystem": {"allowed_write_paths": [str(work), str(shared)]}}}
+        entry = shared / "bin"
+    monkeypatch.setenv("PATH", str(entry) + os.pathsep + os.environ["PATH"])
+    host = ToolHost(config=config, builtins=["filesystem", "bash"], entry_points=False, working_dir=work,
+                    discover=False)
+    await host.start()
     try:
-        assert (await host.call("bash", {"command": f"ln -s {outside} docs"})).output["exit_code"] == 0
-        result = await host.call("bash", {"command": "touch ran"})
-        assert not result.success and result.error["code"] == "sandbox_failed", result.error
-        assert str(work / "docs") in result.error["message"] and not (work / "ran").exists()
+        await _confined(host, ran)
     finally:
         await host.close()
 

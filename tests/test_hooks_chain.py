@@ -194,6 +194,24 @@ async def test_a_deny_in_tool_error_withholds_a_reported_failures_output(host_fa
         ("post-guard", "deny"), ("restorer", "recover_ignored")]
 
 
+async def test_a_deny_in_tool_error_withholds_the_retried_attempts_messages_too(host_factory: Any) -> None:
+    """Found by attack: a ``Pure`` tool's retried failures were noted in the trail with each
+    attempt's message, which quoted the output the denial withheld."""
+    from amplifier_tools import ToolSpec
+
+    class Leaky(EchoTool):
+        spec = ToolSpec(name="echo", description="d", effect="Pure", input_schema=EchoTool.input_schema,
+                        policies={"retry": {"max_attempts": 2, "initial_backoff_ms": 1}})
+
+        async def execute(self, input: dict[str, Any]) -> dict[str, Any]:
+            return {"success": False, "error": {"message": "partial read: secret-rows", "retryable": True}}
+
+    host = await host_factory(ToolsPlugin(Leaky()), PostDeny())
+    result = await host.call("echo", {"path": "a"})
+    assert result.error["code"] == "denied" and "secret-rows" not in repr(result.metadata)
+    assert [d["action"] for d in result.metadata["trail"]] == ["retry", "deny"]
+
+
 async def test_fail_open_plugin_failure_is_ignored_and_logged(
     host_factory: Any, echo: EchoTool, caplog: Any
 ) -> None:

@@ -291,3 +291,23 @@ async def test_a_result_with_more_content_blocks_than_the_limit_is_refused_befor
         assert max(parsed) < 1000  # the 50,000-block response never reached the SDK
         again = await host.call("mcp::h::echo", {"text": "still here"})  # the server is not stopped for it
         assert again.success
+
+
+@pytest.mark.parametrize("server", [{"sandbox_read_paths": ["/proc"]}, {"sandbox_read_paths": ["/dev"]},
+                                    {"sandbox_write_paths": ["/usr"]},
+                                    {"sandbox_write_paths": ["{tmp}/w"], "sandbox_read_paths": ["{tmp}/w/docs"]}])
+async def test_a_sandboxed_server_cannot_bind_the_hosts_proc_or_dev(tmp_path: Path, server: dict[str, list[str]]
+                                                                   ) -> None:
+    """Found by attack: ``sandbox_read_paths = ["/proc"]`` was bound over the sandbox's own /proc,
+    and the server's /proc/<pid>/root was the host's whole filesystem, writable; a read path inside
+    a write path could be swapped before the bind."""
+    from amplifier_tools import ConfigError
+    from amplifier_tools.mcp.confinement import sandbox_wrap
+    from amplifier_tools.mcp.settings import ServerSettings
+
+    paths = {key: [p.format(tmp=tmp_path) for p in value] for key, value in server.items()}
+    settings = ServerSettings(command="server", sandbox="auto", **paths)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        await sandbox_wrap("fs", settings, str(tmp_path), ())
+    assert caught.value.key is not None and caught.value.key.startswith("plugins.mcp.servers.fs.sandbox_")
+    assert "the sandbox cannot bind" in str(caught.value)

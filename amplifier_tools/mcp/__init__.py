@@ -154,6 +154,7 @@ class McpImportPlugin:
         self.unavailable: dict[str, str] = {}
         self._coordinator: Any = None
         self._protected_now: Any = tuple
+        self._writable_now: Any = tuple
         self._headers_of: dict[str, dict[str, str]] = {}
         self._secrets: Any = ()
         self._retrying: dict[str, asyncio.Lock] = {}
@@ -193,12 +194,18 @@ class McpImportPlugin:
         def protected_now() -> list[str]:
             return [entry.path for entry in protected if not entry.alias]
 
+        def writable_now() -> list[str]:
+            rules = coordinator.get_capability("fs.path_rules")
+            return [working_dir, *(writable if isinstance(writable, list) else ()),
+                    *getattr(rules, "write_roots", ())]
+
         headers = {name: self._headers(coordinator, name, server) for name, server in self.settings.servers.items()}
         self._coordinator, self._headers_of, self._protected_now = coordinator, headers, protected_now
+        self._writable_now = writable_now
         coordinator.register_contributor(UNAVAILABLE_CHANNEL, PLUGIN, self._report)
         secrets = coordinator.get_capability("session.secrets") or ()
         self._secrets = secrets
-        connections = [ServerConnection(name, server, working_dir, protected_now, headers[name], secrets)
+        connections = [ServerConnection(name, server, working_dir, protected_now, headers[name], secrets, writable_now)
                        for name, server in self.settings.servers.items()]
         emit = self._events(coordinator)
         for connection in connections:
@@ -275,7 +282,7 @@ class McpImportPlugin:
         settings = self.settings.servers[server]
         working_dir = self._coordinator.get_capability("session.working_dir") or "."
         connection = ServerConnection(server, settings, working_dir, self._protected_now, self._headers_of[server],
-                                      self._secrets)
+                                      self._secrets, self._writable_now)
         try:
             tools = await import_server(connection)
         except Exception as exc:

@@ -65,7 +65,7 @@ class ServerConnection:
 
     def __init__(self, name: str, settings: ServerSettings, working_dir: str,
                  protected: Callable[[], Iterable[str]] = tuple, headers: Mapping[str, str] | None = None,
-                 secrets: Collection[str] | SecretSet = ()) -> None:
+                 secrets: Collection[str] | SecretSet = (), writable: Callable[[], Iterable[str]] = tuple) -> None:
         #: The server's name: its key in ``[plugins.mcp.servers]``.
         self.name = name
         #: The host-wide secrets (``session.secrets``), redacted from what the server says in a start error.
@@ -78,6 +78,8 @@ class ServerConnection:
         self.working_dir = working_dir
         #: The host's protected paths as they are now (masked in a sandboxed server's view).
         self.protected = protected
+        #: Every path the host's tools and sandboxed processes may write, as it is now (no ``bwrap`` there is run).
+        self.writable = writable
         self._wrap: Wrap | None = None
         #: The last lines the stdio server of the latest run wrote to stderr (None: not started).
         self.stderr: StderrTail | None = None
@@ -112,7 +114,8 @@ class ServerConnection:
     async def start(self) -> None:
         """Start the server, initialize the session and list its tools (all pages)."""
         # Before anything starts: a sandbox that cannot be had fails the start (never runs unconfined).
-        self._wrap = await sandbox_wrap(self.name, self.settings, self.working_dir, self.protected())
+        self._wrap = await sandbox_wrap(self.name, self.settings, self.working_dir, self.protected(),
+                                        tuple(self.writable()))
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._run(ready, self._stop), name=f"mcp-server-{self.name}")

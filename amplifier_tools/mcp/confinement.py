@@ -55,16 +55,24 @@ def view_for(settings: ServerSettings, working_dir: str, protected: Iterable[str
     return view if engine.visible(cwd, view) else attrs.evolve(view, read_only=(*read_only, cwd))
 
 
-async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, protected: Iterable[str]
-                       ) -> Wrap | None:
+async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, protected: Iterable[str],
+                       writable: Sequence[str] = ()) -> Wrap | None:
     """The function that turns the server's resolved argv into its sandboxed argv, or None for
     ``sandbox = "off"``. Raises ``ToolSystemError`` (``sandbox_unavailable``) when bubblewrap is
-    missing or cannot make a sandbox here. The probe runs once per process, in a thread."""
+    missing or cannot make a sandbox here. The probe runs once per process, in a thread. No
+    ``bwrap`` inside ``writable`` (every path the host's tools and sandboxed processes may write),
+    the working directory or the server's own write paths is run (found by attack: one planted
+    in another server's write path was)."""
     if settings.sandbox == "off":
         return None
     where = f"[plugins.mcp.servers.{name}]"
     view = view_for(settings, working_dir, protected, name)
-    bwrap, reason = await engine.find_bwrap(exclude=(working_dir, *view.writable))
+    problem = engine.view_problem(view)
+    if problem is not None:
+        path, why = problem
+        field = "sandbox_read_paths" if path in view.read_only else "sandbox_write_paths"
+        raise ConfigError(f"the sandbox cannot bind {path}: {why}", key=f"plugins.mcp.servers.{name}.{field}")
+    bwrap, reason = await engine.find_bwrap(exclude=(working_dir, *view.writable, *writable))
     if bwrap is None or reason is not None:
         raise engine.unavailable(reason or "no usable bwrap", where)
     key = f"plugins.mcp.servers.{name}.sandbox_read_paths"

@@ -102,7 +102,13 @@ class BashPlugin:
         probed, self._sandbox_probe = self._sandbox_probe, None
         if time.monotonic() - self._probe_started > PROBE_FRESH_S:
             probed = None  # the plugin was made long before this mount: probe now
-        commands_write = (*(writable if isinstance(writable, list) else ()), working_dir, *write_paths)
+        # Every path a command may write, as far as known now (the filesystem plugin mounts first).
+        commands_write = (*(writable if isinstance(writable, list) else ()), working_dir, *write_paths,
+                          *path_rules().write_roots)
+        if settings.sandbox not in ("off", "none"):
+            roots_key = f"plugins.{PLUGIN}.allowed_paths" if own_rules is not None else \
+                "plugins.filesystem.allowed_write_paths"
+            self._check_view(read_paths, write_paths, path_rules().write_roots, roots_key)
         confined, bwrap, unavailable = await self._sandbox(settings.sandbox, probed, commands_write)
         spill_dir = settings.spill_dir
         if spill_dir is not None:
@@ -149,6 +155,21 @@ class BashPlugin:
                 return True, bwrap, reason
         bwrap, reason = await engine.find_bwrap(exclude=commands_write)  # never one a command may have planted
         return True, bwrap, reason
+
+    @staticmethod
+    def _check_view(read_paths: tuple[str, ...], write_paths: tuple[str, ...], roots: tuple[str, ...],
+                    roots_key: str) -> None:
+        """``ConfigError`` naming the key for a read or write path the sandbox cannot bind safely
+        (``sandbox.view_problem``): ``/``, ``/proc``, ``/dev``, a writable path holding the system
+        directories, a read path inside a writable root. ``roots``: the write roots, set by
+        ``roots_key``."""
+        problem = engine.view_problem(engine.View(cwd="/", writable=(*roots, *write_paths), read_only=read_paths))
+        if problem is not None:
+            path, reason = problem
+            key = f"plugins.{PLUGIN}.sandbox_write_paths" if path in write_paths else roots_key
+            if path in read_paths:
+                key = f"plugins.{PLUGIN}.sandbox_read_paths"
+            raise ConfigError(f"the sandbox cannot bind {path}: {reason}", key=key)
 
     @staticmethod
     def _sandbox_write_paths(paths: tuple[str, ...], working_dir: str, protected: ProtectedPaths) -> tuple[str, ...]:

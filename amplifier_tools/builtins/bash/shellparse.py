@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import itertools
 import re
 import threading
 from collections.abc import Iterator
@@ -443,6 +444,10 @@ class _Reader:
 
     def declaration(self, node: tree_sitter.Node, depth: int) -> None:
         keyword = self.text(node.children[0]) if node.child_count else ""
+        for before, after in itertools.pairwise(node.children[1:]):
+            if after.start_byte == before.end_byte:  # found by attack: ``declare P''S4=…`` came as "P", "''S4=…"
+                self.closed(f"a word of {keyword} the parser split in two (bash reads one: a quoted variable name)",
+                            node)
         for child in node.children[1:]:
             if child.type == "variable_assignment":
                 self.assignment(child, depth)

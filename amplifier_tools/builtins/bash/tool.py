@@ -196,6 +196,10 @@ class BashTool:
                                read_only=(*engine.SYSTEM_PATHS, *s.sandbox_read_paths),
                                protected=tuple(entry.path for entry in protected if not entry.alias),
                                network=s.sandbox_network)
+            holder = engine.writable_by_commands(s.bwrap, view.writable, resolve=False)
+            if holder is not None:  # a write root added since the start (the filesystem plugin's) holds it
+                raise ToolSystemError(f"the sandbox's bwrap {s.bwrap} lies inside {holder}, which commands may "
+                                      "write; nothing was run", code="sandbox_failed", path=s.bwrap)
         # A protected path that does not exist cannot be masked: notice one the command makes. Only inside
         # the writable roots, and only paths no plugin creates (a keyed path is host state, e.g. an audit
         # log the host may create meanwhile): in practice the config file and its location.

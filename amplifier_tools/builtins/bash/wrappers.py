@@ -23,12 +23,14 @@ import attrs
 
 MAX_WRAPPERS: Final = 16
 SHELLS: Final = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "ash", "rbash"})
-#: Variables that change what a later command runs: the search path, the dynamic loader, the
-#: startup files, prompts and options bash expands or obeys, and exported functions
-#: (``BASH_FUNC_name%%``, which bash imports as a function that shadows a command).
+#: Variables that change what a later command runs: the search path and what it skips, the
+#: dynamic loader, the startup files, prompts and options bash expands or obeys, exported
+#: functions (``BASH_FUNC_name%%``, which bash imports as a function that shadows a command), and
+#: the command hash table and aliases (``BASH_CMDS[ls]=/usr/bin/rm`` is ``hash -p``, found by
+#: attack; ``BASH_ALIASES`` is ``alias``).
 _RUN_CHANGING_VARIABLE: Final = re.compile(
-    r"^(PATH|BASH_ENV|ENV|PS[0-4]|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|BASH_LOADABLES_PATH|LD_[A-Z_]*|GCONV_PATH"
-    r"|BASH_FUNC_.*)$")
+    r"^(PATH|EXECIGNORE|BASH_ENV|ENV|PS[0-4]|PROMPT_COMMAND|SHELLOPTS|BASHOPTS|BASH_LOADABLES_PATH|LD_[A-Z_]*"
+    r"|GCONV_PATH|BASH_FUNC_.*|BASH_CMDS|BASH_ALIASES)$")
 
 
 def changes_what_runs(variable: str) -> bool:
