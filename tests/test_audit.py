@@ -475,6 +475,63 @@ def test_eight_processes_share_one_valid_chain(tmp_path: Path) -> None:
     assert len(seen) == 16_000 and len(set(seen)) == 16_000
 
 
+SHARING = textwrap.dedent("""
+    import random, sys, time
+    from amplifier_tools.builtins.audit.chain import encode_body
+    from amplifier_tools.builtins.audit.writer import AuditWriter
+
+    path, tag, lives, most, rotate = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    rng = random.Random(tag)
+    for life in range(lives):
+        writer = AuditWriter(path, fsync="never", fsync_interval_ms=20, checkpoint_key=b"k" * 32,
+                             checkpoint_every=7, rotate_bytes=rotate)
+        for i in range(rng.randint(1, most)):
+            writer.append(encode_body({"v": 1, "kind": "call", "ts": time.time(), "tag": tag, "n": f"{life}.{i}"}))
+            if rng.random() < 0.01:
+                time.sleep(0.01)  # idle while the others rotate the log
+        tampered = writer.tampered
+        writer.close()
+        print(f"{tag} {life} {tampered or writer.tampered}" if tampered or writer.tampered else f"{tag} {life} ok",
+              flush=True)
+""")
+
+
+def _share_a_rotating_log(path: Path, processes: int, lives: int, most: int, rotate: int) -> None:
+    """``processes`` processes share one keyed log rotated every ``rotate`` bytes, each starting,
+    appending up to ``most`` records and closing its writer ``lives`` times: no writer finds
+    tampering, the log verifies with the key, and it holds every record appended, once."""
+    procs = [subprocess.Popen([sys.executable, "-c", SHARING, str(path), f"p{n}", str(lives), str(most), str(rotate)],
+                              stdout=subprocess.PIPE, env=_env(), text=True) for n in range(processes)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * processes, outputs
+    lines = "".join(outputs).splitlines()
+    assert len(lines) == processes * lives and all(line.endswith(" ok") for line in lines), \
+        [line for line in lines if not line.endswith(" ok")][:5]
+    assert not [p.name for p in path.parent.iterdir() if ".tampered-" in p.name]
+    report = verify(path, key=b"k" * 32)
+    assert report.ok, report
+    assert len(report.files) > 3  # it was rotated
+    seen = [(r["tag"], r["n"]) for file in report.files for r in map(json.loads, Path(file).read_text().splitlines())
+            if r["kind"] == "call"]
+    assert len(seen) == len(set(seen)) == report.records - sum(
+        1 for file in report.files for r in map(json.loads, Path(file).read_text().splitlines()) if r["kind"] != "call")
+
+
+def test_processes_sharing_a_rotating_log_keep_one_valid_chain(tmp_path: Path) -> None:
+    """Found by a stress test: with rotation, several processes sharing one log reported false
+    tampering and the log no longer verified (a writer appended to a file another had just
+    rotated away; one that missed several rotations took the live file for its file's successor;
+    one starting mid-rotation found the path empty, or the new file not yet locked)."""
+    _share_a_rotating_log(tmp_path / "shared.jsonl", processes=4, lives=4, most=80, rotate=2000)
+
+
+@pytest.mark.slow
+def test_many_processes_sharing_a_rotating_log_keep_one_valid_chain(tmp_path: Path) -> None:
+    """The stress test that found it, and more: 8 processes, each starting its writer 15 times,
+    rotating every 5 KB."""
+    _share_a_rotating_log(tmp_path / "shared.jsonl", processes=8, lives=15, most=300, rotate=5000)
+
+
 @pytest.mark.slow
 def test_deleting_the_lock_file_while_two_writers_run_keeps_one_chain(tmp_path: Path) -> None:
     path = tmp_path / "shared.jsonl"

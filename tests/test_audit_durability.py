@@ -916,3 +916,151 @@ def test_a_loop_left_without_close_is_not_kept_alive(tmp_path: Path, fsync: str)
         assert alive == [None] * 10
     finally:
         writer.close()
+
+
+# -- several writers sharing a rotating log ------------------------------------------------------
+
+KEY = b"k" * 32
+
+
+def _rotating(path: Path) -> Any:
+    return writer_module.AuditWriter(path, fsync="never", fsync_interval_ms=60_000, checkpoint_key=KEY,
+                                     checkpoint_every=5, rotate_bytes=1000)
+
+
+def _rotations(path: Path) -> int:
+    return sum(1 for p in path.parent.iterdir() if writer_module.ROTATED.match(p.name))
+
+
+def _append_until_rotated(writer: Any, path: Path, tag: str, rotations: int = 1) -> list[str]:
+    """Append records tagged ``tag-<n>`` until the log was rotated ``rotations`` more times."""
+    target, tags = _rotations(path) + rotations, []
+    while _rotations(path) < target:
+        tags.append(f"{tag}-{len(tags)}")
+        writer.append(b'{"kind":"call","tag":"%s"}' % tags[-1].encode())
+        assert len(tags) < 1000
+    return tags
+
+
+def _one_valid_chain(path: Path, writers: list[Any], tags: list[str]) -> None:
+    """No writer saw tampering, nothing was set aside, the log verifies with the key, and it holds
+    every record appended, once."""
+    assert [writer.tampered for writer in writers] == [None] * len(writers)
+    for writer in writers:
+        writer.close()
+    assert not [p.name for p in path.parent.iterdir() if ".tampered-" in p.name]
+    report = verify(path, key=KEY)
+    assert report.ok, report
+    found = [record["tag"] for file in report.files for record in map(json.loads, Path(file).read_text().splitlines())
+             if record["kind"] == "call"]
+    assert sorted(found) == sorted(tags)
+
+
+def test_a_writer_that_missed_several_rotations_follows_them_all(tmp_path: Path) -> None:
+    """Found by a stress test (5 processes sharing a rotating log): a writer that appended nothing
+    while the others rotated the log twice took the live file for the successor of its own, found
+    that it did not chain from its end, and set the log aside as tampered."""
+    path = tmp_path / "shared.jsonl"
+    first, second = _rotating(path), _rotating(path)
+    tags = ["a", "b"]
+    first.append(b'{"kind":"call","tag":"a"}')
+    second.append(b'{"kind":"call","tag":"b"}')
+    tags += _append_until_rotated(first, path, "first", rotations=2)
+    second.append(b'{"kind":"call","tag":"b-after"}')
+    first.append(b'{"kind":"call","tag":"a-after"}')
+    _one_valid_chain(path, [first, second], [*tags, "b-after", "a-after"])
+
+
+def test_a_writer_waiting_for_a_file_rotated_away_meanwhile_appends_to_the_live_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a stress test (5 processes, rotation every 20 KB): a writer following a rotation
+    opened the file at the path, then waited for its lock; the writer holding it rotated it away
+    meanwhile. The first then appended to the file rotated away, and rotated the other's live
+    file as its own: the chain forked, the others set the log aside as tampered. The file locked
+    is now checked to be the one at the path once the lock is held."""
+    import fcntl
+
+    path = tmp_path / "shared.jsonl"
+    first, second = _rotating(path), _rotating(path)
+    tags = ["a", "b"]
+    first.append(b'{"kind":"call","tag":"a"}')
+    second.append(b'{"kind":"call","tag":"b"}')
+    tags += _append_until_rotated(first, path, "first")  # the second's file is rotated away
+    real_flock, me, armed = fcntl.flock, threading.get_ident(), [True]
+
+    class Fcntl:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(fcntl, name)
+
+        def flock(self, fd: int, operation: int) -> None:
+            if armed[0] and threading.get_ident() == me and operation == fcntl.LOCK_EX \
+                    and fd not in (second._fd, second._dir_fd):
+                armed[0] = False  # the second has opened the live file: the first rotates it meanwhile
+                tags.extend(_append_until_rotated(first, path, "meanwhile"))
+            real_flock(fd, operation)
+
+    monkeypatch.setattr(writer_module, "fcntl", Fcntl())
+    second.append(b'{"kind":"call","tag":"b-after"}')
+    assert not armed[0]
+    first.append(b'{"kind":"call","tag":"a-after"}')
+    _one_valid_chain(path, [first, second], [*tags, "b-after", "a-after"])
+
+
+@pytest.mark.parametrize("moment", ["renamed", "created"])
+def test_a_writer_starting_while_another_rotates_the_log_waits_for_the_new_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moment: str) -> None:
+    """Found by a stress test (several processes sharing a rotating log): between renaming the live
+    file away and creating the new one the path is empty, and between creating the new file and
+    locking it the file is there unlocked; a writer starting then took the log for deleted, or
+    locked the empty new file first and took it for a replaced log. The file at the path is now
+    replaced under the directory's exclusive ``flock``, and opened under its shared one."""
+    path = tmp_path / "shared.jsonl"
+    first = _rotating(path)
+    tags = ["a"]
+    first.append(b'{"kind":"call","tag":"a"}')
+    started: list[Any] = []
+    errors: list[BaseException] = []
+    armed = [True]
+
+    def start() -> None:
+        try:
+            started.append(_rotating(path))  # opens, locks and adopts the log now
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def meanwhile() -> None:
+        if armed[0]:
+            armed[0] = False
+            thread = threading.Thread(target=start)
+            thread.start()
+            thread.join(0.3)  # done at once if it does not wait for the rotation to complete
+            threads.append(thread)
+
+    threads: list[threading.Thread] = []
+    real_rename, real_open = os.rename, writer_module.open_host_file
+
+    def rename(src: Any, dst: Any, **kw: Any) -> None:
+        real_rename(src, dst, **kw)
+        if moment == "renamed" and writer_module.ROTATED.match(str(dst)):
+            meanwhile()
+
+    def open_host_file(name: Any, flags: int, *args: Any, **kw: Any) -> int:
+        fd = real_open(name, flags, *args, **kw)
+        if moment == "created" and flags & os.O_EXCL and name == path.name:
+            meanwhile()
+        return fd
+
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(writer_module, "open_host_file", open_host_file)
+    errors_appending: list[BaseException] = []
+    try:
+        tags += _append_until_rotated(first, path, "first")
+    except OSError as exc:
+        errors_appending.append(exc)
+    for thread in threads:
+        thread.join(10)
+    assert not armed[0] and not errors and not errors_appending and len(started) == 1
+    second = started[0]
+    second.append(b'{"kind":"call","tag":"b-after"}')
+    first.append(b'{"kind":"call","tag":"a-after"}')
+    _one_valid_chain(path, [first, second], [*tags, "b-after", "a-after"])
