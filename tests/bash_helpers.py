@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 import uuid
@@ -126,3 +127,12 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
+
+
+def runs_hidden_command(template: str, tmp_path: Path) -> bool:
+    """Whether real bash, running ``template`` with ``{M}`` a marker file's path, creates the marker:
+    the hidden command of a rules attack really runs."""
+    marker = tmp_path / "marker"
+    subprocess.run(["bash", "-c", template.replace("{M}", str(marker))], cwd=tmp_path, capture_output=True,
+                   timeout=30, check=False)
+    return marker.exists()

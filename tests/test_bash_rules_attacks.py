@@ -10,10 +10,10 @@ as matching every deny rule.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from bash_helpers import runs_hidden_command
 
 from amplifier_tools.builtins.bash.rules import CommandRules, parse_command
 from amplifier_tools.errors import PolicyError
@@ -75,17 +75,10 @@ GRAMMAR_GAPS = [
 ]
 
 
-def _runs_hidden_command(template: str, tmp_path: Path) -> bool:
-    marker = tmp_path / "marker"
-    subprocess.run(["bash", "-c", template.replace("{M}", str(marker))], cwd=tmp_path, capture_output=True,
-                   timeout=30, check=False)
-    return marker.exists()
-
-
 @needs_bash
 @pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + ENV_FINDINGS + GRAMMAR_GAPS)
 def test_the_attack_runs_a_hidden_command_in_real_bash(template: str, tmp_path: Path) -> None:
-    assert _runs_hidden_command(template, tmp_path)
+    assert runs_hidden_command(template, tmp_path)
 
 
 @pytest.mark.parametrize("template", ALLOW_BYPASSES + DENY_MISSES + REVIEW_FINDINGS + ENV_FINDINGS + GRAMMAR_GAPS)
