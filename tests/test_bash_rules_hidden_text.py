@@ -182,3 +182,19 @@ def test_the_denial_says_what_could_not_be_read(command: str, what: str) -> None
 def test_plain_expansions_and_assignments_stay_readable(command: str) -> None:
     ALLOW.check(command)
     DENY.check(command)
+
+
+@pytest.mark.parametrize("command", ['echo $"hello"', 'TEXTDOMAINDIR=./loc; TEXTDOMAIN=t; echo $"hello"',
+                                     'x=$"hi"; echo "$x"', 'echo x$"y"z', 'ls "$(echo $"a")"'])
+def test_a_translated_string_is_unreadable(command: str) -> None:
+    """Found by attack: bash replaces ``$"…"`` by its translation from a message catalog the command
+    may have written (``TEXTDOMAINDIR``), and expands ``$(…)`` in it: ``touch`` ran past a deny rule."""
+    for rules in (ALLOW, DENY):
+        with pytest.raises(PolicyError) as info:
+            rules.check(command)
+        assert info.value.details["rule"] == "unreadable" and "translates at run time" in info.value.message
+
+
+@pytest.mark.parametrize("command", ['echo "$"', "echo '$\"x'", 'echo "price: $"', 'echo "$HOME"'])
+def test_a_dollar_next_to_a_quote_that_is_no_translation_stays_readable(command: str) -> None:
+    DENY.check(command)

@@ -517,3 +517,48 @@ async def test_the_hosts_kernel_keyrings_are_out_of_reach(work: Path) -> None:
     finally:
         libc.syscall(keyctl, 3, ctypes.c_int(key))  # KEYCTL_REVOKE: leave nothing behind
         await host.close()
+
+
+@pytest.mark.parametrize(("plugin", "key"), [("bash", "sandbox_write_paths"), ("bash", "sandbox_read_paths"),
+                                             ("filesystem", "allowed_write_paths"),
+                                             ("filesystem", "allowed_read_paths")])
+async def test_a_configured_path_swapped_for_a_symlink_stops_the_next_start(work: Path, plugin: str, key: str) -> None:
+    """Found by attack: a sandboxed command replaced ``sandbox_write_paths = ["build"]`` by
+    ``build -> <a host directory>``; within the host nothing leaked, but the next start resolved the
+    setting through the symlink and bound the host's directory read-write. A configured path that
+    leads through a symlink inside a path tools may write stops the start, naming the key."""
+    victim = work.parent / "victim"
+    victim.mkdir()
+    (work / "build").symlink_to(victim)  # what the command left behind
+    config = {"plugins": {plugin: {key: ["build"] if "write" in key or plugin == "filesystem" else ["build"]}}}
+    if key == "sandbox_read_paths":  # a read path inside the working directory is refused anyway: use a root
+        outside = work.parent / "shared"
+        outside.mkdir()
+        (outside / "docs").symlink_to(victim)
+        config = {"plugins": {"bash": {"allowed_paths": [str(work), str(outside)],
+                                       "sandbox_read_paths": [str(outside / "docs")]}}}
+    host = ToolHost(config=config, builtins=["filesystem", "bash"], entry_points=False, working_dir=work,
+                    discover=False)
+    with pytest.raises(PluginLoadError, match=rf"plugins.{plugin}.{key}: .* leads through the symbolic link"):
+        await host.start()
+    await host.close()
+
+
+async def test_a_bwrap_in_a_path_another_plugin_lets_processes_write_is_never_run(
+        work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: the MCP plugin mounts after bash and adds its servers' write paths to
+    ``session.writable_roots``; a bwrap there was run by every bash call, and a server could
+    replace it. Each call checks the bwrap against every such path: the call fails closed."""
+    tools = work.parent / "tools-bin"
+    tools.mkdir()
+    shutil.copy2(os.path.realpath(shutil.which("bwrap") or "/usr/bin/bwrap"), tools / "bwrap")
+    monkeypatch.setenv("PATH", str(tools) + os.pathsep + os.environ["PATH"])
+    host = await bash_host(work)
+    try:
+        assert (await host.call("bash", {"command": "true"})).success
+        host.capabilities["session.writable_roots"].append(str(tools))  # as an MCP server's write path is
+        result = await host.call("bash", {"command": "touch ran"})
+        assert result.error["code"] == "sandbox_failed" and str(tools) in result.error["message"]
+        assert not (work / "ran").exists()
+    finally:
+        await host.close()

@@ -311,3 +311,30 @@ async def test_a_sandboxed_server_cannot_bind_the_hosts_proc_or_dev(tmp_path: Pa
         await sandbox_wrap("fs", settings, str(tmp_path), ())
     assert caught.value.key is not None and caught.value.key.startswith("plugins.mcp.servers.fs.sandbox_")
     assert "the sandbox cannot bind" in str(caught.value)
+
+
+@pytest.mark.parametrize("field", ["sandbox_read_paths", "cwd", "symlinked-write-path"])
+async def test_a_sandboxed_servers_path_the_agent_may_swap_is_refused(tmp_path: Path, field: str) -> None:
+    """Found by attack: a server's read path (or cwd) inside the host's working directory was bound
+    by name at each (re)start, after a bash command had swapped it for a symlink to a host
+    directory; a write path configured through such a symlink was followed."""
+    from amplifier_tools import ConfigError
+    from amplifier_tools.mcp.confinement import sandbox_wrap
+    from amplifier_tools.mcp.settings import ServerSettings
+
+    work = tmp_path / "work"
+    (work / "server").mkdir(parents=True)
+    (tmp_path / "victim").mkdir()
+    if field == "symlinked-write-path":
+        (work / "out").symlink_to(tmp_path / "victim")
+        settings = ServerSettings(command="server", sandbox="auto", sandbox_write_paths=[str(work / "out")])
+        key = "plugins.mcp.servers.fs.sandbox_write_paths"
+    elif field == "cwd":
+        settings = ServerSettings(command="server", sandbox="auto", cwd=str(work / "server"))
+        key = "plugins.mcp.servers.fs.sandbox_read_paths"  # the cwd is bound read-only
+    else:
+        settings = ServerSettings(command="server", sandbox="auto", sandbox_read_paths=[str(work / "server")])
+        key = f"plugins.mcp.servers.fs.{field}"
+    with pytest.raises(ConfigError) as caught:
+        await sandbox_wrap("fs", settings, str(work), ())
+    assert caught.value.key == key, caught.value

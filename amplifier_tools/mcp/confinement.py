@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 import attrs
 
 from .. import sandbox as engine
+from ..builtins.filesystem.paths import configured_path
 from ..errors import ConfigError
 from .settings import ServerSettings
 
@@ -67,12 +68,27 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
         return None
     where = f"[plugins.mcp.servers.{name}]"
     view = view_for(settings, working_dir, protected, name)
-    problem = engine.view_problem(view)
-    if problem is not None:
-        path, why = problem
-        field = "sandbox_read_paths" if path in view.read_only else "sandbox_write_paths"
-        raise ConfigError(f"the sandbox cannot bind {path}: {why}", key=f"plugins.mcp.servers.{name}.{field}")
-    bwrap, reason = await engine.find_bwrap(exclude=(working_dir, *view.writable, *writable))
+    session = (os.path.realpath(working_dir), *writable)
+
+    def check_paths() -> None:
+        """At the start and before each (re)start: no configured path through a symlink inside a
+        path the host's tools may write (``configured_path``; found by attack: a bash command swapped
+        a server's path for a symlink, and the server's next start bound what it named), and none
+        the sandbox cannot bind (``view_problem``, with every such path counted as writable: a read
+        path or ``cwd`` inside the working directory could be swapped before the bind)."""
+        for field, paths in (("sandbox_write_paths", settings.sandbox_write_paths),
+                             ("sandbox_read_paths", settings.sandbox_read_paths),
+                             ("cwd", (settings.cwd,) if settings.cwd else ())):
+            for path in paths:
+                configured_path(working_dir, path, session, f"plugins.mcp.servers.{name}.{field}")
+        problem = engine.view_problem(attrs.evolve(view, writable=(*view.writable, *session)))
+        if problem is not None:
+            path, why = problem
+            field = "sandbox_read_paths" if path in view.read_only else "sandbox_write_paths"
+            raise ConfigError(f"the sandbox cannot bind {path}: {why}", key=f"plugins.mcp.servers.{name}.{field}")
+
+    check_paths()
+    bwrap, reason = await engine.find_bwrap(exclude=(*session, *view.writable))
     if bwrap is None or reason is not None:
         raise engine.unavailable(reason or "no usable bwrap", where)
     key = f"plugins.mcp.servers.{name}.sandbox_read_paths"
@@ -83,6 +99,7 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
             raise ConfigError(f"the server's program {argv[0]} ({program}) lies outside the sandbox's view; add "
                               "its directories (and those of its interpreter and libraries) to "
                               "sandbox_read_paths", key=key)
+        check_paths()
         return engine.command(view, argv, bwrap=bwrap)
 
     return wrap

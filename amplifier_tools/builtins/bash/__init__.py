@@ -34,7 +34,7 @@ from ..._markers import hookimpl
 from ...errors import ConfigError
 from ...hoststate import ProtectedPaths
 from ...plugin_settings import structure_settings
-from ..filesystem.paths import PathRules
+from ..filesystem.paths import PathRules, configured_path
 from .process import Limits
 from .rules import CommandRules
 from .settings import BashSettings
@@ -81,7 +81,7 @@ class BashPlugin:
         if settings.allowed_paths is not None:
             roots = settings.allowed_paths
             own_rules = PathRules(working_dir, read_roots=roots, write_roots=roots, write_denied=(),
-                                  protected=protected)
+                                  protected=protected, keys=(f"plugins.{PLUGIN}.allowed_paths",) * 2)
             writable = coordinator.get_capability("session.writable_roots")
             if isinstance(writable, list):  # the host refuses host state inside these at start
                 writable.extend(own_rules.write_roots)
@@ -93,11 +93,13 @@ class BashPlugin:
             rules = own_rules or coordinator.get_capability("fs.path_rules")
             return rules if isinstance(rules, PathRules) else fallback
 
-        write_paths = self._sandbox_write_paths(settings.sandbox_write_paths, working_dir, protected)
+        write_paths = self._sandbox_write_paths(settings.sandbox_write_paths, working_dir, protected,
+                                                path_rules().write_roots)
         writable = coordinator.get_capability("session.writable_roots")
         if isinstance(writable, list):  # the host refuses host state inside these at start
             writable.extend(write_paths)
-        read_paths = tuple(os.path.realpath(os.path.join(working_dir, os.path.expanduser(path)))
+        writable_now = (os.path.realpath(working_dir), *path_rules().write_roots, *write_paths)
+        read_paths = tuple(configured_path(working_dir, path, writable_now, f"plugins.{PLUGIN}.sandbox_read_paths")
                            for path in settings.sandbox_read_paths)
         probed, self._sandbox_probe = self._sandbox_probe, None
         if time.monotonic() - self._probe_started > PROBE_FRESH_S:
@@ -135,6 +137,7 @@ class BashPlugin:
             bash=shutil.which("bash") or "/bin/bash",
             prlimit=shutil.which("prlimit"),
             bwrap=bwrap,
+            session_writable=writable if isinstance(writable, list) else (),
         ), path_rules)
         await coordinator.mount("tools", self.tool)
 
@@ -172,15 +175,22 @@ class BashPlugin:
             raise ConfigError(f"the sandbox cannot bind {path}: {reason}", key=key)
 
     @staticmethod
-    def _sandbox_write_paths(paths: tuple[str, ...], working_dir: str, protected: ProtectedPaths) -> tuple[str, ...]:
-        """The extra writable paths, resolved like writable roots; one inside host state is refused."""
-        rules = PathRules(working_dir, read_roots=paths, write_roots=paths, write_denied=(), protected=protected)
-        for root in rules.write_roots:
+    def _sandbox_write_paths(paths: tuple[str, ...], working_dir: str, protected: ProtectedPaths,
+                             roots: tuple[str, ...]) -> tuple[str, ...]:
+        """The extra writable paths, resolved like writable roots (``configured_path``: none through a
+        symlink inside the working directory, the write ``roots`` or an earlier one); one inside host
+        state is refused."""
+        writable = [os.path.realpath(working_dir), *roots]
+        resolved: list[str] = []
+        for path in paths:
+            resolved.append(configured_path(working_dir, path, writable, f"plugins.{PLUGIN}.sandbox_write_paths"))
+            writable.append(resolved[-1])
+        for root in resolved:
             entry = protected.protects(root)
             if entry is not None:
                 raise ConfigError(f"{root} lies inside {entry.path} ({entry.reason}), which the host keeps out of "
                                   "every tool's reach", key=f"plugins.{PLUGIN}.sandbox_write_paths")
-        return rules.write_roots
+        return tuple(resolved)
 
     @staticmethod
     def _spill_dir(configured: str, coordinator: Any, own_rules: PathRules | None,

@@ -259,6 +259,10 @@ class _Reader:
             return
         outer, self.source = self.source, source  # a shell string is read while its caller's tree is open
         try:
+            translated = _translated_string(tree.root_node) if b'$"' in source else None
+            if translated is not None:
+                self.closed("a $\"…\" string, which bash translates at run time (a translation may run commands)",
+                            translated.parent or translated)
             self.walk(tree.root_node, depth)
         finally:
             self.source = outer
@@ -681,6 +685,20 @@ def _redirect_words(redirect: tree_sitter.Node) -> list[tree_sitter.Node]:
     if redirect.type == "heredoc_redirect":
         return [c for i, c in enumerate(redirect.children) if redirect.field_name_for_child(i) == "argument"]
     return []
+
+
+def _translated_string(root: tree_sitter.Node) -> tree_sitter.Node | None:
+    """The first ``$"…"`` string in the tree, or None: bash replaces it by its translation from the
+    message catalog that ``TEXTDOMAIN``/``TEXTDOMAINDIR``/the locale pick, and expands ``$(…)`` in
+    that translation (found by attack: a catalog the command wrote ran ``touch`` past a deny rule).
+    The grammar reads one as a ``$`` followed by a string, or as a ``translated_string``."""
+    for sub in _descendants(root):
+        if sub.type == "translated_string":
+            return sub
+        after = sub.next_sibling if sub.type == "$" else None
+        if after is not None and after.type == "string" and after.start_byte == sub.end_byte:
+            return sub
+    return None
 
 
 def _pieces(node: tree_sitter.Node) -> Iterator[tree_sitter.Node]:

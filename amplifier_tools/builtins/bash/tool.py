@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
@@ -60,7 +60,11 @@ class Settings:
     limits: process.Limits
     bash: str
     prlimit: str | None
-    bwrap: str | None
+    bwrap: str | None  # resolved
+    #: Every path the session's tools and sandboxed processes may write (``session.writable_roots``,
+    #: held by reference: plugins mounting after this one, MCP servers, add theirs); no call runs a
+    #: ``bwrap`` inside one.
+    session_writable: Sequence[str] = ()
 
 
 OUTPUT_SCHEMA: Final[dict[str, Any]] = {
@@ -196,8 +200,8 @@ class BashTool:
                                read_only=(*engine.SYSTEM_PATHS, *s.sandbox_read_paths),
                                protected=tuple(entry.path for entry in protected if not entry.alias),
                                network=s.sandbox_network)
-            holder = engine.writable_by_commands(s.bwrap, view.writable, resolve=False)
-            if holder is not None:  # a write root added since the start (the filesystem plugin's) holds it
+            holder = engine.writable_by_commands(s.bwrap, (*view.writable, *s.session_writable), resolve=False)
+            if holder is not None:  # a path added since the start (an MCP server's write path) holds it
                 raise ToolSystemError(f"the sandbox's bwrap {s.bwrap} lies inside {holder}, which commands may "
                                       "write; nothing was run", code="sandbox_failed", path=s.bwrap)
         # A protected path that does not exist cannot be masked: notice one the command makes. Only inside

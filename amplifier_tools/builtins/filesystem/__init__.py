@@ -54,6 +54,7 @@ class FilesystemPlugin:
             write_denied=settings.write_denied_paths,
             allow_hardlinks=settings.allow_hardlinks,
             protected=protected if isinstance(protected, ProtectedPaths) else None,
+            keys=(f"plugins.{PLUGIN}.allowed_read_paths", f"plugins.{PLUGIN}.allowed_write_paths"),
         )
         coordinator.register_capability("fs.path_rules", self.rules)
         rules = self.rules

@@ -92,28 +92,57 @@ def _identity(directory: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
+def configured_path(working_dir: str, path: str, writable: Iterable[str], key: str | None = None) -> str:
+    """A path from the configuration (a root, a sandbox path) resolved: ``~`` expanded, relative
+    to ``working_dir`` (resolved), ``..`` collapsed, symlinks followed — resolved once, at start.
+
+    ``ConfigError`` when it lies inside one of ``writable`` (resolved: the working directory, the
+    write roots) and a symlink below that root is followed: tools could have put that symlink
+    there, so what the path names is theirs to choose (found by attack: a sandboxed command
+    replaced ``sandbox_write_paths = ["build"]`` by ``build -> /root/.ssh``, and the next host
+    start bound the host's ``/root/.ssh`` read-write). Name the target instead. ``key``: the
+    setting named in the error."""
+    joined = os.path.normpath(os.path.join(working_dir, os.path.expanduser(path)))
+    current = "/"
+    for name in filter(None, joined.split("/")):  # each symlink judged where it really is (its parent resolved)
+        candidate = os.path.join(current, name)
+        if not os.path.islink(candidate):
+            current = candidate
+            continue
+        holder = next((root for root in writable if components_below(candidate, root) is not None), None)
+        if holder is not None:
+            from ...errors import ConfigError
+
+            raise ConfigError(f"{path!r} leads through the symbolic link {candidate}, inside {holder}, which tools "
+                              f"may write, to {os.path.realpath(joined)}: name that path itself if it is meant",
+                              key=key)
+        current = os.path.realpath(candidate)
+    return os.path.realpath(joined)
+
+
 class PathRules:
     """Allowed read/write roots and denied patterns, applied to every path."""
 
     def __init__(self, working_dir: str, *, read_roots: Iterable[str], write_roots: Iterable[str],
                  denied: Iterable[str] = (), write_denied: Iterable[str] = DEFAULT_WRITE_DENIED,
-                 allow_hardlinks: bool = False, protected: ProtectedPaths | None = None) -> None:
+                 allow_hardlinks: bool = False, protected: ProtectedPaths | None = None,
+                 keys: tuple[str | None, str | None] = (None, None)) -> None:
         self.working_dir = os.path.realpath(working_dir)
         self._prefix = self.working_dir if self.working_dir.endswith("/") else self.working_dir + "/"
         self._working_dir_id = _identity(self.working_dir)
         # Held by reference: plugins that mount later (audit) add their files to the same object.
         self.protected = protected if protected is not None else ProtectedPaths()
-        self.read_roots = tuple(self._root(r) for r in read_roots)
-        self.write_roots = tuple(self._root(r) for r in write_roots)
+        # ``keys``: the settings the read and the write roots come from, named in a ``ConfigError``.
+        writable = [self.working_dir]
+        for root in write_roots:  # each checked against the working directory and the roots before it
+            writable.append(configured_path(self.working_dir, root, writable, keys[1]))
+        self.write_roots = tuple(writable[1:])
+        self.read_roots = tuple(configured_path(self.working_dir, r, writable, keys[0]) for r in read_roots)
         self.denied = tuple(denied)
         self.write_denied = tuple(write_denied)
         self._denied = tuple(PathPattern(p) for p in self.denied)
         self._write_denied = tuple(PathPattern(p) for p in self.write_denied)
         self.allow_hardlinks = allow_hardlinks
-
-    def _root(self, root: str) -> str:
-        # Roots are trusted configuration: resolved once, symlinks included.
-        return os.path.realpath(os.path.join(self.working_dir, os.path.expanduser(root)))
 
     # -- lexical checks --------------------------------------------------------
 
