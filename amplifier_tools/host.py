@@ -32,6 +32,7 @@ from ._markers import PROJECT_NAME
 from ._version import __version__
 from .amplifier_hooks import HookRegistry, ToolHandlerImpls
 from .builtins import BUILTIN_PLUGINS
+from .builtins.filesystem.paths import configured_path
 from .config import discover_config_file, load_config_file, plugin_section, validate_config
 from .coordinator import Coordinator
 from .definitions import tool_definitions
@@ -126,6 +127,8 @@ class ToolHost:
         #: Where the trust record is kept: never a directory the configuration chose.
         self.trust_dir = config_trust.record_dir(self.trust_root, self.config_file, discovered=self.discovered_config)
         wd = working_dir or self.config.get("working_dir") or os.getcwd()
+        #: The working directory as given (None: the process's own), checked like a configured path.
+        self._working_dir_given = working_dir or self.config.get("working_dir")
         self.working_dir = str(Path(wd).expanduser().resolve())
         configured_state = self.config.get("state_dir")
         #: Where the host keeps its own state (created 0700 at start); outside the working directory.
@@ -165,6 +168,10 @@ class ToolHost:
             # Plugins whose tools write outside the filesystem plugin's roots add those roots here, so a
             # host-state path inside them is refused at start.
             "session.writable_roots": [],
+            # Plugins add the paths their configuration names, as written, with the setting's key:
+            # once every plugin is mounted, none may lead through a symbolic link that tools may write
+            # (``_check_configured_paths``).
+            "session.configured_paths": [],
         }
         self.contributors: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
         self.cleanups: list[tuple[str, Callable[[], Any | Awaitable[Any]]]] = []
@@ -218,6 +225,7 @@ class ToolHost:
                 await self._mount_plugin(plugin, info, required)
             self._check_config_references()
             self._check_protected_paths()
+            self._check_configured_paths()
             if first_trust is not None:
                 self._make_state_dir(self.trust_dir)
                 config_trust.remember(self.trust_dir, first_trust)
@@ -519,6 +527,28 @@ class ToolHost:
         except OSError as exc:
             raise ConfigError(f"cannot create the state directory {path}: {exc.strerror}",
                               key="state_dir", file=self.config_file) from None
+
+    def _writable_now(self) -> list[str]:
+        """Every path the host's tools and sandboxed processes may write, as the plugins mounted say."""
+        rules = self.capabilities.get("fs.path_rules")
+        return [self.working_dir, *getattr(rules, "write_roots", ()),
+                *(os.fspath(r) for r in self.capabilities.get("session.writable_roots") or ())]
+
+    def _check_configured_paths(self) -> None:
+        """Each plugin checked its paths against the writable paths known when it mounted; plugins
+        that mounted later add theirs (bash's and MCP servers' write paths come after the filesystem
+        plugin's roots), and a list is checked in order. Found by attack: a filesystem read root
+        inside bash's ``sandbox_write_paths``, swapped for a symbolic link by a command, was followed
+        at the next start. Checked again here against all of them, with the working directory as
+        given (a symbolic link inside a write root, retargeted by a command, moved the next start)."""
+        writable = self._writable_now()
+        try:
+            for path, key in list(self.capabilities.get("session.configured_paths") or ()):
+                configured_path(self.working_dir, path, writable, key)
+            if self._working_dir_given is not None:
+                configured_path(os.getcwd(), os.fspath(self._working_dir_given), writable, "working_dir")
+        except ConfigError as exc:
+            raise ConfigError(exc.detail, key=exc.key, file=self.config_file, hint=exc.hint) from None
 
     def _check_protected_paths(self) -> None:
         """A configured host-state path inside a tool's writable roots would be the agent's to rewrite:

@@ -530,7 +530,7 @@ async def test_a_configured_path_swapped_for_a_symlink_stops_the_next_start(work
     victim = work.parent / "victim"
     victim.mkdir()
     (work / "build").symlink_to(victim)  # what the command left behind
-    config = {"plugins": {plugin: {key: ["build"] if "write" in key or plugin == "filesystem" else ["build"]}}}
+    config: dict[str, object] = {"plugins": {plugin: {key: ["build"]}}}
     if key == "sandbox_read_paths":  # a read path inside the working directory is refused anyway: use a root
         outside = work.parent / "shared"
         outside.mkdir()
@@ -562,3 +562,41 @@ async def test_a_bwrap_in_a_path_another_plugin_lets_processes_write_is_never_ru
         assert not (work / "ran").exists()
     finally:
         await host.close()
+
+
+@pytest.mark.parametrize("case", ["read-root-in-bash-write-path", "later-entry-of-one-list", "chain-of-links",
+                                  "working-dir-link"])
+async def test_a_path_tools_could_retarget_is_refused_whatever_the_mount_order(work: Path, case: str) -> None:
+    """Found by a third attack: the filesystem plugin mounts first and checked its roots only
+    against what it knew (a read root inside bash's ``sandbox_write_paths`` was followed through the
+    link a command left); a list was checked in order (``[".", "shared/out", "shared"]``); a link
+    outside pointing at a link inside was followed in one step; and the working directory given as
+    a link inside a write root moved with it."""
+    shared, victim = work.parent / "shared", work.parent / "victim"
+    shared.mkdir()
+    victim.mkdir()
+    working_dir: Path = work
+    if case == "read-root-in-bash-write-path":
+        (shared / "docs").symlink_to(victim)
+        config: dict[str, object] = {"plugins": {
+            "filesystem": {"allowed_read_paths": [".", str(shared / "docs")]},
+            "bash": {"sandbox_write_paths": [str(shared)]}}}
+        key = "plugins.filesystem.allowed_read_paths"
+    elif case == "later-entry-of-one-list":
+        (shared / "out").symlink_to(victim)
+        config = {"plugins": {"filesystem": {"allowed_write_paths": [".", str(shared / "out"), str(shared)]}}}
+        key = "plugins.filesystem.allowed_write_paths"
+    elif case == "chain-of-links":
+        (work / "data").symlink_to(victim)  # left by a command
+        (work.parent / "outside-link").symlink_to(work / "data")
+        config = {"plugins": {"filesystem": {"allowed_read_paths": [".", str(work.parent / "outside-link")]}}}
+        key = "plugins.filesystem.allowed_read_paths"
+    else:
+        (shared / "current").symlink_to(work)  # a command may retarget it
+        config = {"plugins": {"filesystem": {"allowed_write_paths": [".", str(shared)]}}}
+        working_dir, key = shared / "current", "working_dir"
+    host = ToolHost(config=config, builtins=["filesystem", "bash"], entry_points=False, working_dir=working_dir,
+                    discover=False)
+    with pytest.raises((ConfigError, PluginLoadError), match=rf"{key}: .*symbolic link"):
+        await host.start()
+    await host.close()

@@ -338,3 +338,33 @@ async def test_a_sandboxed_servers_path_the_agent_may_swap_is_refused(tmp_path: 
     with pytest.raises(ConfigError) as caught:
         await sandbox_wrap("fs", settings, str(work), ())
     assert caught.value.key == key, caught.value
+
+
+def test_a_servers_paths_are_resolved_against_the_hosts_working_directory_as_checked(tmp_path: Path) -> None:
+    """Found by attack: ``build/../w`` was checked as ``w`` (``..`` collapsed first) and bound as the
+    link's ``../w``; a relative ``cwd`` was checked against the host's working directory and bound
+    against the process's."""
+    from amplifier_tools.mcp.confinement import server_cwd, view_for
+    from amplifier_tools.mcp.settings import ServerSettings
+
+    work = tmp_path / "work"
+    (work / "srv").mkdir(parents=True)
+    (tmp_path / "victim" / "sub").mkdir(parents=True)
+    (work / "build").symlink_to(tmp_path / "victim" / "sub")
+    settings = ServerSettings(command="server", sandbox="auto", sandbox_write_paths=["build/../w"], cwd="srv")
+    view = view_for(settings, str(work), (), "fs")
+    assert view.writable == (str(work / "w"),) and view.cwd == str(work / "srv")
+    assert server_cwd(settings, str(work)) == str(work / "srv")
+
+
+async def test_a_default_cwd_under_a_write_root_is_refused_naming_cwd(tmp_path: Path) -> None:
+    from amplifier_tools import ConfigError
+    from amplifier_tools.mcp.confinement import sandbox_wrap
+    from amplifier_tools.mcp.settings import ServerSettings
+
+    work = tmp_path / "work"
+    work.mkdir()
+    settings = ServerSettings(command="server", sandbox="auto")
+    with pytest.raises(ConfigError) as caught:
+        await sandbox_wrap("fs", settings, str(work), (), (str(tmp_path),))  # a write root holding the project
+    assert caught.value.key == "plugins.mcp.servers.fs.cwd" and "set cwd" in str(caught.value)

@@ -187,9 +187,15 @@ class McpImportPlugin:
         found = coordinator.get_capability("session.protected_paths")
         protected = found if isinstance(found, ProtectedPaths) else ProtectedPaths()
         writable = coordinator.get_capability("session.writable_roots")
-        for server in self.settings.servers.values():  # the host refuses its own state inside these at start
+        configured = coordinator.get_capability("session.configured_paths")
+        for name, server in self.settings.servers.items():  # the host refuses its own state inside these at start
             if server.sandbox != "off" and isinstance(writable, list):
                 writable.extend(os.path.realpath(os.path.expanduser(p)) for p in server.sandbox_write_paths)
+            if server.sandbox != "off" and isinstance(configured, list):  # checked once every plugin is mounted
+                where = f"plugins.{PLUGIN}.servers.{name}"
+                configured.extend((p, f"{where}.sandbox_write_paths") for p in server.sandbox_write_paths)
+                configured.extend((p, f"{where}.sandbox_read_paths") for p in server.sandbox_read_paths)
+                configured.extend((p, f"{where}.cwd") for p in ((server.cwd,) if server.cwd else ()))
 
         def protected_now() -> list[str]:
             return [entry.path for entry in protected if not entry.alias]

@@ -36,7 +36,7 @@ from ..errors import ContractError, ExecutionError, PolicyError, ToolError
 from ..models import ToolContext, ToolResult, output_text
 from ..redaction import SecretSet, redact_text
 from ..spec import ToolSpec
-from .confinement import Wrap, sandbox_wrap
+from .confinement import Wrap, sandbox_wrap, server_cwd
 from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
@@ -159,7 +159,7 @@ class ServerConnection:
         assert s.command is not None
         self.stderr = StderrTail(forward=s.stderr == "inherit")
         async with stdio_process(s.command, list(s.args), env=self.environment(),
-                                 cwd=s.cwd or self.working_dir, stderr=self.stderr,
+                                 cwd=server_cwd(s, self.working_dir), stderr=self.stderr,
                                  max_message_bytes=s.max_message_bytes, max_content_blocks=s.max_content_blocks,
                                  wrap=self._wrap) as server:
             self._server = server

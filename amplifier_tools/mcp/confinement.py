@@ -33,8 +33,18 @@ from .settings import ServerSettings
 Wrap = Callable[[Sequence[str]], list[str]]
 
 
-def _absolute(paths: Iterable[str]) -> tuple[str, ...]:
-    return tuple(os.path.realpath(os.path.expanduser(path)) for path in paths)
+def _absolute(paths: Iterable[str], working_dir: str) -> tuple[str, ...]:
+    """The paths resolved as every configured path is (``configured_path``: relative to the host's
+    working directory, ``..`` collapsed first): the check and the bind see one path (found by
+    attack: ``build/../w`` was checked as ``w`` and bound as the link's ``../w``)."""
+    return tuple(configured_path(working_dir, path, ()) for path in paths)
+
+
+def server_cwd(settings: ServerSettings, working_dir: str) -> str:
+    """The server's working directory: ``cwd`` resolved against the host's working directory (not
+    the process's: a relative ``cwd`` was checked against one and bound against the other), or
+    the host's working directory."""
+    return configured_path(working_dir, settings.cwd, ()) if settings.cwd else os.path.realpath(working_dir)
 
 
 def view_for(settings: ServerSettings, working_dir: str, protected: Iterable[str], name: str = "") -> engine.View:
@@ -42,9 +52,9 @@ def view_for(settings: ServerSettings, working_dir: str, protected: Iterable[str
     is ``/`` itself: bound over the view's fresh ``/proc``, ``/dev`` and ``/tmp`` it would show the
     host's (its processes' command lines, its home directories) or break the sandbox's start."""
     where = f"plugins.mcp.servers.{name}"
-    cwd = os.path.realpath(settings.cwd or working_dir)
-    writable = _absolute(settings.sandbox_write_paths)
-    read_only = (*engine.SYSTEM_PATHS, *_absolute(settings.sandbox_read_paths))
+    cwd = server_cwd(settings, working_dir)
+    writable = _absolute(settings.sandbox_write_paths, working_dir)
+    read_only = (*engine.SYSTEM_PATHS, *_absolute(settings.sandbox_read_paths, working_dir))
     for key, paths in (("cwd", (cwd,)), ("sandbox_write_paths", writable), ("sandbox_read_paths", read_only)):
         if "/" in paths:
             raise ConfigError("the sandbox cannot bind / (the whole host) into the server's view; name the "
@@ -85,6 +95,10 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
         if problem is not None:
             path, why = problem
             field = "sandbox_read_paths" if path in view.read_only else "sandbox_write_paths"
+            if path == view.cwd and path not in _absolute(settings.sandbox_read_paths, working_dir):
+                field = "cwd"
+                why += (" (the server's working directory: cwd, by default the host's; set cwd to a directory "
+                        "no tool may write, or sandbox = \"off\")")
             raise ConfigError(f"the sandbox cannot bind {path}: {why}", key=f"plugins.mcp.servers.{name}.{field}")
 
     check_paths()

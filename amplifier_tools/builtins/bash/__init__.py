@@ -101,6 +101,12 @@ class BashPlugin:
         writable_now = (os.path.realpath(working_dir), *path_rules().write_roots, *write_paths)
         read_paths = tuple(configured_path(working_dir, path, writable_now, f"plugins.{PLUGIN}.sandbox_read_paths")
                            for path in settings.sandbox_read_paths)
+        configured = coordinator.get_capability("session.configured_paths")
+        if isinstance(configured, list):  # checked again once every plugin is mounted
+            for key, paths in (("allowed_paths", settings.allowed_paths or ()),
+                               ("sandbox_read_paths", settings.sandbox_read_paths),
+                               ("sandbox_write_paths", settings.sandbox_write_paths)):
+                configured.extend((path, f"plugins.{PLUGIN}.{key}") for path in paths)
         probed, self._sandbox_probe = self._sandbox_probe, None
         if time.monotonic() - self._probe_started > PROBE_FRESH_S:
             probed = None  # the plugin was made long before this mount: probe now

@@ -57,6 +57,11 @@ class FilesystemPlugin:
             keys=(f"plugins.{PLUGIN}.allowed_read_paths", f"plugins.{PLUGIN}.allowed_write_paths"),
         )
         coordinator.register_capability("fs.path_rules", self.rules)
+        configured = coordinator.get_capability("session.configured_paths")
+        if isinstance(configured, list):  # checked again once every plugin is mounted
+            for key, paths in (("allowed_read_paths", settings.allowed_read_paths),
+                               ("allowed_write_paths", settings.allowed_write_paths)):
+                configured.extend((path, f"plugins.{PLUGIN}.{key}") for path in paths or ())
         rules = self.rules
         for key, roots in (("allowed_read_paths", rules.read_roots), ("allowed_write_paths", rules.write_roots)):
             for root in roots:

@@ -92,32 +92,53 @@ def _identity(directory: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def configured_path(working_dir: str, path: str, writable: Iterable[str], key: str | None = None) -> str:
-    """A path from the configuration (a root, a sandbox path) resolved: ``~`` expanded, relative
-    to ``working_dir`` (resolved), ``..`` collapsed, symlinks followed — resolved once, at start.
+#: How many symbolic links ``configured_path`` follows before it gives up (the kernel's limit).
+MAX_LINK_HOPS: Final = 40
 
-    ``ConfigError`` when it lies inside one of ``writable`` (resolved: the working directory, the
-    write roots) and a symlink below that root is followed: tools could have put that symlink
-    there, so what the path names is theirs to choose (found by attack: a sandboxed command
-    replaced ``sandbox_write_paths = ["build"]`` by ``build -> /root/.ssh``, and the next host
-    start bound the host's ``/root/.ssh`` read-write). Name the target instead. ``key``: the
-    setting named in the error."""
-    joined = os.path.normpath(os.path.join(working_dir, os.path.expanduser(path)))
-    current = "/"
-    for name in filter(None, joined.split("/")):  # each symlink judged where it really is (its parent resolved)
+
+def configured_path(working_dir: str, path: str, writable: Iterable[str], key: str | None = None) -> str:
+    """A path from the configuration (a root, a sandbox path, the working directory) resolved: ``~``
+    expanded, relative to ``working_dir``, ``..`` collapsed first, then every symbolic link
+    followed one hop at a time — resolved once, at start.
+
+    ``ConfigError`` (naming ``key``) when a link it follows lies inside one of ``writable`` (the
+    paths tools may write, resolved): tools could have put it there, so what the path names would
+    be theirs to choose (found by attack: a sandboxed command replaced ``sandbox_write_paths =
+    ["build"]`` by ``build -> /root/.ssh``, and the next start bound the host's ``/root/.ssh``
+    read-write; then a link outside pointing at one inside). Name the target itself instead. Also
+    for a loop of links."""
+    from ...errors import ConfigError
+
+    excluded = tuple(writable)
+    pending = [name for name in os.path.normpath(os.path.join(working_dir, os.path.expanduser(path))).split("/")
+               if name]
+    pending.reverse()
+    current, hops = "/", 0
+    while pending:
+        name = pending.pop()
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        if name == ".":
+            continue
         candidate = os.path.join(current, name)
-        if not os.path.islink(candidate):
+        try:
+            target = os.readlink(candidate)
+        except OSError:  # not a link, or missing: taken as written
             current = candidate
             continue
-        holder = next((root for root in writable if components_below(candidate, root) is not None), None)
+        holder = next((root for root in excluded if components_below(candidate, root) is not None), None)
         if holder is not None:
-            from ...errors import ConfigError
-
             raise ConfigError(f"{path!r} leads through the symbolic link {candidate}, inside {holder}, which tools "
-                              f"may write, to {os.path.realpath(joined)}: name that path itself if it is meant",
+                              f"may write, to {os.path.realpath(candidate)}: name that path itself if it is meant",
                               key=key)
-        current = os.path.realpath(candidate)
-    return os.path.realpath(joined)
+        hops += 1
+        if hops > MAX_LINK_HOPS:
+            raise ConfigError(f"{path!r} leads through more than {MAX_LINK_HOPS} symbolic links (a loop?)", key=key)
+        pending.extend(reversed([part for part in target.split("/") if part]))
+        if target.startswith("/"):
+            current = "/"
+    return current
 
 
 class PathRules:
