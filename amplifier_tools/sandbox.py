@@ -180,7 +180,8 @@ def view_problem(view: View) -> tuple[str, str] | None:
         root = next((root for root in view.writable if _under(path, root) and root != path), None)
         if root is not None:
             return path, (f"it lies inside {root}, which commands may write: a command could swap it before the "
-                          "sandbox binds it, so it cannot be made read-only")
+                          "sandbox binds it, so it cannot be made read-only; name a directory outside the paths "
+                          "tools may write (a virtual environment elsewhere, say)")
     return None
 
 

@@ -600,3 +600,16 @@ async def test_a_path_tools_could_retarget_is_refused_whatever_the_mount_order(w
     with pytest.raises((ConfigError, PluginLoadError), match=rf"{key}: .*symbolic link"):
         await host.start()
     await host.close()
+
+
+async def test_with_the_sandbox_off_its_paths_are_not_judged(work: Path) -> None:
+    """Found by a new-user check: with ``sandbox = "off"`` the sandbox's paths are never bound, yet a
+    ``sandbox_read_paths`` entry through a link inside the project stopped the start."""
+    shared = work.parent / "shared" / "docs"
+    shared.mkdir(parents=True)
+    (work / "docs").symlink_to(shared)
+    host = await bash_host(work, sandbox="off", sandbox_read_paths=["docs"], sandbox_write_paths=["docs"])
+    try:
+        assert (await host.call("bash", {"command": "true"})).success
+    finally:
+        await host.close()

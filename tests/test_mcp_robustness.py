@@ -331,7 +331,7 @@ async def test_a_sandboxed_servers_path_the_agent_may_swap_is_refused(tmp_path: 
         key = "plugins.mcp.servers.fs.sandbox_write_paths"
     elif field == "cwd":
         settings = ServerSettings(command="server", sandbox="auto", cwd=str(work / "server"))
-        key = "plugins.mcp.servers.fs.sandbox_read_paths"  # the cwd is bound read-only
+        key = "plugins.mcp.servers.fs.cwd"
     else:
         settings = ServerSettings(command="server", sandbox="auto", sandbox_read_paths=[str(work / "server")])
         key = f"plugins.mcp.servers.fs.{field}"
@@ -368,3 +368,20 @@ async def test_a_default_cwd_under_a_write_root_is_refused_naming_cwd(tmp_path: 
     with pytest.raises(ConfigError) as caught:
         await sandbox_wrap("fs", settings, str(work), (), (str(tmp_path),))  # a write root holding the project
     assert caught.value.key == "plugins.mcp.servers.fs.cwd" and "set cwd" in str(caught.value)
+
+
+async def test_a_sandbox_refusal_reaches_the_user_as_it_is(tmp_path: Path) -> None:
+    """Found by a new-user check: the refusal of a project-local virtual environment as a read path
+    ended "(check plugins.mcp.servers.s: command and args)", contradicting the key it named."""
+    from amplifier_tools import ConfigError, ToolHost
+
+    (tmp_path / ".venv").mkdir()
+    config = {"plugins": {"mcp": {"servers": {"s": {"command": "server", "sandbox": "auto",
+                                                    "sandbox_read_paths": [str(tmp_path / ".venv")]}}}}}
+    host = ToolHost(config=config, builtins=["mcp"], entry_points=False, working_dir=tmp_path, discover=False)
+    with pytest.raises((ConfigError, PluginLoadError)) as caught:
+        await host.start()
+    await host.close()
+    message = str(caught.value)
+    assert "plugins.mcp.servers.s.sandbox_read_paths" in message and "command and args" not in message
+    assert "name a directory outside the paths tools may write" in message

@@ -32,7 +32,7 @@ from mcp.shared.exceptions import MCPError
 
 from .._version import __version__
 from ..content import render
-from ..errors import ContractError, ExecutionError, PolicyError, ToolError
+from ..errors import ConfigError, ContractError, ExecutionError, PolicyError, ToolError
 from ..models import ToolContext, ToolResult, output_text
 from ..redaction import SecretSet, redact_text
 from ..spec import ToolSpec
@@ -591,6 +591,8 @@ def start_error(connection: ServerConnection, exc: Exception) -> Exception:
     and the server's stderr tail; a typed error of the start (a pin, a timeout) kept as it is.
     What the server said (its stderr, its answer, the SDK's words for it) has every secret of
     ``connection.secrets`` redacted: the error reaches logs, ``list`` and ``plugins --json``."""
+    if isinstance(exc, ConfigError):  # the sandbox's refusal of a setting: it names its key and what to do
+        return exc
     if isinstance(exc, ToolError):
         if exc.code != "mcp_start_timeout" or not _stderr_tail(connection):
             return exc

@@ -93,19 +93,20 @@ class BashPlugin:
             rules = own_rules or coordinator.get_capability("fs.path_rules")
             return rules if isinstance(rules, PathRules) else fallback
 
+        confining = settings.sandbox not in ("off", "none")  # unconfined, the sandbox's paths are never bound
         write_paths = self._sandbox_write_paths(settings.sandbox_write_paths, working_dir, protected,
-                                                path_rules().write_roots)
+                                                path_rules().write_roots) if confining else ()
         writable = coordinator.get_capability("session.writable_roots")
         if isinstance(writable, list):  # the host refuses host state inside these at start
             writable.extend(write_paths)
         writable_now = (os.path.realpath(working_dir), *path_rules().write_roots, *write_paths)
         read_paths = tuple(configured_path(working_dir, path, writable_now, f"plugins.{PLUGIN}.sandbox_read_paths")
-                           for path in settings.sandbox_read_paths)
+                           for path in settings.sandbox_read_paths) if confining else ()
         configured = coordinator.get_capability("session.configured_paths")
         if isinstance(configured, list):  # checked again once every plugin is mounted
             for key, paths in (("allowed_paths", settings.allowed_paths or ()),
-                               ("sandbox_read_paths", settings.sandbox_read_paths),
-                               ("sandbox_write_paths", settings.sandbox_write_paths)):
+                               ("sandbox_read_paths", settings.sandbox_read_paths if confining else ()),
+                               ("sandbox_write_paths", settings.sandbox_write_paths if confining else ())):
                 configured.extend((path, f"plugins.{PLUGIN}.{key}") for path in paths)
         probed, self._sandbox_probe = self._sandbox_probe, None
         if time.monotonic() - self._probe_started > PROBE_FRESH_S:
@@ -113,7 +114,7 @@ class BashPlugin:
         # Every path a command may write, as far as known now (the filesystem plugin mounts first).
         commands_write = (*(writable if isinstance(writable, list) else ()), working_dir, *write_paths,
                           *path_rules().write_roots)
-        if settings.sandbox not in ("off", "none"):
+        if confining:
             roots_key = f"plugins.{PLUGIN}.allowed_paths" if own_rules is not None else \
                 "plugins.filesystem.allowed_write_paths"
             self._check_view(read_paths, write_paths, path_rules().write_roots, roots_key)
