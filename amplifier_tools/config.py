@@ -41,6 +41,8 @@ _MODULE_ENTRY: Final = {
     "required": ["module"],
     "additionalProperties": False,
 }
+#: The mount-plan form of ``tools``: a list of module entries.
+_MOUNT_PLAN_LIST: Final = {"type": "array", "items": _MODULE_ENTRY}
 
 #: The JSON Schema of the host configuration (published as ``docs/config.schema.json``).
 CONFIG_SCHEMA: Final[dict[str, Any]] = {
@@ -106,7 +108,7 @@ CONFIG_SCHEMA: Final[dict[str, Any]] = {
                            "or a mount-plan list of {module, config}.",
             "oneOf": [
                 {"type": "object", "additionalProperties": {"type": "object"}},
-                {"type": "array", "items": _MODULE_ENTRY},
+                _MOUNT_PLAN_LIST,
             ],
         },
         "modules": {"type": "array", "items": _MODULE_ENTRY, "description": "Seed-style modules to mount."},
@@ -135,8 +137,12 @@ def _allowed_keys(pointer: str) -> list[str]:
     """The keys ``CONFIG_SCHEMA`` allows beside the one at ``pointer`` (for did-you-mean hints)."""
     schema: Any = CONFIG_SCHEMA
     for segment in pointer.strip("/").split("/")[:-1]:
-        properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
-        schema = properties.get(segment, schema.get("additionalProperties") if isinstance(schema, dict) else None)
+        if segment.isdigit():  # an item of a list: of the list branch where a table-or-list union has one
+            branches = [schema, *schema.get("oneOf", ())]
+            schema = next((b["items"] for b in branches if isinstance(b, dict) and "items" in b), None)
+        else:
+            properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+            schema = properties.get(segment, schema.get("additionalProperties") if isinstance(schema, dict) else None)
         if not isinstance(schema, dict):
             return []
     return list(schema.get("properties", {})) if isinstance(schema, dict) else []
@@ -158,6 +164,16 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     validator = _validator()
     if not validator.is_valid(data):
         pointer, message = schema_problems(validator, data, limit=1)[0]
+        section = pointer.split("/")[1] if pointer.count("/") >= 1 else ""
+        if section in ("tools", "hooks", "modules") and isinstance(data.get(section), list):
+            # A mount plan's list: the list's own problems, not "not valid under any of the given schemas"
+            # for the table-or-list union, and a misspelt key before the key it leaves missing (found by a
+            # new-user trial: ``modul:`` said only the former).
+            problems = schema_problems(CompiledSchema(_MOUNT_PLAN_LIST), data[section], limit=5)
+            if problems:
+                inner, message = next((p for p in problems if p[1].endswith("is not an allowed property")),
+                                      problems[0])
+                pointer = f"/{section}{inner}"
         expected = _allowed_keys(pointer) if message.endswith("is not an allowed property") else None
         raise ConfigError(message, key=_dotted(pointer), file=file, expected=expected)
     if isinstance(data.get("tools"), list):

@@ -134,6 +134,21 @@ def test_an_amplifier_mount_plans_agent_sections_and_sources_are_named_not_used(
     assert "'session', 'providers' configure the agent, not its tools" in text and str(plan) in text
     assert "source 'git+https://example.invalid/x@v9.9.9' is not installed by amplifier-tools" in text
 
+
+@pytest.mark.parametrize(("plan", "key", "hint"), [
+    ({"tools": [{"modul": "tool-bash"}]}, "tools.0.modul", "did you mean 'module'?"),
+    ({"hooks": [{"module": "h"}, {"modul": "x"}]}, "hooks.1.modul", "did you mean 'module'?"),
+    ({"tools": [{"module": "a", "confg": {}}]}, "tools.0.confg", "did you mean 'config'?"),
+])
+def test_a_mount_plan_typo_names_the_key_and_the_right_one(plan: dict[str, Any], key: str, hint: str) -> None:
+    """Found by a new-user trial: ``modul:`` in a mount plan's ``tools`` said only "is not valid under
+    any of the given schemas" (the table-or-list union), naming neither the key nor the fix."""
+    from amplifier_tools.config import validate_config
+
+    with pytest.raises(ConfigError) as info:
+        validate_config(plan, file="plan.yaml")
+    assert info.value.key == key and "is not an allowed property" in str(info.value) and info.value.hint == hint
+
 def test_mount_plan_yaml_is_accepted(tmp_path: Path) -> None:
     pytest.importorskip("yaml")
     plan = tmp_path / "plan.yaml"
