@@ -554,10 +554,7 @@ class ToolHost:
         """A configured host-state path inside a tool's writable roots would be the agent's to rewrite:
         refuse the start, naming the key. Roots: the working directory, the filesystem plugin's, and
         those plugins added to the ``session.writable_roots`` capability (bash's ``allowed_paths``)."""
-        rules = self.capabilities.get("fs.path_rules")
-        roots = {self.working_dir, *getattr(rules, "write_roots", ()),
-                 *(os.fspath(r) for r in self.capabilities.get("session.writable_roots") or ())}
-        for root in sorted(roots):
+        for root in sorted(set(self._writable_now())):
             for entry in self.protected_paths.inside(root):
                 if entry.key is not None:
                     raise ConfigError(

@@ -150,17 +150,23 @@ def unbindable(path: str, *, writable: bool) -> str | None:
     """Why ``path`` (absolute, resolved) can never be bound into a view, or None: ``/`` (the whole
     host), ``/proc`` and ``/dev`` and what lies below them (found by attack: a read-only bind of the
     host's ``/proc`` over the sandbox's gave ``/proc/<pid>/root``, the host's whole filesystem,
-    writable), and as a writable path one that holds the system directories (the host's programs,
-    the ``bwrap`` that runs the sandbox among them)."""
+    writable), and as a writable path one that holds the system directories (the host's programs)
+    or lies inside a directory the start probe runs a ``bwrap`` from (``EARLY_PROBE_DIRS``: a
+    command could plant one there, run unsandboxed at the next start)."""
     if path == "/":
         return "/ is the whole host"
     if _under(path, "/proc"):
         return "/proc is the host's own (its /proc/<pid>/root is the whole host); the sandbox has a fresh one"
     if _under(path, "/dev"):
         return "/dev is the host's own (its device nodes); the sandbox has a fresh one"
+    if not writable:
+        return None
     held = next((system for system in SYSTEM_PATHS if _under(system, path)), None)
-    if writable and held is not None:
+    if held is not None:
         return f"it holds {held}, the host's programs (the sandbox's bwrap among them)"
+    inside = next((directory for directory in EARLY_PROBE_DIRS if _under(path, directory)), None)
+    if inside is not None:
+        return f"it lies inside {inside}, where the sandbox's bwrap is looked for before any path is known"
     return None
 
 
@@ -177,7 +183,7 @@ def view_problem(view: View) -> tuple[str, str] | None:
         reason = unbindable(path, writable=False)
         if reason is not None:
             return path, reason
-        root = next((root for root in view.writable if _under(path, root) and root != path), None)
+        root = _inside_writable(path, view)
         if root is not None:
             return path, (f"it lies inside {root}, which commands may write: a command could swap it before the "
                           "sandbox binds it, so it cannot be made read-only; name a directory outside the paths "
@@ -310,6 +316,8 @@ async def find_bwrap(exclude: Sequence[str] = ()) -> tuple[str | None, str | Non
 
 
 def _lookup(exclude: Sequence[str]) -> str | None:
+    """The first ``bwrap`` on PATH, resolved, neither whose directory nor whose file lies inside
+    ``exclude`` (``find_bwrap``)."""
     excluded = [os.path.realpath(root) for root in exclude]
     for entry in os.environ.get("PATH", os.defpath).split(os.pathsep):
         directory = os.path.abspath(entry or ".")
@@ -317,8 +325,8 @@ def _lookup(exclude: Sequence[str]) -> str | None:
         if candidate is None:
             continue
         real = os.path.realpath(candidate)
-        if writable_by_commands(directory, excluded) is None and \
-                writable_by_commands(real, excluded, resolve=False) is None:
+        if all(writable_by_commands(found, excluded, resolve=False) is None
+               for found in (os.path.realpath(directory), real)):
             return real
     return None
 

@@ -377,7 +377,8 @@ async def test_a_read_path_inside_a_writable_root_is_refused_at_start(work: Path
 
 @pytest.mark.parametrize(("key", "path"), [
     ("sandbox_read_paths", "/proc"), ("sandbox_read_paths", "/proc/1"), ("sandbox_read_paths", "/dev"),
-    ("sandbox_read_paths", "/"), ("sandbox_write_paths", "/usr"), ("sandbox_write_paths", "/dev/shm")])
+    ("sandbox_read_paths", "/"), ("sandbox_write_paths", "/usr"), ("sandbox_write_paths", "/dev/shm"),
+    ("sandbox_write_paths", "/usr/bin"), ("sandbox_write_paths", "/usr/sbin/plugins")])
 async def test_paths_that_would_show_the_host_are_refused_at_start(work: Path, key: str, path: str) -> None:
     """Found by attack: ``sandbox_read_paths = ["/proc"]`` was bound over the sandbox's own /proc,
     and /proc/<pid>/root was the host's whole filesystem, writable."""

@@ -176,9 +176,8 @@ class BashPlugin:
         problem = engine.view_problem(engine.View(cwd="/", writable=(*roots, *write_paths), read_only=read_paths))
         if problem is not None:
             path, reason = problem
-            key = f"plugins.{PLUGIN}.sandbox_write_paths" if path in write_paths else roots_key
-            if path in read_paths:
-                key = f"plugins.{PLUGIN}.sandbox_read_paths"
+            key = f"plugins.{PLUGIN}.sandbox_read_paths" if path in read_paths else \
+                f"plugins.{PLUGIN}.sandbox_write_paths" if path in write_paths else roots_key
             raise ConfigError(f"the sandbox cannot bind {path}: {reason}", key=key)
 
     @staticmethod
