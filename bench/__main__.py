@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .harness import isolated_state
+
 HERE = Path(__file__).parent
 
 
@@ -56,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[], help="run only bench_NAME (repeatable)")
     parser.add_argument("--json", default=str(HERE / "results" / "latest.json"), help="where to write results")
     args = parser.parse_args(argv)
+    with isolated_state():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     modules = sorted(p.stem for p in HERE.glob("bench_*.py"))
     if args.only:
         modules = [m for m in modules if m.removeprefix("bench_") in args.only or m in args.only]

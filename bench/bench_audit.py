@@ -15,7 +15,7 @@ from typing import Any
 from amplifier_tools import ToolHost
 
 from .bench_core import ARGS, Mount, NoopTool, noop_plugin
-from .harness import Row, alternating, interleaved, row, run_async
+from .harness import Row, alternating, interleaved, isolated_state, row, run_async
 
 
 def _host(work: Path, audit: dict[str, Any] | None) -> ToolHost:
@@ -178,5 +178,6 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)

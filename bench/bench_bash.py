@@ -21,7 +21,7 @@ from amplifier_tools import ToolHost
 from amplifier_tools import sandbox as engine
 from amplifier_tools.builtins.bash.process import live_members
 
-from .harness import Row, interleaved, row, run_async
+from .harness import Row, interleaved, isolated_state, row, run_async
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -168,6 +168,7 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)
     os._exit(0)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from amplifier_tools.builtins.bash import shellparse
 from amplifier_tools.builtins.bash.rules import CommandRules
 
-from .harness import Row, row
+from .harness import Row, isolated_state, row
 
 RULES = CommandRules(allow=("git", "ls", "grep", "echo", "python*", "pytest", "tail"), deny=("rm", "git push*"))
 NONE = CommandRules()
@@ -46,5 +46,6 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
 
-from .harness import Row, interleaved, row, run_async
+from .harness import Row, interleaved, isolated_state, row, run_async
 
 SCHEMA = {
     "type": "object",
@@ -298,5 +298,6 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)

@@ -14,7 +14,7 @@ from typing import Any
 
 from amplifier_tools import ToolHost
 
-from .harness import Row, peak_rss_mb, row, run_async
+from .harness import Row, isolated_state, peak_rss_mb, row, run_async
 
 
 def _big_file(path: Path, size: int) -> None:
@@ -99,6 +99,7 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)
     os._exit(0)

@@ -30,7 +30,7 @@ from amplifier_tools import ToolHost
 
 from .bench_core import ARGS, Mount, NoopTool
 from .bench_peers import _peer_function
-from .harness import Row, interleaved, row, run_async
+from .harness import Row, interleaved, isolated_state, row, run_async
 
 Variant = Callable[[], Awaitable[Any]]
 ARGS_JSON = json.dumps(ARGS)
@@ -187,5 +187,6 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)

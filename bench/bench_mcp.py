@@ -27,7 +27,7 @@ from typing import Any
 from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
 from amplifier_tools.mcp import sdk_available
 
-from .harness import Row, alternating, interleaved, row, run_async
+from .harness import Row, alternating, interleaved, isolated_state, row, run_async
 
 FIXTURE = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_fixtures" / "fixture_server.py")
 HOSTILE = str(Path(FIXTURE).parent / "hostile_server.py")
@@ -420,10 +420,11 @@ def _http_instructions(n_low: int = 100, n_high: int = 300) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--http-calls"]:
-        run_async(_http_calls(sys.argv[2], int(sys.argv[3])))
-    elif sys.argv[1:2] == ["--http-instructions"]:
-        _http_instructions(*(int(a) for a in sys.argv[2:4]))
-    else:
-        for r in run(quick=False):
-            print(r)
+    with isolated_state():
+        if sys.argv[1:2] == ["--http-calls"]:
+            run_async(_http_calls(sys.argv[2], int(sys.argv[3])))
+        elif sys.argv[1:2] == ["--http-instructions"]:
+            _http_instructions(*(int(a) for a in sys.argv[2:4]))
+        else:
+            for r in run(quick=False):
+                print(r)

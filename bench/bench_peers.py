@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .bench_core import ARGS, NoopTool, _default_host, _host
-from .harness import Row, interleaved, row, run_async
+from .harness import Row, interleaved, isolated_state, row, run_async
 
 Variant = Callable[[], Awaitable[Any]]
 ARGS_JSON = json.dumps(ARGS)
@@ -325,5 +325,6 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)

@@ -10,7 +10,7 @@ from typing import Any
 from amplifier_tools import ToolHost
 
 from .bench_core import ARGS, Mount, NoopTool, noop_plugin
-from .harness import Row, interleaved, row, run_async
+from .harness import Row, interleaved, isolated_state, row, run_async
 
 POLICIES = {"policies": {"rate_limit": {"limit": 10**9, "interval_ms": 1000}, "concurrency": {"limit": 64},
                          "circuit_breaker": {"failure_threshold": 5}}}
@@ -53,5 +53,6 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)

@@ -27,7 +27,7 @@ from typing import Any
 from amplifier_tools import ToolHost
 
 from .bench_core import ARGS, Mount, NoopTool
-from .harness import Row, interleaved, row, run_async
+from .harness import Row, interleaved, isolated_state, row, run_async
 
 RATE = {"policies": {"rate_limit": {"limit": 10**9, "interval_ms": 60_000}}}
 
@@ -208,5 +208,6 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick="--quick" in sys.argv):
-        print(r)
+    with isolated_state():
+        for r in run(quick="--quick" in sys.argv):
+            print(r)

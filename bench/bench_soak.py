@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from amplifier_tools import ToolHost, ToolResult
 
 from .bench_core import Mount
-from .harness import Row, row, run_async
+from .harness import Row, isolated_state, row, run_async
 
 
 class Jitter:
@@ -124,5 +124,6 @@ def run(quick: bool) -> list[Row]:
 
 
 if __name__ == "__main__":
-    for r in run(quick=False):
-        print(r)
+    with isolated_state():
+        for r in run(quick=False):
+            print(r)

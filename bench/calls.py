@@ -25,6 +25,7 @@ from types import FrameType
 from typing import Any
 
 from .bench_core import ARGS, NoopTool, _default_host, _host
+from .harness import isolated_state
 
 
 class OpcodeCounter:
@@ -82,5 +83,6 @@ if __name__ == "__main__":
     args = [arg for arg in sys.argv[1:] if arg not in ("--cpu", "--opcodes")]
     if len(args) not in (2, 3) or args[0] not in ("default", "bare", "direct"):
         sys.exit(__doc__)
-    asyncio.run(main(args[0], int(args[1]), int(args[2]) if len(args) == 3 else 4, cpu="--cpu" in sys.argv[1:],
-                     opcodes="--opcodes" in sys.argv[1:]))
+    with isolated_state():
+        asyncio.run(main(args[0], int(args[1]), int(args[2]) if len(args) == 3 else 4, cpu="--cpu" in sys.argv[1:],
+                         opcodes="--opcodes" in sys.argv[1:]))

@@ -8,10 +8,13 @@ medians and the spread; the ratio is the result, absolute times orient.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import resource
 import statistics
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 Row = dict[str, Any]
@@ -24,6 +27,25 @@ def row(case: str, ours: float, reference: float | None, unit: str, *, ratio: fl
         ratio = reference / ours if ours else None
     return {"case": case, "ours": ours, "reference": reference, "unit": unit, "ratio": ratio,
             "target": target, "met": met, "notes": notes, "spread": spread}
+
+
+@contextlib.contextmanager
+def isolated_state() -> Iterator[str]:
+    """``XDG_STATE_HOME`` pointed at a fresh directory for the run, removed afterwards (restored
+    on exit): the hosts a benchmark starts keep their state — audit logs of throwaway working
+    directories, trust records — there, as in the tests, never in the user's ``~/.local/state``
+    (a full run left megabytes of logs of deleted directories there). The default state directory
+    is still chosen as a user's host chooses it, below that base, outside the working directory."""
+    before = os.environ.get("XDG_STATE_HOME")
+    with tempfile.TemporaryDirectory(prefix="amplifier-tools-bench-state-") as state:
+        os.environ["XDG_STATE_HOME"] = state
+        try:
+            yield state
+        finally:
+            if before is None:
+                os.environ.pop("XDG_STATE_HOME", None)
+            else:
+                os.environ["XDG_STATE_HOME"] = before
 
 
 async def per_call_us(fn: Callable[[], Awaitable[Any]], n: int) -> float:
