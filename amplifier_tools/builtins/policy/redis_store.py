@@ -303,7 +303,10 @@ class RedisStore:
                 value: Any
                 if kind == "string":
                     text = (await client.get(full) or b"").decode()
-                    value = json.loads(text) if text.startswith("{") else float(text)
+                    try:
+                        value = json.loads(text) if text.startswith("{") else float(text)
+                    except ValueError:  # not one of ours (a hostile or foreign key under the prefix): shown as text
+                        value = text[:80]
                 elif kind == "zset":
                     value = {m.decode(): s for m, s in await client.zrange(full, 0, -1, withscores=True)}
                 elif kind == "hash":

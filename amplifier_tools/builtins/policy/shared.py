@@ -348,6 +348,11 @@ class SharedPolicy:
         polled = False
         still_running = Deny(f"a call with idempotency key {key!r} is still running", code="idempotency_in_progress")
         while True:
+            # Kept before the round trip: a claim the store made but whose reply never came (the
+            # command timed out, or the call was cancelled during it) is this holder's, and is
+            # freed by ``give_back`` (found by attack: it answered "still running" to every call
+            # with the key until the claim expired). Freeing a claim that is not ours does nothing.
+            shared.claim = (slot, holder, digest)
             try:
                 state, stored_digest, value = await self._op(self.store.claim(slot, digest, holder, ttl),
                                                              spec, context, started)
@@ -361,8 +366,8 @@ class SharedPolicy:
                 raise
             polled = True
             if state == "claimed":
-                shared.claim = (slot, holder, digest)
                 return None
+            shared.claim = None
             if state == "stored":
                 if stored_digest != digest:
                     return Deny(f"idempotency key {key!r} was used with different arguments",
@@ -495,9 +500,14 @@ class SharedPolicy:
         key, holder, ttl = f"slots:{spec.name}", new_holder(), self.lease_ttl(spec)
         delay = POLL_FIRST
         while True:
+            # Kept before the round trip: a lease the store granted but whose reply never came (the
+            # command timed out, or the call was cancelled during it) is released by ``give_back``
+            # (found by attack: it held a slot fleet-wide for its whole TTL). Releasing a lease that
+            # was not granted does nothing.
+            shared.lease = (key, holder, ttl)
             if await self._op(self.store.lease(key, policy.limit, holder, ttl), spec, context, started):
-                shared.lease = (key, holder, ttl)
                 return None
+            shared.lease = None
             if not policy.queue:
                 return self.plugin._no_slot(spec, None)
             left = self.plugin._time_left(spec, context, started)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Final
 
-from ...hoststate import ensure_state_dir, open_host_file
+from ...hoststate import HostFileError, ensure_state_dir, open_host_file
 from .store import StoreUnavailable, Update, not_taken
 
 SCHEMA: Final = """
@@ -71,8 +71,16 @@ class SQLiteStore:
         self._busy_ms = _busy_ms(timeout)  # the connection's busy timeout (sqlite3.connect sets it)
 
     def _connect(self) -> sqlite3.Connection:
-        directory = ensure_state_dir(Path(self.where).parent)
-        os.close(open_host_file(directory / Path(self.where).name, os.O_RDWR | os.O_CREAT))
+        try:
+            directory = ensure_state_dir(Path(self.where).parent)
+            os.close(open_host_file(directory / Path(self.where).name, os.O_RDWR | os.O_CREAT))
+        except HostFileError:
+            raise  # not the host's own file (a symlink, FIFO, hard link, another owner): refused, never "local"
+        except OSError as exc:
+            # The file cannot be opened (a read-only or full file system, no permission): the store
+            # is down, as a locked or full database is (found by attack: it failed every call as
+            # hook_failed, and store_unavailable = "local" never fell back).
+            raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
         db = sqlite3.connect(self.where, timeout=self.timeout, isolation_level=None, check_same_thread=False)
         self._busy_ms = _busy_ms(self.timeout)
         try:
