@@ -103,6 +103,68 @@ def _check_schema(schema: dict[str, Any], *, owner: str, which: str) -> None:
             code="invalid_schema",
             pointer=pointer,
         ) from None
+    _check_refs(schema, owner=owner, which=which)
+
+
+#: Keywords whose values are data, not subschemas: a ``"$ref"`` key inside them is no reference.
+_DATA_KEYWORDS: Final = frozenset({"enum", "const", "default", "examples"})
+#: Keywords whose values map names to subschemas: their keys are names (a property may be called
+#: ``default``), never keywords.
+_SCHEMA_MAPS: Final = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+
+
+def _local_registry() -> Any:
+    """The registry every ``$ref`` is resolved with: the drafts' metaschemas
+    (``jsonschema_specifications``), and the schema itself as the root, nothing retrieved.
+    jsonschema's default registry fetches any other URI over the network at validation time (an
+    imported MCP server's ``"$ref": "http://169.254.169.254/..."`` made the host send a GET, on
+    its event loop, at every call), and validated against whatever came back."""
+    from jsonschema_specifications import REGISTRY  # type: ignore[import-untyped,unused-ignore]
+
+    return REGISTRY
+
+
+def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
+    """Refuse a ``$ref`` that resolves to nothing in the schema (a typo, or a URI the host would have
+    to fetch): every call reaching it would fail as an internal error. Resolved as validation
+    resolves it (the schema's dialect, ``_local_registry``). A ``$ref`` under a nested ``$id`` (its
+    own base URI) is left to validation time, where nothing is fetched either; ``"$ref"`` keys
+    inside ``enum``, ``const``, ``default`` and ``examples`` are data, not references."""
+    import referencing.exceptions
+    import referencing.jsonschema
+
+    cls = _validator_class(schema)
+    specification = referencing.jsonschema.specification_with(cls.ID_OF(cls.META_SCHEMA) or "urn:unknown-dialect")
+    resolver = _local_registry().resolver_with_root(specification.create_resource(schema))
+    # (node, its path, whether it is a name -> subschema map rather than a schema)
+    stack: list[tuple[Any, tuple[Any, ...], bool]] = [(schema, (), False)]
+    while stack:
+        node, path, names = stack.pop()
+        if isinstance(node, list):
+            stack.extend((item, (*path, index), False) for index, item in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        if names:
+            stack.extend((value, (*path, key), False) for key, value in node.items())
+            continue
+        if path and "$id" in node:
+            continue
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            try:
+                resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable:
+                pointer = json_pointer([*path, "$ref"])
+                raise ContractError(
+                    f"tool {owner!r}: {which} has a $ref that resolves to nothing in the schema at {pointer}: "
+                    f"{ref!r} (references outside the schema are never fetched)",
+                    code="invalid_schema",
+                    pointer=pointer,
+                    hint="define what it refers to under $defs in the same schema",
+                ) from None
+        stack.extend((value, (*path, key), key in _SCHEMA_MAPS) for key, value in node.items()
+                     if key not in _DATA_KEYWORDS)
 
 
 def _validator_class(schema: dict[str, Any]) -> Any:
@@ -246,7 +308,7 @@ class CompiledSchema:
             cls = _validator_class(self._schema)
             if self._patterns is not None:
                 cls = _with_patterns(cls, self._patterns)
-            validator = self._validator = cls(self._schema)
+            validator = self._validator = cls(self._schema, registry=_local_registry())
         return validator
 
     def is_valid(self, instance: Any) -> bool:
