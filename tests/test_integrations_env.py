@@ -81,3 +81,32 @@ def test_the_core_imports_no_framework() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_pydantic_ai_extra_installs_only_where_pydantic_ai_does() -> None:
+    """Found by a new-user trial: on Python 3.10, ``pip install 'amplifier-tools[pydantic-ai]'``
+    failed (every Pydantic AI release of the range needs 3.11), and the adapter's ``ImportError``
+    repeated that install command."""
+    from packaging.requirements import Requirement
+    from setuptools.config.setupcfg import read_configuration
+
+    # As setuptools reads it (a marker on the line of ``extra = requirement`` is split off at ``;``).
+    [line] = read_configuration(ROOT / "setup.cfg")["options"]["extras_require"]["pydantic_ai"]
+    requirement = Requirement(line)
+    assert requirement.marker is not None
+    assert not requirement.marker.evaluate({"python_version": "3.10"})
+    assert requirement.marker.evaluate({"python_version": "3.11"})
+
+
+def test_the_pydantic_ai_adapter_on_python_3_10_says_it_needs_3_11() -> None:
+    script = (
+        "import sys; sys.modules['pydantic_ai'] = None\n"  # as where the extra installed nothing
+        "sys.version_info = (3, 10, 13, 'final', 0)\n"
+        "try:\n"
+        "    import amplifier_tools.integrations.pydantic_ai\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert "needs Python 3.11 or later" in done.stdout, done.stdout + done.stderr
+    assert "pip install" not in done.stdout

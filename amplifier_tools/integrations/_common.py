@@ -167,10 +167,48 @@ def is_strict_schema(schema: Any) -> bool:
     on changes nothing: an object root; every object closed (``additionalProperties: false``) with
     every property required; every subschema saying what it is (``type``, ``anyOf``, ``$ref``,
     ``enum`` or ``const``; ``{}`` is not) with only the keywords strict mode supports, and a
-    ``$ref`` with no siblings. A schema with optional properties is not: strict mode would make
-    them required, and the model could no longer leave them out.
+    ``$ref`` with no siblings; every array saying what its items are; a ``format`` strict mode
+    knows (``STRICT_FORMATS``), a ``pattern`` without lookaround; within strict mode's size limits
+    (``STRICT_MAX_DEPTH`` levels of nested objects, ``STRICT_MAX_PROPERTIES`` properties). A schema
+    with optional properties is not: strict mode would make them required, and the model could no
+    longer leave them out. Anything else a framework would rewrite (Pydantic AI moves an unknown
+    ``format`` into the description) or refuse (an untyped array ends its run with a ``UserError``).
     """
-    return isinstance(schema, dict) and schema.get("type") == "object" and _strict(schema)
+    return (isinstance(schema, dict) and schema.get("type") == "object" and _strict(schema)
+            and _within_strict_limits(schema))
+
+
+#: The string formats OpenAI's strict mode supports.
+STRICT_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid"})
+#: OpenAI's strict mode limits: levels of nested objects, and object properties in all.
+STRICT_MAX_DEPTH = 10
+STRICT_MAX_PROPERTIES = 5000
+_LOOKAROUND = ("(?=", "(?!", "(?<=", "(?<!")
+
+
+def _within_strict_limits(schema: dict[str, Any]) -> bool:
+    """Whether the schema and each of its definitions stay within strict mode's size limits
+    (counted apart, ``$ref`` not followed, as the API counts them)."""
+    parts = [schema, *(definitions for key in ("$defs", "definitions")
+                       for definitions in schema.get(key, {}).values())]
+    for part in parts:
+        depth_max, properties = 0, 0
+        stack: list[tuple[Any, int]] = [(part, 0)]
+        while stack:
+            node, depth = stack.pop()
+            if not isinstance(node, dict):
+                continue
+            if isinstance(node.get("properties"), dict):
+                depth += 1
+                depth_max = max(depth_max, depth)
+                properties += len(node["properties"])
+                stack.extend((value, depth) for value in node["properties"].values())
+            stack.extend((value, depth) for value in node.get("anyOf", []) or [])
+            if "items" in node:
+                stack.append((node["items"], depth))
+        if depth_max > STRICT_MAX_DEPTH or properties > STRICT_MAX_PROPERTIES:
+            return False
+    return True
 
 
 def _strict(node: Any) -> bool:
@@ -183,6 +221,13 @@ def _strict(node: Any) -> bool:
     kind = node.get("type")
     kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
     if not all(isinstance(k, str) and k in _JSON_TYPES for k in kinds):
+        return False
+    if "array" in kinds and "items" not in node:  # strict mode needs the items' type
+        return False
+    if "format" in node and not (isinstance(node["format"], str) and node["format"] in STRICT_FORMATS):
+        return False
+    pattern = node.get("pattern")
+    if pattern is not None and (not isinstance(pattern, str) or any(token in pattern for token in _LOOKAROUND)):
         return False
     if "object" in kinds or "properties" in node:
         properties = node.get("properties", {})

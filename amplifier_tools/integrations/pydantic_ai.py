@@ -23,6 +23,7 @@ read from ``ctx.deps`` as an argument, or from the host's ``ToolContext``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -35,6 +36,9 @@ try:
     from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
     from pydantic_core import SchemaValidator, core_schema
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
+    if sys.version_info < (3, 11):
+        raise ImportError("the Pydantic AI adapter needs Python 3.11 or later: the Pydantic AI releases it "
+                          f"supports (pydantic-ai-slim 2.68 to 3) do not install on {sys.version.split()[0]}") from exc
     raise missing_extra("pydantic-ai", exc) from exc
 
 from ..definitions import model_name
