@@ -104,11 +104,20 @@ async def assert_conforms(target: Any, *, run_examples: bool = True) -> Report:
 
 
 @pytest.fixture
-def tool_host(tmp_path: Path) -> Any:
-    """A factory of unstarted hosts in ``tmp_path``; use as ``async with tool_host(*plugins) as host``."""
+def tool_host(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A factory of unstarted hosts in ``tmp_path``; use as ``async with tool_host(*plugins) as host``.
+
+    Each host keeps its state (the audit log, policy state) in a temporary directory of its own,
+    outside the working directory (host state must not be writable by tools), unless ``config``
+    names a ``state_dir``: a test never writes into the user's own state directory
+    (``~/.local/state/amplifier-tools``), as the conformance checks do not either.
+    """
 
     def make(*plugins: Any, config: dict[str, Any] | None = None, builtins: Any = False,
              entry_points: bool = False) -> ToolHost:
+        config = dict(config or {})
+        if "state_dir" not in config:
+            config["state_dir"] = str(tmp_path_factory.mktemp("tool-host-state"))
         return ToolHost(config=config, plugins=plugins, builtins=builtins, entry_points=entry_points,
                         working_dir=tmp_path, discover=False)
 

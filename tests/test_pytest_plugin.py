@@ -68,3 +68,15 @@ async def test_assert_conforms_passes_a_good_tool_and_fails_a_bad_one() -> None:
 
     with pytest.raises(pytest.fail.Exception, match="output 6 != example 4"):
         await assert_conforms(Wrong())
+
+
+async def test_tool_host_keeps_state_out_of_the_users_state_directory(tool_host: Any, tmp_path: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)  # as in a plugin author's test run
+    async with tool_host(Mount(MockTool(name="local::store.op", return_value="done")),
+                         builtins=["audit"]) as host:
+        assert (await host.call("store_op", {})).success
+    assert not (home / ".local").exists()
+    assert (host.state_dir / "audit.jsonl").exists()
