@@ -95,6 +95,35 @@ def visible(path: str, view: View) -> bool:
     return any(_under(path, root) for root in (*view.writable, *view.read_only))
 
 
+def closed_to(path: str, uid: int, gid: int, *, enter: bool = False) -> tuple[str, os.stat_result] | None:
+    """The first directory on the way to ``path`` (absolute, resolved) that the user ``uid`` with
+    the group ``gid`` may not search, with its ``stat``; None when every one lets it through.
+    ``enter``: ``path`` itself too (a directory the command starts in). bwrap runs as the
+    configured ``user`` and looks up every path it binds: one it cannot reach ends every command
+    with "Can't find source path ...: Permission denied" (found by a new-user trial: the example
+    configuration's ``~/.pyenv`` read path and ``user = "nobody"`` on a root host). Commands run
+    with that user's primary group only, so supplementary groups do not count. Limits: mode bits
+    only (POSIX ACLs and capabilities are not read); a directory missing on the way ends the
+    walk (a missing path is not bound)."""
+    if uid == 0:
+        return None
+    parts = [part for part in path.split("/") if part]
+    directories = ["/" + "/".join(parts[:depth]) for depth in range(len(parts))]  # "/", then each ancestor
+    if enter and parts:
+        directories.append(path)
+    for directory in directories:
+        try:
+            info = os.stat(directory)
+        except OSError:
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            return None
+        bit = stat.S_IXUSR if info.st_uid == uid else stat.S_IXGRP if info.st_gid == gid else stat.S_IXOTH
+        if not info.st_mode & bit:
+            return directory, info
+    return None
+
+
 def _present(patterns: Iterable[str]) -> list[str]:
     """The paths matching ``patterns`` that exist now (a literal path costs one ``lstat``, not a glob)."""
     found: list[str] = []

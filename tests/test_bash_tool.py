@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from bash_helpers import bash_host
 
 from amplifier_tools import ToolContext, ToolHost
-from amplifier_tools.errors import PluginLoadError
+from amplifier_tools.errors import ConfigError, PluginLoadError
 
 
 @pytest.fixture
@@ -165,6 +167,43 @@ async def test_bad_config_names_the_key(tmp_path: Path, config: dict[str, object
     with pytest.raises(PluginLoadError) as info:
         await bash_host(tmp_path, **config)
     assert key in str(info.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running commands as another user needs a root host")
+@pytest.mark.parametrize("where", ["sandbox_read_paths", "working_dir"])
+async def test_a_path_the_commands_user_cannot_reach_stops_the_start(where: str) -> None:
+    """Found by a new-user trial: the example configuration's ``sandbox_read_paths = ["~/.pyenv"]``
+    with ``user = "nobody"`` on a root host started, and every command then failed with bwrap's
+    "Can't find source path /root/.pyenv: Permission denied", naming neither setting."""
+    base = Path(tempfile.mkdtemp(prefix="amp-reach-", dir="/var/tmp"))
+    try:
+        base.chmod(0o755)
+        private = base / "private"
+        (private / "tools").mkdir(parents=True)
+        private.chmod(0o700)  # root's own, like /root
+        open_dir = base / "work"
+        open_dir.mkdir()
+        if where == "working_dir":
+            work, config = private / "tools", {"user": "nobody"}
+        else:
+            work, config = open_dir, {"user": "nobody", "sandbox_read_paths": [str(private / "tools")]}
+        with pytest.raises(PluginLoadError) as info:
+            await bash_host(work, **config)
+        cause = info.value.__cause__
+        assert isinstance(cause, ConfigError), info.value
+        assert cause.key == ("working_dir" if where == "working_dir" else "plugins.bash.sandbox_read_paths")
+        assert f"{private} (mode 0700" in str(cause) and "'nobody'" in str(cause)
+        assert cause.hint is not None and "plugins.bash.user" in cause.hint
+        # The same paths open to the user start, and the command runs as that user.
+        private.chmod(0o711)
+        host = await bash_host(work, **config)
+        try:
+            result = await host.call("bash", {"command": "id -un"})
+            assert result.output["stdout"] == "nobody\n", result
+        finally:
+            await host.close()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def test_contract(host: ToolHost) -> None:

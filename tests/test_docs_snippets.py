@@ -25,6 +25,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -92,9 +93,23 @@ async def test_toml_examples_are_valid_configuration(name: str, index: int, text
     if "mcp" in validated.get("plugins", {}) or any(name.startswith("mcp::") for name in validated.get("tools", {})):
         return  # needs the MCP server it configures
     validated["state_dir"] = str(tmp_path / "state")
-    (tmp_path / "work").mkdir()
-    async with ToolHost(config=validated, working_dir=tmp_path / "work", entry_points=False, discover=False) as host:
-        assert host.tools
+    if validated.get("plugins", {}).get("bash", {}).get("user") is None:
+        (tmp_path / "work").mkdir()
+        async with ToolHost(config=validated, working_dir=tmp_path / "work", entry_points=False,
+                            discover=False) as host:
+            assert host.tools
+        return
+    # Commands run as another user, who must reach the working directory (pytest's tmp_path is
+    # private to its owner): one it can enter, as a deployment would give it.
+    base = Path(tempfile.mkdtemp(prefix="amp-docs-", dir="/var/tmp"))
+    try:
+        base.chmod(0o755)
+        (base / "work").mkdir()
+        async with ToolHost(config=validated, working_dir=base / "work", entry_points=False,
+                            discover=False) as host:
+            assert host.tools
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _commands(text: str) -> list[list[str]]:

@@ -26,6 +26,7 @@ import logging
 import os
 import pwd
 import shutil
+import stat
 import time
 from typing import Any, Final
 
@@ -118,6 +119,10 @@ class BashPlugin:
             roots_key = f"plugins.{PLUGIN}.allowed_paths" if own_rules is not None else \
                 "plugins.filesystem.allowed_write_paths"
             self._check_view(read_paths, write_paths, path_rules().write_roots, roots_key)
+        user = _user(settings.user)
+        if confining and user is not None:
+            self._check_reachable(user, settings.user, working_dir, read_paths, write_paths,
+                                  path_rules().write_roots, roots_key)
         confined, bwrap, unavailable = await self._sandbox(settings.sandbox, probed, commands_write)
         spill_dir = settings.spill_dir
         if spill_dir is not None:
@@ -139,7 +144,7 @@ class BashPlugin:
             sandbox_network=settings.sandbox_network,
             sandbox_read_paths=read_paths,
             sandbox_write_paths=write_paths,
-            user=_user(settings.user),
+            user=user,
             limits=limits,
             bash=shutil.which("bash") or "/bin/bash",
             prlimit=shutil.which("prlimit"),
@@ -179,6 +184,29 @@ class BashPlugin:
             key = f"plugins.{PLUGIN}.sandbox_read_paths" if path in read_paths else \
                 f"plugins.{PLUGIN}.sandbox_write_paths" if path in write_paths else roots_key
             raise ConfigError(f"the sandbox cannot bind {path}: {reason}", key=key)
+
+    @staticmethod
+    def _check_reachable(user: tuple[int, int], name: str | int | None, working_dir: str,
+                         read_paths: tuple[str, ...], write_paths: tuple[str, ...], roots: tuple[str, ...],
+                         roots_key: str) -> None:
+        """``ConfigError`` naming the key for a path the sandbox binds that the configured ``user``
+        cannot reach (``sandbox.closed_to``): bwrap runs as that user, and every command would end
+        in ``sandbox_failed`` ("Can't find source path ...: Permission denied"). The working
+        directory must also let the user in: the commands start there."""
+        checks = [(os.path.realpath(working_dir), "working_dir", True),
+                  *((path, f"plugins.{PLUGIN}.sandbox_read_paths", False) for path in read_paths),
+                  *((path, f"plugins.{PLUGIN}.sandbox_write_paths", False) for path in write_paths),
+                  *((root, roots_key, False) for root in roots)]
+        for path, key, enter in checks:
+            closed = engine.closed_to(path, *user, enter=enter)
+            if closed is not None:
+                directory, info = closed
+                raise ConfigError(
+                    f"{path} is out of reach of the user {name!r} the sandboxed commands run as: {directory} "
+                    f"(mode {stat.S_IMODE(info.st_mode):04o}, owner uid {info.st_uid}) does not let it in, "
+                    "so every command would fail to start", key=key,
+                    hint=f"use a path that user can reach, let it into {directory} (chmod o+x, or its group), "
+                         f"or remove plugins.{PLUGIN}.user")
 
     @staticmethod
     def _sandbox_write_paths(paths: tuple[str, ...], working_dir: str, protected: ProtectedPaths,
