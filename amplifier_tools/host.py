@@ -129,6 +129,7 @@ class ToolHost:
         wd = working_dir or self.config.get("working_dir") or os.getcwd()
         #: The working directory as given (None: the process's own), checked like a configured path.
         self._working_dir_given = working_dir or self.config.get("working_dir")
+        self._working_dir_argument = working_dir
         self.working_dir = str(Path(wd).expanduser().resolve())
         configured_state = self.config.get("state_dir")
         #: Where the host keeps its own state (created 0700 at start); outside the working directory.
@@ -207,9 +208,14 @@ class ToolHost:
         path argument is resolved from it: the calls would all fail, one by one)."""
         if not os.path.isdir(self.working_dir):
             what = "is not a directory" if os.path.exists(self.working_dir) else "does not exist"
+            if self._working_dir_argument is None and self.config.get("working_dir"):  # the config's
+                raise ConfigError(f"the working directory {self.working_dir} {what}", key="working_dir",
+                                  file=self.config_file, hint="create the directory, or set working_dir in "
+                                  f"{self.config_file or 'the configuration'} to an existing one")
             raise ConfigError(f"the working directory {self.working_dir} {what}", key="working_dir",
-                              hint="pass an existing directory (--working-dir, ToolHost(working_dir=...), or "
-                                   "working_dir in the config), or create it first")
+                              hint="create it, or pass an existing directory (ToolHost(working_dir=...); "
+                                   "amplifier-tools serve-mcp --working-dir; the other commands work in the "
+                                   "current directory)")
 
     async def start(self) -> None:
         """Load every plugin and mount it; raises ``ConfigError``/``PluginLoadError``."""
@@ -395,6 +401,13 @@ class ToolHost:
                 raise PluginLoadError(name, f"a plugin with this name is already registered (from {first}; "
                                             f"this one is from {source}): load it from one place")
             plugin = load()
+            if self.plugin_manager.is_registered(plugin):  # the same object, under another name
+                other = self.plugin_manager.get_name(plugin)
+                first = next((info.source for loaded, info, _ in self._pending if loaded is plugin), "another source")
+                raise PluginLoadError(name, f"the same plugin is already registered as {other!r} (from {first}; "
+                                            f"this one is from {source}): load it from one place",
+                                      hint=f"remove one of the two: the {source} entry {name!r} or the "
+                                           f"{first} one {other!r}")
             self.plugin_manager.register(plugin, name=name)
         except Exception as exc:
             if self.plugin_manager.has_plugin(name):
@@ -404,7 +417,8 @@ class ToolHost:
             if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "amplifier_core":
                 reason += ("; this Amplifier module needs amplifier-core: pip install amplifier-core "
                            "(or disable it: disable_plugins)")
-            self._fail_plugin(name, source, f"failed to load: {reason}", required, exc)
+            self._fail_plugin(name, source, f"failed to load: {reason}", required, exc,
+                              exc.hint if isinstance(exc, PluginLoadError) else None)
             return
         misfit = misfit_hooks(self.plugin_manager, plugin)
         if misfit is not None:

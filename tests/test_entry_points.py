@@ -251,6 +251,20 @@ async def test_the_same_plugin_from_code_and_config_names_both_sources(with_site
             pass
 
 
+async def test_an_installed_plugin_also_named_in_config_names_both_names(with_site: Path, tmp_path: Path) -> None:
+    """Found by a new-user trial: the plugin installed as ``etc-guard`` and listed again under
+    ``[[modules]]`` by its module name failed with pluggy's own ValueError and its registry dump."""
+    config = {"modules": [{"module": "etc_guard_plugin"}]}
+    with pytest.raises(PluginLoadError) as raised:
+        async with ToolHost(config=config, builtins=False, working_dir=tmp_path, discover=False):
+            pass
+    message = str(raised.value)
+    assert "already registered as 'etc-guard' (from entry_point; this one is from module)" in message, message
+    assert "ValueError" not in message and "{" not in message
+    assert raised.value.hint is not None and "'etc_guard_plugin'" in raised.value.hint \
+        and "'etc-guard'" in raised.value.hint
+
+
 async def test_plugins_argument_accepts_seed_modules_and_tools_and_refuses_the_rest(
     with_site: Path, tmp_path: Path
 ) -> None:
