@@ -60,7 +60,7 @@ class CommandError(Exception):
         self.status = status
 
 
-class _Parser(argparse.ArgumentParser):
+class UsageParser(argparse.ArgumentParser):
     """argparse, with usage errors in the CLI's shape: one line, then a hint."""
 
     def error(self, message: str) -> NoReturn:
@@ -71,7 +71,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; with ``only``, the top level and that one command: what parsing a
     line that names it needs (``_command_named``), without the other dozen commands' parsers
     (≈ 2 % of ``list``'s instructions, argparse's translations and formatters mostly)."""
-    parser = _Parser(
+    parser = UsageParser(
         prog="amplifier-tools", description="Run AI agents' tool calls under a contract."
     )
     parser.add_argument("--version", action="store_true", help="print versions of the package and its plugins")

@@ -125,7 +125,11 @@ class ConfigError(ValueError):
         #: What to do about it, for a person (the command line prints it as its hint line).
         self.hint = hint
         if hint is None and expected is not None and key:
-            self.hint = did_you_mean(key.rpartition(".")[2], expected)
+            leaf = key.rpartition(".")[2]
+            # Never left without one: the command line's generic hint for a key ("set <key> ...")
+            # told the user to set the very key that is unknown (found by a new-user trial).
+            self.hint = did_you_mean(leaf, expected) or (
+                f"remove or rename {leaf!r}; the keys allowed here: {', '.join(sorted(expected))}")
 
 
 def did_you_mean(name: str, expected: Collection[str]) -> str | None:

@@ -169,6 +169,17 @@ def test_verify_mentions_records_after_the_anchor_only_when_there_are_some(logge
 
 def test_audit_help_is_the_audit_commands_help(tmp_path: Path) -> None:
     out = cli(tmp_path, "audit", "-h")
-    assert out.returncode == 0 and "{verify,tail,stats}" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "amplifier-tools audit [-h] SUBCOMMAND" in out.stdout, out.stdout + out.stderr
+    assert all(f"    {command}" in out.stdout for command in ("verify", "tail", "stats")), out.stdout
     bad = cli(tmp_path, "list", "--bogus")
     assert bad.returncode == 2 and "unrecognized arguments: --bogus" in bad.stderr
+
+
+def test_a_mistyped_audit_command_is_a_usage_error_in_the_command_lines_shape(tmp_path: Path) -> None:
+    """Found by a new-user trial: ``audit verfy`` printed argparse's usage block, where every other
+    command prints one ``error:`` line and a ``hint:`` line."""
+    out = cli(tmp_path, "audit", "verfy")
+    assert out.returncode == 2
+    error, hint = out.stderr.splitlines()  # (argparse quotes the choices differently across versions)
+    assert error.startswith("error: argument SUBCOMMAND: invalid choice: 'verfy' (choose from ") and "stats" in error
+    assert hint == "hint: see 'amplifier-tools audit --help'", out.stderr

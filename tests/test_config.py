@@ -192,3 +192,52 @@ def test_a_substituted_value_quoted_by_a_start_error_is_redacted(tmp_path: Path,
     assert secret not in done.stderr + done.stdout
     assert "plugins.filesystem.denied_paths: must be a list of paths or patterns, got '[REDACTED]'" in done.stderr
     assert "hint: set plugins.filesystem.denied_paths" in done.stderr  # the setting is still named
+
+
+@pytest.mark.parametrize(("text", "key", "allowed"), [
+    ('[plugins.filesystem]\nread_root = ["."]\n', "plugins.filesystem.read_root", "allowed_read_paths"),
+    ("frobnicate = 1\n", "frobnicate", "working_dir"),
+])
+def test_an_unknown_key_with_no_close_match_is_told_to_go_not_to_be_set(tmp_path: Path, text: str, key: str,
+                                                                        allowed: str) -> None:
+    """Found by a new-user trial: a key with no close match got the command line's generic hint for a
+    setting, "set plugins.filesystem.read_root in the configuration", naming the very key unknown."""
+    from cli_helpers import cli
+
+    (tmp_path / "cfg.toml").write_text(text)
+    done = cli(tmp_path, "--config", str(tmp_path / "cfg.toml"), "list")
+    assert done.returncode == 2, done.stderr
+    hint = done.stderr.splitlines()[-1]
+    leaf = key.rpartition(".")[2]
+    assert hint.startswith(f"hint: remove or rename {leaf!r}; the keys allowed here: ") and allowed in hint, hint
+    assert f"set {key}" not in done.stderr
+
+
+async def test_a_configured_working_directory_that_does_not_exist_names_the_file(tmp_path: Path) -> None:
+    """Found by a new-user trial: the error named no file (every other configuration error does),
+    and its hint offered ``--working-dir``, which only serve-mcp has."""
+    config = tmp_path / "amplifier-tools.toml"
+    config.write_text(f"working_dir = {str(tmp_path / 'missing')!r}\n")
+    with pytest.raises(ConfigError) as caught:
+        await ToolHost(config=config, entry_points=False, discover=False).start()
+    assert str(caught.value).startswith(f"{config}: working_dir: the working directory {tmp_path / 'missing'} "
+                                        "does not exist")
+    assert caught.value.hint == f"create the directory, or set working_dir in {config} to an existing one"
+    with pytest.raises(ConfigError) as given:
+        await ToolHost(working_dir=tmp_path / "missing", entry_points=False, discover=False).start()
+    hint = str(given.value.hint)
+    assert given.value.file is None and "--working-dir" in hint and "serve-mcp" in hint
+
+
+def test_otel_without_opentelemetry_hints_the_install_not_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a new-user trial: ``[plugins.audit] otel = true`` without the extra said to install
+    it, and the hint line then said "set plugins.audit.otel in the configuration"."""
+    import sys
+
+    from amplifier_tools.builtins.audit.otel import ToolTelemetry
+
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    with pytest.raises(ConfigError) as caught:
+        ToolTelemetry()
+    assert caught.value.key == "plugins.audit.otel"
+    assert caught.value.hint == "pip install 'amplifier-tools[otel]', or set plugins.audit.otel = false"

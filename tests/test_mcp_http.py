@@ -1180,3 +1180,21 @@ async def test_without_an_audit_log_a_token_in_the_path_is_not_logged(
     lines = [r.getMessage() for r in caplog.records if r.name == "amplifier_tools.mcp"]
     assert any("mcp.http.unauthorized" in line for line in lines)
     assert not any(BOB in line for line in lines), lines
+
+
+async def test_a_token_ref_error_names_the_configuration_file(tmp_path: Path) -> None:
+    """Found by a new-user trial: the error for a ``token_ref`` that is no ``[secrets]`` key named
+    the key but not the file (every other configuration error does). The reference itself is still
+    not quoted: it may be the token, written in by mistake."""
+    cfg = config(tmp_path, clients=[{"token_ref": "ci_token", "principal": "ci"}])
+    file = tmp_path / "amplifier-tools.toml"
+    file.write_text(f"working_dir = {cfg['working_dir']!r}\nstate_dir = {cfg['state_dir']!r}\n"
+                    "[secrets]\nGITHUB_TOKEN = 'GITHUB_TOKEN'\n"
+                    "[plugins.mcp.serve]\ntransport = 'streamable-http'\nport = 0\ntools = ['local::fs.read_file']\n"
+                    "[[plugins.mcp.serve.clients]]\ntoken_ref = 'ci_token'\nprincipal = 'ci'\n")
+    with pytest.raises((ConfigError, PluginLoadError)) as refused:
+        async with ToolHost(config=file, builtins=["filesystem", "mcp"], entry_points=False, discover=False) as host:
+            await serve_http(host, serve_settings(host), ready=lambda url: None)
+    message = str(refused.value)
+    assert message.startswith(f"{file}: plugins.mcp.serve.clients[0].token_ref: the token_ref is not a key"), message
+    assert "ci_token" not in message

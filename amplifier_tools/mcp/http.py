@@ -157,7 +157,7 @@ def _unresolved(host: ToolHost, ref: str, key: str) -> ConfigError:
     table (the key missing, or the variable unset, named), never the reference itself, which may
     be the token, written in by mistake or by a ``${VAR}`` substitution."""
     reason, hint = EnvironmentSecrets(host.config.get("secrets") or {}).why_missing(ref)
-    return ConfigError(f"the token_ref {reason}", key=key, hint=hint)
+    return ConfigError(f"the token_ref {reason}", key=key, hint=hint, file=host.config_file)
 
 
 #: The answers recorded as refusals, and why (404 only for a request naming a session).

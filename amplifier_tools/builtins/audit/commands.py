@@ -21,12 +21,15 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from pathlib import Path
 
+from ...cli import UsageParser
 from .chain import Anchor, anchor_path, chain_files, log_location, read_anchor, read_records, verify
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="amplifier-tools audit", description="Audit log tools.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # The command line's own parser class: a usage error reads as every other command's (found by a
+    # new-user trial: 'audit verfy' printed argparse's usage block, 'policy stat' the error and hint).
+    parser = UsageParser(prog="amplifier-tools audit", description="Audit log tools.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     default = "default: the host's log (<state_dir>/audit.jsonl or [plugins.audit] path)"
     p = sub.add_parser("verify", help="check the hash chain of a log file or directory, and its anchor")
     p.add_argument("path", nargs="?", help=default)

@@ -34,7 +34,8 @@ class ToolTelemetry:
             from opentelemetry import metrics, trace
         except ImportError:
             raise ConfigError("OpenTelemetry is not installed (pip install 'amplifier-tools[otel]')",
-                              key="plugins.audit.otel") from None
+                              key="plugins.audit.otel",
+                              hint="pip install 'amplifier-tools[otel]', or set plugins.audit.otel = false") from None
         self._trace = trace
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("amplifier_tools")
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("amplifier_tools")
