@@ -145,3 +145,23 @@ async def test_status_shows_a_foreign_string_under_the_prefix(redis_server: Redi
     finally:
         await store.close()
     assert [row["value"] for row in rows] == ["not a number"]
+
+
+async def test_status_shows_hostile_rows_of_the_sqlite_store(tmp_path: Path) -> None:
+    """Found by attack: a row written by hand into the SQLite store (a record that is not JSON, an
+    expiry that is text) made ``status`` (``policy status``) raise instead of listing it."""
+    import sqlite3
+
+    from amplifier_tools.builtins.policy.store import open_store
+
+    store = open_store("sqlite", "amplifier-tools:", 2.0, tmp_path)
+    try:
+        assert await store.status() == []  # creates the database
+        with sqlite3.connect(tmp_path / "policy.sqlite3") as db:
+            db.execute("INSERT INTO blobs VALUES ('amplifier-tools:breaker:x', 'not json', 1e12)")
+            db.execute("INSERT INTO counters VALUES ('amplifier-tools:rate:y', 3, 'soon')")
+        rows = {row["key"]: row for row in await store.status()}
+    finally:
+        await store.close()
+    assert rows["breaker:x"]["value"] == "not json" and rows["breaker:x"]["expires_in"] > 0
+    assert rows["rate:y"]["value"] == 3 and rows["rate:y"]["expires_in"] is None

@@ -86,5 +86,6 @@ def status(config: str | None, *, as_json: bool) -> int:
     width = max(len(row["key"]) for row in rows)
     print(f"{'KEY'.ljust(width)}  {'VALUE'.ljust(24)}  EXPIRES IN")
     for row in rows:
-        print(f"{row['key'].ljust(width)}  {_value(row).ljust(24)}  {row['expires_in']:g} s")
+        left = "-" if row["expires_in"] is None else f"{row['expires_in']:g} s"
+        print(f"{row['key'].ljust(width)}  {_value(row).ljust(24)}  {left}")
     return 0

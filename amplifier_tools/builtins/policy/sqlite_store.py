@@ -331,9 +331,16 @@ class SQLiteStore:
                 for key, value, expires in db.execute(f"{query} WHERE key LIKE ? ESCAPE '\\' AND expires > ? "
                                                       "ORDER BY 1", (like, now)):
                     if kind == "record":
-                        value = json.loads(value)
+                        try:
+                            value = json.loads(value)
+                        except (TypeError, ValueError):  # not one of ours (a row written by hand): its text
+                            value = str(value)[:80]
+                    try:
+                        expires_in: float | None = round(float(expires) - now, 3)
+                    except (TypeError, ValueError):  # a text expiry (never ours): shown without one
+                        expires_in = None
                     rows.append({"key": key[len(self.prefix):], "kind": kind, "value": value,
-                                 "expires_in": round(expires - now, 3)})
+                                 "expires_in": expires_in})
             return rows
         result: list[dict[str, Any]] = self._run(work, read_only=True)
         return result
