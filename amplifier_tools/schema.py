@@ -111,6 +111,12 @@ _DATA_KEYWORDS: Final = frozenset({"enum", "const", "default", "examples"})
 #: Keywords whose values map names to subschemas: their keys are names (a property may be called
 #: ``default``), never keywords.
 _SCHEMA_MAPS: Final = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+#: Most values a schema may stand for with every ``$ref`` written out in place (a reference back
+#: into itself counted once). Frameworks that hand a schema to a model API write its references
+#: out (LangChain's ``convert_to_openai_tool``): chained definitions each referring to the one
+#: before twice double at every level, and 18 levels took 4.75 s and 8.6 MB there (found by attack:
+#: a hostile MCP server's schema would hang the agent). Real schemas stay far below.
+MAX_EXPANDED_VALUES: Final = 100_000
 
 
 def _local_registry() -> Any:
@@ -165,6 +171,59 @@ def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
                 ) from None
         stack.extend((value, (*path, key), key in _SCHEMA_MAPS) for key, value in node.items()
                      if key not in _DATA_KEYWORDS)
+    _check_expansion(schema, resolver, owner=owner, which=which)
+
+
+def _check_expansion(schema: dict[str, Any], resolver: Any, *, owner: str, which: str) -> None:
+    """Refuse a schema that stands for more than ``MAX_EXPANDED_VALUES`` values with its references
+    written out. Counted once per subschema (a definition used twice is counted twice, but
+    computed once), so the count costs the schema's size, not the expansion's."""
+    import referencing.exceptions
+
+    counted: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(node: Any) -> int:
+        if isinstance(node, list):
+            return 1 + sum(map(size, node))
+        if not isinstance(node, dict):
+            return 1
+        known = counted.get(id(node))
+        if known is not None:
+            return known
+        if id(node) in active:  # a reference back into itself: written out once
+            return 1
+        active.add(id(node))
+        total = 1
+        for key, value in node.items():
+            if key in _DATA_KEYWORDS:
+                total += 1
+            elif key == "$ref" and isinstance(value, str) and "$id" not in node:
+                try:
+                    total += size(resolver.lookup(value).contents)
+                except referencing.exceptions.Unresolvable:  # under a nested $id: resolved at validation
+                    total += 1
+            else:
+                total += size(value)
+            if total > MAX_EXPANDED_VALUES:
+                break
+        active.discard(id(node))
+        counted[id(node)] = total
+        return total
+
+    try:
+        too_large = size(schema) > MAX_EXPANDED_VALUES
+    except RecursionError:
+        too_large = True
+    if too_large:
+        raise ContractError(
+            f"tool {owner!r}: {which} stands for more than {MAX_EXPANDED_VALUES:,} values with its $refs written "
+            "out, as frameworks that pass it to a model write them (definitions referring to each other "
+            "several times, level after level)",
+            code="invalid_schema",
+            pointer="",
+            hint="define the shared parts once and refer to them without nesting the references",
+        )
 
 
 def _validator_class(schema: dict[str, Any]) -> Any:

@@ -96,3 +96,30 @@ async def test_conformance_fails_a_tool_whose_ref_resolves_to_nothing() -> None:
 
     report = await check_target_async(Dangling())  # raised _WrappedReferencingError instead of reporting
     assert not report.ok and "#/$defs/N" in report.render()
+
+
+def _chained(levels: int) -> dict[str, Any]:
+    """Definitions each referring to the one before twice: 2 ** levels values written out."""
+    defs: dict[str, Any] = {"D0": {"type": "string"}}
+    for level in range(1, levels + 1):
+        below = {"$ref": f"#/$defs/D{level - 1}"}
+        defs[f"D{level}"] = {"type": "object", "properties": {"left": below, "right": dict(below)}}
+    return {"type": "object", "properties": {"x": {"$ref": f"#/$defs/D{levels}"}}, "$defs": defs}
+
+
+def test_a_schema_whose_refs_expand_exponentially_is_refused_at_mount() -> None:
+    """Found by attack: such a schema mounted, and LangChain's ``convert_to_openai_tool`` (what
+    ``bind_tools`` calls) wrote its references out: 18 levels took 4.75 s and 8.6 MB, each level
+    doubling; a hostile MCP server's tool would hang the agent."""
+    from amplifier_tools.schema import MAX_EXPANDED_VALUES
+
+    with pytest.raises(ContractError, match=f"more than {MAX_EXPANDED_VALUES:,} values with its \\$refs written out"):
+        compile_validator(_chained(18), owner="x::t", which="input_schema")
+    assert compile_validator(_chained(8), owner="x::t", which="input_schema").is_valid({"x": {}})
+
+
+def test_a_recursive_schema_is_not_an_expansion() -> None:
+    tree = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "children": {"type": "array", "items": {"$ref": "#"}}}}
+    validator = compile_validator(tree, owner="x::t", which="input_schema")
+    assert validator.is_valid({"name": "a", "children": [{"name": "b", "children": []}]})
