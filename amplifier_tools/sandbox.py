@@ -102,22 +102,40 @@ def closed_to(path: str, uid: int, gid: int, *, enter: bool = False) -> tuple[st
     configured ``user`` and looks up every path it binds: one it cannot reach ends every command
     with "Can't find source path ...: Permission denied" (found by a new-user trial: the example
     configuration's ``~/.pyenv`` read path and ``user = "nobody"`` on a root host). Commands run
-    with that user's primary group only, so supplementary groups do not count. Limits: mode bits
-    only (POSIX ACLs and capabilities are not read); a directory missing on the way ends the
-    walk (a missing path is not bound)."""
+    with that user's primary group only, so supplementary groups do not count. The kernel decides:
+    a shell running as that user (primary group only) enters each directory in turn, so POSIX ACLs,
+    ACL masks and anything else the kernel weighs count (found by attack: mode bits alone let
+    through a directory whose ACL shuts the user out, and refused one whose ACL lets it in); mode
+    bits only where no such shell can be started. A directory missing on the way ends the walk (a
+    missing path is not bound)."""
     if uid == 0:
         return None
     parts = [part for part in path.split("/") if part]
-    directories = ["/" + "/".join(parts[:depth]) for depth in range(len(parts))]  # "/", then each ancestor
+    candidates = ["/" + "/".join(parts[:depth]) for depth in range(len(parts))]  # "/", then each ancestor
     if enter and parts:
-        directories.append(path)
-    for directory in directories:
+        candidates.append(path)
+    directories: list[tuple[str, os.stat_result]] = []
+    for directory in candidates:
         try:
             info = os.stat(directory)
         except OSError:
-            return None
+            break
         if not stat.S_ISDIR(info.st_mode):
-            return None
+            break
+        directories.append((directory, info))
+    if not directories:
+        return None
+    script = 'for d; do cd -- "$d" 2>/dev/null || { printf "%s" "$d"; exit 0; }; done'
+    try:
+        probe = subprocess.run(["/bin/sh", "-c", script, "sh", *(d for d, _ in directories)], user=uid, group=gid,
+                               extra_groups=[], cwd="/", env={}, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=PROBE_TIMEOUT, check=False)
+    except (OSError, subprocess.SubprocessError):
+        probe = None
+    if probe is not None and probe.returncode == 0:
+        closed = probe.stdout.decode("utf-8", "surrogateescape")
+        return next(((d, info) for d, info in directories if d == closed), None) if closed else None
+    for directory, info in directories:  # no shell as that user here: the mode bits
         bit = stat.S_IXUSR if info.st_uid == uid else stat.S_IXGRP if info.st_gid == gid else stat.S_IXOTH
         if not info.st_mode & bit:
             return directory, info

@@ -131,89 +131,133 @@ def _local_registry() -> Any:
 
 
 def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
-    """Refuse a ``$ref`` that resolves to nothing in the schema (a typo, or a URI the host would have
-    to fetch): every call reaching it would fail as an internal error. Resolved as validation
-    resolves it (the schema's dialect, ``_local_registry``). A ``$ref`` under a nested ``$id`` (its
-    own base URI) is left to validation time, where nothing is fetched either; ``"$ref"`` keys
-    inside ``enum``, ``const``, ``default`` and ``examples`` are data, not references."""
+    """Refuse a ``$ref`` (or ``$dynamicRef``) that resolves to nothing in the
+    schema (a typo, or a URI the host would have to fetch): every call reaching it would fail as an
+    internal error. Resolved as validation resolves it (the schema's dialect, ``_local_registry``,
+    below a nested ``$id`` — ``id`` before draft 6 — against that base URI); ``"$ref"`` keys inside
+    ``enum``, ``const``, ``default`` and ``examples`` are data, not references."""
     import referencing.exceptions
     import referencing.jsonschema
 
     cls = _validator_class(schema)
     specification = referencing.jsonschema.specification_with(cls.ID_OF(cls.META_SCHEMA) or "urn:unknown-dialect")
-    resolver = _local_registry().resolver_with_root(specification.create_resource(schema))
-    # (node, its path, whether it is a name -> subschema map rather than a schema)
-    stack: list[tuple[Any, tuple[Any, ...], bool]] = [(schema, (), False)]
+    root = _local_registry().resolver_with_root(specification.create_resource(schema))
+    # (node, its path, whether it is a name -> subschema map rather than a schema, the resolver in scope)
+    stack: list[tuple[Any, tuple[Any, ...], bool, Any]] = [(schema, (), False, root)]
     while stack:
-        node, path, names = stack.pop()
+        node, path, names, resolver = stack.pop()
         if isinstance(node, list):
-            stack.extend((item, (*path, index), False) for index, item in enumerate(node))
+            stack.extend((item, (*path, index), False, resolver) for index, item in enumerate(node))
             continue
         if not isinstance(node, dict):
             continue
         if names:
-            stack.extend((value, (*path, key), False) for key, value in node.items())
+            stack.extend((value, (*path, key), False, resolver) for key, value in node.items())
             continue
-        if path and "$id" in node:
-            continue
-        ref = node.get("$ref")
-        if isinstance(ref, str):
+        if path and isinstance(cls.ID_OF(node), str):  # a base URI of its own for what lies below
+            resolver = resolver.in_subresource(specification.create_resource(node))
+        for keyword in ("$ref", "$dynamicRef"):  # $recursiveRef always means "#": jsonschema reads no value
+            ref = node.get(keyword)
+            if not isinstance(ref, str):
+                continue
             try:
                 resolver.lookup(ref)
             except referencing.exceptions.Unresolvable:
-                pointer = json_pointer([*path, "$ref"])
+                pointer = json_pointer([*path, keyword])
                 raise ContractError(
-                    f"tool {owner!r}: {which} has a $ref that resolves to nothing in the schema at {pointer}: "
+                    f"tool {owner!r}: {which} has a {keyword} that resolves to nothing in the schema at {pointer}: "
                     f"{ref!r} (references outside the schema are never fetched)",
                     code="invalid_schema",
                     pointer=pointer,
                     hint="define what it refers to under $defs in the same schema",
                 ) from None
-        stack.extend((value, (*path, key), key in _SCHEMA_MAPS) for key, value in node.items()
+        stack.extend((value, (*path, key), key in _SCHEMA_MAPS, resolver) for key, value in node.items()
                      if key not in _DATA_KEYWORDS)
-    _check_expansion(schema, resolver, owner=owner, which=which)
+    _check_expansion(schema, root, owner=owner, which=which)
+
+
+class _TooLarge(Exception):
+    """The count passed ``MAX_EXPANDED_VALUES``."""
+
+
+_NOWHERE: Final = object()
+
+
+def _pointer_target(schema: Any, ref: str) -> Any:
+    """What ``ref`` names the way frameworks that write references out resolve it (LangChain's
+    ``dereference_refs``: a ``#/...`` pointer from the document's root, whatever ``$id`` is in
+    scope, nothing decoded), or ``_NOWHERE``."""
+    parts = ref.split("/")
+    if parts[0] != "#":
+        return _NOWHERE
+    node = schema
+    for part in parts[1:]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return _NOWHERE
+    return node
 
 
 def _check_expansion(schema: dict[str, Any], resolver: Any, *, owner: str, which: str) -> None:
     """Refuse a schema that stands for more than ``MAX_EXPANDED_VALUES`` values with its references
-    written out. Counted once per subschema (a definition used twice is counted twice, but
-    computed once), so the count costs the schema's size, not the expansion's."""
+    written out as frameworks write them (LangChain's ``convert_to_openai_tool``): every value
+    counted, data (``enum``, ``default``...) and keys named like keywords included, a reference
+    written out at every use, even under a nested ``$id`` (those frameworks resolve ``#/...`` from
+    the root), a reference back to a definition being written out cut there. Nothing is memoized
+    (a count computed inside a cycle is no count for another entry into it, found by attack), so
+    the count visits at most ``MAX_EXPANDED_VALUES`` values and stops."""
     import referencing.exceptions
 
-    counted: dict[int, int] = {}
-    active: set[int] = set()
+    budget = MAX_EXPANDED_VALUES
+    targets: dict[str, list[Any]] = {}
+    writing: set[int] = set()  # the definitions being written out, on the way here
 
-    def size(node: Any) -> int:
-        if isinstance(node, list):
-            return 1 + sum(map(size, node))
-        if not isinstance(node, dict):
-            return 1
-        known = counted.get(id(node))
-        if known is not None:
-            return known
-        if id(node) in active:  # a reference back into itself: written out once
-            return 1
-        active.add(id(node))
-        total = 1
-        for key, value in node.items():
-            if key in _DATA_KEYWORDS:
-                total += 1
-            elif key == "$ref" and isinstance(value, str) and "$id" not in node:
-                try:
-                    total += size(resolver.lookup(value).contents)
-                except referencing.exceptions.Unresolvable:  # under a nested $id: resolved at validation
-                    total += 1
+    def resolve(ref: str) -> list[Any]:
+        found = targets.get(ref)
+        if found is None:
+            found = []
+            by_pointer = _pointer_target(schema, ref)
+            if by_pointer is not _NOWHERE:
+                found.append(by_pointer)
+            try:
+                contents = resolver.lookup(ref).contents
+            except referencing.exceptions.Unresolvable:
+                pass
             else:
-                total += size(value)
-            if total > MAX_EXPANDED_VALUES:
-                break
-        active.discard(id(node))
-        counted[id(node)] = total
-        return total
+                if all(contents is not other for other in found):
+                    found.append(contents)
+            targets[ref] = found
+        return found
+
+    def count(node: Any) -> None:
+        nonlocal budget
+        budget -= 1
+        if budget < 0:
+            raise _TooLarge
+        if isinstance(node, list):
+            for item in node:
+                count(item)
+        elif isinstance(node, dict):
+            for value in node.values():
+                count(value)
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                for target in resolve(ref):
+                    if id(target) in writing:
+                        continue
+                    writing.add(id(target))
+                    try:
+                        count(target)
+                    finally:
+                        writing.discard(id(target))
 
     try:
-        too_large = size(schema) > MAX_EXPANDED_VALUES
-    except RecursionError:
+        count(schema)
+        too_large = False
+    except (_TooLarge, RecursionError):
         too_large = True
     if too_large:
         raise ContractError(

@@ -122,7 +122,7 @@ class BashPlugin:
         user = _user(settings.user)
         if confining and user is not None:
             self._check_reachable(user, settings.user, working_dir, read_paths, write_paths,
-                                  path_rules().write_roots, roots_key)
+                                  path_rules().write_roots, roots_key, protected)
         confined, bwrap, unavailable = await self._sandbox(settings.sandbox, probed, commands_write)
         spill_dir = settings.spill_dir
         if spill_dir is not None:
@@ -188,7 +188,7 @@ class BashPlugin:
     @staticmethod
     def _check_reachable(user: tuple[int, int], name: str | int | None, working_dir: str,
                          read_paths: tuple[str, ...], write_paths: tuple[str, ...], roots: tuple[str, ...],
-                         roots_key: str) -> None:
+                         roots_key: str, protected: ProtectedPaths | None = None) -> None:
         """``ConfigError`` naming the key for a path the sandbox binds that the configured ``user``
         cannot reach (``sandbox.closed_to``): bwrap runs as that user, and every command would end
         in ``sandbox_failed`` ("Can't find source path ...: Permission denied"). The working
@@ -207,6 +207,23 @@ class BashPlugin:
                     "so every command would fail to start", key=key,
                     hint=f"use a path that user can reach, let it into {directory} (chmod o+x, or its group), "
                          f"or remove plugins.{PLUGIN}.user")
+        # The sandbox hides each protected path it shows by mounting over it, which looks it up as that
+        # user too (found by attack: a configuration file in a 0700 directory inside the working
+        # directory ended every command with "Can't create file at ...: Permission denied").
+        view = engine.View(cwd="/", writable=(os.path.realpath(working_dir), *roots, *write_paths),
+                           read_only=(*engine.SYSTEM_PATHS, *read_paths))
+        for entry in protected or ():
+            if entry.alias or not engine.visible(entry.path, view) or not os.path.lexists(entry.path):
+                continue
+            closed = engine.closed_to(entry.path, *user)
+            if closed is not None:
+                directory, info = closed
+                raise ConfigError(
+                    f"{entry.path} ({entry.reason}), which the sandbox hides from commands, is out of reach of the "
+                    f"user {name!r} they run as: {directory} (mode {stat.S_IMODE(info.st_mode):04o}, owner uid "
+                    f"{info.st_uid}) does not let it in, so every command would fail to start",
+                    key=entry.key or f"plugins.{PLUGIN}.user",
+                    hint=f"move it out of {directory}, let that user into {directory}, or remove plugins.{PLUGIN}.user")
 
     @staticmethod
     def _sandbox_write_paths(paths: tuple[str, ...], working_dir: str, protected: ProtectedPaths,
