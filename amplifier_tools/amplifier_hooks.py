@@ -37,6 +37,7 @@ import attrs
 from .definitions import model_name
 from .errors import did_you_mean
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
+from .redaction import chain_without_secrets
 from .results import normalize_result
 
 if TYPE_CHECKING:
@@ -140,8 +141,9 @@ class HookRegistry:
                 if inspect.isawaitable(out):
                     out = await out
                 parsed = parse_result(out)
-            except Exception:
-                log.exception("event handler %r of %r failed on %r", r.name, r.owner, event)
+            except Exception as exc:  # its traceback without the host's secrets (as a cleanup's failure)
+                log.error("event handler %r of %r failed on %r", r.name, r.owner, event,
+                          exc_info=chain_without_secrets(exc, self._host.secrets))
                 continue
             if parsed.action == "deny":
                 action, reason = "deny", parsed.reason

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .amplifier_hooks import PluginHooks
+from .redaction import chain_without_secrets
 
 if TYPE_CHECKING:
     from .host import ToolHost
@@ -86,8 +87,9 @@ class Coordinator:
                 value = callback()
                 if inspect.isawaitable(value):
                     value = await value
-            except Exception:
-                log.exception("contributor %r to %r failed", name, channel)
+            except Exception as exc:  # its traceback without the host's secrets (as a cleanup's failure)
+                log.error("contributor %r to %r failed", name, channel,
+                          exc_info=chain_without_secrets(exc, self._host.secrets))
                 continue
             if value is not None:
                 values.append(value)

@@ -29,6 +29,7 @@ import pluggy
 from ._json import fingerprint, same_json
 from .errors import ERROR_CLASSES, ContractError, ToolError, ToolSystemError
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
+from .redaction import redact_text
 
 log = logging.getLogger("amplifier_tools")
 
@@ -222,9 +223,11 @@ else:  # pragma: no cover - exercised by the py310 tox env
 class HookFailure(Exception):
     """An implementation raised or timed out; carries the plugin and hook."""
 
-    def __init__(self, impl: Impl, hook: str, cause: BaseException) -> None:
+    def __init__(self, impl: Impl, hook: str, cause: BaseException, secrets: Any = ()) -> None:
         kind = "timed out" if isinstance(cause, TimeoutError) else f"raised {type(cause).__name__}: {cause}"
-        super().__init__(f"plugin {impl.plugin!r} failed in {hook}: {kind}")
+        # Its text is logged and traced as it is: the host's secrets are out of it from the start
+        # (found by attack: a hook's error quoting a resolved secret went whole to the log).
+        super().__init__(redact_text(f"plugin {impl.plugin!r} failed in {hook}: {kind}", secrets, patterns=False))
         self.impl = impl
         self.hook = hook
         self.cause = cause
@@ -285,6 +288,8 @@ class HookDispatcher:
         #: The host-wide default hook timeout in seconds (None: no limit).
         self.default_timeout = default_timeout
         self._trace = trace
+        #: The host-wide secrets (``session.secrets``), redacted from failures logged and traced.
+        self.secrets: Any = ()
         # pluggy's hook executor as it is without monitoring: when ``add_hookcall_monitoring`` or
         # ``enable_tracing`` replaced it, each call goes through the replacement (see ``_start``).
         self._plain_hookexec = pm._inner_hookexec
@@ -486,8 +491,9 @@ class HookDispatcher:
         """The failure of one implementation; traced (``AMPLIFIER_TOOLS_TRACE``) unless pluggy's
         monitors saw it raised already (``monitored``): an async implementation fails after them."""
         if self._trace and not monitored:
-            print(f"amplifier_tools: {hook} of plugin {impl.plugin!r} raised {exc!r} (awaited)", file=sys.stderr)
-        return HookFailure(impl, hook, exc)
+            print(redact_text(f"amplifier_tools: {hook} of plugin {impl.plugin!r} raised {exc!r} (awaited)",
+                              self.secrets, patterns=False), file=sys.stderr)
+        return HookFailure(impl, hook, exc, self.secrets)
 
     def _failed(self, failure: HookFailure, context: ToolContext) -> ToolError | None:
         """Record a hook failure; the error to fail the call with, or None when fail-open."""

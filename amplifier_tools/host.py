@@ -154,8 +154,10 @@ class ToolHost:
             default_timeout=self.config.get("hook_timeout_ms", 10_000) / 1000.0,
             trace=trace,
         )
+        self.dispatcher.secrets = self.secrets
         if trace:  # through pluggy's hook-call monitoring (added after the dispatcher noted the plain executor)
-            self.plugin_manager.add_hookcall_monitoring(_trace_before, _trace_after)
+            self.plugin_manager.add_hookcall_monitoring(_trace_before,
+                                                        functools.partial(_trace_after, secrets=self.secrets))
         self.tools = ToolRegistry(self.config["tools"] if isinstance(self.config.get("tools"), dict) else None)
         #: Amplifier's hook registry: events, and ``tool:*`` handlers run inside the call chain.
         self.events = HookRegistry(self)
@@ -294,8 +296,10 @@ class ToolHost:
                 out = cleanup()
                 if inspect.isawaitable(out):
                     await out
-            except Exception:
-                log.exception("cleanup of plugin %r failed", plugin)
+            except Exception as exc:
+                # the traceback with the host's secrets out of its text (found by attack: a cleanup's
+                # error quoting a token went whole to the log)
+                log.error("cleanup of plugin %r failed", plugin, exc_info=chain_without_secrets(exc, self.secrets))
 
     # -- plugin loading -------------------------------------------------------
 
@@ -452,6 +456,9 @@ class ToolHost:
                      hint: str | None = None) -> None:
         if required:
             raise PluginLoadError(name, reason, hint=hint) from exc
+        # Logged and listed (``plugins``) as it is: what the plugin said may quote a secret it
+        # resolved (found by attack); a required plugin's error is cleaned by ``start``.
+        reason = redact_text(reason, self.secrets, patterns=False)
         log.warning("plugin %r %s; continuing without it", name, reason)
         self.failed_plugins.append(FailedPlugin(name, source, reason))
 
@@ -701,8 +708,11 @@ def _trace_before(hook: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) ->
     print(f"amplifier_tools: calling {hook} of plugin {names}", file=sys.stderr)
 
 
-def _trace_after(outcome: Any, hook: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+def _trace_after(outcome: Any, hook: str, impls: Sequence[Any], kwargs: Mapping[str, Any],
+                 secrets: SecretSet | None = None) -> None:
     names = ", ".join(repr(impl.plugin_name) for impl in impls)
     failed = outcome.exception
     done = f"raised {failed!r}" if failed is not None else f"returned {type(outcome.get_result()).__name__}"
-    print(f"amplifier_tools: {hook} of plugin {names} {done}", file=sys.stderr)
+    # What a hook raised may quote a secret it resolved (found by attack: printed whole).
+    print(redact_text(f"amplifier_tools: {hook} of plugin {names} {done}", secrets or (), patterns=False),
+          file=sys.stderr)

@@ -148,6 +148,7 @@ class CallPipeline:
         mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
         kept_output: Any = None
         scanned: Any = None  # the output object already scrubbed before tool_post
+        scanned_with: frozenset[str] = frozenset()  # the secrets it was scrubbed of
         present = self.hooks.present()  # which hooks have implementations (cached; asked again below)
         events = "tool_event" in present
         ending = False  # the tool_post or tool_error chain has begun: the other must never run
@@ -184,6 +185,7 @@ class CallPipeline:
             mounted.check_output(result.output)
 
             output = result.output
+            scanned_with = self.secrets.values  # what ``scanned`` is clean of
             if self.secrets:
                 output = redact(output, secrets=self.secrets, patterns=False)
             scanned = output
@@ -223,6 +225,10 @@ class CallPipeline:
                 return self._after_cancel(ended, number, requests)
             ended_result: ToolResult = ended
             return ended_result
+        if scanned is not None and self.secrets.values is not scanned_with:
+            # A hook registered a secret after the output was scanned (found by attack: a tool_post
+            # hook resolving one left it in the output the caller got): scan the output again.
+            scanned = None
         # A cancellation arriving in here is honoured only once every tool_complete observer has run.
         return await self._complete(call, mounted, ctx, result, started, scanned, number, requests)
 
@@ -392,8 +398,10 @@ class CallPipeline:
             return result
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
+        known = self.secrets.values
         result, _, cancelled = await self.hooks.tool_complete(call, spec, result, ctx, self._withheld)
-        if len(ctx.trail) != recorded:  # observers recorded decisions: the caller sees them
+        if len(ctx.trail) != recorded or self.secrets.values is not known:
+            # observers recorded decisions (the caller sees them) or registered secrets: scrub again
             metadata = {**result.metadata, "trail": _trail(ctx)}
             result = self._scrubbed(ToolResult(result.success, result.output, result.error, metadata, call.id))
         if cancelled:

@@ -175,6 +175,11 @@ class SecretSet:
     def __len__(self) -> int:
         return len(self._values)
 
+    @property
+    def values(self) -> frozenset[str]:
+        """The values registered so far: a new object after every change (compare with ``is``)."""
+        return self._values
+
     def __contains__(self, value: object) -> bool:
         return value in self._values
 
@@ -270,8 +275,7 @@ def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -
         return _default_re().sub(PLACEHOLDER, value) if patterns and may_hold_pattern(value) else value
     if isinstance(value, Mapping):
         return {
-            _redact_strings(key, matcher, patterns) if isinstance(key, str) else key:
-            _redact_strings(item, matcher, patterns)
+            _redact_key(key, matcher, patterns): _redact_strings(item, matcher, patterns)
             for key, item in value.items()
         }
     if isinstance(value, (list, tuple)):
@@ -289,6 +293,22 @@ def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -
         return value
     clean = _redact_strings(text, matcher, patterns)
     return value if clean == text else clean
+
+
+def _redact_key(key: Any, matcher: SecretMatcher | None, patterns: bool) -> Any:
+    """A mapping key, scrubbed: a string as any string; a number whose digits hold a secret
+    becomes the placeholder (the encoders write an ``int`` or ``float`` key as its digits: found by
+    attack, ``{918273645546372819: ...}`` came out whole); a tuple's parts likewise (a Python caller
+    gets the object). Other keys are kept (they stay hashable)."""
+    if isinstance(key, str):
+        return _redact_strings(key, matcher, patterns)
+    if isinstance(key, (int, float)) and not isinstance(key, bool) and matcher is not None \
+            and matcher.found_in(str(key)):
+        return PLACEHOLDER
+    if isinstance(key, tuple):  # a Python caller gets the object itself: its parts, kept hashable
+        clean = tuple(_redact_key(part, matcher, patterns) for part in key)
+        return key if all(a is b for a, b in zip(clean, key, strict=True)) else clean
+    return key
 
 
 def redact(
@@ -348,6 +368,15 @@ class RedactedError(Exception):
 MAX_CHAIN_DEPTH: Final = 32
 
 
+def _note_text(note: object) -> str:
+    if isinstance(note, str):
+        return note
+    try:
+        return str(note)
+    except Exception:  # a hostile __str__: say only what it was
+        return "<a note that could not be read>"
+
+
 def chain_without_secrets(exc: BaseException | None, secrets: Collection[str] | SecretSet,
                           depth: int = 0) -> BaseException | None:
     """``exc`` as a traceback would print it, with ``secrets`` out of every message in it: its
@@ -369,7 +398,14 @@ def chain_without_secrets(exc: BaseException | None, secrets: Collection[str] | 
         text = "<its message could not be read>"
     clean_text = redact_text(text, secrets, patterns=False)
     same_members = clean_members is None or all(a is b for a, b in zip(clean_members, members or (), strict=True))
-    if clean_text == text and cause is exc.__cause__ and context is exc.__context__ and same_members:
+    # ``add_note`` text is printed with the traceback (Python 3.11+): scrubbed like the message
+    # (found by attack: a note quoting a header's token was printed whole by ``-v``).
+    notes = getattr(exc, "__notes__", None)
+    clean_notes = [redact_text(_note_text(note), secrets, patterns=False) for note in notes] \
+        if isinstance(notes, list) else None
+    same_notes = clean_notes is None or clean_notes == notes
+    if clean_text == text and cause is exc.__cause__ and context is exc.__context__ and same_members \
+            and same_notes:
         return exc
     replaced: BaseException | None = None
     if clean_members is not None and clean_text == text and hasattr(exc, "derive"):
@@ -377,6 +413,8 @@ def chain_without_secrets(exc: BaseException | None, secrets: Collection[str] | 
             replaced = exc.derive([m for m in clean_members if m is not None])  # the group, members scrubbed
     if replaced is None:
         replaced = RedactedError(f"{type(exc).__name__}: {clean_text}")
+    if clean_notes:
+        replaced.__notes__ = clean_notes  # type: ignore[attr-defined]  # Python 3.11+, set by add_note
     replaced.__traceback__ = exc.__traceback__
     replaced.__cause__ = cause
     replaced.__context__ = context
