@@ -26,10 +26,14 @@ def _holder_in_child(out: multiprocessing.queues.Queue) -> None:  # type: ignore
 
 def test_a_forked_child_makes_holder_ids_its_parent_does_not() -> None:
     queue = FORK.Queue()
-    child = FORK.Process(target=_holder_in_child, args=(queue,))
-    child.start()
-    theirs = queue.get(timeout=30)
-    child.join(30)
+    child = FORK.Process(target=_holder_in_child, args=(queue,), daemon=True)  # as below: never hangs the run
+    try:
+        child.start()
+        theirs = queue.get(timeout=60)
+        child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
     mine = shared.new_holder()
     assert theirs.rsplit(":", 1)[0] != mine.rsplit(":", 1)[0]
     assert theirs != mine and theirs.endswith(":1")  # the child's counter starts anew, under its own prefix
@@ -55,13 +59,23 @@ def test_four_forked_workers_get_two_slots_of_a_cap_of_two(tmp_path: Path) -> No
     state.mkdir(mode=0o700)
     shared.new_holder()  # the parent has made ids before it forks, as a preloaded app has
     start, queue = FORK.Event(), FORK.Queue()
-    workers = [FORK.Process(target=_lease_in_child, args=(str(state), start, queue)) for _ in range(4)]
-    for worker in workers:
-        worker.start()
-    start.set()
-    granted = sorted(queue.get(timeout=30) for _ in workers)
-    for worker in workers:
-        worker.join(30)
+    # Daemons, and killed if still there: a forked child can deadlock on a lock another thread of
+    # this process held at the fork (seen once under load); the test then fails, never hangs the
+    # run at exit (multiprocessing joins non-daemon children there).
+    workers = [FORK.Process(target=_lease_in_child, args=(str(state), start, queue), daemon=True)
+               for _ in range(4)]
+    try:
+        for worker in workers:
+            worker.start()
+        start.set()
+        granted = sorted(queue.get(timeout=60) for _ in workers)
+        for worker in workers:
+            worker.join(30)
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.kill()
+                worker.join(5)
     assert granted == [False, False, True, True]
 
 
