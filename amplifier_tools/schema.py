@@ -94,6 +94,7 @@ def compile_validator(
 def _check_schema(schema: dict[str, Any], *, owner: str, which: str) -> None:
     import jsonschema.exceptions
 
+    _check_depth(schema, owner=owner, which=which)
     try:
         _validator_class(schema).check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:
@@ -106,11 +107,48 @@ def _check_schema(schema: dict[str, Any], *, owner: str, which: str) -> None:
     _check_refs(schema, owner=owner, which=which)
 
 
-#: Keywords whose values are data, not subschemas: a ``"$ref"`` key inside them is no reference.
-_DATA_KEYWORDS: Final = frozenset({"enum", "const", "default", "examples"})
+#: Most objects and arrays a schema may nest inside each other. jsonschema's own metaschema check
+#: recurses once per level and ran out of stack at about 100 (found by attack: the start failed
+#: with a bare ``RecursionError``, naming no tool). Real schemas nest a few levels; a reference
+#: (``$defs`` and ``$ref``) does not count as nesting.
+MAX_SCHEMA_DEPTH: Final = 64
+
+
+def _check_depth(schema: dict[str, Any], *, owner: str, which: str) -> None:
+    """Refuse a schema whose objects and arrays nest more than ``MAX_SCHEMA_DEPTH`` deep (also one
+    that contains itself), naming the pointer where it passes the bound; iterative, so any depth
+    is measured."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(schema, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            items: Iterable[tuple[Any, Any]] = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            continue
+        if len(path) > MAX_SCHEMA_DEPTH:
+            pointer = json_pointer(path)
+            raise ContractError(
+                f"tool {owner!r}: {which} nests objects and arrays more than {MAX_SCHEMA_DEPTH} deep at {pointer}",
+                code="invalid_schema",
+                pointer=pointer,
+                hint="move deep parts under $defs and refer to them with $ref (a reference does not count as nesting)",
+            )
+        stack.extend((value, (*path, key)) for key, value in items)
+
+
+#: Keywords whose values are a subschema or an array of them, in any draft jsonschema knows (draft 3's
+#: ``type``, ``disallow`` and ``extends`` may hold schemas). Any other keyword's value is data to
+#: the validator (``enum``, ``default``, an unknown ``x-...``): a ``"$ref"`` key inside is no reference.
+_SUBSCHEMA_KEYWORDS: Final = frozenset({
+    "additionalItems", "additionalProperties", "allOf", "anyOf", "contains", "contentSchema", "disallow",
+    "else", "extends", "if", "items", "not", "oneOf", "prefixItems", "propertyNames", "then", "type",
+    "unevaluatedItems", "unevaluatedProperties"})
 #: Keywords whose values map names to subschemas: their keys are names (a property may be called
-#: ``default``), never keywords.
-_SCHEMA_MAPS: Final = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+#: ``default``), never keywords. Draft 4-7 ``dependencies`` values may also be arrays of names.
+_SCHEMA_MAPS: Final = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                                 "dependencies"})
 #: Most values a schema may stand for with every ``$ref`` written out in place (a reference back
 #: into itself counted once). Frameworks that hand a schema to a model API write its references
 #: out (LangChain's ``convert_to_openai_tool``): chained definitions each referring to the one
@@ -134,8 +172,11 @@ def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
     """Refuse a ``$ref`` (or ``$dynamicRef``) that resolves to nothing in the
     schema (a typo, or a URI the host would have to fetch): every call reaching it would fail as an
     internal error. Resolved as validation resolves it (the schema's dialect, ``_local_registry``,
-    below a nested ``$id`` — ``id`` before draft 6 — against that base URI); ``"$ref"`` keys inside
-    ``enum``, ``const``, ``default`` and ``examples`` are data, not references."""
+    below a nested ``$id`` — ``id`` before draft 6 — against that base URI). Only what the
+    validator reads as a schema is searched: the subschemas of the keywords that have them, and
+    whatever a reference resolves to (so a ``"$ref"`` key inside ``enum``, ``default`` or an
+    unknown ``x-...`` keyword is data, unless a reference points there). Each object is searched
+    once, in the first scope it is reached in."""
     import referencing.exceptions
     import referencing.jsonschema
 
@@ -144,13 +185,15 @@ def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
     root = _local_registry().resolver_with_root(specification.create_resource(schema))
     # (node, its path, whether it is a name -> subschema map rather than a schema, the resolver in scope)
     stack: list[tuple[Any, tuple[Any, ...], bool, Any]] = [(schema, (), False, root)]
+    searched: set[int] = set()  # the objects searched (by id): a target reached again is not searched again
     while stack:
         node, path, names, resolver = stack.pop()
         if isinstance(node, list):
             stack.extend((item, (*path, index), False, resolver) for index, item in enumerate(node))
             continue
-        if not isinstance(node, dict):
+        if not isinstance(node, dict) or id(node) in searched:
             continue
+        searched.add(id(node))
         if names:
             stack.extend((value, (*path, key), False, resolver) for key, value in node.items())
             continue
@@ -161,7 +204,7 @@ def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
             if not isinstance(ref, str):
                 continue
             try:
-                resolver.lookup(ref)
+                resolved = resolver.lookup(ref)
             except referencing.exceptions.Unresolvable:
                 pointer = json_pointer([*path, keyword])
                 raise ContractError(
@@ -171,8 +214,10 @@ def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
                     pointer=pointer,
                     hint="define what it refers to under $defs in the same schema",
                 ) from None
+            # What it points at is read as a schema, wherever it is (inside an unknown keyword, say).
+            stack.append((resolved.contents, (*path, keyword), False, resolved.resolver))
         stack.extend((value, (*path, key), key in _SCHEMA_MAPS, resolver) for key, value in node.items()
-                     if key not in _DATA_KEYWORDS)
+                     if key in _SUBSCHEMA_KEYWORDS or key in _SCHEMA_MAPS)
     _check_expansion(schema, root, owner=owner, which=which)
 
 
