@@ -190,3 +190,61 @@ def test_the_command_lines_hint_for_a_broken_server_is_required_false(tmp_path: 
     assert error.startswith("error: ") and "MCP server 'broken' could not start" in error
     assert "on_error = 'ignore' does not apply" in error and "never its start" in error
     assert hint.startswith("hint: ") and "[plugins.mcp.servers.broken] required = false" in hint
+
+
+# -- a server listing a tool the host refuses ------------------------------------------------------
+
+def deep_schema(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+DEEP_TOOL = {"name": "deep", "description": "nested past the host's bound", "inputSchema": deep_schema(40)}
+
+
+async def test_a_server_with_a_refused_tool_is_left_out_when_not_required(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by attack: one tool whose schema the host refuses (nested past ``MAX_SCHEMA_DEPTH``)
+    stopped the whole host although its server was ``required = false``; none of the server's
+    tools stays half-mounted."""
+    server = {"command": sys.executable, "args": [HOSTILE_SERVER], "env": {"HOSTILE_TOOLS": json.dumps([DEEP_TOOL])},
+              "required": False}
+    async with ToolHost(config={"plugins": {"mcp": {"servers": {"h": server}}}}, builtins=["mcp"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        assert not [s for s in host.specs if s.name.startswith("mcp::h::")]
+        reason = host.plugin_manager.get_plugin("mcp").unavailable["h"]
+        assert "'mcp::h::deep'" in reason and "nests objects and arrays" in reason
+        down = await host.call("mcp::h::echo", {"text": "hi"})
+        assert down.error is not None and down.error["code"] == "mcp_server_unavailable", down.error
+    assert "'h' is not mounted (required = false)" in caplog.text
+
+
+async def test_a_required_server_with_a_refused_tool_stops_the_start_naming_the_tool(tmp_path: Path) -> None:
+    server = {"command": sys.executable, "args": [HOSTILE_SERVER], "env": {"HOSTILE_TOOLS": json.dumps([DEEP_TOOL])}}
+    message = await start_error(tmp_path, server)
+    assert "'mcp::h::deep'" not in message  # the server is named srv here
+    assert "'mcp::srv::deep'" in message and "nests objects and arrays" in message
+
+
+async def test_a_retried_server_with_a_refused_tool_stays_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry on a later call (``required = false``) raised the refusal out of the plugin's
+    ``tool_error`` hook (logged; the call ended as a bare ``unknown_tool``, saying nothing of the
+    server) and left the server connected with no tools."""
+    import amplifier_tools.mcp as mcp_plugin
+
+    flag = tmp_path / "up"
+    server = late_server(flag)
+    server["env"] = {"HOSTILE_TOOLS": json.dumps([DEEP_TOOL])}
+    async with ToolHost(config={"plugins": {"mcp": {"servers": {"late": server}}}}, builtins=["mcp"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        plugin = host.plugin_manager.get_plugin("mcp")
+        flag.touch()
+        monkeypatch.setattr(mcp_plugin, "RETRY_AFTER_S", 0.0)
+        again = await host.call("mcp::late::echo", {"text": "hi"})
+        assert again.error is not None and again.error["code"] == "mcp_server_unavailable", again.error
+        assert "nests objects and arrays" in again.error["message"]
+        assert not [s for s in host.specs if s.name.startswith("mcp::late::")]
+        assert not plugin.connections

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .._markers import hookimpl
-from ..errors import AuthError, ConfigError, ToolError
+from ..errors import AuthError, ConfigError, ContractError, ToolError
 from ..hoststate import ProtectedPaths
 from ..plugin_settings import structure_settings
 from ..redaction import redact_text
@@ -221,19 +221,21 @@ class McpImportPlugin:
             # Every server starts at once, each within its own startup_timeout_ms.
             imported = await asyncio.gather(*(import_server(c) for c in connections), return_exceptions=True)
             for connection, outcome in zip(connections, imported, strict=True):
-                if isinstance(outcome, BaseException):
-                    if connection.settings.required or not isinstance(outcome, Exception):
-                        raise with_required_hint(outcome, connection.name)
-                    reason = redact_text(str(outcome), secrets)  # a server's words may hold what it was given
-                    log.warning("MCP server %r is not mounted (required = false): %s; it is started again when "
-                                "a call names one of its tools", connection.name, reason)
-                    self.unavailable[connection.name] = reason
-                    self._last_attempt[connection.name] = time.monotonic()
-                    await connection.close()
-                    self.connections.remove(connection)
-                    continue
-                for tool in outcome:
-                    await coordinator.mount("tools", tool)
+                if not isinstance(outcome, BaseException):
+                    try:
+                        await self._mount_tools(outcome)
+                        continue
+                    except ContractError as refused:  # a tool the host refuses (its schema): the server's failure
+                        outcome = refused
+                if connection.settings.required or not isinstance(outcome, Exception):
+                    raise with_required_hint(outcome, connection.name)
+                reason = redact_text(str(outcome), secrets)  # a server's words may hold what it was given
+                log.warning("MCP server %r is not mounted (required = false): %s; it is started again when "
+                            "a call names one of its tools", connection.name, reason)
+                self.unavailable[connection.name] = reason
+                self._last_attempt[connection.name] = time.monotonic()
+                await connection.close()
+                self.connections.remove(connection)
         except BaseException:
             await self.close()
             raise
@@ -297,11 +299,32 @@ class McpImportPlugin:
             log.warning("MCP server %r is still not available: %s", server, reason)
             self.unavailable[server] = reason
             return
+        try:
+            await self._mount_tools(tools)
+        except ContractError as refused:
+            await connection.close()
+            reason = redact_text(str(refused), self._secrets)
+            log.warning("MCP server %r is still not available: %s", server, reason)
+            self.unavailable[server] = reason
+            return
         self.connections.append(connection)
-        for tool in tools:
-            await self._coordinator.mount("tools", tool)
         del self.unavailable[server]
         log.warning("MCP server %r has started on a later call; %d tool(s) mounted", server, len(tools))
+
+    async def _mount_tools(self, tools: list[Any]) -> None:
+        """Mount one server's tools, all or none: when the host refuses one (its schema nests too
+        deep, say: found by attack, a single such tool stopped the host even with ``required =
+        false``), those mounted before it are taken down again and the ``ContractError`` raised,
+        naming the tool."""
+        mounted: list[str] = []
+        try:
+            for tool in tools:
+                await self._coordinator.mount("tools", tool)
+                mounted.append(tool.name)
+        except ContractError:
+            for name in mounted:
+                await self._coordinator.unmount("tools", name)
+            raise
 
     @staticmethod
     def _events(coordinator: Any) -> Any:
