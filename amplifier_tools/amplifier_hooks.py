@@ -37,7 +37,7 @@ import attrs
 from .definitions import model_name
 from .errors import did_you_mean
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
-from .redaction import chain_without_secrets
+from .redaction import chain_without_secrets, redact, redact_text
 from .results import normalize_result
 
 if TYPE_CHECKING:
@@ -133,7 +133,11 @@ class HookRegistry:
         A failing handler is logged and skipped. Returns a ``HookResult`` (amplifier-core's when
         installed) with the final action, data and reason.
         """
-        current = dict(data)
+        secrets = self._host.secrets
+        # Scrubbed of the host's secrets as a tool's output is (found by attack: a local tool's
+        # ``tool:progress`` message reached handlers, ``serve-mcp``'s client and every ``tool_event``
+        # hook with the secret it had resolved; an imported MCP server's events were scrubbed).
+        current = redact(dict(data), secrets=secrets, patterns=False)
         action, reason = "continue", None
         for r in list(self._handlers.get(event, ())):
             try:
@@ -142,8 +146,9 @@ class HookRegistry:
                     out = await out
                 parsed = parse_result(out)
             except Exception as exc:  # its traceback without the host's secrets (as a cleanup's failure)
-                log.error("event handler %r of %r failed on %r", r.name, r.owner, event,
-                          exc_info=chain_without_secrets(exc, self._host.secrets))
+                # The event's name is a tool's too: the line is scrubbed whole.
+                log.error("%s", redact_text(f"event handler {r.name!r} of {r.owner!r} failed on {event!r}", secrets,
+                                            patterns=False), exc_info=chain_without_secrets(exc, secrets))
                 continue
             if parsed.action == "deny":
                 action, reason = "deny", parsed.reason

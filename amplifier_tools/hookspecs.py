@@ -165,7 +165,7 @@ def tool_event(event: str, data: dict[str, Any]) -> None:
     emits its server's ``notifications/progress`` so, with ``server``, and any
     tool may emit it; ``serve-mcp`` forwards it to a client that asked for
     progress) and ``mcp:message`` (an MCP server's ``notifications/message``:
-    ``server``, ``level``, ``logger``, ``data``). What an MCP server sends is
-    redacted of the host's secrets first. Keep implementations quick: the
-    server's next messages wait for them.
+    ``server``, ``level``, ``logger``, ``data``). What a tool, a plugin or an
+    MCP server emits is redacted of the host's secrets first. Keep
+    implementations quick: the server's next messages wait for them.
     """

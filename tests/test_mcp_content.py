@@ -239,6 +239,21 @@ async def test_server_progress_and_log_messages_reach_the_host_as_tool_events(
         {"server": "c", "level": "warning", "logger": "fixture", "data": {"note": "almost done"}}]
 
 
+async def test_a_servers_notifications_are_redacted_of_the_hosts_secrets(
+        importing: tuple[ToolHost, EventLog]) -> None:
+    """What a server says in its progress and log messages may quote what it was given: the host's
+    secrets are redacted before any observer sees it (``coordinator.hooks.emit`` does it for every
+    emitter, MCP servers included)."""
+    host, log = importing
+    host.secrets.add("step 2 of 3")
+    host.secrets.add("the work")
+    result = await host.call("mcp::c::work", {})
+    assert result.success, result.error
+    events = [(event, data) for event, data in log.events if event in ("tool:progress", "mcp:message")]
+    assert events and "the work" not in repr(events) and "step 2 of 3" not in repr(events)
+    assert [data["message"] for event, data in events if event == "tool:progress"][1] == "[REDACTED]"
+
+
 async def test_serve_forwards_progress_to_a_client_that_sent_a_progress_token(
         importing: tuple[ToolHost, EventLog]) -> None:
     host, _ = importing

@@ -329,15 +329,12 @@ class McpImportPlugin:
     @staticmethod
     def _events(coordinator: Any) -> Any:
         """How servers' notifications reach the host: ``coordinator.hooks.emit`` (Amplifier's
-        handlers, then every ``tool_event`` hook), with every secret the host resolved redacted
+        handlers, then every ``tool_event`` hook), which redacts every secret the host resolved
         from the data first (a server's log message may hold what it was given)."""
-        from ..redaction import redact
-
         hooks = coordinator.hooks
-        secrets = coordinator.get_capability("session.secrets")
 
         async def emit(event: str, data: dict[str, Any]) -> None:
-            await hooks.emit(event, redact(data, secrets=secrets or (), patterns=False))
+            await hooks.emit(event, data)
 
         return emit
 

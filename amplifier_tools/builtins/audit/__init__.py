@@ -36,7 +36,7 @@ from ...content import summary as content_summary
 from ...errors import AuthError, ConfigError, ToolSystemError
 from ...models import ToolCall, ToolContext, ToolResult
 from ...plugin_settings import structure_settings
-from ...redaction import SecretSet, redact
+from ...redaction import SecretSet, redact, redact_text
 from ...spec import ToolSpec
 from .chain import SCHEMA_VERSION, anchor_path, definition_of, encode_body, log_location
 from .settings import AuditSettings
@@ -227,6 +227,7 @@ class AuditPlugin:
         self.writer: AuditWriter | None = None
         self._original: dict[int, Any] = {}
         self._warned = False
+        self._telemetry_warned = False
         self._coordinator: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: The host-wide secret registry; a private one under a host that does not provide it.
@@ -350,7 +351,7 @@ class AuditPlugin:
         """
         original = self._original.pop(id(context), call.arguments)
         if self.telemetry is not None:
-            self.telemetry.record(call, spec, result)
+            self._record_telemetry(call, spec, result)
         writer = self.writer
         if writer is None:
             return None
@@ -367,6 +368,19 @@ class AuditPlugin:
         # A future, not a coroutine: the host only waits for it, with no task of its own. A failed
         # fsync settles it with ``_judge_failure``'s verdict.
         return writer.wait_synced(seq)
+
+    def _record_telemetry(self, call: ToolCall, spec: ToolSpec | None, result: ToolResult) -> None:
+        """The call's span and duration, never at the cost of its record or its result (found by
+        attack: a span processor raising in ``on_end`` failed every call with ``hook_failed`` and
+        left it unrecorded). A failure is logged once."""
+        try:
+            self.telemetry.record(call, spec, result)
+        except Exception as exc:
+            if not self._telemetry_warned:
+                self._telemetry_warned = True
+                log.warning("%s", redact_text(f"OpenTelemetry export failed ({type(exc).__name__}: {exc}); "
+                                              "calls are still recorded in the audit log; further failures "
+                                              "are not logged", self.secrets, patterns=self.settings.redact_patterns))
 
     def _write_failed(self, exc: AuditWriteError) -> None:
         if self.settings.mode == "fail_closed":  # typed: the caller sees audit_unavailable from the first call
