@@ -293,17 +293,10 @@ class McpImportPlugin:
                                       self._secrets, self._writable_now)
         try:
             tools = await import_server(connection)
+            await self._mount_tools(tools)  # a tool the host refuses: the server's failure, as at start
         except Exception as exc:
             await connection.close()
             reason = redact_text(str(exc), self._secrets)
-            log.warning("MCP server %r is still not available: %s", server, reason)
-            self.unavailable[server] = reason
-            return
-        try:
-            await self._mount_tools(tools)
-        except ContractError as refused:
-            await connection.close()
-            reason = redact_text(str(refused), self._secrets)
             log.warning("MCP server %r is still not available: %s", server, reason)
             self.unavailable[server] = reason
             return
@@ -314,14 +307,14 @@ class McpImportPlugin:
     async def _mount_tools(self, tools: list[Any]) -> None:
         """Mount one server's tools, all or none: when the host refuses one (its schema nests too
         deep, say: found by attack, a single such tool stopped the host even with ``required =
-        false``), those mounted before it are taken down again and the ``ContractError`` raised,
-        naming the tool."""
+        false``), those mounted before it are taken down again and its error (a ``ContractError``
+        naming the tool) raised."""
         mounted: list[str] = []
         try:
             for tool in tools:
                 await self._coordinator.mount("tools", tool)
                 mounted.append(tool.name)
-        except ContractError:
+        except Exception:
             for name in mounted:
                 await self._coordinator.unmount("tools", name)
             raise
