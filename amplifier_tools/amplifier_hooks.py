@@ -26,6 +26,7 @@ chain, ``modify`` chains ``data``); ``emit`` returns the outcome, and delivers t
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import inspect
 import logging
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from .definitions import model_name
+from .dispatch import being_cancelled
 from .errors import did_you_mean
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 from .redaction import chain_without_secrets, redact, redact_text
@@ -140,12 +142,17 @@ class HookRegistry:
         current = redact(dict(data), secrets=secrets, patterns=False)
         action, reason = "continue", None
         for r in list(self._handlers.get(event, ())):
+            out = None
             try:
                 out = r.handler(event, current)
                 if inspect.isawaitable(out):
                     out = await out
                 parsed = parse_result(out)
-            except Exception as exc:  # its traceback without the host's secrets (as a cleanup's failure)
+            except (Exception, asyncio.CancelledError) as exc:  # its traceback without the host's secrets
+                if isinstance(exc, asyncio.CancelledError) and inspect.isawaitable(out) and being_cancelled():
+                    raise  # the caller's cancellation, not the handler's failure
+                # A CancelledError the handler raised itself is its failure (found by attack: the
+                # call that emitted was recorded as cancelled and its caller got CancelledError).
                 # The event's name is a tool's too: the line is scrubbed whole.
                 log.error("%s", redact_text(f"event handler {r.name!r} of {r.owner!r} failed on {event!r}", secrets,
                                             patterns=False), exc_info=chain_without_secrets(exc, secrets))
@@ -250,8 +257,12 @@ def event_data(call: ToolCall, context: ToolContext | None = None, **extra: Any)
 
 
 def result_data(result: ToolResult) -> dict[str, Any]:
-    """A result as Amplifier's ``tool_result``: ``success``, ``output``, ``error``."""
-    return {"success": result.success, "output": result.output, "error": result.error}
+    """A result as Amplifier's ``tool_result``: ``success``, ``output``, ``error``.
+
+    A copy all the way down, as ``tool_input`` is (found by attack: a handler changing the output
+    in place changed what the caller got, unchecked against the output schema, missing from the
+    trail, and with a secret it wrote there unredacted: the output was scrubbed before ``tool_post``)."""
+    return {"success": result.success, "output": copy.deepcopy(result.output), "error": copy.deepcopy(result.error)}
 
 
 class ToolHandlerImpls:
@@ -337,11 +348,19 @@ class ToolHandlerImpls:
             return Deny(f"handler {r.name!r} asks the user to approve ({prompt!r}) and no approval plugin is "
                         "installed (the host fails closed here, where Amplifier would proceed)",
                         code="approval_unavailable", details={"handler": r.name})
-        out = self._host.plugin_manager.hook.tool_approval(
-            call=call, spec=spec, context=context, prompt=prompt,
-            options=list(parsed.approval_options or ["Allow", "Deny"]), default=parsed.approval_default)
-        if inspect.isawaitable(out):
-            out = await out
+        try:
+            out = self._host.plugin_manager.hook.tool_approval(
+                call=call, spec=spec, context=context, prompt=prompt,
+                options=list(parsed.approval_options or ["Allow", "Deny"]), default=parsed.approval_default)
+            if inspect.isawaitable(out):
+                out = await out
+        except Exception as exc:
+            # No approving answer: denied, whatever the asking module's on_error says (found by
+            # attack: the failure passed for the module's own, and on_error = "ignore" ran the call).
+            log.error("the approval that handler %r of %r asked for failed", r.name, r.owner,
+                      exc_info=chain_without_secrets(exc, self._host.secrets))
+            return Deny(f"not approved: the approval hook failed ({type(exc).__name__}): {prompt}",
+                        code="approval_denied", details={"handler": r.name})
         if out is True:
             context.record(r.owner, "tool_pre", "approved", prompt, handler=r.name)
             return None

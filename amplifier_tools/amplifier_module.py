@@ -30,6 +30,7 @@ the host's configured ``[context]``; Amplifier passes no caller identity to a to
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,7 +40,10 @@ from .content import amplifier_spelling, blocks_of
 from .errors import ConfigError
 from .host import ToolHost
 from .models import ToolResult
+from .redaction import chain_without_secrets
 from .registry import MountedTool
+
+log = logging.getLogger("amplifier_tools")
 
 #: Keys of this module's config in an Amplifier mount plan.
 CONFIG_KEYS = frozenset({"config", "working_dir", "tools"})
@@ -119,8 +123,19 @@ async def mount(coordinator: Any, config: Mapping[str, Any] | None = None) -> li
         session_id = getattr(coordinator, "session_id", None)
         tools = [AmplifierTool(host, mounted, session_id if isinstance(session_id, str) else None)
                  for mounted in selected]
-        for tool in tools:
-            await coordinator.mount("tools", tool, name=tool.name)
+        for number, tool in enumerate(tools):
+            try:
+                await coordinator.mount("tools", tool, name=tool.name)
+            except BaseException:
+                # Amplifier's session logs a module that fails to mount and goes on: the tools
+                # mounted before would stay, each call failing on the closed host (found by attack).
+                for done in reversed(tools[:number]):
+                    try:
+                        await coordinator.unmount("tools", done.name)
+                    except Exception as exc:  # its traceback without the host's secrets
+                        log.error("could not unmount tool %r after the mount failed", done.name,
+                                  exc_info=chain_without_secrets(exc, host.secrets))
+                raise
     except BaseException:
         await host.close()
         raise

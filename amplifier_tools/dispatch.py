@@ -208,14 +208,14 @@ class _OwnCancellation(Exception):
 
 if sys.version_info >= (3, 11):
 
-    def _being_cancelled() -> bool:
+    def being_cancelled() -> bool:
         """Whether the current task has a cancellation request pending."""
         task = asyncio.current_task()
         return task is None or task.cancelling() > 0
 
 else:  # pragma: no cover - exercised by the py310 tox env
 
-    def _being_cancelled() -> bool:
+    def being_cancelled() -> bool:
         """Python 3.10 cannot tell: every CancelledError counts as the task's own cancellation."""
         return True
 
@@ -405,7 +405,7 @@ class HookDispatcher:
         except Exception as exc:
             raise self._failure(impl, hook, exc) from exc
         except asyncio.CancelledError as exc:
-            if _being_cancelled():
+            if being_cancelled():
                 raise
             raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError")) from exc
         if self._trace:  # the trace's first line said "returned coroutine": say what it came to
@@ -439,7 +439,7 @@ class HookDispatcher:
                     except asyncio.CancelledError:
                         if expired:
                             break
-                        if future.done() and not (sys.version_info >= (3, 11) and _being_cancelled()):
+                        if future.done() and not (sys.version_info >= (3, 11) and being_cancelled()):
                             break  # the future's own cancellation (the plugin's failure, below), not the caller's
                         cancelled = True  # the caller's: keep waiting, then honour it
                     except Exception:
