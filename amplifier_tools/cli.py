@@ -40,6 +40,8 @@ EXIT_CONTRACT = 3
 EXIT_POLICY = 4
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process killed by SIGPIPE
+#: The built-in bash tool (``builtins/bash/tool.py``), named here so a hint needs no import of it.
+BASH_TOOL = "local::bash"
 VERBOSE_HINT = "run with --verbose for the traceback"
 
 _EXIT_BY_CATEGORY = {
@@ -393,6 +395,15 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
     if error.get("retry_after") is not None:
         return f"retry in {error['retry_after']} s"
     rule = str(error.get("rule") or "")
+    if code == "path_denied" and rule.startswith("outside_") and error.get("tool") == BASH_TOOL:
+        # bash's cwd: its roots are [plugins.bash] allowed_paths (docs/bash.md), which only default to
+        # the filesystem plugin's write roots (found by a docs check: the hint named those alone).
+        return ("the cwd is outside bash's roots; they are set by [plugins.bash] allowed_paths (default: the "
+                "filesystem plugin's write roots, [plugins.filesystem] allowed_write_paths, else the working "
+                "directory)")
+    if code == "command_denied" and error.get("tool") == BASH_TOOL:  # bash's own rules, not the policy plugin's
+        return ("refused by bash's command rules, [plugins.bash] allow / deny (docs/bash.md, command rules): "
+                "the error says which rule and part")
     if code == "path_denied" and rule.startswith("outside_"):
         kind = "write" if "write" in rule else "read"
         return (f"the path is outside the filesystem plugin's {kind} roots; they are set by "

@@ -30,6 +30,11 @@ from .schema import CompiledSchema, Validator, schema_problems
 log = logging.getLogger("amplifier_tools.config")
 
 RESERVED_PLUGIN_KEYS: Final = ("enabled", "on_error", "hook_timeout_ms")
+#: The host's defaults for the top-level timeouts, in milliseconds (docs/amplifier-tools.example.toml
+#: shows them; tests/test_docs_accuracy.py keeps the two in step).
+DEFAULT_TIMEOUT_MS: Final = 60_000
+DEFAULT_HOOK_TIMEOUT_MS: Final = 10_000
+DEFAULT_SHUTDOWN_GRACE_MS: Final = 5_000
 
 _MODULE_ENTRY: Final = {
     "type": "object",
@@ -59,14 +64,16 @@ CONFIG_SCHEMA: Final[dict[str, Any]] = {
         },
         "shutdown_grace_ms": {
             "type": "number", "minimum": 0,
-            "description": "How long close() lets in-flight calls finish before cancelling them (default 5000).",
+            "description": "How long close() lets in-flight calls finish before cancelling them (default "
+                           f"{DEFAULT_SHUTDOWN_GRACE_MS}).",
         },
         "default_timeout_ms": {
             "type": "number", "exclusiveMinimum": 0,
-            "description": "Timeout of a tool without its own timeout_ms.",
+            "description": f"Timeout of a tool without its own timeout_ms (default {DEFAULT_TIMEOUT_MS}).",
         },
         "hook_timeout_ms": {
-            "type": "number", "exclusiveMinimum": 0, "description": "Default timeout of an async hook.",
+            "type": "number", "exclusiveMinimum": 0,
+            "description": f"Timeout of an async hook whose plugin sets none (default {DEFAULT_HOOK_TIMEOUT_MS}).",
         },
         "load_plugins": {
             "type": "array", "items": {"type": "string"},

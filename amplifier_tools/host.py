@@ -33,7 +33,15 @@ from ._version import __version__
 from .amplifier_hooks import HookRegistry, ToolHandlerImpls
 from .builtins import BUILTIN_PLUGINS
 from .builtins.filesystem.paths import configured_path
-from .config import discover_config_file, load_config_file, plugin_section, validate_config
+from .config import (
+    DEFAULT_HOOK_TIMEOUT_MS,
+    DEFAULT_SHUTDOWN_GRACE_MS,
+    DEFAULT_TIMEOUT_MS,
+    discover_config_file,
+    load_config_file,
+    plugin_section,
+    validate_config,
+)
 from .coordinator import Coordinator
 from .definitions import tool_definitions
 from .dispatch import HookDispatcher, PluginManager, PluginSettings
@@ -151,7 +159,7 @@ class ToolHost:
         trace = os.environ.get(ENV_TRACE, "") not in ("", "0")
         self.dispatcher = HookDispatcher(
             self.plugin_manager,
-            default_timeout=self.config.get("hook_timeout_ms", 10_000) / 1000.0,
+            default_timeout=self.config.get("hook_timeout_ms", DEFAULT_HOOK_TIMEOUT_MS) / 1000.0,
             trace=trace,
         )
         self.dispatcher.secrets = self.secrets
@@ -167,7 +175,7 @@ class ToolHost:
             "session.working_dir": self.working_dir,
             "session.state_dir": str(self.state_dir),
             "session.protected_paths": self.protected_paths,
-            "session.default_timeout_ms": self.config.get("default_timeout_ms", 60_000),
+            "session.default_timeout_ms": self.config.get("default_timeout_ms", DEFAULT_TIMEOUT_MS),
             # Plugins whose tools write outside the filesystem plugin's roots add those roots here, so a
             # host-state path inside them is refused at start.
             "session.writable_roots": [],
@@ -250,7 +258,7 @@ class ToolHost:
             failed = None
         if failed is not None:  # raised here, outside the handler: the original (holding the secret) is not its context
             raise failed
-        default_timeout = self.config.get("default_timeout_ms", 60_000) / 1000.0
+        default_timeout = self.config.get("default_timeout_ms", DEFAULT_TIMEOUT_MS) / 1000.0
         self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout,
                                       secrets=self.secrets)
 
@@ -279,7 +287,8 @@ class ToolHost:
                     "call to end. Schedule it instead: asyncio.ensure_future(host.close())",
                     code="close_inside_call")
             pipeline.closing = True
-            grace = (self.config.get("shutdown_grace_ms", 5000) if grace_ms is None else grace_ms) / 1000.0
+            configured = self.config.get("shutdown_grace_ms", DEFAULT_SHUTDOWN_GRACE_MS)
+            grace = (configured if grace_ms is None else grace_ms) / 1000.0
             if not await pipeline.wait_idle(grace):
                 count = pipeline.cut_in_flight()
                 log.warning("closing: cancelled %d call(s) still running after shutdown_grace_ms", count)
@@ -433,7 +442,7 @@ class ToolHost:
         _, reserved = plugin_section(self.config, name)
         # A plugin whose hooks wait by policy (and bound the wait themselves) declares its own
         # default, e.g. ``hook_timeout_ms = None``; the plugin's config section still overrides it.
-        default_ms = getattr(plugin, "hook_timeout_ms", self.config.get("hook_timeout_ms", 10_000))
+        default_ms = getattr(plugin, "hook_timeout_ms", self.config.get("hook_timeout_ms", DEFAULT_HOOK_TIMEOUT_MS))
         timeout_ms = reserved.get("hook_timeout_ms", default_ms)
         self.dispatcher.configure(name, PluginSettings(
             fail_open=reserved.get("on_error") == "ignore",

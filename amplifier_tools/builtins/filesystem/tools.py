@@ -440,6 +440,11 @@ class Grep(FilesystemTool):
                 raise
         else:  # a single file
             try:
+                if st.st_size > max_file:  # refused as read_file refuses it, not "searched" with no match
+                    raise ExecutionError(
+                        f"{start!r} is {st.st_size} bytes, more than max_size ({max_file}); grep does not search "
+                        "it: read it in pages with fs_read_file (offset and limit)",
+                        code="file_too_large", size=st.st_size)
                 self._search_fd(fd, st.st_size, os.path.basename(resolved.path), regex, context, cap, matches,
                                 max_file)
             finally:
@@ -454,7 +459,7 @@ class Grep(FilesystemTool):
                 continue
             try:
                 st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
+                if not stat.S_ISREG(st.st_mode) or st.st_size > max_file:  # skipped, and not counted
                     continue
                 searched += 1
                 self._search_fd(fd, st.st_size, rel, regex, context, cap, matches, max_file)
