@@ -14,10 +14,11 @@ server put there: a block it does not know is rendered and summarized by its ``t
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
 from ._json import dumps
+from .redaction import SecretSet, redact_text
 
 #: Blocks the audit summary describes one by one; the rest are one entry.
 MAX_SUMMARY_BLOCKS: Final = 64
@@ -50,37 +51,43 @@ def base64_size(data: Any) -> int:
     return len(data.rstrip("=")) * 3 // 4
 
 
-def _clip(text: str, limit: int = 200) -> str:
+def _clip(text: str, limit: int = 200, secrets: Collection[str] | SecretSet = ()) -> str:
+    """``text`` on one line, cut at ``limit``; ``secrets`` are redacted before it is cut (cut first,
+    a secret's head would no longer be the secret a later redaction finds)."""
     text = " ".join(text.split())
+    if len(text) > limit and secrets:
+        text = redact_text(text, secrets, patterns=False)
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def render_block(block: Mapping[str, Any]) -> str:
-    """One block as text for a model: text as it is; anything else as a bracketed line naming it."""
+def render_block(block: Mapping[str, Any], secrets: Collection[str] | SecretSet = ()) -> str:
+    """One block as text for a model: text as it is; anything else as a bracketed line naming it.
+    ``secrets`` are redacted from what is cut (blocks not redacted yet: an imported result's)."""
     kind = block.get("type")
     if kind == "text":
         return str(block.get("text", ""))
     if kind in ("image", "audio"):
         mime, data = _binary(block)
-        return f"[{kind}: {_clip(mime or 'unknown type', 100)}, {base64_size(data)} bytes]"
+        return f"[{kind}: {_clip(mime or 'unknown type', 100, secrets)}, {base64_size(data)} bytes]"
     if kind == "resource_link":
         name, uri = _str(block.get("name")), _str(block.get("uri")) or ""
-        parts = [_clip(name or uri), f"<{_clip(uri, 500)}>"] if name and name != uri else [f"<{_clip(uri, 500)}>"]
+        shown = f"<{_clip(uri, 500, secrets)}>"
+        parts = [_clip(name or uri, secrets=secrets), shown] if name and name != uri else [shown]
         mime = _str(block.get("mimeType"))
         if mime:
-            parts.append(f"({_clip(mime, 100)})")
+            parts.append(f"({_clip(mime, 100, secrets)})")
         description = _str(block.get("description"))
         line = "[resource link: " + " ".join(parts) + "]"
-        return f"{line} {_clip(description)}" if description else line
+        return f"{line} {_clip(description, secrets=secrets)}" if description else line
     if kind == "resource":
         resource = block.get("resource")
         resource = resource if isinstance(resource, Mapping) else {}
         uri, mime = _str(resource.get("uri")) or "", _str(resource.get("mimeType"))
-        head = f"[resource <{_clip(uri, 500)}>" + (f" ({_clip(mime, 100)})" if mime else "")
+        head = f"[resource <{_clip(uri, 500, secrets)}>" + (f" ({_clip(mime, 100, secrets)})" if mime else "")
         if isinstance(resource.get("text"), str):
             return f"{head}]\n{resource['text']}"
         return f"{head}: {base64_size(resource.get('blob'))} bytes]"
-    return f"[{_clip(str(kind), 100)} content]"
+    return f"[{_clip(str(kind), 100, secrets)} content]"
 
 
 def withhold_redacted(blocks: list[Any]) -> list[Any]:
@@ -116,9 +123,10 @@ def _withheld(block: Mapping[str, Any]) -> str:
     return f"{head}: binary content withheld because it contained a secret]"
 
 
-def render(blocks: Sequence[Mapping[str, Any]]) -> str:
-    """The blocks as text for a model, one after another (a line break between two)."""
-    return "\n".join(render_block(block) for block in blocks)
+def render(blocks: Sequence[Mapping[str, Any]], secrets: Collection[str] | SecretSet = ()) -> str:
+    """The blocks as text for a model, one after another (a line break between two); ``secrets``:
+    see ``render_block``."""
+    return "\n".join(render_block(block, secrets) for block in blocks)
 
 
 def mcp_spelling(block: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -311,7 +311,7 @@ class ServerConnection:
             raise self._died(exc) from None
         except ValueError as exc:  # pydantic's ValidationError: a result that is no CallToolResult
             raise ExecutionError(f"MCP server {self.name!r} sent a malformed tools/call result: "
-                                 f"{str(exc)[:500]}", code="mcp_protocol_error") from None
+                                 f"{_malformed(exc, self.secrets)}", code="mcp_protocol_error") from None
 
     def too_many_blocks(self, blocks: Any) -> ExecutionError:
         """The error for a result with more content blocks than ``max_content_blocks``."""
@@ -405,6 +405,22 @@ class McpTool:
             return ToolResult(False, None, payload, {"mcp": self.call_metadata()})
 
 
+def _malformed(exc: ValueError, secrets: Collection[str] | SecretSet) -> str:
+    """What is wrong with a result the SDK could not read: where, and what pydantic expected there,
+    never the values it found — its text shows them cut (``...et-0123456789abcdefXYZ'``), and a
+    secret the server echoed, cut, is no longer the secret the result's redaction finds (found by
+    attack)."""
+    if isinstance(exc, pydantic.ValidationError):
+        problems = exc.errors(include_input=False, include_url=False)
+        text = "; ".join(f"{_location(error['loc'])}: {error['msg']}" for error in problems[:3])
+        if len(problems) > 3:
+            text += f" (and {len(problems) - 3} more)"
+    else:
+        text = str(exc)
+    text = redact_text(text, secrets, patterns=False)
+    return text if len(text) <= 500 else text[:500] + "..."
+
+
 def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
@@ -448,7 +464,9 @@ def _check_content(blocks: list[dict[str, Any]], tool: McpTool) -> None:
         mime = holder.get("mimeType")
         problem = None
         if mime is not None and not (isinstance(mime, str) and len(mime) <= 255 and _MEDIA_TYPE.fullmatch(mime)):
-            problem = f"mimeType {str(mime)[:80]!r} is not a media type (type/subtype)"
+            # redacted before it is cut: cut first, a secret the server echoed would pass half
+            shown = redact_text(str(mime)[:4096], tool.connection.secrets, patterns=False)[:80]
+            problem = f"mimeType {shown!r} is not a media type (type/subtype)"
         elif isinstance(data, str):
             try:
                 base64.b64decode(data, validate=True)
@@ -495,11 +513,12 @@ def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResul
             error.update(remote_type=str(remote.get("type")), remote_code=str(remote.get("code")),
                          remote_message=str(remote.get("message")))
             error["message"] = f"MCP tool {tool.name!r} failed remotely: {remote.get('type')}: {remote.get('message')}"
-        output: Any = text if text is not None else render(blocks)
+        output: Any = text if text is not None else render(blocks, tool.connection.secrets)
         if not _faithful(blocks, output):
             metadata["content"] = blocks
         return ToolResult(False, output, error, metadata)
-    output = result.structured_content if result.structured_content is not None else render(blocks)
+    output = result.structured_content if result.structured_content is not None else \
+        render(blocks, tool.connection.secrets)
     if not _faithful(blocks, output):
         metadata["content"] = blocks
     return ToolResult(True, output, None, metadata)

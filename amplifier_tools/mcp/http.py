@@ -40,7 +40,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from ..errors import AuthError, ConfigError
 from ..host import ToolHost
-from ..redaction import SecretSet, redact
+from ..redaction import SecretSet, redact, redact_text
 from ..secrets_table import EnvironmentSecrets
 from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
@@ -424,11 +424,15 @@ class RefusalLogFilter(logging.Filter):
     ``MAX_REFUSAL_EVENTS_PER_S`` lines a second of each logger and level (the next line kept
     counts those left out; a flood of one kind, say 421s, cannot hide the errors of another),
     clipped to ``MAX_LOG_LINE_CHARS``, every character that is not printable escaped (a client's
-    header cannot move the cursor or forge a line). The audit log has the refusals in full."""
+    header cannot move the cursor or forge a line), redacted first of ``secrets`` (the clients'
+    tokens among them) and credential shapes, as the audit events are: found by attack, a client's
+    token sent in its ``Origin`` or ``Host`` header was written to stderr as it came. The audit log
+    has the refusals in full."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, secrets: SecretSet | None = None) -> None:
         super().__init__()
         self._clock = clock
+        self._secrets = secrets
         #: One budget per (logger, level): a few loggers and levels, so a few budgets.
         self._budgets: dict[tuple[str, int], EventBudget] = {}
 
@@ -440,7 +444,11 @@ class RefusalLogFilter(logging.Filter):
         suppressed = budget.take()
         if suppressed is None:
             return False
-        text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in record.getMessage())
+        message = record.getMessage()
+        # redacted before it is cut (a token cut in two is no longer found), of the part shown only
+        shown = redact_text(message[:REDACT_WINDOW], self._secrets if self._secrets is not None else (),
+                            patterns=True) + message[REDACT_WINDOW:]
+        text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in shown)
         if len(text) > MAX_LOG_LINE_CHARS:
             text = text[:MAX_LOG_LINE_CHARS] + f"...[{len(text)} chars]"
         if suppressed:
@@ -449,9 +457,10 @@ class RefusalLogFilter(logging.Filter):
         return True
 
 
-def filter_refusal_logs() -> Callable[[], None]:
-    """Put a ``RefusalLogFilter`` on the SDK's ``REFUSAL_LOGGERS``; the function that takes it off."""
-    guard = RefusalLogFilter()
+def filter_refusal_logs(secrets: SecretSet | None = None) -> Callable[[], None]:
+    """Put a ``RefusalLogFilter`` (redacting ``secrets``) on the SDK's ``REFUSAL_LOGGERS``; the
+    function that takes it off."""
+    guard = RefusalLogFilter(secrets=secrets)
     loggers = [logging.getLogger(name) for name in REFUSAL_LOGGERS]
     for logger in loggers:
         logger.addFilter(guard)
@@ -567,7 +576,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
     stopping = asyncio.ensure_future(stop.wait())
     forcing = asyncio.ensure_future(forced.wait())
     frozen = False
-    unfilter_logs = filter_refusal_logs()
+    unfilter_logs = filter_refusal_logs(host.capabilities.get("session.secrets"))
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
