@@ -194,6 +194,22 @@ def _host(args: argparse.Namespace, *, runs_calls: bool = True) -> ToolHost:
     return host
 
 
+def trusted_host(config: str | None) -> ToolHost:
+    """A host that is never started, for a command that reads its settings (``audit verify``,
+    ``policy status``): no built-ins, no entry points, and only from a configuration the host itself
+    would start from (``config_trust.check``; found by attack: a file planted in the working
+    directory naming another ``state_dir`` had ``audit verify`` pass a forged log and anchor there).
+    ``ConfigError`` naming the file otherwise."""
+    from . import config_trust
+    from .host import ToolHost
+
+    host = ToolHost(config=config, builtins=False, entry_points=False) if config else \
+        ToolHost(builtins=False, entry_points=False)
+    config_trust.check(host.trust_dir, host.config_file, host.trust_roots, discovered=host.discovered_config,
+                       sha256=host.config_sha256)
+    return host
+
+
 def _data(obj: Any) -> Any:
     """``obj`` (an attrs object) as JSON data; cattrs is imported only by the commands that print some."""
     from ._converter import converter
@@ -550,7 +566,7 @@ def _trust(args: argparse.Namespace) -> int:
     from .hoststate import ensure_state_dir
 
     host = _host(args)
-    state = config_trust.config_state(host.config_file, host.trust_roots)
+    state = config_trust.config_state(host.config_file, host.trust_roots, sha256=host.config_sha256)
     if state is None:
         print(f"{host.config_file} lies outside the working directory: it needs no trust")
         return EXIT_OK

@@ -16,10 +16,12 @@ for the host's reserved keys (``enabled``, ``on_error``, ``hook_timeout_ms``).
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -252,14 +254,16 @@ def _substitute(value: Any, file: str, path: str, used: set[str]) -> Any:
     return value
 
 
-def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | None = None) -> dict[str, Any]:
+def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | None = None,
+                     sha256: list[str] | None = None) -> dict[str, Any]:
     """Read and validate a TOML, pyproject.toml or mount-plan YAML file.
 
     ``substituted``, when given, receives every value a ``${VAR}`` was replaced with (the host
-    registers them as secrets)."""
+    registers them as secrets); ``sha256`` the digest of the bytes read (the host's trust check
+    judges the file it loaded, not what is at the path when it checks)."""
     file = str(path)
     p = Path(path)
-    text = read_config_text(p)
+    text = read_config_text(p, sha256=sha256)
     if p.suffix in (".yaml", ".yml"):
         try:
             import yaml
@@ -294,11 +298,16 @@ class ConfigTooLarge(ConfigError):
     """A configuration file over ``MAX_CONFIG_BYTES``."""
 
 
-def read_config_text(path: Path) -> str:
+def read_config_text(path: Path, *, sha256: list[str] | None = None) -> str:
     """The text of a configuration file, at most ``MAX_CONFIG_BYTES``; ``ConfigError`` naming the
-    file when it cannot be read, is larger, or is not UTF-8."""
+    file when it cannot be read, is no regular file (never read: found by attack, a FIFO named
+    with ``--config`` hung the command), is larger, or is not UTF-8. ``sha256`` receives the
+    digest of the bytes read."""
     try:
-        with open(path, "rb") as file:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ConfigError("not a regular file (a FIFO, device or directory): not read as a configuration",
+                                  file=str(path), hint="name the configuration file itself")
             data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"cannot read configuration: {exc.strerror}", file=str(path)) from None
@@ -306,6 +315,8 @@ def read_config_text(path: Path) -> str:
         raise ConfigTooLarge(f"the file is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB: not read as "
                           "a configuration", file=str(path),
                           hint="a configuration is small; check what wrote this file")
+    if sha256 is not None:
+        sha256.append(hashlib.sha256(data).hexdigest())
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

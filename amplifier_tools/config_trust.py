@@ -60,30 +60,48 @@ def record_dir(root: str, config_file: str | None, *, discovered: bool) -> Path:
     return default_state_dir(str(placed(config_file)))
 
 
-def config_state(config_file: str | None, roots: Sequence[str]) -> dict[str, Any] | None:
+def config_state(config_file: str | None, roots: Sequence[str], *,
+                 sha256: str | None = None) -> dict[str, Any] | None:
     """What to remember about the configuration of a start, or None when it needs no trust (it
     lies outside every one of ``roots``, the directories tools can write). The file is placed by
-    its directory, resolved, and its own name: a symlink is judged where it is, not where it leads."""
+    its directory, resolved, and its own name: a symlink is judged where it is, not where it leads.
+    ``sha256``: the digest of the bytes the host loaded (``ToolHost.config_sha256``), judged instead
+    of what the file holds now (found by attack: a file swapped after the host loaded it and put
+    back before the check started a host on a configuration never trusted)."""
     if config_file is None:
         return {"path": None, "sha256": None}
     path = placed(config_file)
     if not any(_inside(path, Path(root).resolve()) for root in roots):
         return None
-    try:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        digest = None
+    digest = sha256
+    if digest is None:
+        try:
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            digest = None
     return {"path": str(path), "sha256": digest}
 
 
 def _read(state_dir: Path) -> dict[str, Any] | None:
+    """The trusted state; None when there is no record. A record that is not one (empty, cut short,
+    not JSON) is no first start: ``ConfigError`` naming it (found by attack: garbage ended in a bare
+    ``JSONDecodeError``, and ``[1]`` or an empty file had the host trust whatever it found)."""
+    where = state_dir / TRUST_FILE
     try:
-        fd = open_host_file(state_dir / TRUST_FILE, os.O_RDONLY)
+        fd = open_host_file(where, os.O_RDONLY)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as file:
-        data = json.loads(file.read() or b"null")
-    return data if isinstance(data, dict) else None
+        raw = file.read()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or "path" not in data or "sha256" not in data:
+        raise ConfigError("the record of the trusted configuration is damaged, so a changed configuration "
+                          "could not be told from the trusted one", file=str(where),
+                          hint="review the configuration, then accept it with: amplifier-tools trust")
+    return data
 
 
 def remember(state_dir: Path, state: dict[str, Any]) -> None:
@@ -96,15 +114,15 @@ def remember(state_dir: Path, state: dict[str, Any]) -> None:
 
 
 def check(state_dir: Path, config_file: str | None, roots: Sequence[str], *,
-          discovered: bool) -> dict[str, Any] | None:
+          discovered: bool, sha256: str | None = None) -> dict[str, Any] | None:
     """Refuse to start on a configuration in the working directory that changed since the last
     start there (``ConfigError`` naming the file and ``amplifier-tools trust``). On the first start
     it returns the state to ``remember`` once the host has started (a start that fails, on a typo
     in the file say, records nothing: the fixed file is still the first). ``discovered``: the host
-    looked for a config itself (so "none" is a state too)."""
+    looked for a config itself (so "none" is a state too); ``sha256`` as for ``config_state``."""
     if config_file is None and not discovered:
         return None  # a mapping from code
-    state = config_state(config_file, roots)
+    state = config_state(config_file, roots, sha256=sha256)
     if state is None:
         return None
     trusted = _read(state_dir)

@@ -115,13 +115,17 @@ class ToolHost:
             config = discover_config_file(working_dir)
         #: The file the configuration came from, named in configuration errors (None: from code).
         self.config_file: str | None = None
+        #: The SHA-256 of the configuration file's bytes as loaded (what ``config_trust`` judges).
+        self.config_sha256: str | None = None
         #: Every secret value resolved in this run (``session.secrets``): redacted from every tool's
         #: output, every error, audit record and span.
         self.secrets = SecretSet()
         if isinstance(config, (str, os.PathLike)):
             self.config_file = os.fspath(config)
             substituted: set[str] = set()
-            self.config = load_config_file(config, substituted=substituted)
+            digests: list[str] = []
+            self.config = load_config_file(config, substituted=substituted, sha256=digests)
+            self.config_sha256 = digests[0] if digests else None
             self.secrets.update(substituted)
         else:
             self.config = validate_config(config)
@@ -235,7 +239,7 @@ class ToolHost:
             self._check_working_dir()
             self._make_state_dir()
             first_trust = config_trust.check(self.trust_dir, self.config_file, self.trust_roots,
-                                             discovered=self.discovered_config)
+                                             discovered=self.discovered_config, sha256=self.config_sha256)
             self._collect_plugins()
             for plugin, info, required in self._mount_order():
                 await self._mount_plugin(plugin, info, required)

@@ -279,7 +279,8 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
         raise ConfigError(MISSING_SDK_MESSAGE, key=SERVERS_TABLE)
     # Servers are started from this file: only from one the host itself would start from.
     trust_dir = ensure_state_dir(host.trust_dir)
-    config_trust.check(trust_dir, host.config_file, host.trust_roots, discovered=host.discovered_config)
+    config_trust.check(trust_dir, host.config_file, host.trust_roots, discovered=host.discovered_config,
+                       sha256=host.config_sha256)
     path = Path(host.config_file) if host.config_file is not None else None
     writable = path is not None and path.suffix == ".toml"
     refusal = link_refusal(path) if writable and not print_only and path is not None else None

@@ -45,6 +45,10 @@ GENESIS: Final = "0" * 64
 #: The ``v`` of every record this version writes.
 SCHEMA_VERSION: Final = 1
 ROTATED: Final = re.compile(r"^(?P<stem>.+)\.(?P<n>\d+)\.jsonl$")
+#: The longest line taken for a record (a record holds its arguments in full, and at most the
+#: output's size and digest by default): the writer and every reader refuse a longer one rather
+#: than hold it in memory (found by attack: a 3 GiB sparse file made ``verify`` take 6 GiB).
+MAX_LINE_BYTES: Final = 256 << 20
 
 #: The contract tags naming the exact definition a tool was built from (imported MCP tools carry
 #: both: docs/mcp.md, "The contract of an imported tool").
@@ -154,7 +158,10 @@ def encode_anchor(anchor: Anchor, key: bytes | None = None) -> bytes:
 
 def parse_anchor(data: bytes) -> Anchor:
     """An ``Anchor`` from the anchor file's bytes; ``ValueError`` if it is not one."""
-    record = json.loads(data)
+    try:
+        record = json.loads(data)
+    except RecursionError:  # found by attack: an anchor of 60000 '[' crashed verify
+        raise ValueError("not an audit anchor (nested deeper than any anchor)") from None
     if not isinstance(record, dict) or record.get("kind") != "anchor" or record.get("v") != 1:
         raise ValueError("not an audit anchor")
     try:
@@ -290,7 +297,9 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
             return failed(file, None, "the log is not a regular file (a FIFO or device was put in its place)")
         offset = 0
         with os.fdopen(fd, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
+            for number, raw in enumerate(iter(lambda: handle.readline(MAX_LINE_BYTES + 1), b""), start=1):
+                if len(raw) > MAX_LINE_BYTES:  # never a torn record: no record is that long
+                    return failed(file, number, f"a line of more than {MAX_LINE_BYTES} bytes: no record is that long")
                 if not raw.endswith(b"\n") and live:
                     # The kernel may cut a write short when the writer is killed mid-way; the
                     # writer removes such a tail before its next append. Not a verified record.
@@ -377,12 +386,32 @@ def check_line(raw: bytes, prev: str) -> dict[str, Any] | str:
     return record
 
 
+class UnreadableLog(ValueError):
+    """A file of a log that ``read_records`` will not read (it names the file)."""
+
+
 def read_records(path: str | Path) -> Iterable[dict[str, Any]]:
-    """Every parseable record of a log (file or directory), in chain order."""
+    """Every parseable record of a log (file or directory), in chain order; lines that are no
+    record (not a JSON object, or longer than ``MAX_LINE_BYTES``: skipped a piece at a time) are
+    passed over. ``UnreadableLog`` naming a file of the log that is not a regular file (never read:
+    found by attack, a FIFO or ``/dev/zero`` among the rotated files hung ``tail`` and ``stats``)."""
     for file in chain_files(path):
-        with file.open("rb") as handle:
-            for raw in handle:
+        try:
+            fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise UnreadableLog(f"{file}: cannot read: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UnreadableLog(f"{file}: not a regular file (a FIFO, device or directory is in its place)")
+        with os.fdopen(fd, "rb") as handle:
+            while raw := handle.readline(MAX_LINE_BYTES + 1):
+                if len(raw) > MAX_LINE_BYTES:
+                    while raw and not raw.endswith(b"\n"):
+                        raw = handle.readline(MAX_LINE_BYTES + 1)
+                    continue
                 try:
-                    yield json.loads(raw)
+                    record = json.loads(raw)
                 except (ValueError, RecursionError):
                     continue
+                if isinstance(record, dict):  # found by attack: a line ``[1]`` crashed tail and stats
+                    yield record

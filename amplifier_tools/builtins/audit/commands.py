@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import stat
 import statistics
@@ -22,7 +23,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...cli import UsageParser
-from .chain import Anchor, anchor_path, chain_files, log_location, read_anchor, read_records, verify
+from .chain import (
+    Anchor,
+    UnreadableLog,
+    anchor_path,
+    chain_files,
+    log_location,
+    read_anchor,
+    read_records,
+    verify,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -44,12 +54,39 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("tail", help="the last records")
     p.add_argument("path", nargs="?", help=default)
-    p.add_argument("-n", type=int, default=10)
+    p.add_argument("-n", type=_count, default=10, help="how many (default 10)")
     p.add_argument("--json", action="store_true", help="the records themselves, one JSON object per line")
     p = sub.add_parser("stats", help="calls, error rates by category and tool, latency percentiles")
     p.add_argument("path", nargs="?", help=default)
     p.add_argument("--json", action="store_true")
     return parser
+
+
+def _count(text: str) -> int:
+    """``-n``: a whole number, 0 or more (found by attack: ``-n -1`` ended in a ValueError)."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of records (0 or more)")
+    return int(text)
+
+
+def _shown(value: object) -> str:
+    """``value`` as text for a terminal: control and other unprintable characters escaped (found by
+    attack: a tool name a model chose, ``\\x1b]2;...\\x07\\x1b[2J``, was printed raw by ``tail`` and
+    ``stats``, so a record could retitle, clear or hide lines of the operator's terminal)."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _key(value: object) -> str | None:
+    """A member of a record as a key to count by: a string as it is, anything else as its JSON."""
+    return value if value is None or isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _duration(record: dict[str, object]) -> float:
+    value = record.get("duration_ms", 0)
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else 0.0  # type: ignore[arg-type]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -63,29 +100,35 @@ def _percentile(values: list[float], q: float) -> float:
 def stats(path: str) -> dict[str, object]:
     """Counts, error rates and latency percentiles of the call records of a log."""
     calls = [r for r in read_records(path) if r.get("kind") == "call"]
-    durations = sorted(float(r.get("duration_ms", 0)) for r in calls)
-    by_category = Counter((r.get("error") or {}).get("type") for r in calls if r.get("status") == "error")
-    per_tool: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    durations = sorted(_duration(r) for r in calls)
+    # A record's members are taken as they are found (found by attack: a call record without a
+    # ``tool``, or with a list for one, or a string for ``error``, crashed stats).
+    by_category = Counter(_key(error.get("type")) if isinstance(error := r.get("error"), dict) else None
+                          for r in calls if r.get("status") == "error")
+    per_tool: dict[str | None, list[int]] = defaultdict(lambda: [0, 0])
     for r in calls:
-        per_tool[r["tool"]][0] += 1
-        per_tool[r["tool"]][1] += r.get("status") == "error"
+        per_tool[_key(r.get("tool"))][0] += 1
+        per_tool[_key(r.get("tool"))][1] += r.get("status") == "error"
     return {
         "calls": len(calls),
         "errors": sum(by_category.values()),
         "error_rate": (sum(by_category.values()) / len(calls)) if calls else 0.0,
         "errors_by_category": dict(by_category),
-        "by_tool": {tool: {"calls": n, "errors": e, "error_rate": e / n} for tool, (n, e) in sorted(per_tool.items())},
+        "by_tool": {tool: {"calls": n, "errors": e, "error_rate": e / n}
+                    for tool, (n, e) in sorted(per_tool.items(), key=lambda item: str(item[0]))},
         "latency_ms": {"p50": _percentile(durations, 50), "p95": _percentile(durations, 95),
                        "p99": _percentile(durations, 99)},
     }
 
 
 def default_log(config: str | None) -> Path:
-    """The host's log, found as the host finds it: config file, ``state_dir``, ``[plugins.audit] path``."""
-    from ...host import ToolHost
+    """The host's log, found as the host finds it: config file, ``state_dir``, ``[plugins.audit] path``,
+    from a configuration the host would start from (found by attack: a file planted in the working
+    directory naming another ``state_dir`` had ``verify`` pass a forged log and anchor there, and
+    leave the host's own log unchecked). ``ConfigError`` naming the file otherwise."""
+    from ...cli import trusted_host
 
-    host = ToolHost(config=config, builtins=False, entry_points=False) if config else \
-        ToolHost(builtins=False, entry_points=False)
+    host = trusted_host(config)
     section = host.config.get("plugins", {}).get("audit") or {}
     return log_location(section.get("path") if isinstance(section, dict) else None, host.state_dir)
 
@@ -156,7 +199,7 @@ def _verify(args: argparse.Namespace, path: Path) -> int:
                   "the last one are covered by the hash chain only")
     else:
         at = f"{report.bad_file}:{report.bad_line}" if report.bad_line else str(report.bad_file or path)
-        print(f"TAMPERED: {at}: {reason} ({report.records} records verified before it)")
+        print(f"TAMPERED: {_shown(at)}: {_shown(reason)} ({report.records} records verified before it)")
     return 0 if ok else 1
 
 
@@ -164,13 +207,22 @@ def tail_line(record: dict[str, object]) -> str:
     """One record as a line for people: time, status, tool, duration, principal, and the error."""
     if record.get("kind") != "call":  # tamper, recovered, rotated: their fields as they are
         rest = {k: v for k, v in record.items() if k not in ("v", "kind", "ts", "prev", "hash")}
-        return f"{record.get('ts', '-')}  {record.get('kind', '?')}  {json.dumps(rest, sort_keys=True)}"
-    line = (f"{record.get('ts', '-')}  {record.get('status', '?'):<5}  {record.get('tool', '?')}  "
-            f"{record.get('duration_ms', 0)} ms  {record.get('principal', '-')}")
+        return f"{_shown(record.get('ts', '-'))}  {_shown(record.get('kind', '?'))}  {json.dumps(rest, sort_keys=True)}"
+    line = (f"{_shown(record.get('ts', '-'))}  {_shown(record.get('status', '?')):<5}  "
+            f"{_shown(record.get('tool', '?'))}  {_shown(record.get('duration_ms', 0))} ms  "
+            f"{_shown(record.get('principal', '-'))}")
     error = record.get("error")
     if isinstance(error, dict):
-        line += f"  {error.get('type')}[{error.get('code')}]: {error.get('message')}"
+        line += f"  {_shown(error.get('type'))}[{_shown(error.get('code'))}]: {_shown(error.get('message'))}"
     return line
+
+
+def _failed(args: argparse.Namespace, message: str, hint: str) -> int:
+    print(f"error: {message}\nhint: {hint}", file=sys.stderr)
+    if args.json:  # stdout stays JSON for a script, as every command's --json failure
+        print(json.dumps({"error": {"type": "CommandError", "message": message, "hint": hint, "exit_status": 2}},
+                         ensure_ascii=False))
+    return 2
 
 
 def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int:
@@ -184,11 +236,7 @@ def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int
         else:
             message = f"no call has been recorded for this working directory yet (its log would be {path})"
             hint = "make a call first (amplifier-tools call ...), or give the path of a log"
-        print(f"error: {message}\nhint: {hint}", file=sys.stderr)
-        if args.json:  # stdout stays JSON for a script, as every command's --json failure
-            print(json.dumps({"error": {"type": "CommandError", "message": message, "hint": hint, "exit_status": 2}},
-                             ensure_ascii=False))
-        return 2
+        return _failed(args, message, hint)
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         if args.command == "verify":
             print(f"TAMPERED: {path}: the log is not a regular file (a FIFO or device was put in its place)")
@@ -198,21 +246,24 @@ def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int
     if args.command == "verify":
         return _verify(args, path)
     args.path = str(path)
-    if args.command == "tail":
-        for record in deque(read_records(args.path), maxlen=args.n):
-            print(json.dumps(record, sort_keys=True) if args.json else tail_line(record))
-        return 0
-    data = stats(args.path)
+    try:
+        if args.command == "tail":
+            for record in deque(read_records(args.path), maxlen=args.n):
+                print(json.dumps(record, sort_keys=True) if args.json else tail_line(record))
+            return 0
+        data = stats(args.path)
+    except UnreadableLog as exc:
+        return _failed(args, str(exc), "give the path of an audit log; move what is not one out of its directory")
     if args.json:
         print(json.dumps(data, indent=2))
     else:
         latency = data["latency_ms"]
         print(f"calls {data['calls']}, errors {data['errors']} ({data['error_rate']:.1%}); "
               f"latency p50 {latency['p50']:.2f} ms, p95 {latency['p95']:.2f} ms, p99 {latency['p99']:.2f} ms")  # type: ignore[index]
-        for category, count in sorted(data["errors_by_category"].items()):  # type: ignore[attr-defined]
-            print(f"  {category}: {count}")
+        for category, count in sorted(data["errors_by_category"].items(), key=str):  # type: ignore[attr-defined]
+            print(f"  {_shown(category)}: {count}")
         for tool, row in data["by_tool"].items():  # type: ignore[attr-defined]
-            print(f"  {tool}: {row['calls']} calls, {row['error_rate']:.1%} errors")
+            print(f"  {_shown(tool)}: {row['calls']} calls, {row['error_rate']:.1%} errors")
     return 0
 
 

@@ -62,6 +62,7 @@ import attrs
 from ...hoststate import HostFileError, open_host_dir, open_host_file
 from .chain import (
     GENESIS,
+    MAX_LINE_BYTES,
     ROTATED,
     Anchor,
     anchor_path,
@@ -78,9 +79,6 @@ from .chain import (
 log = logging.getLogger("amplifier_tools.audit")
 
 READ_CHUNK: Final = 1 << 20
-#: The longest line taken for a record when reading what others appended: longer is tampering
-#: (a record holds its arguments in full, and at most the output's size and digest by default).
-MAX_LINE_BYTES: Final = 256 << 20
 LOG_FLAGS: Final = os.O_RDWR | os.O_APPEND
 #: Opens of the log's path before giving up when the file there keeps being moved away meanwhile.
 OPEN_ATTEMPTS: Final = 16

@@ -50,10 +50,9 @@ async def _status(store: str, prefix: str, timeout: float, state_dir: str) -> tu
 
 def status(config: str | None, *, as_json: bool) -> int:
     """Print the live policy state; 0, or 1 when the store does not answer."""
-    from ...host import ToolHost
+    from ...cli import trusted_host
 
-    host = ToolHost(config=config, builtins=False, entry_points=False) if config else \
-        ToolHost(builtins=False, entry_points=False)
+    host = trusted_host(config)  # a planted file would name the store (and the server) to ask
     section = host.config.get("plugins", {}).get("policy") or {}
     settings = structure_settings(section, PolicySettings, "plugins.policy")
     store = settings.store if "store" in section else "sqlite"  # the command line's default
