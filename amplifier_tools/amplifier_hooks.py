@@ -343,6 +343,14 @@ class ToolHandlerImpls:
     async def _approved(self, r: Registration, parsed: Parsed, call: ToolCall, spec: Any,
                         context: ToolContext) -> Deny | None:
         prompt = parsed.approval_prompt or parsed.reason or f"approve {call.name}?"
+        if self._host.dispatcher.settings_of(r.owner).fail_open:
+            # The approval is awaited inside the module's hook timeout: one still pending then would
+            # let the call go on unapproved (found by attack), so a fail-open module cannot ask.
+            return Deny(f"handler {r.name!r} asks the user to approve ({prompt!r}), but its module is configured "
+                        "on_error = 'ignore' (fail open), under which an approval cannot be enforced",
+                        code="approval_unavailable",
+                        details={"handler": r.name, "hint": f"remove on_error = 'ignore' from [plugins.{r.owner}]: "
+                                 "a module that asks for approval must fail closed"})
         impls = self._host.plugin_manager.hook.tool_approval.get_hookimpls()
         if not impls:
             return Deny(f"handler {r.name!r} asks the user to approve ({prompt!r}) and no approval plugin is "

@@ -309,6 +309,10 @@ class HookDispatcher:
         """Recompute the implementation lists on the next call (the set of handlers changed)."""
         self._epoch += 1
 
+    def settings_of(self, plugin: str) -> PluginSettings:
+        """How ``plugin``'s failures are treated (its ``on_error`` and ``hook_timeout_ms``)."""
+        return self._settings.get(plugin, self._default)
+
     def configure(self, plugin: str, settings: PluginSettings) -> None:
         """Set how ``plugin``'s failures are treated; takes effect on the next call."""
         self._settings[plugin] = settings

@@ -7,6 +7,7 @@ reading ``data["tool_input"]`` and returning ``HookResult``-shaped answers.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -375,3 +376,25 @@ async def test_the_trace_shows_amplifier_handlers_and_what_they_came_to(
     err = capsys.readouterr().err
     assert f"calling tool_pre of plugin {MODULE!r} (Amplifier handler)" in err
     assert f"tool_pre of plugin {MODULE!r} (awaited) returned Deny" in err
+
+
+class SlowApprover(Approver):
+    @hookimpl
+    async def tool_approval(self, call: Any, prompt: str, options: list[str], default: str) -> bool | None:
+        self.prompts.append(prompt)
+        await asyncio.sleep(5)
+        return False
+
+
+@pytest.mark.parametrize("approver", [Approver(True), SlowApprover(False)], ids=["approving", "slow"])
+async def test_a_fail_open_module_cannot_ask_for_approval(tmp_path: Path, echo: EchoTool, approver: Approver) -> None:
+    """Found by attack: the approval is awaited inside the asking module's hook timeout, and a
+    module configured ``on_error = "ignore"`` let the call go on unapproved when the approval was
+    still pending then. Such a module's ``ask_user`` is denied, naming the setting."""
+    async with host_with(tmp_path, echo, (MODULE, {"action": "ask_user"}), plugins=(approver,),
+                         plugin_config={MODULE: {"on_error": "ignore", "hook_timeout_ms": 200}}) as host:
+        result = await host.call("echo", {"path": "a"})
+    assert echo.calls == [] and approver.prompts == []
+    assert result.error is not None and result.error["code"] == "approval_unavailable"
+    assert result.error["plugin"] == MODULE and "on_error = 'ignore'" in result.error["message"]
+    assert f"[plugins.{MODULE}]" in result.error["hint"]
