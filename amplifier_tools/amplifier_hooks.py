@@ -39,7 +39,7 @@ from .definitions import model_name
 from .dispatch import being_cancelled
 from .errors import did_you_mean
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
-from .redaction import chain_without_secrets, redact, redact_text
+from .redaction import PLACEHOLDER, chain_without_secrets, redact, redact_text
 from .results import normalize_result
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class HookRegistry:
         # Scrubbed of the host's secrets as a tool's output is (found by attack: a local tool's
         # ``tool:progress`` message reached handlers, ``serve-mcp``'s client and every ``tool_event``
         # hook with the secret it had resolved; an imported MCP server's events were scrubbed).
-        current = redact(dict(data), secrets=secrets, patterns=False)
+        current = _redacted_event(dict(data), secrets)
         action, reason = "continue", None
         for r in list(self._handlers.get(event, ())):
             out = None
@@ -262,7 +262,57 @@ def result_data(result: ToolResult) -> dict[str, Any]:
     A copy all the way down, as ``tool_input`` is (found by attack: a handler changing the output
     in place changed what the caller got, unchecked against the output schema, missing from the
     trail, and with a secret it wrote there unredacted: the output was scrubbed before ``tool_post``)."""
-    return {"success": result.success, "output": copy.deepcopy(result.output), "error": copy.deepcopy(result.error)}
+    return {"success": result.success, "output": _copy_of(result.output), "error": _copy_of(result.error)}
+
+
+def _copy_of(value: Any) -> Any:
+    """A deep copy of ``value``; for one ``copy.deepcopy`` fails on (nested past the stack, an
+    object whose ``__deepcopy__`` raises), a copy of its dicts and lists, without recursion, the
+    rest copied where it can be and shared where it cannot (found by attack: such an output,
+    which the call returned before, failed every call with a ``tool:post`` handler)."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # RecursionError included
+        pass
+    copies: dict[int, Any] = {}
+    top: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(value, top, 0)]
+    while stack:
+        node, into, at = stack.pop()
+        if isinstance(node, (dict, list)):
+            made = copies.get(id(node))
+            if made is None:
+                if isinstance(node, dict):
+                    made = copies[id(node)] = dict.fromkeys(node)
+                    stack.extend((item, made, key) for key, item in node.items())
+                else:
+                    made = copies[id(node)] = [None] * len(node)
+                    stack.extend((item, made, index) for index, item in enumerate(node))
+            into[at] = made
+            continue
+        try:
+            into[at] = copy.deepcopy(node)
+        except Exception:
+            into[at] = node
+    return top[0]
+
+
+def _redacted_event(data: dict[str, Any], secrets: Any) -> dict[str, Any]:
+    """``data`` scrubbed of ``secrets``; a value the scrub cannot walk (a cycle, nesting past the
+    stack) is left out as ``[REDACTED]`` (found by attack: such event data, which handlers got
+    before, failed the tool that emitted it)."""
+    try:
+        clean: dict[str, Any] = redact(data, secrets=secrets, patterns=False)
+        return clean
+    except Exception:  # RecursionError included
+        pass
+    parts: dict[str, Any] = {}
+    for key, value in data.items():
+        try:
+            parts.update(redact({key: value}, secrets=secrets, patterns=False))
+        except Exception:
+            parts.update(dict.fromkeys(redact({key: None}, secrets=secrets, patterns=False), PLACEHOLDER))
+    return parts
 
 
 class ToolHandlerImpls:

@@ -183,22 +183,32 @@ def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
     cls = _validator_class(schema)
     specification = referencing.jsonschema.specification_with(cls.ID_OF(cls.META_SCHEMA) or "urn:unknown-dialect")
     root = _local_registry().resolver_with_root(specification.create_resource(schema))
-    # (node, its path, whether it is a name -> subschema map rather than a schema, the resolver in scope)
-    stack: list[tuple[Any, tuple[Any, ...], bool, Any]] = [(schema, (), False, root)]
-    searched: set[int] = set()  # the objects searched (by id): a target reached again is not searched again
+    # (node, its path, whether it is a name -> subschema map rather than a schema, the resolver in
+    # scope, whether that resolver is already the node's own: the root's, and what a reference
+    # resolved to, whose resolver ``lookup`` gives in the target's scope, $id applied; jsonschema
+    # applies it once, and applying a relative $id twice moved the base URI, found by attack)
+    stack: list[tuple[Any, tuple[Any, ...], bool, Any, bool]] = [(schema, (), False, root, True)]
+    # The objects searched, by id and base URI: a target reached again in the same scope is not
+    # searched again (an object a plugin shares between two scopes is searched in each).
+    searched: set[tuple[int, str]] = set()
+    schemas: dict[tuple[int, str], tuple[Any, tuple[Any, ...], Any]] = {}  # every schema searched
     while stack:
-        node, path, names, resolver = stack.pop()
+        node, path, names, resolver, scoped = stack.pop()
         if isinstance(node, list):
-            stack.extend((item, (*path, index), False, resolver) for index, item in enumerate(node))
+            stack.extend((item, (*path, index), False, resolver, False) for index, item in enumerate(node))
             continue
-        if not isinstance(node, dict) or id(node) in searched:
+        if not isinstance(node, dict):
             continue
-        searched.add(id(node))
-        if names:
-            stack.extend((value, (*path, key), False, resolver) for key, value in node.items())
-            continue
-        if path and isinstance(cls.ID_OF(node), str):  # a base URI of its own for what lies below
+        if not names and not scoped and isinstance(cls.ID_OF(node), str):  # a base URI of its own below
             resolver = resolver.in_subresource(specification.create_resource(node))
+        place = (id(node), _base_uri(resolver))
+        if place in searched:
+            continue
+        searched.add(place)
+        if names:
+            stack.extend((value, (*path, key), False, resolver, False) for key, value in node.items())
+            continue
+        schemas[place] = (node, path, resolver)
         for keyword in ("$ref", "$dynamicRef"):  # $recursiveRef always means "#": jsonschema reads no value
             ref = node.get(keyword)
             if not isinstance(ref, str):
@@ -215,10 +225,88 @@ def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
                     hint="define what it refers to under $defs in the same schema",
                 ) from None
             # What it points at is read as a schema, wherever it is (inside an unknown keyword, say).
-            stack.append((resolved.contents, (*path, keyword), False, resolved.resolver))
-        stack.extend((value, (*path, key), key in _SCHEMA_MAPS, resolver) for key, value in node.items()
+            stack.append((resolved.contents, (*path, keyword), False, resolved.resolver, True))
+        stack.extend((value, (*path, key), key in _SCHEMA_MAPS, resolver, False) for key, value in node.items()
                      if key in _SUBSCHEMA_KEYWORDS or key in _SCHEMA_MAPS)
+    _check_cycles(cls, specification, schemas, owner=owner, which=which)
     _check_expansion(schema, root, owner=owner, which=which)
+
+
+def _base_uri(resolver: Any) -> str:
+    """The base URI ``resolver`` resolves references against."""
+    return str(resolver._base_uri)
+
+
+#: Keywords that apply their subschemas to the same value, not to a part of it (in the drafts that
+#: have them; ``then`` and ``else`` beside an ``if``); ``dependencies`` and ``dependentSchemas``
+#: map names to such subschemas.
+_IN_PLACE: Final = frozenset({"allOf", "anyOf", "oneOf", "not", "if", "then", "else", "dependentSchemas",
+                              "dependencies", "extends", "disallow", "type"})
+
+
+def _check_cycles(cls: Any, specification: Any, schemas: dict[tuple[int, str], tuple[Any, tuple[Any, ...], Any]],
+                  *, owner: str, which: str) -> None:
+    """Refuse a schema that refers back to itself without moving into a part of the value
+    (``{"$ref": "#"}``, ``{"allOf": [{"$ref": "#"}]}``, two definitions referring to each other):
+    jsonschema follows such a loop until the interpreter's stack runs out, so every call reaching
+    it failed as an internal ``RecursionError`` (found by attack). ``schemas`` are the schemas
+    ``_check_refs`` searched, each with its path and its resolver; a reference is followed where
+    the validator reads one (the draft's keywords only; in drafts 3 to 7 nothing beside a
+    ``$ref``), and a loop through ``properties``, ``items`` or the like is a recursive schema,
+    bounded by the data."""
+    applicable = getattr(cls, "_APPLICABLE_VALIDATORS", None)
+    keywords = cls.VALIDATORS
+
+    def in_place(node: dict[str, Any], resolver: Any) -> Iterator[tuple[int, str]]:
+        pairs = applicable(node) if applicable is not None else node.items()
+        for keyword, value in pairs:
+            if keyword in ("then", "else"):
+                if "if" not in keywords or "if" not in node:
+                    continue
+            elif keyword not in keywords:
+                continue
+            if keyword in ("$ref", "$dynamicRef"):
+                if isinstance(value, str):
+                    resolved = resolver.lookup(value)  # resolvable: _check_refs looked it up
+                    yield id(resolved.contents), _base_uri(resolved.resolver)
+                continue
+            if keyword not in _IN_PLACE:
+                continue
+            subschemas = value.values() if isinstance(value, dict) and keyword in _SCHEMA_MAPS \
+                else value if isinstance(value, list) else [value]
+            for subschema in subschemas:
+                if isinstance(subschema, dict):
+                    yield id(subschema), _base_uri(resolver.in_subresource(specification.create_resource(subschema)))
+
+    done: set[tuple[int, str]] = set()
+    for start in schemas:
+        if start in done:
+            continue
+        on_path = {start}
+        node, _, resolver = schemas[start]
+        walk: list[tuple[tuple[int, str], Iterator[tuple[int, str]]]] = [(start, in_place(node, resolver))]
+        while walk:
+            here, successors = walk[-1]
+            following = next(successors, None)
+            if following is None:
+                walk.pop()
+                on_path.discard(here)
+                done.add(here)
+                continue
+            if following in on_path:
+                pointer = json_pointer(schemas[here][1])
+                raise ContractError(
+                    f"tool {owner!r}: {which} refers back to itself at {pointer or '/'} without moving into a part "
+                    "of the value: validation would follow the reference for ever",
+                    code="invalid_schema",
+                    pointer=pointer,
+                    hint="a schema may refer back to itself only below properties, items or the like",
+                )
+            if following in done or following not in schemas:
+                continue
+            on_path.add(following)
+            node, _, resolver = schemas[following]
+            walk.append((following, in_place(node, resolver)))
 
 
 class _TooLarge(Exception):

@@ -9,6 +9,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import EchoTool, ToolsPlugin
 
 from amplifier_tools import ToolHost, ToolResult, amplifier_module, hookimpl
@@ -70,18 +71,22 @@ class FailingApprover:
         raise RuntimeError("the approval UI crashed")
 
 
-async def test_an_approval_that_fails_denies_also_for_a_module_configured_on_error_ignore(tmp_path: Path) -> None:
+@pytest.mark.parametrize("on_error", ["fail", "ignore"])
+async def test_an_approval_that_fails_denies_whatever_the_asking_modules_on_error(
+        tmp_path: Path, on_error: str) -> None:
     """The approval hook's failure passed for the asking module's own: under ``on_error = "ignore"``
-    the call ran without anyone approving it."""
+    the call ran without anyone approving it (such a module can no longer ask at all:
+    ``approval_unavailable``), and otherwise it failed as ``hook_failed`` naming the wrong plugin."""
     def ask(event: str, data: dict[str, Any]) -> dict[str, Any]:
         return {"action": "ask_user", "approval_prompt": "Allow this write?"}
 
     echo = EchoTool()
     async with host_with(tmp_path, ToolsPlugin(echo), HandlerPlugin(("tool:pre", ask)), FailingApprover(),
-                         config={"plugins": {"handlers": {"on_error": "ignore"}}}) as host:
+                         config={"plugins": {"handlers": {"on_error": on_error}}}) as host:
         result = await host.call("echo", {"path": "a"})
     assert echo.calls == []
-    assert not result.success and result.error["code"] == "approval_denied"
+    expected = "approval_denied" if on_error == "fail" else "approval_unavailable"
+    assert not result.success and result.error["code"] == expected
     assert result.error["handler"] == "ask"
 
 

@@ -40,7 +40,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from ..errors import AuthError, ConfigError
 from ..host import ToolHost
-from ..redaction import SecretSet, redact, redact_text
+from ..redaction import SecretSet, redact
 from ..secrets_table import EnvironmentSecrets
 from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
@@ -179,6 +179,30 @@ DRAIN_QUIET_S: Final = 0.25
 #: How much of a client-sent value ``_clip`` redacts: what it shows, and room for a secret that
 #: starts there to end (a secret longer than this that starts in the shown part is not found).
 REDACT_WINDOW: Final = MAX_FIELD_CHARS + 4096
+#: Characters searched past what is shown, for a secret that starts in the shown part to end.
+REDACT_ROOM: Final = REDACT_WINDOW - MAX_FIELD_CHARS
+
+
+def _redacted_head(text: str, show: int, secrets: SecretSet | None) -> str:
+    """``text`` redacted of ``secrets`` and credential shapes, whole when it is at most ``show +
+    REDACT_ROOM`` characters; else a head of at most its first ``show`` characters, redacted as
+    the whole text would be. (Found by attack: cut after a redaction, a credential-shaped run of
+    4,000 characters became ``[REDACTED]`` and brought into view the token that straddled the
+    searched window, unfound, whole with the unsearched rest appended, its head otherwise.) The
+    head is where the first ``show`` characters and the first ``show + REDACT_ROOM`` redact
+    alike: a secret crossing the ``show`` boundary is cut short in the one and redacted in the
+    other, and nothing past it is in the first."""
+    found = secrets if secrets is not None else ()
+    whole = str(redact(text[:show + REDACT_ROOM], secrets=found, patterns=True))
+    if len(text) <= show + REDACT_ROOM:
+        return whole
+    head = str(redact(text[:show], secrets=found, patterns=True))
+    same = 0
+    for ours, theirs in zip(head, whole, strict=False):
+        if ours != theirs:
+            break
+        same += 1
+    return head[:same]
 
 
 def _clip(value: Any, secrets: SecretSet | None) -> str | None:
@@ -189,7 +213,7 @@ def _clip(value: Any, secrets: SecretSet | None) -> str | None:
     if value is None:
         return None
     text = str(value)
-    shown = str(redact(text[:REDACT_WINDOW], secrets=secrets if secrets is not None else (), patterns=True))
+    shown = _redacted_head(text, MAX_FIELD_CHARS, secrets)
     if len(text) <= MAX_FIELD_CHARS and len(shown) <= MAX_FIELD_CHARS:
         return shown
     return shown[:MAX_FIELD_CHARS] + f"...[{len(text)} chars]"
@@ -446,11 +470,10 @@ class RefusalLogFilter(logging.Filter):
             return False
         message = record.getMessage()
         # redacted before it is cut (a token cut in two is no longer found), of the part shown only
-        shown = redact_text(message[:REDACT_WINDOW], self._secrets if self._secrets is not None else (),
-                            patterns=True) + message[REDACT_WINDOW:]
+        shown = _redacted_head(message, MAX_LOG_LINE_CHARS, self._secrets)
         text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in shown)
-        if len(text) > MAX_LOG_LINE_CHARS:
-            text = text[:MAX_LOG_LINE_CHARS] + f"...[{len(text)} chars]"
+        if len(text) > MAX_LOG_LINE_CHARS or len(shown) < len(message) > MAX_LOG_LINE_CHARS + REDACT_ROOM:
+            text = text[:MAX_LOG_LINE_CHARS] + f"...[{max(len(text), len(message))} chars]"
         if suppressed:
             text += f" ({suppressed} more such lines left out before this one)"
         record.msg, record.args = text, ()
