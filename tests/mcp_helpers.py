@@ -1,11 +1,16 @@
-"""Helpers for the MCP tests: fixture server config, process liveness."""
+"""Helpers for the MCP tests: fixture server config, process liveness, a host served over HTTP
+in the test's process and an SDK client session to it (the SDK is imported where used: these
+helpers are imported by tests that skip without it)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +58,44 @@ def wait_dead(pid: int, seconds: float = 5.0) -> bool:
 
 def read_pid(path: Path) -> int:
     return int(path.read_text())
+
+
+@asynccontextmanager
+async def served_http(cfg: dict[str, Any], builtins: tuple[str, ...] = ("filesystem", "audit", "mcp"), *,
+                      plugins: tuple[Any, ...] = (), freeze_heap: bool = False) -> AsyncIterator[str]:
+    """The URL of ``cfg``'s host (with ``builtins`` and ``plugins``) served over HTTP in this
+    process (``serve_http``, as ``serve-mcp --transport streamable-http`` does), until the block ends."""
+    from amplifier_tools import ToolHost
+    from amplifier_tools.mcp.http import serve_http
+    from amplifier_tools.mcp.server import serve_settings
+
+    async with ToolHost(config=cfg, plugins=list(plugins), builtins=list(builtins), entry_points=False,
+                        discover=False) as host:
+        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve_http(host, serve_settings(host), ready=url.set_result, stop=stop,
+                                              freeze_heap=freeze_heap))
+        done, _ = await asyncio.wait({url, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()  # raises what stopped the server
+        try:
+            yield url.result()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 30)
+
+
+@asynccontextmanager
+async def http_session(url: str, token: str | None) -> AsyncIterator[Any]:
+    """An initialized SDK ``ClientSession`` to ``url`` over Streamable HTTP, with ``token`` as its
+    bearer token (none: no ``Authorization`` header)."""
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers) as http, \
+            streamable_http_client(url, http_client=http) as streams, \
+            ClientSession(streams[0], streams[1]) as client:
+        await client.initialize()
+        yield client

@@ -10,8 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +19,10 @@ pytest.importorskip("mcp")
 
 import httpx2
 import mcp_types
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_helpers import REPO
+from mcp_helpers import http_session as session
+from mcp_helpers import served_http as served
 
 from amplifier_tools import ToolHost
 from amplifier_tools.errors import ConfigError, PluginLoadError
@@ -54,35 +52,6 @@ def config(tmp_path: Path, **serve: Any) -> dict[str, Any]:
 def tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_ALICE_TOKEN", ALICE)
     monkeypatch.setenv("TEST_BOB_TOKEN", BOB)
-
-
-@asynccontextmanager
-async def served(cfg: dict[str, Any], builtins: tuple[str, ...] = ("filesystem", "audit", "mcp"), *,
-                 freeze_heap: bool = False) -> AsyncIterator[str]:
-    """The URL of ``cfg``'s host served over HTTP in this process, until the block ends."""
-    async with ToolHost(config=cfg, builtins=list(builtins), entry_points=False, discover=False) as host:
-        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        stop = asyncio.Event()
-        task = asyncio.create_task(serve_http(host, serve_settings(host), ready=url.set_result, stop=stop,
-                                              freeze_heap=freeze_heap))
-        done, _ = await asyncio.wait({url, task}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            task.result()  # raises what stopped the server
-        try:
-            yield url.result()
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 30)
-
-
-@asynccontextmanager
-async def session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with httpx2.AsyncClient(headers=headers) as http, \
-            streamable_http_client(url, http_client=http) as streams, \
-            ClientSession(streams[0], streams[1]) as client:
-        await client.initialize()
-        yield client
 
 
 def build_http_app(cfg: dict[str, Any]) -> None:

@@ -26,12 +26,10 @@ import pytest
 pytest.importorskip("mcp")
 
 import httpx2
-from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
+from mcp_helpers import http_session as session
+from mcp_helpers import served_http as served
 
 from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
-from amplifier_tools.mcp.http import serve_http
-from amplifier_tools.mcp.server import serve_settings
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef-bob"
@@ -52,34 +50,6 @@ def config(tmp_path: Path, **serve: Any) -> dict[str, Any]:
             "plugins": {"audit": {"path": str(tmp_path / "audit.jsonl")},
                         "mcp": {"serve": {"transport": "streamable-http", "port": 0, "clients": clients,
                                           "tools": ["*"], **serve}}}}
-
-
-@asynccontextmanager
-async def served(cfg: dict[str, Any], *plugins: Any) -> AsyncIterator[str]:
-    """The URL of ``cfg``'s host (with ``plugins``) served over HTTP in this process, until the block ends."""
-    async with ToolHost(config=cfg, plugins=plugins, builtins=["audit", "mcp"], entry_points=False,
-                        discover=False) as host:
-        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        stop = asyncio.Event()
-        task = asyncio.create_task(serve_http(host, serve_settings(host), ready=url.set_result, stop=stop))
-        waiting: set[asyncio.Future[Any]] = {url, task}
-        done, _ = await asyncio.wait(waiting, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            task.result()
-        try:
-            yield url.result()
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 30)
-
-
-@asynccontextmanager
-async def session(url: str, token: str) -> AsyncIterator[ClientSession]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http, \
-            streamable_http_client(url, http_client=http) as streams, \
-            ClientSession(streams[0], streams[1]) as client:
-        await client.initialize()
-        yield client
 
 
 class _Reporter:
@@ -110,7 +80,8 @@ async def test_a_progress_message_reaches_the_client_without_the_hosts_secrets(t
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         received.append(message)
 
-    async with served(config(tmp_path), _ReporterPlugin()) as url, session(url, ALICE) as alice:
+    async with served(config(tmp_path), ("audit", "mcp"), plugins=(_ReporterPlugin(),)) as url, \
+            session(url, ALICE) as alice:
         result = await alice.call_tool("report", {}, progress_callback=on_progress)
     text = result.content[0].text  # type: ignore[union-attr]
     assert not result.is_error and BOB not in text and "[REDACTED]" in text  # the result, as it always was
@@ -126,7 +97,7 @@ async def test_a_token_in_a_refused_origin_or_host_is_not_logged(tmp_path: Path,
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {ALICE}", header: value}
     with caplog.at_level("WARNING", logger="mcp.server.transport_security"):
-        async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        async with served(config(tmp_path), ("audit", "mcp")) as url, httpx2.AsyncClient() as http:
             refused = await http.post(url, json=initialize, headers=headers)
     assert refused.status_code == (403 if header == "Origin" else 421)
     lines = [r.getMessage() for r in caplog.records if r.name == "mcp.server.transport_security"]
