@@ -3,20 +3,21 @@
 Exit statuses fit scripts: 0 success; 1 a tool execution failure, a failed
 ``validate`` or an internal error; 2 usage or configuration error; 3 contract
 error; 4 policy or auth failure; 130 interrupted; 141 stdout closed early (as
-with ``| head``). Errors print one line and a hint line on stderr;
+with ``| head``); 143 terminated (SIGTERM). Errors print one line and a hint line on stderr;
 ``--verbose`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import functools
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from . import __version__
 
@@ -39,6 +40,7 @@ EXIT_USAGE = 2
 EXIT_CONTRACT = 3
 EXIT_POLICY = 4
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, what a shell reports for a process ended by it
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process killed by SIGPIPE
 #: The built-in bash tool (``builtins/bash/tool.py``), named here so a hint needs no import of it.
 BASH_TOOL = "local::bash"
@@ -65,8 +67,36 @@ class CommandError(Exception):
 class UsageParser(argparse.ArgumentParser):
     """argparse, with usage errors in the CLI's shape: one line, then a hint."""
 
+    #: Whether the command line asked for ``--json`` (``main`` sets it before parsing): a usage error then
+    #: also prints ``{"error": ...}`` on stdout, as every other failure does (found by attack: ``call TOOL
+    #: '{}' --json --bogus`` left stdout empty).
+    json_requested = False
+
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"error: {message}\nhint: see '{self.prog} --help'\n")
+        hint = f"see '{self.prog} --help'"
+        if UsageParser.json_requested:
+            print(json.dumps({"error": {"type": "UsageError", "message": message, "hint": hint,
+                                        "exit_status": EXIT_USAGE}}, ensure_ascii=False))
+        self.exit(EXIT_USAGE, f"error: {printable(message)}\nhint: {hint}\n")
+
+
+def printable(text: object, keep: str = "") -> str:
+    """``text`` for a terminal: control and other unprintable characters escaped, except those in
+    ``keep`` (found by attack: a plugin's description, or its mount failure's message, printed raw by
+    ``describe``, ``validate`` or an ``error:`` line, and a tool name a model chose printed by ``audit
+    tail``, could retitle or clear the operator's terminal, or hide lines)."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _config_file(value: str) -> str:
+    """``--config``: a file name (found by attack: ``--config "$UNSET"`` silently used the discovered
+    configuration instead, the workspace's own ``amplifier-tools.toml``)."""
+    if not value:
+        raise argparse.ArgumentTypeError("an empty file name; name the configuration file, or leave --config out")
+    return value
 
 
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -77,7 +107,7 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="amplifier-tools", description="Run AI agents' tool calls under a contract."
     )
     parser.add_argument("--version", action="store_true", help="print versions of the package and its plugins")
-    parser.add_argument("--config", help="config file (TOML, pyproject.toml or mount-plan YAML)")
+    parser.add_argument("--config", type=_config_file, help="config file (TOML, pyproject.toml or mount-plan YAML)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log details; show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -114,10 +144,10 @@ def _parser(only: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser("call", help="run one call through the whole pipeline")
         p.add_argument("tool")
         p.add_argument("arguments", nargs="?", default="{}", help="JSON object, or - to read it from stdin")
-        p.add_argument("--principal")
-        p.add_argument("--role")
-        p.add_argument("--environment")
-        p.add_argument("--scope", action="append", default=[], help="grant a scope (repeatable)")
+        p.add_argument("--principal", type=_named)
+        p.add_argument("--role", type=_named)
+        p.add_argument("--environment", type=_named)
+        p.add_argument("--scope", type=_named, action="append", default=[], help="grant a scope (repeatable)")
         p.add_argument("--idempotency-key", type=_idempotency_key,
                        help="replay the stored result of an earlier call with this key and these arguments "
                             "(kept in <state_dir>/policy.sqlite3 unless [plugins.policy] store says otherwise)")
@@ -173,7 +203,19 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transport", choices=("stdio", "streamable-http"),
                         help="stdio (default) or streamable-http (endpoint /mcp; clients need bearer tokens)")
     parser.add_argument("--host", help="address to listen on with streamable-http (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port to listen on with streamable-http (default 8765; 0: any free)")
+    parser.add_argument("--port", type=_port, help="port to listen on with streamable-http (default 8765; 0: any free)")
+
+
+def _port(value: str) -> int:
+    """``--port``: 0 to 65535, refused as a usage error with its hint (found by attack: ``--port 99999``
+    printed an ``error:`` line without one)."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port}: a TCP port is 0 to 65535 (0: any free port)")
+    return port
 
 
 def serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -276,15 +318,36 @@ def _distribution(info: PluginInfo) -> tuple[str | None, str | None]:
 
 
 def _table(rows: list[list[str]]) -> str:
-    """Aligned columns; the last column is not padded."""
+    """Aligned columns; the last column is not padded; cells escaped for a terminal (``printable``)."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "\n".join(
         "  ".join([*(row[i].ljust(width) for i, width in enumerate(widths)), row[-1]]).rstrip() for row in rows
     )
 
 
+def _stdout_to_stderr() -> contextlib.redirect_stdout[TextIO]:
+    """While plugins' and tools' code runs (import, mount, a call, shutdown), what it prints goes to
+    stderr: stdout is the command's own output (found by attack: a module's ``print`` at import, in
+    ``mount`` or ``execute`` came before the JSON of ``schema``, ``list --json``, ``call --json`` and
+    ``validate --json``, so a script could not parse it)."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+@contextlib.asynccontextmanager
+async def _started(host: ToolHost) -> AsyncIterator[ToolHost]:
+    """``async with host``, with what the plugins print at start and close sent to stderr."""
+    with _stdout_to_stderr():
+        await host.start()
+    try:
+        yield host
+    finally:
+        with _stdout_to_stderr():
+            await host.close()
+
+
 async def _run(args: argparse.Namespace) -> int:
-    async with _host(args, runs_calls=args.command == "call") as host:
+    async with _started(_host(args, runs_calls=args.command == "call")) as host:
         infos = {info.name: info for info in host.plugins}
         if args.command == "list":
             rows: list[dict[str, Any]] = []
@@ -356,21 +419,32 @@ def _readable(data: dict[str, Any], indent: str = "") -> str:
             lines.append(f"{indent}{key}:")
             lines.append(_readable(value, indent + "  "))
         elif isinstance(value, list):
-            lines.append(f"{indent}{key}: {', '.join(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)}")
-        else:
-            lines.append(f"{indent}{key}: {value}")
+            items = ", ".join(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)
+            lines.append(f"{indent}{key}: {printable(items)}")
+        else:  # a description's lines stay lines; nothing else of a plugin's text reaches the terminal raw
+            lines.append(f"{indent}{key}: {printable(value, keep=chr(10))}")
     return "\n".join(line for line in lines if line.strip())
 
 
 async def _call(host: ToolHost, args: argparse.Namespace) -> int:
     from .models import ToolContext
 
-    raw = sys.stdin.read() if args.arguments == "-" else args.arguments
+    hint = 'pass a JSON object, e.g. \'{"path": "README.md"}\''
+    raw = _read_stdin(hint) if args.arguments == "-" else args.arguments
+    if not raw.strip():
+        raise CommandError("arguments are empty" + (" (stdin gave nothing)" if args.arguments == "-" else ""),
+                           hint=hint, status=EXIT_CONTRACT)
     try:
-        arguments = json.loads(raw)
+        arguments = json.loads(raw, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise CommandError(f"arguments are not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
-                           hint='pass a JSON object, e.g. \'{"path": "README.md"}\'', status=EXIT_CONTRACT) from None
+                           hint=hint, status=EXIT_CONTRACT) from None
+    except _DuplicateKey as exc:
+        raise CommandError(f"arguments are ambiguous: the key {exc.args[0]!r} appears more than once in an object",
+                           hint=hint + ", each key once", status=EXIT_CONTRACT) from None
+    except RecursionError:  # found by attack: 5,000 nested arrays ended as an internal error, exit 1
+        raise CommandError("arguments are nested too deeply to parse",
+                           hint=hint + ", nested at most a few hundred levels", status=EXIT_CONTRACT) from None
     base = host.default_context
     context = ToolContext(
         principal=args.principal or base.principal,
@@ -381,11 +455,52 @@ async def _call(host: ToolHost, args: argparse.Namespace) -> int:
         idempotency_key=args.idempotency_key,
         session_id=base.session_id,
     )
-    result = await host.call(args.tool, arguments, context=context)
+    with _stdout_to_stderr():
+        result = await host.call(args.tool, arguments, context=context)
     _print_result(result, as_json=args.json, verbose=args.verbose, tool=args.tool)
     if result.success:
         return EXIT_OK
     return _EXIT_BY_CATEGORY.get((result.error or {}).get("type", ""), EXIT_EXECUTION)
+
+
+def _read_stdin(hint: str) -> str:
+    """The arguments ``-`` names (found by attack: with stdin closed, ``<&-``, the call ended in an
+    ``AttributeError`` reported as an internal error)."""
+    if sys.stdin is None:
+        raise CommandError("arguments '-' name stdin, which is closed", hint=hint + ", on stdin or as ARGS_JSON",
+                           status=EXIT_USAGE)
+    try:
+        return sys.stdin.read()
+    except OSError as exc:
+        raise CommandError(f"arguments '-': cannot read stdin: {exc.strerror or exc}", hint=hint,
+                           status=EXIT_USAGE) from None
+
+
+class _DuplicateKey(Exception):
+    """A JSON object of the arguments names a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' objects, refusing a repeated key (found by attack: ``{"path": "a", "path": "b"}``
+    silently ran on ``b``; which one a reader keeps differs between parsers, so what a user reviewed
+    need not be what runs)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return data
+
+
+def _named(value: str) -> str:
+    """``--principal``, ``--role``, ``--environment``, ``--scope``: a name (found by attack: an empty
+    ``--principal`` silently ran the call as the configured principal, an empty ``--scope`` granted
+    the scope ``''``)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty; leave the option out to keep the configured value")
+    return value
 
 
 def _idempotency_key(value: str) -> str:
@@ -493,7 +608,7 @@ def _print_output(result: ToolResult) -> None:
 
 
 async def _loaded_plugins(args: argparse.Namespace) -> list[PluginInfo]:
-    async with _host(args, runs_calls=False) as host:
+    async with _started(_host(args, runs_calls=False)) as host:
         return list(host.plugins)
 
 
@@ -516,12 +631,13 @@ def _validate(args: argparse.Namespace) -> int:
     # The same configuration as every other command: the plugin is mounted with its own section.
     path: str | Path | None = args.config or discover_config_file()
     config = load_config_file(path) if path is not None else None
-    report = check_target(args.target, run_examples=not args.no_run, config=config)
+    with _stdout_to_stderr():  # the target's own prints (at import, in mount, its examples)
+        report = check_target(args.target, run_examples=not args.no_run, config=config)
     if args.json:
         print(json.dumps({"target": report.target, "ok": report.ok, "config": str(path) if path else None,
                           "checks": [_data(c) for c in report.checks]}, indent=2))
     else:
-        print(report.render())
+        print("\n".join(printable(line) for line in report.render().splitlines()))
     if report.ok:
         return EXIT_OK
     failed = [check for check in report.checks if not check.passed and not check.warning]
@@ -585,7 +701,7 @@ def _version(args: argparse.Namespace) -> int:
     try:
         infos = asyncio.run(_loaded_plugins(args))
     except (ConfigError, PluginLoadError) as exc:
-        print(f"  (plugins not loaded: {exc})")
+        print(f"  (plugins not loaded: {printable(exc)})")
         return EXIT_OK
     for info in infos:
         dist, version = _distribution(info)
@@ -621,7 +737,45 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_serve(args.config, args.working_dir, serve_overrides(args), report=False)
     import asyncio
 
-    return asyncio.run(_run(args))
+    return asyncio.run(_cancel_on_sigterm(_run(args)))
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived while the host ran: the command's task was cancelled (``_cancel_on_sigterm``)."""
+
+
+async def _cancel_on_sigterm(command: Coroutine[Any, Any, int]) -> int:
+    """Run ``command``; a SIGTERM cancels it, as Ctrl-C does, and ends in ``_Terminated`` (found by
+    attack: SIGTERM during ``call`` killed the process outright, so a ``bash`` command's process group
+    outlived it with ``sandbox = "off"``, and no audit record said the call had been cut)."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signal handlers here (Windows, a thread)
+        return await command
+    try:
+        status = await command
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+    if terminated:  # a cancellation the command finished despite
+        raise _Terminated
+    return status
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -633,6 +787,11 @@ def _main(args: argparse.Namespace) -> int:
         return _dispatch(args)
     except CommandError as exc:
         return _failed(args, "CommandError", str(exc), exc.hint or VERBOSE_HINT, exc.status)
+    except _Terminated:
+        return _failed(args, "Terminated", "terminated (SIGTERM)",
+                       "a call that was running was cancelled: its processes ended and the audit log records it "
+                       "('amplifier-tools audit tail')",
+                       EXIT_TERMINATED)
     except (ConfigError, PluginLoadError) as exc:
         if args.verbose:
             traceback.print_exc()
@@ -651,8 +810,8 @@ def _failed(args: argparse.Namespace, kind: str, message: str, hint: str, status
     """Report a command that failed before it had a result: ``error:`` and ``hint:`` on stderr,
     and with ``--json`` also ``{"error": {"type", "message", "hint", "exit_status"}}`` on stdout,
     so a script reading stdout always gets JSON."""
-    print(f"error: {message}", file=sys.stderr)
-    print(f"hint: {hint}", file=sys.stderr)
+    print(f"error: {printable(message)}", file=sys.stderr)
+    print(f"hint: {printable(hint)}", file=sys.stderr)
     if getattr(args, "json", False):
         print(json.dumps({"error": {"type": kind, "message": message, "hint": hint, "exit_status": status}},
                          ensure_ascii=False))
@@ -674,7 +833,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit, ``atexit`` handlers run and the standard streams are flushed; only cyclic garbage left at
     exit is not collected (Python does not promise ``__del__`` for what still exists at exit either).
     Called with ``argv`` (in a process that goes on), the collector is left alone."""
-    parser = _parser(_command_named(sys.argv[1:] if argv is None else argv))
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser(_command_named(words))
+    options = words[:words.index("--")] if "--" in words else words
+    UsageParser.json_requested = any(word.startswith("--j") and "--json".startswith(word) for word in options)
     # ``audit`` hands the rest of the line to its own parser; argparse's REMAINDER does not take
     # a leading option (``audit -h``), so those come back as extras and are passed on first.
     args, extras = parser.parse_known_args(argv)
@@ -709,4 +871,8 @@ def _run_main(args: argparse.Namespace) -> int:
         return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
+        if getattr(args, "json", False):  # stdout stays JSON, as on every failure (found by attack: empty)
+            print(json.dumps({"error": {"type": "Interrupted", "message": "interrupted",
+                                        "hint": "a call that was running was cancelled and the audit log records it",
+                                        "exit_status": EXIT_INTERRUPTED}}))
         return EXIT_INTERRUPTED

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Sequence
 from pathlib import Path
 
-from ...cli import UsageParser
+from ...cli import UsageParser, printable
 from .chain import (
     Anchor,
     UnreadableLog,
@@ -63,20 +63,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _count(text: str) -> int:
-    """``-n``: a whole number, 0 or more (found by attack: ``-n -1`` ended in a ValueError)."""
-    if not text.isdigit():
+    """``-n``: a whole number, 0 or more (found by attack: ``-n -1`` ended in a ValueError, and
+    ``-n 99999999999999999999`` in an OverflowError reported as an internal error)."""
+    if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of records (0 or more)")
+    if int(text) > sys.maxsize:
+        raise argparse.ArgumentTypeError(f"{text}: more records than a log can hold (at most {sys.maxsize})")
     return int(text)
-
-
-def _shown(value: object) -> str:
-    """``value`` as text for a terminal: control and other unprintable characters escaped (found by
-    attack: a tool name a model chose, ``\\x1b]2;...\\x07\\x1b[2J``, was printed raw by ``tail`` and
-    ``stats``, so a record could retitle, clear or hide lines of the operator's terminal)."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _key(value: object) -> str | None:
@@ -154,9 +147,9 @@ def _verify(args: argparse.Namespace, path: Path) -> int:
     key = None
     if args.key_env is not None:
         value = os.environ.get(args.key_env)
-        if not value:
-            print(f"error: --key-env {args.key_env}: the variable is not set", file=sys.stderr)
-            return 2
+        if not value:  # found by attack: no hint line, and stdout empty with --json
+            return _failed(args, f"--key-env {args.key_env!r}: the variable is not set (or empty)",
+                           "set it to the checkpoint HMAC key, or leave --key-env out to check the chain only")
         key = value.encode()
     head: Anchor | None = None
     problem = None
@@ -199,7 +192,7 @@ def _verify(args: argparse.Namespace, path: Path) -> int:
                   "the last one are covered by the hash chain only")
     else:
         at = f"{report.bad_file}:{report.bad_line}" if report.bad_line else str(report.bad_file or path)
-        print(f"TAMPERED: {_shown(at)}: {_shown(reason)} ({report.records} records verified before it)")
+        print(f"TAMPERED: {printable(at)}: {printable(reason)} ({report.records} records verified before it)")
     return 0 if ok else 1
 
 
@@ -207,13 +200,14 @@ def tail_line(record: dict[str, object]) -> str:
     """One record as a line for people: time, status, tool, duration, principal, and the error."""
     if record.get("kind") != "call":  # tamper, recovered, rotated: their fields as they are
         rest = {k: v for k, v in record.items() if k not in ("v", "kind", "ts", "prev", "hash")}
-        return f"{_shown(record.get('ts', '-'))}  {_shown(record.get('kind', '?'))}  {json.dumps(rest, sort_keys=True)}"
-    line = (f"{_shown(record.get('ts', '-'))}  {_shown(record.get('status', '?')):<5}  "
-            f"{_shown(record.get('tool', '?'))}  {_shown(record.get('duration_ms', 0))} ms  "
-            f"{_shown(record.get('principal', '-'))}")
+        kind = printable(record.get("kind", "?"))
+        return f"{printable(record.get('ts', '-'))}  {kind}  {json.dumps(rest, sort_keys=True)}"
+    line = (f"{printable(record.get('ts', '-'))}  {printable(record.get('status', '?')):<5}  "
+            f"{printable(record.get('tool', '?'))}  {printable(record.get('duration_ms', 0))} ms  "
+            f"{printable(record.get('principal', '-'))}")
     error = record.get("error")
     if isinstance(error, dict):
-        line += f"  {_shown(error.get('type'))}[{_shown(error.get('code'))}]: {_shown(error.get('message'))}"
+        line += f"  {printable(error.get('type'))}[{printable(error.get('code'))}]: {printable(error.get('message'))}"
     return line
 
 
@@ -241,8 +235,8 @@ def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int
         if args.command == "verify":
             print(f"TAMPERED: {path}: the log is not a regular file (a FIFO or device was put in its place)")
             return 1
-        print(f"error: {path}: not a regular file or directory", file=sys.stderr)
-        return 2
+        return _failed(args, f"{printable(path)}: not a regular file or directory",
+                       "give the path of an audit log file, or of the directory that holds it")
     if args.command == "verify":
         return _verify(args, path)
     args.path = str(path)
@@ -261,9 +255,9 @@ def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int
         print(f"calls {data['calls']}, errors {data['errors']} ({data['error_rate']:.1%}); "
               f"latency p50 {latency['p50']:.2f} ms, p95 {latency['p95']:.2f} ms, p99 {latency['p99']:.2f} ms")  # type: ignore[index]
         for category, count in sorted(data["errors_by_category"].items(), key=str):  # type: ignore[attr-defined]
-            print(f"  {_shown(category)}: {count}")
+            print(f"  {printable(category)}: {count}")
         for tool, row in data["by_tool"].items():  # type: ignore[attr-defined]
-            print(f"  {_shown(tool)}: {row['calls']} calls, {row['error_rate']:.1%} errors")
+            print(f"  {printable(tool)}: {row['calls']} calls, {row['error_rate']:.1%} errors")
     return 0
 
 
