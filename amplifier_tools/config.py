@@ -283,7 +283,11 @@ def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | No
             raise ConfigError(f"not valid TOML: {exc}", file=file) from None
         if p.name == "pyproject.toml":
             section = pyproject_section(data, file)
-            data = {} if section is None else section
+            if section is None:  # found by attack: --config pyproject.toml without one ran on the defaults
+                raise ConfigError("has no [tool.amplifier-tools] table: nothing in it configures this host",
+                                  file=file, hint="add a [tool.amplifier-tools] table to it, or name an "
+                                  "amplifier-tools.toml (--config or AMPLIFIER_TOOLS_CONFIG)")
+            data = section
     used: set[str] = set() if substituted is None else substituted
     checked: dict[str, Any] = validate_config(_substitute(data, file, "", used), file=file)
     return checked

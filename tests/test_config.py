@@ -241,3 +241,14 @@ def test_otel_without_opentelemetry_hints_the_install_not_the_key(monkeypatch: p
         ToolTelemetry()
     assert caught.value.key == "plugins.audit.otel"
     assert caught.value.hint == "pip install 'amplifier-tools[otel]', or set plugins.audit.otel = false"
+
+
+def test_a_pyproject_named_without_our_table_is_refused_not_run_on_the_defaults(tmp_path: Path) -> None:
+    """Found by attack: ``--config pyproject.toml`` (or ``AMPLIFIER_TOOLS_CONFIG``) naming a file
+    without ``[tool.amplifier-tools]`` ran the host on its defaults without a word."""
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"\n')
+    with pytest.raises(ConfigError, match=r"has no \[tool.amplifier-tools\] table") as info:
+        load_config_file(pyproject)
+    assert info.value.file == str(pyproject)
+    assert info.value.hint is not None and "amplifier-tools.toml" in info.value.hint
