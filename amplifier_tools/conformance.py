@@ -238,6 +238,9 @@ async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run
         except (PluginLoadError, ConfigError) as exc:
             cause = _missing_config(exc)
             message = str(exc)
+            own_hint = exc.hint or (cause.hint if cause is not None else None)
+            if own_hint:  # the plugin's own hint (hooks.md: ``hint=`` on the typed error raised)
+                message += f" (hint: {own_hint})"
             if cause is not None and cause.key:
                 where = f"[plugins.{candidate.name}]"
                 if section or candidate.seed_config:

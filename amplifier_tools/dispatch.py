@@ -29,7 +29,7 @@ import pluggy
 from ._json import fingerprint, same_json
 from .errors import ERROR_CLASSES, ContractError, ToolError, ToolSystemError
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
-from .redaction import redact_text
+from .redaction import chain_without_secrets, redact_text
 
 log = logging.getLogger("amplifier_tools")
 
@@ -499,15 +499,24 @@ class HookDispatcher:
                               self.secrets, patterns=False), file=sys.stderr)
         return HookFailure(impl, hook, exc, self.secrets)
 
+    def _log_traceback(self, failure: HookFailure) -> None:
+        """Where an implementation raised, for its author: logged at INFO (``--verbose``), the
+        host's secrets out of it; not for a timeout or a typed error the plugin meant to raise."""
+        cause = failure.cause
+        if not isinstance(cause, (TimeoutError, ToolError)) and log.isEnabledFor(logging.INFO):
+            log.info("traceback of %s", failure, exc_info=chain_without_secrets(cause, self.secrets))
+
     def _failed(self, failure: HookFailure, context: ToolContext) -> ToolError | None:
         """Record a hook failure; the error to fail the call with, or None when fail-open."""
         impl, hook = failure.impl, failure.hook
         timed_out = isinstance(failure.cause, TimeoutError)
         if impl.fail_open:
             log.warning("%s (ignored: plugin is configured on_error='ignore')", failure)
+            self._log_traceback(failure)
             context.record(impl.plugin, hook, "ignored_failure", str(failure))
             return None
         log.error("%s", failure)
+        self._log_traceback(failure)
         context.record(impl.plugin, hook, "failed", str(failure))
         if isinstance(failure.cause, ToolError):  # a typed refusal keeps its category and code
             typed = failure.cause
@@ -687,6 +696,7 @@ class HookDispatcher:
                 out = await self._invoke(impl, "tool_error", kwargs)
             except HookFailure as failure:
                 log.error("%s (the original error stands)", failure)
+                self._log_traceback(failure)
                 context.record(impl.plugin, "tool_error", "failed", str(failure))
                 continue
             if isinstance(out, Deny):
@@ -768,6 +778,7 @@ class HookDispatcher:
                 await self._invoke(impl, "tool_event", {"event": event, "data": data})
             except HookFailure as failure:
                 log.error("%s", failure)
+                self._log_traceback(failure)
 
     async def mount(self, plugin: Any, coordinator: Any, config: dict[str, Any]) -> Any:
         """Call one plugin's own ``mount`` implementation (not the whole hook)."""

@@ -546,8 +546,13 @@ class ToolHost:
         loaded = {info.name for info in self.plugins} | {f.name for f in self.failed_plugins} | self._disabled()
         for name in self.config.get("plugins", {}):
             if name not in loaded:
+                hint = did_you_mean(name, loaded)
+                from_code = sorted(info.name for info in self.plugins if info.source == "code")
+                if hint is None and from_code:
+                    hint = ("a plugin passed in code goes by its 'name' attribute, else its module's or class's "
+                            f"name, not its entry point's (from code: {', '.join(from_code)})")
                 raise ConfigError(f"names no installed plugin (loaded: {', '.join(sorted(loaded))})",
-                                  key=f"plugins.{name}", file=self.config_file, hint=did_you_mean(name, loaded))
+                                  key=f"plugins.{name}", file=self.config_file, hint=hint)
 
     def _make_state_dir(self, path: Path | None = None) -> None:
         """Create ``state_dir`` (or ``path``, the trust record's) 0700, or stop the start naming the
@@ -591,9 +596,15 @@ class ToolHost:
         for root in sorted(set(self._writable_now())):
             for entry in self.protected_paths.inside(root):
                 if entry.key is not None:
+                    hint = None
+                    if entry.key == "state_dir" and self.config.get("state_dir") is None:
+                        hint = ("state_dir is not configured: its default lies under $XDG_STATE_HOME "
+                                "(~/.local/state when unset); point XDG_STATE_HOME or state_dir outside "
+                                f"{root}, or run from another working directory")
                     raise ConfigError(
                         f"{entry.path} ({entry.reason}) lies inside {root}, which tools may write; "
-                        "host state must live outside every writable root", key=entry.key, file=self.config_file)
+                        "host state must live outside every writable root", key=entry.key, file=self.config_file,
+                        hint=hint)
 
     def _make_default_context(self) -> ToolContext:
         ctx = self.config.get("context", {})

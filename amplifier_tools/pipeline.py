@@ -41,7 +41,7 @@ from .content import withhold_redacted
 from .dispatch import HookDispatcher, finish_despite_cancel, first_step, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
 from .models import Decision, ToolCall, ToolContext, ToolResult
-from .redaction import SecretSet, redact
+from .redaction import SecretSet, chain_without_secrets, redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
 from .retry import retry_allowed, run_with_retries
@@ -304,6 +304,10 @@ class CallPipeline:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if not isinstance(exc, ToolError) and log.isEnabledFor(logging.INFO):
+                # Where it raised, for the tool's author: shown by ``--verbose`` (INFO), secrets out.
+                log.info("traceback of tool %r", mounted.spec.name,
+                         exc_info=chain_without_secrets(exc, self.secrets))
             raise error_from_exception(exc, mounted.spec.name) from exc
         return normalize_result(raw, mounted.spec.name)
 
