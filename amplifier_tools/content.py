@@ -52,11 +52,12 @@ def base64_size(data: Any) -> int:
 
 
 def _clip(text: str, limit: int = 200, secrets: Collection[str] | SecretSet = ()) -> str:
-    """``text`` on one line, cut at ``limit``; ``secrets`` are redacted before it is cut (cut first,
-    a secret's head would no longer be the secret a later redaction finds)."""
-    text = " ".join(text.split())
-    if len(text) > limit and secrets:
+    """``text`` on one line, cut at ``limit``; ``secrets`` are redacted first, before its whitespace
+    is folded and before it is cut (either way a secret would no longer be the secret a later
+    redaction finds: its head, or a secret holding a line break or two spaces, folded)."""
+    if secrets:
         text = redact_text(text, secrets, patterns=False)
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit] + "…"
 
 

@@ -277,3 +277,15 @@ def test_a_refusal_events_field_never_shows_the_head_of_a_token_the_window_cut()
     secrets.add(TOKEN)
     shown = _clip(_straddling(REDACT_WINDOW), secrets)
     assert shown is not None and TOKEN[:8] not in shown and shown.startswith("Invalid Host header: [REDACTED]")
+
+
+def test_a_secret_holding_whitespace_is_redacted_before_a_rendered_block_folds_it() -> None:
+    """``_clip`` folded whitespace before it redacted (and redacted only what it cut): a secret
+    holding a line break or two spaces came out folded, which no later redaction finds."""
+    from amplifier_tools.content import render_block
+
+    secret = "line-one-secret\nline-two  secret-0123456789"
+    block = {"type": "resource_link", "uri": "file:///x", "name": "x", "description": f"see {secret} here"}
+    shown = render_block(block, {secret})
+    assert "line-one-secret" not in shown and "secret-0123456789" not in shown, shown
+    assert "[REDACTED]" in shown
