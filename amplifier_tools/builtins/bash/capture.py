@@ -9,6 +9,13 @@ Spill files are host state: ``open_spill_files`` creates them with ``O_EXCL`` an
 ``O_NOFOLLOW`` relative to a descriptor of the spill directory (``hoststate``), so a
 spill directory swapped for a symlink, or a name planted in advance as a symlink or
 FIFO, fails the call before anything runs instead of making the host write elsewhere.
+
+A spill file that cannot be written once the command runs (the disk holding ``spill_dir`` full:
+``ENOSPC``) stops spilling, not capturing: the call returns its head and tail as usual, the file
+stays (incomplete) and ``<stream>_file_error`` says why and after how many bytes (found by attack:
+the ``OSError`` escaped the pipe callback at every chunk, the capture stopped keeping the tail,
+and closing the file failed the call as an untyped ``tool_raised`` after the command had run,
+leaving the other stream's file open).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from ...hoststate import ensure_state_dir, open_host_dir, open_host_file
 class StreamCapture:
     """Head + tail of one stream, bounded by ``limit`` bytes; counts the total."""
 
-    __slots__ = ("head", "head_limit", "limit", "spill", "spill_path", "tail", "tail_limit", "total")
+    __slots__ = ("head", "head_limit", "limit", "spill", "spill_error", "spill_path", "tail", "tail_limit", "total")
 
     def __init__(self, limit: int, spill: tuple[str, BinaryIO] | None = None) -> None:
         self.limit = limit
@@ -34,11 +41,15 @@ class StreamCapture:
         self.total = 0
         self.spill_path: str | None = spill[0] if spill is not None else None
         self.spill: BinaryIO | None = spill[1] if spill is not None else None
+        self.spill_error: str | None = None
 
     def feed(self, chunk: bytes) -> None:
         self.total += len(chunk)
         if self.spill is not None:
-            self.spill.write(chunk)
+            try:
+                self.spill.write(chunk)
+            except OSError as exc:
+                self._spill_failed(exc)
         room = self.head_limit - len(self.head)
         if room > 0:
             self.head += chunk[:room]
@@ -62,12 +73,32 @@ class StreamCapture:
         if not self.truncated:
             return head + self.tail.decode("utf-8", "replace")
         omitted = self.total - len(self.head) - len(self.tail)
-        where = f"; the full output is in {self.spill_path}" if self.spill_path else ""
+        where = f"; the full output is in {self.spill_path}" if self.spill_path and not self.spill_error else ""
         return (f"{head}\n[... {omitted} bytes omitted{where} ...]\n"
                 + self.tail.decode("utf-8", "replace"))
 
+    def _spill_failed(self, exc: OSError) -> None:
+        """Stop spilling: note why and how much the file holds, keep it, close it (never raises)."""
+        spill, self.spill = self.spill, None
+        if spill is None:
+            return
+        try:
+            held = f"{os.fstat(spill.fileno()).st_size} of the {self.total} bytes so far"
+        except OSError:
+            held = "an unknown part"
+        self.spill_error = f"{exc.strerror or exc}; it holds {held}"
+        try:
+            spill.close()  # the buffered rest cannot be written either; the descriptor is closed anyway
+        except OSError:
+            pass
+
     def close(self) -> None:
         if self.spill is not None:
+            try:
+                self.spill.flush()  # the buffered rest: may meet the full disk too
+            except OSError as exc:
+                self._spill_failed(exc)
+                return
             self.spill.close()
             self.spill = None
 
@@ -75,6 +106,8 @@ class StreamCapture:
         out: dict[str, Any] = {name: self.text(), f"{name}_bytes": self.total, f"{name}_truncated": self.truncated}
         if self.spill_path:
             out[f"{name}_file"] = self.spill_path
+            if self.spill_error is not None:
+                out[f"{name}_file_error"] = f"the spill file {self.spill_path} is incomplete: {self.spill_error}"
         return out
 
 

@@ -78,6 +78,8 @@ OUTPUT_SCHEMA: Final[dict[str, Any]] = {
         "stderr_truncated": {"type": "boolean"},
         "stdout_file": {"type": "string", "description": "the full stdout (with spill_dir configured)"},
         "stderr_file": {"type": "string"},
+        "stdout_file_error": {"type": "string", "description": "why stdout_file is incomplete (e.g. the disk is full)"},
+        "stderr_file_error": {"type": "string"},
         "exit_code": {"type": ["integer", "null"], "description": "null when killed by a signal"},
         "signal": {"type": ["string", "null"], "description": "e.g. SIGKILL when killed by a signal"},
         "timed_out": {"type": "boolean"},

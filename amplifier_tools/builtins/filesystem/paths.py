@@ -368,12 +368,27 @@ class PathRules:
 
     @contextmanager
     def open_parent(self, path: str, *, write: bool, create: bool = False) -> Iterator[tuple[int, str, Resolved]]:
-        """The fd of ``path``'s parent directory, and the final name (not opened)."""
-        fd, resolved, name = self._walk(path, write=write, create_parents=create, final_dir=False)
+        """The fd of ``path``'s parent directory, and the final name (not opened). With ``create``, missing
+        parents are made; when the call then fails (the walk or the body: a full disk), the ones it made
+        are removed again if still empty (found by attack: a ``write_file`` of ``a/b/f`` that failed
+        with ``ENOSPC`` left ``a/b`` behind)."""
+        made: list[tuple[int, str]] = []
         try:
-            yield fd, name, resolved
+            fd, resolved, name = self._walk(path, write=write, create_parents=create, final_dir=False, made=made)
+            try:
+                yield fd, name, resolved
+            finally:
+                os.close(fd)
+        except BaseException:
+            for parent, part in reversed(made):
+                try:
+                    os.rmdir(part, dir_fd=parent)  # never follows a symlink; refuses a non-empty directory
+                except OSError:
+                    pass
+            raise
         finally:
-            os.close(fd)
+            for parent, _ in made:
+                os.close(parent)
 
     def open_file(self, path: str) -> tuple[int, os.stat_result, Resolved]:
         """Open a regular file for reading; refuses symlinks out of the roots and special files."""
@@ -418,8 +433,11 @@ class PathRules:
                         "symlink_escape", resolved.path)
         return absolute
 
-    def _walk(self, path: str, *, write: bool, create_parents: bool, final_dir: bool) -> tuple[int, Resolved, str]:
-        """Open the directories of ``path`` one by one with O_NOFOLLOW; restart on in-root symlinks."""
+    def _walk(self, path: str, *, write: bool, create_parents: bool, final_dir: bool,
+              made: list[tuple[int, str]] | None = None) -> tuple[int, Resolved, str]:
+        """Open the directories of ``path`` one by one with O_NOFOLLOW; restart on in-root symlinks.
+        Each directory made (``create_parents``) is appended to ``made`` as (a descriptor of its parent,
+        its name); the caller closes those descriptors."""
         current = path
         for _ in range(MAX_SYMLINK_HOPS):
             absolute = self.normalize(current)
@@ -441,6 +459,8 @@ class PathRules:
                         if not create_parents:
                             raise
                         os.mkdir(part, 0o777, dir_fd=fd)
+                        if made is not None:
+                            made.append((os.dup(fd), part))
                         next_fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
                                           dir_fd=fd)
                     except OSError as exc:
@@ -503,6 +523,8 @@ def os_error(exc: OSError, path: str) -> ToolError:
     A name the filesystem cannot hold (``ENAMETOOLONG``, e.g. a 300-byte component) is the caller's
     mistake: a ``ContractError``, like NUL bytes and over-long paths. ``ELOOP`` from an ``O_NOFOLLOW``
     open means a symlink appeared where none may be followed: refused like any symlink loop.
+    A full disk or quota (``ENOSPC``, ``EDQUOT``) is ``no_space`` with a hint (found by attack: it was
+    the generic ``os_error``); the write it stopped changed nothing.
     """
     if exc.errno == errno.ENAMETOOLONG:
         return ContractError(f"{path!r}: a path component is too long for the filesystem "
@@ -510,6 +532,10 @@ def os_error(exc: OSError, path: str) -> ToolError:
     if exc.errno == errno.ELOOP:
         return _deny(f"{path!r}: too many symbolic links, or a symbolic link where none may be followed",
                      "symlink_loop", path)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ExecutionError(f"{path!r}: {exc.strerror}; nothing was changed", code="no_space", path=path,
+                              hint="the file system holding this path is full (or its quota is reached): free "
+                                   "space there, then try again")
     code = {errno.ENOENT: "not_found", errno.ENOTDIR: "not_a_directory", errno.EACCES: "permission_denied",
             errno.EISDIR: "is_a_directory"}.get(exc.errno or 0, "os_error")
     return ExecutionError(f"{path!r}: {exc.strerror}", code=code, path=path)

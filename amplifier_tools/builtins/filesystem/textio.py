@@ -59,16 +59,35 @@ def page_lines(fd: int, *, offset: int, limit: int, max_line_chars: int, encodin
 
 def permission_bits(mode: int) -> int:
     """The ``rwx`` bits of ``mode``: a rewritten file never keeps setuid, setgid or sticky, since its
-    owner becomes the host's user and its content the model's."""
+    content is the model's (and its owner may become the host's user)."""
     return stat.S_IMODE(mode) & 0o777
 
 
-def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+def _keep_owner(fd: int, uid: int, gid: int) -> None:
+    """Give the file ``fd`` the owner and group of the file it replaces, as far as the host may: both
+    as root, the group alone when the host's user is in it, else neither (found by attack: a host
+    run as root that edited a user's ``0600`` file left it root's, unreadable to its owner; one that
+    rewrote a group-shared ``0660`` file took it from the group)."""
+    st = os.fstat(fd)
+    if (st.st_uid, st.st_gid) == (uid, gid):
+        return
+    try:
+        os.fchown(fd, uid, gid)
+    except OSError:
+        try:
+            os.fchown(fd, -1, gid)
+        except OSError:
+            pass
+
+
+def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
     """Write ``data`` to a temp file in the same directory, fsync, then rename over ``name``.
 
     A crash leaves the old content or the new one, never a torn file; the temp
     file is removed when anything fails. ``mode`` is applied with ``fchmod`` (not
     subject to the umask) and must be permission bits only (``permission_bits``).
+    ``owner`` (the replaced file's ``(uid, gid)``) is given to the new file as far as
+    the host may (``_keep_owner``).
     """
     tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # secrets.token_hex(6), without importing random at start
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
@@ -78,6 +97,8 @@ def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
+            if owner is not None:
+                _keep_owner(fd, *owner)
             os.fchmod(fd, mode)
             os.fsync(fd)
         finally:

@@ -173,7 +173,8 @@ class WriteFile(FilesystemTool):
             mode = (permission_bits(existing.st_mode) if existing is not None
                     else self.settings.new_file_mode if self.settings.new_file_mode is not None
                     else 0o644 & ~UMASK)
-            atomic_replace(dir_fd, name, data, mode)
+            atomic_replace(dir_fd, name, data, mode,
+                           None if existing is None else (existing.st_uid, existing.st_gid))
             self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
         return {"path": resolved.path, "bytes_written": len(data), "created": existing is None}
 
@@ -223,7 +224,7 @@ class EditFile(FilesystemTool):
                                      "replace_all", code="not_unique", occurrences=count)
             updated = text.replace(old, new) if input.get("replace_all") else text.replace(old, new, 1)
             atomic_replace(dir_fd, name, updated.encode("utf-8", errors="surrogateescape"),
-                           permission_bits(existing.st_mode))
+                           permission_bits(existing.st_mode), (existing.st_uid, existing.st_gid))
             self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
         return {"path": resolved.path, "replacements": count if input.get("replace_all") else 1}
 
