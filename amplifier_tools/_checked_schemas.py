@@ -11,7 +11,7 @@ from typing import Final
 
 BUILTIN_SCHEMA_DIGESTS: Final[frozenset[str]] = frozenset({
     "03cf87040fae903901a23b3052cf2feb35e47bef62456acf1868b093a7ea7395",  # local::bash input_schema
-    "dcc061186b28b70660b4cac5dba95352cf71113a98683d51a567bf3e58f89302",  # local::bash output_schema
+    "2689825c88c2a9d228070f20c75732a6d1c458145154e87b67d738d3e602da88",  # local::bash output_schema
     "e740ff8f4444ad9a003a1e6e92d735717f205f23198bdb1dc3342200b0fd18a3",  # local::fs.edit_file input_schema
     "f5e29570bc39d2d9e535abfc9128f5dfaf4756980ff2eba6ae162f60983db227",  # local::fs.edit_file output_schema
     "779f6571a4b21a597cbd82ffaf15268da597f40c5d7b9c1c6c7b80d42e2fb868",  # local::fs.glob input_schema
