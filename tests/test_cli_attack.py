@@ -42,14 +42,17 @@ async def mount(coordinator, config):
 
 
 def test_deeply_nested_arguments_are_a_contract_error(tmp_path: Path) -> None:
-    """5,000 nested arrays ended as ``RecursionError`` reported as an internal error, exit 1."""
+    """5,000 nested arrays ended as ``RecursionError`` reported as an internal error, exit 1.
+    Where the interpreter's parser takes them (CPython 3.13), the host refuses them instead."""
     deep = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
     out = cli(tmp_path, "call", "local::fs.read_file", "-", "--json", stdin=deep)
     assert out.returncode == 3, out.stderr
-    assert out.stderr.splitlines()[0] == "error: arguments are nested too deeply to parse"
     assert "RecursionError" not in out.stderr + out.stdout
-    error = json.loads(out.stdout)["error"]
-    assert (error["type"], error["exit_status"]) == ("CommandError", 3)
+    first = out.stderr.splitlines()[0]
+    assert first == "error: arguments are nested too deeply to parse" or "nested deeper than 128 levels" in first, first
+    result = json.loads(out.stdout)
+    error = result["error"]
+    assert error["type"] in ("CommandError", "ContractError"), error
 
 
 def test_a_key_given_twice_is_refused(tmp_path: Path) -> None:
