@@ -176,7 +176,7 @@ def _check_refs(schema: dict[str, Any], *, owner: str, which: str) -> None:
     validator reads as a schema is searched: the subschemas of the keywords that have them, and
     whatever a reference resolves to (so a ``"$ref"`` key inside ``enum``, ``default`` or an
     unknown ``x-...`` keyword is data, unless a reference points there). Each object is searched
-    once, in the first scope it is reached in."""
+    once per base URI it is reached under."""
     import referencing.exceptions
     import referencing.jsonschema
 
