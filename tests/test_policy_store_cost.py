@@ -164,13 +164,25 @@ async def test_a_cancelled_or_late_command_leaves_no_reply_for_the_next(redis_se
     assert [row["value"] for row in rows if row["key"].startswith("rate:probe@")] == [3.0]
 
 
+QUEUED_INTERVAL_MS = 300
+
+
 class Queued:
     spec = ToolSpec(name="queued", description="queued", effect="Pure", policies={
-        "rate_limit": {"limit": 1, "interval_ms": 300, "queue": True}, "timeout_ms": 5000})
+        "rate_limit": {"limit": 1, "interval_ms": QUEUED_INTERVAL_MS, "queue": True}, "timeout_ms": 5000})
     name, description = "queued", "queued"
 
     async def execute(self, input: dict[str, Any]) -> ToolResult:
         return ToolResult(output="done")
+
+
+async def at_a_window_start(interval_ms: int) -> None:
+    """Sleep until a rate-limit window of ``interval_ms`` has just begun. Windows are fixed,
+    counted from the epoch on the wall clock (SQLite's and Redis's ``TIME``, the same clock
+    here), so two calls back to back fall in one window unless the first came at its very end
+    (found by CI: now and then the second call had a fresh window and did not wait)."""
+    now_ms = time.time() * 1000
+    await asyncio.sleep((interval_ms - now_ms % interval_ms + 5) / 1000)
 
 
 async def test_a_lone_sqlite_rate_limit_is_decided_inside_tool_pre(tmp_path: Path) -> None:
@@ -183,6 +195,7 @@ async def test_a_lone_sqlite_rate_limit_is_decided_inside_tool_pre(tmp_path: Pat
         plugin: Any = host.plugin_manager.get_plugin("policy")
         quick = next(spec for spec in host.specs if spec.name == "quick")
         assert plugin.tool_pre(ToolCall("c1", "quick", {}), quick, ToolContext()) is None
+        await at_a_window_start(QUEUED_INTERVAL_MS)
         assert (await host.call("queued", {})).success
         second = await host.call("queued", {})
         assert second.success
@@ -229,6 +242,7 @@ async def test_a_lone_redis_rate_limit_waits_for_the_next_window(redis_server: R
     config = {"state_dir": str(tmp_path / "state"), "plugins": {"policy": {"store": redis_server.url}}}
     async with ToolHost(config=config, plugins=[ToolsPlugin(Queued())], builtins=["policy"], entry_points=False,
                         discover=False, working_dir=tmp_path / "work") as host:
+        await at_a_window_start(QUEUED_INTERVAL_MS)
         assert (await host.call("queued", {})).success
         second = await host.call("queued", {})
         assert second.success

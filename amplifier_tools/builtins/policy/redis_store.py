@@ -7,9 +7,9 @@ of idempotency records. Windows and lease expiries use the server's clock
 Every key gets a ``PEXPIRE``: counters live two windows, leases their TTL,
 idempotency records the idempotency window, breaker records a few cooldowns.
 
-Breaker records change by an optimistic transaction (``WATCH``/``MULTI``), as
-they change only on failures and state changes; a closed breaker admits a call
-with one ``GET``. Connection errors and timeouts raise ``StoreUnavailable``;
+Breaker records change by an optimistic transaction (``WATCH``/``MULTI``,
+``RedisLink.update``: two round trips), as they change only on failures and
+state changes; a closed breaker admits a call with one ``GET``. Connection errors and timeouts raise ``StoreUnavailable``;
 the client reconnects by itself on the next operation.
 
 Limits: scripts build the window's key from the base key, so a Redis Cluster
@@ -27,7 +27,7 @@ from collections.abc import Coroutine
 from typing import Any, Final
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import RedisError
 
 from ...errors import ConfigError
 from .redis_link import Fallback, RedisLink, Script, evalsha, pack
@@ -267,27 +267,12 @@ class RedisStore:
         raw = await self.link.command(pack("GET", self.prefix + key))
         return None if raw is None else json.loads(raw)
 
-    async def update(self, key: str, step: Update, ttl: float) -> Any:
-        return await self.link.bounded(self._update(key, step, ttl))
+    def update(self, key: str, step: Update, ttl: float) -> Coroutine[Any, Any, Any]:
+        def decide(raw: bytes | None, now: float) -> tuple[bytes, int, Any]:
+            new, result = step(None if raw is None else json.loads(raw), now)
+            return json.dumps(new).encode(), _ms(ttl), result
 
-    async def _update(self, key: str, step: Update, ttl: float) -> Any:
-        full = self.prefix + key
-        try:
-            async with self.client.pipeline(transaction=True) as pipe:
-                while True:
-                    try:
-                        await pipe.watch(full)
-                        raw = await pipe.get(full)
-                        seconds, micros = await pipe.time()
-                        new, result = step(None if raw is None else json.loads(raw), seconds + micros / 1e6)
-                        pipe.multi()  # type: ignore[no-untyped-call]
-                        pipe.set(full, json.dumps(new), px=_ms(ttl))
-                        await pipe.execute()
-                        return result
-                    except WatchError:
-                        continue  # another host changed the record first: decide again on its value
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+        return self.link.update(self.prefix + key, decide)
 
     def limit_wait(self, seconds: float) -> None:
         """Bound the next operation (started right after, no await between) by ``seconds``."""

@@ -161,8 +161,8 @@ class SharedPolicy:
         ``releases.hung`` (see ``_run_releases``: a call's result waits for one store timeout, not
         one per policy; found by attack). Each release has its own bound, so a slow store that
         answers gets every one (found by attack: with one shared bound, a breaker's outcome,
-        recorded last, was lost on a store 40 ms away); a breaker outcome takes 4 round trips
-        (8 on a new connection), so ``store_timeout_ms`` must cover that many."""
+        recorded last, was lost on a store 40 ms away); a breaker outcome takes 2 round trips
+        (plus the handshake on a new connection), so ``store_timeout_ms`` must cover that many."""
         self.store.limit_wait(self.timeout)
         try:
             await work()
