@@ -219,10 +219,10 @@ class RedisLink:
                         await connection.connect()
                     await connection.send_packed_command(watch, check_health=False)
                     await connection.read_response()  # OK
+                    current = await connection.read_response()
+                    seconds, micros = await connection.read_response()
                 except RedisConnectionError as exc:
                     raise _NotWritten(exc) from exc
-                current = await connection.read_response()
-                seconds, micros = await connection.read_response()
                 value, ttl_ms, answer = decide(current, int(seconds) + int(micros) / 1e6)
                 await connection.send_packed_command(pack("MULTI") + pack("SET", key, value, "PX", ttl_ms)
                                                      + pack("EXEC"), check_health=False)
