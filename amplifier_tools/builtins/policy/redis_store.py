@@ -9,8 +9,9 @@ idempotency records the idempotency window, breaker records a few cooldowns.
 
 Breaker records change by an optimistic transaction (``WATCH``/``MULTI``,
 ``RedisLink.update``: two round trips), as they change only on failures and
-state changes; a closed breaker admits a call with one ``GET``. Connection errors and timeouts raise ``StoreUnavailable``;
-the client reconnects by itself on the next operation.
+state changes; a closed breaker admits a call with one ``GET``. Connection
+errors and timeouts raise ``StoreUnavailable``; the client reconnects by itself
+on the next operation.
 
 Limits: scripts build the window's key from the base key, so a Redis Cluster
 would need all of a deployment's keys in one hash slot (give ``store_prefix`` a
