@@ -1,7 +1,7 @@
 """What every framework adapter shares: refusing an unstarted host, picking tools, building the
 call's ``ToolContext``, bounding the framework's call id, parsing the model's argument text, and
 the text a model sees. Imports no framework, and never decides a call itself: whatever the model
-sent reaches ``host.call``, which validates and records it.
+sent reaches the host (``call_host``), which validates and records it.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import attrs
 
 from ..definitions import model_name
 from ..host import ToolHost
-from ..models import ToolContext, ToolResult
+from ..models import ToolCall, ToolContext, ToolResult, new_call_id
 from ..spec import ToolSpec
 
-__all__ = ["ContextSource", "call_context", "framework_call_id", "is_strict_schema", "missing_extra", "model_text",
-           "parse_arguments", "require_started", "select_specs"]
+__all__ = ["ContextSource", "call_context", "call_host", "framework_call_id", "is_strict_schema", "missing_extra",
+           "model_text", "parse_arguments", "require_started", "select_specs"]
 
 log = logging.getLogger("amplifier_tools.integrations")
 
@@ -120,16 +120,34 @@ def parse_arguments(text: str | None) -> tuple[Any, str | None]:
     """A model's JSON argument string as data, and why it is not JSON (``None`` when it is).
 
     Text that does not parse, or is nested too deeply to parse, is returned as it is, so that the
-    host refuses it as a ``ContractError`` and records the call like any other.
+    host refuses it as a ``ContractError`` and records the call like any other. An empty text is
+    no arguments (``{}``, as the frameworks' own tools read it); the JSON text ``null`` is not:
+    it parses to ``None``, which :func:`call_host` hands on as it is, for the host to refuse.
     """
     if not text:
         return {}, None
     try:
-        return json.loads(text), None
+        parsed = json.loads(text)
     except ValueError as exc:
         return text, f"the arguments are not valid JSON: {exc}"
     except RecursionError:
         return text, "the arguments are not valid JSON: nested too deeply"
+    if parsed is None:
+        return None, "the arguments are JSON null, not an object"
+    return parsed, None
+
+
+async def call_host(host: ToolHost, name: str, arguments: Any, context: ToolContext,
+                    call_id: str | None) -> ToolResult:
+    """One call through ``host`` with exactly the arguments the model sent.
+
+    Not ``host.call``: it reads ``arguments=None`` as "no arguments" and runs the tool with ``{}``,
+    so a model sending the JSON text ``null`` (found by attack: the Agents SDK and Pydantic AI
+    adapters ran a tool whose arguments are all optional with its defaults, recorded ``ok``) got a
+    call the contract never allowed. The ``ToolCall`` carries ``None`` instead, which the host
+    refuses as a ``ContractError`` and records.
+    """
+    return await host.execute(ToolCall(call_id or new_call_id(), name, arguments), context)
 
 
 def model_text(result: ToolResult, max_chars: int | None = None, parse_problem: str | None = None) -> str:

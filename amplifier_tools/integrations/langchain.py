@@ -58,7 +58,7 @@ from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
 from ..spec import Effect
-from ._common import call_context, framework_call_id, model_text, select_specs
+from ._common import call_context, call_host, framework_call_id, model_text, select_specs
 
 __all__ = ["AmplifierTool", "host_tool", "tools"]
 
@@ -110,7 +110,7 @@ class AmplifierTool(BaseTool):
     async def _arun(self, arguments: Any, call_id: str | None, config: RunnableConfig,
                     run_manager: AsyncCallbackManagerForToolRun | None = None) -> str:
         context = call_context(self.host, self.context_source, config, _trace_id(config, run_manager))
-        result = await self.host.call(self.tool_name, arguments, context=context, call_id=framework_call_id(call_id))
+        result = await call_host(self.host, self.tool_name, arguments, context, framework_call_id(call_id))
         text = model_text(result, self.max_output_chars)
         if not result.success:
             raise ToolException(text)  # handle_tool_error turns it into a ToolMessage with status "error"
@@ -135,8 +135,8 @@ class AmplifierTool(BaseTool):
         async def call() -> ToolResult:
             if abandoned.is_set():  # the waiter gave up before the loop got to the call: do not start it
                 raise asyncio.CancelledError
-            result: ToolResult = await self.host.call(self.tool_name, arguments, context=context,
-                                                      call_id=framework_call_id(call_id))
+            result: ToolResult = await call_host(self.host, self.tool_name, arguments, context,
+                                                 framework_call_id(call_id))
             return result
 
         future = asyncio.run_coroutine_threadsafe(call(), loop)

@@ -28,7 +28,7 @@ from typing import Any
 from ._common import missing_extra
 
 try:
-    from agents import FunctionTool
+    from agents import FunctionTool, ToolOutputFileContent, ToolOutputImage, ToolOutputText
     from agents.exceptions import UserError
     from agents.strict_schema import ensure_strict_json_schema
     from agents.tool_context import ToolContext as AgentsToolContext
@@ -37,6 +37,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
     raise missing_extra("openai-agents", exc) from exc
 
+from ..content import render
 from ..definitions import model_name
 from ..errors import ContractError
 from ..host import ToolHost
@@ -45,6 +46,7 @@ from ..spec import Effect
 from ._common import (
     ContextSource,
     call_context,
+    call_host,
     framework_call_id,
     is_strict_schema,
     model_text,
@@ -110,7 +112,7 @@ class _Invoker:
         trace = get_current_trace()
         trace_id = None if trace is None or isinstance(trace, NoOpTrace) else trace.trace_id
         context = call_context(self.host, self.context, ctx, trace_id)
-        result = await self.host.call(self.name, parsed, context=context, call_id=framework_call_id(ctx.tool_call_id))
+        result = await call_host(self.host, self.name, parsed, context, framework_call_id(ctx.tool_call_id))
         return model_text(result, self.max_output_chars, problem)
 
 
@@ -170,5 +172,66 @@ class _SDKTool:
         ctx = AgentsToolContext(context=self.run_context, tool_name=self.tool.name, tool_call_id=call_id,
                                 tool_arguments=arguments)
         output = await self.tool.on_invoke_tool(ctx, arguments)
+        blocks = _content_blocks(output)
+        if blocks is not None:
+            if len(blocks) == 1 and blocks[0]["type"] == "text":
+                return ToolResult(success=True, output=blocks[0]["text"])
+            return ToolResult(success=True, output=render(blocks), metadata={"content": blocks})
         return ToolResult(success=True, output=output if isinstance(output, (str, dict, list)) else str(output))
 
+
+_SDK_OUTPUTS: dict[str, Any] = {"text": ToolOutputText, "image": ToolOutputImage, "file": ToolOutputFileContent}
+
+
+def _sdk_output(item: Any) -> Any:
+    """``item`` as one of the SDK's structured tool outputs (a model or its dict spelling), or ``None``."""
+    if isinstance(item, (ToolOutputText, ToolOutputImage, ToolOutputFileContent)):
+        return item
+    kind = _SDK_OUTPUTS.get(str(item.get("type"))) if isinstance(item, dict) else None
+    if kind is None:
+        return None
+    try:
+        return kind.model_validate(item)
+    except ValueError:  # pydantic's ValidationError: not one after all, an ordinary dict output
+        return None
+
+
+def _content_blocks(output: Any) -> list[dict[str, Any]] | None:
+    """An SDK tool's structured output — ``ToolOutputText``/``ToolOutputImage``/``ToolOutputFileContent``
+    or a list of them, which the SDK sends a model as text, image and file parts — as the host's
+    content blocks (MCP spelling, ``amplifier_tools.content``); ``None`` for any other output.
+
+    Found by attack: ``host_tool`` kept such an output as ``str(output)``, so the model read a
+    Python repr (``type='text' text='hello'``), an image's whole base64 data URL as text, and a
+    list of them was kept as a list of Python objects, not JSON.
+    """
+    items = output if isinstance(output, (list, tuple)) else [output]
+    converted = [_sdk_output(item) for item in items]
+    if not converted or any(item is None for item in converted):
+        return None
+    blocks: list[dict[str, Any]] = []
+    for item in converted:
+        if isinstance(item, ToolOutputText):
+            blocks.append({"type": "text", "text": item.text})
+        elif isinstance(item, ToolOutputImage):
+            blocks.append(_media_block(item.image_url, item.file_id, "image", None))
+        else:
+            blocks.append(_media_block(item.file_data or item.file_url, item.file_id, "file", item.filename))
+    return blocks
+
+
+def _media_block(url: str | None, file_id: str | None, kind: str, filename: str | None) -> dict[str, Any]:
+    """An image or file of an SDK output as a content block: a base64 data URL as its data (an image
+    block, or an embedded resource for a file), any other URL as a resource link, an uploaded
+    file's id as a line naming it."""
+    if url is not None and url.startswith("data:") and ";base64," in url:
+        mime, data = url[len("data:"):].split(";base64,", 1)
+        if kind == "image":
+            return {"type": "image", "data": data, "mimeType": mime or "application/octet-stream"}
+        return {"type": "resource", "resource": {"uri": f"file:///{filename or 'file'}", "blob": data,
+                                                 "mimeType": mime or "application/octet-stream"}}
+    if url is not None and kind == "file" and not url.startswith(("http://", "https://", "file:")):
+        return {"type": "resource", "resource": {"uri": f"file:///{filename or 'file'}", "blob": url}}
+    if url is not None:
+        return {"type": "resource_link", "uri": url, "name": filename or kind}
+    return {"type": "text", "text": f"[{kind}: OpenAI file {file_id}]"}

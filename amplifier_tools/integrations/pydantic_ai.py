@@ -5,7 +5,8 @@ offers the model every mounted tool (or those named in ``tools``) under its mode
 the contract's description and input schema (``strict`` only when the schema already is strict).
 Each call runs ``host.call`` with the model's tool-call id as the call id and a ``ToolContext`` built
 by your function from the run's ``RunContext`` (its ``deps`` carry who is calling). The run id
-fills ``trace_id`` when the context has none, and the run's deadline bounds the call.
+fills ``trace_id`` when the context has none, and the run's deadline bounds the call (the earlier of it
+and a deadline your context sets).
 
 A failed call reaches the model as Pydantic AI's terminal tool failure (``ToolFailed``) with the
 text ``Error (<type>, <code>): <message>``: the run goes on, no retry budget is spent. The host
@@ -24,6 +25,7 @@ read from ``ctx.deps`` as an argument, or from the host's ``ToolContext``).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -41,10 +43,20 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without the
                           f"supports (pydantic-ai-slim 2.68 to 3) do not install on {sys.version.split()[0]}") from exc
     raise missing_extra("pydantic-ai", exc) from exc
 
+import attrs
+
 from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolContext
-from ._common import call_context, framework_call_id, is_strict_schema, model_text, parse_arguments, select_specs
+from ._common import (
+    call_context,
+    call_host,
+    framework_call_id,
+    is_strict_schema,
+    model_text,
+    parse_arguments,
+    select_specs,
+)
 
 __all__ = ["AmplifierToolset"]
 
@@ -122,15 +134,19 @@ class AmplifierToolset(AbstractToolset[Any]):
                         tool: ToolsetTool[Any]) -> Any:
         context = call_context(self.host, self.context, ctx, ctx.run_id)
         remaining = ctx.remaining_time()
-        if remaining is not None and context.deadline is None:
-            context = context.with_timeout(remaining)
+        if remaining is not None:
+            # The earlier of the two deadlines: a context function's own deadline (a request's
+            # budget, say) must not stretch the run's. Found by attack: the run's deadline was
+            # applied only when the context had none, so a later one there let the call outlive it.
+            run_deadline = time.monotonic() + remaining
+            if context.deadline is None or run_deadline < context.deadline:
+                context = attrs.evolve(context, deadline=run_deadline)
         canonical = (tool.tool_def.metadata or {}).get("amplifier_tools", name)
         arguments: Any = tool_args
         problem = None
         if isinstance(tool_args, _Unchecked):
             arguments, problem = tool_args.raw, tool_args.problem
-        result = await self.host.call(canonical, arguments, context=context,
-                                      call_id=framework_call_id(ctx.tool_call_id))
+        result = await call_host(self.host, canonical, arguments, context, framework_call_id(ctx.tool_call_id))
         if not result.success:
             raise ToolFailed(model_text(result, self.max_output_chars, problem))
         return model_text(result, self.max_output_chars)
