@@ -14,6 +14,9 @@ class ReplyDropper:
         self.port = port
         #: How many of the next replies are lost.
         self.armed = 0
+        #: How many bytes of a lost reply still reach the client before its connection closes (a
+        #: link that drops in the middle of a reply).
+        self.keep = 0
         #: Seconds each reply is held back (a store that is far away, or slow, but answers).
         self.delay = 0.0
         self.dropped = 0
@@ -34,6 +37,9 @@ class ReplyDropper:
                     if replies and self.armed:
                         self.armed -= 1
                         self.dropped += 1
+                        if self.keep:
+                            sink.write(data[:self.keep])
+                            await sink.drain()
                         break  # the reply is lost: close the client's side
                     if replies and self.delay:
                         await asyncio.sleep(self.delay)

@@ -7,6 +7,7 @@ breaker was still closed) never moves the breaker out of half-open.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any, Final
 
@@ -15,6 +16,25 @@ from ...spec import CircuitBreakerPolicy
 CLOSED: Final = "closed"
 OPEN: Final = "open"
 HALF_OPEN: Final = "half_open"
+STATES: Final = (CLOSED, OPEN, HALF_OPEN)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def is_record(data: Any) -> bool:
+    """Whether ``data`` is a ``snapshot`` (as a shared store gives it back). A store's key may hold
+    anything — another deployment or version sharing the prefix, a person — and ``restore`` of
+    anything else raised, failing every call of the tool until the key expired (if ever; found by
+    attack)."""
+    if not isinstance(data, dict) or data.get("state") not in STATES:
+        return False
+    probe, tokens, outcomes = data.get("probe"), data.get("tokens"), data.get("outcomes")
+    return (_number(data.get("opened_at")) and type(tokens) is int and (probe is None or type(probe) is int)
+            and isinstance(outcomes, list)
+            and all(type(outcome) is list and len(outcome) == 2 and _number(outcome[0])
+                    and isinstance(outcome[1], (bool, int)) for outcome in outcomes))
 
 
 class CircuitBreaker:
@@ -37,7 +57,8 @@ class CircuitBreaker:
 
     @classmethod
     def restore(cls, policy: CircuitBreakerPolicy, data: dict[str, Any] | None) -> CircuitBreaker:
-        """A breaker from ``snapshot`` data (None: a new, closed breaker)."""
+        """A breaker from ``snapshot`` data (None: a new, closed breaker; check other data with
+        ``is_record`` first)."""
         breaker = cls(policy)
         if data:
             breaker.state, breaker.opened_at, breaker.probe = data["state"], data["opened_at"], data["probe"]

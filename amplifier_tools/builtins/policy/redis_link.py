@@ -16,7 +16,10 @@ The guarantees are the client's:
 - **Reconnects.** A connection that failed is dropped; the next command makes a new one. A
   command that fails with a connection error on a connection that had been idle in the list
   (the server restarted meanwhile) is sent once more on a new connection, within the same
-  deadline, as redis-py's own retry does — unless its sender says ``resend=False``. The first
+  deadline, as redis-py's own retry does — unless its sender says ``resend=False``. A
+  ``READONLY`` reply (a failover made the server a replica; the command did not run) drops the
+  connection and the idle ones too, and the command is sent once more on a new connection, which
+  follows the address to the new primary. The first
   send may have run on the server with only its reply lost (a link dropped between the two), so
   a resent command runs twice: callers resend only commands whose second run refuses more,
   never admits more (a unit taken twice, a lease or reservation added twice under one holder),
@@ -31,6 +34,11 @@ The guarantees are the client's:
   after a cancellation, on a connection of its own pool that the first update had to open
   (found by the flaky test of a slow store: the first breaker outcome took 12 round trips and
   overran its bound by half). A failure drops the connection, so no ``WATCH`` outlives it.
+  The updates of one key from one link take turns (an ``asyncio.Lock`` per key, held while
+  any wait for it, within each one's own bound): only another host's write makes one decide
+  again (found by attack: 400 concurrent breaker outcomes of one tool raced each other through
+  ``WATCH``, one write per round, the rest reading again — work growing with the square of
+  their number — and 371 of them ran out of a 2 s store timeout).
 
 Limits: no pipelining across decisions (one exchange per connection at a time; concurrent
 decisions use several connections, at most as many as are in flight at once); replies are
@@ -46,7 +54,7 @@ from typing import Any, Final
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 
 from .store import StoreUnavailable
 from .watchdog import Watchdog
@@ -105,6 +113,7 @@ class RedisLink:
         self._idle: list[Any] = []  # connected, nothing unread: ready for a command
         self._all: set[Any] = set()
         self._closing: set[asyncio.Task[Any]] = set()
+        self._updating: dict[str, _Turn] = {}  # key -> the updates of it under way here, in turn
         self.watchdog = Watchdog()
 
     def script(self, script: Script, keys: list[str], args: list[Any], *,
@@ -127,16 +136,15 @@ class RedisLink:
             try:
                 if not self._idle:
                     return await self._on(self._new(), packed, fallback)
-                if not resend:
-                    return await self._on(self._idle.pop(), packed, fallback)
                 try:
                     return await self._on(self._idle.pop(), packed, fallback)
-                except RedisConnectionError:
-                    # It idled through a server restart or a dropped link, and so did the others:
-                    # once more, on a new connection (redis-py's client retries likewise).
-                    for connection in self._idle:
-                        self._discard(connection)
-                    self._idle.clear()
+                except (RedisConnectionError, ReadOnlyError) as exc:
+                    # It idled through a server restart, a dropped link or a failover (a replica now:
+                    # nothing ran), and so did the others: once more, on a new connection (redis-py's
+                    # client retries likewise), unless it may have run and must not run twice.
+                    if not resend and not isinstance(exc, ReadOnlyError):
+                        raise
+                    self._drop_idle()
                     return await self._on(self._new(), packed, fallback)
             finally:
                 expired = self.watchdog.leave(task)
@@ -163,6 +171,11 @@ class RedisLink:
                 form, count, text, rest = fallback
                 await connection.send_packed_command(form % (count, text, rest), check_health=False)
                 reply = await connection.read_response()
+        except ReadOnlyError:
+            # A replica (found by attack: after a failover behind the same address, every command
+            # went to the old primary, now a replica, for as long as its connections lived).
+            self._discard(connection)
+            raise
         except ResponseError:
             self._idle.append(connection)
             raise
@@ -174,7 +187,8 @@ class RedisLink:
 
     async def update(self, key: str, decide: Callable[[bytes | None, float], Decision]) -> Any:
         """Change ``key`` by ``decide(current value or None, the server's time in seconds)`` and
-        return what it answers third. Another writer that changed the key between the read and
+        return what it answers third (a key of another type is read as the server's error, as
+        text: no record ``decide`` wrote). Another writer that changed the key between the read and
         the write (``EXEC`` answers nil) makes it decide again on that writer's value. Bounded as
         ``command`` is, by the bound set before it. A connection error on a connection that had
         been idle is tried once more on a new one, as ``command`` does, but only before the write
@@ -185,21 +199,27 @@ class RedisLink:
         self.watchdog.enter(task, asyncio.get_running_loop().time() + wait)
         expired = False
         try:
+            turn = self._updating.get(key)
+            if turn is None:
+                turn = self._updating[key] = _Turn()
+            turn.users += 1
             try:
-                idle = bool(self._idle)
-                try:
-                    return await self._update(self._idle.pop() if idle else self._new(), key, decide)
-                except _NotWritten as failed:
-                    if not idle:
-                        raise failed.error from None
-                    for connection in self._idle:
-                        self._discard(connection)
-                    self._idle.clear()
+                async with turn.lock:  # one at a time per key and link: see the module's docstring
+                    idle = bool(self._idle)
                     try:
-                        return await self._update(self._new(), key, decide)
-                    except _NotWritten as again:
-                        raise again.error from None
+                        return await self._update(self._idle.pop() if idle else self._new(), key, decide)
+                    except _NotWritten as failed:
+                        if not idle:
+                            raise failed.error from None
+                        self._drop_idle()
+                        try:
+                            return await self._update(self._new(), key, decide)
+                        except _NotWritten as again:
+                            raise again.error from None
             finally:
+                turn.users -= 1
+                if not turn.users:
+                    del self._updating[key]
                 expired = self.watchdog.leave(task)
         except asyncio.CancelledError:
             if expired:
@@ -219,7 +239,10 @@ class RedisLink:
                         await connection.connect()
                     await connection.send_packed_command(watch, check_health=False)
                     await connection.read_response()  # OK
-                    current = await connection.read_response()
+                    try:
+                        current = await connection.read_response()
+                    except ResponseError as exc:  # WRONGTYPE: a key of another type, not ours; ``SET`` replaces it
+                        current = str(exc).encode()
                     seconds, micros = await connection.read_response()
                 except RedisConnectionError as exc:
                     raise _NotWritten(exc) from exc
@@ -227,7 +250,10 @@ class RedisLink:
                 await connection.send_packed_command(pack("MULTI") + pack("SET", key, value, "PX", ttl_ms)
                                                      + pack("EXEC"), check_health=False)
                 await connection.read_response()  # OK
-                await connection.read_response()  # QUEUED
+                try:
+                    await connection.read_response()  # QUEUED
+                except ReadOnlyError as exc:  # a replica: the transaction is refused, nothing written
+                    raise _NotWritten(exc) from exc
                 if await connection.read_response() is not None:
                     break
         except BaseException:
@@ -235,6 +261,11 @@ class RedisLink:
             raise
         self._idle.append(connection)
         return answer
+
+    def _drop_idle(self) -> None:
+        for connection in self._idle:
+            self._discard(connection)
+        self._idle.clear()
 
     def _new(self) -> Any:
         connection = self.client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
@@ -280,9 +311,21 @@ class RedisLink:
             await asyncio.gather(*self._closing, return_exceptions=True)
 
 
-class _NotWritten(Exception):
-    """``update`` lost its connection before it sent its write: trying again runs it once."""
+class _Turn:
+    """The updates of one key under way on one link: they take turns (``lock``); ``users`` counts
+    those holding or waiting for it, so the entry goes once the last one ends."""
 
-    def __init__(self, error: RedisConnectionError) -> None:
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+class _NotWritten(Exception):
+    """``update`` lost its connection before it sent its write, or its server is a replica that
+    refused the write: trying again runs it once."""
+
+    def __init__(self, error: RedisConnectionError | ReadOnlyError) -> None:
         super().__init__(str(error))
         self.error = error

@@ -28,11 +28,11 @@ from collections.abc import Coroutine
 from typing import Any, Final
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from ...errors import ConfigError
 from .redis_link import Fallback, RedisLink, Script, evalsha, pack
-from .store import PLUGIN, StoreUnavailable, Update
+from .store import PLUGIN, StoreUnavailable, Update, load_record
 
 NOW: Final = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
@@ -56,9 +56,11 @@ if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('DECR', KEYS[1]) end
 return 1
 """
 
+#: A lease sent again after its reply was lost finds its holder's own live lease and keeps it (renewed),
+#: not counted against itself (found by attack: refused, and held every host's slot for its TTL).
 LEASE: Final = NOW + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+if not redis.call('ZSCORE', KEYS[1], ARGV[2]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
 local ttl = tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
 if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
@@ -74,18 +76,25 @@ if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) en
 return 1
 """
 
+#: A reservation sent again after its reply was lost finds its holder's own live reservation and
+#: answers it, not "reserved" by itself (found by attack: the call was refused and the seconds held
+#: for the reservation's TTL). Its call is not counted again.
 RESERVE: Final = NOW + """
 local interval = tonumber(ARGV[1])
 local max_calls, max_seconds, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local w = math.floor(now / interval)
 local base = KEYS[1]
 local calls = base .. ':calls@' .. w
+local pool, amounts = base .. ':reserved@' .. w, base .. ':amounts@' .. w
+if max_seconds >= 0 then
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', pool, '-inf', now)) do redis.call('HDEL', amounts, gone) end
+  redis.call('ZREMRANGEBYSCORE', pool, '-inf', now)
+  local mine = redis.call('HGET', amounts, ARGV[5])
+  if mine then return {'ok', w, mine} end
+end
 if max_calls >= 0 and tonumber(redis.call('GET', calls) or '0') >= max_calls then return {'calls', w, '0'} end
 local reserve = 0
 if max_seconds >= 0 then
-  local pool, amounts = base .. ':reserved@' .. w, base .. ':amounts@' .. w
-  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', pool, '-inf', now)) do redis.call('HDEL', amounts, gone) end
-  redis.call('ZREMRANGEBYSCORE', pool, '-inf', now)
   local reserved = 0
   for _, amount in ipairs(redis.call('HVALS', amounts)) do reserved = reserved + tonumber(amount) end
   local spent = tonumber(redis.call('GET', base .. ':seconds@' .. w) or '0')
@@ -265,12 +274,17 @@ class RedisStore:
         return bool(await self._script("resolve", [key], [holder, value or "", digest, _ms(ttl)]))
 
     async def get(self, key: str) -> Any:
-        raw = await self.link.command(pack("GET", self.prefix + key))
-        return None if raw is None else json.loads(raw)
+        try:
+            raw = await self.link.command(pack("GET", self.prefix + key))
+        except StoreUnavailable as exc:
+            if isinstance(exc.__cause__, ResponseError) and str(exc.__cause__).startswith("WRONGTYPE"):
+                return str(exc.__cause__)  # a key of another type: no record ``update`` wrote (it replaces it)
+            raise
+        return None if raw is None else load_record(raw)
 
     def update(self, key: str, step: Update, ttl: float) -> Coroutine[Any, Any, Any]:
         def decide(raw: bytes | None, now: float) -> tuple[bytes, int, Any]:
-            new, result = step(None if raw is None else json.loads(raw), now)
+            new, result = step(None if raw is None else load_record(raw), now)
             return json.dumps(new).encode(), _ms(ttl), result
 
         return self.link.update(self.prefix + key, decide)
@@ -283,7 +297,10 @@ class RedisStore:
         rows: list[dict[str, Any]] = []
         client: Any = self.client  # replies are bytes (no decode_responses)
         try:
-            async for raw_key in client.scan_iter(match=self.prefix.replace("*", r"\*") + "*", count=500):
+            # Every glob character of the prefix escaped (found by attack: only '*' was, so a prefix with
+            # '?' or '[' listed other deployments' keys, or none of its own).
+            pattern = "".join("\\" + c if c in "\\*?[]" else c for c in self.prefix) + "*"
+            async for raw_key in client.scan_iter(match=pattern, count=500):
                 full = raw_key.decode()
                 kind = (await client.type(full)).decode()
                 value: Any

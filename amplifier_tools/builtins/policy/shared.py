@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
-from .breaker import CLOSED, CircuitBreaker
+from .breaker import CLOSED, CircuitBreaker, is_record
 from .state import idempotency_slot
 from .store import SharedStore, StoreUnavailable, next_window
 
@@ -73,6 +73,18 @@ def new_holder() -> str:
     if os.getpid() != _PID:
         _holders, _HOST, _PID = itertools.count(1), _process_prefix(), os.getpid()
     return f"{_HOST}:{next(_holders)}"
+
+
+def _readable(key: str, data: Any) -> Any:
+    """A breaker record read from the store, or None (a new, closed breaker, which the breaker's
+    next write puts in its place) for one that is not a breaker record: logged, never raised
+    (found by attack: a foreign value at the key failed every call of the tool with
+    ``hook_failed``, and as nothing wrote over it, for as long as it stayed)."""
+    if data is None or is_record(data):
+        return data
+    log.warning("policy store: %s holds %.80r, not a breaker record (another deployment or version sharing "
+                "store_prefix?); read as a closed breaker, replaced at its next change", key, data)
+    return None
 
 
 class _Releases:
@@ -386,13 +398,13 @@ class SharedPolicy:
         policy = spec.policies.circuit_breaker
         assert policy is not None
         key = f"breaker:{spec.name}"
-        data = await self._op(self.store.get(key), spec, context, started)
+        data = _readable(key, await self._op(self.store.get(key), spec, context, started))
         if data is None or data["state"] == CLOSED:  # a closed breaker admits without a write
             shared.breaker = (key, policy, None, True)
             return None
 
         def step(data: Any, now: float) -> tuple[Any, Any]:
-            breaker = CircuitBreaker.restore(policy, data)
+            breaker = CircuitBreaker.restore(policy, _readable(key, data))
             allowed, changed, probe = breaker.admit(now)
             return breaker.snapshot(), (allowed, changed, probe, breaker.retry_after(now))
 
@@ -552,7 +564,7 @@ class SharedPolicy:
         key, policy, probe, _ = breaker
 
         def step(data: Any, now: float) -> tuple[Any, Any]:
-            state = CircuitBreaker.restore(policy, data)
+            state = CircuitBreaker.restore(policy, _readable(key, data))
             state.abandon(probe)
             return state.snapshot(), None
 
@@ -596,7 +608,7 @@ class SharedPolicy:
             return  # only failures can trip a closed breaker without a failure rate
 
         def step(data: Any, now: float) -> tuple[Any, Any]:
-            state = CircuitBreaker.restore(policy, data)
+            state = CircuitBreaker.restore(policy, _readable(key, data))
             changed = state.record(now, failed, probe)
             return state.snapshot(), changed
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...hoststate import HostFileError, ensure_state_dir, open_host_file
-from .store import StoreUnavailable, Update, not_taken
+from .store import StoreUnavailable, Update, load_record, not_taken
 
 SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value REAL NOT NULL, expires REAL NOT NULL);
@@ -307,13 +307,13 @@ class SQLiteStore:
                               (self.prefix + key, time.time())).fetchall()
         except sqlite3.Error as exc:
             raise self._unavailable(exc) from exc
-        return json.loads(rows[0][0]) if rows else None
+        return load_record(rows[0][0]) if rows else None
 
     async def update(self, key: str, step: Update, ttl: float) -> Any:
         def work(db: sqlite3.Connection, now: float) -> Any:
             full = self.prefix + key
             row = db.execute("SELECT value FROM blobs WHERE key = ? AND expires > ?", (full, now)).fetchone()
-            new, result = step(json.loads(row[0]) if row else None, now)
+            new, result = step(load_record(row[0]) if row else None, now)
             db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?, ?)", (full, json.dumps(new), now + ttl))
             return result
         return self._run(work)

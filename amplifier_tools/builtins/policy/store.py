@@ -20,6 +20,7 @@ secrets in clear: idempotent results are redacted by the plugin first.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Awaitable, Callable
@@ -103,6 +104,17 @@ class SharedStore(Protocol):
         """Every live key under the prefix, with its value: ``{"key", "kind", "value", "expires_in"}``."""
 
     async def close(self) -> None: ...
+
+
+def load_record(raw: str | bytes) -> Any:
+    """A record ``update`` wrote, read back. What is not JSON was not written by ``update`` (another
+    deployment or version sharing the prefix, a person): it comes back as its text (the first 80
+    characters), which no caller takes for a record, rather than as an error that failed every
+    call of the tool (found by attack)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # ValueError: not JSON, or not UTF-8; RecursionError: nested too deep
+        return (raw.decode(errors="replace") if isinstance(raw, bytes) else raw)[:80]
 
 
 def next_window(out: int) -> float:
