@@ -1064,3 +1064,51 @@ def test_a_writer_starting_while_another_rotates_the_log_waits_for_the_new_file(
     second.append(b'{"kind":"call","tag":"b-after"}')
     first.append(b'{"kind":"call","tag":"a-after"}')
     _one_valid_chain(path, [first, second], [*tags, "b-after", "a-after"])
+
+
+@pytest.mark.parametrize("listing", ["missed the last rotated file", "was taken before another rotation"])
+def test_a_rotation_never_replaces_a_rotated_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  listing: str) -> None:
+    """A rotation named its target one past the highest rotated file it listed, then renamed the
+    live file there with ``os.rename``, which replaces an existing target silently. A listing that
+    did not show the last rotated file (left out, or that file rotated after the listing: it was
+    made outside the directory's lock) made the rotation replace it: its records were lost, and a
+    writer whose file it was found its file among no rotated file and set the log aside as replaced
+    ("the file this writer left is not among the rotated files", seen once in CI: 4 processes
+    sharing a log rotated every 2 KB). The target is now chosen under the directory's exclusive
+    lock, and never a name that exists."""
+    path = tmp_path / "shared.jsonl"
+    first, second = _rotating(path), _rotating(path)
+    tags = ["a", "b"]
+    first.append(b'{"kind":"call","tag":"a"}')
+    second.append(b'{"kind":"call","tag":"b"}')  # the second's file is the live one: rotated next
+    real_listdir, armed = os.listdir, [False]
+
+    def listdir(where: Any) -> list[str]:
+        names = real_listdir(where)
+        if not armed[0] or not isinstance(where, int):  # the writer lists its directory's descriptor
+            return names
+        armed[0] = False
+        rotated = sorted((int(m.group("n")), name) for name in names if (m := writer_module.ROTATED.match(name)))
+        if listing == "missed the last rotated file":
+            return [name for name in names if name != rotated[-1][1]]
+        # Another rotation lands between the listing and the rename (a file of the log's name and
+        # number, as a rotation leaves it): the rename went over it.
+        planted = path.with_name(f"shared.{rotated[-1][0] + 1}.jsonl")
+        planted.write_bytes(b"")
+        tags_planted.append(planted.name)
+        return names
+
+    tags_planted: list[str] = []
+    tags += _append_until_rotated(first, path, "first")  # shared.1.jsonl: the second's file
+    monkeypatch.setattr(os, "listdir", listdir)
+    armed[0] = True
+    tags += _append_until_rotated(first, path, "again")  # the next rotation lists the directory once, wrongly
+    assert not armed[0]
+    second.append(b'{"kind":"call","tag":"b-after"}')  # follows both rotations from shared.1.jsonl
+    assert second.tampered is None, second.tampered
+    monkeypatch.setattr(os, "listdir", real_listdir)
+    for name in tags_planted:  # kept, and not taken for part of the log
+        assert (tmp_path / name).exists()
+        (tmp_path / name).unlink()
+    _one_valid_chain(path, [first, second], [*tags, "b-after"])

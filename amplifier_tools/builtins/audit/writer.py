@@ -627,7 +627,7 @@ class AuditWriter:
         assert head is not None and self._dir_fd is not None
         following: list[str] = []
         if not self._continues(new, head.hash):
-            stem = self._leaf[: -len(".jsonl")] if self._leaf.endswith(".jsonl") else self._leaf
+            stem = self._stem()
             numbered = sorted(((int(m.group("n")), name) for name in os.listdir(self._dir_fd)
                                if (m := ROTATED.match(name)) and m.group("stem") == stem), reverse=True)
             inode = os.fstat(old).st_ino
@@ -642,7 +642,7 @@ class AuditWriter:
             else:
                 raise _Tampered(f"the log {self.path} was replaced: the file at its path does not continue "
                                 f"from record {head.records}, and the file this writer left is not among the "
-                                "rotated files")
+                                f"rotated files ({self._whereabouts(old, numbered)})")
         for name in following:
             try:
                 fd = open_host_file(name, os.O_RDONLY, dir_fd=self._dir_fd)
@@ -657,6 +657,21 @@ class AuditWriter:
         self._head = _Head(os.fstat(new).st_ino, 0, head.hash, 0)  # the live file chains from the last one's end
         self._file_started = None
         self._extend(new, os.fstat(new).st_size, live=True)
+
+    def _whereabouts(self, old: int, numbered: list[tuple[int, str]]) -> str:
+        """Where the file ``old`` went, for the report of ``_chain_rotated`` not finding it: its
+        names left in the log's directory (none: it was deleted, or a rename replaced it), and the
+        rotated files seen."""
+        assert self._dir_fd is not None
+        st = os.fstat(old)
+        names = []
+        for name in os.listdir(self._dir_fd):
+            with contextlib.suppress(OSError):
+                if os.lstat(name, dir_fd=self._dir_fd).st_ino == st.st_ino:
+                    names.append(name)
+        seen = ", ".join(name for _, name in sorted(numbered)[-3:]) or "none"
+        return (f"inode {st.st_ino}, {st.st_nlink} link(s), named {', '.join(names) or 'nothing here'}; "
+                f"{len(numbered)} rotated, the last {seen}")
 
     @staticmethod
     def _continues(fd: int, digest: str) -> bool:
@@ -843,11 +858,8 @@ class AuditWriter:
             return
         if self.fsync != "never":
             os.fsync(fd)  # records in the old file are durable before it is renamed away
-        stem = self._leaf[: -len(".jsonl")] if self._leaf.endswith(".jsonl") else self._leaf
-        numbers = [int(m.group("n")) for name in os.listdir(self._dir_fd)
-                   if (m := ROTATED.match(name)) and m.group("stem") == stem]
-        target = f"{stem}.{max(numbers, default=0) + 1}.jsonl"
         with self._path_lock(fcntl.LOCK_EX):  # nobody opens the path until the new file there is locked
+            target = self._rotation_target()
             os.rename(self._leaf, target, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
             new = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
             fcntl.flock(new, fcntl.LOCK_EX)  # before the old lock goes: waiters then find the new file complete
@@ -857,6 +869,24 @@ class AuditWriter:
         self._file_started = None
         self._write_line(new, encode_body({"v": 1, "kind": "rotated", "ts": time.time(), "from": target}))
         self._write_anchor()
+
+    def _rotation_target(self) -> str:
+        """The name the live file is rotated to: ``<stem>.<n>.jsonl``, ``n`` one past the highest
+        rotated file, and never a name that exists (``os.rename`` replaces its target silently: a
+        rotated file, and the records in it, would be lost, and a writer whose file it was would
+        find it among no rotated file and take the log for replaced). Chosen under the directory's
+        exclusive lock (``_path_lock``), as every rotation is, so two rotations never pick one
+        number; it was listed before taking that lock."""
+        assert self._dir_fd is not None
+        stem = self._stem()
+        number = max((int(m.group("n")) for name in os.listdir(self._dir_fd)
+                      if (m := ROTATED.match(name)) and m.group("stem") == stem), default=0) + 1
+        while self._exists(f"{stem}.{number}.jsonl"):  # listed since: not by a writer of this log
+            number += 1
+        return f"{stem}.{number}.jsonl"
+
+    def _stem(self) -> str:
+        return self._leaf[: -len(".jsonl")] if self._leaf.endswith(".jsonl") else self._leaf
 
     def _age(self) -> float:
         """Seconds since the live file's first record was written."""
