@@ -42,6 +42,7 @@ from ..definitions import model_name
 from ..errors import ContractError
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
+from ..redaction import RecordingResolver
 from ..spec import Effect
 from ._common import (
     ContextSource,
@@ -176,7 +177,13 @@ class _SDKTool:
         if blocks is not None:
             if len(blocks) == 1 and blocks[0]["type"] == "text":
                 return ToolResult(success=True, output=blocks[0]["text"])
-            return ToolResult(success=True, output=render(blocks), metadata={"content": blocks})
+            # Rendered with the host's secrets (the registry the call's resolver records into): the
+            # rendering cuts long URIs and folds whitespace, after which the host's scrub of the text
+            # no longer finds a secret cut in two (found by attack: a token's head at the cut of a
+            # file URL reached the model and the audit record). As the MCP client renders.
+            resolver = context.secrets if context is not None else None
+            secrets = resolver.registry if isinstance(resolver, RecordingResolver) else ()
+            return ToolResult(success=True, output=render(blocks, secrets), metadata={"content": blocks})
         return ToolResult(success=True, output=output if isinstance(output, (str, dict, list)) else str(output))
 
 

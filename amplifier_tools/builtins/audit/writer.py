@@ -114,6 +114,11 @@ class _Head:
     records: int
 
 
+#: The most digits of a rotated file's number that sets the next rotation's (10**18 rotations: a
+#: rotation a nanosecond for 30 years). A file numbered higher was not rotated there by a writer.
+MAX_ROTATED_DIGITS: Final = 18
+
+
 def _settle_all(futures: list[asyncio.Future[None]], error: AuditWriteError | None,
                 judge: Callable[[AuditWriteError], BaseException | None]) -> None:
     """Resolve the waiters of one loop whose records one fsync covered (run on that loop); a
@@ -859,8 +864,19 @@ class AuditWriter:
         if self.fsync != "never":
             os.fsync(fd)  # records in the old file are durable before it is renamed away
         with self._path_lock(fcntl.LOCK_EX):  # nobody opens the path until the new file there is locked
-            target = self._rotation_target()
-            os.rename(self._leaf, target, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            try:
+                target = self._rotation_target()
+                os.rename(self._leaf, target, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            except OSError as exc:
+                # Nothing changed, and the record is written: a rotation that could not happen is not
+                # its loss (found by attack: a planted name made every rotation fail, and every append
+                # raised ``AuditWriteError`` for a record it had written). The live file grows; the
+                # next record tries again. (An fsync failure above, or a failure after the rename,
+                # still fails the append: the first is the record's durability, the second leaves
+                # the path empty.)
+                log.warning("audit log %s: not rotated (%s); the live file grows, the next record tries again",
+                            self.path, exc)
+                return
             new = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
             fcntl.flock(new, fcntl.LOCK_EX)  # before the old lock goes: waiters then find the new file complete
         self._fd = new
@@ -872,7 +888,10 @@ class AuditWriter:
 
     def _rotation_target(self) -> str:
         """The name the live file is rotated to: ``<stem>.<n>.jsonl``, ``n`` one past the highest
-        rotated file, and never a name that exists (``os.rename`` replaces its target silently: a
+        rotated file (of at most ``MAX_ROTATED_DIGITS`` digits: a higher number was put there by
+        hand, and ``verify`` reads it as part of the log and reports it; found by attack: one past
+        a planted 243-digit number is a name too long for the file system, and no rotation could
+        happen again), and never a name that exists (``os.rename`` replaces its target silently: a
         rotated file, and the records in it, would be lost, and a writer whose file it was would
         find it among no rotated file and take the log for replaced). Chosen under the directory's
         exclusive lock (``_path_lock``), as every rotation is, so two rotations never pick one
@@ -880,7 +899,8 @@ class AuditWriter:
         assert self._dir_fd is not None
         stem = self._stem()
         number = max((int(m.group("n")) for name in os.listdir(self._dir_fd)
-                      if (m := ROTATED.match(name)) and m.group("stem") == stem), default=0) + 1
+                      if (m := ROTATED.match(name)) and m.group("stem") == stem
+                      and len(m.group("n")) <= MAX_ROTATED_DIGITS), default=0) + 1
         while self._exists(f"{stem}.{number}.jsonl"):  # listed since: not by a writer of this log
             number += 1
         return f"{stem}.{number}.jsonl"

@@ -19,8 +19,23 @@ HALF_OPEN: Final = "half_open"
 STATES: Final = (CLOSED, OPEN, HALF_OPEN)
 
 
+#: The largest magnitude of a number in a breaker record: what every JSON reader keeps exactly.
+LARGEST: Final = 2**53
+
+
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number within ``LARGEST``. Found by attack: an integer past a float's range made
+    ``math.isfinite`` raise ``OverflowError`` (in the check meant to keep foreign records from
+    failing calls), and a ``tokens`` of 4,300 digits passed, then one more probe token could not
+    be written back (``json.dumps``: past the interpreter's digit limit); both failed every call
+    of the tool with ``hook_failed``."""
+    if value.__class__ is int:
+        return -LARGEST <= value <= LARGEST
+    return value.__class__ is float and math.isfinite(value) and -LARGEST <= value <= LARGEST
+
+
+def _integer(value: Any) -> bool:
+    return value.__class__ is int and -LARGEST <= value <= LARGEST
 
 
 def is_record(data: Any) -> bool:
@@ -31,10 +46,10 @@ def is_record(data: Any) -> bool:
     if not isinstance(data, dict) or data.get("state") not in STATES:
         return False
     probe, tokens, outcomes = data.get("probe"), data.get("tokens"), data.get("outcomes")
-    return (_number(data.get("opened_at")) and type(tokens) is int and (probe is None or type(probe) is int)
+    return (_number(data.get("opened_at")) and _integer(tokens) and (probe is None or _integer(probe))
             and isinstance(outcomes, list)
             and all(type(outcome) is list and len(outcome) == 2 and _number(outcome[0])
-                    and isinstance(outcome[1], (bool, int)) for outcome in outcomes))
+                    and (outcome[1].__class__ is bool or _integer(outcome[1])) for outcome in outcomes))
 
 
 class CircuitBreaker:

@@ -254,10 +254,21 @@ class RedisLink:
                     await connection.read_response()  # QUEUED
                 except ReadOnlyError as exc:  # a replica: the transaction is refused, nothing written
                     raise _NotWritten(exc) from exc
-                if await connection.read_response() is not None:
+                done = await connection.read_response()
+                if done is not None:
+                    # ``EXEC`` ran the transaction, but a ``SET`` failing as it ran (an expiry out of
+                    # range) is an error in its array, and nothing was written (found by attack: the
+                    # update answered as if written, and a breaker never opened). The reply was read
+                    # in full: the connection is kept; the error is not resent (it would fail again).
+                    failed = [reply for reply in done if isinstance(reply, Exception)]
+                    if failed:
+                        self._idle.append(connection)
+                        connection = None
+                        raise failed[0]
                     break
         except BaseException:
-            self._discard(connection)
+            if connection is not None:
+                self._discard(connection)
             raise
         self._idle.append(connection)
         return answer

@@ -195,8 +195,15 @@ def read_url(url: str) -> tuple[str, str | None]:
     return f"{scheme}://{shown}:{parts.get('port') or 6379}/{db or 0}", None
 
 
+#: The longest TTL sent to Redis (ms, about 31,700 years): Redis refuses a ``PX``/``PEXPIRE`` past
+#: ``LLONG_MAX`` less its clock. Found by attack: a breaker with ``cooldown_ms = 1e19`` ("open until
+#: reset") had a record TTL of 2e19 ms, its ``SET`` failed inside ``EXEC``, and it never opened; a
+#: lease or window of such a length failed its scripts with ``policy_store_unavailable``.
+MAX_TTL_MS: Final = 10**15
+
+
 def _ms(seconds: float) -> int:
-    return max(int(seconds * 1000), 1)
+    return min(max(int(seconds * 1000), 1), MAX_TTL_MS)
 
 
 class RedisStore:
