@@ -1,4 +1,4 @@
-"""Attacks on the fixes of 4b2c522 (policy store) and 256ebc1 (audit rotation): what was found.
+"""Attacks on the same day's fixes of the policy store and of the audit log's rotation: what was found.
 
 - ``breaker.is_record`` let a foreign record through whose numbers Python cannot handle: an
   integer ``opened_at`` (or outcome time) past a float's range made ``math.isfinite`` raise
@@ -31,31 +31,12 @@ from typing import Any
 
 import pytest
 import redis
-from helpers import ToolsPlugin
 from redis_server import RedisServer
+from test_policy_redis_attack import Failing, _host
 
-from amplifier_tools import ToolHost, ToolResult, ToolSpec
+from amplifier_tools import ToolSpec
 from amplifier_tools.builtins.policy.breaker import is_record
 from amplifier_tools.builtins.policy.store import StoreUnavailable, open_store
-
-
-class Failing:
-    spec = ToolSpec(name="failing", description="failing", effect="Pure",
-                    policies={"timeout_ms": 10_000,
-                              "circuit_breaker": {"failure_threshold": 2, "cooldown_ms": 600_000}})
-    name, description = "failing", "failing"
-
-    async def execute(self, input: dict[str, Any]) -> ToolResult:
-        raise RuntimeError("the service behind it is down")
-
-
-def _host(tmp_path: Path, url: str, *tools: Any) -> ToolHost:
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    config = {"state_dir": str(tmp_path / "state"),
-              "plugins": {"policy": {"store": url, "store_timeout_ms": 5000}}}
-    return ToolHost(config=config, plugins=[ToolsPlugin(*tools)], builtins=["policy"], entry_points=False,
-                    discover=False, working_dir=work)
 
 
 def _record(**fields: Any) -> bytes:

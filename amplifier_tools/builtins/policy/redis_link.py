@@ -185,7 +185,7 @@ class RedisLink:
         self._idle.append(connection)
         return reply
 
-    async def update(self, key: str, decide: Callable[[bytes | None, float], Decision]) -> Any:
+    def update(self, key: str, decide: Callable[[bytes | None, float], Decision]) -> Coroutine[Any, Any, Any]:
         """Change ``key`` by ``decide(current value or None, the server's time in seconds)`` and
         return what it answers third (a key of another type is read as the server's error, as
         text: no record ``decide`` wrote). Another writer that changed the key between the read and
@@ -193,41 +193,31 @@ class RedisLink:
         ``command`` is, by the bound set before it. A connection error on a connection that had
         been idle is tried once more on a new one, as ``command`` does, but only before the write
         was sent (after, the write may have run: deciding again would count it twice)."""
-        wait, self.wait = self.wait, self.timeout
-        task = asyncio.current_task()
-        assert task is not None
-        self.watchdog.enter(task, asyncio.get_running_loop().time() + wait)
-        expired = False
+        return self.bounded(self._in_turn(key, decide))
+
+    async def _in_turn(self, key: str, decide: Callable[[bytes | None, float], Decision]) -> Any:
+        """``update`` once the updates of ``key`` before it on this link are done."""
+        turn = self._updating.get(key)
+        if turn is None:
+            turn = self._updating[key] = _Turn()
+        turn.users += 1
         try:
-            turn = self._updating.get(key)
-            if turn is None:
-                turn = self._updating[key] = _Turn()
-            turn.users += 1
-            try:
-                async with turn.lock:  # one at a time per key and link: see the module's docstring
-                    idle = bool(self._idle)
+            async with turn.lock:  # one at a time per key and link: see the module's docstring
+                idle = bool(self._idle)
+                try:
+                    return await self._update(self._idle.pop() if idle else self._new(), key, decide)
+                except _NotWritten as failed:
+                    if not idle:
+                        raise failed.error from None
+                    self._drop_idle()
                     try:
-                        return await self._update(self._idle.pop() if idle else self._new(), key, decide)
-                    except _NotWritten as failed:
-                        if not idle:
-                            raise failed.error from None
-                        self._drop_idle()
-                        try:
-                            return await self._update(self._new(), key, decide)
-                        except _NotWritten as again:
-                            raise again.error from None
-            finally:
-                turn.users -= 1
-                if not turn.users:
-                    del self._updating[key]
-                expired = self.watchdog.leave(task)
-        except asyncio.CancelledError:
-            if expired:
-                raise StoreUnavailable(f"Redis store {self.where} did not answer within {wait:.3g} s",
-                                       timed_out=True) from None
-            raise
-        except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+                        return await self._update(self._new(), key, decide)
+                    except _NotWritten as again:
+                        raise again.error from None
+        finally:
+            turn.users -= 1
+            if not turn.users:
+                del self._updating[key]
 
     async def _update(self, connection: Any, key: str, decide: Callable[[bytes | None, float], Decision]) -> Any:
         """``update`` on ``connection``: back to the free list only after ``EXEC`` was read."""
@@ -290,8 +280,9 @@ class RedisLink:
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
 
-    async def bounded(self, work: Any) -> Any:
-        """Await ``work`` (a call of the redis-py client itself) within the next command's bound."""
+    async def bounded(self, work: Coroutine[Any, Any, Any]) -> Any:
+        """Await ``work`` (a coroutine, not started yet) within the next command's bound, as
+        ``command`` does inline (its own copy: the decisions' path pays for every frame)."""
         wait, self.wait = self.wait, self.timeout
         task = asyncio.current_task()
         assert task is not None
