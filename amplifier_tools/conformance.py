@@ -19,7 +19,9 @@ implementations (plugin); mounting it on a fresh host succeeds; every tool's
 contract is valid (name, SemVer, input/output schemas are valid JSON Schema);
 every example's input validates against the input schema and its output
 against the output schema; examples of ``Pure`` tools run and return what they
-promise; effects are consistent with policies. Examples of tools with any
+promise, leave their working directory as they found it (a failure) and, when
+the example gives no output, return the same output when run again (a
+warning); effects are consistent with policies. Examples of tools with any
 other effect are never run. Examples run in a temporary working directory,
 with the files an example lists (``Example.files``) written into it first.
 """
@@ -188,7 +190,14 @@ def _check_shape(candidate: _Candidate, report: Report, label: str) -> Any:
     if isinstance(plugin, ModuleType) and not _has_hooks(plugin):
         seed_mount = getattr(plugin, "mount", None)
         if not callable(seed_mount):
-            report.add(f"{label}mount present", False, "module has neither hook implementations nor a mount function")
+            message = "module has neither hook implementations nor a mount function"
+            # Found by trial: ``validate mytools`` on a module of ``@tool`` functions said only that.
+            tools = [attr for attr, value in vars(plugin).items()
+                     if callable(getattr(value, "execute", None)) and hasattr(value, "spec")]
+            if tools:
+                listed = ", ".join(f"{plugin.__name__}:{attr}" for attr in tools[:5])
+                message += f"; it holds tools: validate each ({listed}), or mount them from a plugin's mount"
+            report.add(f"{label}mount present", False, message)
             return None
     elif inspect.isfunction(plugin) and not _has_hooks(plugin):
         seed_mount = plugin
@@ -325,7 +334,9 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
             continue
         if run_examples and spec.effect is Effect.Pure:
             _write_example_files(workdir, example.files)
+            before = _snapshot(workdir)
             result = await host.call(name, example.input)
+            changed = _changes(before, _snapshot(workdir))
             if example.error_code is not None:
                 got = (result.error or {}).get("code")
                 report.add(label, got == example.error_code, f"expected error {example.error_code!r}, got {got!r}")
@@ -335,9 +346,56 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
                 report.add(label, False, f"ran; output {result.output!r} != example {example.output!r}")
             else:
                 report.add(label, True, "valid; ran")
+            if changed:
+                report.add(f"{label}: Pure", False,
+                           f"a Pure tool changed its working directory ({changed}): declare its real effect")
+            elif result.success and example.output is None:
+                again = await host.call(name, example.input)
+                if again.success and again.output != result.output:
+                    report.add(f"{label}: Pure", False,
+                               f"two runs returned different outputs ({result.output!r}, then {again.output!r}): "
+                               "is it Pure?", warning=True)
         else:
             note = "" if spec.effect is Effect.Pure else f" (not run: {spec.effect.value})"
             report.add(label, True, "valid" + note)
+
+
+def _snapshot(root: str) -> dict[str, tuple[int, int]]:
+    """Every file and directory under ``root`` (relative path -> size, modification time)."""
+    seen: dict[str, tuple[int, int]] = {}
+    for directory, dirs, files in os.walk(root):
+        for entry in dirs + files:
+            path = os.path.join(directory, entry)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            seen[os.path.relpath(path, root)] = (info.st_size, info.st_mtime_ns)
+    return seen
+
+
+def _changes(before: Mapping[str, tuple[int, int]], after: Mapping[str, tuple[int, int]]) -> str:
+    """What a ``Pure`` example did to its working directory, or "" (found by trial: a tool that
+    declared ``Pure`` and wrote files passed every check; a lie that lets the host retry it)."""
+    parts = []
+    for verb, names in (("created", sorted(set(after) - set(before))),
+                        ("removed", sorted(set(before) - set(after))),
+                        ("modified", sorted(k for k in set(before) & set(after) if before[k] != after[k]))):
+        if names:
+            parts.append(f"{verb} {', '.join(names[:5])}" + (f" and {len(names) - 5} more" if len(names) > 5 else ""))
+    return "; ".join(parts)
+
+
+def _label(target: Any) -> str:
+    """What a report calls an object target: a tool by its contract's name, a plugin by its
+    name, else its repr (found by trial: ``<...FunctionTool object at 0x7f...>`` headed the
+    report of a failing ``assert_conforms``)."""
+    name = getattr(getattr(target, "spec", None), "name", None)
+    if isinstance(name, str):
+        return f"tool {name!r}"
+    if _has_hooks(target):
+        return f"plugin {plugin_name(target)!r}"
+    return repr(target)
 
 
 def check_target(target: Any, *, run_examples: bool = True, config: Mapping[str, Any] | None = None) -> Report:
@@ -351,7 +409,7 @@ def check_target(target: Any, *, run_examples: bool = True, config: Mapping[str,
 async def check_target_async(target: Any, *, run_examples: bool = True,
                              config: Mapping[str, Any] | None = None) -> Report:
     """``check_target`` for code already inside an event loop."""
-    report = Report(target if isinstance(target, str) else repr(target))
+    report = Report(target if isinstance(target, str) else _label(target))
     config = validate_config(config) if config is not None else {}
     candidates = _resolve(target, report, config)
     for candidate in candidates:

@@ -1,24 +1,49 @@
 """``@tool``: turn a plain Python function into a tool with a derived input schema.
 
 The input schema comes from the signature: ``str``/``int``/``float``/``bool``,
-``list[X]``, ``dict[str, X]``, ``X | None``, ``Literal[...]`` and defaults.
-Parameters of other types are refused at decoration time (name and type in the
-message) rather than accepted unchecked. The description is the docstring's
-first paragraph unless given.
+``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``set[X]``/``frozenset[X]``,
+``dict[str, X]``, ``X | None``, ``Literal[...]`` and defaults. A tuple, set or
+frozenset argument arrives as one (JSON has only arrays): the host validates a
+list, and the function gets the type its signature names. Parameters of other
+types (``dict`` keyed by anything but ``str`` included: JSON keys are strings)
+are refused at decoration time (name and type in the message) rather than
+accepted unchecked. A default goes into the schema only when it is JSON data
+(a default of ``math.inf`` or an object stays the function's own). The
+description is the docstring's first paragraph unless given; each parameter's,
+its entry in an ``Args:`` section or ``:param name:`` line.
 
 A sync function runs in a worker thread so it does not block the event loop;
-note that a timeout can abandon, but not stop, a running thread.
+note that a timeout can abandon, but not stop, a running thread. The threads
+are daemon threads of this module's own pool, not the event loop's default
+executor (found by trial: ``asyncio.run`` and ``amplifier-tools validate`` waited
+at exit, forever, for a hung function that the timeout had already abandoned).
+
+A method decorated in a class body is a descriptor: ``obj.method`` is the tool
+bound to ``obj``, ``self`` left out of the schema. Generator functions are
+refused (their body would never run: the "output" was a generator object), a
+sync callable returning an awaitable (a sync decorator around an ``async def``)
+has it awaited, and ``SystemExit`` from the function (``sys.exit``, argparse)
+is an ``ExecutionError`` ``tool_exited`` rather than the end of the host's
+process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
+import json
+import os
+import queue
+import re
+import threading
 import types
 import typing
 from collections.abc import Callable
 from typing import Any, Literal, Union
 
+from .errors import ContractError, ExecutionError
 from .models import ToolContext, ToolResult
 from .spec import Effect, ToolSpec
 
@@ -31,74 +56,358 @@ _PRIMITIVES: dict[Any, dict[str, Any]] = {
     Any: {},
 }
 
+#: Turns a validated JSON value into what the annotation names (a list into a tuple or set).
+_Convert = Callable[[Any], Any]
+
 
 def schema_for_annotation(annotation: Any, where: str) -> dict[str, Any]:
     """The JSON Schema of one annotation; ``TypeError`` naming ``where`` if unsupported."""
+    return _schema_and_converter(annotation, where)[0]
+
+
+def _schema_and_converter(annotation: Any, where: str) -> tuple[dict[str, Any], _Convert | None]:
+    """The schema of ``annotation`` and, where JSON's spelling is not the annotated type (a tuple
+    or set arrives as a list), the conversion the function's argument needs (else None).
+
+    Found by trial: ``tuple[int, str]`` was ``{"items": {"type": "integer"}}`` (``[1, "a"]``
+    refused, ``[1, 2]`` accepted), ``set[int]`` reached the function as a list with duplicates,
+    and ``dict[int, str]`` was accepted although JSON keys are strings (``d[1]`` never found).
+    """
     if annotation in _PRIMITIVES:
-        return dict(_PRIMITIVES[annotation])
+        return dict(_PRIMITIVES[annotation]), None
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is Literal:
-        return {"enum": list(args)}
+        # Found by trial: ``Literal[Color.RED]`` (an Enum member) went into the schema as the object.
+        odd = [arg for arg in args if type(arg) not in (str, int, float, bool, type(None))]
+        if odd:
+            raise TypeError(f"{where}: Literal value {odd[0]!r} is not a JSON string, number, boolean or null")
+        return {"enum": list(args)}, None
     if origin in (Union, types.UnionType):
-        return {"anyOf": [schema_for_annotation(arg, where) for arg in args]}
-    if origin in (list, tuple, set, frozenset) or annotation in (list, tuple):
-        item = args[0] if args else Any
-        return {"type": "array", "items": schema_for_annotation(item, where)}
+        arms = [_schema_and_converter(arg, where) for arg in args]
+        return {"anyOf": [schema for schema, _ in arms]}, _union_converter(arms)
+    if origin is tuple or annotation is tuple:
+        if annotation in (tuple, typing.Tuple) or (len(args) == 2 and args[1] is Ellipsis):  # noqa: UP006
+            item, convert = _schema_and_converter(args[0] if args else Any, where)
+            return {"type": "array", "items": item}, _sequence_converter(tuple, convert)
+        if args in ((), ((),)):  # tuple[()]: the empty tuple (spelled ((),) before Python 3.11)
+            return {"type": "array", "maxItems": 0}, lambda value: ()
+        parts = [_schema_and_converter(arg, where) for arg in args]
+        schema = {"type": "array", "prefixItems": [part for part, _ in parts], "items": False,
+                  "minItems": len(parts), "maxItems": len(parts)}
+        converters = [convert for _, convert in parts]
+        return schema, lambda value: tuple(
+            convert(item) if convert is not None else item for convert, item in zip(converters, value, strict=True))
+    if origin in (set, frozenset) or annotation in (set, frozenset):
+        item, convert = _schema_and_converter(args[0] if args else Any, where)
+        kind = frozenset if frozenset in (origin, annotation) else set
+        return {"type": "array", "items": item, "uniqueItems": True}, _sequence_converter(kind, convert)
+    if origin is list or annotation is list:
+        item, convert = _schema_and_converter(args[0] if args else Any, where)
+        return {"type": "array", "items": item}, _sequence_converter(list, convert) if convert else None
     if origin is dict or annotation is dict:
-        value = args[1] if len(args) == 2 else Any
-        return {"type": "object", "additionalProperties": schema_for_annotation(value, where)}
+        if len(args) == 2 and args[0] not in (str, Any):
+            raise TypeError(f"{where}: type {annotation!r}: JSON object keys are strings; use dict[str, ...]")
+        value, convert = _schema_and_converter(args[1] if len(args) == 2 else Any, where)
+        converter = (lambda data: {key: convert(item) for key, item in data.items()}) if convert else None
+        return {"type": "object", "additionalProperties": value}, converter
     raise TypeError(f"{where}: type {annotation!r} has no JSON Schema mapping; use str, int, float, "
-                    "bool, list, dict, Literal or Optional of these")
+                    "bool, list, tuple, set, dict[str, ...], Literal or Optional of these")
 
 
-def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool]:
+def _sequence_converter(kind: Callable[[Any], Any], convert: _Convert | None) -> _Convert:
+    if convert is None:
+        return kind
+    return lambda value: kind(convert(item) for item in value)
+
+
+def _union_converter(arms: list[tuple[dict[str, Any], _Convert | None]]) -> _Convert | None:
+    """A union converts a JSON array when exactly one of its arms is an array (``tuple[int, int] |
+    None``), and a JSON object when exactly one is an object; else the value is left as it came."""
+    def only(json_type: str) -> _Convert | None:
+        found = [convert for schema, convert in arms if schema.get("type") == json_type]
+        return found[0] if len(found) == 1 else None
+
+    for_list, for_dict = only("array"), only("object")
+    if for_list is None and for_dict is None:
+        return None
+
+    def convert(value: Any) -> Any:
+        if isinstance(value, list) and for_list is not None:
+            return for_list(value)
+        if isinstance(value, dict) and for_dict is not None:
+            return for_dict(value)
+        return value
+
+    return convert
+
+
+def _json_default(value: Any) -> tuple[bool, Any]:
+    """``(True, value as JSON data)`` when a parameter's default can go into the schema.
+
+    Found by trial: a default of ``math.inf`` (or a ``Path``, an object) went into the schema
+    as it was, and ``tool_definitions()`` then handed a model a schema that is not JSON. Such a
+    default stays the function's own: the schema leaves it out.
+    """
     try:
-        hints = typing.get_type_hints(func)
-    except NameError as exc:
-        raise TypeError(f"{func.__qualname__}: cannot resolve an annotation ({exc})") from exc
+        return True, json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError):
+        return False, None
+
+
+def _is_context(annotation: Any) -> bool:
+    """``ToolContext``, ``ToolContext | None`` or no annotation: the parameter receives the call's context."""
+    if annotation is None or annotation is ToolContext:
+        return True
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return set(typing.get_args(annotation)) == {ToolContext, type(None)}
+    return False
+
+
+def _target(func: Callable[..., Any]) -> Callable[..., Any]:
+    """The function whose annotations describe ``func``: a ``functools.partial``'s function, a
+    callable object's ``__call__`` (``typing.get_type_hints`` refuses both themselves)."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    if not (inspect.isfunction(func) or inspect.ismethod(func) or inspect.isbuiltin(func)) and callable(func):
+        return type(func).__call__
+    return func
+
+
+def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool, dict[str, _Convert]]:
+    try:
+        hints = typing.get_type_hints(_target(func))
+    except NameError:
+        # Found by trial: under ``from __future__ import annotations`` a type defined in the
+        # decorating function's body (a test's own ``Literal`` alias, Enum, ...) could not be
+        # resolved. Its names are the decorating frame's locals: try those, as pydantic does.
+        try:
+            hints = typing.get_type_hints(_target(func), localns=_decorating_locals())
+        except NameError as exc:
+            raise TypeError(f"{_label(func)}: cannot resolve an annotation ({exc})") from exc
     properties: dict[str, Any] = {}
     required: list[str] = []
+    converters: dict[str, _Convert] = {}
     takes_context = False
-    for param in inspect.signature(func).parameters.values():
+    described = _parameter_docs(inspect.getdoc(func) or "")
+    parameters = list(inspect.signature(func).parameters.values())
+    if _is_method(func):
+        parameters = parameters[1:]  # ``self``: the instance the method is reached through
+    for param in parameters:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"{func.__qualname__}: *args/**kwargs cannot be described by a schema")
-        if param.name == "context" and hints.get("context") in (ToolContext, None):
+            raise TypeError(f"{_label(func)}: *args/**kwargs cannot be described by a schema")
+        if param.kind is param.POSITIONAL_ONLY:
+            raise TypeError(f"{_label(func)}({param.name}): a positional-only parameter cannot be passed "
+                            "by name; make it an ordinary parameter")
+        if param.name == "context" and _is_context(hints.get("context")):
             takes_context = True
             continue
         annotation = hints.get(param.name, Any)
-        schema = schema_for_annotation(annotation, f"{func.__qualname__}({param.name})")
+        schema, convert = _schema_and_converter(annotation, f"{_label(func)}({param.name})")
+        if convert is not None:
+            converters[param.name] = convert
         if param.default is param.empty:
             required.append(param.name)
         else:
-            schema["default"] = param.default
+            is_json, default = _json_default(param.default)
+            if is_json:
+                schema["default"] = default
+        if param.name in described:
+            schema["description"] = described[param.name]
         properties[param.name] = schema
     schema = {"type": "object", "properties": properties, "additionalProperties": False}
     if required:
         schema["required"] = required
-    return schema, takes_context
+    return schema, takes_context, converters
+
+
+def _is_method(func: Callable[..., Any]) -> bool:
+    """A plain function whose first parameter is ``self``: ``@tool`` on a method in a class body.
+
+    Found by trial: ``self`` became a required argument of any JSON value, the model's to send.
+    Its ``FunctionTool`` is a descriptor now: ``obj.method`` is the tool bound to ``obj``."""
+    if not inspect.isfunction(func):
+        return False
+    first = next(iter(inspect.signature(func).parameters.values()), None)
+    return first is not None and first.name == "self" and first.kind is first.POSITIONAL_OR_KEYWORD
+
+
+_SECTION = re.compile(r"^(Args|Arguments|Parameters|Params)\s*:\s*$")
+_GOOGLE_ITEM = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_SPHINX_ITEM = re.compile(r"^:param\s+(?:[^:\s]+\s+)?(\w+)\s*:\s*(.*)$")
+
+
+def _parameter_docs(doc: str) -> dict[str, str]:
+    """Parameter descriptions from a docstring: a Google-style ``Args:`` section (``name: text``
+    or ``name (type): text``, continuation lines indented deeper) or Sphinx ``:param name: text``.
+
+    Found by trial: they were dropped, so the model saw bare types where the author had written
+    what each parameter means (pydantic-ai and the Agents SDK put them into the schema).
+    """
+    found: dict[str, str] = {}
+    current: str | None = None  # the parameter whose description continues on the next line
+    section: int | None = None  # the indent of the ``Args:`` line while inside that section
+    item: int | None = None  # the indent of the section's items
+    for line in doc.splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if not stripped:  # a blank line ends an item and a section
+            current = section = item = None
+            continue
+        sphinx = _SPHINX_ITEM.match(stripped)
+        if sphinx:
+            current, section = sphinx.group(1), None
+            found[current] = sphinx.group(2)
+        elif _SECTION.match(stripped):
+            current, section, item = None, indent, None
+        elif section is not None and indent <= section:  # the next section begins
+            current = section = None
+        elif section is not None and (item is None or indent <= item) and _GOOGLE_ITEM.match(stripped):
+            google = _GOOGLE_ITEM.match(stripped)
+            assert google is not None
+            item, current = indent, google.group(1).lstrip("*")
+            found[current] = google.group(2)
+        elif current is not None and not stripped.startswith(":"):
+            found[current] = f"{found[current]} {stripped}"
+        else:
+            current = None
+    return {name: text.strip() for name, text in found.items() if text.strip()}
+
+
+def _decorating_locals() -> dict[str, Any]:
+    """The local names of the nearest frame outside this module: where ``@tool`` was applied."""
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    try:
+        return dict(frame.f_locals) if frame is not None else {}
+    finally:
+        del frame
+
+
+def _label(func: Callable[..., Any]) -> str:
+    return str(getattr(_target(func), "__qualname__", None) or repr(func))
+
+
+class _DaemonPool:
+    """Worker threads for sync functions, as ``ThreadPoolExecutor`` keeps them (reused, at most
+    ``max_workers``) but daemon and never joined: a function the timeout abandoned keeps its
+    thread, and neither the event loop's shutdown nor the interpreter's exit waits for it."""
+
+    def __init__(self, max_workers: int) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._workers = 0
+        self._max = max_workers
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._jobs.put(job)
+        if self._idle.acquire(blocking=False):  # a waiting worker takes it
+            return
+        with self._lock:
+            if self._workers >= self._max:
+                return
+            self._workers += 1
+            number = self._workers
+        threading.Thread(target=self._work, name=f"amplifier-tools-function-{number}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            self._jobs.get()()
+            self._idle.release()
+
+
+_POOL = _DaemonPool(min(32, (os.cpu_count() or 1) + 4))
+
+
+def _exited(name: str, exc: SystemExit) -> ExecutionError:
+    return ExecutionError(f"tool {name!r} called sys.exit({exc.code!r})", code="tool_exited", cause="SystemExit")
+
+
+async def _in_thread(name: str, func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """``func(**kwargs)`` in a daemon worker thread (with the caller's context variables, as
+    ``asyncio.to_thread``); its ``SystemExit`` comes back as ``ExecutionError``."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    variables = contextvars.copy_context()
+
+    def settle(failed: BaseException | None, value: Any) -> None:
+        if future.done():  # abandoned (timeout, cancellation)
+            return
+        if failed is not None:
+            future.set_exception(failed)
+        else:
+            future.set_result(value)
+
+    def job() -> None:
+        failed: BaseException | None = None
+        value: Any = None
+        try:
+            value = variables.run(func, **kwargs)
+        except SystemExit as exc:
+            failed = _exited(name, exc)
+        except BaseException as exc:  # handed to the awaiting call, as to_thread does
+            failed = exc
+        try:
+            loop.call_soon_threadsafe(settle, failed, value)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            pass
+
+    _POOL.submit(job)
+    return await future
 
 
 class FunctionTool:
     """A tool wrapping a function; its contract is in ``spec``."""
 
-    def __init__(self, func: Callable[..., Any], spec: ToolSpec, takes_context: bool) -> None:
+    def __init__(self, func: Callable[..., Any], spec: ToolSpec, takes_context: bool,
+                 converters: dict[str, _Convert] | None = None) -> None:
         self.func = func
         self.spec = spec
         self.name = spec.name
         self.description = spec.description
         self.input_schema = spec.input_schema
         self._takes_context = takes_context
+        self._converters = converters or {}
         self._is_async = inspect.iscoroutinefunction(func)
+        self._unbound_method = _is_method(func)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> FunctionTool:
+        """On an instance, a decorated method is the tool bound to it (``self`` is not in the schema)."""
+        if instance is None or not self._unbound_method:
+            return self
+        bound = FunctionTool(self.func.__get__(instance, owner), self.spec, self._takes_context, self._converters)
+        return bound
+
+    def __repr__(self) -> str:
+        return f"<FunctionTool {self.name!r} of {_label(self.func)}>"
 
     async def execute(self, input: dict[str, Any], context: ToolContext | None = None) -> ToolResult:
+        if self._unbound_method:
+            raise ExecutionError(f"tool {self.name!r} is a method: mount it from an instance "
+                                 f"(obj.{getattr(self.func, '__name__', 'method')}), not from its class",
+                                 code="unbound_method")
         kwargs = dict(input)
+        for key, convert in self._converters.items():
+            if key in kwargs:
+                kwargs[key] = convert(kwargs[key])
         if self._takes_context:
             kwargs["context"] = context
-        if self._is_async:
-            value = await self.func(**kwargs)
-        else:
-            value = await asyncio.to_thread(self.func, **kwargs)
+        try:
+            if self._is_async:
+                value = await self.func(**kwargs)
+            else:
+                value = await _in_thread(self.name, self.func, kwargs)
+                if inspect.isawaitable(value):  # a sync wrapper around an async function
+                    value = await value
+        except SystemExit as exc:
+            raise _exited(self.name, exc) from None
+        if inspect.isgenerator(value) or inspect.isasyncgen(value):
+            if inspect.isgenerator(value):
+                value.close()
+            raise ContractError(f"tool {self.name!r} returned a generator; return its items as a list",
+                                code="invalid_result")
         return value if isinstance(value, ToolResult) else ToolResult(success=True, output=value)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -118,19 +427,28 @@ def tool(
 
     ``@tool`` or ``@tool(name="local::math.add", effect="Pure", version="1.0.0")``;
     any other ``ToolSpec`` field may be passed as a keyword. A parameter named
-    ``context`` receives the call's ``ToolContext`` and is not in the schema.
+    ``context`` (annotated ``ToolContext``, ``ToolContext | None`` or not at all)
+    receives the call's ``ToolContext`` and is not in the schema. A
+    ``functools.partial`` or a callable object works too, given a ``name``.
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
-        schema, takes_context = _input_schema(f)
+        target = _target(f)
+        if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+            raise TypeError(f"{_label(f)}: a generator function cannot be a tool (its body would not run "
+                            "until iterated); return a list")
+        schema, takes_context, converters = _input_schema(f)
+        own_name = getattr(f, "__name__", None)
+        if name is None and not isinstance(own_name, str):
+            raise TypeError(f"{_label(f)} has no __name__: pass @tool(name=...)")
         doc = inspect.getdoc(f) or ""
         spec = ToolSpec(
-            name=name or f.__name__,
+            name=name or typing.cast(str, own_name),
             description=description if description is not None else doc.split("\n\n")[0].strip(),
             input_schema=schema,
             effect=Effect(effect),
             **spec_fields,
         )
-        return FunctionTool(f, spec, takes_context)
+        return FunctionTool(f, spec, takes_context, converters)
 
     return wrap(func) if func is not None else wrap

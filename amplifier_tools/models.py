@@ -97,12 +97,23 @@ class ToolResult:
 
 
 def output_text(output: Any) -> str:
-    """A tool's output as text: a string as it is, nothing as ``""``, anything else as compact JSON."""
+    """A tool's output as text: a string as it is, nothing as ``""``, anything else as compact JSON.
+
+    What JSON cannot hold is summarized as the audit record summarizes it (``_json.encodable``):
+    found by trial, a function tool returning ``math.factorial(2000)`` (over 4,300 digits) or a
+    list holding itself made ``get_serialized_output`` raise ``ValueError`` — in the framework
+    adapters, ``serve-mcp`` and ``amplifier-tools call`` — after the call had succeeded.
+    """
     if output is None:
         return ""
     if isinstance(output, str):
         return output
-    return json.dumps(output, ensure_ascii=False, default=str)
+    try:
+        return json.dumps(output, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        from ._json import encodable
+
+        return json.dumps(encodable(output, []), ensure_ascii=False, default=str)
 
 
 @attrs.frozen(slots=True)

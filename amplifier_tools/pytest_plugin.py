@@ -4,7 +4,8 @@ Fixtures:
 
 - ``tool_host`` — a factory of fresh hosts in a temporary working directory:
   ``async with tool_host(MyPlugin(), config={...}) as host: ...`` (no built-in
-  or entry-point plugins unless asked: ``builtins=True``, ``entry_points=True``).
+  or entry-point plugins unless asked: ``builtins=True`` or a list of names,
+  ``entry_points=True`` or a list of entry-point names — only those load).
 - ``hook_recorder`` — a plugin recording every hook call and decision; pass it
   to ``tool_host`` and inspect ``hook_recorder.calls`` / ``.hooks()``.
 
@@ -13,6 +14,7 @@ Helpers importable from this module: ``MockTool`` and ``assert_conforms``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +97,14 @@ class HookRecorder:
         self.events.append((event, data))
 
 
-async def assert_conforms(target: Any, *, run_examples: bool = True) -> Report:
-    """Run the ``amplifier-tools validate`` checks on a tool, plugin or module; fail the test if any fails."""
-    report = await check_target_async(target, run_examples=run_examples)
+async def assert_conforms(target: Any, *, run_examples: bool = True, config: Mapping[str, Any] | None = None) -> Report:
+    """Run the ``amplifier-tools validate`` checks on a tool, plugin or module; fail the test if any fails.
+
+    ``config`` is a host configuration, as ``validate --config`` loads one: the plugin is mounted
+    with its own ``[plugins.<name>]`` section (found by trial: a plugin that needs a setting
+    could not pass here, the helper had no way to give it one).
+    """
+    report = await check_target_async(target, run_examples=run_examples, config=config)
     if not report.ok:
         pytest.fail(report.render(), pytrace=False)
     return report
@@ -114,8 +121,16 @@ def tool_host(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """
 
     def make(*plugins: Any, config: dict[str, Any] | None = None, builtins: Any = False,
-             entry_points: bool = False) -> ToolHost:
+             entry_points: bool | str | Iterable[str] = False) -> ToolHost:
         config = dict(config or {})
+        if not isinstance(entry_points, bool):
+            # Names: only those entry points (``load_plugins``). Found by trial: the documented
+            # ``entry_points=["my-policy"]`` went to ToolHost as a true value and loaded every
+            # installed plugin and Amplifier module beside the one named.
+            names = [entry_points] if isinstance(entry_points, str) else list(entry_points)
+            if names:
+                config["load_plugins"] = [*config.get("load_plugins", []), *names]
+            entry_points = bool(names)
         if "state_dir" not in config:
             config["state_dir"] = str(tmp_path_factory.mktemp("tool-host-state"))
         return ToolHost(config=config, plugins=plugins, builtins=builtins, entry_points=entry_points,

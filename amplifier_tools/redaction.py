@@ -268,6 +268,17 @@ def _redact_path(value: Any, parts: list[str]) -> Any:
     return value
 
 
+def _digits(number: int | float) -> str:
+    """A number as the encoders write it; ``""`` for an integer past Python's 4,300-digit limit,
+    which no encoder writes as digits (``_json.encodable`` summarizes it). Found by trial: a
+    function tool returning ``math.factorial(2000)`` on a host with secrets ended in an
+    ``internal`` error — ``str()`` raised inside the redaction."""
+    try:
+        return str(number)
+    except ValueError:
+        return ""
+
+
 def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -> Any:
     if isinstance(value, str):
         if matcher is not None and matcher.found_in(value):
@@ -281,7 +292,7 @@ def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -
     if isinstance(value, (list, tuple)):
         return [_redact_strings(item, matcher, patterns) for item in value]
     if isinstance(value, (int, float)) and not isinstance(value, bool) and matcher is not None \
-            and matcher.found_in(str(value)):
+            and matcher.found_in(_digits(value)):
         return PLACEHOLDER  # a numeric secret (a PIN, an account number) returned as a JSON number
     if value is None or isinstance(value, (bool, int, float)):
         return value
@@ -303,7 +314,7 @@ def _redact_key(key: Any, matcher: SecretMatcher | None, patterns: bool) -> Any:
     if isinstance(key, str):
         return _redact_strings(key, matcher, patterns)
     if isinstance(key, (int, float)) and not isinstance(key, bool) and matcher is not None \
-            and matcher.found_in(str(key)):
+            and matcher.found_in(_digits(key)):
         return PLACEHOLDER
     if isinstance(key, tuple):  # a Python caller gets the object itself: its parts, kept hashable
         clean = tuple(_redact_key(part, matcher, patterns) for part in key)
