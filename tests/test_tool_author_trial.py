@@ -208,7 +208,7 @@ async def test_sys_exit_in_a_tool_is_a_typed_error_not_the_end_of_the_process(ho
     @tool(name="local::cli.run")
     def run(argv: list[str]) -> str:
         """Run a small command line."""
-        parser = argparse.ArgumentParser(prog="x", exit_on_error=False)
+        parser = argparse.ArgumentParser(prog="x")
         parser.add_argument("--n", type=int, required=True)
         return str(parser.parse_args(argv).n)
 
