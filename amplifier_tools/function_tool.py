@@ -30,12 +30,12 @@ process.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import functools
 import inspect
 import json
 import os
-import queue
 import re
 import threading
 import types
@@ -45,6 +45,7 @@ from typing import Any, Literal, Union
 
 from .errors import ContractError, ExecutionError
 from .models import ToolContext, ToolResult
+from .results import error_from_exception
 from .spec import Effect, ToolSpec
 
 _PRIMITIVES: dict[Any, dict[str, Any]] = {
@@ -99,7 +100,7 @@ def _schema_and_converter(annotation: Any, where: str) -> tuple[dict[str, Any], 
         return schema, lambda value: tuple(
             convert(item) if convert is not None else item for convert, item in zip(converters, value, strict=True))
     if origin in (set, frozenset) or annotation in (set, frozenset):
-        item, convert = _schema_and_converter(args[0] if args else Any, where)
+        item, convert = _set_item(args[0] if args else Any, where)
         kind = frozenset if frozenset in (origin, annotation) else set
         return {"type": "array", "items": item, "uniqueItems": True}, _sequence_converter(kind, convert)
     if origin is list or annotation is list:
@@ -113,6 +114,42 @@ def _schema_and_converter(annotation: Any, where: str) -> tuple[dict[str, Any], 
         return {"type": "object", "additionalProperties": value}, converter
     raise TypeError(f"{where}: type {annotation!r} has no JSON Schema mapping; use str, int, float, "
                     "bool, list, tuple, set, dict[str, ...], Literal or Optional of these")
+
+
+#: What a set of ``Any`` holds: the JSON values Python can hash (an array or object cannot be).
+_HASHABLE_JSON: dict[str, Any] = {"type": ["string", "number", "boolean", "null"]}
+
+
+def _set_item(annotation: Any, where: str) -> tuple[dict[str, Any], _Convert | None]:
+    """The schema and converter of a set's items, refusing an item type that is not hashable
+    once converted (``set[list[int]]``, ``set[dict[str, int]]``, ``frozenset[set[int]]``), and
+    limiting ``set``/``set[Any]`` to JSON scalars.
+
+    Found by attack: such a set was accepted at decoration and every call whose set was not
+    empty failed in the conversion, before the function ran, as ``tool_raised`` ``TypeError:
+    unhashable type`` — the model was blamed for the author's type, and told nothing it could fix.
+    """
+    if annotation is Any:
+        return dict(_HASHABLE_JSON), None
+    if not _hashable(annotation):
+        raise TypeError(f"{where}: type {annotation!r} cannot be a set's item (a JSON array or object "
+                        "arrives as a list or dict, which cannot be hashed); use tuple[...] or frozenset[...]")
+    return _schema_and_converter(annotation, where)
+
+
+def _hashable(annotation: Any) -> bool:
+    """Whether every value of ``annotation``, as converted for the function, can be hashed."""
+    if annotation in _PRIMITIVES:
+        return annotation is not Any
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is Literal or origin is frozenset or annotation is frozenset:
+        return True
+    if origin in (Union, types.UnionType):
+        return all(_hashable(arg) for arg in args)
+    if origin is tuple:  # bare ``typing.Tuple`` (no args) holds anything
+        return bool(args) and all(arg is Ellipsis or arg == () or _hashable(arg) for arg in args)
+    return False
 
 
 def _sequence_converter(kind: Callable[[Any], Any], convert: _Convert | None) -> _Convert:
@@ -167,22 +204,24 @@ def _is_context(annotation: Any) -> bool:
 def _target(func: Callable[..., Any]) -> Callable[..., Any]:
     """The function whose annotations describe ``func``: a ``functools.partial``'s function, a
     callable object's ``__call__`` (``typing.get_type_hints`` refuses both themselves)."""
-    while isinstance(func, functools.partial):
-        func = func.func
+    while isinstance(func, (functools.partial, staticmethod)):
+        func = func.__func__ if isinstance(func, staticmethod) else func.func
     if not (inspect.isfunction(func) or inspect.ismethod(func) or inspect.isbuiltin(func)) and callable(func):
         return type(func).__call__
     return func
 
 
 def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool, dict[str, _Convert]]:
+    target = _target(func)
+    defining = _defining_locals(target)
     try:
-        hints = typing.get_type_hints(_target(func))
+        hints = typing.get_type_hints(target, localns=defining)
     except NameError:
         # Found by trial: under ``from __future__ import annotations`` a type defined in the
         # decorating function's body (a test's own ``Literal`` alias, Enum, ...) could not be
         # resolved. Its names are the decorating frame's locals: try those, as pydantic does.
         try:
-            hints = typing.get_type_hints(_target(func), localns=_decorating_locals())
+            hints = typing.get_type_hints(target, localns={**_decorating_locals(), **(defining or {})})
         except NameError as exc:
             raise TypeError(f"{_label(func)}: cannot resolve an annotation ({exc})") from exc
     properties: dict[str, Any] = {}
@@ -233,7 +272,9 @@ def _is_method(func: Callable[..., Any]) -> bool:
 
 
 _SECTION = re.compile(r"^(Args|Arguments|Parameters|Params)\s*:\s*$")
-_GOOGLE_ITEM = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+#: Found by attack: ``\s*(?:\(...\))?\s*:`` tried every split of a run of spaces between its two
+#: ``\s*`` (quadratic: an ``Args:`` line of 16,000 spaces took a second, 100,000 about a minute).
+_GOOGLE_ITEM = re.compile(r"^(\*{0,2}\w+)(?:\s*\([^)]*\))?\s*:\s*(.*)$")
 _SPHINX_ITEM = re.compile(r"^:param\s+(?:[^:\s]+\s+)?(\w+)\s*:\s*(.*)$")
 
 
@@ -274,6 +315,44 @@ def _parameter_docs(doc: str) -> dict[str, str]:
     return {name: text.strip() for name, text in found.items() if text.strip()}
 
 
+def _defining_locals(target: Any) -> dict[str, Any] | None:
+    """The local names of the scopes ``target`` was defined in (innermost first in priority),
+    from the frames on the stack that ``__qualname__`` names; None for a module-level function
+    or when none of those frames is running any more.
+
+    Found by attack: the decorating frame's locals were consulted only after the module's
+    globals had failed, so a local type shadowing a global of the same name (``Mode =
+    Literal["local"]`` in the function, ``Mode = Literal["global"]`` in the module) gave the
+    global's schema, silently: Python resolves the local. And ``[tool(f, ...) for ...]`` on
+    Python 3.10 and 3.11 (a comprehension is a frame of its own there) found no local at all.
+    """
+    qualname = getattr(target, "__qualname__", None)
+    if not isinstance(qualname, str):
+        return None
+    parts = qualname.split(".")[:-1]
+    # The enclosing scopes, innermost first: "a.<locals>.C.m" -> "a.<locals>.C" (a class body), "a".
+    scopes = [".".join(parts[:end]) for end in range(len(parts), 0, -1) if parts[end - 1] != "<locals>"]
+    if not scopes:
+        return None
+    found: list[dict[str, Any]] = []
+    frame = inspect.currentframe()
+    try:
+        while frame is not None and len(found) < len(scopes):
+            code = frame.f_code
+            wanted = scopes[len(found)]
+            if getattr(code, "co_qualname", wanted) == wanted and code.co_name == wanted.rsplit(".", 1)[-1]:
+                found.append(dict(frame.f_locals))
+            frame = frame.f_back
+    finally:
+        del frame
+    if not found:
+        return None
+    merged: dict[str, Any] = {}
+    for names in reversed(found):  # the innermost scope's names win
+        merged.update(names)
+    return merged
+
+
 def _decorating_locals() -> dict[str, Any]:
     """The local names of the nearest frame outside this module: where ``@tool`` was applied."""
     frame = inspect.currentframe()
@@ -292,30 +371,55 @@ def _label(func: Callable[..., Any]) -> str:
 class _DaemonPool:
     """Worker threads for sync functions, as ``ThreadPoolExecutor`` keeps them (reused, at most
     ``max_workers``) but daemon and never joined: a function the timeout abandoned keeps its
-    thread, and neither the event loop's shutdown nor the interpreter's exit waits for it."""
+    thread, and neither the event loop's shutdown nor the interpreter's exit waits for it.
+
+    Found by attack: the pool is the process's, not an event loop's, so the threads of hung
+    functions counted against ``max_workers`` forever, and once that many had hung (six on a
+    two-core machine) every later sync tool call, on any host, waited in the queue until its
+    timeout. A thread whose job was abandoned while running (``lost``) no longer counts: another
+    takes its place, and the thread ends when its function returns. The idle workers are
+    counted exactly (a semaphore released at every job's end counted more than there were).
+    """
 
     def __init__(self, max_workers: int) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
-        self._lock = threading.Lock()
-        self._workers = 0
+        self._jobs: collections.deque[Callable[[], bool]] = collections.deque()
+        self._ready = threading.Condition(threading.Lock())
+        self._workers = 0  # threads counted against ``max_workers``
+        self._idle = 0  # of those, the ones waiting for a job and not yet woken for one
         self._max = max_workers
 
-    def submit(self, job: Callable[[], None]) -> None:
-        self._jobs.put(job)
-        if self._idle.acquire(blocking=False):  # a waiting worker takes it
-            return
-        with self._lock:
-            if self._workers >= self._max:
+    def submit(self, job: Callable[[], bool]) -> None:
+        """Queue ``job``; it returns False when its thread must end (its job was ``lost``)."""
+        with self._ready:
+            self._jobs.append(job)
+            if self._idle:
+                self._idle -= 1
+                self._ready.notify()
                 return
-            self._workers += 1
-            number = self._workers
-        threading.Thread(target=self._work, name=f"amplifier-tools-function-{number}", daemon=True).start()
+            self._start_if_room()
+
+    def lost(self) -> None:
+        """A running job was abandoned: its thread no longer counts (and stops after it)."""
+        with self._ready:
+            self._workers -= 1
+            if len(self._jobs) > self._idle:
+                self._start_if_room()
+
+    def _start_if_room(self) -> None:  # under ``self._ready``
+        if self._workers >= self._max:
+            return
+        self._workers += 1
+        threading.Thread(target=self._work, name=f"amplifier-tools-function-{self._workers}", daemon=True).start()
 
     def _work(self) -> None:
         while True:
-            self._jobs.get()()
-            self._idle.release()
+            with self._ready:
+                while not self._jobs:
+                    self._idle += 1
+                    self._ready.wait()
+                job = self._jobs.popleft()
+            if not job():
+                return
 
 
 _POOL = _DaemonPool(min(32, (os.cpu_count() or 1) + 4))
@@ -327,10 +431,19 @@ def _exited(name: str, exc: SystemExit) -> ExecutionError:
 
 async def _in_thread(name: str, func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     """``func(**kwargs)`` in a daemon worker thread (with the caller's context variables, as
-    ``asyncio.to_thread``); its ``SystemExit`` comes back as ``ExecutionError``."""
+    ``asyncio.to_thread``); its ``SystemExit`` comes back as ``ExecutionError``.
+
+    Found by attack: a call abandoned (timeout, cancellation) while its job still waited in the
+    queue ran later all the same — a side effect after the caller was told it timed out, and
+    perhaps after its retry. ``to_thread`` cancelled a job that had not started; so does this.
+    And a ``StopIteration`` (``next()`` on an empty iterator) could not be set on the future
+    (``TypeError`` in the loop's callback): the call hung until its timeout, or for ever.
+    """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
     variables = contextvars.copy_context()
+    state = ["queued"]  # -> "running" -> "done"; or "abandoned" (never runs), "lost" (abandoned running)
+    lock = threading.Lock()
 
     def settle(failed: BaseException | None, value: Any) -> None:
         if future.done():  # abandoned (timeout, cancellation)
@@ -340,22 +453,39 @@ async def _in_thread(name: str, func: Callable[..., Any], kwargs: dict[str, Any]
         else:
             future.set_result(value)
 
-    def job() -> None:
+    def job() -> bool:
+        with lock:
+            if state[0] == "abandoned":
+                return True
+            state[0] = "running"
         failed: BaseException | None = None
         value: Any = None
         try:
             value = variables.run(func, **kwargs)
         except SystemExit as exc:
             failed = _exited(name, exc)
+        except StopIteration as exc:  # a future refuses it
+            failed = error_from_exception(exc, name)
         except BaseException as exc:  # handed to the awaiting call, as to_thread does
             failed = exc
+        with lock:
+            keep = state[0] != "lost"
+            state[0] = "done"
         try:
             loop.call_soon_threadsafe(settle, failed, value)
         except RuntimeError:  # the loop has closed: nobody is waiting any more
             pass
+        return keep
 
     _POOL.submit(job)
-    return await future
+    try:
+        return await future
+    finally:
+        if not future.done() or future.cancelled():
+            with lock:
+                was, state[0] = state[0], {"queued": "abandoned", "running": "lost"}.get(state[0], state[0])
+            if was == "running":
+                _POOL.lost()
 
 
 class FunctionTool:
@@ -433,6 +563,11 @@ def tool(
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
+        if isinstance(f, staticmethod):
+            # Found by attack: ``@tool`` over ``@staticmethod`` (or ``tool(staticmethod(f))``) was
+            # taken for a callable object, its hints read from ``staticmethod.__call__``: every
+            # parameter's type silently became "any JSON value". The function is what it wraps.
+            f = f.__func__
         target = _target(f)
         if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
             raise TypeError(f"{_label(f)}: a generator function cannot be a tool (its body would not run "

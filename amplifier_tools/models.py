@@ -102,7 +102,9 @@ def output_text(output: Any) -> str:
     What JSON cannot hold is summarized as the audit record summarizes it (``_json.encodable``):
     found by trial, a function tool returning ``math.factorial(2000)`` (over 4,300 digits) or a
     list holding itself made ``get_serialized_output`` raise ``ValueError`` — in the framework
-    adapters, ``serve-mcp`` and ``amplifier-tools call`` — after the call had succeeded.
+    adapters, ``serve-mcp`` and ``amplifier-tools call`` — after the call had succeeded. Found by
+    attack: so did an object whose ``__str__`` raises (``default=str`` let its exception out);
+    ``encodable`` writes such an object as ``<TypeName>``.
     """
     if output is None:
         return ""
@@ -110,7 +112,7 @@ def output_text(output: Any) -> str:
         return output
     try:
         return json.dumps(output, ensure_ascii=False, default=str)
-    except (ValueError, RecursionError):
+    except Exception:  # ValueError, RecursionError, or whatever a hostile __str__ raised
         from ._json import encodable
 
         return json.dumps(encodable(output, []), ensure_ascii=False, default=str)
