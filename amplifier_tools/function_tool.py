@@ -204,8 +204,8 @@ def _is_context(annotation: Any) -> bool:
 def _target(func: Callable[..., Any]) -> Callable[..., Any]:
     """The function whose annotations describe ``func``: a ``functools.partial``'s function, a
     callable object's ``__call__`` (``typing.get_type_hints`` refuses both themselves)."""
-    while isinstance(func, (functools.partial, staticmethod)):
-        func = func.__func__ if isinstance(func, staticmethod) else func.func
+    while isinstance(func, functools.partial):  # (``tool`` unwraps a ``staticmethod`` first)
+        func = func.func
     if not (inspect.isfunction(func) or inspect.ismethod(func) or inspect.isbuiltin(func)) and callable(func):
         return type(func).__call__
     return func
