@@ -40,14 +40,24 @@ The guarantees are the client's:
   ``WATCH``, one write per round, the rest reading again — work growing with the square of
   their number — and 371 of them ran out of a 2 s store timeout).
 
-Limits: no pipelining across decisions (one exchange per connection at a time; concurrent
-decisions use several connections, at most as many as are in flight at once); replies are
+- **At most ``max_connections``** (the client pool's setting: the URL's ``?max_connections=``,
+  else ``DEFAULT_MAX_CONNECTIONS``). A command that finds none idle and the cap reached waits for
+  the next one given back, first come first served, within its own bound. Found by test: 3,000
+  concurrent calls of a rate-limited tool opened a connection each, and opening them (a connect
+  and redis-py's handshake, several round trips) kept the loop so busy that 2,590 of them ran out
+  of the 2 s store timeout (``policy_store_unavailable``), where SQLite admitted all 3,000.
+- **Idle connections are closed** once they have gone unused for ``IDLE_S`` (the fewest idle at
+  any moment of that span, which no command needed, are closed at its end), so a burst's
+  connections do not stay open for the host's life.
+
+Limits: no pipelining across decisions (one exchange per connection at a time); replies are
 redis-py's (bytes, not decoded).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
@@ -82,6 +92,11 @@ class Script:
         self.sha = bulk(hashlib.sha1(text.encode()).hexdigest())
 
 
+#: The cap on a store's connections when its URL sets no ``max_connections``.
+DEFAULT_MAX_CONNECTIONS: Final = 32
+#: How long an idle connection may stay unused before it is closed (seconds).
+IDLE_S: Final = 30.0
+
 #: The first exchange of ``update`` after its ``WATCH`` and ``GET``: the server's clock.
 TIME: Final = b"*1\r\n$4\r\nTIME\r\n"
 #: What ``update``'s ``decide`` answers: the key's new value, its expiry (ms), and what to return.
@@ -110,8 +125,16 @@ class RedisLink:
         #: command starts, so set it right before (no await in between); later ones are back to the
         #: store timeout. An attribute, not a method: it is set before every decision.
         self.wait = timeout
-        self._idle: list[Any] = []  # connected, nothing unread: ready for a command
+        self._idle: list[Any] = []  # connected, nothing unread: ready for a command (the last used last)
         self._all: set[Any] = set()
+        #: At most this many connections at once (the client pool's ``max_connections``).
+        self.max_connections: int = client.connection_pool.max_connections
+        #: Commands waiting for a connection, first come first served: each future gets a
+        #: connection given back, or None for room to make a new one.
+        self._waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
+        #: The fewest idle connections since the last trim: those at the bottom of ``_idle`` went unused.
+        self._fewest_idle = 0
+        self._trimmer: asyncio.TimerHandle | None = None
         self._closing: set[asyncio.Task[Any]] = set()
         self._updating: dict[str, _Turn] = {}  # key -> the updates of it under way here, in turn
         self.watchdog = Watchdog()
@@ -134,10 +157,17 @@ class RedisLink:
         expired = False
         try:
             try:
-                if not self._idle:
+                idle = self._idle
+                if idle:
+                    connection = idle.pop()
+                    if len(idle) < self._fewest_idle:
+                        self._fewest_idle = len(idle)
+                elif len(self._all) < self.max_connections:
                     return await self._on(self._new(), packed, fallback)
+                else:
+                    connection = await self._wait_for_connection()
                 try:
-                    return await self._on(self._idle.pop(), packed, fallback)
+                    return await self._on(connection, packed, fallback)
                 except (RedisConnectionError, ReadOnlyError) as exc:
                     # It idled through a server restart, a dropped link or a failover (a replica now:
                     # nothing ran), and so did the others: once more, on a new connection (redis-py's
@@ -145,7 +175,7 @@ class RedisLink:
                     if not resend and not isinstance(exc, ReadOnlyError):
                         raise
                     self._drop_idle()
-                    return await self._on(self._new(), packed, fallback)
+                    return await self._on(await self._fresh(), packed, fallback)
             finally:
                 expired = self.watchdog.leave(task)
         except asyncio.CancelledError:
@@ -177,12 +207,12 @@ class RedisLink:
             self._discard(connection)
             raise
         except ResponseError:
-            self._idle.append(connection)
+            self._give_back(connection)
             raise
         except BaseException:
             self._discard(connection)
             raise
-        self._idle.append(connection)
+        self._give_back(connection)
         return reply
 
     def update(self, key: str, decide: Callable[[bytes | None, float], Decision]) -> Coroutine[Any, Any, Any]:
@@ -203,15 +233,21 @@ class RedisLink:
         turn.users += 1
         try:
             async with turn.lock:  # one at a time per key and link: see the module's docstring
-                idle = bool(self._idle)
+                if self._idle:
+                    connection, idle = self._idle.pop(), True
+                    self._fewest_idle = min(self._fewest_idle, len(self._idle))
+                elif len(self._all) < self.max_connections:
+                    connection, idle = self._new(), False
+                else:
+                    connection, idle = await self._wait_for_connection(), True
                 try:
-                    return await self._update(self._idle.pop() if idle else self._new(), key, decide)
+                    return await self._update(connection, key, decide)
                 except _NotWritten as failed:
                     if not idle:
                         raise failed.error from None
                     self._drop_idle()
                     try:
-                        return await self._update(self._new(), key, decide)
+                        return await self._update(await self._fresh(), key, decide)
                     except _NotWritten as again:
                         raise again.error from None
         finally:
@@ -252,7 +288,7 @@ class RedisLink:
                     # in full: the connection is kept; the error is not resent (it would fail again).
                     failed = [reply for reply in done if isinstance(reply, Exception)]
                     if failed:
-                        self._idle.append(connection)
+                        self._give_back(connection)
                         connection = None
                         raise failed[0]
                     break
@@ -260,13 +296,66 @@ class RedisLink:
             if connection is not None:
                 self._discard(connection)
             raise
-        self._idle.append(connection)
+        self._give_back(connection)
         return answer
 
-    def _drop_idle(self) -> None:
-        for connection in self._idle:
+    async def _wait_for_connection(self) -> Any:
+        """Wait (the caller's bound applies) for a connection given back, or a new one made when
+        another was dropped, in turn with the other waiters."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._give_back(waiter.result())  # handed over as this one was cancelled: the next gets it
+            raise
+
+    async def _fresh(self) -> Any:
+        """A new connection if the cap leaves room, else the next one given back (after a failure)."""
+        if len(self._all) < self.max_connections:
+            return self._new()
+        return await self._wait_for_connection()
+
+    def _give_back(self, connection: Any) -> None:
+        """A connection whose reply was read in full: to the first waiter, else to the idle list."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(connection)
+                return
+        self._idle.append(connection)
+        if self._trimmer is None:
+            self._fewest_idle = len(self._idle)
+            self._trimmer = asyncio.get_running_loop().call_later(IDLE_S, self._trim)
+
+    def _room(self) -> None:
+        """A connection was dropped: the first waiter gets a new one (made now, so that the count
+        of connections never passes the cap; it connects on its first command)."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(self._new())
+                return
+
+    def _trim(self) -> None:
+        """Close the connections that stayed idle since the last trim (the bottom of ``_idle``:
+        each command takes the last one given back); again in ``IDLE_S`` while any stay idle."""
+        self._trimmer = None
+        unused, self._idle[:self._fewest_idle] = self._idle[:self._fewest_idle], []
+        for connection in unused:
             self._discard(connection)
-        self._idle.clear()
+        if self._idle:
+            self._fewest_idle = len(self._idle)
+            self._trimmer = asyncio.get_running_loop().call_later(IDLE_S, self._trim)
+
+    def _drop_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        self._fewest_idle = 0
+        for connection in idle:
+            self._discard(connection)
 
     def _new(self) -> Any:
         connection = self.client.connection_pool.make_connection()  # type: ignore[no-untyped-call]
@@ -274,7 +363,10 @@ class RedisLink:
         return connection
 
     def _discard(self, connection: Any) -> None:
-        self._all.discard(connection)
+        if connection in self._all:
+            self._all.discard(connection)
+            if self._waiters:
+                self._room()
         if connection.is_connected:  # redis-py disconnects on the failures it sees; a backstop
             closing = asyncio.get_running_loop().create_task(connection.disconnect(nowait=True))
             self._closing.add(closing)
@@ -303,6 +395,13 @@ class RedisLink:
 
     async def close(self) -> None:
         self.watchdog.close()
+        if self._trimmer is not None:
+            self._trimmer.cancel()
+            self._trimmer = None
+        waiters, self._waiters = self._waiters, collections.deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(RedisConnectionError("the store was closed"))
         connections, self._all, self._idle = self._all, set(), []
         for connection in connections:
             try:

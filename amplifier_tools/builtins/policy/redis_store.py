@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from ...errors import ConfigError
-from .redis_link import Fallback, RedisLink, Script, evalsha, pack
+from .redis_link import DEFAULT_MAX_CONNECTIONS, Fallback, RedisLink, Script, evalsha, pack
 from .store import PLUGIN, StoreUnavailable, Update, load_record
 
 NOW: Final = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
@@ -219,7 +219,7 @@ class RedisStore:
         # bound). A cancelled command makes redis-py drop its connection, so no late reply is read
         # by the next one.
         self.client = aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout,
-                                              health_check_interval=30)
+                                              health_check_interval=30, max_connections=DEFAULT_MAX_CONNECTIONS)
         self.link = RedisLink(self.client, self.where, timeout)
         self._takes: dict[str, tuple[float, int, bytes, Fallback]] = {}  # key -> (interval, limit, EVALSHA, EVAL)
         self._scripts = {name: Script(text) for name, text in (
