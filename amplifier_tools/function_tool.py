@@ -2,7 +2,8 @@
 
 The input schema comes from the signature: ``str``/``int``/``float``/``bool``,
 ``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``set[X]``/``frozenset[X]``,
-``dict[str, X]``, ``X | None``, ``Literal[...]`` and defaults. A tuple, set or
+``dict[str, X]``, ``X | None``, ``Literal[...]``, ``Annotated[X, ...]`` with a
+description string or constraints (``_constrained``) and defaults. A tuple, set or
 frozenset argument arrives as one (JSON has only arrays): the host validates a
 list, and the function gets the type its signature names. Parameters of other
 types (``dict`` keyed by anything but ``str`` included: JSON keys are strings)
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import dataclasses
 import functools
 import inspect
 import json
@@ -41,7 +43,7 @@ import threading
 import types
 import typing
 from collections.abc import Callable
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from .errors import ContractError, ExecutionError
 from .models import ToolContext, ToolResult
@@ -74,9 +76,13 @@ def _schema_and_converter(annotation: Any, where: str) -> tuple[dict[str, Any], 
     refused, ``[1, 2]`` accepted), ``set[int]`` reached the function as a list with duplicates,
     and ``dict[int, str]`` was accepted although JSON keys are strings (``d[1]`` never found).
     """
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        base, *metadata = typing.get_args(annotation)
+        schema, convert = _schema_and_converter(base, where)
+        return _constrained(schema, metadata, where), convert
     if annotation in _PRIMITIVES:
         return dict(_PRIMITIVES[annotation]), None
-    origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is Literal:
         # Found by trial: ``Literal[Color.RED]`` (an Enum member) went into the schema as the object.
@@ -114,6 +120,90 @@ def _schema_and_converter(annotation: Any, where: str) -> tuple[dict[str, Any], 
         return {"type": "object", "additionalProperties": value}, converter
     raise TypeError(f"{where}: type {annotation!r} has no JSON Schema mapping; use str, int, float, "
                     "bool, list, tuple, set, dict[str, ...], Literal or Optional of these")
+
+
+#: ``annotated_types`` constraint attributes -> the JSON Schema keyword of a number's bound.
+_BOUNDS: dict[str, str] = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum",
+                           "multiple_of": "multipleOf"}
+#: ``min_length``/``max_length`` by the JSON type they bound.
+_LENGTHS: dict[str, tuple[str, str]] = {"string": ("minLength", "maxLength"), "array": ("minItems", "maxItems"),
+                                        "object": ("minProperties", "maxProperties")}
+#: What ``pydantic.Field(...)`` may set besides constraints: the rest has no meaning for a tool's schema.
+_FIELD_KEEPS: frozenset[str] = frozenset({"description", "title", "examples"})
+
+
+def _constrained(schema: dict[str, Any], metadata: list[Any], where: str) -> dict[str, Any]:
+    """``schema`` with what ``Annotated`` metadata says: a string is the description (as in
+    LangChain), ``annotated_types`` constraints (``Ge``, ``Gt``, ``Le``, ``Lt``, ``Interval``,
+    ``MultipleOf``, ``MinLen``, ``MaxLen``, ``Len``) and ``pydantic.Field(...)`` with those, a
+    ``pattern``, a ``description``, ``title`` or ``examples`` become the schema's keywords.
+
+    Anything else is refused (``TypeError`` naming ``where``): found by trial, ``Annotated[int,
+    Field(ge=0)]`` was read as a plain ``int``, so the host ran the function with -5, which the
+    author had ruled out.
+    """
+    schema = dict(schema)
+    for item in metadata:
+        if isinstance(item, str):
+            schema["description"] = item
+            continue
+        package = type(item).__module__.split(".")[0]
+        if package in ("typing", "typing_extensions") and type(item).__name__ == "Doc":  # PEP 727
+            schema["description"] = str(item.documentation)
+            continue
+        if package == "pydantic" and type(item).__name__ == "FieldInfo":
+            odd = sorted(set(getattr(item, "_attributes_set", {})) - _FIELD_KEEPS)
+            if odd:
+                raise TypeError(f"{where}: Field({odd[0]}=...) has no meaning for a tool's schema"
+                                + ("; give the default in the signature" if odd[0] == "default" else ""))
+            for keyword in ("title", "description", "examples"):
+                if getattr(item, keyword, None) is not None:
+                    schema[keyword] = getattr(item, keyword)
+            schema = _constrained(schema, list(item.metadata), where)
+            continue
+        if package not in ("annotated_types", "pydantic"):
+            raise TypeError(f"{where}: Annotated metadata {item!r} has no JSON Schema mapping; use a description "
+                            "string, annotated_types constraints or pydantic.Field(...)")
+        _constrain(schema, item, where)
+    return schema
+
+
+def _constrain(schema: dict[str, Any], item: Any, where: str) -> None:
+    """Add one ``annotated_types`` (or pydantic) constraint to ``schema`` — to each arm of a union
+    it fits (``Annotated[int | None, Ge(0)]`` bounds the integer) — refusing one that fits none."""
+    given = ({field.name: getattr(item, field.name) for field in dataclasses.fields(item)}
+             if dataclasses.is_dataclass(item) else dict(vars(item)) if hasattr(item, "__dict__") else {})
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given:
+        raise TypeError(f"{where}: Annotated metadata {item!r} has no JSON Schema mapping")
+    arms: list[dict[str, Any]] = schema.get("anyOf", [schema])
+    for name, value in given.items():
+        keyword = _keyword(name, value)
+        if keyword is None:
+            raise TypeError(f"{where}: Annotated metadata {item!r} ({name}) has no JSON Schema mapping")
+        if name == "pattern":
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise TypeError(f"{where}: pattern {value!r} is not a regular expression ({exc})") from None
+        fitting = [(arm, key) for arm in arms if (key := keyword(arm.get("type"))) is not None]
+        if not fitting:
+            kinds = " or ".join(str(arm.get("type", "(any)")) for arm in arms)
+            raise TypeError(f"{where}: {item!r} ({name}) does not apply to a parameter of JSON type {kinds}")
+        for arm, key in fitting:
+            arm[key] = value
+
+
+def _keyword(name: str, value: Any) -> Callable[[Any], str | None] | None:
+    """For constraint ``name`` with ``value``: the schema keyword it is for an arm of a JSON type
+    (None where it does not apply), or None for a constraint with no keyword."""
+    if name in _BOUNDS and type(value) in (int, float):
+        return lambda kind: _BOUNDS[name] if kind in ("integer", "number") else None
+    if name in ("min_length", "max_length") and type(value) is int and value >= 0:
+        return lambda kind: _LENGTHS[kind][name == "max_length"] if kind in _LENGTHS else None
+    if name == "pattern" and isinstance(value, str):
+        return lambda kind: "pattern" if kind == "string" else None
+    return None
 
 
 #: What a set of ``Any`` holds: the JSON values Python can hash (an array or object cannot be).
@@ -194,6 +284,8 @@ def _json_default(value: Any) -> tuple[bool, Any]:
 
 def _is_context(annotation: Any) -> bool:
     """``ToolContext``, ``ToolContext | None`` or no annotation: the parameter receives the call's context."""
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
     if annotation is None or annotation is ToolContext:
         return True
     if typing.get_origin(annotation) in (Union, types.UnionType):
@@ -215,13 +307,14 @@ def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool, dict[
     target = _target(func)
     defining = _defining_locals(target)
     try:
-        hints = typing.get_type_hints(target, localns=defining)
+        hints = typing.get_type_hints(target, localns=defining, include_extras=True)
     except NameError:
         # Found by trial: under ``from __future__ import annotations`` a type defined in the
         # decorating function's body (a test's own ``Literal`` alias, Enum, ...) could not be
         # resolved. Its names are the decorating frame's locals: try those, as pydantic does.
         try:
-            hints = typing.get_type_hints(target, localns={**_decorating_locals(), **(defining or {})})
+            hints = typing.get_type_hints(target, localns={**_decorating_locals(), **(defining or {})},
+                                          include_extras=True)
         except NameError as exc:
             raise TypeError(f"{_label(func)}: cannot resolve an annotation ({exc})") from exc
     properties: dict[str, Any] = {}
@@ -251,7 +344,7 @@ def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool, dict[
             is_json, default = _json_default(param.default)
             if is_json:
                 schema["default"] = default
-        if param.name in described:
+        if param.name in described and "description" not in schema:  # ``Annotated``'s wins
             schema["description"] = described[param.name]
         properties[param.name] = schema
     schema = {"type": "object", "properties": properties, "additionalProperties": False}
