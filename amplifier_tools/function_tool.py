@@ -303,7 +303,10 @@ def _target(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool, dict[str, _Convert]]:
+def _input_schema(func: Callable[..., Any], *, skip_first: bool = False) -> tuple[dict[str, Any], bool,
+                                                                                 dict[str, _Convert]]:
+    """The input schema of ``func``'s parameters, whether it takes ``context``, and the converters
+    of the parameters that need one (``skip_first``: a ``classmethod``'s ``cls``)."""
     target = _target(func)
     defining = _defining_locals(target)
     try:
@@ -323,8 +326,11 @@ def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool, dict[
     takes_context = False
     described = _parameter_docs(inspect.getdoc(func) or "")
     parameters = list(inspect.signature(func).parameters.values())
-    if _is_method(func):
-        parameters = parameters[1:]  # ``self``: the instance the method is reached through
+    if skip_first or _is_method(func):
+        parameters = parameters[1:]  # ``self`` or ``cls``: what the method is reached through
+    elif parameters and parameters[0].name == "cls" and _in_class_body(func):
+        raise TypeError(f"{_label(func)}: a classmethod under @tool: put @tool above @classmethod "
+                        "(else cls would be an argument the model sends)")
     for param in parameters:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise TypeError(f"{_label(func)}: *args/**kwargs cannot be described by a schema")
@@ -351,6 +357,12 @@ def _input_schema(func: Callable[..., Any]) -> tuple[dict[str, Any], bool, dict[
     if required:
         schema["required"] = required
     return schema, takes_context, converters
+
+
+def _in_class_body(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` was defined in a class body (its qualified name's parent is no function)."""
+    parts = getattr(func, "__qualname__", "").split(".")
+    return len(parts) > 1 and parts[-2] != "<locals>"
 
 
 def _is_method(func: Callable[..., Any]) -> bool:
@@ -585,7 +597,7 @@ class FunctionTool:
     """A tool wrapping a function; its contract is in ``spec``."""
 
     def __init__(self, func: Callable[..., Any], spec: ToolSpec, takes_context: bool,
-                 converters: dict[str, _Convert] | None = None) -> None:
+                 converters: dict[str, _Convert] | None = None, *, on_class: bool = False) -> None:
         self.func = func
         self.spec = spec
         self.name = spec.name
@@ -594,10 +606,16 @@ class FunctionTool:
         self._takes_context = takes_context
         self._converters = converters or {}
         self._is_async = inspect.iscoroutinefunction(func)
-        self._unbound_method = _is_method(func)
+        #: A ``classmethod``'s function: bound to the class it is reached through.
+        self._on_class = on_class
+        self._unbound_method = on_class or _is_method(func)
 
     def __get__(self, instance: Any, owner: type | None = None) -> FunctionTool:
-        """On an instance, a decorated method is the tool bound to it (``self`` is not in the schema)."""
+        """On an instance, a decorated method is the tool bound to it (``self`` is not in the
+        schema); a decorated ``classmethod``, on its class or an instance, is bound to the class."""
+        if self._on_class:
+            cls = owner if owner is not None else type(instance)
+            return FunctionTool(self.func.__get__(cls, type(cls)), self.spec, self._takes_context, self._converters)
         if instance is None or not self._unbound_method:
             return self
         bound = FunctionTool(self.func.__get__(instance, owner), self.spec, self._takes_context, self._converters)
@@ -608,9 +626,9 @@ class FunctionTool:
 
     async def execute(self, input: dict[str, Any], context: ToolContext | None = None) -> ToolResult:
         if self._unbound_method:
-            raise ExecutionError(f"tool {self.name!r} is a method: mount it from an instance "
-                                 f"(obj.{getattr(self.func, '__name__', 'method')}), not from its class",
-                                 code="unbound_method")
+            where = "its class or an instance" if self._on_class else "an instance"
+            raise ExecutionError(f"tool {self.name!r} is a method: mount it from {where} "
+                                 f"(obj.{getattr(self.func, '__name__', 'method')})", code="unbound_method")
         kwargs = dict(input)
         for key, convert in self._converters.items():
             if key in kwargs:
@@ -661,11 +679,14 @@ def tool(
             # taken for a callable object, its hints read from ``staticmethod.__call__``: every
             # parameter's type silently became "any JSON value". The function is what it wraps.
             f = f.__func__
+        on_class, given = False, typing.cast(Any, f)  # (typeshed: a classmethod is not callable)
+        if isinstance(given, classmethod):  # bound to the class it is reached through (``FunctionTool.__get__``)
+            f, on_class = given.__func__, True
         target = _target(f)
         if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
             raise TypeError(f"{_label(f)}: a generator function cannot be a tool (its body would not run "
                             "until iterated); return a list")
-        schema, takes_context, converters = _input_schema(f)
+        schema, takes_context, converters = _input_schema(f, skip_first=on_class)
         own_name = getattr(f, "__name__", None)
         if name is None and not isinstance(own_name, str):
             raise TypeError(f"{_label(f)} has no __name__: pass @tool(name=...)")
@@ -677,6 +698,6 @@ def tool(
             effect=Effect(effect),
             **spec_fields,
         )
-        return FunctionTool(f, spec, takes_context, converters)
+        return FunctionTool(f, spec, takes_context, converters, on_class=on_class)
 
     return wrap(func) if func is not None else wrap

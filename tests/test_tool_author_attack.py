@@ -13,7 +13,7 @@ from typing import Any, Literal
 import pytest
 from helpers import ToolsPlugin
 
-from amplifier_tools import function_tool, tool
+from amplifier_tools import ExecutionError, function_tool, tool
 from amplifier_tools.models import ToolResult, output_text
 
 #: Shadowed by a local of the same name in ``test_a_local_type_shadowing_a_global_is_the_local``.
@@ -229,3 +229,40 @@ async def test_output_text_survives_an_object_whose_str_raises(host_factory: Any
     result = await host.call("o_odd", {})
     assert isinstance(result, ToolResult) and result.success, result.error
     assert result.get_serialized_output() == '["<_HostileStr>", 1]'
+
+
+async def test_a_classmethod_is_bound_to_its_class_and_cls_is_not_an_argument(host_factory: Any) -> None:
+    """Found by review: ``@tool`` over ``@classmethod`` raised ``TypeError: <classmethod ...> is
+    not a callable object`` from ``inspect`` (no name, no hint), and ``@classmethod`` over
+    ``@tool`` made ``cls`` a required argument for the model to send."""
+
+    class Units:
+        unit = "m"
+
+        @tool(name="local::u.show")
+        @classmethod
+        def show(cls, value: int) -> str:
+            """Show a value in the class's unit."""
+            return f"{value}{cls.unit}"
+
+    class Feet(Units):
+        unit = "ft"
+
+    assert Units.show.spec.input_schema["properties"] == {"value": {"type": "integer"}}
+    assert Units.show(2) == "2m" and Units().show(3) == "3m"
+    host = await host_factory(ToolsPlugin(Units.show))
+    assert (await host.call("u_show", {"value": 4})).output == "4m"
+    assert (await Feet.show.execute({"value": 5})).output == "5ft"  # reached through a subclass: bound to it
+    unbound = tool(classmethod(lambda cls, value: value), name="local::u.loose")  # in no class: nothing to bind
+    with pytest.raises(ExecutionError, match="mount it from its class or an instance") as raised:
+        await unbound.execute({"value": 1})
+    assert raised.value.code == "unbound_method"
+
+
+async def test_classmethod_over_tool_is_refused_with_the_order_to_use() -> None:
+    with pytest.raises(TypeError, match=r"Units.show: a classmethod under @tool: put @tool above @classmethod"):
+        class Units:
+            @classmethod
+            @tool
+            def show(cls, value: int) -> str:
+                return str(value)
