@@ -91,6 +91,46 @@ def render_block(block: Mapping[str, Any], secrets: Collection[str] | SecretSet 
     return f"[{_clip(str(kind), 100, secrets)} content]"
 
 
+#: A part of what a framework shows a model: ``("text", text, None, None)``, or ``("image", base64
+#: data, media type, None)`` or ``("file", base64 data, media type, file name)``.
+Part = tuple[str, str, "str | None", "str | None"]
+
+
+def data_url(part: Part) -> str:
+    """An image or file part as a ``data:`` URL."""
+    return f"data:{part[2] or 'application/octet-stream'};base64,{part[1]}"
+
+
+def model_parts(blocks: Sequence[Mapping[str, Any]]) -> list[Part] | None:
+    """The blocks as the parts a framework can show a model: an image (base64, either spelling) as
+    an image, an embedded resource with a ``blob`` as a file; every other block as its
+    ``render_block`` text, consecutive texts joined by a line break. None when there is no image
+    or file among them (the result's text says it all). The blocks are a result's, scrubbed by the
+    host (base64 that held a secret is a text block by then: ``withhold_redacted``).
+    Limits: audio has no part in the frameworks' tool outputs, so it stays a line of text; the
+    base64 is passed on as the block has it, not decoded here."""
+    parts: list[Part] = []
+    media = False
+    for block in blocks:
+        kind = block.get("type")
+        mime, data = _binary(block) if kind == "image" else (None, None)
+        name = None
+        resource = block.get("resource") if kind == "resource" else None
+        if isinstance(resource, Mapping) and isinstance(resource.get("blob"), str):
+            mime, data = _str(resource.get("mimeType")), resource["blob"]
+            name = (_str(resource.get("uri")) or "").rstrip("/").rsplit("/", 1)[-1] or "file"
+        if isinstance(data, str) and data:
+            media = True
+            parts.append(("image" if kind == "image" else "file", data, mime or "application/octet-stream", name))
+            continue
+        text = render_block(block)
+        if parts and parts[-1][0] == "text":
+            parts[-1] = ("text", f"{parts[-1][1]}\n{text}", None, None)
+        else:
+            parts.append(("text", text, None, None))
+    return parts if media else None
+
+
 def withhold_redacted(blocks: list[Any]) -> list[Any]:
     """``blocks`` (a result's content, already redacted) with every image, audio or embedded
     resource whose base64 data had a secret redacted (its ``data``, ``source.data`` or ``blob``

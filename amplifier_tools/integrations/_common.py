@@ -14,13 +14,15 @@ from typing import Any, TypeVar, Union
 
 import attrs
 
+from ..content import Part, blocks_of, render
+from ..content import model_parts as content_parts
 from ..definitions import model_name
 from ..host import ToolHost
-from ..models import ToolCall, ToolContext, ToolResult, new_call_id
+from ..models import ToolCall, ToolContext, ToolResult, new_call_id, output_text
 from ..spec import ToolSpec
 
 __all__ = ["ContextSource", "call_context", "call_host", "framework_call_id", "is_strict_schema", "missing_extra",
-           "model_text", "parse_arguments", "require_started", "select_specs"]
+           "model_parts", "model_text", "parse_arguments", "require_started", "select_specs"]
 
 log = logging.getLogger("amplifier_tools.integrations")
 
@@ -167,6 +169,37 @@ def model_text(result: ToolResult, max_chars: int | None = None, parse_problem: 
     if max_chars is not None and len(text) > max_chars:
         text = text[:max_chars] + f"\n\n[Truncated: {len(text) - max_chars} characters omitted]"
     return text
+
+
+def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] | None:
+    """What a model is shown of a successful ``result`` whose content holds an image or a file:
+    its parts (``amplifier_tools.content.model_parts``), in the blocks' order when the output is
+    just the blocks rendered (an imported MCP result), else the output's text first and then the
+    images and files. Text is cut, together, at ``max_chars`` with a notice, as ``model_text``
+    cuts. None for a failure, or for a result whose content has no image or file: its text
+    (``model_text``) says it all.
+
+    Found by trial: every adapter showed a model a tool's image as a line naming it
+    (``[image: image/png, 4096 bytes]``), never the picture, though each framework can send one."""
+    blocks = blocks_of(result.metadata) if result.success else []
+    parts = content_parts(blocks) if blocks else None
+    if parts is None:
+        return None
+    if result.output is not None and result.output != render(blocks):
+        parts = [("text", output_text(result.output), None, None), *(part for part in parts if part[0] != "text")]
+    budget = max_chars
+    shown: list[Part] = []
+    for part in parts:
+        text = part[1]
+        if part[0] == "text" and budget is not None:
+            if len(text) > budget:
+                part = ("text", text[:budget] + f"\n\n[Truncated: {len(text) - budget} of {len(text)} characters "
+                        "omitted]", None, None)
+                budget = 0
+            else:
+                budget -= len(text)
+        shown.append(part)
+    return shown
 
 
 #: The keywords OpenAI's strict mode accepts in a schema (structured outputs' supported subset);

@@ -47,6 +47,7 @@ from ._common import missing_extra
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun
     from langchain_core.messages import ToolMessage
+    from langchain_core.messages.content import create_file_block, create_image_block, create_text_block
     from langchain_core.runnables import RunnableConfig
     from langchain_core.tools import BaseTool, InjectedToolCallId, ToolException
     from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -58,7 +59,7 @@ from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
 from ..spec import Effect
-from ._common import call_context, call_host, framework_call_id, model_text, select_specs
+from ._common import call_context, call_host, framework_call_id, model_parts, model_text, select_specs
 
 __all__ = ["AmplifierTool", "host_tool", "tools"]
 
@@ -108,16 +109,27 @@ class AmplifierTool(BaseTool):
         return (), {"arguments": tool_input, "call_id": tool_call_id}
 
     async def _arun(self, arguments: Any, call_id: str | None, config: RunnableConfig,
-                    run_manager: AsyncCallbackManagerForToolRun | None = None) -> str:
+                    run_manager: AsyncCallbackManagerForToolRun | None = None) -> str | list[Any]:
         context = call_context(self.host, self.context_source, config, _trace_id(config, run_manager))
         result = await call_host(self.host, self.tool_name, arguments, context, framework_call_id(call_id))
+        return self._content(result)
+
+    def _content(self, result: ToolResult) -> str | list[Any]:
+        """The tool message's content: the text a model sees, or, for a result with images or files,
+        LangChain's standard text, image and file blocks; a failure raises ``ToolException``
+        (``handle_tool_error`` turns it into a ``ToolMessage`` with status "error")."""
+        parts = model_parts(result, self.max_output_chars)
+        if parts is not None:
+            return [create_text_block(part[1]) if part[0] == "text"
+                    else create_image_block(base64=part[1], mime_type=part[2]) if part[0] == "image"
+                    else create_file_block(base64=part[1], mime_type=part[2], filename=part[3]) for part in parts]
         text = model_text(result, self.max_output_chars)
         if not result.success:
-            raise ToolException(text)  # handle_tool_error turns it into a ToolMessage with status "error"
+            raise ToolException(text)
         return text
 
     def _run(self, arguments: Any, call_id: str | None, config: RunnableConfig,
-             run_manager: CallbackManagerForToolRun | None = None) -> str:
+             run_manager: CallbackManagerForToolRun | None = None) -> str | list[Any]:
         loop = self.host_loop
         if loop is None or not loop.is_running():
             raise RuntimeError(f"{self.name}: sync invoke() needs the event loop the host runs on, running in "
@@ -148,10 +160,7 @@ class AmplifierTool(BaseTool):
             abandoned.set()
             future.cancel()
             raise
-        text = model_text(result, self.max_output_chars)
-        if not result.success:
-            raise ToolException(text)
-        return text
+        return self._content(result)
 
 
 def _trace_id(config: RunnableConfig,

@@ -37,7 +37,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
     raise missing_extra("openai-agents", exc) from exc
 
-from ..content import render
+from ..content import data_url, render
 from ..definitions import model_name
 from ..errors import ContractError
 from ..host import ToolHost
@@ -50,6 +50,7 @@ from ._common import (
     call_host,
     framework_call_id,
     is_strict_schema,
+    model_parts,
     model_text,
     parse_arguments,
     select_specs,
@@ -106,7 +107,7 @@ class _Invoker:
         self.context = context
         self.max_output_chars = max_output_chars
 
-    async def __call__(self, ctx: AgentsToolContext[Any], arguments: str) -> str:
+    async def __call__(self, ctx: AgentsToolContext[Any], arguments: str) -> str | list[Any]:
         # Text that is not JSON (or nested too deeply to parse) goes to the host as it is: the host
         # refuses it as a ContractError and records the call; the model is told the parse error.
         parsed, problem = parse_arguments(arguments)
@@ -114,6 +115,11 @@ class _Invoker:
         trace_id = None if trace is None or isinstance(trace, NoOpTrace) else trace.trace_id
         context = call_context(self.host, self.context, ctx, trace_id)
         result = await call_host(self.host, self.name, parsed, context, framework_call_id(ctx.tool_call_id))
+        parts = model_parts(result, self.max_output_chars)
+        if parts is not None:  # images and files as the SDK's image and file parts
+            return [ToolOutputText(text=part[1]) if part[0] == "text" else ToolOutputImage(image_url=data_url(part))
+                    if part[0] == "image" else ToolOutputFileContent(file_data=data_url(part), filename=part[3])
+                    for part in parts]
         return model_text(result, self.max_output_chars, problem)
 
 

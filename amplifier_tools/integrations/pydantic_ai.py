@@ -24,6 +24,7 @@ read from ``ctx.deps`` as an argument, or from the host's ``ToolContext``).
 
 from __future__ import annotations
 
+import base64
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -32,7 +33,7 @@ from typing import Any
 from ._common import missing_extra
 
 try:
-    from pydantic_ai import RunContext
+    from pydantic_ai import BinaryContent, RunContext
     from pydantic_ai.exceptions import ToolFailed
     from pydantic_ai.tools import ToolDefinition
     from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
@@ -45,6 +46,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without the
 
 import attrs
 
+from ..content import Part
 from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolContext
@@ -53,6 +55,7 @@ from ._common import (
     call_host,
     framework_call_id,
     is_strict_schema,
+    model_parts,
     model_text,
     parse_arguments,
     select_specs,
@@ -149,4 +152,17 @@ class AmplifierToolset(AbstractToolset[Any]):
         result = await call_host(self.host, canonical, arguments, context, framework_call_id(ctx.tool_call_id))
         if not result.success:
             raise ToolFailed(model_text(result, self.max_output_chars, problem))
+        parts = model_parts(result, self.max_output_chars)
+        if parts is not None:  # images and files as Pydantic AI's binary content, which it shows the model
+            return [part[1] if part[0] == "text" else _binary(part) for part in parts]
         return model_text(result, self.max_output_chars)
+
+
+def _binary(part: Part) -> Any:
+    """An image or file part as Pydantic AI's ``BinaryContent`` (base64 that does not decode: its
+    text line, as ``render_block`` would have shown it)."""
+    try:
+        data = base64.b64decode(part[1], validate=True)
+    except ValueError:
+        return f"[{part[0]}: {part[2]}, undecodable base64]"
+    return BinaryContent(data=data, media_type=part[2] or "application/octet-stream", identifier=part[3])
