@@ -119,11 +119,15 @@ class CircuitBreaker:
             breaker.state, breaker.opened_at, breaker.probe = data["state"], data["opened_at"], data["probe"]
             breaker._tokens = data["tokens"]
             if "outcomes" in data:
-                for at, failed in data["outcomes"]:
+                # In time order: the clock may have stepped back between outcomes, and the latest
+                # failures are the ones a threshold keeps.
+                for at, failed in sorted(data["outcomes"], key=lambda outcome: outcome[0]):
                     breaker._count(at, bool(failed))
             else:
-                breaker._failures = deque(data["failures"])
-                breaker._counts = deque(list(bucket) for bucket in data["counts"])
+                # No more than a record of this release holds (a record in a shared store may be
+                # anyone's): a longer one was kept as it was and written back whole at every call.
+                breaker._failures = deque(data["failures"][-EXACT_FAILURES:])
+                breaker._counts = deque(list(bucket) for bucket in data["counts"][-2 * BUCKETS:])
         return breaker
 
     def admit(self, now: float) -> tuple[bool, str | None, int | None]:
@@ -192,26 +196,51 @@ class CircuitBreaker:
         policy = self.policy
         window = policy.window_ms / 1000.0
         cutoff = now - window
-        failures = self._failures
-        if policy.failure_threshold > EXACT_FAILURES:
-            failures.clear()  # counted in buckets (also when a reload raised the threshold)
+        failures, counts = self._failures, self._counts
+        exact = policy.failure_threshold <= EXACT_FAILURES
+        if not exact:
+            # Counted in buckets. A reload that raised the threshold past EXACT_FAILURES: the
+            # failures kept by time are counted into buckets unless buckets count already (a rate),
+            # and not with a rate, which needs the calls that succeeded too.
+            if failures and not counts and policy.failure_rate is None:
+                for at in failures:
+                    self._bucket(at, True, window)
+            failures.clear()
         else:
+            if not failures and counts:
+                # A reload that lowered the threshold to EXACT_FAILURES or below: the failures counted
+                # in buckets, each at its bucket's start (never older than it is). Found by attack:
+                # they were forgotten, and 150 failures in the window did not open a breaker whose
+                # threshold was lowered from 200 to 50.
+                for start, _, failed_in_bucket in counts:
+                    failures.extend([start] * max(0, min(failed_in_bucket, policy.failure_threshold)))
             if failed:
                 failures.append(now)
-                if len(failures) > policy.failure_threshold:
-                    failures.popleft()
+            while len(failures) > policy.failure_threshold:  # also after a reload lowered it
+                failures.popleft()
             while failures and failures[0] < cutoff:
                 failures.popleft()
-        counts = self._counts
-        if policy.failure_rate is None and policy.failure_threshold <= EXACT_FAILURES:
+        if policy.failure_rate is None and exact:
             counts.clear()  # nothing is counted in buckets (also when a reload changed the policy)
             return
+        self._bucket(now, failed, window)
+        # Began at or before the window's start: it may hold older outcomes. The latest bucket, which
+        # holds this outcome, stays: with a window shorter than the clock's resolution its start is
+        # not after the cutoff (found by attack: the loop then emptied the deque and raised
+        # IndexError at every outcome, failing every call of the tool with hook_failed).
+        while len(counts) > 1 and counts[0][0] <= cutoff:
+            counts.popleft()
+
+    def _bucket(self, at: float, failed: bool, window: float) -> None:
+        """Count one outcome at ``at`` into its bucket (the latest one if the clock stepped back)."""
+        counts = self._counts
         width = window / BUCKETS
-        start = (now // width) * width
+        # ``at - at % width``, not ``(at // width) * width``: a width that underflows to 0 raised
+        # ZeroDivisionError, and one so small that ``at // width`` overflows gave an infinite start
+        # (found by attack: window_ms = 1e-320 failed every call of the tool with hook_failed).
+        start = at - at % width if width > 0 else at
         if counts and counts[-1][0] >= start:  # this bucket (or a later one: the clock stepped back)
             counts[-1][1] += 1
             counts[-1][2] += failed
         else:
             counts.append([start, 1, int(failed)])
-        while counts[0][0] <= cutoff:  # began at or before the window's start: it may hold older outcomes
-            counts.popleft()
