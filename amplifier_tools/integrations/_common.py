@@ -19,10 +19,11 @@ from ..content import model_parts as content_parts
 from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolCall, ToolContext, ToolResult, new_call_id, output_text
+from ..redaction import RecordingResolver
 from ..spec import ToolSpec
 
 __all__ = ["ContextSource", "call_context", "call_host", "framework_call_id", "is_strict_schema", "missing_extra",
-           "model_parts", "model_text", "parse_arguments", "require_started", "select_specs"]
+           "model_parts", "model_text", "parse_arguments", "require_started", "rich_result", "select_specs"]
 
 log = logging.getLogger("amplifier_tools.integrations")
 
@@ -200,6 +201,18 @@ def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] 
                 budget -= len(text)
         shown.append(part)
     return shown
+
+
+def rich_result(blocks: list[dict[str, Any]], context: ToolContext | None) -> ToolResult:
+    """A framework tool's text, image and file outputs (already content blocks, MCP spelling) as
+    the host's successful result: the blocks in ``metadata["content"]``, their rendering as the
+    output. Rendered with the host's secrets (the registry the call's resolver records into): the
+    rendering cuts long URIs and folds whitespace, after which the host's scrub of the text no
+    longer finds a secret cut in two (found by attack: a token's head at the cut of a file URL
+    reached the model and the audit record). As the MCP client renders."""
+    resolver = context.secrets if context is not None else None
+    secrets = resolver.registry if isinstance(resolver, RecordingResolver) else ()
+    return ToolResult(success=True, output=render(blocks, secrets), metadata={"content": blocks})
 
 
 #: The keywords OpenAI's strict mode accepts in a schema (structured outputs' supported subset);

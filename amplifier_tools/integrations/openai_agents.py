@@ -37,12 +37,11 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
     raise missing_extra("openai-agents", exc) from exc
 
-from ..content import data_url, render
+from ..content import data_url
 from ..definitions import model_name
 from ..errors import ContractError
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
-from ..redaction import RecordingResolver
 from ..spec import Effect
 from ._common import (
     ContextSource,
@@ -53,6 +52,7 @@ from ._common import (
     model_parts,
     model_text,
     parse_arguments,
+    rich_result,
     select_specs,
 )
 
@@ -183,13 +183,7 @@ class _SDKTool:
         if blocks is not None:
             if len(blocks) == 1 and blocks[0]["type"] == "text":
                 return ToolResult(success=True, output=blocks[0]["text"])
-            # Rendered with the host's secrets (the registry the call's resolver records into): the
-            # rendering cuts long URIs and folds whitespace, after which the host's scrub of the text
-            # no longer finds a secret cut in two (found by attack: a token's head at the cut of a
-            # file URL reached the model and the audit record). As the MCP client renders.
-            resolver = context.secrets if context is not None else None
-            secrets = resolver.registry if isinstance(resolver, RecordingResolver) else ()
-            return ToolResult(success=True, output=render(blocks, secrets), metadata={"content": blocks})
+            return rich_result(blocks, context)
         return ToolResult(success=True, output=output if isinstance(output, (str, dict, list)) else str(output))
 
 
