@@ -23,7 +23,8 @@ from ..redaction import RecordingResolver
 from ..spec import ToolSpec
 
 __all__ = ["ContextSource", "call_context", "call_host", "framework_call_id", "is_strict_schema", "missing_extra",
-           "model_parts", "model_text", "parse_arguments", "require_started", "rich_result", "select_specs"]
+           "media_block", "model_parts", "model_text", "parse_arguments", "require_started", "rich_result",
+           "select_specs"]
 
 log = logging.getLogger("amplifier_tools.integrations")
 
@@ -201,6 +202,23 @@ def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] 
                 budget -= len(text)
         shown.append(part)
     return shown
+
+
+def media_block(url: str | None, file_id: str | None, kind: str, filename: str | None) -> dict[str, Any]:
+    """An image or file a framework's tool returned as a content block (MCP spelling): a base64
+    data URL as its data (an image block, or an embedded resource for a file), any other URL as a
+    resource link, an uploaded file's id as a line naming it."""
+    if url is not None and url.startswith("data:") and ";base64," in url:
+        mime, data = url[len("data:"):].split(";base64,", 1)
+        if kind == "image":
+            return {"type": "image", "data": data, "mimeType": mime or "application/octet-stream"}
+        return {"type": "resource", "resource": {"uri": f"file:///{filename or 'file'}", "blob": data,
+                                                 "mimeType": mime or "application/octet-stream"}}
+    if url is not None and kind == "file" and not url.startswith(("http://", "https://", "file:")):
+        return {"type": "resource", "resource": {"uri": f"file:///{filename or 'file'}", "blob": url}}
+    if url is not None:
+        return {"type": "resource_link", "uri": url, "name": filename or kind}
+    return {"type": "text", "text": f"[{kind}: file id {file_id}]"}
 
 
 def rich_result(blocks: list[dict[str, Any]], context: ToolContext | None) -> ToolResult:

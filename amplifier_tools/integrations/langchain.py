@@ -59,7 +59,16 @@ from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
 from ..spec import Effect
-from ._common import call_context, call_host, framework_call_id, model_parts, model_text, select_specs
+from ._common import (
+    call_context,
+    call_host,
+    framework_call_id,
+    media_block,
+    model_parts,
+    model_text,
+    rich_result,
+    select_specs,
+)
 
 __all__ = ["AmplifierTool", "host_tool", "tools"]
 
@@ -270,5 +279,48 @@ class _LangChainTool:
         if isinstance(message, ToolMessage) and message.status == "error":
             return ToolResult(success=False, output=content,
                               error={"type": "ExecutionError", "code": "tool_error", "message": str(content)})
+        blocks = _content_blocks(content)
+        if blocks is not None:
+            if all(block["type"] == "text" for block in blocks):
+                return ToolResult(success=True, output="\n".join(block["text"] for block in blocks))
+            return rich_result(blocks, context)
         return ToolResult(success=True, output=content if isinstance(content, (str, dict, list)) else json.dumps(
             content, default=str))
+
+
+def _content_blocks(content: Any) -> list[dict[str, Any]] | None:
+    """A tool message's content blocks — strings, ``text``, ``image`` and ``file`` blocks in
+    LangChain's standard spelling (``base64``/``url``/``file_id``, a file's name in ``extras``),
+    the older ``source_type`` spelling, or OpenAI's ``image_url`` — as the host's content blocks
+    (MCP spelling); None for content that is not such a list (an ordinary JSON output, kept as it is).
+
+    Found by trial: a LangChain tool's image came back as its JSON block, so the model was shown
+    the whole base64 text and the audit record held it."""
+    if not isinstance(content, list) or not content:
+        return None
+    blocks: list[dict[str, Any]] = []
+    for item in content:
+        if isinstance(item, str):
+            blocks.append({"type": "text", "text": item})
+            continue
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "text" and isinstance(item.get("text"), str):
+            blocks.append({"type": "text", "text": item["text"]})
+        elif kind in ("image", "file"):
+            data, url = item.get("base64", item.get("data")), item.get("url")
+            extras = item.get("extras")
+            name = extras.get("filename") if isinstance(extras, dict) else item.get("filename")
+            mime = item.get("mime_type")
+            if isinstance(data, str):
+                url = f"data:{mime if isinstance(mime, str) else ''};base64,{data}"
+            file_id = item.get("file_id", item.get("id") if item.get("source_type") == "id" else None)
+            if not isinstance(url, str) and not isinstance(file_id, str):
+                return None
+            blocks.append(media_block(url if isinstance(url, str) else None, file_id, kind,
+                                      name if isinstance(name, str) else None))
+        elif kind == "image_url" and isinstance(item.get("image_url"), dict) \
+                and isinstance(item["image_url"].get("url"), str):
+            blocks.append(media_block(item["image_url"]["url"], None, "image", None))
+        else:
+            return None
+    return blocks

@@ -49,6 +49,7 @@ from ._common import (
     call_host,
     framework_call_id,
     is_strict_schema,
+    media_block,
     model_parts,
     model_text,
     parse_arguments,
@@ -221,24 +222,7 @@ def _content_blocks(output: Any) -> list[dict[str, Any]] | None:
         if isinstance(item, ToolOutputText):
             blocks.append({"type": "text", "text": item.text})
         elif isinstance(item, ToolOutputImage):
-            blocks.append(_media_block(item.image_url, item.file_id, "image", None))
+            blocks.append(media_block(item.image_url, item.file_id, "image", None))
         else:
-            blocks.append(_media_block(item.file_data or item.file_url, item.file_id, "file", item.filename))
+            blocks.append(media_block(item.file_data or item.file_url, item.file_id, "file", item.filename))
     return blocks
-
-
-def _media_block(url: str | None, file_id: str | None, kind: str, filename: str | None) -> dict[str, Any]:
-    """An image or file of an SDK output as a content block: a base64 data URL as its data (an image
-    block, or an embedded resource for a file), any other URL as a resource link, an uploaded
-    file's id as a line naming it."""
-    if url is not None and url.startswith("data:") and ";base64," in url:
-        mime, data = url[len("data:"):].split(";base64,", 1)
-        if kind == "image":
-            return {"type": "image", "data": data, "mimeType": mime or "application/octet-stream"}
-        return {"type": "resource", "resource": {"uri": f"file:///{filename or 'file'}", "blob": data,
-                                                 "mimeType": mime or "application/octet-stream"}}
-    if url is not None and kind == "file" and not url.startswith(("http://", "https://", "file:")):
-        return {"type": "resource", "resource": {"uri": f"file:///{filename or 'file'}", "blob": url}}
-    if url is not None:
-        return {"type": "resource_link", "uri": url, "name": filename or kind}
-    return {"type": "text", "text": f"[{kind}: OpenAI file {file_id}]"}

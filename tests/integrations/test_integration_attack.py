@@ -131,7 +131,7 @@ async def test_host_tool_keeps_an_sdk_tools_structured_output_as_text_and_conten
     assert PNG not in drawn.output and "base64" not in drawn.output  # the model reads no bytes
     assert drawn.output.splitlines() == ["the chart", "[image: image/png, 608 bytes]",
                                          "[resource link: data.csv <https://example.com/data.csv>]",
-                                         "[file: OpenAI file file-123]"]
+                                         "[file: file id file-123]"]
     image = drawn.metadata["content"][1]
     assert image == {"type": "image", "data": PNG, "mimeType": "image/png"}
     json.dumps(drawn.output)  # JSON data, not Python objects

@@ -135,3 +135,33 @@ async def test_text_only_content_stays_text_in_every_adapter(chart_host: ToolHos
     failed = ToolResult(success=False, error={"message": "no"}, metadata={"content": [
         {"type": "image", "data": PNG, "mimeType": "image/png"}]})
     assert model_parts(failed) is None
+
+
+@pytest.mark.parametrize("image", [
+    {"type": "image", "base64": PNG, "mime_type": "image/png"},                           # standard (langchain-core 1)
+    {"type": "image", "source_type": "base64", "data": PNG, "mime_type": "image/png"},    # langchain-core 0.3
+    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},          # OpenAI's
+], ids=["standard", "source_type", "image_url"])
+async def test_a_langchain_tools_image_becomes_an_image_block_not_json(tmp_path: Path, image: dict[str, Any]) -> None:
+    """Found by trial: the image came back as its JSON block: the model was shown the base64
+    text, and so was the audit record."""
+    from langchain_core.tools import tool as langchain_tool
+
+    from amplifier_tools.integrations.langchain import host_tool
+
+    @langchain_tool
+    def snapshot() -> list[Any]:
+        """Take a snapshot."""
+        return ["the screen", image]
+
+    work = tmp_path / "work"
+    work.mkdir()
+    config = {"state_dir": str(tmp_path / "state"), "plugins": {"audit": {"fsync": "never"}}}
+    async with ToolHost(plugins=[_mount(host_tool(snapshot, name="local::screen.snapshot"))], builtins=["audit"],
+                        entry_points=False, discover=False, working_dir=work, config=config) as host:
+        result = await host.call("screen_snapshot", {})
+        log = next((tmp_path / "state").rglob("audit.jsonl")).read_text()
+    assert result.metadata["content"] == [{"type": "text", "text": "the screen"},
+                                          {"type": "image", "data": PNG, "mimeType": "image/png"}]
+    assert result.output == "the screen\n[image: image/png, 48 bytes]"
+    assert PNG not in log
