@@ -129,3 +129,37 @@ async def test_closing_the_store_fails_its_waiters_instead_of_leaving_them(redis
     with pytest.raises(StoreUnavailable, match="closed"):
         await asyncio.wait_for(waiting, 2)
     await asyncio.gather(holder, return_exceptions=True)
+
+
+async def test_commands_in_flight_at_close_leave_no_connection_nor_timer(redis_server: RedisServer,
+                                                                        tmp_path: Path) -> None:
+    # Found by attack: commands started as the store closed made new connections after close()
+    # (and a connection given back after close() armed the idle trimmer again): sockets left open.
+    client = redis.Redis(port=redis_server.port)
+    try:
+        for spins in range(6):
+            store = open_store(redis_server.url + "?max_connections=2", "t:", 5.0, tmp_path / "state")
+            link = store.link
+            await asyncio.gather(*(link.command(pack("PING")) for _ in range(2)))
+            tasks = [asyncio.create_task(link.command(pack("PING"))) for _ in range(30)]
+            for _ in range(spins):
+                await asyncio.sleep(0)
+            await store.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(0.05)  # disconnections under way end
+            assert (link._all, link._idle, link._trimmer) == (set(), [], None), spins
+            assert int(client.info("clients")["connected_clients"]) == 1, spins  # this test's own
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0?max_connections=0", "redis://h:1/0?max_connections=-1",
+                                 "unix:///tmp/redis.sock?db=0&max_connections=0"])
+def test_a_cap_of_no_connection_is_refused(url: str) -> None:
+    """Found by attack: ``max_connections=0`` was read by redis-py as 100 (not the cap it says, nor
+    the default 32), and ``-1`` failed the mount with a bare ``ValueError``."""
+    from amplifier_tools import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        open_store(url, "t:", 1.0, None)
+    assert caught.value.key == "plugins.policy.store" and "max_connections" in str(caught.value)

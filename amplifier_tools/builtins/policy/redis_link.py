@@ -135,6 +135,8 @@ class RedisLink:
         #: The fewest idle connections since the last trim: those at the bottom of ``_idle`` went unused.
         self._fewest_idle = 0
         self._trimmer: asyncio.TimerHandle | None = None
+        #: Set by ``close``: a command still in flight then connects nothing, and keeps nothing idle.
+        self._closed = False
         self._closing: set[asyncio.Task[Any]] = set()
         self._updating: dict[str, _Turn] = {}  # key -> the updates of it under way here, in turn
         self.watchdog = Watchdog()
@@ -191,6 +193,8 @@ class RedisLink:
         was read in full (an error reply included); on anything else it is dropped."""
         try:
             if not connection.is_connected:
+                if self._closed:
+                    raise RedisConnectionError("the store was closed")
                 await connection.connect()
             await connection.send_packed_command(packed, check_health=False)
             try:
@@ -262,6 +266,8 @@ class RedisLink:
             while True:
                 try:
                     if not connection.is_connected:
+                        if self._closed:
+                            raise RedisConnectionError("the store was closed")
                         await connection.connect()
                     await connection.send_packed_command(watch, check_health=False)
                     await connection.read_response()  # OK
@@ -302,6 +308,8 @@ class RedisLink:
     async def _wait_for_connection(self) -> Any:
         """Wait (the caller's bound applies) for a connection given back, or a new one made when
         another was dropped, in turn with the other waiters."""
+        if self._closed:
+            raise RedisConnectionError("the store was closed")
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
@@ -325,10 +333,13 @@ class RedisLink:
             if not waiter.done():
                 waiter.set_result(connection)
                 return
-        self._idle.append(connection)
         if self._trimmer is None:
-            self._fewest_idle = len(self._idle)
+            if self._closed:  # its command was in flight as the store closed: it is not kept open
+                self._discard(connection)
+                return
+            self._fewest_idle = len(self._idle) + 1
             self._trimmer = asyncio.get_running_loop().call_later(IDLE_S, self._trim)
+        self._idle.append(connection)
 
     def _room(self) -> None:
         """A connection was dropped: the first waiter gets a new one (made now, so that the count
@@ -394,6 +405,7 @@ class RedisLink:
             raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
 
     async def close(self) -> None:
+        self._closed = True
         self.watchdog.close()
         if self._trimmer is not None:
             self._trimmer.cancel()

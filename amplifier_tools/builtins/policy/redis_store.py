@@ -183,6 +183,9 @@ def read_url(url: str) -> tuple[str, str | None]:
     if (database and "db" not in parts) or parts.get("db", 0) < 0:
         raise ConfigError("the Redis URL's database must be a number, 0 or more (redis-py read it as 0)", key=key,
                           hint="redis://host:port/0 (databases are numbered)")
+    if parts.get("max_connections", 1) < 1:  # redis-py reads 0 as 100, and fails on less with a bare ValueError
+        raise ConfigError("the Redis URL's max_connections must be a number, 1 or more", key=key,
+                          hint="redis://host:port/0?max_connections=8 (default 32)")
     db = parts.get("db")
     if scheme == "unix":
         path = parts.get("path")
