@@ -9,13 +9,13 @@ holder's, both ran the same idempotent call.
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from amplifier_tools.builtins.policy import shared
-from amplifier_tools.builtins.policy.store import open_store
 
 FORK = multiprocessing.get_context("fork")
 
@@ -39,44 +39,53 @@ def test_a_forked_child_makes_holder_ids_its_parent_does_not() -> None:
     assert theirs != mine and theirs.endswith(":1")  # the child's counter starts anew, under its own prefix
 
 
-def _lease_in_child(path: str, start: multiprocessing.synchronize.Event,  # type: ignore[name-defined]
-                    out: multiprocessing.queues.Queue) -> None:  # type: ignore[type-arg]
-    async def lease() -> bool:
+def test_four_forked_workers_get_two_slots_of_a_cap_of_two(tmp_path: Path) -> None:
+    """What the user sees: a concurrency cap of 2 shared by four forked workers admits two of them
+    (with one holder id among them, each lease replaced the last and all four were admitted).
+
+    The forks happen in a fresh interpreter of their own (``_FORKED_WORKERS``), not in the test
+    run: a process forked from one with other threads inherits their locks held, and the run's
+    leftover threads (other tests' pools and writers) made a child deadlock, seen twice under load
+    (the test then waited out its timeouts, six minutes, and failed)."""
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    done = subprocess.run([sys.executable, "-c", _FORKED_WORKERS, str(state)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True", "True"]
+
+
+#: Four workers forked from a parent that has made holder ids (as a preloaded app has), each asking
+#: for a slot of a cap of 2 in one SQLite store; prints what each was granted, sorted.
+_FORKED_WORKERS = """
+import asyncio, multiprocessing, sys
+from pathlib import Path
+from amplifier_tools.builtins.policy import shared
+from amplifier_tools.builtins.policy.store import open_store
+
+def lease(path, start, out):
+    async def take():
         store = open_store("sqlite", "t:", 2.0, Path(path))
         try:
             start.wait(30)
             return bool(await store.lease("slots:tool", 2, shared.new_holder(), 60.0))
         finally:
             await store.close()
+    out.put(asyncio.run(take()))
 
-    out.put(asyncio.run(lease()))
-
-
-def test_four_forked_workers_get_two_slots_of_a_cap_of_two(tmp_path: Path) -> None:
-    """What the user sees: a concurrency cap of 2 shared by four forked workers admits two of them
-    (with one holder id among them, each lease replaced the last and all four were admitted)."""
-    state = tmp_path / "state"
-    state.mkdir(mode=0o700)
-    shared.new_holder()  # the parent has made ids before it forks, as a preloaded app has
-    start, queue = FORK.Event(), FORK.Queue()
-    # Daemons, and killed if still there: a forked child can deadlock on a lock another thread of
-    # this process held at the fork (seen once under load); the test then fails, never hangs the
-    # run at exit (multiprocessing joins non-daemon children there).
-    workers = [FORK.Process(target=_lease_in_child, args=(str(state), start, queue), daemon=True)
-               for _ in range(4)]
-    try:
-        for worker in workers:
-            worker.start()
-        start.set()
-        granted = sorted(queue.get(timeout=60) for _ in workers)
-        for worker in workers:
-            worker.join(30)
-    finally:
-        for worker in workers:
-            if worker.is_alive():
-                worker.kill()
-                worker.join(5)
-    assert granted == [False, False, True, True]
+if __name__ == "__main__":
+    fork = multiprocessing.get_context("fork")
+    shared.new_holder()
+    start, queue = fork.Event(), fork.Queue()
+    workers = [fork.Process(target=lease, args=(sys.argv[1], start, queue), daemon=True) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    start.set()
+    granted = sorted(queue.get(timeout=60) for _ in workers)
+    for worker in workers:
+        worker.join(30)
+    print(*granted)
+"""
 
 
 def test_a_fork_that_skips_pythons_fork_hooks_still_makes_new_holder_ids() -> None:
