@@ -9,6 +9,7 @@ import codecs
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,10 +18,25 @@ from ...models import ToolResult
 from ...spec import ToolSpec
 from .paths import PathRules, os_error
 from .settings import FilesystemSettings
-from .textio import SNIFF_BYTES, atomic_replace, looks_binary, page_lines, permission_bits
+from .textio import (
+    ABANDONED,
+    SNIFF_BYTES,
+    atomic_replace,
+    check_abandoned,
+    looks_binary,
+    page_lines,
+    permission_bits,
+)
 
 VERSION = "1.0.0"
 IGNORED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".tox", ".venv"})
+#: Directories below this many levels under a walk's start are not entered (``glob`` and ``grep``
+#: count them as ``too_deep``). A walk holds one descriptor per level, and each level's relative
+#: path is a string as long as the path: found by scale test, a chain of 10,000 nested directories
+#: made one ``glob`` hold 10,000 descriptors (under the common limit of 1,024 it failed with
+#: ``Too many open files``, and so would any other call of the host meanwhile) and 110 MB of
+#: prefixes (memory growing with the square of the depth).
+MAX_WALK_DEPTH = 128
 
 
 def _string(description: str, **extra: Any) -> dict[str, Any]:
@@ -67,7 +83,15 @@ class FilesystemTool(abc.ABC):
         """Do the work synchronously (called in a worker thread)."""
 
     async def execute(self, input: dict[str, Any]) -> ToolResult:
-        return ToolResult(output=await asyncio.to_thread(self._run, input))
+        abandoned = threading.Event()
+        token = ABANDONED.set(abandoned)  # copied into the worker thread's context by to_thread
+        try:
+            return ToolResult(output=await asyncio.to_thread(self._run, input))
+        except BaseException:
+            abandoned.set()  # a cancellation (timeout) leaves the thread running: stop its walk
+            raise
+        finally:
+            ABANDONED.reset(token)
 
     def _run(self, input: dict[str, Any]) -> Any:
         """``run``, with any ``OSError`` that escaped it turned into a typed error naming the path."""
@@ -283,22 +307,26 @@ class ListDir(FilesystemTool):
                 except OSError:
                     continue
                 entries.append({"name": name, "type": _kind(st.st_mode), "size": st.st_size})
-        return {"path": resolved.path, "entries": entries, "omitted": max(0, len(names) - cap)}
+        # The counts first: a model reads the output cut at 50,000 characters
+        # (get_serialized_output), and 1,000 entries can pass that, which cut the count off its end.
+        return {"path": resolved.path, "omitted": max(0, len(names) - cap), "entries": entries}
 
 
-def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
+def _walk(rules: PathRules, start: str, too_deep: list[int] | None = None) -> Iterator[tuple[str, int, str]]:
     """(relative path, dir fd, name) of every regular file under ``start``; never follows symlinks,
     never enters or yields a protected or denied path (``PathRules.hidden``).
 
     Depth first, each subdirectory opened only when it is entered: one descriptor per level
     (found by attack: opening every subdirectory of a level at once, 21,000 of them, ran the
-    process out of descriptors, and the directories that failed to open were skipped unsaid)."""
+    process out of descriptors, and the directories that failed to open were skipped unsaid).
+    Directories ``MAX_WALK_DEPTH`` levels down are not entered; ``too_deep[0]`` counts them."""
     with rules.open_dir(start) as (top_fd, top):
         # (directory fd, its relative prefix, the names of its subdirectories still to enter, or
         # None before it is listed)
         stack: list[tuple[int, str, list[str] | None]] = [(os.dup(top_fd), "", None)]
         try:
             while stack:
+                check_abandoned()
                 fd, prefix, pending = stack[-1]
                 if pending is None:
                     with os.scandir(fd) as it:
@@ -312,6 +340,7 @@ def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
                             if entry.name not in IGNORED_DIRS:
                                 pending.append(entry.name)  # last name first: popped in name order
                         elif entry.is_file(follow_symlinks=False):
+                            check_abandoned()
                             yield rel, fd, entry.name
                     stack[-1] = (fd, prefix, pending)
                 if not pending:
@@ -319,6 +348,10 @@ def _walk(rules: PathRules, start: str) -> Iterator[tuple[str, int, str]]:
                     os.close(fd)
                     continue
                 name = pending.pop()
+                if len(stack) >= MAX_WALK_DEPTH:
+                    if too_deep is not None:
+                        too_deep[0] += 1
+                    continue
                 try:
                     sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
                 except OSError:
@@ -390,16 +423,22 @@ class Glob(FilesystemTool):
             "path": _string("Directory to search", default=".")},
             "required": ["pattern"], "additionalProperties": False},
         output_schema={"type": "object", "properties": {
-            "matches": {"type": "array", "items": {"type": "string"}}, "omitted": {"type": "integer"}},
+            "matches": {"type": "array", "items": {"type": "string"}}, "omitted": {"type": "integer"},
+            "too_deep": {"type": "integer"}},
             "required": ["matches", "omitted"]},
         examples=[{"input": {"pattern": "**/*.md"}, "files": {"docs/index.md": "# Docs\n"}}],
     )
 
     def run(self, input: dict[str, Any]) -> dict[str, Any]:
         regex = glob_regex(input["pattern"])
-        found = sorted(rel for rel, _, _ in _walk(self.rules, input.get("path", ".")) if regex.match(rel))
+        too_deep = [0]
+        found = sorted(rel for rel, _, _ in _walk(self.rules, input.get("path", "."), too_deep) if regex.match(rel))
         cap = self.settings.max_results
-        return {"matches": found[:cap], "omitted": max(0, len(found) - cap)}
+        out: dict[str, Any] = {"omitted": max(0, len(found) - cap)}  # the counts first: they survive a cut
+        if too_deep[0]:
+            out["too_deep"] = too_deep[0]
+        out["matches"] = found[:cap]
+        return out
 
 
 class Grep(FilesystemTool):
@@ -420,7 +459,8 @@ class Grep(FilesystemTool):
             "required": ["pattern"], "additionalProperties": False},
         output_schema={"type": "object", "properties": {
             "matches": {"type": "array"}, "files_searched": {"type": "integer"},
-            "truncated": {"type": "boolean"}}, "required": ["matches", "files_searched", "truncated"]},
+            "truncated": {"type": "boolean"}, "too_deep": {"type": "integer"}},
+            "required": ["matches", "files_searched", "truncated"]},
         examples=[{"input": {"pattern": "TODO", "glob": "**/*.py"},
                    "files": {"app/main.py": "def main():\n    pass  # TODO: parse arguments\n"}}],
     )
@@ -450,8 +490,9 @@ class Grep(FilesystemTool):
                                 max_file)
             finally:
                 os.close(fd)
-            return {"matches": matches, "files_searched": 1, "truncated": len(matches) >= cap}
-        for rel, dir_fd, name in _walk(self.rules, start):
+            return {"truncated": len(matches) >= cap, "files_searched": 1, "matches": matches}
+        too_deep = [0]
+        for rel, dir_fd, name in _walk(self.rules, start, too_deep):
             if only is not None and not only.match(rel):
                 continue
             try:
@@ -468,7 +509,12 @@ class Grep(FilesystemTool):
                 os.close(fd)
             if len(matches) >= cap:
                 break
-        return {"matches": matches, "files_searched": searched, "truncated": len(matches) >= cap}
+        # the counts first, so a cut of the text (200 matches of 500 characters) keeps them
+        out: dict[str, Any] = {"truncated": len(matches) >= cap, "files_searched": searched}
+        if too_deep[0]:
+            out["too_deep"] = too_deep[0]
+        out["matches"] = matches
+        return out
 
     @staticmethod
     def _search_fd(fd: int, size: int, rel: str, regex: Any, context: int, cap: int,
