@@ -14,6 +14,7 @@ server put there: a block it does not know is rendered and summarized by its ``t
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
@@ -108,8 +109,18 @@ def model_parts(blocks: Sequence[Mapping[str, Any]]) -> list[Part] | None:
     or file among them (the result's text says it all). The blocks are a result's, scrubbed by the
     host (base64 that held a secret is a text block by then: ``withhold_redacted``).
     Limits: audio has no part in the frameworks' tool outputs, so it stays a line of text; the
-    base64 is passed on as the block has it, not decoded here."""
+    base64 is passed on as the block has it, not decoded here.
+
+    Found by attack: only canonical base64 is media (``is_base64``): line-wrapped base64 hid a
+    secret from the host's scrub (a line break inside the secret's encoding) and reached the model
+    as a file that decodes to it; other text that is no base64 went to the Agents SDK and LangChain
+    as a data URL the model API refuses. Such a block is a line of text. The media type is one
+    (``type/subtype``, else ``application/octet-stream``) and the file name a bounded base name
+    (no ``..``, no path): a model API got a mime type with line breaks and a name of a megabyte.
+    Consecutive texts are joined once (a result of 40,000 small blocks and an image took two
+    minutes of the event loop, the text copied again at every block)."""
     parts: list[Part] = []
+    texts: list[str] = []
     media = False
     for block in blocks:
         kind = block.get("type")
@@ -118,17 +129,49 @@ def model_parts(blocks: Sequence[Mapping[str, Any]]) -> list[Part] | None:
         resource = block.get("resource") if kind == "resource" else None
         if isinstance(resource, Mapping) and isinstance(resource.get("blob"), str):
             mime, data = _str(resource.get("mimeType")), resource["blob"]
-            name = (_str(resource.get("uri")) or "").rstrip("/").rsplit("/", 1)[-1] or "file"
+            name = file_name(_str(resource.get("uri")) or "")
         if isinstance(data, str) and data:
+            if not is_base64(data):
+                texts.append(f"[{kind}: {_clip(mime or 'unknown type', 100)}, data that is not base64 left out]")
+                continue
             media = True
-            parts.append(("image" if kind == "image" else "file", data, mime or "application/octet-stream", name))
+            if texts:
+                parts.append(("text", "\n".join(texts), None, None))
+                texts = []
+            parts.append(("image" if kind == "image" else "file", data, media_type(mime), name))
             continue
-        text = render_block(block)
-        if parts and parts[-1][0] == "text":
-            parts[-1] = ("text", f"{parts[-1][1]}\n{text}", None, None)
-        else:
-            parts.append(("text", text, None, None))
+        texts.append(render_block(block))
+    if texts:
+        parts.append(("text", "\n".join(texts), None, None))
     return parts if media else None
+
+
+_MEDIA_TYPE = re.compile(r"[A-Za-z0-9][\w!#$&^.+-]{0,126}/[A-Za-z0-9][\w!#$&^.+-]{0,126}")
+#: The longest file name passed on (most file systems' limit).
+MAX_FILE_NAME = 255
+
+
+def is_base64(data: str) -> bool:
+    """Whether ``data`` is canonical base64 (standard alphabet, padded, no whitespace): C-level
+    passes over it (a regular expression took 0.6 s over an 8 MB image)."""
+    if len(data) % 4 or not data.isascii() or data.encode("ascii").translate(None, _ALPHABET):
+        return False
+    body = data.rstrip("=")
+    return len(data) - len(body) <= 2 and "=" not in body
+
+
+def media_type(mime: str | None) -> str:
+    """``mime`` when it is a media type (``type/subtype``, no parameters), else
+    ``application/octet-stream``."""
+    return mime if mime is not None and _MEDIA_TYPE.fullmatch(mime) else "application/octet-stream"
+
+
+def file_name(uri: str) -> str:
+    """A file's name for a framework, from its URI: the last segment (of ``/`` or ``\\``), without
+    control characters, at most ``MAX_FILE_NAME`` characters; ``file`` for none (or ``.``/``..``)."""
+    name = uri.split("?", 1)[0].split("#", 1)[0].replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    name = "".join(c for c in name if c.isprintable()).strip()[:MAX_FILE_NAME]
+    return name if name.strip(".") else "file"
 
 
 def withhold_redacted(blocks: list[Any]) -> list[Any]:
@@ -149,6 +192,47 @@ def withhold_redacted(blocks: list[Any]) -> list[Any]:
             if out is None:
                 out = list(blocks)
             out[index] = {"type": "text", "text": _withheld(block)}
+    return blocks if out is None else out
+
+
+_ALPHABET: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+_NOT_ALPHABET: Final = bytes(byte for byte in range(256) if byte not in _ALPHABET)
+_URLSAFE: Final = str.maketrans("-_", "+/")
+
+
+def _canonical(data: str) -> str:
+    """``data`` as a lenient decoder reads it: URL-safe characters as standard ones, anything
+    outside the alphabet (whitespace, dots, non-ASCII) left out. ``data`` itself when it is."""
+    if data.isascii() and not data.encode("ascii").translate(None, _ALPHABET):
+        return data  # a C-level pass: an 8 MB image takes some milliseconds
+    return data.translate(_URLSAFE).encode("ascii", "ignore").translate(None, _NOT_ALPHABET).decode("ascii")
+
+
+def canonical_base64(blocks: list[Any]) -> list[Any]:
+    """``blocks`` with each image, audio or embedded resource's base64 data in its canonical
+    spelling (``_canonical``: no whitespace or other characters a lenient decoder skips, ``-``/``_``
+    of the URL-safe alphabet as ``+``/``/``), for the host's scrub: a secret's encoding is found
+    only in that spelling. The same list when none changed.
+
+    Found by attack: line-wrapped base64 (``base64.encodebytes``, 76 characters a line) holding a
+    secret passed the scrub whenever a line break fell inside the secret's encoding, and reached
+    ``mcp serve``'s client and the adapters' models as data that decodes to it."""
+    out: list[Any] | None = None
+    for index, block in enumerate(blocks):
+        if not isinstance(block, Mapping):
+            continue
+        resource, source = block.get("resource"), block.get("source")
+        holder = resource if block.get("type") == "resource" and isinstance(resource, Mapping) else \
+            source if isinstance(source, Mapping) else block
+        key = "blob" if holder is resource else "data"
+        data = holder.get(key)
+        canonical = _canonical(data) if isinstance(data, str) else data
+        if canonical is data:
+            continue
+        fixed = {**holder, key: canonical}
+        if out is None:
+            out = list(blocks)
+        out[index] = fixed if holder is block else {**block, ("resource" if holder is resource else "source"): fixed}
     return blocks if out is None else out
 
 

@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import os
 import re
 import threading
@@ -157,8 +158,16 @@ def _constrained(schema: dict[str, Any], metadata: list[Any], where: str) -> dic
                 raise TypeError(f"{where}: Field({odd[0]}=...) has no meaning for a tool's schema"
                                 + ("; give the default in the signature" if odd[0] == "default" else ""))
             for keyword in ("title", "description", "examples"):
-                if getattr(item, keyword, None) is not None:
-                    schema[keyword] = getattr(item, keyword)
+                value = getattr(item, keyword, None)
+                if value is None:
+                    continue
+                # Found by attack: ``Field(examples=[object()])`` made a schema that is no JSON (a
+                # framework's request fails to encode it), ``Field(title=5)`` one that failed the mount.
+                if (keyword != "examples" and not isinstance(value, str)) or (keyword == "examples" and (
+                        not isinstance(value, list) or not _json_default(value)[0])):
+                    raise TypeError(f"{where}: Field({keyword}={value!r}) is not a JSON Schema {keyword} "
+                                    + ("(a list of JSON values)" if keyword == "examples" else "(a string)"))
+                schema[keyword] = value
             schema = _constrained(schema, list(item.metadata), where)
             continue
         if package not in ("annotated_types", "pydantic"):
@@ -197,7 +206,10 @@ def _constrain(schema: dict[str, Any], item: Any, where: str) -> None:
 def _keyword(name: str, value: Any) -> Callable[[Any], str | None] | None:
     """For constraint ``name`` with ``value``: the schema keyword it is for an arm of a JSON type
     (None where it does not apply), or None for a constraint with no keyword."""
-    if name in _BOUNDS and type(value) in (int, float):
+    if name in _BOUNDS and (type(value) is int or (type(value) is float and math.isfinite(value))) \
+            and (name != "multiple_of" or value > 0):
+        # Found by attack: ``Ge(nan)`` went into the schema as NaN, which bounds nothing (-1e9 ran)
+        # and is no JSON; ``Gt(inf)`` is Infinity, no JSON either; ``MultipleOf(0)`` failed the mount.
         return lambda kind: _BOUNDS[name] if kind in ("integer", "number") else None
     if name in ("min_length", "max_length") and type(value) is int and value >= 0:
         return lambda kind: _LENGTHS[kind][name == "max_length"] if kind in _LENGTHS else None
@@ -303,10 +315,13 @@ def _target(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-def _input_schema(func: Callable[..., Any], *, skip_first: bool = False) -> tuple[dict[str, Any], bool,
-                                                                                 dict[str, _Convert]]:
+def _input_schema(func: Callable[..., Any], *, skip_first: bool = False, static: bool = False,
+                  ) -> tuple[dict[str, Any], bool, dict[str, _Convert]]:
     """The input schema of ``func``'s parameters, whether it takes ``context``, and the converters
-    of the parameters that need one (``skip_first``: a ``classmethod``'s ``cls``)."""
+    of the parameters that need one (``skip_first``: a ``classmethod``'s ``cls``; ``static``: a
+    ``staticmethod``'s function, whose first parameter is the model's even when named ``self``
+    or ``cls``: found by attack, ``@tool @staticmethod def f(cls: str)`` was refused as "a
+    classmethod under @tool", and a ``self`` parameter left out of the schema)."""
     target = _target(func)
     defining = _defining_locals(target)
     try:
@@ -326,9 +341,9 @@ def _input_schema(func: Callable[..., Any], *, skip_first: bool = False) -> tupl
     takes_context = False
     described = _parameter_docs(inspect.getdoc(func) or "")
     parameters = list(inspect.signature(func).parameters.values())
-    if skip_first or _is_method(func):
+    if skip_first or (not static and _is_method(func)):
         parameters = parameters[1:]  # ``self`` or ``cls``: what the method is reached through
-    elif parameters and parameters[0].name == "cls" and _in_class_body(func):
+    elif not static and parameters and parameters[0].name == "cls" and _in_class_body(func):
         raise TypeError(f"{_label(func)}: a classmethod under @tool: put @tool above @classmethod "
                         "(else cls would be an argument the model sends)")
     for param in parameters:
@@ -597,7 +612,8 @@ class FunctionTool:
     """A tool wrapping a function; its contract is in ``spec``."""
 
     def __init__(self, func: Callable[..., Any], spec: ToolSpec, takes_context: bool,
-                 converters: dict[str, _Convert] | None = None, *, on_class: bool = False) -> None:
+                 converters: dict[str, _Convert] | None = None, *, on_class: bool = False,
+                 static: bool = False) -> None:
         self.func = func
         self.spec = spec
         self.name = spec.name
@@ -608,7 +624,7 @@ class FunctionTool:
         self._is_async = inspect.iscoroutinefunction(func)
         #: A ``classmethod``'s function: bound to the class it is reached through.
         self._on_class = on_class
-        self._unbound_method = on_class or _is_method(func)
+        self._unbound_method = on_class or (not static and _is_method(func))
 
     def __get__(self, instance: Any, owner: type | None = None) -> FunctionTool:
         """On an instance, a decorated method is the tool bound to it (``self`` is not in the
@@ -674,11 +690,12 @@ def tool(
     """
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
+        static = False
         if isinstance(f, staticmethod):
             # Found by attack: ``@tool`` over ``@staticmethod`` (or ``tool(staticmethod(f))``) was
             # taken for a callable object, its hints read from ``staticmethod.__call__``: every
             # parameter's type silently became "any JSON value". The function is what it wraps.
-            f = f.__func__
+            f, static = f.__func__, True
         on_class, given = False, typing.cast(Any, f)  # (typeshed: a classmethod is not callable)
         if isinstance(given, classmethod):  # bound to the class it is reached through (``FunctionTool.__get__``)
             f, on_class = given.__func__, True
@@ -686,7 +703,7 @@ def tool(
         if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
             raise TypeError(f"{_label(f)}: a generator function cannot be a tool (its body would not run "
                             "until iterated); return a list")
-        schema, takes_context, converters = _input_schema(f, skip_first=on_class)
+        schema, takes_context, converters = _input_schema(f, skip_first=on_class, static=static)
         own_name = getattr(f, "__name__", None)
         if name is None and not isinstance(own_name, str):
             raise TypeError(f"{_label(f)} has no __name__: pass @tool(name=...)")
@@ -698,6 +715,6 @@ def tool(
             effect=Effect(effect),
             **spec_fields,
         )
-        return FunctionTool(f, spec, takes_context, converters, on_class=on_class)
+        return FunctionTool(f, spec, takes_context, converters, on_class=on_class, static=static)
 
     return wrap(func) if func is not None else wrap

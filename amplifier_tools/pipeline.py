@@ -37,7 +37,7 @@ import time
 from typing import Any, Final
 
 from .amplifier_hooks import event_data, result_data
-from .content import withhold_redacted
+from .content import canonical_base64, withhold_redacted
 from .dispatch import HookDispatcher, finish_despite_cancel, first_step, run_with_timeout
 from .errors import ContractError, PolicyError, ToolError, ToolSystemError
 from .models import Decision, ToolCall, ToolContext, ToolResult
@@ -429,14 +429,23 @@ class CallPipeline:
         if not self.secrets:
             return result
         same = scanned is not None and result.output is scanned
-        parts = [None if same else result.output, result.error, result.metadata]
+        metadata = result.metadata
+        if isinstance(metadata.get("content"), list):  # base64 as the scrub can find a secret in it
+            content = canonical_base64(metadata["content"])
+            if content is not metadata["content"]:
+                metadata = {**metadata, "content": content}
+        parts = [None if same else result.output, result.error, metadata]
         clean = redact(parts, secrets=self.secrets, patterns=False)
         if clean is parts:
-            return result
-        output, error, metadata = clean
-        if metadata is not result.metadata and isinstance(metadata.get("content"), list):
-            # base64 with a secret redacted no longer decodes: such a block becomes a text block
-            metadata = {**metadata, "content": withhold_redacted(metadata["content"])}
+            return result  # no secret: not even in the canonical base64, so none in the data as it is
+        output, error, clean_metadata = clean
+        if clean_metadata is metadata:
+            metadata = result.metadata  # the secret was elsewhere: the content stays as it came
+        else:
+            metadata = clean_metadata
+            if isinstance(metadata.get("content"), list):
+                # base64 with a secret redacted no longer decodes: such a block becomes a text block
+                metadata = {**metadata, "content": withhold_redacted(metadata["content"])}
         if same:
             output = result.output
         return ToolResult(result.success, output, error, metadata, result.tool_call_id)

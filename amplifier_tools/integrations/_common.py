@@ -14,7 +14,7 @@ from typing import Any, TypeVar, Union
 
 import attrs
 
-from ..content import Part, blocks_of, render
+from ..content import Part, blocks_of, is_base64, render
 from ..content import model_parts as content_parts
 from ..definitions import model_name
 from ..host import ToolHost
@@ -207,14 +207,16 @@ def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] 
 def media_block(url: str | None, file_id: str | None, kind: str, filename: str | None) -> dict[str, Any]:
     """An image or file a framework's tool returned as a content block (MCP spelling): a base64
     data URL as its data (an image block, or an embedded resource for a file), any other URL as a
-    resource link, an uploaded file's id as a line naming it."""
+    resource link, an uploaded file's id as a line naming it. Found by attack: any file URL but
+    http(s) and file (``s3://bucket/key.pdf``) was kept as the file's base64 data, and the URL lost."""
     if url is not None and url.startswith("data:") and ";base64," in url:
         mime, data = url[len("data:"):].split(";base64,", 1)
+        mime = mime.split(";", 1)[0]  # ``image/png;name=a.png``: its parameters are no media type
         if kind == "image":
             return {"type": "image", "data": data, "mimeType": mime or "application/octet-stream"}
         return {"type": "resource", "resource": {"uri": f"file:///{filename or 'file'}", "blob": data,
                                                  "mimeType": mime or "application/octet-stream"}}
-    if url is not None and kind == "file" and not url.startswith(("http://", "https://", "file:")):
+    if url is not None and kind == "file" and is_base64(url):  # the Agents SDK's file_data: base64 alone
         return {"type": "resource", "resource": {"uri": f"file:///{filename or 'file'}", "blob": url}}
     if url is not None:
         return {"type": "resource_link", "uri": url, "name": filename or kind}

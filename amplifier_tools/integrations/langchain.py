@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from ._common import missing_extra
 
@@ -289,38 +289,50 @@ class _LangChainTool:
 
 
 def _content_blocks(content: Any) -> list[dict[str, Any]] | None:
-    """A tool message's content blocks — strings, ``text``, ``image`` and ``file`` blocks in
-    LangChain's standard spelling (``base64``/``url``/``file_id``, a file's name in ``extras``),
+    """A tool message's content blocks — strings, ``text``, ``image``, ``audio`` and ``file`` blocks
+    in LangChain's standard spelling (``base64``/``url``/``file_id``, a file's name in ``extras``),
     the older ``source_type`` spelling, or OpenAI's ``image_url`` — as the host's content blocks
     (MCP spelling); None for content that is not such a list (an ordinary JSON output, kept as it is).
 
     Found by trial: a LangChain tool's image came back as its JSON block, so the model was shown
-    the whole base64 text and the audit record held it."""
+    the whole base64 text and the audit record held it. Found by attack: so it still was beside
+    one item not read (an ``audio`` or ``text-plain`` block, a ``reasoning`` block, ``"base64":
+    None`` beside ``data``): a list holding an image, audio or file is now read item by item, an
+    item not read a text block of its JSON."""
     if not isinstance(content, list) or not content:
         return None
-    blocks: list[dict[str, Any]] = []
-    for item in content:
-        if isinstance(item, str):
-            blocks.append({"type": "text", "text": item})
-            continue
-        kind = item.get("type") if isinstance(item, dict) else None
-        if kind == "text" and isinstance(item.get("text"), str):
-            blocks.append({"type": "text", "text": item["text"]})
-        elif kind in ("image", "file"):
-            data, url = item.get("base64", item.get("data")), item.get("url")
-            extras = item.get("extras")
-            name = extras.get("filename") if isinstance(extras, dict) else item.get("filename")
-            mime = item.get("mime_type")
-            if isinstance(data, str):
-                url = f"data:{mime if isinstance(mime, str) else ''};base64,{data}"
-            file_id = item.get("file_id", item.get("id") if item.get("source_type") == "id" else None)
-            if not isinstance(url, str) and not isinstance(file_id, str):
-                return None
-            blocks.append(media_block(url if isinstance(url, str) else None, file_id, kind,
-                                      name if isinstance(name, str) else None))
-        elif kind == "image_url" and isinstance(item.get("image_url"), dict) \
-                and isinstance(item["image_url"].get("url"), str):
-            blocks.append(media_block(item["image_url"]["url"], None, "image", None))
-        else:
+    blocks: list[dict[str, Any] | None] = [_content_block(item) for item in content]
+    if all(block is not None for block in blocks):
+        return cast("list[dict[str, Any]]", blocks)
+    if not any(block is not None and block["type"] not in ("text", "resource_link") for block in blocks):
+        return None  # no media: the list is the tool's JSON output
+    return [block if block is not None else {"type": "text", "text": json.dumps(item, default=str)}
+            for block, item in zip(blocks, content, strict=True)]
+
+
+def _content_block(item: Any) -> dict[str, Any] | None:
+    """One item of a tool message's content as a content block (MCP spelling), or None."""
+    if isinstance(item, str):
+        return {"type": "text", "text": item}
+    kind = item.get("type") if isinstance(item, dict) else None
+    if kind in ("text", "text-plain") and isinstance(item.get("text"), str):
+        return {"type": "text", "text": item["text"]}
+    if kind in ("image", "file", "audio"):
+        data, url = item.get("base64") or item.get("data"), item.get("url")
+        extras = item.get("extras")
+        name = extras.get("filename") if isinstance(extras, dict) else item.get("filename")
+        mime = item.get("mime_type")
+        if isinstance(data, str):
+            if kind == "audio":
+                return {"type": "audio", "data": data,
+                        "mimeType": mime if isinstance(mime, str) else "application/octet-stream"}
+            url = f"data:{mime if isinstance(mime, str) else ''};base64,{data}"
+        file_id = item.get("file_id") or (item.get("id") if item.get("source_type") == "id" else None)
+        if not isinstance(url, str) and not isinstance(file_id, str):
             return None
-    return blocks
+        return media_block(url if isinstance(url, str) else None, file_id, "file" if kind == "audio" else kind,
+                           name if isinstance(name, str) else None)
+    if kind == "image_url" and isinstance(item.get("image_url"), dict) \
+            and isinstance(item["image_url"].get("url"), str):
+        return media_block(item["image_url"]["url"], None, "image", None)
+    return None
