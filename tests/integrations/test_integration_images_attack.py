@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec, hookimpl
+from test_integration_images import _mount
+
+from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
 from amplifier_tools.integrations._common import media_block, model_parts
 
 SECRET = "sk-live-0123456789abcdefghijklmnopqrstuv"
@@ -35,15 +37,6 @@ class Blocks:
 
     async def execute(self, input: dict[str, Any]) -> ToolResult:
         return ToolResult(output=None, metadata={"content": self.blocks})
-
-
-def _mount(tool: Any) -> Any:
-    class Mount:
-        @hookimpl
-        async def mount(self, coordinator: Any) -> None:
-            await coordinator.mount("tools", tool)
-
-    return Mount()
 
 
 async def _call(tmp_path: Path, blocks: list[Any]) -> ToolResult:
