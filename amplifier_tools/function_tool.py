@@ -92,6 +92,11 @@ def _schema_and_converter(annotation: Any, where: str) -> tuple[dict[str, Any], 
             raise TypeError(f"{where}: Literal value {odd[0]!r} is not a JSON string, number, boolean or null")
         return {"enum": list(args)}, None
     if origin in (Union, types.UnionType):
+        others = [arg for arg in args if arg is not type(None)]
+        if len(others) == 1 and len(args) == 2 and _takes_none(others[0]):
+            # ``Optional[Annotated[X | None, ...]]``: what Python 3.10's ``get_type_hints`` makes of
+            # ``Annotated[X | None, ...] = None``; the annotated union already takes None.
+            return _schema_and_converter(others[0], where)
         arms = [_schema_and_converter(arg, where) for arg in args]
         return {"anyOf": [schema for schema, _ in arms]}, _union_converter(arms)
     if origin is tuple or annotation is tuple:
@@ -121,6 +126,14 @@ def _schema_and_converter(annotation: Any, where: str) -> tuple[dict[str, Any], 
         return {"type": "object", "additionalProperties": value}, converter
     raise TypeError(f"{where}: type {annotation!r} has no JSON Schema mapping; use str, int, float, "
                     "bool, list, tuple, set, dict[str, ...], Literal or Optional of these")
+
+
+def _takes_none(annotation: Any) -> bool:
+    """Whether ``annotation`` is an ``Annotated`` union that includes ``None``."""
+    if typing.get_origin(annotation) is not Annotated:
+        return False
+    base = typing.get_args(annotation)[0]
+    return typing.get_origin(base) in (Union, types.UnionType) and type(None) in typing.get_args(base)
 
 
 #: ``annotated_types`` constraint attributes -> the JSON Schema keyword of a number's bound.
