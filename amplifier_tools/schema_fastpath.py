@@ -345,14 +345,18 @@ _TYPE_SOURCE: Final = {
     "object": "type({0}) is dict",
     "array": "type({0}) is list",
 }
-#: What makes a value fail each bound (the negation of how jsonschema's keyword accepts it).
-#: ``_TYPE_SOURCE`` for a plain predicate: numbers JSON and the host can carry (``{1}``: the
-#: largest integer's bit length); ``float.is_integer`` is already False for NaN and infinities.
+#: ``_TYPE_SOURCE`` for a plain predicate: numbers JSON and the host can carry (``{1}`` and
+#: ``{2}``: -2**bits and 2**bits, both excluded, so an ``int`` of at most ``bits`` bits);
+#: ``float.is_integer`` is already False for NaN and infinities.
 _PLAIN_TYPE_SOURCE: Final = {
     **_TYPE_SOURCE,
-    "integer": "((type({0}) is int and {0}.bit_length() <= {1}) or (type({0}) is float and {0}.is_integer()))",
-    "number": "((type({0}) is int and {0}.bit_length() <= {1}) or (type({0}) is float and _isfinite({0})))",
+    "integer": "((type({0}) is int and {1} < {0} < {2}) or (type({0}) is float and {0}.is_integer()))",
+    "number": "((type({0}) is int and {1} < {0} < {2}) or (type({0}) is float and _isfinite({0})))",
 }
+#: For a value that passed the test of one type: which guard of a later keyword it already met
+#: (the generated code then leaves the guard out).
+_GUARDS_MET: Final = {"integer": "number", "number": "number", "string": "str", "array": "list", "object": "dict"}
+#: What makes a value fail each bound (the negation of how jsonschema's keyword accepts it).
 _BOUND_FAILS: Final = {"minimum": "<", "maximum": ">", "exclusiveMinimum": "<=", "exclusiveMaximum": ">="}
 _NUMERIC_SOURCE: Final = "(isinstance({0}, (int, float)) and not isinstance({0}, bool))"
 _MISSING: Final = object()
@@ -373,7 +377,9 @@ class _Source:
     def type_test(self, kind: str, var: str) -> str:
         if self.max_int_bits is None:
             return _TYPE_SOURCE[kind].format(var)
-        return _PLAIN_TYPE_SOURCE[kind].format(var, self.name(self.max_int_bits))
+        # ``-2**b < i < 2**b`` is ``i.bit_length() <= b``, without a method call
+        limit = 1 << self.max_int_bits
+        return _PLAIN_TYPE_SOURCE[kind].format(var, self.name(-limit), self.name(limit))
 
     def name(self, value: Any) -> str:
         self._count += 1
@@ -395,41 +401,53 @@ def _emit(out: _Source, schema: Any, var: str, indent: int) -> None:
     if schema is True or schema == {}:
         return
     kind = schema.get("type")
+    met = None  # the guard that one tested type already meets
     if kind is not None:
         names = [kind] if isinstance(kind, str) else kind
         out.fail_if(indent, "not (" + " or ".join(out.type_test(n, var) for n in names) + ")")
+        met = _GUARDS_MET.get(names[0]) if len(names) == 1 else None
     if "enum" in schema or "const" in schema:
         allowed = out.name(frozenset(schema["enum"] if "enum" in schema else [schema["const"]]))
         out.fail_if(indent, f"not (({var} is None or type({var}) is str) and {var} in {allowed})")
     for keyword, fails in _BOUND_FAILS.items():
         if keyword in schema:
-            out.fail_if(indent, f"{_NUMERIC_SOURCE.format(var)} and {var} {fails} {out.name(schema[keyword])}")
+            guard = "" if met == "number" else f"{_NUMERIC_SOURCE.format(var)} and "
+            out.fail_if(indent, f"{guard}{var} {fails} {out.name(schema[keyword])}")
     for keyword, kind_, fails in (("minLength", "str", "<"), ("maxLength", "str", ">"),
                                   ("minItems", "list", "<"), ("maxItems", "list", ">")):
         if keyword in schema:
-            out.fail_if(indent, f"isinstance({var}, {kind_}) and len({var}) {fails} {out.name(schema[keyword])}")
+            guard = "" if met == kind_ else f"isinstance({var}, {kind_}) and "
+            out.fail_if(indent, f"{guard}len({var}) {fails} {out.name(schema[keyword])}")
     if "pattern" in schema:
         regex = out.name(out.compile_pattern(schema["pattern"]))
-        out.fail_if(indent, f"isinstance({var}, str) and {regex}.search({var}) is None")
+        guard = "" if met == "str" else f"isinstance({var}, str) and "
+        out.fail_if(indent, f"{guard}{regex}.search({var}) is None")
     if "oneOf" in schema:  # each branch a predicate of its own (disjoint types: any is one)
         branches = [out.name(_generate(branch, out.compile_pattern)) for branch in schema["oneOf"]]
         out.fail_if(indent, "not (" + " or ".join(f"{b}({var})" for b in branches) + ")")
     if "items" in schema and not (schema["items"] is True or schema["items"] == {}):
         item = out.variable()
-        out.lines.append(" " * indent + f"if isinstance({var}, list):")
-        out.lines.append(" " * (indent + 1) + f"for {item} in {var}:")
-        _emit(out, schema["items"], item, indent + 2)
-    _emit_object(out, schema, var, indent)
+        inner = _open_guard(out, indent, "list", met, var)
+        out.lines.append(" " * inner + f"for {item} in {var}:")
+        _emit(out, schema["items"], item, inner + 1)
+    _emit_object(out, schema, var, indent, met)
 
 
-def _emit_object(out: _Source, schema: dict[str, Any], var: str, indent: int) -> None:
+def _open_guard(out: _Source, indent: int, kind: str, met: str | None, var: str) -> int:
+    """Open ``if isinstance(var, kind):`` unless the type test already met it; the indent inside."""
+    if met == kind:
+        return indent
+    out.lines.append(" " * indent + f"if isinstance({var}, {kind}):")
+    return indent + 1
+
+
+def _emit_object(out: _Source, schema: dict[str, Any], var: str, indent: int, met: str | None) -> None:
     if not {"properties", "required", "additionalProperties", "minProperties", "maxProperties"} & set(schema):
         return
     properties: dict[str, Any] = schema.get("properties", {})
     extra = schema.get("additionalProperties", True)
-    out.lines.append(" " * indent + f"if isinstance({var}, dict):")
+    inner = _open_guard(out, indent, "dict", met, var)
     start = len(out.lines)
-    inner = indent + 1
     for required in schema.get("required", []):
         out.fail_if(inner, f"{out.name(required)} not in {var}")
     min_props, max_props = schema.get("minProperties", 0), schema.get("maxProperties")

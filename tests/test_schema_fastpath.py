@@ -140,20 +140,23 @@ class Key(str):
     """A key that is not plain JSON but compares equal to a property name."""
 
 
-#: Values a caller may pass that are not plain JSON data, or not within the host's limits.
-hostile = st.sampled_from([2 ** MAX_INT_BITS, -(2 ** MAX_INT_BITS), float("nan"), float("-inf"), (1, 2), {"a"},
-                           {Key("a"): "x"}, {1: "x"}, True, b"a"])
+#: Values a caller may pass that are not plain JSON data, or not within the host's limits, and
+#: the largest integers within them.
+hostile = st.sampled_from([2 ** MAX_INT_BITS, -(2 ** MAX_INT_BITS), 2 ** MAX_INT_BITS - 1, -(2 ** MAX_INT_BITS - 1),
+                           float("nan"), float("-inf"), (1, 2), {"a"}, {Key("a"): "x"}, {1: "x"}, True, b"a"])
 plain_scalar_types = st.sampled_from(["string", "integer", "number", "boolean", "null"])
 plain_schemas = st.recursive(
     st.fixed_dictionaries({"type": plain_scalar_types | st.lists(plain_scalar_types, min_size=1, max_size=3,
                                                                  unique=True)},
-                          optional={"minimum": st.integers(-3, 3), "maxLength": st.integers(0, 3)})
+                          optional={"minimum": st.integers(-3, 3), "maxLength": st.integers(0, 3),
+                                    "pattern": st.sampled_from(["^a", "b$"])})
     | st.fixed_dictionaries({"enum": st.lists(st.sampled_from(["a", "b", None]), min_size=1, max_size=3)}),
     lambda inner: st.fixed_dictionaries(
         {"type": st.just("object"), "properties": st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3),
          "additionalProperties": st.just(False) | inner},
         optional={"required": st.lists(st.sampled_from(["a", "b"]), max_size=2, unique=True)})
-    | st.fixed_dictionaries({"type": st.just("array"), "items": inner}, optional={"maxItems": st.integers(0, 3)}),
+    | st.fixed_dictionaries({"type": st.just("array"), "items": inner},
+                            optional={"maxItems": st.integers(0, 3), "minItems": st.integers(0, 2)}),
     max_leaves=6,
 )
 
@@ -188,3 +191,36 @@ def test_the_plain_predicate_is_plain_json_and_valid(schema: dict[str, Any], val
 )
 def test_schemas_that_let_any_value_through_get_no_plain_predicate(schema: dict[str, Any]) -> None:
     assert generate_plain_check(schema, MAX_INT_BITS) is None
+
+
+@pytest.mark.parametrize("kind", ["integer", "number"])
+@pytest.mark.parametrize("value", [2 ** MAX_INT_BITS - 1, -(2 ** MAX_INT_BITS - 1), 2 ** MAX_INT_BITS,
+                                   -(2 ** MAX_INT_BITS)], ids=["largest", "smallest", "one-over", "one-under"])
+def test_the_plain_predicate_takes_integers_up_to_the_bit_limit(kind: str, value: int) -> None:
+    """At the host's integer limit exactly: an ``int`` of ``MAX_INT_BITS`` bits is plain, one more
+    bit is not, whether the value stands alone or in an object with a bound."""
+    within = value.bit_length() <= MAX_INT_BITS
+    alone = generate_plain_check({"type": kind}, MAX_INT_BITS)
+    nested = generate_plain_check({"type": "object", "properties": {"n": {"type": kind, "minimum": -(2 ** 20000)}},
+                                   "additionalProperties": False}, MAX_INT_BITS)
+    assert alone is not None and nested is not None
+    assert alone(value) is within and nested({"n": value}) is within
+    assert is_plain_json(value) is within
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "string", "minLength": 2, "pattern": "^a"}, "ab", "ba"),
+    ({"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1}, [1, 2], [1, 0]),
+    ({"type": "object", "properties": {"a": {"type": "number", "maximum": 3}}, "additionalProperties": False},
+     {"a": 3}, {"a": 3.5}),
+])
+def test_a_keyword_whose_type_is_already_tested_needs_no_guard_of_its_own(schema: dict[str, Any], good: Any,
+                                                                          bad: Any) -> None:
+    """One tested type makes the keyword's own type guard redundant: the generated code leaves it
+    out, and still answers as jsonschema does (also for values of other types)."""
+    plain = generate_plain_check(schema, MAX_INT_BITS)
+    assert plain is not None
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in (good, bad, None, 1, "a", [], {}, True):
+        assert plain(value) == validator.is_valid(value), value
+    assert plain(good) and not plain(bad)
