@@ -87,13 +87,22 @@ class ToolResult:
             text = render(blocks_of(self.metadata))
         else:
             text = output_text(self.output)
-        if max_chars is not None and len(text) > max_chars:
-            cut = len(text) - max_chars
-            text = (
-                text[:max_chars]
-                + f"\n\n[Truncated: {cut} of {len(text)} characters omitted]"
-            )
+        return truncate_text(text, max_chars)
+
+
+def truncate_text(text: str, max_chars: int | None) -> str:
+    """``text`` cut to its first ``max_chars`` characters, followed by the one notice a model
+    sees of a cut, ``[Truncated: N of M characters omitted]`` (``N`` left out of ``M``), on a
+    line of its own after a blank one; ``text`` as it is when ``max_chars`` is None or it is no
+    longer than ``max_chars``. ``max_chars=0`` keeps none of the text, only the notice.
+
+    The one implementation of the notice: ``ToolResult.get_serialized_output`` and the framework
+    adapters' ``model_text`` and ``model_parts`` all cut with it, so a model reads a cut the same
+    way whichever path it came by.
+    """
+    if max_chars is None or len(text) <= max_chars:
         return text
+    return f"{text[:max_chars]}\n\n[Truncated: {len(text) - max_chars} of {len(text)} characters omitted]"
 
 
 def output_text(output: Any) -> str:

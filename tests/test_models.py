@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import builtins
 import json
 from typing import Any, Literal
@@ -25,6 +26,8 @@ from amplifier_tools import (
     tool,
 )
 from amplifier_tools.errors import CATEGORIES
+from amplifier_tools.integrations._common import model_parts, model_text
+from amplifier_tools.models import truncate_text
 
 
 def test_is_error_and_serialized_output() -> None:
@@ -40,6 +43,40 @@ def test_serialized_output_says_how_much_was_cut() -> None:
     assert text.startswith("x" * 100)
     assert text.endswith("[Truncated: 900 of 1000 characters omitted]")
     assert ToolResult(output="x" * 1000).get_serialized_output(max_chars=None) == "x" * 1000
+
+
+@pytest.mark.parametrize(("text", "max_chars", "expected"), [
+    ("abc", None, "abc"),
+    ("abc", 5, "abc"),
+    ("abc", 3, "abc"),
+    ("abcdef", 2, "ab\n\n[Truncated: 4 of 6 characters omitted]"),
+    ("abc", 0, "\n\n[Truncated: 3 of 3 characters omitted]"),
+    ("", 0, ""),
+])
+def test_truncate_text_cuts_at_max_chars_with_the_one_notice(text: str, max_chars: int | None,
+                                                            expected: str) -> None:
+    assert truncate_text(text, max_chars) == expected
+
+
+@pytest.mark.parametrize("max_chars", [0, 10, 1029, 1030, None])
+def test_every_path_to_a_model_cuts_with_the_same_notice(max_chars: int | None) -> None:
+    """``get_serialized_output``, the adapters' ``model_text`` (a failure's own text) and
+    ``model_parts`` (the text beside an image) cut the same over-long text the same way: they
+    once wrote three notices, one without the total."""
+    text = "Error (ExecutionError, boom): " + "x" * 1000
+    assert len(text) == 1030
+    expected = truncate_text(text, max_chars)
+    if max_chars is not None and max_chars < len(text):
+        assert expected.endswith(f"\n\n[Truncated: {1030 - max_chars} of 1030 characters omitted]")
+    failure = ToolResult(success=False, error={"type": "ExecutionError", "code": "boom", "message": "x" * 1000})
+    image = {"type": "image", "data": base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(40)).decode(),
+             "mimeType": "image/png"}
+    parts = model_parts(ToolResult(output=text, metadata={"content": [image]}), max_chars)
+    assert parts is not None and [part[0] for part in parts] == ["text", "image"]
+    assert ToolResult(output=text).get_serialized_output(max_chars) == expected
+    assert model_text(ToolResult(output=text), max_chars) == expected
+    assert model_text(failure, max_chars) == expected
+    assert parts[0][1] == expected
 
 
 def test_fifth_category_does_not_shadow_builtin_system_error() -> None:

@@ -18,7 +18,7 @@ from ..content import Part, blocks_of, is_base64, render
 from ..content import model_parts as content_parts
 from ..definitions import model_name
 from ..host import ToolHost
-from ..models import ToolCall, ToolContext, ToolResult, new_call_id, output_text
+from ..models import ToolCall, ToolContext, ToolResult, new_call_id, output_text, truncate_text
 from ..redaction import RecordingResolver
 from ..spec import ToolSpec
 
@@ -168,9 +168,7 @@ def model_text(result: ToolResult, max_chars: int | None = None, parse_problem: 
            f"{error.get('message', 'unknown error')}"
     if parse_problem is not None and error.get("type") == "ContractError":
         text += f" ({parse_problem})"
-    if max_chars is not None and len(text) > max_chars:
-        text = text[:max_chars] + f"\n\n[Truncated: {len(text) - max_chars} characters omitted]"
-    return text
+    return truncate_text(text, max_chars)
 
 
 def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] | None:
@@ -195,8 +193,7 @@ def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] 
         text = part[1]
         if part[0] == "text" and budget is not None:
             if len(text) > budget:
-                part = ("text", text[:budget] + f"\n\n[Truncated: {len(text) - budget} of {len(text)} characters "
-                        "omitted]", None, None)
+                part = ("text", truncate_text(text, budget), None, None)
                 budget = 0
             else:
                 budget -= len(text)
