@@ -70,6 +70,9 @@ class _Resume:
                     return done.value
 
 
+_COROUTINE: Final = types.CoroutineType
+
+
 def _first_step(awaitable: Any) -> tuple[bool, Any]:
     """Run a coroutine up to its first suspension: ``(True, result)`` if it finished without
     suspending, else ``(False, the rest as an awaitable)``. Other awaitables are left alone.
@@ -79,7 +82,7 @@ def _first_step(awaitable: Any) -> tuple[bool, Any]:
     Only where the rest then runs in the same task (``asyncio.timeout``, 3.11+): code that binds
     to the current task must never find itself split across two.
     """
-    if type(awaitable) is not types.CoroutineType:
+    if type(awaitable) is not _COROUTINE:
         return False, awaitable
     try:
         pending = awaitable.send(None)
@@ -239,6 +242,8 @@ class HookFailure(Exception):
 class PluginManager(pluggy.PluginManager):
     """pluggy's manager, counting registrations so hook order is recomputed only on change."""
 
+    #: Moves at every registration and unregistration, and when a dispatcher's handlers change
+    #: (``HookDispatcher.invalidate``/``configure``): the one stamp its caches are kept for.
     generation = 0
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
@@ -293,21 +298,19 @@ class HookDispatcher:
         # pluggy's hook executor as it is without monitoring: when ``add_hookcall_monitoring`` or
         # ``enable_tracing`` replaced it, each call goes through the replacement (see ``_start``).
         self._plain_hookexec = pm._inner_hookexec
-        #: ``impls``' lists, for the plugin generation and ``_epoch`` they were built for.
+        #: ``impls``' lists, for the plugin generation they were built for.
         self._cache: dict[str, list[Impl]] = {}
-        self._cache_generation = self._cache_epoch = -1
-        #: ``present()``'s answer, and the plugin generation and ``_epoch`` it was computed for.
+        self._cache_generation = -1
+        #: ``present()``'s answer, and the plugin generation it was computed for.
         self._present: frozenset[str] = frozenset()
         self._present_generation = -1
-        self._present_epoch = -1
-        self._epoch = 0  # bumped by invalidate/configure (handler changes pluggy does not count)
         #: More implementations to run in the chain, after the plain pluggy ones and before the
         #: ``trylast`` ones: ``hook -> [(plugin, function, argnames)]`` (the Amplifier bridge).
         self.extra_impls: Callable[[str], list[tuple[str, Callable[..., Any], tuple[str, ...]]]] | None = None
 
     def invalidate(self) -> None:
         """Recompute the implementation lists on the next call (the set of handlers changed)."""
-        self._epoch += 1
+        self._pm.generation += 1  # a change pluggy does not count
 
     def settings_of(self, plugin: str) -> PluginSettings:
         """How ``plugin``'s failures are treated (its ``on_error`` and ``hook_timeout_ms``)."""
@@ -316,20 +319,20 @@ class HookDispatcher:
     def configure(self, plugin: str, settings: PluginSettings) -> None:
         """Set how ``plugin``'s failures are treated; takes effect on the next call."""
         self._settings[plugin] = settings
-        self._epoch += 1
+        self._pm.generation += 1
 
     def impls(self, hook: str) -> list[Impl]:
         """Implementations of ``hook`` in call order (pluggy's order).
 
-        Cached per plugin generation and ``_epoch``, read before a list is built: when either
-        moves, a fresh dict replaces the cache (never cleared in place), so a list built from the
-        old state (a handler registered from another thread meanwhile) lands in the dict that
-        was dropped, not in the one the next call reads."""
-        generation, epoch = self._pm.generation, self._epoch
+        Cached per plugin generation, read before a list is built: when it moves, a fresh dict
+        replaces the cache (never cleared in place), so a list built from the old state (a
+        handler registered from another thread meanwhile) lands in the dict that was dropped,
+        not in the one the next call reads."""
+        generation = self._pm.generation
         cache = self._cache
-        if self._cache_generation != generation or self._cache_epoch != epoch:
+        if self._cache_generation != generation:
             cache = self._cache = {}
-            self._cache_generation, self._cache_epoch = generation, epoch
+            self._cache_generation = generation
         cached = cache.get(hook)
         if cached is not None:
             return cached
@@ -754,21 +757,21 @@ class HookDispatcher:
 
     def present(self) -> frozenset[str]:
         """The call hooks (``CALL_HOOKS``) that have at least one implementation, cached until a
-        plugin is registered or unregistered (pluggy's generation) or ``invalidate``/``configure``
-        runs: one question where asking ``impls`` hook by hook cost a call each. The pipeline asks
-        at a call's start and again before ``tool_post`` (a plugin registered while the tool ran
-        gets its ``tool_post``, as it gets its ``tool_complete``)."""
-        generation, epoch = self._pm.generation, self._epoch
-        if self._present_generation == generation and self._present_epoch == epoch:
+        plugin is registered or unregistered or ``invalidate``/``configure`` runs (the plugin
+        manager's ``generation``): one question where asking ``impls`` hook by hook cost a call
+        each. The pipeline asks at a call's start, again before ``tool_post`` (a plugin registered
+        while the tool ran gets its ``tool_post``) and before ``tool_complete``."""
+        generation = self._pm.generation
+        if self._present_generation == generation:
             return self._present
-        return self._refresh_present(generation, epoch)
+        return self._refresh_present(generation)
 
-    def _refresh_present(self, generation: int, epoch: int) -> frozenset[str]:
-        """``present``'s answer computed for the stamps ``generation`` and ``epoch``, read before
-        computing (a change meanwhile is seen by the next call). Apart from ``present``: its
-        comprehension would make ``self`` a cell on every call."""
+    def _refresh_present(self, generation: int) -> frozenset[str]:
+        """``present``'s answer computed for the stamp ``generation``, read before computing (a
+        change meanwhile is seen by the next call). Apart from ``present``: its comprehension
+        would make ``self`` a cell on every call."""
         present = frozenset(hook for hook in CALL_HOOKS if self.impls(hook))
-        self._present, self._present_generation, self._present_epoch = present, generation, epoch
+        self._present, self._present_generation = present, generation
         return present
 
     async def tool_event(self, event: str, data: dict[str, Any]) -> None:

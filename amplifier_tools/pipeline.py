@@ -103,11 +103,107 @@ class CallPipeline:
 
     async def run(self, call: ToolCall, context: ToolContext) -> ToolResult:
         """Run ``call`` to its final ``ToolResult``. Never raises, except ``CancelledError``
-        when the caller cancelled it (after the call was completed and recorded)."""
+        when the caller cancelled it (after the call was completed and recorded).
+
+        One coroutine, where a wrapper keeping the call in ``in_flight`` around the body cost a
+        coroutine per call."""
         number = next(self._numbers)
         task = self.in_flight[number] = asyncio.current_task()
         try:
-            return await self._run(call, context, number, task, _cancel_requests(task))
+            requests = _cancel_requests(task)  # the task's cancellation requests when the call began
+            started = time.perf_counter()
+            ctx = context.for_call(call.id)
+            mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
+            kept_output: Any = None
+            scanned: Any = None  # the output object already scrubbed before tool_post
+            scanned_with: frozenset[str] = frozenset()  # the secrets it was scrubbed of
+            present = self.hooks.present()  # which hooks have implementations (cached; asked again below)
+            events = "tool_event" in present
+            ending = False  # the tool_post or tool_error chain has begun: the other must never run
+            try:
+                if self.closing:
+                    raise _closing_error("the host is closing; no new calls are admitted")
+                if mounted is None:
+                    raise self._unknown_tool(call.name)
+                spec = mounted.spec
+                if call.name != spec.name:  # hooks and records always see the canonical name
+                    call = ToolCall(call.id, spec.name, call.arguments)
+                mounted.check_arguments(call.arguments)
+                if events:
+                    await self.hooks.tool_event("tool:pre", event_data(call, ctx))
+                if "tool_pre" in (self.hooks.present() if events else present):  # re-asked after an awaited observer
+                    call = await self.hooks.tool_pre(call, spec, ctx, mounted.check_arguments)
+                for ref in spec.security.secret_refs:  # resolving registers the value host-wide
+                    ctx.secret(ref)
+                if self.closing:  # admitted before close, but the tool has not started: do not start it now
+                    raise _closing_error(f"the host is closing; tool {spec.name!r} was not started")
+                if _swallowed(ctx, task, requests):  # by a tool_pre hook: do not start the tool
+                    raise asyncio.CancelledError
+                if spec.policies.retry is not None and retry_allowed(spec, ctx):
+                    try:
+                        result = await self._execute_with_retries(mounted, call, ctx, task, requests)
+                    except ToolError as failed:
+                        kept_output = failed.details.pop("output", None)
+                        raise
+                else:
+                    result = await self._execute(mounted, call, ctx)
+                    if not result.success:
+                        kept_output = result.output
+                        raise error_from_result(result, spec.name)
+                if mounted.output_validator is not None:
+                    mounted.check_output(result.output)
+
+                output = result.output
+                scanned_with = self.secrets.values  # what ``scanned`` is clean of
+                if scanned_with:
+                    output = redact(output, secrets=self.secrets, patterns=False)
+                scanned = output
+                has_post = "tool_post" in self.hooks.present()  # asked again: plugins may have come during the tool
+                if has_post or events or output is not result.output or result.error is not None:
+                    # what hooks and observers see; else ``_complete`` builds the one result the caller gets
+                    result = ToolResult(True, output, None, result.metadata, call.id)
+
+                ending = True
+                if has_post:
+                    result = await self.hooks.tool_post(call, spec, result, ctx, mounted.check_output,
+                                                        self._failure_result)
+                if events:
+                    await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
+                if _swallowed(ctx, task, requests):
+                    raise asyncio.CancelledError
+            except ToolError as error:
+                if _swallowed(ctx, task, requests):
+                    return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
+                failure: ToolError | None = error
+            except asyncio.CancelledError:
+                return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
+            except Exception as exc:  # a host bug must still end as a typed result
+                log.exception("unexpected failure %s %r", "ending" if ending else "running", call.name)
+                failure = _internal(exc)
+                if ending:  # tool_post already ran: tool_error must not run as well
+                    result = self._failure_result(call, mounted.spec if mounted is not None else None, ctx, failure)
+                    failure = None
+            else:
+                failure = None
+            if failure is not None:
+                # Once the tool_error chain has begun it runs to its end, then tool_complete records the
+                # call; a cancellation arriving meanwhile (an async tool_error hook, an event observer)
+                # waits for that and is honoured afterwards.
+                ended, cancelled = await finish_despite_cancel(
+                    self._fail(call, mounted, ctx, failure, started, kept_output, events))
+                if cancelled:
+                    return self._after_cancel(ended, number, requests)
+                ended_result: ToolResult = ended
+                return ended_result
+            if scanned is not None and self.secrets.values is not scanned_with:
+                # A hook registered a secret after the output was scanned (found by attack: a tool_post
+                # hook resolving one left it in the output the caller got): scan the output again.
+                scanned = None
+            result = self._final(call, ctx, result, started, scanned)
+            if "tool_complete" not in self.hooks.present():  # no observer: no coroutine to build
+                return result
+            # A cancellation arriving in here is honoured only once every tool_complete observer has run.
+            return await self._observed(call, mounted, ctx, result, number, requests)
         finally:
             del self.in_flight[number]
             self.cut.discard(number)
@@ -139,98 +235,6 @@ class CallPipeline:
         for task in tasks:
             task.cancel(msg="amplifier-tools host closing")
         return len(self.cut)
-
-    async def _run(self, call: ToolCall, context: ToolContext, number: int, task: asyncio.Task[Any] | None,
-                   requests: int) -> ToolResult:
-        """``run``'s body; ``requests``: the task's cancellation requests when the call began."""
-        started = time.perf_counter()
-        ctx = context.for_call(call.id)
-        mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
-        kept_output: Any = None
-        scanned: Any = None  # the output object already scrubbed before tool_post
-        scanned_with: frozenset[str] = frozenset()  # the secrets it was scrubbed of
-        present = self.hooks.present()  # which hooks have implementations (cached; asked again below)
-        events = "tool_event" in present
-        ending = False  # the tool_post or tool_error chain has begun: the other must never run
-        try:
-            if self.closing:
-                raise _closing_error("the host is closing; no new calls are admitted")
-            if mounted is None:
-                raise self._unknown_tool(call.name)
-            spec = mounted.spec
-            if call.name != spec.name:  # hooks and records always see the canonical name
-                call = ToolCall(call.id, spec.name, call.arguments)
-            mounted.check_arguments(call.arguments)
-            if events:
-                await self.hooks.tool_event("tool:pre", event_data(call, ctx))
-            if "tool_pre" in (self.hooks.present() if events else present):  # re-asked after an awaited observer
-                call = await self.hooks.tool_pre(call, spec, ctx, mounted.check_arguments)
-            for ref in spec.security.secret_refs:  # resolving registers the value host-wide
-                ctx.secret(ref)
-            if self.closing:  # admitted before close, but the tool has not started: do not start it now
-                raise _closing_error(f"the host is closing; tool {spec.name!r} was not started")
-            if _swallowed(ctx, task, requests):  # by a tool_pre hook: do not start the tool
-                raise asyncio.CancelledError
-            if retry_allowed(spec, ctx):
-                try:
-                    result = await self._execute_with_retries(mounted, call, ctx, task, requests)
-                except ToolError as failed:
-                    kept_output = failed.details.pop("output", None)
-                    raise
-            else:
-                result = await self._execute(mounted, call, ctx)
-                if not result.success:
-                    kept_output = result.output
-                    raise error_from_result(result, spec.name)
-            mounted.check_output(result.output)
-
-            output = result.output
-            scanned_with = self.secrets.values  # what ``scanned`` is clean of
-            if self.secrets:
-                output = redact(output, secrets=self.secrets, patterns=False)
-            scanned = output
-            has_post = "tool_post" in self.hooks.present()  # asked again: plugins may have come during the tool
-            if has_post or events or output is not result.output or result.error is not None:
-                # what hooks and observers see; else ``_complete`` builds the one result the caller gets
-                result = ToolResult(True, output, None, result.metadata, call.id)
-
-            ending = True
-            if has_post:
-                result = await self.hooks.tool_post(call, spec, result, ctx, mounted.check_output, self._failure_result)
-            if events:
-                await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
-            if _swallowed(ctx, task, requests):
-                raise asyncio.CancelledError
-        except ToolError as error:
-            if _swallowed(ctx, task, requests):
-                return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
-            failure: ToolError | None = error
-        except asyncio.CancelledError:
-            return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
-        except Exception as exc:  # a host bug must still end as a typed result
-            log.exception("unexpected failure %s %r", "ending" if ending else "running", call.name)
-            failure = _internal(exc)
-            if ending:  # tool_post already ran: tool_error must not run as well
-                result = self._failure_result(call, mounted.spec if mounted is not None else None, ctx, failure)
-                failure = None
-        else:
-            failure = None
-        if failure is not None:
-            # Once the tool_error chain has begun it runs to its end, then tool_complete records the
-            # call; a cancellation arriving meanwhile (an async tool_error hook, an event observer)
-            # waits for that and is honoured afterwards.
-            ended, cancelled = await finish_despite_cancel(
-                self._fail(call, mounted, ctx, failure, started, kept_output, events))
-            if cancelled:
-                return self._after_cancel(ended, number, requests)
-            ended_result: ToolResult = ended
-            return ended_result
-        if scanned is not None and self.secrets.values is not scanned_with:
-            # A hook registered a secret after the output was scanned (found by attack: a tool_post
-            # hook resolving one left it in the output the caller got): scan the output again.
-            scanned = None
-        # A cancellation arriving in here is honoured only once every tool_complete observer has run.
-        return await self._complete(call, mounted, ctx, result, started, scanned, number, requests)
 
     def _after_cancel(self, result: ToolResult, number: int, requests: int) -> ToolResult:
         """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
@@ -275,9 +279,9 @@ class CallPipeline:
     async def _execute(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult:
         timeout = mounted.spec.policies.timeout_ms
         seconds = timeout / 1000.0 if timeout is not None else self.default_timeout
-        remaining = ctx.remaining()
         by_deadline = False  # the caller's deadline, not the tool's timeout, bounds this run
-        if remaining is not None:
+        if ctx.deadline is not None:
+            remaining = ctx.deadline - time.monotonic()  # ``ctx.remaining()``, without the call
             if remaining <= 0:
                 raise PolicyError(
                     f"deadline passed before tool {mounted.spec.name!r} could run", code="deadline_exceeded"
@@ -309,7 +313,7 @@ class CallPipeline:
                 log.info("traceback of tool %r", mounted.spec.name,
                          exc_info=chain_without_secrets(exc, self.secrets))
             raise error_from_exception(exc, mounted.spec.name) from exc
-        return normalize_result(raw, mounted.spec.name)
+        return raw if isinstance(raw, ToolResult) else normalize_result(raw, mounted.spec.name)
 
     async def _execute_with_retries(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext,
                                     task: asyncio.Task[Any] | None, requests: int) -> ToolResult:
@@ -382,24 +386,39 @@ class CallPipeline:
         return await self._complete(call, mounted, ctx, result, started)
 
     async def _complete(
-        self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, result: ToolResult,
-        started: float, scanned: Any = None, number: int | None = None, requests: int = 0,
+        self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, result: ToolResult, started: float,
     ) -> ToolResult:
-        """The call's final result: trail, scrub, duration, then every ``tool_complete`` observer.
-        A cancellation of the caller's task while an observer was awaited is honoured afterwards:
-        ``number`` given (the call's own task), by ``_after_cancel`` (a cut by ``close`` returns
-        the result; found by attack: it raised ``CancelledError`` to a caller who never cancelled);
-        else (inside ``finish_despite_cancel``'s task) by raising ``CancelledError``."""
+        """The final result of a failed or cancelled call (``_final``), after every ``tool_complete``
+        observer (``_observed``); inside ``finish_despite_cancel``'s task."""
+        result = self._final(call, ctx, result, started)
+        if "tool_complete" not in self.hooks.present():
+            return result
+        return await self._observed(call, mounted, ctx, result)
+
+    def _final(self, call: ToolCall, ctx: ToolContext, result: ToolResult, started: float,
+               scanned: Any = None) -> ToolResult:
+        """The call's final result: trail, scrub (of all but ``scanned``, the output object already
+        scrubbed), duration."""
         metadata = dict(result.metadata)
-        metadata["trail"] = _trail(ctx)
+        metadata["trail"] = _trail(ctx) if ctx.trail else []
         result = ToolResult(result.success, result.output, result.error, metadata, call.id)
         if len(metadata) > 1 or metadata["trail"] or result.error is not None or (
                 result.output is not None and result.output is not scanned):
             result = self._scrubbed(result, scanned)  # else nothing left unscanned: no JSON text to build
         # Set after the scrub: the host's own measurement is no secret, even when its digits hold one.
         result.metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
-        if "tool_complete" not in self.hooks.present():  # no observer: no coroutine and closure to build
-            return result
+        return result
+
+    async def _observed(
+        self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, result: ToolResult,
+        number: int | None = None, requests: int = 0,
+    ) -> ToolResult:
+        """``result`` after every ``tool_complete`` observer (scrubbed again if they recorded
+        decisions or registered secrets). A cancellation of the caller's task while an observer
+        was awaited is honoured afterwards: ``number`` given (the call's own task), by
+        ``_after_cancel`` (a cut by ``close`` returns the result; found by attack: it raised
+        ``CancelledError`` to a caller who never cancelled); else (inside
+        ``finish_despite_cancel``'s task) by raising ``CancelledError``."""
         spec = mounted.spec if mounted is not None else None
         recorded = len(ctx.trail)
         known = self.secrets.values
