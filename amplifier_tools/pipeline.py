@@ -146,7 +146,8 @@ class CallPipeline:
                         kept_output = failed.details.pop("output", None)
                         raise
                 else:
-                    result = await self._execute(mounted, call, ctx)
+                    begun = self._begin(mounted, call, ctx)
+                    result = begun if isinstance(begun, ToolResult) else await begun.finish()
                     if not result.success:
                         kept_output = result.output
                         raise error_from_result(result, spec.name)
@@ -277,6 +278,15 @@ class CallPipeline:
         return self._after_cancel(ended, number, requests)
 
     async def _execute(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult:
+        """One run of the tool under its timeout and the caller's deadline (``_begin``, then
+        ``_Started.finish`` if it waited)."""
+        begun = self._begin(mounted, call, ctx)
+        return begun if isinstance(begun, ToolResult) else await begun.finish()
+
+    def _begin(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult | _Started:
+        """Start one run of the tool: its result if it finished without waiting (no timer, no
+        coroutine of the host's own), else the run as ``_Started``, to be awaited under the
+        limit. Raises the ``ToolError`` the run ended with."""
         timeout = mounted.spec.policies.timeout_ms
         seconds = timeout / 1000.0 if timeout is not None else self.default_timeout
         by_deadline = False  # the caller's deadline, not the tool's timeout, bounds this run
@@ -291,10 +301,19 @@ class CallPipeline:
         arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else call.arguments
         coro = mounted.execute(arguments, ctx) if mounted.takes_context else mounted.execute(arguments)
         try:
-            finished, raw = first_step(coro)  # a tool that never waits: no timer, no coroutine of its own
-            if not finished:
-                raw = await run_with_timeout(raw, seconds)
-        except TimeoutError:
+            finished, raw = first_step(coro)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise self._run_error(exc, mounted, seconds, by_deadline) from _cause(exc)
+        if not finished:
+            return _Started(self, mounted, raw, seconds, by_deadline)
+        return raw if isinstance(raw, ToolResult) else normalize_result(raw, mounted.spec.name)
+
+    def _run_error(self, exc: Exception, mounted: MountedTool, seconds: float | None, by_deadline: bool) -> ToolError:
+        """The ``ToolError`` a run of the tool that raised ``exc`` ends with: a ``TimeoutError``
+        is the timeout (``seconds``; ``by_deadline``: the caller's deadline set it)."""
+        if isinstance(exc, TimeoutError):
             timed_out = PolicyError(
                 f"tool {mounted.spec.name!r} timed out after {seconds:.3g} s"
                 + (" (the caller's deadline)" if by_deadline else ""),
@@ -304,16 +323,11 @@ class CallPipeline:
             )
             if by_deadline:  # the policy plugin's breakers do not count it against the tool
                 timed_out.details["by_deadline"] = True
-            raise timed_out from None
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if not isinstance(exc, ToolError) and log.isEnabledFor(logging.INFO):
-                # Where it raised, for the tool's author: shown by ``--verbose`` (INFO), secrets out.
-                log.info("traceback of tool %r", mounted.spec.name,
-                         exc_info=chain_without_secrets(exc, self.secrets))
-            raise error_from_exception(exc, mounted.spec.name) from exc
-        return raw if isinstance(raw, ToolResult) else normalize_result(raw, mounted.spec.name)
+            return timed_out
+        if not isinstance(exc, ToolError) and log.isEnabledFor(logging.INFO):
+            # Where it raised, for the tool's author: shown by ``--verbose`` (INFO), secrets out.
+            log.info("traceback of tool %r", mounted.spec.name, exc_info=chain_without_secrets(exc, self.secrets))
+        return error_from_exception(exc, mounted.spec.name)
 
     async def _execute_with_retries(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext,
                                     task: asyncio.Task[Any] | None, requests: int) -> ToolResult:
@@ -468,6 +482,32 @@ class CallPipeline:
         if same:
             output = result.output
         return ToolResult(result.success, output, error, metadata, result.tool_call_id)
+
+
+class _Started:
+    """A run of a tool that waited at its first step: the rest, awaited under the run's limit."""
+
+    __slots__ = ("by_deadline", "mounted", "pipeline", "rest", "seconds")
+
+    def __init__(self, pipeline: CallPipeline, mounted: MountedTool, rest: Any, seconds: float | None,
+                 by_deadline: bool) -> None:
+        self.pipeline, self.mounted, self.rest = pipeline, mounted, rest
+        self.seconds, self.by_deadline = seconds, by_deadline
+
+    async def finish(self) -> ToolResult:
+        """The run's result; raises the ``ToolError`` it ended with (``CallPipeline._run_error``)."""
+        try:
+            raw = await run_with_timeout(self.rest, self.seconds)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise self.pipeline._run_error(exc, self.mounted, self.seconds, self.by_deadline) from _cause(exc)
+        return raw if isinstance(raw, ToolResult) else normalize_result(raw, self.mounted.spec.name)
+
+
+def _cause(exc: Exception) -> Exception | None:
+    """What a run's ``ToolError`` is chained to: the tool's exception, none for a timeout."""
+    return None if isinstance(exc, TimeoutError) else exc
 
 
 def _withhold_retry_reasons(ctx: ToolContext) -> None:

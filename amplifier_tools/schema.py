@@ -489,6 +489,11 @@ def _with_patterns(cls: Any, compile_pattern: PatternCompiler) -> Any:
 
 
 
+def _no_verdict(instance: Any) -> bool:
+    """``CompiledSchema.accepts_plain`` of a schema without a plain predicate."""
+    return False
+
+
 class CompiledSchema:
     """A jsonschema validator with a compiled fast path for accepting valid data.
 
@@ -497,7 +502,7 @@ class CompiledSchema:
     every rejection. The jsonschema validator is made when first asked for.
     """
 
-    __slots__ = ("_fast", "_patterns", "_plain", "_schema", "_validator")
+    __slots__ = ("_fast", "_patterns", "_schema", "_validator", "accepts_plain")
 
     def __init__(self, schema: dict[str, Any], patterns: PatternCompiler | None = None) -> None:
         self._schema = schema
@@ -506,8 +511,13 @@ class CompiledSchema:
         # The predicate is generated as one function at the schema's first use (a mounted tool
         # never called costs no code generation); until then, only that it compiles is known.
         self._fast: Callable[[Any], bool] | None = None if fast is None else self._first_use
-        self._plain: Callable[[Any], bool] | None = \
-            self._first_plain_use if fast is not None and proves_plain(schema) else None
+        #: True only when ``instance`` is plain JSON data within the host's limits (what
+        #: ``is_plain_json`` says) and the schema accepts it: one generated predicate for both, for
+        #: schemas whose every value is tested by its exact type (``proves_plain``). False is no
+        #: verdict: ask ``is_plain_json`` and ``is_valid``. The generated function itself once
+        #: made (no method around it: it is asked at every call).
+        self.accepts_plain: Callable[[Any], bool] = \
+            self._first_plain_use if fast is not None and proves_plain(schema) else _no_verdict
         self._validator: Validator | None = None
 
     def _first_use(self, instance: Any) -> bool:
@@ -519,16 +529,9 @@ class CompiledSchema:
 
     def _first_plain_use(self, instance: Any) -> bool:
         patterns = self._patterns
-        plain = self._plain = generate_plain_check(self._schema, MAX_INT_BITS) if patterns is None \
+        plain = generate_plain_check(self._schema, MAX_INT_BITS) if patterns is None \
             else generate_plain_check(self._schema, MAX_INT_BITS, patterns)
-        return plain is not None and plain(instance)
-
-    def accepts_plain(self, instance: Any) -> bool:
-        """True only when ``instance`` is plain JSON data within the host's limits (what
-        ``is_plain_json`` says) and the schema accepts it: one generated predicate for both, for
-        schemas whose every value is tested by its exact type (``proves_plain``). False is no
-        verdict: ask ``is_plain_json`` and ``is_valid``."""
-        plain = self._plain
+        self.accepts_plain = _no_verdict if plain is None else plain
         return plain is not None and plain(instance)
 
     @property

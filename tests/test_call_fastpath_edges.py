@@ -185,3 +185,59 @@ async def test_an_impls_list_built_across_an_invalidate_is_not_kept(host_factory
 
 async def _deny(call: Any) -> Deny:
     return Deny("guarded")
+
+
+# -- 4. a tool's first step taken by the host, and the rest awaited under the limit ----------
+
+class Outcome(ToolResult):
+    """A tool author's own result type."""
+
+
+class Shapes:
+    """A tool that ends in the way its input names, before or after it first waits."""
+
+    name = "shapes"
+    description = "Ends as asked."
+    input_schema = {"type": "object", "properties": {"how": {"type": "string"}, "wait": {"type": "boolean"}},
+                    "required": ["how"]}
+
+    async def execute(self, input: dict[str, Any]) -> Any:
+        if input.get("wait"):
+            await asyncio.sleep(0)
+        how = input["how"]
+        if how == "subclass":
+            return Outcome(output="mine")
+        if how == "dict":
+            return {"success": True, "output": "a dict"}
+        if how == "timeout":
+            raise TimeoutError("the tool's own")
+        if how == "raise":
+            raise ValueError("broken")
+        if how == "hang":
+            await asyncio.sleep(30)
+        return ToolResult(output="plain")
+
+
+async def test_every_ending_reads_the_same_whether_the_tool_waited_or_not(host_factory: Any) -> None:
+    """The host runs a tool's first step itself (no timer for a tool that never waits) and awaits
+    the rest under the limit: a result subclass, a result dict, a raised ``TimeoutError`` or
+    another exception end the same either way."""
+    host = await host_factory(ToolsPlugin(Shapes()))
+    for wait in (False, True):
+        mine = await host.call("shapes", {"how": "subclass", "wait": wait})
+        assert mine.success and mine.output == "mine", (wait, mine.error)
+        as_dict = await host.call("shapes", {"how": "dict", "wait": wait})
+        assert as_dict.success and as_dict.output == "a dict"
+        timed = await host.call("shapes", {"how": "timeout", "wait": wait})
+        assert timed.error is not None and timed.error["code"] == "timeout", (wait, timed.error)
+        broken = await host.call("shapes", {"how": "raise", "wait": wait})
+        assert broken.error is not None and broken.error["type"] == "ExecutionError", (wait, broken.error)
+        assert "broken" in broken.error["message"]
+
+
+async def test_the_rest_of_a_waiting_tool_is_bounded_by_the_callers_deadline(host_factory: Any) -> None:
+    host = await host_factory(ToolsPlugin(Shapes()))
+    context = host.default_context.with_timeout(0.05)
+    result = await host.call("shapes", {"how": "hang", "wait": True}, context=context)
+    assert result.error is not None and result.error["code"] == "timeout"
+    assert "the caller's deadline" in result.error["message"]
