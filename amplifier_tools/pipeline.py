@@ -112,8 +112,11 @@ class CallPipeline:
         try:
             requests = _cancel_requests(task)  # the task's cancellation requests when the call began
             started = time.perf_counter()
+            # Each field read once: on CPython 3.11 and 3.12 a read of an attrs-built object's
+            # field is not specialized (its instance dict is a split one) and costs ≈ 0.1 µs.
+            name, arguments = call.name, call.arguments
             ctx = context.for_call(call.id)
-            mounted = self.tools.resolve(call.name) if isinstance(call.name, str) else None
+            mounted = self.tools.resolve(name) if isinstance(name, str) else None
             kept_output: Any = None
             scanned: Any = None  # the output object already scrubbed before tool_post
             scanned_with: frozenset[str] = frozenset()  # the secrets it was scrubbed of
@@ -124,11 +127,11 @@ class CallPipeline:
                 if self.closing:
                     raise _closing_error("the host is closing; no new calls are admitted")
                 if mounted is None:
-                    raise self._unknown_tool(call.name)
+                    raise self._unknown_tool(name)
                 spec = mounted.spec
-                if call.name != spec.name:  # hooks and records always see the canonical name
-                    call = ToolCall(call.id, spec.name, call.arguments)
-                mounted.check_arguments(call.arguments)
+                if name != spec.name:  # hooks and records always see the canonical name
+                    call = ToolCall(call.id, spec.name, arguments)
+                mounted.check_arguments(arguments)
                 if events:
                     await self.hooks.tool_event("tool:pre", event_data(call, ctx))
                 if "tool_pre" in (self.hooks.present() if events else present):  # re-asked after an awaited observer
@@ -151,17 +154,17 @@ class CallPipeline:
                     if not result.success:
                         kept_output = result.output
                         raise error_from_result(result, spec.name)
+                output = returned = result.output
                 if mounted.output_validator is not None:
-                    mounted.check_output(result.output)
+                    mounted.check_output(output)
 
-                output = result.output
                 scanned_with = self.secrets.values  # what ``scanned`` is clean of
                 if scanned_with:
                     output = redact(output, secrets=self.secrets, patterns=False)
                 scanned = output
                 has_post = "tool_post" in self.hooks.present()  # asked again: plugins may have come during the tool
-                if has_post or events or output is not result.output or result.error is not None:
-                    # what hooks and observers see; else ``_complete`` builds the one result the caller gets
+                if has_post or events or output is not returned or result.error is not None:
+                    # what hooks and observers see; else ``_final`` builds the one result the caller gets
                     result = ToolResult(True, output, None, result.metadata, call.id)
 
                 ending = True
@@ -290,8 +293,9 @@ class CallPipeline:
         timeout = mounted.spec.policies.timeout_ms
         seconds = timeout / 1000.0 if timeout is not None else self.default_timeout
         by_deadline = False  # the caller's deadline, not the tool's timeout, bounds this run
-        if ctx.deadline is not None:
-            remaining = ctx.deadline - time.monotonic()  # ``ctx.remaining()``, without the call
+        deadline = ctx.deadline
+        if deadline is not None:
+            remaining = deadline - time.monotonic()  # ``ctx.remaining()``, without the call
             if remaining <= 0:
                 raise PolicyError(
                     f"deadline passed before tool {mounted.spec.name!r} could run", code="deadline_exceeded"
@@ -299,7 +303,8 @@ class CallPipeline:
             by_deadline = seconds is None or remaining < seconds
             seconds = remaining if seconds is None else min(seconds, remaining)
         arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else call.arguments
-        coro = mounted.execute(arguments, ctx) if mounted.takes_context else mounted.execute(arguments)
+        execute = mounted.execute  # a field holding a function: read as one, a specialized read, then called
+        coro = execute(arguments, ctx) if mounted.takes_context else execute(arguments)
         try:
             finished, raw = first_step(coro)
         except asyncio.CancelledError:
@@ -413,14 +418,14 @@ class CallPipeline:
                scanned: Any = None) -> ToolResult:
         """The call's final result: trail, scrub (of all but ``scanned``, the output object already
         scrubbed), duration."""
-        metadata = dict(result.metadata)
-        metadata["trail"] = _trail(ctx) if ctx.trail else []
-        result = ToolResult(result.success, result.output, result.error, metadata, call.id)
-        if len(metadata) > 1 or metadata["trail"] or result.error is not None or (
-                result.output is not None and result.output is not scanned):
+        output, error, metadata = result.output, result.error, dict(result.metadata)  # each read once (``run``)
+        trail = metadata["trail"] = _trail(ctx) if ctx.trail else []
+        result = ToolResult(result.success, output, error, metadata, call.id)
+        if len(metadata) > 1 or trail or error is not None or (output is not None and output is not scanned):
             result = self._scrubbed(result, scanned)  # else nothing left unscanned: no JSON text to build
+            metadata = result.metadata
         # Set after the scrub: the host's own measurement is no secret, even when its digits hold one.
-        result.metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
+        metadata["duration_ms"] = (time.perf_counter() - started) * 1000.0
         return result
 
     async def _observed(

@@ -42,7 +42,8 @@ class MountedTool:
         (``plugin``: named in the error; positional, as the hook chain calls this bound method)."""
         if type(arguments) is dict:
             validator = self.input_validator
-            if validator.accepts_plain(arguments):
+            accepts_plain = validator.accepts_plain  # a field holding a function (see ``_begin``'s ``execute``)
+            if accepts_plain(arguments):
                 return  # the common call: plain JSON the schema accepts, by one generated predicate
             if is_plain_json(arguments):
                 if validator.is_valid(arguments):
