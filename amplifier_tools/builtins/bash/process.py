@@ -22,13 +22,14 @@ on a child.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import resource
 import signal
 import subprocess
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final
 
 import attrs
@@ -40,19 +41,41 @@ POLL_INTERVAL: Final = 0.02
 KILL_WAIT: Final = 5.0  # after SIGKILL, how long to wait for the kernel to remove the group
 DRAIN_AFTER_EXIT: Final = 2.0  # how long to wait for pipe EOF once the group is gone
 
+
+class _Gate:
+    """A loop's spawn lock and how many calls wait for it or hold it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 #: One spawn at a time per event loop. A spawn blocks the loop (fork, exec and the wait for it:
 #: 10-20 ms on a loaded 2-core machine, sandboxed or not), and calls started together all spawn in
 #: one turn of the loop: found by scale test, 300 bash calls started at once froze the loop for 6 s,
 #: and an unrelated 0.2 s tool with a 1 s timeout failed as timed out. Taken in turn, each spawn
 #: lets the loop run its timers and other calls in between.
-_SPAWN_GATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+_SPAWN_GATES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Gate] = weakref.WeakKeyDictionary()
 
 
-def _spawn_gate(loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+@contextlib.asynccontextmanager
+async def spawn_turn(loop: asyncio.AbstractEventLoop) -> AsyncIterator[None]:
+    """Hold ``loop``'s spawn gate; the gate is dropped once no call uses it. Found by attack: kept,
+    a lock that a call had waited for (bound to its loop from then on) kept its own weak key
+    alive, so every loop that ever had two bash calls at once stayed in memory."""
     gate = _SPAWN_GATES.get(loop)
     if gate is None:
-        gate = _SPAWN_GATES[loop] = asyncio.Lock()
-    return gate
+        gate = _SPAWN_GATES[loop] = _Gate()
+    gate.users += 1
+    try:
+        async with gate.lock:
+            yield
+    finally:
+        gate.users -= 1
+        if not gate.users:
+            _SPAWN_GATES.pop(loop, None)
 
 
 @attrs.frozen
@@ -179,13 +202,28 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
     loop = asyncio.get_running_loop()
     protocol = _Protocol(stdout, stderr)
     spawned = time.monotonic()
-    async with _spawn_gate(loop):
-        transport, _ = await loop.subprocess_exec(
+    async with spawn_turn(loop):
+        spawn = asyncio.ensure_future(loop.subprocess_exec(
             lambda: protocol, *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True, **popen)
+            env=env, cwd=cwd, start_new_session=True, **popen))
+        # A cancellation waits until the process exists, and then kills its group like any other.
+        # Found by attack: delivered inside ``subprocess_exec``, asyncio SIGKILLed bash alone, then
+        # waited for its pipes to close, which a background child held: the call hung as long as
+        # the child lived (which outlived it), holding the gate, so every later call hung too.
+        cancelled = False
+        while not spawn.done():
+            try:
+                await asyncio.wait((spawn,))
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled and (spawn.cancelled() or spawn.exception() is not None):
+            raise asyncio.CancelledError
+        transport, _ = spawn.result()  # OSError when the program cannot be started
     pgid = transport.get_pid()
     outcome = Outcome()
     try:
+        if cancelled:
+            raise asyncio.CancelledError
         try:  # the deadline starts once the process exists, not before the spawn
             await asyncio.wait_for(protocol.exited.wait(), timeout)
         except (asyncio.TimeoutError, TimeoutError):
