@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import operator
 import sys
@@ -239,26 +240,34 @@ class HookFailure(Exception):
         self.cancelled_meanwhile = False
 
 
+#: ``PluginManager.generation``'s values: each taken once (``next`` on a count is one step under the GIL).
+new_stamp: Final[Callable[[], int]] = itertools.count(1).__next__
+
+
 class PluginManager(pluggy.PluginManager):
     """pluggy's manager, counting registrations so hook order is recomputed only on change."""
 
     #: Moves at every registration and unregistration, and when a dispatcher's handlers change
-    #: (``HookDispatcher.invalidate``/``configure``): the one stamp its caches are kept for.
+    #: (``HookDispatcher.invalidate``/``configure``): the one stamp its caches are kept for. Each
+    #: move stores a value never stored before (``new_stamp``), not ``generation + 1``: a store
+    #: computed before another thread's move and made after it could set the stamp back to a
+    #: value a cache was kept for (found by attack: an ``invalidate`` interrupted by a
+    #: registration hid the registered plugin's hooks).
     generation = 0
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
-        self.generation += 1
+        self.generation = new_stamp()
         try:
             return super().register(plugin, name)
         finally:
-            self.generation += 1  # after too: a list built while pluggy was adding it is not kept
+            self.generation = new_stamp()  # after too: a list built while pluggy was adding it is not kept
 
     def unregister(self, plugin: Any | None = None, name: str | None = None) -> Any | None:
-        self.generation += 1
+        self.generation = new_stamp()
         try:
             return super().unregister(plugin, name)
         finally:
-            self.generation += 1
+            self.generation = new_stamp()
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> pluggy.HookimplOpts | None:
         """pluggy's, skipping at once the names a plugin object only inherits from ``object``
@@ -310,7 +319,7 @@ class HookDispatcher:
 
     def invalidate(self) -> None:
         """Recompute the implementation lists on the next call (the set of handlers changed)."""
-        self._pm.generation += 1  # a change pluggy does not count
+        self._pm.generation = new_stamp()  # a change pluggy does not count
 
     def settings_of(self, plugin: str) -> PluginSettings:
         """How ``plugin``'s failures are treated (its ``on_error`` and ``hook_timeout_ms``)."""
@@ -319,7 +328,7 @@ class HookDispatcher:
     def configure(self, plugin: str, settings: PluginSettings) -> None:
         """Set how ``plugin``'s failures are treated; takes effect on the next call."""
         self._settings[plugin] = settings
-        self._pm.generation += 1
+        self._pm.generation = new_stamp()
 
     def impls(self, hook: str) -> list[Impl]:
         """Implementations of ``hook`` in call order (pluggy's order).
