@@ -148,7 +148,9 @@ class HookRegistry:
                 if inspect.isawaitable(out):
                     out = await out
                 parsed = parse_result(out)
-            except (Exception, asyncio.CancelledError) as exc:  # its traceback without the host's secrets
+            except BaseException as exc:  # its traceback without the host's secrets
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
                 if isinstance(exc, asyncio.CancelledError) and inspect.isawaitable(out) and being_cancelled():
                     raise  # the caller's cancellation, not the handler's failure
                 # A CancelledError the handler raised itself is its failure (found by attack: the

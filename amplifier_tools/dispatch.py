@@ -38,6 +38,13 @@ CHAINED_HOOKS: Final = ("tool_pre", "tool_post", "tool_error", "tool_complete")
 #: The hooks a call may run: the chained ones and the ``tool_event`` observers.
 CALL_HOOKS: Final = (*CHAINED_HOOKS, "tool_event")
 
+class TimeLimitExceeded(TimeoutError):
+    """A time limit the host set ran out: a tool's timeout or the caller's deadline
+    (``run_with_timeout``), a hook's timeout. Never a ``TimeoutError`` a tool or hook raised
+    itself (found by attack: a tool's own "read timed out" was reported as the host's 60 s
+    timeout, code ``timeout``)."""
+
+
 class _Resume:
     """The rest of a coroutine whose first step already ran, as an awaitable.
 
@@ -99,15 +106,21 @@ if sys.version_info >= (3, 11):
     first_step = _first_step
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
-        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``); the timer is
-        armed only once a coroutine actually suspends."""
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeLimitExceeded``); the timer
+        is armed only once a coroutine actually suspends. A ``TimeoutError`` the awaitable raised
+        itself passes through as it is."""
         if seconds is None:
             return await awaitable
         finished, rest = _first_step(awaitable)
         if finished:
             return rest
-        async with asyncio.timeout(seconds):
-            return await rest
+        try:
+            async with asyncio.timeout(seconds) as limit:
+                return await rest
+        except TimeoutError:
+            if limit.expired():
+                raise TimeLimitExceeded(seconds) from None
+            raise
 
 else:  # pragma: no cover - exercised by the py310 tox env
 
@@ -116,16 +129,22 @@ else:  # pragma: no cover - exercised by the py310 tox env
         return False, awaitable
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
-        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeoutError``).
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeLimitExceeded``).
 
         ``wait_for`` runs it in a task of its own, so here the whole coroutine must run there: a
-        first step taken in the caller's task would split it across two tasks."""
+        first step taken in the caller's task would split it across two tasks. ``wait_for``'s own
+        ``asyncio.TimeoutError`` is told from one the awaitable raised by the clock: only once
+        ``seconds`` have passed can it be the timer's."""
         if seconds is None:
             return await awaitable
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + seconds - 0.001  # the loop may run a timer up to its clock resolution early
         try:
             return await asyncio.wait_for(awaitable, seconds)
-        except asyncio.TimeoutError:
-            raise TimeoutError from None
+        except (asyncio.TimeoutError, TimeoutError):  # two classes before 3.11
+            if loop.time() >= ends:
+                raise TimeLimitExceeded(seconds) from None
+            raise
 
 
 def _denial(impl: Impl, hook: str, deny: Deny, context: ToolContext) -> ToolError:
@@ -228,7 +247,7 @@ class HookFailure(Exception):
     """An implementation raised or timed out; carries the plugin and hook."""
 
     def __init__(self, impl: Impl, hook: str, cause: BaseException, secrets: Any = ()) -> None:
-        kind = "timed out" if isinstance(cause, TimeoutError) else f"raised {type(cause).__name__}: {cause}"
+        kind = "timed out" if isinstance(cause, TimeLimitExceeded) else f"raised {type(cause).__name__}: {cause}"
         # Its text is logged and traced as it is: the host's secrets are out of it from the start
         # (found by attack: a hook's error quoting a resolved secret went whole to the log).
         super().__init__(redact_text(f"plugin {impl.plugin!r} failed in {hook}: {kind}", secrets, patterns=False))
@@ -399,16 +418,19 @@ class HookDispatcher:
             if monitored:
                 return hookexec(hook, [impl.hookimpl], kwargs, True)
             return impl.function(*impl.arguments(kwargs))
-        except (Exception, asyncio.CancelledError) as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             raise self._raised(impl, hook, exc, monitored) from exc
 
     def _raised(self, impl: Impl, hook: str, exc: BaseException, monitored: bool = False) -> HookFailure:
         """The failure of an implementation that raised when called (before anything was awaited):
         a plugin bug, the caller decides open/closed. A ``CancelledError`` raised by a sync
-        function is its own doing, never the caller's cancellation."""
+        function is its own doing, never the caller's cancellation; so is any other exception that
+        is no ``Exception`` but ``KeyboardInterrupt`` (a ``GeneratorExit``, a ``SystemExit``: found
+        by attack, they left ``host.call`` with no record of the call)."""
         if isinstance(exc, asyncio.CancelledError):
             exc = _OwnCancellation(str(exc) or "raised CancelledError")
-        assert isinstance(exc, Exception)
         return self._failure(impl, hook, exc, monitored)
 
     async def _finish(self, impl: Impl, hook: str, awaitable: Any) -> Any:
@@ -424,6 +446,10 @@ class HookDispatcher:
             if being_cancelled():
                 raise
             raise self._failure(impl, hook, _OwnCancellation(str(exc) or "raised CancelledError")) from exc
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # a GeneratorExit, a SystemExit: the plugin's failure too (``_raised``)
+            raise self._failure(impl, hook, exc) from exc
         if self._trace:  # the trace's first line said "returned coroutine": say what it came to
             print(f"amplifier_tools: {hook} of plugin {impl.plugin!r} (awaited) returned {type(out).__name__}",
                   file=sys.stderr)
@@ -458,23 +484,23 @@ class HookDispatcher:
                         if future.done() and not (sys.version_info >= (3, 11) and being_cancelled()):
                             break  # the future's own cancellation (the plugin's failure, below), not the caller's
                         cancelled = True  # the caller's: keep waiting, then honour it
-                    except Exception:
+                    except BaseException:
                         break  # the future's own: raised below, as the plugin's failure
             finally:
                 if timer is not None:
                     timer.cancel()
             if not future.done():
-                raise self._failure_meanwhile(impl, TimeoutError(), cancelled)
+                raise self._failure_meanwhile(impl, TimeLimitExceeded(impl.timeout), cancelled)
         if future.cancelled():
             raise self._failure_meanwhile(impl, _OwnCancellation("its future was cancelled"), cancelled)
         exc = future.exception()
-        if isinstance(exc, Exception):
+        if exc is not None and not isinstance(exc, KeyboardInterrupt):
             raise self._failure_meanwhile(impl, exc, cancelled) from exc
         if exc is not None:
             raise exc
         return cancelled
 
-    def _failure_meanwhile(self, impl: Impl, cause: Exception, cancelled: bool) -> HookFailure:
+    def _failure_meanwhile(self, impl: Impl, cause: BaseException, cancelled: bool) -> HookFailure:
         """A ``tool_complete`` observer's failure, carrying whether the caller was cancelled while
         it was awaited (found by attack: a cancellation that arrived before an observer failed
         or timed out was lost, and the cancelled caller got a result)."""
@@ -503,7 +529,7 @@ class HookDispatcher:
             out = await self._finish(impl, hook, out)
         return out
 
-    def _failure(self, impl: Impl, hook: str, exc: Exception, monitored: bool = False) -> HookFailure:
+    def _failure(self, impl: Impl, hook: str, exc: BaseException, monitored: bool = False) -> HookFailure:
         """The failure of one implementation; traced (``AMPLIFIER_TOOLS_TRACE``) unless pluggy's
         monitors saw it raised already (``monitored``): an async implementation fails after them."""
         if self._trace and not monitored:
@@ -515,13 +541,13 @@ class HookDispatcher:
         """Where an implementation raised, for its author: logged at INFO (``--verbose``), the
         host's secrets out of it; not for a timeout or a typed error the plugin meant to raise."""
         cause = failure.cause
-        if not isinstance(cause, (TimeoutError, ToolError)) and log.isEnabledFor(logging.INFO):
+        if not isinstance(cause, (TimeLimitExceeded, ToolError)) and log.isEnabledFor(logging.INFO):
             log.info("traceback of %s", failure, exc_info=chain_without_secrets(cause, self.secrets))
 
     def _failed(self, failure: HookFailure, context: ToolContext) -> ToolError | None:
         """Record a hook failure; the error to fail the call with, or None when fail-open."""
         impl, hook = failure.impl, failure.hook
-        timed_out = isinstance(failure.cause, TimeoutError)
+        timed_out = isinstance(failure.cause, TimeLimitExceeded)
         if impl.fail_open:
             log.warning("%s (ignored: plugin is configured on_error='ignore')", failure)
             self._log_traceback(failure)
@@ -572,7 +598,9 @@ class HookDispatcher:
                 if pm._inner_hookexec is plain:
                     try:
                         out = impl.function(*impl.arguments(kwargs))
-                    except (Exception, asyncio.CancelledError) as exc:
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException as exc:
                         raise self._raised(impl, "tool_pre", exc) from exc
                 else:
                     out = self._start(impl, "tool_pre", kwargs)
@@ -646,7 +674,9 @@ class HookDispatcher:
                 if pm._inner_hookexec is plain:  # ``_invoke`` and ``_start`` inlined, as in tool_pre
                     try:
                         out = impl.function(*impl.arguments(kwargs))
-                    except (Exception, asyncio.CancelledError) as exc:
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException as exc:
                         raise self._raised(impl, "tool_post", exc) from exc
                 else:
                     out = self._start(impl, "tool_post", kwargs)

@@ -558,10 +558,6 @@ class _DaemonPool:
 _POOL = _DaemonPool(min(32, (os.cpu_count() or 1) + 4))
 
 
-def _exited(name: str, exc: SystemExit) -> ExecutionError:
-    return ExecutionError(f"tool {name!r} called sys.exit({exc.code!r})", code="tool_exited", cause="SystemExit")
-
-
 async def _in_thread(name: str, func: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
     """``func(**kwargs)`` in a daemon worker thread (with the caller's context variables, as
     ``asyncio.to_thread``); its ``SystemExit`` comes back as ``ExecutionError``.
@@ -596,7 +592,7 @@ async def _in_thread(name: str, func: Callable[..., Any], kwargs: dict[str, Any]
         try:
             value = variables.run(func, **kwargs)
         except SystemExit as exc:
-            failed = _exited(name, exc)
+            failed = error_from_exception(exc, name)
         except StopIteration as exc:  # a future refuses it
             failed = error_from_exception(exc, name)
         except BaseException as exc:  # handed to the awaiting call, as to_thread does
@@ -672,7 +668,7 @@ class FunctionTool:
                 if inspect.isawaitable(value):  # a sync wrapper around an async function
                     value = await value
         except SystemExit as exc:
-            raise _exited(self.name, exc) from None
+            raise error_from_exception(exc, self.name) from None
         if inspect.isgenerator(value) or inspect.isasyncgen(value):
             if inspect.isgenerator(value):
                 value.close()

@@ -16,20 +16,24 @@ once more from the final result (output, error, metadata) before the
 
 Exactly once, whatever happens: every call ends in one of ``tool_post`` or
 ``tool_error``, then ``tool_complete`` once (the audit record). A call whose
-task is cancelled (``task.cancel()``, ``asyncio.wait_for``, a tool raising
-``CancelledError``) is completed with a ``SystemError`` ``cancelled`` result in
-a task of its own that a second cancellation cannot interrupt, and then
+task is cancelled (``task.cancel()``, ``asyncio.wait_for``) is completed with a
+``SystemError`` ``cancelled`` result in a task of its own that a second
+cancellation cannot interrupt, and then
 ``CancelledError`` is re-raised to the caller. A call cut by ``close()`` after
 the grace period ends the same way with ``host_closing``, but returns that
 result instead of raising (the caller did not cancel it). On CPython 3.12.3
 and later, a cancellation a tool or hook swallowed (caught ``CancelledError``
 and returned or raised something else) is honoured the same way: the task's
 count of cancellation requests says one arrived during the call.
+A ``CancelledError`` the tool raised while nobody cancelled its task, and any
+other exception that is no ``Exception`` but ``KeyboardInterrupt``, is the
+tool's failure (``_passes``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import logging
 import sys
@@ -38,8 +42,15 @@ from typing import Any, Final
 
 from .amplifier_hooks import event_data, result_data
 from .content import canonical_base64, withhold_redacted
-from .dispatch import HookDispatcher, finish_despite_cancel, first_step, run_with_timeout
-from .errors import ContractError, PolicyError, ToolError, ToolSystemError
+from .dispatch import (
+    HookDispatcher,
+    TimeLimitExceeded,
+    being_cancelled,
+    finish_despite_cancel,
+    first_step,
+    run_with_timeout,
+)
+from .errors import ContractError, ExecutionError, PolicyError, ToolError, ToolSystemError
 from .models import Decision, ToolCall, ToolContext, ToolResult
 from .redaction import SecretSet, chain_without_secrets, redact
 from .registry import MountedTool, ToolRegistry
@@ -304,21 +315,30 @@ class CallPipeline:
             seconds = remaining if seconds is None else min(seconds, remaining)
         arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else call.arguments
         execute = mounted.execute  # a field holding a function: read as one, a specialized read, then called
-        coro = execute(arguments, ctx) if mounted.takes_context else execute(arguments)
-        try:
+        try:  # the call too: a plain ``def execute`` raises here (found by attack: read as an internal error)
+            coro = execute(arguments, ctx) if mounted.takes_context else execute(arguments)
             finished, raw = first_step(coro)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            if _passes(exc):
+                raise
             raise self._run_error(exc, mounted, seconds, by_deadline) from _cause(exc)
         if not finished:
             return _Started(self, mounted, raw, seconds, by_deadline)
         return raw if isinstance(raw, ToolResult) else normalize_result(raw, mounted.spec.name)
 
-    def _run_error(self, exc: Exception, mounted: MountedTool, seconds: float | None, by_deadline: bool) -> ToolError:
-        """The ``ToolError`` a run of the tool that raised ``exc`` ends with: a ``TimeoutError``
-        is the timeout (``seconds``; ``by_deadline``: the caller's deadline set it)."""
-        if isinstance(exc, TimeoutError):
+    def _run_error(self, exc: BaseException, mounted: MountedTool, seconds: float | None,
+                   by_deadline: bool) -> ToolError:
+        """The ``ToolError`` a run of the tool that raised ``exc`` (not ``_passes``) ends with:
+        ``TimeLimitExceeded`` is the timeout (``seconds``; ``by_deadline``: the caller's deadline
+        set it); anything else is the tool's own failure (``error_from_exception``), a
+        ``CancelledError`` raised while nobody cancelled the call too."""
+        if isinstance(exc, asyncio.CancelledError):
+            return ExecutionError(
+                f"tool {mounted.spec.name!r} raised CancelledError although its call was not cancelled",
+                code="tool_raised", cause="CancelledError",
+                hint="a task or future the tool awaited was cancelled by someone else; the tool should handle it",
+            )
+        if isinstance(exc, TimeLimitExceeded):
             timed_out = PolicyError(
                 f"tool {mounted.spec.name!r} timed out after {seconds:.3g} s"
                 + (" (the caller's deadline)" if by_deadline else ""),
@@ -503,16 +523,45 @@ class _Started:
         """The run's result; raises the ``ToolError`` it ended with (``CallPipeline._run_error``)."""
         try:
             raw = await run_with_timeout(self.rest, self.seconds)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            if _passes(exc):
+                raise
+            if not inspect.isawaitable(self.rest):  # asked only now: a run that waited is awaitable
+                raise _not_awaitable(self.mounted.spec.name, self.rest) from None
             raise self.pipeline._run_error(exc, self.mounted, self.seconds, self.by_deadline) from _cause(exc)
         return raw if isinstance(raw, ToolResult) else normalize_result(raw, self.mounted.spec.name)
 
 
-def _cause(exc: Exception) -> Exception | None:
+def _not_awaitable(tool: str, returned: Any) -> ContractError:
+    """The error of a tool whose ``execute`` returned something that cannot be awaited (a plain
+    ``def execute``: found by attack, it read as ``TypeError: object ToolResult can't be used in
+    'await' expression``)."""
+    return ContractError(
+        f"tool {tool!r}: execute returned {type(returned).__name__}, not an awaitable (execute must be 'async def')",
+        code="invalid_result",
+        hint="declare execute with 'async def'; a plain function can be mounted with @tool, which runs it in a thread",
+    )
+
+
+def _passes(exc: BaseException) -> bool:
+    """Whether what a tool raised leaves the run as it is: a ``KeyboardInterrupt`` (the user's,
+    not the tool's), and a ``CancelledError`` while the call's task is being cancelled.
+
+    Anything else is the tool's failure, the exceptions that are no ``Exception`` too: a
+    ``GeneratorExit`` or a library's own ``BaseException`` (found by attack: it left ``host.call``
+    with no ``tool_complete`` and no record), a ``SystemExit`` (``tool_exited``), and a
+    ``CancelledError`` the tool raised while nobody cancelled the call — a task or future it
+    awaited was cancelled by someone else (found by attack: it cancelled the caller's own task;
+    hooks were treated so already). Before Python 3.11 a task cannot tell, and every
+    ``CancelledError`` counts as a cancellation (``being_cancelled``)."""
+    if isinstance(exc, asyncio.CancelledError):
+        return being_cancelled()
+    return isinstance(exc, KeyboardInterrupt)
+
+
+def _cause(exc: BaseException) -> BaseException | None:
     """What a run's ``ToolError`` is chained to: the tool's exception, none for a timeout."""
-    return None if isinstance(exc, TimeoutError) else exc
+    return None if isinstance(exc, TimeLimitExceeded) else exc
 
 
 def _withhold_retry_reasons(ctx: ToolContext) -> None:

@@ -166,6 +166,8 @@ def error_from_exception(exc: BaseException, tool: str) -> ToolError:
     """The typed error for an exception a tool raised."""
     if isinstance(exc, ToolError):
         return exc
+    if isinstance(exc, SystemExit):  # ``sys.exit``, argparse: the tool's failure, not the host's end
+        return ExecutionError(f"tool {tool!r} called sys.exit({exc.code!r})", code="tool_exited", cause="SystemExit")
     retryable = isinstance(exc, (ConnectionError, TimeoutError))
     return ExecutionError(
         f"tool {tool!r} raised {type(exc).__name__}: {exc}",

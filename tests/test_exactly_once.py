@@ -157,10 +157,18 @@ async def test_cancel_while_queued_for_a_slot_is_recorded_and_the_tool_never_sta
 
 
 async def test_tool_raising_cancelled_error_is_recorded(setup: Any) -> None:
+    """Nobody cancelled the call: from 3.11, where a task says whether it is being cancelled, the
+    tool's own ``CancelledError`` is its failure (``test_what_tools_raise.py``); on 3.10 it
+    cannot be told from a cancellation, and cancels the caller. Recorded once either way."""
     host, counting, _ = setup
-    with pytest.raises(asyncio.CancelledError):
-        await host.call("raises_cancelled", {}, call_id="r1")
-    assert counting.assert_once("r1").error["code"] == "cancelled"
+    if sys.version_info >= (3, 11):
+        result = await host.call("raises_cancelled", {}, call_id="r1")
+        assert result.error is not None and result.error["code"] == "tool_raised"
+        assert counting.assert_once("r1").error["code"] == "tool_raised"
+    else:  # pragma: no cover - exercised by the py310 tox env
+        with pytest.raises(asyncio.CancelledError):
+            await host.call("raises_cancelled", {}, call_id="r1")
+        assert counting.assert_once("r1").error["code"] == "cancelled"
     assert audit_records(host)["r1"] == 1
 
 
