@@ -285,4 +285,3 @@ if _FAST_FIELDS:
     _result_fields.__qualname__, _call_fields.__qualname__ = "ToolResult.__init__", "ToolCall.__init__"
     setattr(ToolResult, "__init__", _result_fields)  # noqa: B010 - mypy would refuse a method assigned
     setattr(ToolCall, "__init__", _call_fields)  # noqa: B010
-
