@@ -114,7 +114,7 @@ def _schema_and_converter(annotation: Any, where: str) -> tuple[dict[str, Any], 
     if origin in (set, frozenset) or annotation in (set, frozenset):
         item, convert = _set_item(args[0] if args else Any, where)
         kind = frozenset if frozenset in (origin, annotation) else set
-        return {"type": "array", "items": item, "uniqueItems": True}, _sequence_converter(kind, convert)
+        return {"type": "array", "items": item, "uniqueItems": True}, _set_converter(kind, convert)
     if origin is list or annotation is list:
         item, convert = _schema_and_converter(args[0] if args else Any, where)
         return {"type": "array", "items": item}, _sequence_converter(list, convert) if convert else None
@@ -265,6 +265,35 @@ def _hashable(annotation: Any) -> bool:
     if origin is tuple:  # bare ``typing.Tuple`` (no args) holds anything
         return bool(args) and all(arg is Ellipsis or arg == () or _hashable(arg) for arg in args)
     return False
+
+
+class _EqualInPython(ValueError):
+    """Two items of a set argument that JSON tells apart (``uniqueItems`` passed them) and a Python
+    set holds as one: ``1`` and ``true``, ``0`` and ``false`` (also inside tuples)."""
+
+
+def _set_converter(kind: Callable[[Any], Any], convert: _Convert | None) -> _Convert:
+    """A JSON array to a ``set``/``frozenset``, refusing items Python counts as one (found by
+    attack: ``[1, true]`` for ``Annotated[set, MinLen(2)]`` reached the function as ``{1}``, an
+    item dropped and the length constraint broken, silently)."""
+
+    def to_set(value: Any) -> Any:
+        items = list(map(convert, value)) if convert is not None else value
+        result = kind(items)
+        if len(result) != len(items):
+            seen: dict[Any, Any] = {}
+            for item in items:
+                if item in seen:
+                    raise _EqualInPython(f"{_json_text(seen[item])} and {_json_text(item)}")
+                seen[item] = item
+        return result
+
+    return to_set
+
+
+def _json_text(value: Any) -> str:
+    """An argument's item as the caller wrote it in JSON (a tuple was an array)."""
+    return json.dumps(value, default=repr)
 
 
 def _sequence_converter(kind: Callable[[Any], Any], convert: _Convert | None) -> _Convert:
@@ -657,7 +686,14 @@ class FunctionTool:
         kwargs = dict(input)
         for key, convert in self._converters.items():
             if key in kwargs:
-                kwargs[key] = convert(kwargs[key])
+                try:
+                    kwargs[key] = convert(kwargs[key])
+                except _EqualInPython as exc:
+                    raise ContractError(
+                        f"invalid arguments for tool {self.name!r}: /{key}: {exc} are one item in a Python set",
+                        code="invalid_input", pointer=f"/{key}",
+                        hint="send one of them: JSON tells 1 from true and 0 from false, a Python set does not",
+                    ) from None
         if self._takes_context:
             kwargs["context"] = context
         try:

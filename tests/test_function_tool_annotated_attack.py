@@ -68,3 +68,29 @@ async def test_a_staticmethods_first_parameter_is_the_models_whatever_its_name()
     assert list(Labels.by_self.spec.input_schema["properties"]) == ["self"]  # before: {}
     assert (await Labels.by_class.execute({"cls": "a"})).output == "class a"
     assert (await Labels().by_self.execute({"self": "b"})).output == "self b"
+
+
+async def test_set_items_json_tells_apart_and_python_counts_as_one_are_refused(host_factory: Any) -> None:
+    """Found by attack: ``[1, true]`` passed ``uniqueItems`` (JSON tells them apart) and reached
+    the function as ``{1}``: an item dropped silently, and ``MinLen(2)`` broken."""
+    seen: list[Any] = []
+
+    @tool(name="local::t.pick")
+    async def pick(items: Annotated[set, at.MinLen(2)], pairs: frozenset[tuple[int | bool, ...]] = frozenset()) -> str:
+        seen.append((items, pairs))
+        return "ran"
+
+    host = await host_factory(pick)
+    for items, pairs, pointer, named in (
+        ([1, True], [], "/items", "1 and true"),
+        ([0, "a", False], [], "/items", "0 and false"),
+        ([0, 1], [[1, 2], [True, 2]], "/pairs", "[1, 2] and [true, 2]"),
+    ):
+        result = await host.call("local::t.pick", {"items": items, "pairs": pairs})
+        assert (result.error["type"], result.error["code"], result.error["pointer"]) == (
+            "ContractError", "invalid_input", pointer), result.error
+        assert f"{pointer}: {named} are one item in a Python set" in result.error["message"]
+        assert "JSON tells 1 from true" in result.error["hint"]
+    assert seen == []  # the function never ran
+    ok = await host.call("local::t.pick", {"items": [1, "1", None], "pairs": [[1], [2]]})
+    assert ok.output == "ran" and seen == [({1, "1", None}, frozenset({(1,), (2,)}))]
