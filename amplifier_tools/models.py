@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import time
 import uuid
@@ -29,13 +30,28 @@ DEFAULT_MAX_OUTPUT_CHARS: Final = 50_000
 SecretResolver = Union[Mapping[str, str], Callable[[str], Union[str, None]]]
 
 
-_CALL_ID_PREFIX: Final = "call_" + uuid.uuid4().hex[:12] + "_"
+_CALL_ID_PREFIX = "call_" + uuid.uuid4().hex[:12] + "_"
 _call_counter = itertools.count(1)
 
 
 def new_call_id() -> str:
     """A fresh call id, unique across processes (random per-process prefix + counter)."""
     return f"{_CALL_ID_PREFIX}{next(_call_counter)}"
+
+
+def _fresh_call_ids() -> None:
+    """A forked child's call ids: a prefix of its own, its counter anew. Found by review: a child
+    forked by ``multiprocessing`` or ``gunicorn --preload`` made its parent's ids, so two calls
+    had one id in a shared audit log. Limit: a fork that skips Python's fork hooks (libc's
+    ``fork`` through ``ctypes``) keeps the parent's; asking the process id at every call instead
+    would cost each call a system call."""
+    global _CALL_ID_PREFIX, _call_counter
+    _CALL_ID_PREFIX = "call_" + uuid.uuid4().hex[:12] + "_"
+    _call_counter = itertools.count(1)
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_fresh_call_ids)
 
 
 @attrs.frozen(slots=False)

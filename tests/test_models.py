@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import os
+import subprocess
+import sys
 from typing import Any, Literal
 
 import cattrs
@@ -222,3 +225,31 @@ def test_a_call_copy_of_a_context_keeps_every_field_and_has_a_trail_of_its_own()
     assert [d.action for d in first.trail] == ["allow"]
     assert second.trail == [] and [d.action for d in context.trail] == ["note"]
     assert context.call_id == "caller-id"
+
+
+_FORKED_CALL_IDS = """
+import os
+from amplifier_tools.models import new_call_id
+
+new_call_id()
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(write, new_call_id().encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.read(read, 200).decode(), new_call_id())
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX")
+def test_a_forked_child_makes_call_ids_its_parent_does_not() -> None:
+    """Found by review: the child repeated its parent's next call id (one id for two calls in a
+    shared audit log). The fork happens in a fresh interpreter, not in the test run (a fork of a
+    process with threads inherits their locks held)."""
+    done = subprocess.run([sys.executable, "-c", _FORKED_CALL_IDS], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    theirs, mine = done.stdout.split()
+    assert theirs != mine
+    assert theirs.rsplit("_", 1)[0] != mine.rsplit("_", 1)[0] and theirs.endswith("_1")
