@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from .definitions import model_name
-from .dispatch import being_cancelled
+from .dispatch import being_cancelled, thrown_in
 from .errors import did_you_mean
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 from .redaction import PLACEHOLDER, chain_without_secrets, redact, redact_text
@@ -149,7 +149,7 @@ class HookRegistry:
                     out = await out
                 parsed = parse_result(out)
             except BaseException as exc:  # its traceback without the host's secrets
-                if isinstance(exc, KeyboardInterrupt):
+                if isinstance(exc, KeyboardInterrupt) or thrown_in(exc):  # thrown_in: the emitter is being closed
                     raise
                 if isinstance(exc, asyncio.CancelledError) and inspect.isawaitable(out) and being_cancelled():
                     raise  # the caller's cancellation, not the handler's failure

@@ -45,6 +45,17 @@ class TimeLimitExceeded(TimeoutError):
     timeout, code ``timeout``)."""
 
 
+def thrown_in(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``GeneratorExit`` thrown into the catching frame at its ``await``: the
+    awaiting coroutine is being closed (``coroutine.close()``, a pending task's coroutine
+    collected), never the tool's or hook's own failure. ``close()`` reaches every frame of an
+    ``await`` chain as a fresh ``GeneratorExit`` raised where that frame waits (PEP 380), so its
+    traceback has this one frame; one a tool or hook raised comes up from the frames below.
+    Found by attack: caught and awaited on, it made ``close()`` fail with "coroutine ignored
+    GeneratorExit" and recorded the call as the tool's failure."""
+    return isinstance(exc, GeneratorExit) and (exc.__traceback__ is None or exc.__traceback__.tb_next is None)
+
+
 class _Resume:
     """The rest of a coroutine whose first step already ran, as an awaitable.
 
@@ -106,9 +117,10 @@ if sys.version_info >= (3, 11):
     first_step = _first_step
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
-        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeLimitExceeded``); the timer
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeLimitExceeded``, also when
+        the awaitable answered that cancellation with another exception, chained to it); the timer
         is armed only once a coroutine actually suspends. A ``TimeoutError`` the awaitable raised
-        itself passes through as it is."""
+        itself, the limit not run out, passes through as it is."""
         if seconds is None:
             return await awaitable
         finished, rest = _first_step(awaitable)
@@ -117,9 +129,9 @@ if sys.version_info >= (3, 11):
         try:
             async with asyncio.timeout(seconds) as limit:
                 return await rest
-        except TimeoutError:
+        except Exception as exc:  # the limit ran out, whatever the awaitable answered its cancellation with
             if limit.expired():
-                raise TimeLimitExceeded(seconds) from None
+                raise TimeLimitExceeded(seconds) from None if isinstance(exc, TimeoutError) else exc
             raise
 
 else:  # pragma: no cover - exercised by the py310 tox env
@@ -141,9 +153,9 @@ else:  # pragma: no cover - exercised by the py310 tox env
         ends = loop.time() + seconds - 0.001  # the loop may run a timer up to its clock resolution early
         try:
             return await asyncio.wait_for(awaitable, seconds)
-        except (asyncio.TimeoutError, TimeoutError):  # two classes before 3.11
+        except Exception as exc:  # as above; ``asyncio.TimeoutError`` is no ``TimeoutError`` before 3.11
             if loop.time() >= ends:
-                raise TimeLimitExceeded(seconds) from None
+                raise TimeLimitExceeded(seconds) from None if isinstance(exc, asyncio.TimeoutError) else exc
             raise
 
 
@@ -220,7 +232,9 @@ async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
                 cancelled = True  # ours, not the awaitable's: keep waiting
             elif not future.cancelled():
                 cancelled = True  # both at once: the work is done, the cancellation stands
-        except BaseException:
+        except BaseException as exc:
+            if thrown_in(exc):  # this coroutine is being closed (the work goes on in its task)
+                raise
             break  # the awaitable's own exception: raised below
     return future.result(), cancelled  # the awaitable's exception (or its own cancellation), if any
 
@@ -449,6 +463,8 @@ class HookDispatcher:
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # a GeneratorExit, a SystemExit: the plugin's failure too (``_raised``)
+            if thrown_in(exc):  # the awaiting coroutine is being closed
+                raise
             raise self._failure(impl, hook, exc) from exc
         if self._trace:  # the trace's first line said "returned coroutine": say what it came to
             print(f"amplifier_tools: {hook} of plugin {impl.plugin!r} (awaited) returned {type(out).__name__}",
@@ -484,7 +500,9 @@ class HookDispatcher:
                         if future.done() and not (sys.version_info >= (3, 11) and being_cancelled()):
                             break  # the future's own cancellation (the plugin's failure, below), not the caller's
                         cancelled = True  # the caller's: keep waiting, then honour it
-                    except BaseException:
+                    except BaseException as raised:
+                        if thrown_in(raised):  # the awaiting coroutine is being closed
+                            raise
                         break  # the future's own: raised below, as the plugin's failure
             finally:
                 if timer is not None:

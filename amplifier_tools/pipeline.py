@@ -49,6 +49,7 @@ from .dispatch import (
     finish_despite_cancel,
     first_step,
     run_with_timeout,
+    thrown_in,
 )
 from .errors import ContractError, ExecutionError, PolicyError, ToolError, ToolSystemError
 from .models import Decision, ToolCall, ToolContext, ToolResult
@@ -556,7 +557,7 @@ def _passes(exc: BaseException) -> bool:
     ``CancelledError`` counts as a cancellation (``being_cancelled``)."""
     if isinstance(exc, asyncio.CancelledError):
         return being_cancelled()
-    return isinstance(exc, KeyboardInterrupt)
+    return isinstance(exc, KeyboardInterrupt) or thrown_in(exc)  # thrown_in: the caller's frame is being closed
 
 
 def _cause(exc: BaseException) -> BaseException | None:

@@ -9,6 +9,7 @@ any exception; each maps to one of the five error categories.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -168,7 +169,8 @@ def error_from_exception(exc: BaseException, tool: str) -> ToolError:
         return exc
     if isinstance(exc, SystemExit):  # ``sys.exit``, argparse: the tool's failure, not the host's end
         return ExecutionError(f"tool {tool!r} called sys.exit({exc.code!r})", code="tool_exited", cause="SystemExit")
-    retryable = isinstance(exc, (ConnectionError, TimeoutError))
+    # asyncio.TimeoutError (an inner ``wait_for``) is no builtin TimeoutError before 3.11 (found by attack)
+    retryable = isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError))
     return ExecutionError(
         f"tool {tool!r} raised {type(exc).__name__}: {exc}",
         code="tool_raised",

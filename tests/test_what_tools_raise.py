@@ -280,3 +280,64 @@ async def test_a_hooks_own_timeout_error_is_its_failure_not_its_timeout(host_fac
     result = await host.call("echo", {})
     # HEAD: "plugin 'own-timeout' failed in tool_pre: timed out"
     assert result.error["message"] == "plugin 'own-timeout' failed in tool_pre: raised TimeoutError: backend slow"
+
+
+class _Waits:
+    name = "waits"
+    description = "Waits."
+    input_schema = {"type": "object"}
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        await asyncio.sleep(10)
+        return ToolResult(True, "late")
+
+
+async def test_closing_a_suspended_call_is_no_tool_failure_and_close_succeeds(host_factory: Any) -> None:
+    """``coroutine.close()`` (what collecting a pending task does) throws ``GeneratorExit`` into the
+    tool's await: it must pass, not be read as the tool's own (found by attack: close() raised
+    "coroutine ignored GeneratorExit" and a tool_raised record was written)."""
+    completions = Completions()
+    host = await host_factory(ToolsPlugin(_Waits()), completions)
+    coro = host.call("waits", {})
+    coro.send(None)  # suspended inside the tool
+    coro.close()  # HEAD: RuntimeError: coroutine ignored GeneratorExit
+    await asyncio.sleep(0.01)
+    assert completions.codes == []
+    assert not host._pipeline.in_flight
+
+
+async def test_a_tools_own_asyncio_timeout_error_is_retryable_on_every_version(host_factory: Any) -> None:
+    """Before 3.11 ``asyncio.TimeoutError`` (an inner ``wait_for``) is no builtin ``TimeoutError``."""
+
+    class Inner(_Waits):
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            await asyncio.wait_for(asyncio.sleep(10), 0.01)
+            return ToolResult(True, "late")
+
+    host = await host_factory(ToolsPlugin(Inner()))
+    result = await host.call("waits", {})
+    assert (result.error["code"], result.error["retryable"]) == ("tool_raised", True)  # HEAD, 3.10: False
+
+
+class AnswersTheTimeoutWithItsOwnError:
+    """Catches the host's cancellation at its timeout and raises an error of another kind."""
+
+    name = "answers"
+    description = "Answers."
+    input_schema = {"type": "object"}
+    spec = ToolSpec(name="answers", description="Answers.", policies={"timeout_ms": 20})
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            raise ValueError("interrupted mid-read") from None
+        return ToolResult(True, "late")
+
+
+async def test_the_hosts_timeout_stays_the_timeout_whatever_the_tool_answers_it_with(host_factory: Any) -> None:
+    """Found by attack (older than the exception change): it read as ``tool_raised`` ValueError."""
+    host = await host_factory(ToolsPlugin(AnswersTheTimeoutWithItsOwnError()))
+    result = await host.call("answers", {})
+    assert (result.error["type"], result.error["code"]) == ("PolicyError", "timeout")
+    assert result.error["message"] == "tool 'answers' timed out after 0.02 s"
