@@ -15,6 +15,7 @@ cannot be interrupted: a blocking one blocks the event loop (documented limit).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import itertools
 import logging
@@ -221,8 +222,11 @@ async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
     cancelled meanwhile; ``cancelled`` says whether a cancellation arrived (the caller honours it
     once its own work is done). Only for work that must finish once started, like recording a
     call's completion. The work runs in a task of its own from its first step: code that binds to
-    the current task (``asyncio.timeout``, task groups, anyio scopes) must see one task."""
-    future = asyncio.ensure_future(awaitable)
+    the current task (``asyncio.timeout``, task groups, anyio scopes) must see one task.
+
+    Nobody else holds that task, so nobody cancels it: a ``CancelledError`` raised in it is the
+    work's own (``being_cancelled`` is False there, also before 3.11)."""
+    future = asyncio.ensure_future(awaitable if sys.version_info >= (3, 11) else _uncancelled(awaitable))
     cancelled = False
     while not future.done():
         try:
@@ -253,8 +257,21 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised by the py310 tox env
 
     def being_cancelled() -> bool:
-        """Python 3.10 cannot tell: every CancelledError counts as the task's own cancellation."""
-        return True
+        """Python 3.10 cannot tell: every CancelledError counts as the task's own cancellation,
+        except in ``finish_despite_cancel``'s task, which nobody else can cancel (found by attack:
+        an async ``tool_error`` hook or ``tool_complete`` observer raising ``CancelledError`` made
+        ``host.call`` raise it, and the call was never recorded)."""
+        return not _UNCANCELLED.get()
+
+
+#: Set in ``finish_despite_cancel``'s task before 3.11 (``being_cancelled``).
+_UNCANCELLED: contextvars.ContextVar[bool] = contextvars.ContextVar("amplifier_tools_uncancelled", default=False)
+
+
+async def _uncancelled(awaitable: Any) -> Any:
+    """``awaitable``, awaited in a task that nobody else can cancel (before 3.11: ``being_cancelled``)."""
+    _UNCANCELLED.set(True)
+    return await awaitable
 
 
 class HookFailure(Exception):

@@ -341,3 +341,30 @@ async def test_the_hosts_timeout_stays_the_timeout_whatever_the_tool_answers_it_
     result = await host.call("answers", {})
     assert (result.error["type"], result.error["code"]) == ("PolicyError", "timeout")
     assert result.error["message"] == "tool 'answers' timed out after 0.02 s"
+
+
+@pytest.mark.parametrize("hook", ["tool_error", "tool_complete"])
+async def test_an_async_ending_hook_raising_cancelled_error_is_its_failure_on_every_version(
+    host_factory: Any, hook: str,
+) -> None:
+    """``tool_error`` hooks and async ``tool_complete`` observers run in a task nobody else can
+    cancel, so a ``CancelledError`` there is the hook's own, on 3.10 too (found by attack: on
+    3.10 ``host.call`` raised it, and the call was never recorded)."""
+
+    class CancelsItself:
+        name = "cancels-itself"
+
+    async def implementation(self: Any) -> None:
+        await asyncio.sleep(0)
+        raise asyncio.CancelledError()
+
+    implementation.__name__ = hook
+    setattr(CancelsItself, hook, hookimpl(implementation))
+    completions = Completions()
+    host = await host_factory(ToolsPlugin(Raises("raiser", ValueError("boom"))), completions, CancelsItself())
+    result = await host.call("raiser", {})  # 3.10 before: raised CancelledError, no tool_complete
+    assert not result.success
+    assert len(completions.codes) == 1
+    if hook == "tool_error":  # a failure inside tool_error is logged; the call's own error stands
+        assert result.error["code"] == "tool_raised" and completions.codes == ["tool_raised"]
+    await asyncio.sleep(0)  # the caller's task was not cancelled
