@@ -537,6 +537,9 @@ def _not_awaitable(tool: str, returned: Any) -> ContractError:
     """The error of a tool whose ``execute`` returned something that cannot be awaited (a plain
     ``def execute``: found by attack, it read as ``TypeError: object ToolResult can't be used in
     'await' expression``)."""
+    if inspect.isasyncgen(returned) or inspect.isgenerator(returned):
+        return ContractError(f"tool {tool!r}: execute is a generator (it has 'yield'), so its body never runs",
+                             code="invalid_result", hint="return the result from execute instead of yielding it")
     return ContractError(
         f"tool {tool!r}: execute returned {type(returned).__name__}, not an awaitable (execute must be 'async def')",
         code="invalid_result",

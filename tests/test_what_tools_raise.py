@@ -123,6 +123,25 @@ async def test_a_plain_def_execute_that_returns_says_execute_must_be_async(host_
     assert "async def" in result.error["hint"] and "@tool" in result.error["hint"]
 
 
+async def test_an_execute_that_yields_says_its_body_never_runs(host_factory: Any) -> None:
+    ran: list[str] = []
+
+    class Yields:
+        name = "yields"
+        description = "Yields."
+        input_schema = {"type": "object"}
+
+        async def execute(self, input: dict[str, Any]) -> Any:
+            ran.append("body")
+            yield ToolResult(True, "never")
+
+    result = await (await host_factory(ToolsPlugin(Yields()))).call("yields", {})
+    # before: "execute returned async_generator, not an awaitable (execute must be 'async def')"
+    assert result.error["code"] == "invalid_result" and ran == []
+    assert "execute is a generator (it has 'yield')" in result.error["message"]
+    assert "instead of yielding" in result.error["hint"]
+
+
 @pytest.mark.parametrize("wait", [False, True], ids=["at-once", "after-waiting"])
 async def test_a_tools_own_timeout_error_is_its_failure_not_the_hosts_timeout(host_factory: Any, wait: bool) -> None:
     completions = Completions()
