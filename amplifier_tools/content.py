@@ -282,16 +282,29 @@ def summary(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     Past ``MAX_SUMMARY_BLOCKS`` blocks, the rest are one entry (``{"type": "more", "blocks",
     "bytes", "sha256"}``, the digest over their encodings one after another), so a result of
     a hundred thousand tiny blocks does not make a record of megabytes."""
-    out = [_summary(block, dumps(block)) for block in blocks[:MAX_SUMMARY_BLOCKS]]
+    out = [_summary(block, _encoded(block)) for block in blocks[:MAX_SUMMARY_BLOCKS]]
     rest = blocks[MAX_SUMMARY_BLOCKS:]
     if rest:
         digest, size = hashlib.sha256(), 0
         for block in rest:
-            encoded = dumps(block)
+            encoded = _encoded(block)
             digest.update(encoded)
             size += len(encoded)
         out.append({"type": "more", "blocks": len(rest), "bytes": size, "sha256": digest.hexdigest()})
     return out
+
+
+def _encoded(block: Mapping[str, Any]) -> bytes:
+    """A block's compact, key-sorted JSON; what JSON cannot hold (a lone surrogate, a cycle, an
+    integer past the digit limit, keys of mixed types, an object whose ``__str__`` raises) escaped or
+    summarized as ``_json.encodable`` does (found by attack: the audit plugin raised, the call
+    failed ``hook_failed`` and no record of it was written)."""
+    try:
+        return dumps(block)
+    except Exception:
+        from ._json import encodable
+
+        return dumps(encodable(block, []))
 
 
 def _summary(block: Mapping[str, Any], encoded: bytes) -> dict[str, Any]:

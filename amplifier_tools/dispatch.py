@@ -32,6 +32,7 @@ from ._json import fingerprint, same_json
 from .errors import ERROR_CLASSES, ContractError, ToolError, ToolSystemError
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 from .redaction import chain_without_secrets, redact_text
+from .results import normalize_result
 
 log = logging.getLogger("amplifier_tools")
 
@@ -165,6 +166,21 @@ def _denial(impl: Impl, hook: str, deny: Deny, context: ToolContext) -> ToolErro
     context.record(impl.plugin, hook, "deny", deny.reason, code=deny.code, **deny.details)
     return ERROR_CLASSES[deny.category](f"denied by plugin {impl.plugin!r}: {deny.reason}", code=deny.code,
                                         plugin=impl.plugin, **deny.details)
+
+
+def _usable(out: ToolResult, impl: Impl, hook: str, call: ToolCall) -> ToolResult | ToolError:
+    """The result a plugin returned from ``tool_post`` or ``tool_error``, as the host reads a tool's
+    (``normalize_result``: a ``success`` that is a bool, ``metadata`` a dict, a subclass read
+    once), or the error naming the plugin when it is not usable (found by attack: a tool's
+    ``metadata=5`` made ``host.call`` raise with no record; a plugin's did the same)."""
+    if type(out) is ToolResult and out.success is True and out.error is None and type(out.metadata) is dict:
+        return out
+    try:
+        return normalize_result(out, call.name)
+    except ContractError as bad:
+        return ToolSystemError(f"plugin {impl.plugin!r} returned a ToolResult from {hook} that the host cannot use "
+                               f"(read as a tool's result: {bad.message})", code="hook_invalid_return",
+                               plugin=impl.plugin)
 
 
 def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
@@ -737,6 +753,13 @@ class HookDispatcher:
                     context.record(impl.plugin, "tool_post", "replace_ignored",
                                    "an earlier plugin withheld the output (it failed closed or denied)")
                     continue
+                usable = _usable(out, impl, "tool_post", call)
+                if isinstance(usable, ToolError):
+                    context.record(impl.plugin, "tool_post", "failed", usable.message)
+                    failed_closed = True
+                    result = kwargs["result"] = on_failure(call, spec, context, usable)
+                    continue
+                out = usable
                 context.record(impl.plugin, "tool_post", "replace")
                 if out.success:
                     try:
@@ -782,8 +805,12 @@ class HookDispatcher:
                 else:
                     context.record(impl.plugin, "tool_error", "deny_ignored", out.reason, code=out.code)
             elif isinstance(out, ToolResult):
-                if recovery is None and denied is None:
-                    recovery = out
+                usable = _usable(out, impl, "tool_error", call)
+                if isinstance(usable, ToolError):
+                    log.error("%s (the original error stands)", usable.message)
+                    context.record(impl.plugin, "tool_error", "failed", usable.message)
+                elif recovery is None and denied is None:
+                    recovery = usable
                     context.record(impl.plugin, "tool_error", "recover")
                 else:
                     context.record(impl.plugin, "tool_error", "recover_ignored",

@@ -325,7 +325,9 @@ class CallPipeline:
             raise self._run_error(exc, mounted, seconds, by_deadline) from _cause(exc)
         if not finished:
             return _Started(self, mounted, raw, seconds, by_deadline)
-        return raw if isinstance(raw, ToolResult) else normalize_result(raw, mounted.spec.name)
+        if type(raw) is ToolResult and raw.success is True and raw.error is None and type(raw.metadata) is dict:
+            return raw  # the common result, as ``normalize_result`` returns it, without a call
+        return normalize_result(raw, mounted.spec.name)
 
     def _run_error(self, exc: BaseException, mounted: MountedTool, seconds: float | None,
                    by_deadline: bool) -> ToolError:
@@ -530,7 +532,9 @@ class _Started:
             if not inspect.isawaitable(self.rest):  # asked only now: a run that waited is awaitable
                 raise _not_awaitable(self.mounted.spec.name, self.rest) from None
             raise self.pipeline._run_error(exc, self.mounted, self.seconds, self.by_deadline) from _cause(exc)
-        return raw if isinstance(raw, ToolResult) else normalize_result(raw, self.mounted.spec.name)
+        if type(raw) is ToolResult and raw.success is True and raw.error is None and type(raw.metadata) is dict:
+            return raw  # as in ``_begin``
+        return normalize_result(raw, self.mounted.spec.name)
 
 
 def _not_awaitable(tool: str, returned: Any) -> ContractError:

@@ -85,15 +85,23 @@ class MountedTool:
 
     def check_output(self, output: Any, *, plugin: str | None = None) -> None:
         """Raise ``ContractError`` when ``output`` breaks the declared output schema."""
-        if self.output_validator is not None and not self.output_validator.is_valid(output):
+        if self.output_validator is None:
+            return
+        try:
+            if self.output_validator.is_valid(output):
+                return
             pointer, message = describe_errors(self.output_validator, output)
-            who = f"plugin {plugin!r} replaced the output of" if plugin else "output of"
-            raise ContractError(
-                f"{who} tool {self.spec.name!r} violates its output schema: {message}",
-                code="invalid_output",
-                pointer=pointer,
-                plugin=plugin,
-            )
+        except Exception as exc:
+            # jsonschema quotes the value in its messages, in checking too: an output whose
+            # ``__repr__`` raises read as the host's internal error (found by attack)
+            pointer, message = "", f"it could not be checked ({type(exc).__name__} from the output's own methods)"
+        who = f"plugin {plugin!r} replaced the output of" if plugin else "output of"
+        raise ContractError(
+            f"{who} tool {self.spec.name!r} violates its output schema: {message}",
+            code="invalid_output",
+            pointer=pointer,
+            plugin=plugin,
+        )
 
 
 def _rewritten_by(plugin: str | None) -> str:

@@ -37,9 +37,46 @@ def _snake(name: str) -> str:
 
 def normalize_result(raw: Any, tool: str) -> ToolResult:
     """A ``ToolResult`` for what ``execute`` returned; ``ContractError`` naming the
-    tool when it is none of the accepted shapes."""
+    tool when it is none of the accepted shapes.
+
+    A ``ToolResult`` is checked too (found by attack): a ``success`` that is no bool (``"yes"``
+    reached the caller and the record as it was), ``metadata`` that is no dict (``5`` made
+    ``host.call`` raise ``TypeError``, with no ``tool_complete`` and no record), an ``error``
+    that is no dict (read as the host's internal error). A subclass is read once
+    through its attributes (properties that raise or change between reads). Whatever reading it
+    raises is the tool's ``ContractError`` ``invalid_result``, naming the tool and the exception.
+
+    Not covered: a tool that changes its output object after returning it (from a task of its
+    own) changes it after the output schema check and the secret scan; copying every output to
+    prevent that would cost every call."""
+    try:
+        if type(raw) is ToolResult:
+            fields = raw.__dict__
+            success, metadata, error = fields["success"], fields["metadata"], fields["error"]
+            if (success is True or success is False) and type(metadata) is dict and (
+                    error is None or type(error) is dict):
+                return raw  # the common result: nothing to check further
+            return _build(_attribute_getter(raw), tool, result=True)
+        return _normalize(raw, tool)
+    except ContractError:
+        raise
+    except Exception as exc:  # a hostile property, __bool__, __str__, keys(): the tool's failure
+        raise ContractError(
+            f"tool {tool!r} returned a result that could not be read: {type(exc).__name__}: {_safe_str(exc)}",
+            code="invalid_result",
+        ) from exc
+
+
+def _safe_str(value: Any) -> str:
+    try:
+        return str(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+def _normalize(raw: Any, tool: str) -> ToolResult:
     if isinstance(raw, ToolResult):
-        return raw
+        return _build(_attribute_getter(raw), tool, result=True)
     if isinstance(raw, Mapping):
         unknown = set(raw) - _SEED_KEYS
         if unknown or not ({"success", "is_error"} & set(raw)):
@@ -66,7 +103,10 @@ def _attribute_getter(raw: Any) -> Callable[..., Any]:
     return lambda key, default=None: getattr(raw, key, default)
 
 
-def _build(get: Any, tool: str) -> ToolResult:
+def _build(get: Any, tool: str, *, result: bool = False) -> ToolResult:
+    """The ``ToolResult`` of a seed dict or a foreign result (``get`` reads its fields, each
+    once); ``result``: of a ``ToolResult`` (a subclass's), whose ``error`` beside
+    ``success=True`` is a stray the host drops, as it does a plain ``ToolResult``'s."""
     success = get("success", None)
     if success is None:
         success = not get("is_error", False)
@@ -78,13 +118,18 @@ def _build(get: Any, tool: str) -> ToolResult:
     error = get("error", None)
     if error is not None and not isinstance(error, Mapping):
         error = {"message": str(error)}
-    metadata = get("metadata", None) or {}
+    metadata = get("metadata", None)
+    if metadata is None:
+        metadata = {}
     if not isinstance(metadata, Mapping):
-        raise ContractError(f"tool {tool!r} returned non-mapping metadata", code="invalid_result")
+        raise ContractError(f"tool {tool!r} returned metadata that is {type(metadata).__name__}, not a dict",
+                            code="invalid_result")
     metadata = dict(metadata)
     content = get("content", None)
     if content:
         metadata["content"] = content_blocks(content, tool)
+    if result and success:
+        error = None
     return ToolResult(
         success=success and error is None,
         output=get("output", None),
@@ -116,22 +161,42 @@ def content_blocks(content: Any, tool: str) -> list[dict[str, Any]]:
 def _failure_summary(output: Any, tool: str, limit: int = 500) -> str:
     """The message of a failure reported with no error message: what the output says (e.g. a
     command's stderr and exit status), shortened; the output itself stays in the result."""
-    if output is None or output == "":
+    if output is None or (isinstance(output, str) and not output):
         return f"tool {tool!r} reported failure without a message"
     if isinstance(output, str):
         text = output
     else:
         try:
             text = json.dumps(output, ensure_ascii=False, default=str, sort_keys=True)
-        except (TypeError, ValueError):
-            text = repr(output)
+        except Exception:  # ValueError, RecursionError, a hostile __str__
+            from .models import output_text
+
+            text = output_text(output)
     text = text.strip()
     return f"tool {tool!r} reported failure: {text[:limit]}{' …' if len(text) > limit else ''}"
 
 
 def error_from_result(result: ToolResult, tool: str) -> ToolError:
-    """The typed error for a result in which the tool reported failure."""
-    payload = result.error or {}
+    """The typed error for a result in which the tool reported failure; ``ContractError``
+    ``invalid_result`` naming the tool when its error cannot be read (found by attack: an error
+    whose message's ``__bool__`` or ``__str__`` raised, or with a key that is no string, read as
+    the host's internal error)."""
+    try:
+        return _error_from_result(result, tool)
+    except Exception as exc:
+        error = ContractError(
+            f"tool {tool!r} reported failure with an error that could not be read: "
+            f"{type(exc).__name__}: {_safe_str(exc)}",
+            code="invalid_result",
+        )
+        error.reported = result
+        return error
+
+
+def _error_from_result(result: ToolResult, tool: str) -> ToolError:
+    payload: Any = result.error or {}
+    if not isinstance(payload, Mapping):  # a retry's outcome or a plugin's result, not normalized
+        payload = {"message": str(payload)}
     reported = payload.get("type")
     message = str(payload.get("message") or _failure_summary(result.output, tool))
     code = payload.get("code")
@@ -146,12 +211,13 @@ def error_from_result(result: ToolResult, tool: str) -> ToolError:
     details = {
         key: value
         for key, value in payload.items()
-        if key not in ("type", "code", "message", "retryable", "cause") and _is_scalar(value)
+        if isinstance(key, str) and key not in ("type", "code", "message", "retryable", "cause") and _is_scalar(value)
     }
+    retryable = payload.get("retryable")
     error = cls(
         message,
         code=code if isinstance(code, str) else None,
-        retryable=bool(payload["retryable"]) if "retryable" in payload else None,
+        retryable=retryable if isinstance(retryable, bool) else None,
         cause=str(payload.get("cause") or reported or "") or None,
         **details,
     )
