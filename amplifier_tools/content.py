@@ -282,7 +282,7 @@ def summary(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     Past ``MAX_SUMMARY_BLOCKS`` blocks, the rest are one entry (``{"type": "more", "blocks",
     "bytes", "sha256"}``, the digest over their encodings one after another), so a result of
     a hundred thousand tiny blocks does not make a record of megabytes."""
-    out = [_summary(block, _encoded(block)) for block in blocks[:MAX_SUMMARY_BLOCKS]]
+    out = [_summary_or_unreadable(block) for block in blocks[:MAX_SUMMARY_BLOCKS]]
     rest = blocks[MAX_SUMMARY_BLOCKS:]
     if rest:
         digest, size = hashlib.sha256(), 0
@@ -292,6 +292,16 @@ def summary(blocks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             size += len(encoded)
         out.append({"type": "more", "blocks": len(rest), "bytes": size, "sha256": digest.hexdigest()})
     return out
+
+
+def _summary_or_unreadable(block: Any) -> dict[str, Any]:
+    """``_summary`` of ``block``, or ``{"type": "unreadable"}`` naming its class when reading it
+    raises (a ``Mapping`` whose ``get`` or ``__getitem__`` raises, put by a tool straight into a
+    ``ToolResult``'s ``metadata["content"]``: the audit plugin raised and wrote no record)."""
+    try:
+        return _summary(block, _encoded(block))
+    except Exception:
+        return {"type": "unreadable", "class": type(block).__name__[:100]}
 
 
 def _encoded(block: Mapping[str, Any]) -> bytes:
@@ -304,7 +314,10 @@ def _encoded(block: Mapping[str, Any]) -> bytes:
     except Exception:
         from ._json import encodable
 
-        return dumps(encodable(block, []))
+        try:
+            return dumps(encodable(block, []))
+        except Exception:  # a Mapping whose reading raises
+            return dumps({"unreadable": type(block).__name__})
 
 
 def _summary(block: Mapping[str, Any], encoded: bytes) -> dict[str, Any]:

@@ -176,11 +176,24 @@ def _usable(out: ToolResult, impl: Impl, hook: str, call: ToolCall) -> ToolResul
     if type(out) is ToolResult and out.success is True and out.error is None and type(out.metadata) is dict:
         return out
     try:
-        return normalize_result(out, call.name)
-    except ContractError as bad:
+        usable = normalize_result(out, call.name)
+        if usable.success:
+            if usable.error is not None:  # a stray error beside success: dropped, as for a tool's result
+                usable = ToolResult(True, usable.output, None, usable.metadata, usable.tool_call_id)
+            return usable
+        error = usable.error
+        if error is None:  # a failure with no error: the caller and the record get one naming the plugin
+            error = {"message": f"plugin {impl.plugin!r} returned a failed result from {hook} without an error"}
+        elif not isinstance(error.get("message", ""), str):
+            error = {**error, "message": str(error["message"])}  # raises for a message str() cannot read
+        if error is not usable.error:
+            usable = ToolResult(False, usable.output, error, usable.metadata, usable.tool_call_id)
+        return usable
+    except Exception as bad:
+        reason = bad.message if isinstance(bad, ContractError) else f"{type(bad).__name__} reading its error"
+        reason = reason.replace(f"tool {call.name!r} returned ", "", 1)  # the plugin returned it, not the tool
         return ToolSystemError(f"plugin {impl.plugin!r} returned a ToolResult from {hook} that the host cannot use "
-                               f"(read as a tool's result: {bad.message})", code="hook_invalid_return",
-                               plugin=impl.plugin)
+                               f"({reason})", code="hook_invalid_return", plugin=impl.plugin)
 
 
 def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:

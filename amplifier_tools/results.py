@@ -125,7 +125,9 @@ def _build(get: Any, tool: str, *, result: bool = False) -> ToolResult:
         raise ContractError(f"tool {tool!r} returned metadata that is {type(metadata).__name__}, not a dict",
                             code="invalid_result")
     metadata = dict(metadata)
-    content = get("content", None)
+    # ``content`` is a seed dict's or a foreign result's field, not ``ToolResult``'s: a subclass's own
+    # ``content`` attribute (whatever it holds) is not read, as before subclasses were rebuilt
+    content = None if result else get("content", None)
     if content:
         metadata["content"] = content_blocks(content, tool)
     if result and success:

@@ -193,3 +193,70 @@ async def test_an_unusable_result_a_plugin_returns_is_its_failure_and_is_recorde
     trail = [(d["plugin"], d["action"]) for d in result.metadata["trail"]]
     assert ("replaces", "failed") in trail
     assert len(completions.results) == 1
+
+
+class WithContent(ToolResult):
+    """A subclass with a ``content`` attribute of its own (no seed content blocks)."""
+
+    @property
+    def content(self) -> str:
+        return "a summary the tool keeps for itself"
+
+
+async def test_a_subclass_with_its_own_content_attribute_is_not_refused(host_factory: Any) -> None:
+    """Found by review: since subclasses were rebuilt, a subclass's own ``content`` attribute was read
+    as seed content blocks and the call failed ``invalid_result`` (it succeeded before)."""
+    completions = Completions()
+    host = await host_factory(ToolsPlugin(Returns("t", WithContent(True, "x"))), completions)
+    result = await host.call("t", {})
+    assert result.success and result.output == "x" and "content" not in result.metadata
+    assert len(completions.results) == 1
+
+
+class Unreadable(dict):  # type: ignore[type-arg]
+    def get(self, *args: Any) -> Any:
+        raise RuntimeError("get")
+
+
+@pytest.mark.parametrize(
+    ("value", "success", "fragment"),
+    [(ToolResult(True, "r", error={"message": "stray"}), True, None),
+     (ToolResult(False, "r"), False, "without an error"),
+     (ToolResult(False, "r", error={"message": Hostile()}), False, "cannot use"),
+     (ToolResult(True, "r", metadata=5), False, "(metadata that is int, not a dict)")],  # type: ignore[arg-type]
+    ids=["stray-error", "failed-no-error", "hostile-message", "names-the-plugin"],
+)
+async def test_a_plugins_result_is_read_as_a_tools(host_factory: Any, value: ToolResult, success: bool,
+                                                  fragment: str | None) -> None:
+    """Found by review: a plugin's result kept a stray error beside success (the caller read
+    'Error: stray'), a failure with no error, or an error message whose ``str`` raises (the
+    caller's ``get_serialized_output`` raised)."""
+
+    class Replaces:
+        name = "replaces"
+
+        @hookimpl
+        def tool_post(self) -> ToolResult:
+            return value
+
+    completions = Completions()
+    host = await host_factory(ToolsPlugin(Echo()), completions, Replaces())
+    result = await host.call("echo", {})
+    assert result.success is success
+    if success:
+        assert result.error is None and result.get_serialized_output() == "r"
+    else:
+        assert fragment in result.error["message"] and "tool 'echo' returned" not in result.error["message"]
+        result.get_serialized_output()
+    assert len(completions.results) == 1
+
+
+async def test_a_content_block_that_cannot_be_read_is_recorded(tmp_path: Any) -> None:
+    """Found by review: a block in ``metadata["content"]`` whose ``get`` raises failed the audit plugin
+    (``hook_failed``, no record)."""
+    value = ToolResult(True, "x", metadata={"content": [Unreadable(type="text")]})
+    async with ToolHost(plugins=[ToolsPlugin(Returns("t", value))], builtins=["audit"],
+                        config={"plugins": {"audit": {"fsync": "never"}}}, discover=False, entry_points=False,
+                        working_dir=tmp_path) as host:
+        result = await host.call("t", {})
+        assert result.success, result.error
