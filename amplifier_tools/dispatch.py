@@ -15,13 +15,13 @@ cannot be interrupted: a blocking one blocks the event loop (documented limit).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import itertools
 import logging
 import operator
 import sys
 import types
+import weakref
 from collections.abc import Callable, Generator, Mapping
 from typing import Any, Final
 
@@ -39,6 +39,7 @@ log = logging.getLogger("amplifier_tools")
 CHAINED_HOOKS: Final = ("tool_pre", "tool_post", "tool_error", "tool_complete")
 #: The hooks a call may run: the chained ones and the ``tool_event`` observers.
 CALL_HOOKS: Final = (*CHAINED_HOOKS, "tool_event")
+
 
 class TimeLimitExceeded(TimeoutError):
     """A time limit the host set ran out: a tool's timeout or the caller's deadline
@@ -255,7 +256,9 @@ async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
 
     Nobody else holds that task, so nobody cancels it: a ``CancelledError`` raised in it is the
     work's own (``being_cancelled`` is False there, also before 3.11)."""
-    future = asyncio.ensure_future(awaitable if sys.version_info >= (3, 11) else _uncancelled(awaitable))
+    future = asyncio.ensure_future(awaitable)
+    if sys.version_info < (3, 11):
+        _UNCANCELLED.add(future)
     cancelled = False
     while not future.done():
         try:
@@ -290,17 +293,12 @@ else:  # pragma: no cover - exercised by the py310 tox env
         except in ``finish_despite_cancel``'s task, which nobody else can cancel (found by attack:
         an async ``tool_error`` hook or ``tool_complete`` observer raising ``CancelledError`` made
         ``host.call`` raise it, and the call was never recorded)."""
-        return not _UNCANCELLED.get()
+        return asyncio.current_task() not in _UNCANCELLED
 
 
-#: Set in ``finish_despite_cancel``'s task before 3.11 (``being_cancelled``).
-_UNCANCELLED: contextvars.ContextVar[bool] = contextvars.ContextVar("amplifier_tools_uncancelled", default=False)
-
-
-async def _uncancelled(awaitable: Any) -> Any:
-    """``awaitable``, awaited in a task that nobody else can cancel (before 3.11: ``being_cancelled``)."""
-    _UNCANCELLED.set(True)
-    return await awaitable
+#: ``finish_despite_cancel``'s tasks before 3.11 (``being_cancelled``): those tasks alone, not the
+#: tasks their work starts (which that work may cancel: ``wait_for`` runs its awaitable in one).
+_UNCANCELLED: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
 
 
 class HookFailure(Exception):

@@ -387,3 +387,40 @@ async def test_an_async_ending_hook_raising_cancelled_error_is_its_failure_on_ev
     if hook == "tool_error":  # a failure inside tool_error is logged; the call's own error stands
         assert result.error["code"] == "tool_raised" and completions.codes == ["tool_raised"]
     await asyncio.sleep(0)  # the caller's task was not cancelled
+
+
+async def test_a_call_an_ending_hook_starts_and_cancels_is_still_cancelled(host_factory: Any) -> None:
+    """The other side of the test above: only the ending hooks' own task is one nobody else can
+    cancel, not a task they start (``wait_for`` runs its awaitable in one on 3.10): a nested
+    call that ``wait_for`` cancels ends cancelled, and ``wait_for`` raises its timeout."""
+    outcomes: list[str] = []
+
+    class Retries:
+        name = "retries-elsewhere"
+
+        @hookimpl
+        async def tool_error(self, call: Any) -> None:
+            if call.name != "raiser":
+                return
+            try:
+                await asyncio.wait_for(host.call("sleeper", {}), 0.05)
+            except asyncio.TimeoutError:
+                outcomes.append("timed out")
+            else:
+                outcomes.append("returned")
+
+    class Sleeper:
+        name = "sleeper"
+        description = "Sleeps."
+        input_schema = {"type": "object"}
+
+        async def execute(self, input: dict[str, Any]) -> ToolResult:
+            await asyncio.sleep(10)
+            return ToolResult(True, "late")
+
+    completions = Completions()
+    host = await host_factory(ToolsPlugin(Raises("raiser", ValueError("boom")), Sleeper()), completions, Retries())
+    result = await host.call("raiser", {})
+    assert result.error["code"] == "tool_raised"
+    assert outcomes == ["timed out"]
+    assert sorted(code or "" for code in completions.codes) == ["cancelled", "tool_raised"]
