@@ -166,24 +166,32 @@ async def test_a_pure_tools_own_timeout_error_is_retried_as_its_failure(host_fac
     assert [d["code"] for d in retries] == ["tool_raised", "tool_raised"]  # HEAD: "timeout" twice
 
 
-class CatchesTheTimeout:
-    """Catches the host's cancellation at its timeout and raises a ``TimeoutError`` of its own."""
+class AnswersTheTimeout:
+    """Catches the host's cancellation at its timeout and raises ``answer`` instead."""
 
     name = "stubborn"
     description = "Stubborn."
     input_schema = {"type": "object"}
     spec = ToolSpec(name="stubborn", description="Stubborn.", policies={"timeout_ms": 20})
 
+    def __init__(self, answer: Exception) -> None:
+        self.answer = answer
+
     async def execute(self, input: dict[str, Any]) -> ToolResult:
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
-            raise TimeoutError("gave up") from None
+            raise self.answer from None
         return ToolResult(True, "late")
 
 
-async def test_the_hosts_timeout_stays_the_timeout_when_the_tool_answers_it_with_its_own(host_factory: Any) -> None:
-    host = await host_factory(ToolsPlugin(CatchesTheTimeout()))
+@pytest.mark.parametrize("answer", [TimeoutError("gave up"), ValueError("interrupted mid-read")],
+                         ids=["its-own-timeout", "another-error"])
+async def test_the_hosts_timeout_stays_the_timeout_whatever_the_tool_answers_it_with(
+        host_factory: Any, answer: Exception) -> None:
+    """Found by attack: a ``ValueError`` answer read as ``tool_raised`` (older than the exception
+    change); a ``TimeoutError`` answer must not read as the tool's own timeout."""
+    host = await host_factory(ToolsPlugin(AnswersTheTimeout(answer)))
     result = await host.call("stubborn", {})
     assert (result.error["type"], result.error["code"]) == ("PolicyError", "timeout")
     assert result.error["message"] == "tool 'stubborn' timed out after 0.02 s"
@@ -336,30 +344,6 @@ async def test_a_tools_own_asyncio_timeout_error_is_retryable_on_every_version(h
     host = await host_factory(ToolsPlugin(Inner()))
     result = await host.call("waits", {})
     assert (result.error["code"], result.error["retryable"]) == ("tool_raised", True)  # HEAD, 3.10: False
-
-
-class AnswersTheTimeoutWithItsOwnError:
-    """Catches the host's cancellation at its timeout and raises an error of another kind."""
-
-    name = "answers"
-    description = "Answers."
-    input_schema = {"type": "object"}
-    spec = ToolSpec(name="answers", description="Answers.", policies={"timeout_ms": 20})
-
-    async def execute(self, input: dict[str, Any]) -> ToolResult:
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            raise ValueError("interrupted mid-read") from None
-        return ToolResult(True, "late")
-
-
-async def test_the_hosts_timeout_stays_the_timeout_whatever_the_tool_answers_it_with(host_factory: Any) -> None:
-    """Found by attack (older than the exception change): it read as ``tool_raised`` ValueError."""
-    host = await host_factory(ToolsPlugin(AnswersTheTimeoutWithItsOwnError()))
-    result = await host.call("answers", {})
-    assert (result.error["type"], result.error["code"]) == ("PolicyError", "timeout")
-    assert result.error["message"] == "tool 'answers' timed out after 0.02 s"
 
 
 @pytest.mark.parametrize("hook", ["tool_error", "tool_complete"])
