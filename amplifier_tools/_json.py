@@ -147,6 +147,24 @@ def _safe_repr(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
+def json_text(value: Any, *, indent: int | None = None) -> str:
+    """``value`` as JSON text that a strict parser reads (RFC 8259 has no ``NaN`` or ``Infinity``):
+    for a model, a terminal or an MCP client. As the stdlib writes it (``ensure_ascii=False``, an
+    object JSON has no type for as its ``str()``) when it can; else as ``encodable`` renders the
+    value, the audit record's rule: NaN and infinities as strings, an integer over
+    ``sys.get_int_max_str_digits()`` digits summarized, a cycle cut at ``MAX_DEPTH``, a non-string
+    key written as a string.
+
+    The one rule for a tool's output as text: ``ToolResult.get_serialized_output``, ``amplifier-tools
+    call`` (with ``--json`` too) and serve-mcp's text and ``structuredContent`` use it (found by
+    attack: NaN was written as ``NaN``, which JSON parsers refuse, and ``call --json`` failed as
+    "a bug" on a long integer or a cycle after the call had succeeded)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str, allow_nan=False, indent=indent)
+    except Exception:  # ValueError (a non-finite float, a long integer, a cycle), RecursionError, a hostile __str__
+        return json.dumps(encodable(value, []), ensure_ascii=False, default=str, allow_nan=False, indent=indent)
+
+
 def encodable(value: Any, altered: list[str], where: str = "") -> Any:
     """``value`` with everything ``dumps`` cannot encode escaped or summarized; each change is
     appended to ``altered`` as ``"<path>: <what was done>"`` (at most ``MAX_NOTES`` of them)."""

@@ -579,7 +579,13 @@ def _print_result(result: ToolResult, *, as_json: bool, verbose: bool = False, t
     outcome (a text-returning tool's text, else compact JSON), and a failure adds its error line
     and hint on stderr."""
     if as_json:
-        print(json.dumps(_data(result), indent=2, default=str))
+        import attrs
+
+        from ._json import json_text
+
+        # The fields as they are, not through cattrs: a tool's output and metadata are its own data
+        # (found by attack: cattrs recursed without end into an output holding itself).
+        print(json_text(attrs.asdict(result, recurse=False), indent=2))
     elif result.success or result.output not in (None, "", {}, []):
         _print_output(result)
     if result.success:
@@ -590,7 +596,9 @@ def _print_result(result: ToolResult, *, as_json: bool, verbose: bool = False, t
     error = result.error or {}
     print(f"{error.get('type')}[{error.get('code')}]: {error.get('message')}", file=sys.stderr)
     if verbose:
-        print(json.dumps(error, indent=2, default=str), file=sys.stderr)
+        from ._json import json_text
+
+        print(json_text(error, indent=2), file=sys.stderr)
     print(f"hint: {_call_hint(error, tool)}", file=sys.stderr)
 
 

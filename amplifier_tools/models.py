@@ -9,7 +9,6 @@ All are attrs classes; JSON conversion lives in ``amplifier_tools.converter`` (d
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 import time
@@ -123,25 +122,23 @@ def truncate_text(text: str, max_chars: int | None) -> str:
 
 
 def output_text(output: Any) -> str:
-    """A tool's output as text: a string as it is, nothing as ``""``, anything else as compact JSON.
+    """A tool's output as text: a string as it is, nothing as ``""``, anything else as compact JSON
+    that a strict parser reads (``_json.json_text``).
 
-    What JSON cannot hold is summarized as the audit record summarizes it (``_json.encodable``):
-    found by trial, a function tool returning ``math.factorial(2000)`` (over 4,300 digits) or a
-    list holding itself made ``get_serialized_output`` raise ``ValueError`` — in the framework
-    adapters, ``serve-mcp`` and ``amplifier-tools call`` — after the call had succeeded. Found by
-    attack: so did an object whose ``__str__`` raises (``default=str`` let its exception out);
-    ``encodable`` writes such an object as ``<TypeName>``.
+    What JSON cannot hold is written as the audit record writes it (``_json.encodable``): found by
+    trial, a function tool returning ``math.factorial(2000)`` (over 4,300 digits) or a list holding
+    itself made ``get_serialized_output`` raise ``ValueError`` — in the framework adapters,
+    ``serve-mcp`` and ``amplifier-tools call`` — after the call had succeeded. Found by attack: so
+    did an object whose ``__str__`` raises (``encodable`` writes it as ``<TypeName>``), and NaN
+    was written as ``NaN``, which is no JSON (now ``"NaN"``, a string, as in the record).
     """
     if output is None:
         return ""
     if isinstance(output, str):
         return output
-    try:
-        return json.dumps(output, ensure_ascii=False, default=str)
-    except Exception:  # ValueError, RecursionError, or whatever a hostile __str__ raised
-        from ._json import encodable
+    from ._json import json_text
 
-        return json.dumps(encodable(output, []), ensure_ascii=False, default=str)
+    return json_text(output)
 
 
 @attrs.frozen(slots=True)

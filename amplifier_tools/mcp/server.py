@@ -50,7 +50,7 @@ from ..content import mcp_spelling
 from ..definitions import META_NAME
 from ..errors import ConfigError
 from ..host import ToolHost
-from ..models import ToolContext, ToolResult, new_call_id
+from ..models import ToolContext, ToolResult, new_call_id, output_text
 from ..plugin_settings import structure_settings
 from .settings import PLUGIN, McpSettings, ServeClient, ServeSettings
 
@@ -282,9 +282,14 @@ def to_call_tool_result(result: ToolResult) -> mcp_types.CallToolResult:
     if type(output) is str and "content" not in result.metadata:  # the common result: its text as it is
         return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=output)])
     blocks = content_blocks(result.metadata["content"]) if "content" in result.metadata else None
-    content = blocks or [mcp_types.TextContent(type="text", text=result.get_serialized_output(max_chars=None))]
     if isinstance(output, dict):
-        return mcp_types.CallToolResult(content=content, structured_content=output)
+        # structuredContent is the text's own data, so the two agree and both are JSON (found by
+        # attack: NaN was text ``NaN`` and structured ``null``, a set ``"{1, 2}"`` and ``[1, 2]``, a
+        # tuple key ``"(1, 2)"`` and ``"1,2"``; an output holding itself was a JSON-RPC internal error).
+        text = output_text(output)
+        content = blocks or [mcp_types.TextContent(type="text", text=text)]
+        return mcp_types.CallToolResult(content=content, structured_content=json.loads(text))
+    content = blocks or [mcp_types.TextContent(type="text", text=result.get_serialized_output(max_chars=None))]
     return mcp_types.CallToolResult(content=content)  # not passing structured_content=None: one field less to validate
 
 
