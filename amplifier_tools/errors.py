@@ -41,6 +41,10 @@ class ToolError(Exception):
     #: The result a tool returned to report this failure (``success=False``), or None when the
     #: failure was raised by the tool or decided by the host. Never serialized.
     reported: Any = None
+    #: How many times the host ran the tool before failing with this error, when the tool's retry
+    #: policy applied (set by ``retry.run_with_retries``; the result's ``metadata["attempts"]``).
+    #: None: the host made no retry decision. Never serialized into the error.
+    attempts: int | None = None
 
     def __init__(
         self,

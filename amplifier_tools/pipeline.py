@@ -406,6 +406,8 @@ class CallPipeline:
         # tool's server, version and definition hash); redacted with the result in ``_complete``.
         reported = error.reported
         metadata = dict(reported.metadata) if isinstance(reported, ToolResult) else {}
+        if error.attempts is not None:  # found by attack: a call failing after retries said nothing of them
+            metadata["attempts"] = error.attempts
         return ToolResult(False, output, error_dict(error, tool=tool, context=ctx, secrets=self.secrets), metadata,
                           call.id)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import attrs
@@ -188,7 +189,16 @@ def _structure(value: Any, cls: type[Any]) -> Any:
     if value is None or isinstance(value, cls):
         return value
     from ._converter import converter, describe_structure_error
+    from .plugin_settings import check_json_types
 
+    if isinstance(value, Mapping):
+        # Types as written first, as for host configuration: the converter would coerce them (found
+        # by attack: a contract's retry ``max_attempts = true`` became 1 attempt, ``2.5`` became 2,
+        # ``jitter = "no"`` became jitter on — each silently another policy than the one written).
+        try:
+            check_json_types(value, cls, "$")
+        except ValueError as exc:
+            raise ValueError(f"invalid {cls.__name__.lower()}: {exc}") from exc
     try:
         return converter.structure(value, cls)
     except Exception as exc:  # name the field, not just the class

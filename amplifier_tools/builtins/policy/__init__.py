@@ -36,7 +36,8 @@ from typing import Any, ClassVar, Final
 from ..._markers import hookimpl
 from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...plugin_settings import structure_settings
-from ...spec import IdempotencyKeyRequirement, ToolSpec
+from ...retry import retry_allowed
+from ...spec import IdempotencyKeyRequirement, RetryPolicy, ToolSpec
 from ..filesystem.paths import PathRules
 from .breaker import CircuitBreaker
 from .rules import CallPaths, Rule, matches, path_engine
@@ -516,14 +517,14 @@ class PolicyPlugin:
     def _longest_run(self, spec: ToolSpec, context: ToolContext) -> float | None:
         """The longest this call may execute: its timeout times its attempts, plus the longest
         waits between them (found by attack: a call was charged its backoff sleeps it had not
-        reserved, 8 s spent of a 1 s budget), cut by its deadline."""
+        reserved, 8 s spent of a 1 s budget), cut by its deadline. A call the host will not
+        retry (an ``IdempotentWrite`` without a key) has one attempt (found by attack: it
+        reserved all of them, and refused concurrent calls the budget had room for)."""
         timeout_ms = spec.policies.timeout_ms
         longest = timeout_ms / 1000.0 if timeout_ms is not None else self.default_timeout
         retry = spec.policies.retry
-        if longest is not None and retry is not None:
-            longest = longest * retry.max_attempts + sum(
-                min(retry.max_backoff_ms, retry.initial_backoff_ms * retry.multiplier ** n)
-                for n in range(retry.max_attempts - 1)) / 1000.0
+        if longest is not None and retry is not None and retry_allowed(spec, context):
+            longest = longest * retry.max_attempts + _longest_waits(retry)
         remaining = context.remaining()
         if remaining is not None:
             longest = max(remaining, 0.0) if longest is None else min(longest, max(remaining, 0.0))
@@ -704,3 +705,25 @@ class PolicyPlugin:
         if changed is not None and spec is not None:
             self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
         return None
+
+
+#: Waits between attempts summed one by one for a time budget's reservation; past these, each
+#: further wait is counted as the largest it may be (an upper bound, never a loop per attempt).
+_WAITS_SUMMED: Final = 1024
+
+
+def _longest_waits(retry: RetryPolicy) -> float:
+    """The longest the waits between a call's attempts may add up to, in seconds: wait n is at
+    most min(``max_backoff_ms``, ``initial_backoff_ms`` * ``multiplier``ⁿ), as the host's retry
+    loop sleeps them. Found by attack: the sum raised ``OverflowError`` at about 1,000 attempts
+    (every call of the tool failed ``hook_failed``), and looped once per attempt (minutes for
+    ``max_attempts = 10**9``); the first ``_WAITS_SUMMED`` waits are summed exactly, each later
+    one counted at the cap (or, when the waits do not grow, at the last wait summed)."""
+    waits = retry.max_attempts - 1
+    total, raw, cap = 0.0, retry.initial_backoff_ms, retry.max_backoff_ms
+    for _ in range(min(waits, _WAITS_SUMMED)):
+        total += min(cap, raw)
+        raw *= retry.multiplier  # a float product: grows to inf, never raises
+    if waits > _WAITS_SUMMED:
+        total += (waits - _WAITS_SUMMED) * (cap if retry.multiplier > 1 else min(cap, raw))
+    return total / 1000.0

@@ -1,0 +1,193 @@
+"""Retries and their accounting, attacked: what a retried call reports, how its waits meet the
+caller's deadline, and what a retry policy makes a time budget reserve."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import ToolsPlugin
+
+from amplifier_tools import ExecutionError, PluginLoadError, ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools.builtins.policy import PolicyPlugin
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+class Flaky:
+    """Fails with a retryable error: raised (``report=False``) or reported as a failed result.
+    ``gate``: each run waits for it first; ``hang``: each run waits forever (until cancelled)."""
+
+    def __init__(self, name: str, *, effect: str = "Pure", report: bool = False, fail: bool = True,
+                 gate: asyncio.Event | None = None, hang: bool = False, **spec: Any) -> None:
+        self.spec = ToolSpec(name=name, description=name, effect=effect, **spec)
+        self.name, self.description = name, name
+        self.report, self.fail, self.gate, self.hang = report, fail, gate, hang
+        self.runs = 0
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.runs += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.hang:
+            await asyncio.Event().wait()
+        if not self.fail:
+            return ToolResult(output="done")
+        if self.report:
+            return ToolResult(success=False, output="partial", error={
+                "type": "ExecutionError", "code": "busy", "message": "backend busy", "retryable": True})
+        raise ExecutionError("backend down", code="backend_down", retryable=True)
+
+
+@pytest.fixture
+def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """tenacity sleeps through ``asyncio.sleep``: the backoff delays, recorded instead of slept."""
+    recorded: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(seconds: float, result: Any = None) -> Any:
+        if seconds > 0:
+            recorded.append(seconds)
+        return await real_sleep(0, result)
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    return recorded
+
+
+def _call_records(log: Path) -> list[dict[str, Any]]:
+    return [row for row in map(json.loads, log.read_text().splitlines()) if row["kind"] == "call"]
+
+
+@pytest.mark.parametrize("report", [False, True], ids=["raised", "reported"])
+async def test_a_retried_call_that_fails_reports_every_attempt_to_the_caller_and_the_audit_record(
+        tmp_path: Path, report: bool) -> None:
+    """Found by attack: a call whose three attempts all failed said ``attempts`` nothing to the
+    caller and ``attempts: 1`` in its audit record; only a success reported its count."""
+    tool = Flaky("lookup", report=report,
+                 policies={"retry": {"max_attempts": 3, "initial_backoff_ms": 1, "max_backoff_ms": 2}})
+    async with ToolHost(plugins=[ToolsPlugin(tool)], builtins=["policy", "audit"], entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        result = await host.call("lookup", {})
+        log = host.state_dir / "audit.jsonl"
+    assert tool.runs == 3
+    assert result.error["code"] == ("busy" if report else "backend_down")
+    assert result.metadata["attempts"] == 3
+    [record] = _call_records(log)
+    assert record["status"] == "error" and record["attempts"] == 3
+    assert [d["action"] for d in record["trail"]] == ["retry", "retry"]
+
+
+async def test_a_backoff_that_would_end_past_the_callers_deadline_is_not_started(delays: list[float]) -> None:
+    """Found by attack: with a 5 s backoff and 0.5 s left of its deadline, a call slept the 5 s
+    (the caller waited 10 times its deadline), then failed ``deadline_exceeded`` "before tool could
+    run" — though the tool had run and failed. Now the retry is not started: the call ends at once
+    with its attempt's own error."""
+    tool = Flaky("lookup", policies={"retry": {"max_attempts": 3, "initial_backoff_ms": 5000,
+                                               "max_backoff_ms": 5000, "jitter": False}})
+    host = ToolHost(plugins=[ToolsPlugin(tool)], builtins=False, entry_points=False, discover=False)
+    async with host:
+        result = await host.call("lookup", {}, context=ToolContext(deadline=time.monotonic() + 0.5))
+    assert delays == [] and tool.runs == 1
+    assert result.error["code"] == "backend_down" and result.metadata["attempts"] == 1
+
+
+async def test_a_timeout_at_the_callers_deadline_is_not_retried(delays: list[float]) -> None:
+    """Found by attack: an attempt cut by the caller's deadline (``timeout``, ``by_deadline``) was
+    retried after its backoff, and the call ended ``deadline_exceeded`` instead of the timeout."""
+    tool = Flaky("slow", hang=True, policies={"timeout_ms": 5000, "retry": {
+        "max_attempts": 3, "initial_backoff_ms": 1, "max_backoff_ms": 1}})
+    async with ToolHost(plugins=[ToolsPlugin(tool)], builtins=False, entry_points=False, discover=False) as host:
+        result = await host.call("slow", {}, context=ToolContext(deadline=time.monotonic() + 0.05))
+    assert tool.runs == 1 and delays == []
+    assert result.error["code"] == "timeout" and result.error["by_deadline"] is True
+
+
+async def test_a_retry_within_the_deadline_still_runs(delays: list[float]) -> None:
+    tool = Flaky("lookup", policies={"retry": {"max_attempts": 3, "initial_backoff_ms": 10,
+                                               "max_backoff_ms": 10, "jitter": False}})
+    async with ToolHost(plugins=[ToolsPlugin(tool)], builtins=False, entry_points=False, discover=False) as host:
+        result = await host.call("lookup", {}, context=ToolContext(deadline=time.monotonic() + 60))
+    assert tool.runs == 3 and delays == [0.01, 0.01] and result.metadata["attempts"] == 3
+
+
+async def test_a_huge_max_attempts_does_not_fail_every_call_of_a_tool_with_a_time_budget() -> None:
+    """Found by attack: reserving a time budget summed ``initial * multiplierⁿ`` for every
+    attempt; at 5,000 attempts the power overflowed and every call failed ``hook_failed``
+    (OverflowError) — and with ``multiplier = 1`` a billion attempts looped for minutes."""
+    clock = FakeClock()
+    tool = Flaky("lookup", fail=False, policies={
+        "retry": {"max_attempts": 5000, "initial_backoff_ms": 100, "max_backoff_ms": 1000},
+        "budgets": [{"per": "principal", "max_seconds": 10}]})
+    host = ToolHost(plugins=[ToolsPlugin(tool), PolicyPlugin(clock=clock, sleep=clock.sleep)],
+                    builtins=False, entry_points=False, discover=False)
+    async with host:
+        result = await host.call("lookup", {})
+    assert result.success and result.output == "done", result.error
+
+
+async def test_an_unkeyed_idempotent_write_reserves_one_attempt_of_a_time_budget() -> None:
+    """Found by attack: an ``IdempotentWrite`` call without an idempotency key is never retried,
+    yet it reserved all its attempts and waits (here the whole 0.5 s budget for a 0.1 s call), so
+    a second concurrent call was refused ``budget_exceeded`` "reserved by calls in flight"."""
+    clock, gate = FakeClock(), asyncio.Event()
+    tool = Flaky("put", effect="IdempotentWrite", fail=False, gate=gate, policies={
+        "timeout_ms": 100, "retry": {"max_attempts": 5, "initial_backoff_ms": 1000},
+        "budgets": [{"per": "principal", "max_seconds": 0.5}]})
+    host = ToolHost(plugins=[ToolsPlugin(tool), PolicyPlugin(clock=clock, sleep=clock.sleep)],
+                    builtins=False, entry_points=False, discover=False)
+    async with host:
+        tasks = [asyncio.create_task(host.call("put", {})) for _ in range(3)]
+        for _ in range(100):
+            if tool.runs == 3 or any(t.done() for t in tasks):
+                break
+            await asyncio.sleep(0)
+        gate.set()
+        results = await asyncio.gather(*tasks)
+        keyed = await host.call("put", {}, context=ToolContext(idempotency_key="k"))
+    assert [r.success for r in results] == [True, True, True], [r.error for r in results]
+    assert keyed.success and tool.runs == 4
+
+
+@pytest.mark.parametrize(("retry", "message"), [
+    ({"max_attempts": True}, "max_attempts: must be an integer, got True"),
+    ({"max_attempts": 2.5}, "max_attempts: must be an integer, got 2.5"),
+    ({"max_attempts": "3"}, "max_attempts: must be an integer, got '3'"),
+    ({"initial_backoff_ms": "1"}, "initial_backoff_ms: must be a number, got '1'"),
+    ({"jitter": "no"}, "jitter: must be true or false, got 'no'"),
+])
+def test_a_contracts_retry_policy_of_the_wrong_type_is_refused_naming_the_field(
+        retry: dict[str, Any], message: str) -> None:
+    """Found by attack: host configuration refused these, but the same values in a tool's own
+    contract were coerced — ``max_attempts = true`` into one attempt (no retries), ``2.5`` into 2,
+    ``jitter = "no"`` into jitter on: silently another policy than the one written."""
+    with pytest.raises(ValueError, match=r"invalid policies: \$\.retry\." + re.escape(message)):
+        ToolSpec(name="lookup", effect="Pure", policies={"retry": retry})
+
+    class Seed:
+        name, description, effect = "lookup", "look up", "Pure"
+        policies = {"retry": retry}
+
+        async def execute(self, input: dict[str, Any]) -> str:
+            return "done"
+
+    async def start() -> None:
+        async with ToolHost(plugins=[ToolsPlugin(Seed())], builtins=False, entry_points=False, discover=False):
+            pass
+
+    with pytest.raises(PluginLoadError, match="tool 'lookup' has an invalid contract: .*" + re.escape(message)):
+        asyncio.run(start())
