@@ -120,6 +120,18 @@ class HookRegistry:
             self._host.dispatcher.invalidate()
         return len(gone)
 
+    def forget(self, owner: str) -> int:
+        """Remove every handler ``owner`` registered (a plugin whose mount failed); how many."""
+        gone = 0
+        for event, handlers in self._handlers.items():
+            kept = [r for r in handlers if r.owner != owner]
+            if len(kept) != len(handlers):
+                gone += len(handlers) - len(kept)
+                handlers[:] = kept  # in place: an ``unregister`` function still holds the list
+                if event in TOOL_EVENTS:
+                    self._host.dispatcher.invalidate()
+        return gone
+
     def list_handlers(self, event: str | None = None) -> dict[str, list[str]]:
         """Handler names by event (one event, or all), in call order."""
         events = [event] if event is not None else sorted(self._handlers)

@@ -73,6 +73,20 @@ from .spec import ToolSpec
 
 log = logging.getLogger("amplifier_tools")
 
+#: This process's id, kept current in a child made by ``os.fork`` (``os.register_at_fork``): a call
+#: compares it with its host's, where ``os.getpid()`` would be a system call per call. A fork made
+#: around Python's ``os.fork`` (through ``ctypes``) is not seen.
+_process_id = os.getpid()
+
+
+def _forked() -> None:
+    global _process_id
+    _process_id = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forked)
+
 __all__ = ["ENTRY_POINT_GROUP", "ENV_CONFIG", "ENV_DISABLE", "ENV_LOAD", "ENV_TRACE", "SEED_ENTRY_POINT_GROUP",
            "FailedPlugin", "PluginInfo", "SeedModule", "ToolHost", "ToolMount"]
 
@@ -95,7 +109,7 @@ class ToolHost:
     ``installed_modules=False`` loads an installed Amplifier module (an ``amplifier.modules``
     entry point) only when the configuration's mount plan names it; the reverse direction
     (``amplifier_module``) uses it, since there the Amplifier session mounts its own modules.
-    Many calls may run concurrently on one host.
+    Many calls may run concurrently on one host, on the event loop it runs on (``_elsewhere``).
     """
 
     def __init__(
@@ -195,6 +209,15 @@ class ToolHost:
         self._pending: list[tuple[Any, PluginInfo, bool]] = []
         self._pipeline: CallPipeline | None = None
         self._closed = False
+        #: Set once the host's one ``start`` has ended (None: never begun); the task running it.
+        self._starting: asyncio.Event | None = None
+        self._starter: asyncio.Task[Any] | None = None
+        #: The event loop the host's calls run on, and the process it was started in (``_elsewhere``).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = _process_id
+        #: Set while a ``close()`` runs the cleanups (another one waits for it).
+        self._cleaning: asyncio.Event | None = None
+        self._cleaner: asyncio.Task[Any] | None = None
         self._default_context = self._make_default_context()
         # Host-level secrets (config ``secrets``) for plugins, e.g. the audit checkpoint key:
         # a callable name -> value that raises AuthError naming an unresolvable reference. What it
@@ -232,9 +255,37 @@ class ToolHost:
                                    "current directory)")
 
     async def start(self) -> None:
-        """Load every plugin and mount it; raises ``ConfigError``/``PluginLoadError``."""
+        """Load every plugin and mount it; raises ``ConfigError``/``PluginLoadError``.
+
+        A host starts once: a started host's ``start`` returns at once, one awaited while another
+        ``start`` of the host is under way waits for it (and raises ``ToolSystemError``
+        ``host_closed`` if that one failed), and a host that was closed, or whose start failed,
+        raises ``ToolSystemError`` ``host_closed`` (make a new ``ToolHost``). Found by attack: a
+        second ``start`` while the first mounted failed with "a plugin with this name is already
+        registered" and, closing, ran the first one's cleanups (the audit writer's: calls
+        succeeded unrecorded); a start after ``close`` failed with the same misleading error.
+        """
         if self._pipeline is not None:
             return
+        starting = self._starting
+        if starting is not None and not starting.is_set():
+            await starting.wait()
+            if self.started:  # the other start succeeded
+                return
+        if self._closed or starting is not None:
+            what = "was closed" if self._closed else "failed to start"
+            raise ToolSystemError(f"this host {what}; a ToolHost starts once: make a new ToolHost",
+                                  code="host_closed")
+        self._starting = asyncio.Event()
+        self._starter = asyncio.current_task()
+        try:
+            await self._start()
+        finally:
+            self._starting.set()
+            self._starter = None
+
+    async def _start(self) -> None:
+        """``start``'s work, run once."""
         try:
             self._check_working_dir()
             self._make_state_dir()
@@ -263,6 +314,7 @@ class ToolHost:
         if failed is not None:  # raised here, outside the handler: the original (holding the secret) is not its context
             raise failed
         default_timeout = self.config.get("default_timeout_ms", DEFAULT_TIMEOUT_MS) / 1000.0
+        self._loop, self._pid = asyncio.get_running_loop(), _process_id
         self._pipeline = CallPipeline(self.tools, self.dispatcher, default_timeout=default_timeout,
                                       secrets=self.secrets)
 
@@ -274,7 +326,9 @@ class ToolHost:
         0 cuts them at once, as a second Ctrl-C does) to finish; a call whose tool had
         not started yet is not started. The rest are cancelled; each ends in ``host_closing``
         and is recorded before the cleanups run (the audit writer's last: it mounts first).
-        A cleanup failure is logged and the next cleanup still runs.
+        A cleanup failure is logged and the next cleanup still runs. Two ``close()`` at once: one runs
+        the cleanups, the other returns once they have all run. Awaited while ``start`` is
+        under way, it waits for that start to end, then closes what it started.
 
         Awaited from inside one of this host's own calls (a tool or a hook), it raises
         ``ToolSystemError`` ``close_inside_call`` and changes nothing: it would wait for the call
@@ -282,7 +336,13 @@ class ToolHost:
         15 s, and the record lost). ``asyncio.ensure_future(host.close())`` closes the host once
         the call has ended.
         """
+        starting = self._starting
+        if starting is not None and not starting.is_set() and self._starter is not asyncio.current_task():
+            await starting.wait()  # a start under way ends first (found by attack: it then mounted on a closed host)
         pipeline = self._pipeline
+        elsewhere = self._elsewhere("close() was awaited") if pipeline is not None else None
+        if elsewhere is not None:
+            raise elsewhere
         if pipeline is not None:
             current = asyncio.current_task()
             if current is not None and any(task is current for task in pipeline.in_flight.values()):
@@ -303,16 +363,29 @@ class ToolHost:
         self._pipeline = None
         if pipeline is not None:
             self._closed = True
-        while self.cleanups:
-            plugin, cleanup = self.cleanups.pop()
-            try:
-                out = cleanup()
-                if inspect.isawaitable(out):
-                    await out
-            except Exception as exc:
-                # the traceback with the host's secrets out of its text (found by attack: a cleanup's
-                # error quoting a token went whole to the log)
-                log.error("cleanup of plugin %r failed", plugin, exc_info=chain_without_secrets(exc, self.secrets))
+        # One close() runs the cleanups, one at a time; another waits for it (found by attack: a second
+        # close() ran the next cleanups while the first's was still running, the audit writer's among
+        # them, and returned before it had ended).
+        if self._cleaning is not None and self._cleaner is asyncio.current_task():
+            return  # a cleanup closing its own host: the close running it goes on with the rest
+        while self._cleaning is not None:
+            await self._cleaning.wait()
+        self._cleaning, self._cleaner = asyncio.Event(), asyncio.current_task()
+        try:
+            while self.cleanups:
+                plugin, cleanup = self.cleanups.pop()
+                try:
+                    out = cleanup()
+                    if inspect.isawaitable(out):
+                        await out
+                except Exception as exc:
+                    # the traceback with the host's secrets out of its text (found by attack: a cleanup's
+                    # error quoting a token went whole to the log)
+                    log.error("cleanup of plugin %r failed", plugin,
+                              exc_info=chain_without_secrets(exc, self.secrets))
+        finally:
+            self._cleaning.set()
+            self._cleaning = self._cleaner = None
 
     # -- plugin loading -------------------------------------------------------
 
@@ -489,6 +562,9 @@ class ToolHost:
         own, _ = plugin_section(self.config, info.name)
         coordinator = Coordinator(self, info.name, seed=isinstance(plugin, SeedModule))
         tools_before = {m.spec.name for m in self.tools}
+        capabilities = dict(self.capabilities)
+        mounts = {point: dict(objects) for point, objects in self.mounts.items()}
+        contributors = {channel: list(entries) for channel, entries in self.contributors.items()}
         try:
             cleanup = await self.dispatcher.mount(plugin, coordinator, own)
             if isinstance(plugin, SeedModule) and plugin.returned_tool is not None \
@@ -498,6 +574,16 @@ class ToolHost:
             for mounted in list(self.tools):  # take back what the plugin mounted before failing
                 if mounted.plugin == info.name and mounted.spec.name not in tools_before:
                     self.tools.remove(mounted.spec.name)
+            # ... and the rest of what it offered: its Amplifier handlers, capabilities, mount points
+            # and contributions (found by attack: the handler of a plugin reported as failed, "continuing
+            # without it", went on denying every call). The cleanups it registered still run at close.
+            self.events.forget(info.name)
+            self.capabilities.clear()
+            self.capabilities.update(capabilities)
+            self.mounts.clear()
+            self.mounts.update(mounts)
+            self.contributors.clear()
+            self.contributors.update(contributors)
             self.plugin_manager.unregister(plugin)
             if isinstance(exc, ContractError) and exc.code == "duplicate_tool":
                 # Never fall back to another tool of the same name: a call would silently run the wrong one.
@@ -645,8 +731,9 @@ class ToolHost:
         """Run one call through the whole pipeline. Never raises on a bad call."""
         call = ToolCall(call_id or new_call_id(), name, {} if arguments is None else arguments)
         pipeline = self._pipeline
-        if pipeline is not None and context is None:  # the common call: nothing for ``execute`` to check
-            return await pipeline.run(call, self._default_context)
+        if pipeline is not None and context is None and asyncio.get_running_loop() is self._loop \
+                and _process_id == self._pid:
+            return await pipeline.run(call, self._default_context)  # the common call: nothing for ``execute`` to check
         return await self.execute(call, context)
 
     async def execute(self, call: ToolCall, context: ToolContext | None = None) -> ToolResult:
@@ -660,6 +747,8 @@ class ToolHost:
         elif pipeline is None:
             problem = ToolSystemError("the host is not started; use 'async with ToolHost() as host'",
                                       code="host_not_started")
+        elif (elsewhere := self._elsewhere("the call was made")) is not None:
+            problem = elsewhere
         elif not isinstance(given_call, ToolCall):
             problem = ContractError(f"execute() takes a ToolCall, got {type(given_call).__name__}",
                                     code="invalid_call")
@@ -682,6 +771,31 @@ class ToolHost:
                 context = attrs.evolve(context, session_id=context.session_id or self.session_id,
                                        secrets=None if resolver is None else self.secrets.recording(resolver))
         return await pipeline.run(call, context)
+
+    def _elsewhere(self, what: str) -> ToolSystemError | None:
+        """Why the running event loop may not use the host, or None (``what``: ``the call was made``,
+        ``close() was awaited``): it may on the loop the host runs on, and on any loop once that one
+        has stopped (a host started in one ``asyncio.run`` and used in the next), which the host then
+        runs on; never in a child made by ``os.fork``. Found by attack:
+        calls from a second thread's loop while the first ran were refused ``concurrency_limited``
+        after their whole wait (a slot freed on one loop never woke a waiter on the other), and
+        ``close()`` lost their records; in a child made by ``os.fork`` a call waited 10 s for the
+        audit writer's thread, which the child does not have, and ``close()`` ran the parent's
+        cleanups (its MCP servers', its sandboxes')."""
+        loop = asyncio.get_running_loop()
+        if _process_id != self._pid:
+            return ToolSystemError(f"{what} in a child process (os.fork) of the one the host was "
+                                   "started in; its plugins' threads, processes and locks are the parent's: "
+                                   "start a new ToolHost in the child", code="wrong_process")
+        if loop is self._loop:
+            return None
+        if self._loop is not None and self._loop.is_running() and not self._loop.is_closed():
+            return ToolSystemError(f"{what} on another event loop than the one the host runs on, which is "
+                                   "running in another thread; a host serves one event loop at a time: submit it "
+                                   "to the host's loop (asyncio.run_coroutine_threadsafe(..., loop))",
+                                   code="wrong_event_loop")
+        self._loop = loop
+        return None
 
     # -- introspection -----------------------------------------------------------
 
