@@ -64,7 +64,7 @@ from .loader import (
     seed_from_config,
     seed_from_entry_point,
 )
-from .models import ToolCall, ToolContext, ToolResult, new_call_id
+from .models import ToolCall, ToolContext, ToolResult, context_problem, new_call_id
 from .pipeline import CallPipeline
 from .redaction import RecordingResolver, SecretSet, chain_without_secrets, redact_text
 from .registry import ToolRegistry
@@ -755,6 +755,9 @@ class ToolHost:
         elif given_context is not None and not isinstance(given_context, ToolContext):
             problem = ContractError(f"context must be a ToolContext, got {type(given_context).__name__}",
                                     code="invalid_context")
+        elif given_context is not None and (wrong := context_problem(given_context)) is not None:
+            # A field set around ToolContext's constructor, which checks them (object.__setattr__).
+            problem = ContractError(f"context: {wrong}", code="invalid_context")
         if problem is not None or pipeline is None:
             assert problem is not None
             call_id = getattr(call, "id", None)

@@ -158,7 +158,58 @@ _set_fields = object.__setattr__
 
 
 def _frozen_scopes(scopes: Iterable[str]) -> frozenset[str]:
-    return scopes if type(scopes) is frozenset else frozenset(scopes)
+    """``scopes`` as a frozenset; ``TypeError`` for one string (found by attack: ``scopes="fs:read"``
+    became the scopes ``f``, ``s``, ``:``, ``r`` ...)."""
+    if type(scopes) is frozenset:
+        return scopes
+    if isinstance(scopes, (str, bytes)):
+        raise TypeError(f"ToolContext.scopes must be a collection of scope names, not one {type(scopes).__name__}: "
+                        f"write scopes={{{scopes!r}}}")
+    return frozenset(scopes)
+
+
+#: ``ToolContext`` fields that hold a string or None.
+_OPTIONAL_TEXT: Final = ("role", "environment", "idempotency_key", "call_id", "trace_id", "session_id")
+
+
+def context_problem(context: Any) -> Exception | None:
+    """What is wrong with the fields of ``context`` (a ``ToolContext``, typed ``Any``: its annotations say
+    what the fields should hold, this checks what they do), naming the field; None when nothing is."""
+    role, environment, key, call_id, trace_id, session = (context.role, context.environment, context.idempotency_key,
+                                                           context.call_id, context.trace_id, context.session_id)
+    deadline = context.deadline
+    if (context.principal.__class__ is str and (role is None or role.__class__ is str)
+            and (environment is None or environment.__class__ is str) and (key is None or key.__class__ is str)
+            and (call_id is None or call_id.__class__ is str) and (trace_id is None or trace_id.__class__ is str)
+            and (session is None or session.__class__ is str) and (deadline is None or (deadline.__class__ is float and deadline == deadline))
+            and context.attributes.__class__ is dict and context.trail.__class__ is list
+            and (context.secrets is None or context.secrets.__class__ is dict)
+            and (not context.scopes or all(scope.__class__ is str for scope in context.scopes))):
+        return None  # the common context, in one expression: this runs at every construction
+    if not isinstance(context.principal, str):
+        return TypeError(f"ToolContext.principal must be a str, got {type(context.principal).__name__}")
+    for name in _OPTIONAL_TEXT:
+        value = getattr(context, name)
+        if value is not None and not isinstance(value, str):
+            return TypeError(f"ToolContext.{name} must be a str or None, got {type(value).__name__}")
+    for scope in context.scopes:
+        if not isinstance(scope, str):
+            return TypeError(f"ToolContext.scopes must hold strings, got {type(scope).__name__} {scope!r}")
+    if deadline is not None:
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+            return TypeError(f"ToolContext.deadline must be a time.monotonic() reading (a float) or None, "
+                             f"got {type(deadline).__name__}; ToolContext.with_timeout(seconds) sets one")
+        if deadline != deadline:
+            return ValueError("ToolContext.deadline must not be NaN")
+    if not isinstance(context.attributes, Mapping):
+        return TypeError(f"ToolContext.attributes must be a mapping, got {type(context.attributes).__name__}")
+    secrets = context.secrets
+    if secrets is not None and not isinstance(secrets, Mapping) and not callable(secrets):
+        return TypeError(f"ToolContext.secrets must be a mapping or a callable (name -> value or None), "
+                         f"got {type(secrets).__name__}")
+    if not isinstance(context.trail, list):
+        return TypeError(f"ToolContext.trail must be a list, got {type(context.trail).__name__}")
+    return None
 
 
 @attrs.frozen(slots=False)
@@ -187,6 +238,15 @@ class ToolContext:
     session_id: str | None = None
     attributes: Mapping[str, Any] = attrs.field(factory=dict)
     trail: list[Decision] = attrs.field(factory=list, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        """Refuse a field of the wrong kind with ``TypeError`` (``ValueError`` for a NaN deadline)
+        naming it. Found by attack: ``deadline="soon"`` failed every call as the host's internal
+        error, ``deadline=nan`` ran calls with no deadline, and ``principal=5`` or ``attributes=5``
+        were taken as they were."""
+        problem = context_problem(self)
+        if problem is not None:
+            raise problem
 
     def with_timeout(self, seconds: float) -> ToolContext:
         """A copy whose deadline is ``seconds`` from now."""

@@ -104,7 +104,13 @@ async def test_a_call_with_scopes_of_mixed_types_is_still_recorded(tmp_path: Pat
     path = tmp_path / "audit" / "log.jsonl"
     async with ToolHost(config={"plugins": {"audit": {"path": str(path)}}}, plugins=[ToolsPlugin(Effect())],
                         builtins=["audit"], entry_points=False, working_dir=tmp_path / "work", discover=False) as host:
-        await host.call("effect", {}, context=ToolContext(principal="p", scopes=frozenset({"read", 1})))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="ToolContext.scopes must hold strings"):
+            ToolContext(principal="p", scopes=frozenset({"read", 1}))  # type: ignore[arg-type]
+        mixed = ToolContext(principal="p")  # set around the constructor: refused by the host, tool not run
+        object.__setattr__(mixed, "scopes", frozenset({"read", 1}))
+        refused = await host.call("effect", {}, context=mixed)
+        assert refused.error["code"] == "invalid_context" and "ToolContext.scopes" in refused.error["message"]
+        await host.call("effect", {}, context=ToolContext(principal="p", scopes={"read"}))
     assert ran == [True]
     lines = path.read_text().splitlines() if path.exists() else []
     assert len(lines) == 1 and json.loads(lines[0])["tool"] == "local::effect"

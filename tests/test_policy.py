@@ -601,14 +601,20 @@ async def test_a_time_budget_reserves_the_waits_between_retries_too() -> None:
         await host.close()
 
 
-async def test_a_principal_of_none_is_still_counted_by_a_per_principal_budget() -> None:
+async def test_a_principal_of_none_never_escapes_a_per_principal_budget() -> None:
     """Found by attack: ``principal=None`` skipped every per-principal budget (5 of 5 admitted with
-    a max_calls of 1); it is counted, apart from the principal named "None"."""
+    a max_calls of 1). ``ToolContext`` now refuses it, and the host refuses a context whose
+    principal was set around the constructor (``invalid_context``): no call escapes the count."""
     tool = Tool("b", policies={"budgets": [{"per": "principal", "max_calls": 1, "window_ms": 60_000}]})
     host = await host_with(tool)
     try:
-        nobody = ToolContext(principal=None)  # type: ignore[arg-type]  # what a careless caller passes
-        assert [(await host.call("b", {}, context=nobody)).success for _ in range(3)] == [True, False, False]
+        with pytest.raises(TypeError, match="ToolContext.principal must be a str"):
+            ToolContext(principal=None)  # type: ignore[arg-type]  # what a careless caller passes
+        nobody = ToolContext()  # set around the constructor: refused by the host, never uncounted
+        object.__setattr__(nobody, "principal", None)
+        assert [(await host.call("b", {}, context=nobody)).error["code"] for _ in range(2)] == ["invalid_context"] * 2
+        assert [(await host.call("b", {}, context=ToolContext(principal="x"))).success for _ in range(2)] == \
+            [True, False]
         assert (await host.call("b", {}, context=ToolContext(principal="None"))).success
     finally:
         await host.close()
