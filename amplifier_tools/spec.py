@@ -50,15 +50,40 @@ class IdempotencyKeyRequirement(str, enum.Enum):
     none = "none"
 
 
+def _number(attribute: attrs.Attribute[Any], value: Any, *, integer: bool = False) -> None:
+    """``TypeError`` naming the field unless ``value`` is an int (or, unless ``integer``, a float);
+    a bool is neither (found by attack: ``RetryPolicy(max_attempts=True)`` was one attempt, and
+    ``max_attempts=2.5`` failed a time budget's reservation with ``TypeError`` at every call)."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise TypeError(f"{attribute.name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+
+
 def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     # ``not value > 0`` also refuses NaN (it compares false with everything); infinity is refused too.
-    if value is not None and (not value > 0 or (isinstance(value, float) and not math.isfinite(value))):
+    if value is None:
+        return
+    _number(attribute, value)
+    if not value > 0 or (isinstance(value, float) and not math.isfinite(value)):
         raise ValueError(f"{attribute.name} must be positive and finite, got {value!r}")
 
 
+def _positive_int(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        _number(attribute, value, integer=True)
+    _positive(instance, attribute, value)
+
+
 def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None and (not value >= 0 or (isinstance(value, float) and not math.isfinite(value))):
+    if value is None:
+        return
+    _number(attribute, value)
+    if not value >= 0 or (isinstance(value, float) and not math.isfinite(value)):
         raise ValueError(f"{attribute.name} must not be negative, and must be finite, got {value!r}")
+
+
+def _flag(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):  # found by attack: jitter="no" turned jitter on
+        raise TypeError(f"{attribute.name} must be true or false, got {value!r}")
 
 
 @attrs.frozen(slots=True)
@@ -66,21 +91,21 @@ class RetryPolicy:
     """Automatic retries for retryable errors; only ever applied to ``Pure`` and
     keyed ``IdempotentWrite`` tools."""
 
-    max_attempts: int = attrs.field(default=3, validator=_positive)
+    max_attempts: int = attrs.field(default=3, validator=_positive_int)
     initial_backoff_ms: float = attrs.field(default=100.0, validator=_non_negative)
     max_backoff_ms: float = attrs.field(default=5_000.0, validator=_non_negative)
     multiplier: float = attrs.field(default=2.0, validator=_positive)
-    jitter: bool = True
+    jitter: bool = attrs.field(default=True, validator=_flag)
 
 
 @attrs.frozen(slots=True)
 class RateLimit:
     """At most ``limit`` calls per ``interval_ms``, per tool or per principal."""
 
-    limit: int = attrs.field(validator=_positive)
+    limit: int = attrs.field(validator=_positive_int)
     interval_ms: float = attrs.field(default=1_000.0, validator=_positive)
     per: str = attrs.field(default="tool", validator=attrs.validators.in_(("tool", "principal")))
-    queue: bool = False
+    queue: bool = attrs.field(default=False, validator=_flag)
 
 
 @attrs.frozen(slots=True)
@@ -88,8 +113,8 @@ class ConcurrencyPolicy:
     """At most ``limit`` calls in flight; excess calls queue until their deadline
     (``queue=True``) or are rejected at once."""
 
-    limit: int = attrs.field(validator=_positive)
-    queue: bool = True
+    limit: int = attrs.field(validator=_positive_int)
+    queue: bool = attrs.field(default=True, validator=_flag)
 
 
 @attrs.frozen(slots=True)
@@ -97,14 +122,16 @@ class CircuitBreakerPolicy:
     """Open after ``failure_threshold`` failures (or ``failure_rate`` over at
     least ``min_calls``) within ``window_ms``; probe again after ``cooldown_ms``."""
 
-    failure_threshold: int = attrs.field(default=5, validator=_positive)
+    failure_threshold: int = attrs.field(default=5, validator=_positive_int)
     failure_rate: float | None = attrs.field(default=None)
-    min_calls: int = attrs.field(default=10, validator=_positive)
+    min_calls: int = attrs.field(default=10, validator=_positive_int)
     window_ms: float = attrs.field(default=60_000.0, validator=_positive)
     cooldown_ms: float = attrs.field(default=30_000.0, validator=_positive)
 
     @failure_rate.validator
     def _check_rate(self, attribute: attrs.Attribute[Any], value: float | None) -> None:
+        if value is not None:
+            _number(attribute, value)
         if value is not None and not 0.0 < value <= 1.0:
             raise ValueError(f"failure_rate must be in (0, 1], got {value!r}")
 
@@ -114,7 +141,7 @@ class Budget:
     """Calls and execution seconds allowed per principal, role or environment per window."""
 
     per: str = attrs.field(validator=attrs.validators.in_(("principal", "role", "environment")))
-    max_calls: int | None = attrs.field(default=None, validator=_positive)
+    max_calls: int | None = attrs.field(default=None, validator=_positive_int)
     max_seconds: float | None = attrs.field(default=None, validator=_positive)
     window_ms: float = attrs.field(default=3_600_000.0, validator=_positive)
 

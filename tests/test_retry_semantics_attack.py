@@ -15,6 +15,7 @@ from helpers import ToolsPlugin
 
 from amplifier_tools import ExecutionError, PluginLoadError, ToolContext, ToolHost, ToolResult, ToolSpec
 from amplifier_tools.builtins.policy import PolicyPlugin
+from amplifier_tools.spec import Budget, CircuitBreakerPolicy, ConcurrencyPolicy, RateLimit, RetryPolicy
 
 
 class FakeClock:
@@ -191,3 +192,28 @@ def test_a_contracts_retry_policy_of_the_wrong_type_is_refused_naming_the_field(
 
     with pytest.raises(PluginLoadError, match="tool 'lookup' has an invalid contract: .*" + re.escape(message)):
         asyncio.run(start())
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: RetryPolicy(max_attempts=True), "max_attempts must be an integer, got True"),
+    (lambda: RetryPolicy(max_attempts=2.5), "max_attempts must be an integer, got 2.5"),
+    (lambda: RetryPolicy(initial_backoff_ms="1"), "initial_backoff_ms must be a number, got '1'"),
+    (lambda: RetryPolicy(jitter="no"), "jitter must be true or false, got 'no'"),
+    (lambda: RateLimit(limit="3"), "limit must be an integer, got '3'"),
+    (lambda: ConcurrencyPolicy(limit=2, queue=1), "queue must be true or false, got 1"),
+    (lambda: CircuitBreakerPolicy(failure_rate="half"), "failure_rate must be a number, got 'half'"),
+    (lambda: Budget(per="principal", max_seconds=True), "max_seconds must be a number, got True"),
+])
+def test_a_policy_object_of_the_wrong_type_is_refused_naming_the_field(build: Any, message: str) -> None:
+    """Found by review of the attack above: the policy classes themselves took ``max_attempts=True``
+    (one attempt), ``2.5`` (a time budget's reservation then raised ``TypeError`` at every call) and
+    ``jitter="no"`` (jitter on); only plain data was checked."""
+    with pytest.raises(TypeError) as refused:
+        build()
+    assert str(refused.value) == message
+
+
+def test_policy_objects_of_the_right_types_are_taken() -> None:
+    assert RetryPolicy(max_attempts=2, initial_backoff_ms=0, max_backoff_ms=10, multiplier=1.5, jitter=False)
+    assert Budget(per="principal", max_calls=3, max_seconds=1, window_ms=1000)
+    assert CircuitBreakerPolicy(failure_rate=1, min_calls=2)
