@@ -181,7 +181,8 @@ def context_problem(context: Any) -> Exception | None:
     if (context.principal.__class__ is str and (role is None or role.__class__ is str)
             and (environment is None or environment.__class__ is str) and (key is None or key.__class__ is str)
             and (call_id is None or call_id.__class__ is str) and (trace_id is None or trace_id.__class__ is str)
-            and (session is None or session.__class__ is str) and (deadline is None or (deadline.__class__ is float and deadline == deadline))
+            and (session is None or session.__class__ is str)
+            and (deadline is None or (deadline.__class__ is float and deadline == deadline))  # NaN != NaN
             and context.attributes.__class__ is dict and context.trail.__class__ is list
             and (context.secrets is None or context.secrets.__class__ is dict)
             and (not context.scopes or all(scope.__class__ is str for scope in context.scopes))):
