@@ -42,6 +42,8 @@ from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
 from .settings import ServerSettings
 from .transport import (
+    MALFORMED,
+    MALFORMED_MARK,
     MAX_UNANSWERED_REQUESTS,
     TOO_MANY_BLOCKS,
     TOO_MANY_BLOCKS_MARK,
@@ -53,7 +55,6 @@ from .transport import (
 log = logging.getLogger("amplifier_tools.mcp")
 
 CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__version__)
-_DEAD_CODES: Final = frozenset({mcp_types.CONNECTION_CLOSED})
 #: Host variables every server gets unless ``env`` sets them: where programs are and how text is
 #: encoded, nothing secret. ``HOME`` is not among them (it leads to credentials).
 BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -189,9 +190,7 @@ class ServerConnection:
                     if not cursor:
                         break
                 self.server_info = init.server_info
-                self.definitions = {
-                    tool.name: tool.model_dump(by_alias=True, mode="json", exclude_none=True) for tool in tools
-                }
+                self.definitions = self._definitions(tools)
                 self.hashes = {name: definition_hash(d) for name, d in self.definitions.items()}
                 self._session = session
                 ready.set_result(None)
@@ -208,6 +207,21 @@ class ServerConnection:
                 raise
         finally:
             self._session = None
+
+    def _definitions(self, tools: Iterable[mcp_types.Tool]) -> dict[str, dict[str, Any]]:
+        """The listed tools' definitions by name; a ``ContractError`` (``mcp_duplicate_tool``) naming the
+        server and the tool when one name is listed with two different definitions: the host would
+        mount (and pin, and show the model) the last one, while which one a call runs is the
+        server's choice. The same definition listed twice (pages that overlap) is one tool."""
+        definitions: dict[str, dict[str, Any]] = {}
+        for tool in tools:
+            definition = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if definitions.setdefault(tool.name, definition) != definition:
+                raise ContractError(
+                    f"MCP server {self.name!r} lists tool {tool.name!r} twice, with different definitions "
+                    "(a pin and the model would see only one of them)", code="mcp_duplicate_tool",
+                    server=self.name, tool=tool.name)
+        return definitions
 
     async def close(self) -> None:
         """Stop the server; its process group is gone when this returns."""
@@ -297,12 +311,15 @@ class ServerConnection:
             return await session.send_request(request, mcp_types.CallToolResult,
                                               request_read_timeout_seconds=timeout, progress_callback=progress)
         except MCPError as exc:
-            if exc.code in _DEAD_CODES or not self.alive:
+            if _connection_closed(exc) or not self.alive:
                 raise self._died(exc) from None
             data = exc.error.data
             if exc.code == TOO_MANY_BLOCKS and isinstance(data, dict) and data.get("reason") == TOO_MANY_BLOCKS_MARK:
                 raise self.too_many_blocks(data.get("blocks")) from None
-            if exc.code == mcp_types.REQUEST_TIMEOUT:
+            if exc.code == MALFORMED and isinstance(data, dict) and data.get("reason") == MALFORMED_MARK:
+                raise ExecutionError(f"MCP server {self.name!r} sent a malformed tools/call response: "
+                                     f"{data.get('problem')}", code="mcp_protocol_error") from None
+            if exc.code == mcp_types.REQUEST_TIMEOUT and timeout is not None:  # else it is the server's own error
                 raise PolicyError(f"MCP server {self.name!r} did not answer in time",
                                   code="timeout") from None
             raise ExecutionError(f"MCP server {self.name!r} returned error {exc.code}: {exc.message}",
@@ -403,6 +420,17 @@ class McpTool:
                        "code": error.code, "message": error.message, "retryable": error.retryable,
                        "cause": error.cause}
             return ToolResult(False, None, payload, {"mcp": self.call_metadata()})
+
+
+def _connection_closed(exc: MCPError) -> bool:
+    """Whether ``exc`` is the SDK's own word that the connection ended under the request
+    (``CONNECTION_CLOSED``, exactly ``Connection closed``, no data). A server's error answer may
+    carry the same code, -32000 — the first of JSON-RPC's "server error" codes, which servers use
+    for any failure — and was taken for a death: the healthy server was stopped and restarted, and
+    after ``max_restarts`` such answers its tools were unavailable for the host's lifetime (found
+    by attack). A server answering exactly the SDK's words is still taken for dead, no worse than
+    a server that exits."""
+    return exc.code == mcp_types.CONNECTION_CLOSED and exc.message == "Connection closed" and exc.error.data is None
 
 
 def _malformed(exc: ValueError, secrets: Collection[str] | SecretSet) -> str:

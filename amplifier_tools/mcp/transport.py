@@ -24,7 +24,10 @@ the stream ends and the calls in flight fail at once. A response whose result ca
 than ``max_content_blocks`` content blocks is answered, in its place, by a JSON-RPC error
 (``TOO_MANY_BLOCKS``) before the SDK validates it: validating 600,000 tiny blocks held the
 event loop for seconds and took a gigabyte. A byte count of ``"type"`` keys is the cheap test;
-only a message that passes it is parsed (stdlib ``json``) to count the blocks exactly.
+only a message that passes it is parsed (stdlib ``json``) to count the blocks exactly. A
+response to one of our requests that the SDK cannot read (its ``result`` no object, say) is
+answered in its place by a JSON-RPC error (``MALFORMED``) too: the SDK drops it, and the call
+waited for its timeout.
 
 Limits: if the host process itself is SIGKILLed, nothing here runs; a server
 then sees EOF on stdin (well-behaved servers exit) but its children may stay.
@@ -33,6 +36,7 @@ What the process-tree kill does not cover is in :mod:`.processes`. POSIX only.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -48,7 +52,7 @@ import anyio
 import anyio.abc
 import mcp_types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.shared.message import SessionMessage
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .processes import kill_descendants, kill_pinned, pin_descendants, subreaper_argv, subreaper_available
 
@@ -70,6 +74,10 @@ STDERR_TAIL_BYTES: Final = 4096
 #: names ``TOO_MANY_BLOCKS_MARK``; ``blocks``, ``limit``).
 TOO_MANY_BLOCKS: Final = -32099
 TOO_MANY_BLOCKS_MARK: Final = "amplifier-tools/too-many-content-blocks"
+#: The code of the JSON-RPC error put in place of a response the SDK cannot read (``data`` names
+#: ``MALFORMED_MARK``; ``problem`` says what is wrong, never the values).
+MALFORMED: Final = -32098
+MALFORMED_MARK: Final = "amplifier-tools/malformed-response"
 
 ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
 WriteStream = MemoryObjectSendStream[SessionMessage]
@@ -80,7 +88,47 @@ def _parse(line: bytearray) -> SessionMessage | Exception:
         text = line.decode("utf-8", errors="replace")
         return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False))
     except ValueError as exc:  # the session surfaces it to its message handler
-        return exc
+        return _malformed_response(line) or exc
+
+
+def _loads(line: bytearray) -> object:
+    """``line`` parsed by the stdlib, or None when it is no JSON it can parse: nested past the
+    interpreter's recursion limit, it raises ``RecursionError``, which stopped the reader (and the
+    session: the healthy server was taken for dead)."""
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _request_id(message: object) -> str | int | None:
+    """The ``id`` of a JSON-RPC message, when it is one a request of ours could have (else None)."""
+    rid = message.get("id") if isinstance(message, dict) else None
+    return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+
+
+def _malformed_response(line: bytearray) -> SessionMessage | None:
+    """An error response (``MALFORMED``) in place of a response to one of our requests that the
+    SDK cannot read — a ``result`` that is no object, an ``error`` whose ``message`` is no string:
+    the SDK drops such a message without a word, and the call waited for its whole timeout. None
+    for anything else (not JSON, a request, no usable ``id``), which the SDK reports as before."""
+    message = _loads(line)
+    rid = _request_id(message)
+    if not isinstance(message, dict) or rid is None or "method" in message \
+            or not ("result" in message or "error" in message):
+        return None
+    error = message.get("error")
+    code = error.get("code") if isinstance(error, dict) else None
+    if "error" in message and not (isinstance(error, dict) and isinstance(code, int) and not isinstance(code, bool)
+                                   and isinstance(error.get("message"), str)):
+        problem = "its error is not an object with an integer code and a string message"
+    elif "result" in message and not isinstance(message["result"], dict):
+        problem = "its result is not an object"
+    else:
+        problem = "it is not a JSON-RPC 2.0 response"
+    data = mcp_types.ErrorData(code=MALFORMED, message=f"malformed response: {problem}",
+                               data={"reason": MALFORMED_MARK, "problem": problem})
+    return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=data))
 
 
 def _too_many_blocks(line: bytearray, limit: int) -> SessionMessage | None:
@@ -89,17 +137,15 @@ def _too_many_blocks(line: bytearray, limit: int) -> SessionMessage | None:
     more than ``limit`` of them passes without being parsed."""
     if line.count(b'"type"') <= limit:
         return None
-    try:
-        message = json.loads(line)
-    except ValueError:
-        return None  # the SDK reports it
+    message = _loads(line)  # None: the SDK reports it
     result = message.get("result") if isinstance(message, dict) else None
     content = result.get("content") if isinstance(result, dict) else None
-    if not isinstance(content, list) or len(content) <= limit or "id" not in message:
+    rid = _request_id(message)  # an id no request has (a list, say) could not be answered: the SDK reports it
+    if not isinstance(content, list) or len(content) <= limit or rid is None:
         return None
     error = mcp_types.ErrorData(code=TOO_MANY_BLOCKS, message=f"{len(content)} content blocks",
                                 data={"reason": TOO_MANY_BLOCKS_MARK, "blocks": len(content), "limit": limit})
-    return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=message["id"], error=error))
+    return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=error))
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> bool:
@@ -122,6 +168,21 @@ async def _sweep(pid: int) -> None:
     await anyio.to_thread.run_sync(kill_descendants, pid)
 
 
+async def _retrieve_stdin_failure(process: anyio.abc.Process) -> None:
+    """On Python 3.10, asyncio keeps the error of a stdin pipe that broke under a write (the
+    server killed while our answers filled its pipe: a request flood) in a future that only
+    ``wait_closed()`` retrieves, and logs ``Future exception was never retrieved`` when it is
+    collected (3.11 does not log it). Retrieve it here: the error is the server's end, not ours.
+    A best effort through anyio's wrapper of the asyncio stream; nothing on other versions."""
+    writer = getattr(process.stdin, "_stream", None)
+    if sys.version_info >= (3, 11) or not isinstance(writer, asyncio.StreamWriter):
+        return
+    # Shielded: cut short, the wait must not cancel asyncio's own future (its later result would
+    # then fail to be set); the shield retrieves what the wait ends with.
+    with anyio.move_on_after(STDERR_DRAIN_S), suppress(OSError, RuntimeError):
+        await asyncio.shield(writer.wait_closed())
+
+
 async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = None) -> None:
     # Its children may exit gracefully while the server does (an `npx` server is a child of
     # npx), but they are pinned first: once the server has exited they are no longer under it.
@@ -129,6 +190,7 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         if process.stdin is not None:
             await process.stdin.aclose()
+    await _retrieve_stdin_failure(process)
     if not await _wait_exit(process, EXIT_GRACE_S):
         await _sweep(process.pid)
         kill_group(process.pid, signal.SIGTERM)
@@ -253,6 +315,14 @@ class StdioServer:
         #: Set when ``unanswered`` passed ``MAX_UNANSWERED_REQUESTS`` (the server was stopped).
         self.flooded = False
 
+    async def settled_unanswered(self) -> None:
+        """Called by the SDK when a request of the server's settled with no answer written (the
+        server cancelled it). Counting down on the server's ``notifications/cancelled`` instead let
+        a server hide a flood: each ``ping`` sent with a cancellation of an id that never was kept
+        the count at 1 while thousands of answers waited (found by attack)."""
+        if self.unanswered:
+            self.unanswered -= 1
+
 
 def _resolve(command: str, env: Mapping[str, str], cwd: str | None) -> str:
     """``command`` as the child would find it (``PATH`` from ``env``), or ``FileNotFoundError``."""
@@ -326,9 +396,10 @@ async def stdio_process(
                                 if server.unanswered > MAX_UNANSWERED_REQUESTS:
                                     server.flooded = True
                                     break
-                            elif isinstance(inner, mcp_types.JSONRPCNotification) and server.unanswered \
-                                    and inner.method == "notifications/cancelled":
-                                server.unanswered -= 1  # a request it cancelled gets no answer
+                                # Not counted down for a notifications/cancelled, which may name any id:
+                                # the SDK says when a request settles with no answer written.
+                                message = SessionMessage(inner, ServerMessageMetadata(
+                                    on_request_unanswered=server.settled_unanswered))
                             await read_send.send(message)
                     if server.flooded:  # broken like an oversized message: its tree goes, the stream ends
                         await _sweep(process.pid)
