@@ -135,6 +135,7 @@ class CallPipeline:
             present = self.hooks.present()  # which hooks have implementations (cached; asked again below)
             events = "tool_event" in present
             ending = False  # the tool_post or tool_error chain has begun: the other must never run
+            tries: list[int] | None = None  # under a retry policy: how many attempts have begun
             try:
                 if self.closing:
                     raise _closing_error("the host is closing; no new calls are admitted")
@@ -155,8 +156,9 @@ class CallPipeline:
                 if _swallowed(ctx, task, requests):  # by a tool_pre hook: do not start the tool
                     raise asyncio.CancelledError
                 if spec.policies.retry is not None and retry_allowed(spec, ctx):
+                    tries = [0]
                     try:
-                        result = await self._execute_with_retries(mounted, call, ctx, task, requests)
+                        result = await self._execute_with_retries(mounted, call, ctx, task, requests, tries)
                     except ToolError as failed:
                         kept_output = failed.details.pop("output", None)
                         raise
@@ -189,10 +191,12 @@ class CallPipeline:
                     raise asyncio.CancelledError
             except ToolError as error:
                 if _swallowed(ctx, task, requests):
-                    return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
+                    return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending,
+                                                 attempts=tries[0] if tries else None)
                 failure: ToolError | None = error
             except asyncio.CancelledError:
-                return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending)
+                return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending,
+                                             attempts=tries[0] if tries else None)
             except Exception as exc:  # a host bug must still end as a typed result
                 log.exception("unexpected failure %s %r", "ending" if ending else "running", call.name)
                 failure = _internal(exc)
@@ -267,7 +271,7 @@ class CallPipeline:
 
     async def _cancelled(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, started: float,
-        number: int, requests: int, *, errors_ran: bool,
+        number: int, requests: int, *, errors_ran: bool, attempts: int | None = None,
     ) -> ToolResult:
         """End a call whose task was cancelled: ``tool_error`` (unless an ending chain already
         began), ``tool_complete`` and the record, in a task a second cancellation cannot stop.
@@ -282,6 +286,8 @@ class CallPipeline:
         else:
             error = ToolSystemError(f"call to {call.name!r} was cancelled", code="cancelled")
         ctx.record("host", "execute", "cut" if by_close else "cancelled", error.message)
+        if attempts:  # a retried call cancelled in its second attempt or later, or in a wait between them
+            error.attempts = attempts
 
         async def finish() -> ToolResult:
             if errors_ran:
@@ -358,8 +364,10 @@ class CallPipeline:
         return error_from_exception(exc, mounted.spec.name)
 
     async def _execute_with_retries(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext,
-                                    task: asyncio.Task[Any] | None, requests: int) -> ToolResult:
-        """``_execute`` under the spec's retry policy; the result reports ``attempts``.
+                                    task: asyncio.Task[Any] | None, requests: int, tries: list[int]) -> ToolResult:
+        """``_execute`` under the spec's retry policy; the result reports ``attempts``, and ``tries``
+        counts the attempts begun, for a call cancelled before the retries end (found by review: it
+        was recorded as one attempt after two had run).
 
         The output of a tool-reported failure is kept on the error raised after the last attempt.
         An attempt that swallowed the call's cancellation ends the retries as cancelled.
@@ -367,6 +375,7 @@ class CallPipeline:
         spec = mounted.spec
 
         async def attempt() -> ToolResult:
+            tries[0] += 1
             try:
                 outcome = await self._execute(mounted, call, ctx)
             except ToolError:

@@ -217,3 +217,43 @@ def test_policy_objects_of_the_right_types_are_taken() -> None:
     assert RetryPolicy(max_attempts=2, initial_backoff_ms=0, max_backoff_ms=10, multiplier=1.5, jitter=False)
     assert Budget(per="principal", max_calls=3, max_seconds=1, window_ms=1000)
     assert CircuitBreakerPolicy(failure_rate=1, min_calls=2)
+
+
+class SecondAttemptSignals(Flaky):
+    """Fails retryably; ``second`` is set when the second attempt begins, which hangs when
+    ``hang_second`` (until cancelled)."""
+
+    def __init__(self, *args: Any, hang_second: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.second, self.hang_second = asyncio.Event(), hang_second
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        if self.runs == 1:
+            self.second.set()
+            if self.hang_second:
+                self.runs += 1
+                await asyncio.Event().wait()
+        return await super().execute(input)
+
+
+@pytest.mark.parametrize("where", ["in-the-wait", "in-the-attempt"])
+async def test_a_retried_call_cancelled_after_its_first_attempt_reports_the_attempts_begun(
+        tmp_path: Path, where: str) -> None:
+    """Found by review of the attack above: cancelled in the wait after its second attempt (or
+    during that attempt), a call was recorded as one attempt."""
+    tool = SecondAttemptSignals("lookup", hang_second=where == "in-the-attempt", policies={
+        "retry": {"max_attempts": 5, "initial_backoff_ms": 1, "max_backoff_ms": 60_000, "multiplier": 60_000,
+                  "jitter": False}})  # 1 ms after the first attempt, 60 s after the second
+    async with ToolHost(plugins=[ToolsPlugin(tool)], builtins=["audit"], entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        call = asyncio.ensure_future(host.call("lookup", {}))
+        await tool.second.wait()
+        for _ in range(5):  # on into the second attempt's failure and the wait after it
+            await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        log = host.state_dir / "audit.jsonl"
+    assert tool.runs == 2
+    [record] = _call_records(log)
+    assert record["error"]["code"] == "cancelled" and record["attempts"] == 2
