@@ -159,8 +159,8 @@ class CallPipeline:
                     tries = [0]
                     try:
                         result = await self._execute_with_retries(mounted, call, ctx, task, requests, tries)
-                    except ToolError as failed:
-                        kept_output = failed.details.pop("output", None)
+                    except ToolError as failed:  # the output of a failure the tool reported, as below
+                        kept_output = failed.reported.output if isinstance(failed.reported, ToolResult) else None
                         raise
                 else:
                     begun = self._begin(mounted, call, ctx)
@@ -369,7 +369,9 @@ class CallPipeline:
         counts the attempts begun, for a call cancelled before the retries end (found by review: it
         was recorded as one attempt after two had run).
 
-        The output of a tool-reported failure is kept on the error raised after the last attempt.
+        The result of a tool-reported failure is the ``reported`` of the error raised after the last
+        attempt (found by review: its output went through the error's details, where a tool's own
+        ``output=`` detail of a raised error was taken for it).
         An attempt that swallowed the call's cancellation ends the retries as cancelled.
         """
         spec = mounted.spec
@@ -385,9 +387,7 @@ class CallPipeline:
             if not outcome.success:
                 if _swallowed(ctx, task, requests):  # found by attack: a returned failure was retried
                     raise asyncio.CancelledError
-                error = error_from_result(outcome, spec.name)
-                error.details.setdefault("output", outcome.output)
-                raise error
+                raise error_from_result(outcome, spec.name)  # its ``reported``: the result, output and all
             return outcome
 
         def note(number: int, error: ToolError) -> None:

@@ -257,3 +257,25 @@ async def test_a_retried_call_cancelled_after_its_first_attempt_reports_the_atte
     assert tool.runs == 2
     [record] = _call_records(log)
     assert record["error"]["code"] == "cancelled" and record["attempts"] == 2
+
+
+class RaisesWithAnOutputDetail:
+    """Raises a retryable error whose own details name an ``output``."""
+
+    def __init__(self, retry: bool) -> None:
+        policies = {"retry": {"max_attempts": 2, "initial_backoff_ms": 1, "max_backoff_ms": 1}} if retry else {}
+        self.spec = ToolSpec(name="detail", description="d", effect="Pure", policies=policies)
+        self.name, self.description = "detail", "d"
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        raise ExecutionError("boom", code="boom", retryable=True, output="a detail of its own")
+
+
+@pytest.mark.parametrize("retry", [False, True], ids=["without-retries", "with-retries"])
+async def test_a_raised_errors_output_detail_stays_in_the_error_with_or_without_retries(retry: bool) -> None:
+    """Found by the attack above: with a retry policy, the detail became the result's output (the
+    path without retries kept it in the error)."""
+    async with ToolHost(plugins=[ToolsPlugin(RaisesWithAnOutputDetail(retry))], builtins=False,
+                        entry_points=False, discover=False) as host:
+        result = await host.call("detail", {})
+    assert result.output is None and result.error["output"] == "a detail of its own"
