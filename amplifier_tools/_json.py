@@ -147,7 +147,7 @@ def _safe_repr(value: Any) -> str:
         return f"<{type(value).__name__}>"
 
 
-def json_text(value: Any, *, indent: int | None = None) -> str:
+def json_text(value: Any, *, indent: int | None = None, ensure_ascii: bool = False) -> str:
     """``value`` as JSON text that a strict parser reads (RFC 8259 has no ``NaN`` or ``Infinity``):
     for a model, a terminal or an MCP client. As the stdlib writes it (``ensure_ascii=False``, an
     object JSON has no type for as its ``str()``) when it can; else as ``encodable`` renders the
@@ -158,11 +158,13 @@ def json_text(value: Any, *, indent: int | None = None) -> str:
     The one rule for a tool's output as text: ``ToolResult.get_serialized_output``, ``amplifier-tools
     call`` (with ``--json`` too) and serve-mcp's text and ``structuredContent`` use it (found by
     attack: NaN was written as ``NaN``, which JSON parsers refuse, and ``call --json`` failed as
-    "a bug" on a long integer or a cycle after the call had succeeded)."""
+    "a bug" on a long integer or a cycle after the call had succeeded). ``ensure_ascii`` escapes
+    what is not ASCII, for a stream that may not encode it (``call --json``'s stdout)."""
     try:
-        return json.dumps(value, ensure_ascii=False, default=str, allow_nan=False, indent=indent)
+        return json.dumps(value, ensure_ascii=ensure_ascii, default=str, allow_nan=False, indent=indent)
     except Exception:  # ValueError (a non-finite float, a long integer, a cycle), RecursionError, a hostile __str__
-        return json.dumps(encodable(value, []), ensure_ascii=False, default=str, allow_nan=False, indent=indent)
+        return json.dumps(encodable(value, []), ensure_ascii=ensure_ascii, default=str, allow_nan=False,
+                          indent=indent)
 
 
 def encodable(value: Any, altered: list[str], where: str = "") -> Any:

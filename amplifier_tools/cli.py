@@ -584,8 +584,10 @@ def _print_result(result: ToolResult, *, as_json: bool, verbose: bool = False, t
         from ._json import json_text
 
         # The fields as they are, not through cattrs: a tool's output and metadata are its own data
-        # (found by attack: cattrs recursed without end into an output holding itself).
-        print(json_text(attrs.asdict(result, recurse=False), indent=2))
+        # (found by attack: cattrs recursed without end into an output holding itself). Escaped to
+        # ASCII, as it always was: a stdout that cannot encode the output (PYTHONIOENCODING=ascii, a
+        # Latin-1 locale) failed the succeeded call as "a bug" (found by review).
+        print(json_text(attrs.asdict(result, recurse=False), indent=2, ensure_ascii=True))
     elif result.success or result.output not in (None, "", {}, []):
         _print_output(result)
     if result.success:
@@ -598,7 +600,7 @@ def _print_result(result: ToolResult, *, as_json: bool, verbose: bool = False, t
     if verbose:
         from ._json import json_text
 
-        print(json_text(error, indent=2), file=sys.stderr)
+        print(json_text(error, indent=2, ensure_ascii=True), file=sys.stderr)
     print(f"hint: {_call_hint(error, tool)}", file=sys.stderr)
 
 

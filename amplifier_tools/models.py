@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any, Final, Union
 
 import attrs
@@ -185,6 +186,7 @@ def context_problem(context: Any) -> Exception | None:
             and (deadline is None or (deadline.__class__ is float and deadline == deadline))  # NaN != NaN
             and context.attributes.__class__ is dict and context.trail.__class__ is list
             and (context.secrets is None or context.secrets.__class__ is dict)
+            and context.scopes.__class__ is frozenset
             and (not context.scopes or all(scope.__class__ is str for scope in context.scopes))):
         return None  # the common context, in one expression: this runs at every construction
     if not isinstance(context.principal, str):
@@ -193,6 +195,8 @@ def context_problem(context: Any) -> Exception | None:
         value = getattr(context, name)
         if value is not None and not isinstance(value, str):
             return TypeError(f"ToolContext.{name} must be a str or None, got {type(value).__name__}")
+    if not isinstance(context.scopes, AbstractSet):  # the constructor makes one; found by review: 5 raised out of call
+        return TypeError(f"ToolContext.scopes must be a set of scope names, got {type(context.scopes).__name__}")
     for scope in context.scopes:
         if not isinstance(scope, str):
             return TypeError(f"ToolContext.scopes must hold strings, got {type(scope).__name__} {scope!r}")
