@@ -93,6 +93,20 @@ class _Candidate:
     seed_config: dict[str, Any] = attrs.field(factory=dict)
 
 
+#: What importing, instantiating or mounting a target may raise that is its failed check, not the
+#: checker's end: ``SystemExit`` too (found by attack: a module calling ``sys.exit(3)`` at import, a
+#: class in ``__init__``, a ``mount``, ended ``validate`` with the target's status, no report and,
+#: with ``--json``, no JSON). ``KeyboardInterrupt`` stays the user's Ctrl-C.
+_LOAD_FAILURES = (Exception, SystemExit)
+
+
+def _failure(exc: BaseException) -> str:
+    """A failed import, instantiation or mount as a report line says it."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -117,7 +131,11 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
     if not isinstance(target, str):
         if isinstance(target, type) and _has_hooks(target):
             cls = target
-            target = instantiate(lambda: cls)
+            try:
+                target = instantiate(lambda: cls)
+            except _LOAD_FAILURES as exc:
+                report.add("importable", False, f"instantiating {cls.__qualname__}: {_failure(exc)}")
+                return []
         if callable(getattr(target, "execute", None)) and not _has_hooks(target):
             return [_Candidate("tool-under-test", _wrap_tool(target))]
         return [_Candidate(plugin_name(target), target)]
@@ -138,8 +156,8 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
             try:
                 # One implementation of "what an entry point yields" with the host: a class is instantiated.
                 loaded = instantiate(ep.load) if group == PROJECT_NAME else ep.load()
-            except Exception as exc:
-                report.add(f"{label}importable", False, f"{origin}: {type(exc).__name__}: {exc}")
+            except _LOAD_FAILURES as exc:
+                report.add(f"{label}importable", False, f"{origin}: {_failure(exc)}")
                 continue
             report.add(f"{label}importable", True, origin)
             candidates.append(_Candidate(ep.name, loaded))
@@ -147,11 +165,11 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
     module_name, _, attribute = target.partition(":")
     try:
         loaded = load_target(target)
-    except Exception as exc:
+    except _LOAD_FAILURES as exc:
         note = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module_name and not attribute:
             note = " (nor is it the name of an installed entry point or distribution)"
-        report.add("importable", False, f"{type(exc).__name__}: {exc}{note}")
+        report.add("importable", False, f"{_failure(exc)}{note}")
         return []
     report.add("importable", True, f"{'object' if attribute else 'module'} {target}")
     if callable(getattr(loaded, "execute", None)) and not _has_hooks(loaded) and not isinstance(loaded, ModuleType):
@@ -258,6 +276,9 @@ async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run
                     message += (f" -- the plugin needs config key '{cause.key}', and no {where} section was "
                                 "found (pass a config file with --config)")
             report.add(check, False, message)
+            return
+        except SystemExit as exc:  # the host closed itself before re-raising it
+            report.add(check, False, f"plugin {registered!r}: failed to mount: {_failure(exc)}")
             return
         try:
             if registered not in {info.name for info in host.plugins}:

@@ -50,6 +50,10 @@ def mount(coordinator: Coordinator, config: dict[str, Any]) -> Any:
     closes. Raising here fails host start with an error naming the plugin,
     whatever ``on_error`` says (it governs the other hooks); a ``hint=`` on the
     typed error raised becomes the error's hint.
+    An async ``mount`` runs within the plugin's ``hook_timeout_ms`` (default
+    10 s; unbounded for a plugin declaring ``hook_timeout_ms = None``; a host-wide
+    ``hook_timeout_ms`` below 10 s does not shorten it, the plugin's own does); one
+    still running then fails host start the same way (``hook_timeout``).
     """
 
 

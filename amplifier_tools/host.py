@@ -23,7 +23,7 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -77,6 +77,10 @@ log = logging.getLogger("amplifier_tools")
 #: compares it with its host's, where ``os.getpid()`` would be a system call per call. A fork made
 #: around Python's ``os.fork`` (through ``ctypes``) is not seen.
 _process_id = os.getpid()
+
+
+#: A plugin that sets no ``hook_timeout_ms`` of its own (in its section or as an attribute).
+_NOT_SET: Final = object()
 
 
 def _forked() -> None:
@@ -519,11 +523,18 @@ class ToolHost:
         _, reserved = plugin_section(self.config, name)
         # A plugin whose hooks wait by policy (and bound the wait themselves) declares its own
         # default, e.g. ``hook_timeout_ms = None``; the plugin's config section still overrides it.
-        default_ms = getattr(plugin, "hook_timeout_ms", self.config.get("hook_timeout_ms", DEFAULT_HOOK_TIMEOUT_MS))
-        timeout_ms = reserved.get("hook_timeout_ms", default_ms)
+        host_ms = self.config.get("hook_timeout_ms", DEFAULT_HOOK_TIMEOUT_MS)
+        own_ms = reserved.get("hook_timeout_ms", getattr(plugin, "hook_timeout_ms", _NOT_SET))
+        timeout_ms = host_ms if own_ms is _NOT_SET else own_ms
+        # An async mount is bounded too, by the plugin's own timeout when it has one; a host-wide
+        # timeout shorter than the default (set for call hooks) does not shorten it: start-up work
+        # (the bash plugin probing for bubblewrap) may take longer than a call hook should.
+        mount_ms = timeout_ms if own_ms is not _NOT_SET or timeout_ms is None else max(timeout_ms,
+                                                                                        DEFAULT_HOOK_TIMEOUT_MS)
         self.dispatcher.configure(name, PluginSettings(
             fail_open=reserved.get("on_error") == "ignore",
             hook_timeout=None if timeout_ms is None else timeout_ms / 1000.0,
+            mount_timeout=None if mount_ms is None else mount_ms / 1000.0,
         ))
         hooks = tuple(sorted(
             caller.name for caller in self.plugin_manager.get_hookcallers(plugin) or []

@@ -28,11 +28,17 @@ from .spec import ToolSpec
 
 
 class MockTool:
-    """A tool that records its calls and returns ``return_value`` (or raises ``side_effect``)."""
+    """A tool that records its calls and returns ``return_value`` (or raises ``side_effect``: an
+    exception, instance or class; anything else is refused here, found by attack: a callable, as
+    ``unittest.mock`` takes, became a TypeError at call time, a failure the test had not asked for)."""
 
     def __init__(self, name: str = "mock_tool", description: str = "A mock tool.", return_value: Any = None,
-                 *, input_schema: dict[str, Any] | None = None, side_effect: BaseException | None = None,
-                 **spec_fields: Any) -> None:
+                 *, input_schema: dict[str, Any] | None = None,
+                 side_effect: BaseException | type[BaseException] | None = None, **spec_fields: Any) -> None:
+        if not (side_effect is None or isinstance(side_effect, BaseException)
+                or (isinstance(side_effect, type) and issubclass(side_effect, BaseException))):
+            raise TypeError(f"MockTool side_effect must be an exception (instance or class), got "
+                            f"{type(side_effect).__name__} {side_effect!r}")
         self.spec = ToolSpec(name=name, description=description,
                              input_schema=input_schema or {"type": "object"}, **spec_fields)
         self.name = name
