@@ -39,3 +39,18 @@ class ToolsPlugin(ToolMount):
 def run(coro: Any) -> Any:
     """Run a coroutine from sync test code (hypothesis tests)."""
     return asyncio.run(coro)
+
+
+class FakeClock:
+    """A clock for the policy plugin (``PolicyPlugin(clock=clock, sleep=clock.sleep)``): time moves
+    only when something sleeps on it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        await asyncio.sleep(0)

@@ -133,3 +133,31 @@ def test_call_prints_strict_json_with_and_without_json_flag(tmp_path: Path, case
         assert printed["output"] == {"x": "NaN"}
     elif case == "long":
         assert printed["output"] == {"x": "<integer of 16610 bits>"}
+
+
+UNICODE_MODULE = '''
+from amplifier_tools import ToolResult
+
+class Greet:
+    name = "local::demo.greet"
+    description = "Returns text beyond ASCII."
+    input_schema = {"type": "object"}
+
+    async def execute(self, input):
+        return ToolResult(output={"greeting": "h\\u00e9llo \\u2713"})
+
+async def mount(coordinator, config):
+    await coordinator.mount("tools", Greet())
+'''
+
+
+def test_call_json_prints_on_a_terminal_that_is_not_utf8(tmp_path: Path) -> None:
+    """Found by review: ``call --json`` wrote its JSON escaped to ASCII (the stdlib's default); writing it through
+    ``json_text`` (``ensure_ascii=False``) made it fail as "a bug", exit 1, on a stdout that cannot
+    encode the output (``PYTHONIOENCODING=ascii``, a Latin-1 locale, a Windows console) after the
+    call had succeeded and was recorded."""
+    (tmp_path / "greet_tools.py").write_text(UNICODE_MODULE)
+    (tmp_path / "amplifier-tools.toml").write_text('[[modules]]\nmodule = "greet_tools"\n')
+    done = cli(tmp_path, "call", "local::demo.greet", "{}", "--json", env={"PYTHONIOENCODING": "ascii"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["output"] == {"greeting": "h\u00e9llo \u2713"}

@@ -8,22 +8,10 @@ import random
 from typing import Any
 
 import pytest
-from helpers import ToolsPlugin
+from helpers import FakeClock, ToolsPlugin
 
 from amplifier_tools import ExecutionError, PluginLoadError, ToolCall, ToolContext, ToolHost, ToolResult, ToolSpec
 from amplifier_tools.builtins.policy import PolicyPlugin
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 class Tool:

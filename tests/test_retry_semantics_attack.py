@@ -11,23 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ToolsPlugin
+from helpers import FakeClock, ToolsPlugin
 
 from amplifier_tools import ExecutionError, PluginLoadError, ToolContext, ToolHost, ToolResult, ToolSpec
 from amplifier_tools.builtins.policy import PolicyPlugin
 from amplifier_tools.spec import Budget, CircuitBreakerPolicy, ConcurrencyPolicy, RateLimit, RetryPolicy
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += seconds
-        await asyncio.sleep(0)
 
 
 class Flaky:

@@ -87,3 +87,20 @@ async def test_a_context_changed_around_its_constructor_is_refused_by_the_host(
     good = await host.call("echo", {}, context=ToolContext(principal="p").with_timeout(5))
     assert good.success and tool.runs == 1
     assert ToolContext(deadline=time.monotonic() + 5).remaining() is not None
+
+
+@pytest.mark.parametrize("scopes", [5, None, ["fs:read"]])
+async def test_scopes_changed_around_the_constructor_to_no_set_is_invalid_context_not_raised(
+        host_factory: Any, scopes: Any) -> None:
+    """Found by review: the host's own check of a context changed with ``object.__setattr__`` iterated ``scopes``:
+    ``scopes=5`` made ``host.call`` raise ``TypeError`` (it must never raise); ``None`` and a list
+    went on to the policies, whose ``required <= context.scopes`` fails on them."""
+    tool = Echo()
+    host = await host_factory(ToolsPlugin(tool))
+    for session_id in (None, "s"):
+        context = ToolContext(session_id=session_id)
+        object.__setattr__(context, "scopes", scopes)
+        result = await host.call("echo", {}, context=context)
+        assert (result.error or {}).get("code") == "invalid_context", result
+        assert result.error["message"].startswith("context: ToolContext.scopes must be a set")
+    assert tool.runs == 0
