@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -51,10 +52,11 @@ class IdempotencyKeyRequirement(str, enum.Enum):
 
 
 def _number(attribute: attrs.Attribute[Any], value: Any, *, integer: bool = False) -> None:
-    """``TypeError`` naming the field unless ``value`` is an int (or, unless ``integer``, a float);
-    a bool is neither (found by attack: ``RetryPolicy(max_attempts=True)`` was one attempt, and
-    ``max_attempts=2.5`` failed a time budget's reservation with ``TypeError`` at every call)."""
-    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+    """``TypeError`` naming the field unless ``value`` is an integer (or, unless ``integer``, a real
+    number: NumPy's count as both); a bool is neither (found by attack:
+    ``RetryPolicy(max_attempts=True)`` was one attempt, and ``max_attempts=2.5`` failed a time
+    budget's reservation with ``TypeError`` at every call)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
         raise TypeError(f"{attribute.name} must be {'an integer' if integer else 'a number'}, got {value!r}")
 
 

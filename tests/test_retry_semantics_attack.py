@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,11 @@ def test_policy_objects_of_the_right_types_are_taken() -> None:
     assert RetryPolicy(max_attempts=2, initial_backoff_ms=0, max_backoff_ms=10, multiplier=1.5, jitter=False)
     assert Budget(per="principal", max_calls=3, max_seconds=1, window_ms=1000)
     assert CircuitBreakerPolicy(failure_rate=1, min_calls=2)
+    # Numbers of other kinds count as what they are (found by review: a Fraction, NumPy's integers
+    # were refused): ``numbers.Integral`` and ``numbers.Real``.
+    assert RetryPolicy(max_attempts=3, initial_backoff_ms=Fraction(1, 2)).initial_backoff_ms == 0.5
+    with pytest.raises(TypeError, match="max_attempts must be an integer, got Fraction"):
+        RetryPolicy(max_attempts=Fraction(3, 1))
 
 
 class SecondAttemptSignals(Flaky):
