@@ -162,23 +162,6 @@ else:  # pragma: no cover - exercised by the py310 tox env
             raise
 
 
-class _Exited(Exception):
-    """A ``SystemExit`` carried out of the task ``wait_for`` runs a ``mount`` in (3.10), where
-    asyncio would stop the whole event loop with it instead of raising it in the awaiting task."""
-
-    def __init__(self, exit: SystemExit) -> None:
-        super().__init__(exit)
-        self.exit = exit
-
-
-async def _carrying_exit(awaitable: Any) -> Any:
-    """Await ``awaitable``; a ``SystemExit`` it raises comes out as ``_Exited``."""
-    try:
-        return await awaitable
-    except SystemExit as exc:
-        raise _Exited(exc) from None
-
-
 def _denial(impl: Impl, hook: str, deny: Deny, context: ToolContext) -> ToolError:
     """The error a plugin's ``Deny`` ends the call with, recorded in the trail as ``deny``."""
     context.record(impl.plugin, hook, "deny", deny.reason, code=deny.code, **deny.details)
@@ -919,18 +902,22 @@ class HookDispatcher:
         the plugin's ``mount_timeout`` (its ``hook_timeout_ms``, never less than the default 10 s
         when that comes from the host-wide setting), as every async hook (found by attack: a
         ``mount`` that never returned hung the host's start, and ``amplifier-tools validate`` with
-        it, for ever). Past it, ``SystemError`` ``hook_timeout`` naming the plugin and the setting."""
+        it, for ever). Past it, ``SystemError`` ``hook_timeout`` naming the plugin and the setting.
+        From Python 3.11 only, where the bound runs the mount in the caller's own task."""
         for hookimpl in self._pm.hook.mount.get_hookimpls():
             if hookimpl.plugin is plugin:
                 kwargs = {"coordinator": coordinator, "config": config}
                 out = hookimpl.function(*[kwargs[name] for name in hookimpl.argnames])
-                if inspect.isawaitable(out):
+                if inspect.isawaitable(out) and sys.version_info < (3, 11):
+                    # Unbounded: ``wait_for`` would run the mount in a task of its own, and even a mount
+                    # that never waits would let the loop run first (found by CI: an ``audit:tamper``
+                    # event the audit plugin emitted at mount reached no handler of a later plugin).
+                    out = await out
+                elif inspect.isawaitable(out):
                     name = hookimpl.plugin_name
                     seconds = self.settings_of(name).mount_timeout
                     try:
-                        out = await run_with_timeout(_carrying_exit(out), seconds)
-                    except _Exited as exited:
-                        raise exited.exit from None
+                        out = await run_with_timeout(out, seconds)
                     except TimeLimitExceeded:
                         raise ToolSystemError(
                             f"mount did not finish within {seconds:g} s (hook_timeout_ms)", code="hook_timeout",

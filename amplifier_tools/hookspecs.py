@@ -53,7 +53,8 @@ def mount(coordinator: Coordinator, config: dict[str, Any]) -> Any:
     An async ``mount`` runs within the plugin's ``hook_timeout_ms`` (default
     10 s; unbounded for a plugin declaring ``hook_timeout_ms = None``; a host-wide
     ``hook_timeout_ms`` below 10 s does not shorten it, the plugin's own does); one
-    still running then fails host start the same way (``hook_timeout``).
+    still running then fails host start the same way (``hook_timeout``). From
+    Python 3.11: on 3.10 a mount is not bounded.
     """
 
 
