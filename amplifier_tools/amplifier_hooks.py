@@ -84,6 +84,9 @@ class HookRegistry:
         self._host = host
         self._handlers: dict[str, list[Registration]] = {}
         self._order = 0
+        #: While the host starts: the events emitted so far, each with the data its handlers got
+        #: and the last registration it reached (``replay_to_late_handlers``).
+        self._during_start: list[tuple[str, dict[str, Any], int]] | None = None
 
     def register(self, event: str, handler: Handler, priority: int = 0, name: str | None = None, *,
                  owner: str = "host") -> Callable[[], None]:
@@ -152,24 +155,12 @@ class HookRegistry:
         # ``tool:progress`` message reached handlers, ``serve-mcp``'s client and every ``tool_event``
         # hook with the secret it had resolved; an imported MCP server's events were scrubbed).
         current = _redacted_event(dict(data), secrets)
+        if self._during_start is not None:
+            self._during_start.append((event, dict(current), self._order))
         action, reason = "continue", None
         for r in list(self._handlers.get(event, ())):
-            out = None
-            try:
-                out = r.handler(event, current)
-                if inspect.isawaitable(out):
-                    out = await out
-                parsed = parse_result(out)
-            except BaseException as exc:  # its traceback without the host's secrets
-                if isinstance(exc, KeyboardInterrupt) or thrown_in(exc):  # thrown_in: the emitter is being closed
-                    raise
-                if isinstance(exc, asyncio.CancelledError) and inspect.isawaitable(out) and being_cancelled():
-                    raise  # the caller's cancellation, not the handler's failure
-                # A CancelledError the handler raised itself is its failure (found by attack: the
-                # call that emitted was recorded as cancelled and its caller got CancelledError).
-                # The event's name is a tool's too: the line is scrubbed whole.
-                log.error("%s", redact_text(f"event handler {r.name!r} of {r.owner!r} failed on {event!r}", secrets,
-                                            patterns=False), exc_info=chain_without_secrets(exc, secrets))
+            parsed = await self._run_handler(r, event, current)
+            if parsed is None:
                 continue
             if parsed.action == "deny":
                 action, reason = "deny", parsed.reason
@@ -178,6 +169,49 @@ class HookRegistry:
                 current, action = dict(parsed.data), "modify"
         await self._host.dispatcher.tool_event(event, current)
         return _hook_result(action, current if action == "modify" else None, reason)
+
+    async def _run_handler(self, r: Registration, event: str, data: dict[str, Any]) -> Parsed | None:
+        """``r``'s handler on ``event``: what it answered, or None when it failed (logged)."""
+        out = None
+        try:
+            out = r.handler(event, data)
+            if inspect.isawaitable(out):
+                out = await out
+            return parse_result(out)
+        except BaseException as exc:  # its traceback without the host's secrets
+            if isinstance(exc, KeyboardInterrupt) or thrown_in(exc):  # thrown_in: the emitter is being closed
+                raise
+            if isinstance(exc, asyncio.CancelledError) and inspect.isawaitable(out) and being_cancelled():
+                raise  # the caller's cancellation, not the handler's failure
+            # A CancelledError the handler raised itself is its failure (found by attack: the
+            # call that emitted was recorded as cancelled and its caller got CancelledError).
+            # The event's name is a tool's too: the line is scrubbed whole.
+            secrets = self._host.secrets
+            log.error("%s", redact_text(f"event handler {r.name!r} of {r.owner!r} failed on {event!r}", secrets,
+                                        patterns=False), exc_info=chain_without_secrets(exc, secrets))
+            return None
+
+    def starting(self) -> None:
+        """The host begins mounting its plugins: keep what is emitted until ``started``."""
+        self._during_start = []
+
+    async def started(self, mounted: bool) -> None:
+        """The host's plugins are mounted (``mounted``; False: its start failed, nothing is
+        replayed). An event emitted while the host started reached only the handlers registered by
+        then; each handler registered later now gets it too, in the order the events were emitted,
+        with the data the first handlers got (found by attack: ``audit:tamper``, emitted when the
+        audit plugin found its log tampered with at start, never reached an alerting plugin
+        mounted after a plugin whose ``mount`` waited, such as the MCP plugin starting its
+        servers). What a late handler answers changes nothing: the emit has returned; ``tool_event``
+        hooks are not run again (every plugin's were registered before the first mount).
+        """
+        emitted, self._during_start = self._during_start, None
+        if not mounted or not emitted:
+            return
+        for event, data, reached in emitted:
+            for r in list(self._handlers.get(event, ())):
+                if r.order > reached:
+                    await self._run_handler(r, event, dict(data))
 
 
 class PluginHooks:

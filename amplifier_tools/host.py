@@ -296,6 +296,7 @@ class ToolHost:
             first_trust = config_trust.check(self.trust_dir, self.config_file, self.trust_roots,
                                              discovered=self.discovered_config, sha256=self.config_sha256)
             self._collect_plugins()
+            self.events.starting()
             for plugin, info, required in self._mount_order():
                 await self._mount_plugin(plugin, info, required)
             self._check_config_references()
@@ -304,13 +305,16 @@ class ToolHost:
             if first_trust is not None:
                 self._make_state_dir(self.trust_dir)
                 config_trust.remember(self.trust_dir, first_trust)
+            await self.events.started(mounted=True)
         except (ConfigError, PluginLoadError) as exc:
+            await self.events.started(mounted=False)
             await self.close()
             clean = _without_secrets(exc, self.secrets)
             if clean is exc:
                 raise
             failed: ConfigError | PluginLoadError | None = clean
         except BaseException:
+            await self.events.started(mounted=False)
             await self.close()
             raise
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,21 @@ def state_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     home = tmp_path_factory.mktemp("state-home")
     monkeypatch.setenv("XDG_STATE_HOME", str(home))
     return home
+
+
+@pytest.fixture
+def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """tenacity sleeps through ``asyncio.sleep``: the backoff delays, recorded instead of slept."""
+    recorded: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def fake_sleep(seconds: float, result: Any = None) -> Any:
+        if seconds > 0:
+            recorded.append(seconds)
+        return await real_sleep(0, result)
+
+    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    return recorded
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from amplifier_fixtures import hook_module
 from helpers import EchoTool, ToolsPlugin
 
-from amplifier_tools import ToolHost, ToolResult, hookimpl
+from amplifier_tools import PluginLoadError, ToolHost, ToolResult, hookimpl
 
 MODULE = "amplifier_fixtures.hook_module"
 MODULE_B = "amplifier_fixtures.hook_module_b"
@@ -398,3 +398,65 @@ async def test_a_fail_open_module_cannot_ask_for_approval(tmp_path: Path, echo: 
     assert result.error is not None and result.error["code"] == "approval_unavailable"
     assert result.error["plugin"] == MODULE and "on_error = 'ignore'" in result.error["message"]
     assert f"[plugins.{MODULE}]" in result.error["hint"]
+
+
+# -- events emitted while the host starts --------------------------------------------------------------------
+
+
+class Emits:
+    """Emits ``plugin:ready`` at mount, after waiting (``wait``) as a plugin starting a server does."""
+
+    name = "emits"
+
+    def __init__(self, wait: bool = True) -> None:
+        self.wait = wait
+
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        if self.wait:
+            await asyncio.sleep(0.01)
+        await coordinator.hooks.emit("plugin:ready", {"who": "emits"})
+
+
+class Listens:
+    """Registers a ``plugin:ready`` handler at mount; ``seen`` is what it got."""
+
+    def __init__(self, name: str, fail: bool = False) -> None:
+        self.name, self.fail = name, fail
+        self.seen: list[dict[str, Any]] = []
+
+    @hookimpl
+    def mount(self, coordinator: Any) -> None:
+        coordinator.hooks.register("plugin:ready", lambda event, data: self.seen.append(data))
+
+    @hookimpl
+    def tool_pre(self) -> None:
+        return None
+
+
+async def test_an_event_emitted_at_start_reaches_handlers_registered_after_it_once(tmp_path: Path,
+                                                                                   echo: EchoTool) -> None:
+    """Found by attack: an event emitted while the host started (``audit:tamper`` at start) reached
+    only the handlers of plugins mounted before it; a handler mounted later never saw it."""
+    before, after = Listens("before"), Listens("after")
+    async with ToolHost(plugins=[ToolsPlugin(echo), before, Emits(), after], builtins=False, entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        assert before.seen == [{"who": "emits"}] and after.seen == [{"who": "emits"}]  # each once
+        await host.events.emit("plugin:ready", {"who": "later"})  # after start: delivered as ever
+        assert before.seen[-1] == after.seen[-1] == {"who": "later"} and len(after.seen) == 2
+
+
+async def test_events_emitted_by_a_start_that_fails_are_not_replayed(tmp_path: Path, echo: EchoTool) -> None:
+    class Fails:
+        name = "fails"
+
+        @hookimpl
+        def mount(self, coordinator: Any) -> None:
+            raise RuntimeError("cannot start")
+
+    late = Listens("late")
+    host = ToolHost(plugins=[ToolsPlugin(echo), Emits(), late, Fails()], builtins=False, entry_points=False,
+                    working_dir=tmp_path, discover=False)
+    with pytest.raises(PluginLoadError, match="cannot start"):
+        await host.start()
+    assert late.seen == []  # a host that did not start delivers nothing more

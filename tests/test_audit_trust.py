@@ -141,6 +141,39 @@ async def test_the_audit_plugin_mounts_first_so_its_writer_closes_last(tmp_path:
         await host.close()
 
 
+class WaitsAtMount:
+    """A plugin whose ``mount`` waits, as the MCP plugin's does while its servers start."""
+
+    name = "waits-at-mount"
+
+    @hookimpl
+    async def mount(self, coordinator: Any) -> None:
+        await asyncio.sleep(0.01)
+
+
+async def test_tampering_found_at_start_reaches_an_alerting_plugin_mounted_after_a_waiting_one(
+        tmp_path: Path) -> None:
+    """Found by attack: ``audit:tamper`` for a log shortened between two runs was emitted while
+    the host started, before the alerting plugin (mounted after a plugin whose mount waits) had
+    registered its handler, which never got it; the event's ``path`` was None."""
+    await one_run(tmp_path, 2)
+    log = log_path(tmp_path)
+    log.write_bytes(log.read_bytes()[:-10])
+    events = TamperEvents()
+    host = ToolHost(config={"plugins": {"audit": {"path": str(log)}}},
+                    plugins=[ToolsPlugin(Echo()), WaitsAtMount(), events], builtins=["audit"], entry_points=False,
+                    working_dir=tmp_path / "work", discover=False)
+    await host.start()
+    try:
+        for _ in range(3):
+            await asyncio.sleep(0)  # the plugin's emit runs as a task of its own
+    finally:
+        await host.close()
+    (event,) = events.events
+    assert "cut short" in event["reason"] and event["path"] == str(log)
+    assert event["moved_to"] and (log.parent / event["moved_to"]).exists()
+
+
 async def test_a_log_swapped_for_a_symlink_is_never_written_through(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "victim" / ".bashrc"

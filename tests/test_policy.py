@@ -419,21 +419,6 @@ async def test_rate_limit_per_principal_limits_each_principal_separately() -> No
 # -- retries: exponential backoff with jitter ---------------------------------------------------------
 
 
-@pytest.fixture
-def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """tenacity sleeps through ``asyncio.sleep``: the backoff delays, recorded instead of slept."""
-    recorded: list[float] = []
-    real_sleep = asyncio.sleep
-
-    async def fake_sleep(seconds: float, result: Any = None) -> Any:
-        if seconds > 0:
-            recorded.append(seconds)
-        return await real_sleep(0, result)
-
-    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
-    return recorded
-
-
 async def test_retry_backoff_has_jitter_within_bounds(delays: list[float]) -> None:
     random.seed(1234)  # tenacity draws its jitter from the random module: deterministic here
     tool = Tool("jittery", fail=True, policies={"retry": {"max_attempts": 4, "initial_backoff_ms": 100,

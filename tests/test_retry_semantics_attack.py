@@ -44,21 +44,6 @@ class Flaky:
         raise ExecutionError("backend down", code="backend_down", retryable=True)
 
 
-@pytest.fixture
-def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """tenacity sleeps through ``asyncio.sleep``: the backoff delays, recorded instead of slept."""
-    recorded: list[float] = []
-    real_sleep = asyncio.sleep
-
-    async def fake_sleep(seconds: float, result: Any = None) -> Any:
-        if seconds > 0:
-            recorded.append(seconds)
-        return await real_sleep(0, result)
-
-    monkeypatch.setattr(asyncio, "sleep", fake_sleep)
-    return recorded
-
-
 def _call_records(log: Path) -> list[dict[str, Any]]:
     return [row for row in map(json.loads, log.read_text().splitlines()) if row["kind"] == "call"]
 
@@ -203,9 +188,13 @@ def test_a_policy_object_of_the_wrong_type_is_refused_naming_the_field(build: An
 
 
 def test_policy_objects_of_the_right_types_are_taken() -> None:
-    assert RetryPolicy(max_attempts=2, initial_backoff_ms=0, max_backoff_ms=10, multiplier=1.5, jitter=False)
-    assert Budget(per="principal", max_calls=3, max_seconds=1, window_ms=1000)
-    assert CircuitBreakerPolicy(failure_rate=1, min_calls=2)
+    retry = RetryPolicy(max_attempts=2, initial_backoff_ms=0, max_backoff_ms=10, multiplier=1.5, jitter=False)
+    assert (retry.max_attempts, retry.initial_backoff_ms, retry.max_backoff_ms, retry.multiplier, retry.jitter) == (
+        2, 0, 10, 1.5, False)
+    budget = Budget(per="principal", max_calls=3, max_seconds=1, window_ms=1000)
+    assert (budget.per, budget.max_calls, budget.max_seconds, budget.window_ms) == ("principal", 3, 1, 1000)
+    breaker = CircuitBreakerPolicy(failure_rate=1, min_calls=2)
+    assert (breaker.failure_rate, breaker.min_calls) == (1, 2)
     # Numbers of other kinds count as what they are (found by review: a Fraction, NumPy's integers
     # were refused): ``numbers.Integral`` and ``numbers.Real``.
     assert RetryPolicy(max_attempts=3, initial_backoff_ms=Fraction(1, 2)).initial_backoff_ms == 0.5

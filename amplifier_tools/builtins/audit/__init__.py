@@ -24,6 +24,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Awaitable
@@ -225,6 +226,8 @@ class AuditPlugin:
         self.telemetry: Any = None
         self.settings = AuditSettings()
         self.writer: AuditWriter | None = None
+        #: The log's path as the writer opens it: what ``audit:tamper`` names, found at start too.
+        self._log_path: str | None = None
         self._original: dict[int, Any] = {}
         self._warned = False
         self._telemetry_warned = False
@@ -266,6 +269,7 @@ class AuditPlugin:
             except AuthError as exc:
                 raise ConfigError(f"{exc.message}: add it to the host's [secrets] and set the variable",
                                   key=f"plugins.{PLUGIN}.checkpoint_key_ref") from None
+        self._log_path = os.path.abspath(os.fspath(path))
         try:
             self.writer = AuditWriter(path, fsync=self.settings.fsync, fsync_every=self.settings.fsync_every,
                                       fsync_interval_ms=self.settings.fsync_interval_ms,
@@ -308,8 +312,10 @@ class AuditPlugin:
               + (f"; the untrusted file was kept as {moved_to}" if moved_to else "")
               + ("; refusing further calls (mode fail_closed)" if self.settings.mode == "fail_closed" else ""),
               file=sys.stderr)
+        # The writer's own path once it is made; found at start, the writer is being made (found by
+        # attack: the event said ``path: None``).
         data = {"reason": reason, "moved_to": moved_to,
-                "path": str(self.writer.path) if self.writer is not None else None}
+                "path": str(self.writer.path) if self.writer is not None else self._log_path}
         coordinator = self._coordinator
         try:
             loop = asyncio.get_running_loop()

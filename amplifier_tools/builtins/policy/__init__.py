@@ -29,6 +29,7 @@ by ``shared.py``.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
@@ -712,13 +713,15 @@ class PolicyPlugin:
 _WAITS_SUMMED: Final = 1024
 
 
+@functools.lru_cache(maxsize=256)
 def _longest_waits(retry: RetryPolicy) -> float:
     """The longest the waits between a call's attempts may add up to, in seconds: wait n is at
     most min(``max_backoff_ms``, ``initial_backoff_ms`` * ``multiplier``ⁿ), as the host's retry
     loop sleeps them. Found by attack: the sum raised ``OverflowError`` at about 1,000 attempts
     (every call of the tool failed ``hook_failed``), and looped once per attempt (minutes for
     ``max_attempts = 10**9``); the first ``_WAITS_SUMMED`` waits are summed exactly, each later
-    one counted at the cap (or, when the waits do not grow, at the last wait summed)."""
+    one counted at the cap (or, when the waits do not grow, at the last wait summed). Kept per
+    policy (policies are frozen): a call of a tool with a time budget does not sum them again."""
     waits = retry.max_attempts - 1
     total, raw, cap = 0.0, retry.initial_backoff_ms, retry.max_backoff_ms
     for _ in range(min(waits, _WAITS_SUMMED)):
