@@ -271,6 +271,7 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
     torn = False
     names = tuple(str(f) for f in files)
     anchored_at: int | None = None  # records verified when the live file reached head.size
+    anchored_line = 0  # the line of the live file that ends at head.size
     unanchored_checkpoint_end: int | None = None  # in the live file: the first verified checkpoint past the anchor
     live_start = offset = 0
 
@@ -327,6 +328,7 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
                 offset += len(raw)
                 if live and head is not None and offset == head.size:
                     anchored_at = count
+                    anchored_line = number
                     if prev != head.hash:
                         return failed(file, number, "the record at the anchored end is not the anchored one: "
                                                     "the log was rewritten or replaced")
@@ -341,9 +343,10 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
             return failed(None, None, f"the log was {what}: the anchor says {head.records} record(s) in "
                                       f"{head.size} bytes ending in {head.hash[:16]}…, the file has {have} bytes")
         after = count - anchored_at
-        if head.closed and after:
-            return failed(None, None, f"{after} record(s) follow the end its last writer closed the log at: "
-                                      "appended while no writer ran")
+        if head.closed and after:  # the first of them named (found by attack: no line was)
+            count, prev = anchored_at, head.hash  # what verified: the chain up to the closed end
+            return failed(files[-1], anchored_line + 1, f"{after} record(s) follow the end its last writer "
+                                                        "closed the log at: appended while no writer ran")
         # A checkpoint past the anchor that ends the file is what a writer killed between writing it
         # and anchoring it leaves; with records after it, the anchor was rolled back (the writer
         # judges a log it adopts the same way).

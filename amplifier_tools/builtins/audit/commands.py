@@ -24,6 +24,8 @@ from pathlib import Path
 
 from ...cli import UsageParser, printable
 from .chain import (
+    GENESIS,
+    ROTATED,
     Anchor,
     UnreadableLog,
     anchor_path,
@@ -132,12 +134,14 @@ def _live_file(path: Path) -> Path | None:
 
 
 def _anchor_without_log(path: Path) -> str | None:
-    """What is wrong when ``path`` holds no log file but an anchor says there was one (found by
+    """What is wrong when ``path`` holds no live log file but an anchor says there was one (found by
     attack: the log replaced by an empty directory, or deleted and its directory verified, passed
-    as "0 records")."""
+    as "0 records"; with rotated files beside it, the last of them was taken for the live file and
+    its missing anchor reported instead of the deleted log)."""
     if path.is_dir() and anchor_path(path).is_file():
         return f"the log {path} is a directory, not the file its anchor ({anchor_path(path)}) was written for"
-    orphans = sorted(path.glob("*.jsonl.anchor")) if path.is_dir() else []
+    orphans = sorted(anchor for anchor in path.glob("*.jsonl.anchor")
+                     if not os.path.lexists(anchor.with_name(anchor.name[: -len(".anchor")]))) if path.is_dir() else []
     if orphans:
         return f"no log beside the anchor {orphans[0]}: the log it anchors was deleted or moved"
     return None
@@ -155,9 +159,9 @@ def _verify(args: argparse.Namespace, path: Path) -> int:
     problem = None
     live = _live_file(path)
     where = anchor_path(live) if live is not None else None
-    if live is None and not args.no_anchor:
-        problem = _anchor_without_log(path)
-    if not args.no_anchor and where is not None:
+    if (live is None or ROTATED.match(live.name)) and not args.no_anchor:
+        problem = _anchor_without_log(path)  # no live file among the log's files
+    if not args.no_anchor and where is not None and problem is None:
         try:
             head = read_anchor(where)
         except ValueError as exc:
@@ -231,9 +235,22 @@ def main(argv: Sequence[str] | None = None, *, config: str | None = None) -> int
             message = f"no call has been recorded for this working directory yet (its log would be {path})"
             hint = "make a call first (amplifier-tools call ...), or give the path of a log"
         return _failed(args, message, hint)
+    except OSError as exc:  # found by attack: a file named as a directory, a name too long, no search
+        # permission ended as an internal error (exit 1, the "this is a bug" hint, nothing on stdout
+        # with --json)
+        return _failed(args, f"{printable(path)}: cannot read: {exc.strerror or exc}",
+                       "give the path of an audit log file, or of the directory that holds it")
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         if args.command == "verify":
-            print(f"TAMPERED: {path}: the log is not a regular file (a FIFO or device was put in its place)")
+            reason = "the log is not a regular file (a FIFO or device was put in its place)"
+            if args.json:  # stdout stays JSON (found by attack: a FIFO at the path printed the text line)
+                print(json.dumps({"ok": False, "records": 0, "files": [str(path)], "last_hash": GENESIS,
+                                  "bad_file": str(path), "bad_line": None, "reason": reason,
+                                  "anchor": None if args.no_anchor else str(anchor_path(path)),
+                                  "after_anchor": None, "checkpoints": None, "unsigned": None,
+                                  "torn_tail": False}))
+            else:
+                print(f"TAMPERED: {printable(path)}: {reason}")
             return 1
         return _failed(args, f"{printable(path)}: not a regular file or directory",
                        "give the path of an audit log file, or of the directory that holds it")

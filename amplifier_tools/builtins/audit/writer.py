@@ -961,7 +961,11 @@ class AuditWriter:
         try:
             if os.write(fd, data) != len(data):
                 raise AuditWriteError(errno.ENOSPC, f"short write to {temp}")
-            os.rename(temp, self._anchor_leaf, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            try:
+                os.rename(temp, self._anchor_leaf, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+            except IsADirectoryError:
+                self._set_anchor_aside()
+                os.rename(temp, self._anchor_leaf, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
         except BaseException:
             os.unlink(temp, dir_fd=self._dir_fd)
             raise
@@ -969,6 +973,27 @@ class AuditWriter:
             os.close(fd)
         self._anchored = (head.inode, head.size)
         self._last_anchor = time.monotonic()
+
+    def _set_anchor_aside(self) -> None:
+        """Move a directory found at the anchor's name aside (``<log>.anchor.tampered-<time>-<pid>``,
+        kept as evidence), so the anchor can be written again: a rename replaces a file, a symlink
+        or a FIFO at its target, but not a directory (found by attack: a directory made at the
+        anchor's name stopped a ``fail_closed`` host from starting, with an error naming the log,
+        and set another fresh segment aside at each try; a ``fail_open`` host recorded nothing; a
+        running writer never anchored again, and its log no longer verified). At start such an
+        anchor is tampering, reported by the fresh segment's ``tamper`` record; while the writer
+        runs it is repaired like any other swap of the anchor."""
+        assert self._dir_fd is not None
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        moved = f"{self._anchor_leaf}.tampered-{stamp}-{os.getpid()}"
+        try:
+            if not stat.S_ISDIR(os.lstat(self._anchor_leaf, dir_fd=self._dir_fd).st_mode):
+                return  # another writer sharing the log moved it first, and anchored
+            os.rename(self._anchor_leaf, moved, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        except FileNotFoundError:  # another writer sharing the log moved it first
+            return
+        log.error("audit log %s: a directory was in place of its anchor; kept as %s, the anchor written anew",
+                  self.path, moved)
 
     def _anchor_closed(self) -> None:
         """At close: anchor our head marked ``closed`` if the file still ends there, so records
