@@ -44,7 +44,16 @@ from .breaker import CircuitBreaker
 from .rules import CallPaths, Rule, matches, path_engine
 from .settings import PolicySettings
 from .shared import QUEUE, SharedHeld, SharedPolicy
-from .state import MemoryState, PolicyState, budget_pools, idempotency_slot, monotonic
+from .state import (
+    MemoryState,
+    PolicyState,
+    budget_pools,
+    idempotency_slot,
+    interval_of,
+    monotonic,
+    rate_key,
+    retry_hint,
+)
 from .store import open_store
 
 PLUGIN: Final = "policy"
@@ -52,6 +61,11 @@ COUNTED_FAILURES: Final = frozenset({"ExecutionError", "SystemError"})
 #: Outcomes that are neither success nor failure: the call was cut off, not answered by the tool
 #: (so are errors attributed to a plugin).
 NEUTRAL_CODES: Final = frozenset({"cancelled", "host_closing"})
+#: Errors the host ends an admitted call with before its tool starts (the caller's deadline passed
+#: while later ``tool_pre`` hooks ran; a secret could not be resolved): neither success nor
+#: failure. Found by attack: a half-open breaker's probe that ended so was read as a success and
+#: closed the breaker, though the tool never ran.
+NOT_RUN_CODES: Final = frozenset({"deadline_exceeded", "missing_secret"})
 DEFAULT_TIMEOUT: Final = 60.0  # the host's default tool timeout when none is published
 
 
@@ -259,6 +273,7 @@ class PolicyPlugin:
         plan = self._plans.get(spec.name)
         if plan is None or plan.spec is not spec:
             plan = self._plans[spec.name] = _Plan(spec)
+            self._rate_keys.pop(spec.name, None)  # its key names the interval, which may be another
             slots, concurrency = self._slots.get(spec.name), spec.policies.concurrency
             if slots is not None and concurrency is not None:
                 slots.resize(concurrency.limit)
@@ -471,7 +486,7 @@ class PolicyPlugin:
             self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
         if not allowed:
             return Deny(f"circuit for {spec.name!r} is open", code="circuit_open",
-                        details={"retry_after": round(breaker.retry_after(now), 3)})
+                        details={"retry_after": retry_hint(breaker.retry_after(now))})
         held.breaker, held.probe = breaker, probe
         return None
 
@@ -488,7 +503,7 @@ class PolicyPlugin:
             if not budget.applies(subject):
                 continue
             key = budget.key(subject)
-            interval = budget.window_ms / 1000.0
+            interval = interval_of(budget.window_ms)
             window = int(now // interval)
             if budget.max_calls is not None and self.state.get(f"{key}:calls", window) >= budget.max_calls:
                 return Deny(f"call budget of {budget.per} {subject!r} is used up "
@@ -533,14 +548,23 @@ class PolicyPlugin:
 
     def _rate_limit_now(self, spec: ToolSpec, context: ToolContext, held: _Held | None) -> Deny | None:
         """Take a token from the current window (kept in ``held``, to give back if the call is not
-        admitted after all; None: nothing can stop it now), or say when the next window opens."""
+        admitted after all; None: nothing can stop it now), or say when the next window opens.
+
+        The counter's key names the interval too: windows are numbered by ``now // interval``, and
+        a counter of a longer interval's window number, read after a remount made the interval
+        longer, was taken for a window already over (found by attack: 60 s → 3600 s at a
+        monotonic clock of 100,000 s admitted every call for the next 69 days)."""
         limit = spec.policies.rate_limit
         if limit is None:
             return None
-        interval = limit.interval_ms / 1000.0
-        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else self._rate_keys.get(spec.name)
-        if key is None:
-            key = self._rate_keys[spec.name] = f"rate:{spec.name}"
+        interval = interval_of(limit.interval_ms)
+        key: str | None
+        if limit.per == "principal":
+            key = f"{rate_key(spec.name, context.principal)}@{_ms(limit.interval_ms)}"
+        else:
+            key = self._rate_keys.get(spec.name)
+            if key is None:
+                key = self._rate_keys[spec.name] = f"{rate_key(spec.name, None)}@{_ms(limit.interval_ms)}"
         now = self.clock()
         window = int(now // interval)
         if self.state.add(key, window, 1, interval) <= limit.limit:
@@ -548,9 +572,9 @@ class PolicyPlugin:
                 held.rate = (key, window, interval)
             return None
         self.state.add(key, window, -1, interval)
-        retry_after = (window + 1) * interval - now
+        retry_after = retry_hint((window + 1) * interval - now, least=0.001)
         return Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for {spec.name!r}",
-                    code="rate_limited", details={"retry_after": round(retry_after, 3)})
+                    code="rate_limited", details={"retry_after": retry_after})
 
     @staticmethod
     def _may_queue(spec: ToolSpec, verdict: Deny, time_left: float | None) -> bool:
@@ -690,10 +714,11 @@ class PolicyPlugin:
         if error is None:
             failed: bool | None = False
         elif error.get("plugin") is not None or (error.get("code") in NEUTRAL_CODES
-                                                 and error.get("type") == "SystemError") or error.get("by_deadline"):
-            # cut off, decided by a plugin (a later veto, a hook failure), or out of the caller's own
+                                                 and error.get("type") == "SystemError") or error.get("by_deadline") \
+                or error.get("code") in NOT_RUN_CODES:
+            # cut off, decided by a plugin (a later veto, a hook failure), out of the caller's own
             # time (found by attack: a caller's 10 ms deadlines opened a healthy tool's breaker for
-            # everyone): says nothing of the tool
+            # everyone), or ended before the tool started: says nothing of the tool
             failed = None
         else:
             failed = error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout"
@@ -706,6 +731,11 @@ class PolicyPlugin:
         if changed is not None and spec is not None:
             self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
         return None
+
+
+def _ms(value: float) -> str:
+    """A length in milliseconds as a key names it: ``60000``, ``1.5`` (exactly; no rounding)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 #: Waits between attempts summed one by one for a time budget's reservation; past these, each

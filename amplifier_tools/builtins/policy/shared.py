@@ -35,7 +35,7 @@ from ...models import Deny, ToolCall, ToolContext, ToolResult
 from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker, is_record
-from .state import idempotency_slot
+from .state import idempotency_slot, interval_of, rate_key, retry_hint
 from .store import SharedStore, StoreUnavailable, next_window
 
 if TYPE_CHECKING:
@@ -286,8 +286,8 @@ class SharedPolicy:
         limit = spec.policies.rate_limit
         assert limit is not None and self.synchronous
         store = cast("SQLiteStore", self.store)
-        interval = limit.interval_ms / 1000.0
-        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
+        interval = interval_of(limit.interval_ms)
+        key = rate_key(spec.name, context.principal if limit.per == "principal" else None)
         left = self.plugin._time_left(spec, context, self.plugin.clock())
         try:
             store.limit_wait(self.timeout if left is None or left >= self.timeout else max(left, 0.001))
@@ -298,7 +298,8 @@ class SharedPolicy:
             return None
         retry_after = next_window(out)
         verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
-                       f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
+                       f"{spec.name!r}", code="rate_limited",
+                       details={"retry_after": retry_hint(retry_after, least=0.001)})
         return QUEUE if self.plugin._may_queue(spec, verdict, left) else verdict
 
     async def close(self) -> None:
@@ -415,7 +416,7 @@ class SharedPolicy:
             self.plugin._emit_soon(f"circuit:{changed}", {"tool": spec.name})
         if not allowed:
             return Deny(f"circuit for {spec.name!r} is open", code="circuit_open",
-                        details={"retry_after": round(retry_after, 3)})
+                        details={"retry_after": retry_hint(retry_after)})
         shared.breaker = (key, policy, probe, False)
         return None
 
@@ -443,7 +444,7 @@ class SharedPolicy:
             if not budget.applies(subject):
                 continue
             key = budget.key(subject)
-            interval = budget.window_ms / 1000.0
+            interval = interval_of(budget.window_ms)
             holder = new_holder()
             ttl = self._held_for(spec, context, started, interval)
             outcome, window, _ = await self._op(
@@ -474,8 +475,8 @@ class SharedPolicy:
         answer is then decided here (``_unavailable``); with ``shared`` it goes to ``admit``."""
         limit = spec.policies.rate_limit
         assert limit is not None
-        interval = limit.interval_ms / 1000.0
-        key = f"rate:{spec.name}:{context.principal}" if limit.per == "principal" else f"rate:{spec.name}"
+        interval = interval_of(limit.interval_ms)
+        key = rate_key(spec.name, context.principal if limit.per == "principal" else None)
         waited = 0.0
         try:
             while True:
@@ -488,7 +489,8 @@ class SharedPolicy:
                     return None
                 retry_after = next_window(out)
                 verdict = Deny(f"rate limit of {limit.limit} calls per {limit.interval_ms:g} ms reached for "
-                               f"{spec.name!r}", code="rate_limited", details={"retry_after": round(retry_after, 3)})
+                               f"{spec.name!r}", code="rate_limited",
+                               details={"retry_after": retry_hint(retry_after, least=0.001)})
                 if not self.plugin._may_queue(spec, verdict, self.plugin._time_left(spec, context, started)):
                     return verdict
                 await self.plugin.sleep(retry_after)

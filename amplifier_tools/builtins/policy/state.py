@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -141,6 +142,43 @@ def budget_pools(budgets: tuple[Budget, ...]) -> tuple[BudgetPool, ...]:
             BudgetPool(budget.per, budget.window_ms, _tighter(found.max_calls, budget.max_calls),
                        _tighter(found.max_seconds, budget.max_seconds))
     return tuple(pools.values())
+
+
+#: The shortest window a counter keeps, in seconds: a clock reading tells no shorter one apart.
+SHORTEST_WINDOW: Final = 1e-9
+
+
+def interval_of(window_ms: float) -> float:
+    """A rate limit's or budget's window in seconds, at least ``SHORTEST_WINDOW``: windows are
+    numbered ``int(now // interval)``, and an interval so short that the quotient is infinite
+    raised ``OverflowError`` (found by attack: ``interval_ms = 1e-310``, which the spec accepts as
+    positive and finite, failed every call of the tool with ``hook_failed``)."""
+    return max(window_ms / 1000.0, SHORTEST_WINDOW)
+
+
+def rate_key(tool: str, principal: str | None) -> str:
+    """The counter key of a rate limit of ``tool``, per tool (``principal`` None) or per principal,
+    the same in every store. A tool name has single ``:`` nowhere (``spec.NAME_PATTERN``: segments
+    joined by ``::``), so the first single ``:`` after the name ends it, as long as the principal
+    does not begin with ``:``; a principal that begins with ``:`` or ``"`` is written as a JSON
+    string, every other as it is (the keys of earlier releases stay the same). Found by attack:
+    principal ``":b"`` of tool ``a`` and tool ``a::b`` were both counted on ``rate:a::b``, and
+    principal ``"::b:x"`` of tool ``a`` on principal ``x``'s counter of tool ``a::b``."""
+    if principal is None:
+        return f"rate:{tool}"
+    if principal[:1] in (":", '"'):
+        principal = json.dumps(principal)
+    return f"rate:{tool}:{principal}"
+
+
+def retry_hint(seconds: float, *, least: float = 0.0) -> float:
+    """``seconds`` until a refused call may succeed, as a ``retry_after`` in whole milliseconds,
+    rounded up (never earlier than the moment it names) and at least ``least``. Found by attack:
+    rounded to the nearest, a rate limit of 100 ms answered ``retry_after = 0.0`` (the next window
+    was 1e-13 s away), a caller retrying then was refused again, and a queued call on a clock that
+    moves only when slept on (``tests/helpers.FakeClock``) slept 0 s for ever."""
+    milliseconds = seconds * 1000.0
+    return max(math.ceil(milliseconds) / 1000.0 if math.isfinite(milliseconds) else seconds, least)
 
 
 def idempotency_slot(principal: str, tool: str, key: str, arguments: Any) -> tuple[str, str]:
