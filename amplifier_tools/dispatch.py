@@ -149,13 +149,27 @@ else:  # pragma: no cover - exercised by the py310 tox env
         ``wait_for`` runs it in a task of its own, so here the whole coroutine must run there: a
         first step taken in the caller's task would split it across two tasks. ``wait_for``'s own
         ``asyncio.TimeoutError`` is told from one the awaitable raised by the clock: only once
-        ``seconds`` have passed can it be the timer's."""
+        ``seconds`` have passed can it be the timer's.
+
+        A second cancellation while ``wait_for`` waits for the run it cancelled ends that wait,
+        not the run (a tool that ignores cancellation): the run is then waited for to its end, each
+        further cancellation passed on to it, as 3.11's ``asyncio.timeout`` in the caller's own task
+        does (found by attack: the call was recorded and its concurrency slot given back while the
+        tool went on running)."""
         if seconds is None:
             return await awaitable
         loop = asyncio.get_running_loop()
         ends = loop.time() + seconds - 0.001  # the loop may run a timer up to its clock resolution early
+        run = asyncio.ensure_future(awaitable)
         try:
-            return await asyncio.wait_for(awaitable, seconds)
+            return await asyncio.wait_for(run, seconds)
+        except asyncio.CancelledError:
+            while not run.done():
+                try:
+                    await asyncio.wait((run,))
+                except asyncio.CancelledError:
+                    run.cancel()
+            raise
         except Exception as exc:  # as above; ``asyncio.TimeoutError`` is no ``TimeoutError`` before 3.11
             if loop.time() >= ends:
                 raise TimeLimitExceeded(seconds) from None if isinstance(exc, asyncio.TimeoutError) else exc
@@ -572,6 +586,26 @@ class HookDispatcher:
         failure.cancelled_meanwhile = cancelled
         return failure
 
+    async def _finish_chained(self, impl: Impl, hook: str, out: Any) -> tuple[Any, bool]:
+        """``_finish`` for an async implementation in the ``tool_post`` chain, awaited to its end
+        despite a cancellation of the caller: ``(its result, whether a cancellation arrived)``; its
+        failure is raised as ``HookFailure`` with ``cancelled_meanwhile`` set. Once the chain has
+        begun every implementation sees the call, as in ``tool_error`` and ``tool_complete``
+        (found by attack: a cancellation while one was awaited cut the chain, and the plugins after
+        it saw neither ``tool_post`` nor ``tool_error`` for the call)."""
+        (returned, failure), cancelled = await finish_despite_cancel(self._finish_caught(impl, hook, out))
+        if failure is not None:
+            failure.cancelled_meanwhile = cancelled
+            raise failure
+        return returned, cancelled
+
+    async def _finish_caught(self, impl: Impl, hook: str, out: Any) -> tuple[Any, HookFailure | None]:
+        """``_finish``, its failure returned, not raised (``_finish_chained``)."""
+        try:
+            return await self._finish(impl, hook, out), None
+        except HookFailure as failure:
+            return None, failure
+
     async def _finish_observer(self, impl: Impl, out: Any) -> HookFailure | None:
         """``_finish`` for an async ``tool_complete`` observer, its failure returned, not raised:
         ``finish_despite_cancel``'s answer (whether a cancellation arrived) is not lost with it."""
@@ -729,9 +763,14 @@ class HookDispatcher:
         output stays withheld: later implementations still see the (failed) result, but a
         replacement or another denial they return is recorded and ignored (found by attack: an
         Amplifier handler's ``modify`` after another's ``deny`` turned the call back into a success).
+
+        A cancellation of the caller's task while an async implementation is awaited does not cut
+        the chain short: that implementation and every later one run to their end (each within its
+        hook timeout), then ``CancelledError`` is raised for the caller to honour (``_finish_chained``).
         """
         kwargs = {"call": call, "spec": spec, "result": result, "context": context}
         failed_closed = False
+        cancelled = False
         pm, plain = self._pm, self._plain_hookexec
         for impl in self.impls("tool_post"):
             try:
@@ -745,8 +784,10 @@ class HookDispatcher:
                 else:
                     out = self._start(impl, "tool_post", kwargs)
                 if impl.is_async or (out is not None and inspect.isawaitable(out)):
-                    out = await self._finish(impl, "tool_post", out)
+                    out, late = await self._finish_chained(impl, "tool_post", out)
+                    cancelled = cancelled or late
             except HookFailure as failure:
+                cancelled = cancelled or failure.cancelled_meanwhile
                 error = self._failed(failure, context)
                 if error is not None and not failed_closed:
                     failed_closed = True
@@ -791,6 +832,8 @@ class HookDispatcher:
             if not failed_closed:
                 failed_closed = True
                 result = kwargs["result"] = on_failure(call, spec, context, error)
+        if cancelled:
+            raise asyncio.CancelledError
         return result
 
     async def tool_error(

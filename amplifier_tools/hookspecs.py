@@ -92,7 +92,11 @@ def tool_post(
     earlier implementation failed closed or denied, later ones see the failed
     result, so an observer still sees the call exactly once; a replacement or
     denial they return is recorded (``replace_ignored``, ``deny_ignored``) and
-    never delivered: withheld output stays withheld.
+    never delivered: withheld output stays withheld. A caller that cancels while
+    an ``async`` implementation is awaited does not cut the chain short: it and
+    every later implementation run to their end (each within its hook timeout),
+    then the call ends as ``cancelled`` (``tool_complete`` sees that; ``tool_error``
+    does not run) and the caller gets ``CancelledError``.
     """
 
 

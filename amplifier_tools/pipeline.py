@@ -19,7 +19,9 @@ Exactly once, whatever happens: every call ends in one of ``tool_post`` or
 task is cancelled (``task.cancel()``, ``asyncio.wait_for``) is completed with a
 ``SystemError`` ``cancelled`` result in a task of its own that a second
 cancellation cannot interrupt, and then
-``CancelledError`` is re-raised to the caller. A call cut by ``close()`` after
+``CancelledError`` is re-raised to the caller; a cancellation while the
+``tool_post`` chain runs lets that chain run to its end first
+(``HookDispatcher.tool_post``). A call cut by ``close()`` after
 the grace period ends the same way with ``host_closing``, but returns that
 result instead of raising (the caller did not cancel it). On CPython 3.12.3
 and later, a cancellation a tool or hook swallowed (caught ``CancelledError``
@@ -256,16 +258,20 @@ class CallPipeline:
             task.cancel(msg="amplifier-tools host closing")
         return len(self.cut)
 
-    def _after_cancel(self, result: ToolResult, number: int, requests: int) -> ToolResult:
+    def _after_cancel(self, result: ToolResult, number: int, requests: int, *, by_caller: bool = False) -> ToolResult:
         """A call ended and was recorded while its task was being cancelled: a cut by ``close()``
         returns the result; the caller's own cancellation is raised — also when ``close`` cut the
         call as well (found by attack: the cut's result was returned to a caller that had
         cancelled; Python 3.11 and later, where a task counts its cancellation requests:
-        ``requests`` were pending when the call began)."""
+        ``requests`` were pending when the call began). ``by_caller``: the call was already being
+        ended as the caller's cancellation when ``close`` cut it, which every version can tell
+        (found by attack: on 3.10 that caller got a returned result with code ``cancelled``)."""
         if number not in self.cut:
             raise asyncio.CancelledError
         current = asyncio.current_task()
         if current is not None and sys.version_info >= (3, 11) and current.uncancel() > requests:
+            raise asyncio.CancelledError
+        if by_caller:
             raise asyncio.CancelledError
         return result
 
@@ -296,7 +302,7 @@ class CallPipeline:
             return await self._fail(call, mounted, ctx, error, started, None, False, recover=False)
 
         ended, _ = await finish_despite_cancel(finish())
-        return self._after_cancel(ended, number, requests)
+        return self._after_cancel(ended, number, requests, by_caller=not by_close)
 
     async def _execute(self, mounted: MountedTool, call: ToolCall, ctx: ToolContext) -> ToolResult:
         """One run of the tool under its timeout and the caller's deadline (``_begin``, then
