@@ -167,7 +167,10 @@ def tool_event(event: str, data: dict[str, Any]) -> None:
     """Observe an event: one emitted by a tool or plugin through
     ``coordinator.hooks.emit`` (for example ``circuit:open``), or the host's own
     ``tool:pre``, ``tool:post`` and ``tool:error`` events in the seed contract's
-    shape. The return value is ignored; failures are logged.
+    shape. The return value is ignored; failures are logged. A call that sent
+    ``tool:pre`` sends one of the other two: a cancelled call, or one cut by
+    ``close()``, sends ``tool:error`` (code ``cancelled`` / ``host_closing``)
+    unless its ``tool:post`` was sent.
 
     Two events arrive while a call runs: ``tool:progress`` (``tool_name``,
     ``tool_call_id``, ``progress``, ``total``, ``message``; an imported MCP tool

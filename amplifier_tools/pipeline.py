@@ -137,6 +137,7 @@ class CallPipeline:
             present = self.hooks.present()  # which hooks have implementations (cached; asked again below)
             events = "tool_event" in present
             ending = False  # the tool_post or tool_error chain has begun: the other must never run
+            posted = False  # the ``tool:post`` event was sent: a cancellation after it sends no ``tool:error``
             tries: list[int] | None = None  # under a retry policy: how many attempts have begun
             try:
                 if self.closing:
@@ -189,16 +190,17 @@ class CallPipeline:
                                                         self._failure_result)
                 if events:
                     await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
+                    posted = True
                 if _swallowed(ctx, task, requests):
                     raise asyncio.CancelledError
             except ToolError as error:
                 if _swallowed(ctx, task, requests):
                     return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending,
-                                                 attempts=tries[0] if tries else None)
+                                                 attempts=tries[0] if tries else None, events=events and not posted)
                 failure: ToolError | None = error
             except asyncio.CancelledError:
                 return await self._cancelled(call, mounted, ctx, started, number, requests, errors_ran=ending,
-                                             attempts=tries[0] if tries else None)
+                                             attempts=tries[0] if tries else None, events=events and not posted)
             except Exception as exc:  # a host bug must still end as a typed result
                 log.exception("unexpected failure %s %r", "ending" if ending else "running", call.name)
                 failure = _internal(exc)
@@ -277,10 +279,12 @@ class CallPipeline:
 
     async def _cancelled(
         self, call: ToolCall, mounted: MountedTool | None, ctx: ToolContext, started: float,
-        number: int, requests: int, *, errors_ran: bool, attempts: int | None = None,
+        number: int, requests: int, *, errors_ran: bool, attempts: int | None = None, events: bool = False,
     ) -> ToolResult:
         """End a call whose task was cancelled: ``tool_error`` (unless an ending chain already
         began), ``tool_complete`` and the record, in a task a second cancellation cannot stop.
+        ``events``: send ``tool_event`` hooks the ``tool:error`` event, as for any failed call (found
+        by attack: an observer of events saw ``tool:pre`` and nothing more of a cancelled call).
 
         A cut by ``close()`` returns the ``host_closing`` result; a caller's cancellation is
         re-raised once the call is recorded.
@@ -298,8 +302,10 @@ class CallPipeline:
         async def finish() -> ToolResult:
             if errors_ran:
                 failure = self._failure_result(call, mounted.spec if mounted is not None else None, ctx, error)
+                if events:
+                    await self.hooks.tool_event("tool:error", event_data(call, ctx, error=failure.error))
                 return await self._complete(call, mounted, ctx, failure, started)
-            return await self._fail(call, mounted, ctx, error, started, None, False, recover=False)
+            return await self._fail(call, mounted, ctx, error, started, None, events, recover=False)
 
         ended, _ = await finish_despite_cancel(finish())
         return self._after_cancel(ended, number, requests, by_caller=not by_close)

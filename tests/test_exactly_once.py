@@ -1077,3 +1077,47 @@ async def test_a_tool_handling_its_own_task_groups_failure_is_not_taken_for_canc
         counting.assert_once("t1")
     finally:
         await host.close()
+
+
+class Events:
+    """A ``tool_event`` observer, as an Amplifier logging module is: ``(event, call id, error code)``."""
+
+    name = "events"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str | None]] = []
+
+    @hookimpl
+    def tool_event(self, event: str, data: dict[str, Any]) -> None:
+        error = data.get("error")
+        self.seen.append((event, data["tool_call_id"], error.get("code") if isinstance(error, dict) else None))
+
+
+@pytest.mark.parametrize("where", ["tool", "tool_post"])
+async def test_a_cancelled_call_sends_tool_event_observers_its_tool_error_event(tmp_path: Path, where: str) -> None:
+    """Found by attack: an observer of events saw ``tool:pre`` of a cancelled call and nothing more
+    (neither ``tool:post`` nor ``tool:error``), whether the tool or an async ``tool_post`` hook was
+    running when the caller cancelled."""
+    entered = asyncio.Event()
+
+    class SlowPost:
+        name = "slow-post"
+
+        @hookimpl
+        async def tool_post(self) -> None:
+            entered.set()
+            await asyncio.sleep(0.05)
+
+    events, tool = Events(), Sleeps()
+    plugins: list[Any] = [ToolsPlugin(tool), events, *([SlowPost()] if where == "tool_post" else [])]
+    async with ToolHost(plugins=plugins, builtins=False, entry_points=False, working_dir=tmp_path,
+                        discover=False) as host:
+        task = asyncio.ensure_future(host.call("sleeps", {"seconds": 30 if where == "tool" else 0}, call_id="c1"))
+        if where == "tool":
+            await tool.running.wait()
+        else:
+            await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert events.seen == [("tool:pre", "c1", None), ("tool:error", "c1", "cancelled")]
