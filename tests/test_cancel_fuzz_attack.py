@@ -24,7 +24,7 @@ import pytest
 from helpers import ToolsPlugin
 
 from amplifier_tools import ExecutionError, ToolHost, ToolResult, ToolSpec, hookimpl
-from amplifier_tools.builtins.policy import COUNTED_FAILURES, NEUTRAL_CODES, NOT_RUN_CODES
+from amplifier_tools.builtins.policy import COUNTED_FAILURES, NEUTRAL_CODES, NOT_RUN_CODES, TOOL_FAULT_CODES
 
 N = 24  # loop iterations before the cancel: past every await of the slowest tool below
 
@@ -194,7 +194,7 @@ class Rig:
         if error is not None and error.get("plugin") is None and not error.get("by_deadline") and not (
                 error.get("code") in NEUTRAL_CODES and error.get("type") == "SystemError") and (
                 error.get("code") not in NOT_RUN_CODES) and (
-                error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout"):
+                error.get("type") in COUNTED_FAILURES or error.get("code") in TOOL_FAULT_CODES):
             self.counted_failures += 1
         self.check_held()
 

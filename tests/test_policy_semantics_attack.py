@@ -285,3 +285,23 @@ async def test_200_queued_callers_get_a_cap_of_3_first_come_first_served() -> No
         assert not any(policy_of(host).held_resources().values())
     finally:
         await host.close()
+
+
+async def test_a_tool_whose_output_breaks_its_schema_opens_its_breaker() -> None:
+    """Found by attack: ``invalid_output`` (the tool's own output failing its output schema, no
+    plugin involved) counted as a success, so a tool that always answered so never opened its
+    breaker, and such a half-open probe closed it. It is the tool's failure."""
+    clock = FakeClock()
+    tool = Tool("drifted", output_schema={"type": "object", "required": ["answer"]},
+                policies={"circuit_breaker": {"failure_threshold": 2, "cooldown_ms": 5000}})
+    host = await host_with(tool, clock=clock)
+    try:
+        for _ in range(2):
+            assert (await host.call("drifted", {})).error["code"] == "invalid_output"
+        assert (await host.call("drifted", {})).error["code"] == "circuit_open"
+        clock.now += 5.0
+        assert (await host.call("drifted", {})).error["code"] == "invalid_output"  # the probe fails: open again
+        assert (await host.call("drifted", {})).error["code"] == "circuit_open"
+        assert tool.runs == 3
+    finally:
+        await host.close()

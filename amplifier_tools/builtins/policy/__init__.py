@@ -66,6 +66,10 @@ NEUTRAL_CODES: Final = frozenset({"cancelled", "host_closing"})
 #: failure. Found by attack: a half-open breaker's probe that ended so was read as a success and
 #: closed the breaker, though the tool never ran.
 NOT_RUN_CODES: Final = frozenset({"deadline_exceeded", "missing_secret"})
+#: Errors of other types that are the tool's own failure: it ran out of its time, or answered with
+#: an output its own schema refuses (found by attack: that counted as a success, so a tool always
+#: answering so never opened its breaker; a plugin's replacement is attributed to the plugin).
+TOOL_FAULT_CODES: Final = frozenset({"timeout", "invalid_output"})
 DEFAULT_TIMEOUT: Final = 60.0  # the host's default tool timeout when none is published
 
 
@@ -721,7 +725,7 @@ class PolicyPlugin:
             # everyone), or ended before the tool started: says nothing of the tool
             failed = None
         else:
-            failed = error.get("type") in COUNTED_FAILURES or error.get("code") == "timeout"
+            failed = error.get("type") in COUNTED_FAILURES or error.get("code") in TOOL_FAULT_CODES
         if held.shared is not None and self.shared is not None:
             shared = held.shared
             if shared.lease is None and shared.breaker is None and shared.claim is None and not shared.budgets:
