@@ -14,43 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ToolsPlugin
+from test_audit_trust import log_path, make, one_run
 
-from amplifier_tools import ToolContext, ToolHost, ToolResult, ToolSpec
 from amplifier_tools.builtins.audit.chain import anchor_path, encode_body, link, verify
 from amplifier_tools.builtins.audit.commands import main as audit_main
-
-
-class Echo:
-    spec = ToolSpec(name="local::test.echo", version="1.0.0", description="echo", effect="Pure",
-                    input_schema={"type": "object", "properties": {"text": {"type": "string"}}})
-    name, description = spec.name, spec.description
-
-    async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
-        return ToolResult(output={"echo": input.get("text")})
-
-
-def log_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "audit.jsonl"
-
-
-async def make(tmp_path: Path, **audit: Any) -> ToolHost:
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    config = {"plugins": {"audit": {"path": str(log_path(tmp_path)), **audit}}}
-    host = ToolHost(config=config, plugins=[ToolsPlugin(Echo())], builtins=["audit"], entry_points=False,
-                    working_dir=work, discover=False)
-    await host.start()
-    return host
-
-
-async def one_run(tmp_path: Path, calls: int) -> None:
-    host = await make(tmp_path)
-    try:
-        for i in range(calls):
-            assert (await host.call("test_echo", {"text": f"call {i}"})).success
-    finally:
-        await host.close()
 
 
 def records(path: Path) -> list[dict[str, Any]]:

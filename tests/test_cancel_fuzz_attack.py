@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from helpers import ToolsPlugin
+from test_exactly_once import Counting
 
 from amplifier_tools import ExecutionError, ToolHost, ToolResult, ToolSpec, hookimpl
 from amplifier_tools.builtins.policy import COUNTED_FAILURES, NEUTRAL_CODES, NOT_RUN_CODES, TOOL_FAULT_CODES
@@ -106,33 +107,6 @@ class FuzzTool:
                 await asyncio.sleep(0)
         finally:
             raise RuntimeError("cleanup failed")
-
-
-class Counting:
-    """Counts each call hook per call id (registered after the built-ins, so it runs first)."""
-
-    name = "counting"
-
-    def __init__(self) -> None:
-        self.seen: Counter[tuple[str, str]] = Counter()
-        self.completed: dict[str, ToolResult] = {}
-
-    @hookimpl
-    def tool_pre(self, call: Any) -> None:
-        self.seen["tool_pre", call.id] += 1
-
-    @hookimpl
-    def tool_post(self, call: Any) -> None:
-        self.seen["tool_post", call.id] += 1
-
-    @hookimpl
-    def tool_error(self, call: Any) -> None:
-        self.seen["tool_error", call.id] += 1
-
-    @hookimpl
-    def tool_complete(self, call: Any, result: ToolResult) -> None:
-        self.seen["tool_complete", call.id] += 1
-        self.completed[call.id] = result
 
 
 class Rig:
