@@ -57,7 +57,11 @@ CONFIG_SCHEMA: Final[dict[str, Any]] = {
     "title": "amplifier-tools host configuration",
     "type": "object",
     "properties": {
-        "working_dir": {"type": "string", "description": "Session working directory (default: cwd)."},
+        "working_dir": {
+            "type": "string", "minLength": 1,
+            "description": "Session working directory (default: cwd; a relative path is relative to the current "
+                           "directory of the process, not to the file).",
+        },
         "state_dir": {
             "type": "string", "minLength": 1,
             "description": "Where the host keeps its own state (audit log, anchor, locks, spill files, policy "
@@ -98,7 +102,8 @@ CONFIG_SCHEMA: Final[dict[str, Any]] = {
         "secrets": {
             "type": "object",
             "description": "Secret reference name -> environment variable that holds its value.",
-            "additionalProperties": {"type": "string"},
+            # a name no environment can hold ("", "A=B") would only fail each call that needs it
+            "additionalProperties": {"type": "string", "minLength": 1, "pattern": "^[^=]+$"},
         },
         "plugins": {
             "type": "object",
@@ -134,6 +139,9 @@ def _validator() -> Validator:
     return CompiledSchema(CONFIG_SCHEMA)
 
 
+_SECRETS_HINT: Final = ('each [secrets] value is the name of the environment variable that holds the secret, '
+                        'e.g. deploy = "DEPLOY_KEY"')
+
 _ENV_REF: Final = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -167,7 +175,7 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"configuration must be a table/mapping, got {type(raw).__name__}", file=file)
     data: dict[str, Any] = dict(raw)
-    _reject_non_finite(data, "", file)
+    _reject_unusable(data, "", file)
     if isinstance(data.get("tools"), list) or isinstance(data.get("hooks"), list):
         _fold_mount_plan(data, file)
     validator = _validator()
@@ -184,7 +192,8 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
                                       problems[0])
                 pointer = f"/{section}{inner}"
         expected = _allowed_keys(pointer) if message.endswith("is not an allowed property") else None
-        raise ConfigError(message, key=_dotted(pointer), file=file, expected=expected)
+        hint = _SECRETS_HINT if section == "secrets" and expected is None else None
+        raise ConfigError(message, key=_dotted(pointer), file=file, expected=expected, hint=hint)
     if isinstance(data.get("tools"), list):
         data["modules"] = list(data.get("modules", [])) + data.pop("tools")
     if "hooks" in data:
@@ -217,17 +226,30 @@ def _fold_mount_plan(data: dict[str, Any], file: str | None) -> None:
                             "it)", where, entry.get("module"), entry["source"])
 
 
-def _reject_non_finite(value: Any, path: str, file: str | None) -> None:
-    """NaN and infinity are never a setting (``window_ms = nan`` would silently disable a limit):
-    ``ConfigError`` naming the key, wherever in the configuration they stand (plugin sections too)."""
+def _reject_unusable(value: Any, path: str, file: str | None) -> None:
+    """Values no setting can hold, wherever in the configuration they stand (plugin sections too):
+    ``ConfigError`` naming the key. NaN and infinity (``window_ms = nan`` would silently disable a
+    limit); a NUL byte in a string or a key (no path, command, user or environment variable can hold
+    one: found by attack, ``working_dir = "a\\u0000b"`` ended in a bare ``ValueError``); a key that is
+    not a string (a YAML ``1:``, found by attack: it ended in a bare ``TypeError``)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"must be a finite number, got {value!r}", key=path or None, file=file)
+    if isinstance(value, str) and "\x00" in value:
+        raise ConfigError("must not contain a NUL byte (\\u0000)", key=path or None, file=file,
+                          hint="no path, command, name or environment variable can hold a NUL byte; remove it")
     if isinstance(value, Mapping):
         for k, v in value.items():
-            _reject_non_finite(v, f"{path}.{k}" if path else str(k), file)
+            where = f"{path}.{k}" if path else str(k)
+            if not isinstance(k, str):
+                raise ConfigError(f"key {k!r} is not a string", key=where, file=file,
+                                  hint="quote the key (YAML reads 1, true or a date as a value of that type)")
+            if "\x00" in k:
+                raise ConfigError("the key must not contain a NUL byte (\\u0000)", key=where.replace("\x00", "\\u0000"),
+                                  file=file, hint="remove the NUL byte from the key")
+            _reject_unusable(v, where, file)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _reject_non_finite(v, f"{path}[{i}]", file)
+            _reject_unusable(v, f"{path}[{i}]", file)
 
 
 def plugin_section(config: Mapping[str, Any], plugin: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -280,7 +302,12 @@ def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | No
         try:
             data = loads(text)
         except TOMLDecodeError as exc:
-            raise ConfigError(f"not valid TOML: {exc}", file=file) from None
+            # found by attack: a file saved with a byte-order mark said only "Invalid statement (at
+            # line 1, column 1)", where nothing is to be seen
+            bom = " (the file starts with a byte-order mark, U+FEFF, which TOML does not allow)" \
+                if text.startswith("\ufeff") else ""
+            raise ConfigError(f"not valid TOML: {exc}{bom}", file=file,
+                              hint="save the file as UTF-8 without a byte-order mark" if bom else None) from None
         if p.name == "pyproject.toml":
             section = pyproject_section(data, file)
             if section is None:  # found by attack: --config pyproject.toml without one ran on the defaults

@@ -140,7 +140,12 @@ def did_you_mean(name: str, expected: Collection[str]) -> str | None:
     """``"did you mean 'x'?"`` for a misspelled ``name`` among ``expected`` names, else None.
 
     ``difflib`` is imported only when some name shares enough letters with ``name`` to be close
-    (``_quick_ratio``, the bound ``difflib`` itself checks first), not for every unknown name."""
+    (``_quick_ratio``, the bound ``difflib`` itself checks first), not for every unknown name. A name
+    that differs from one only in case is always close (found by attack: ``disable_plugins =
+    ["BASH"]`` shares no letter with ``bash``, was taken for a plugin not installed, and bash ran)."""
+    same = next((e for e in sorted(expected) if e.casefold() == name.casefold()), None)
+    if same is not None and same != name:
+        return f"did you mean {same!r}?"
     candidates = sorted(e for e in expected if _quick_ratio(name, e) >= 0.6)
     if not candidates:
         return None

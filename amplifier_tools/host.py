@@ -100,6 +100,35 @@ ENV_LOAD = "AMPLIFIER_TOOLS_LOAD_PLUGINS"
 ENV_TRACE = "AMPLIFIER_TOOLS_TRACE"
 
 
+def _check_working_dir_argument(given: str) -> None:
+    """``ToolHost(working_dir=...)`` (``serve-mcp --working-dir``) that names no directory at all:
+    ``ConfigError`` naming ``working_dir``. An empty one (found by attack: ``--working-dir "$WD"``
+    with ``WD`` unset ran in the current directory without a word) or one with a NUL byte (it ended
+    in a bare ``ValueError``)."""
+    if not given or "\x00" in given:
+        problem = "is empty" if not given else "contains a NUL byte"
+        raise ConfigError(f"the working directory given {problem}", key="working_dir",
+                          hint="pass the directory to work in (ToolHost(working_dir=...); amplifier-tools "
+                               "serve-mcp --working-dir), or leave it out for the current directory")
+
+
+def _checked_builtins(names: Any) -> tuple[str, ...]:
+    """``ToolHost(builtins=[...])``: names of built-in plugins, each one of them. ``ConfigError``
+    naming ``builtins`` otherwise (found by attack: ``builtins=["polcy", "audit"]`` or
+    ``builtins="policy"``, read as its letters, mounted no policy plugin without a word)."""
+    known = sorted(BUILTIN_PLUGINS)
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise ConfigError(f"must be True, False or a list of built-in plugin names, got {names!r}", key="builtins",
+                          hint=f"e.g. builtins=[{names!r}]" if isinstance(names, str) else
+                          f"the built-in plugins: {', '.join(known)}")
+    checked = tuple(names)
+    for name in checked:
+        if name not in BUILTIN_PLUGINS:
+            raise ConfigError(f"{name!r} is no built-in plugin (the built-ins: {', '.join(known)})", key="builtins",
+                              hint=did_you_mean(name, known) if isinstance(name, str) else None)
+    return checked
+
+
 class ToolHost:
     """The runtime. Use as ``async with ToolHost(config=...) as host:``.
 
@@ -127,6 +156,8 @@ class ToolHost:
         working_dir: str | os.PathLike[str] | None = None,
         discover: bool = True,
     ) -> None:
+        if working_dir is not None:
+            _check_working_dir_argument(os.fspath(working_dir))
         #: Whether the host looked for its configuration itself (see ``config_trust``).
         self.discovered_config = config is None and discover
         if config is None and discover:
@@ -148,7 +179,9 @@ class ToolHost:
         else:
             self.config = validate_config(config)
         self._extra_plugins = list(plugins)
-        self._builtins = builtins
+        #: The built-in plugins to load, each checked to be one (``True``: all of them).
+        self._builtins: tuple[str, ...] = tuple(BUILTIN_PLUGINS) if builtins is True else () \
+            if builtins is False else _checked_builtins(builtins)
         self._entry_points = entry_points
         self._installed_modules = installed_modules
         #: The working directory the operator started the host in, before the configuration could
@@ -417,9 +450,7 @@ class ToolHost:
         # none where no distribution declares a plugin (installed_entry_points).
         installed = installed_entry_points() if self._entry_points else None
         if self._builtins:
-            wanted = BUILTIN_PLUGINS if self._builtins is True else {
-                name: BUILTIN_PLUGINS[name] for name in self._builtins if name in BUILTIN_PLUGINS
-            }
+            wanted = {name: BUILTIN_PLUGINS[name] for name in self._builtins}
             for name, module_path in wanted.items():
                 if name in disabled:
                     continue
@@ -620,7 +651,7 @@ class ToolHost:
                                   f"{sandboxed!r}" if sandboxed else f"add {second!r} (or {first!r}) to "
                                   "disable_plugins in the configuration") from exc
             if isinstance(exc, ConfigError):
-                located = ConfigError(exc.detail, key=exc.key, file=exc.file or self.config_file)
+                located = ConfigError(exc.detail, key=exc.key, file=exc.file or self.config_file, hint=exc.hint)
                 if exc.key is not None and exc.key.startswith("tools."):
                     raise located from exc  # the host's per-tool overrides: not the mounting plugin's fault
                 # A plugin that refuses its configuration never runs silently without it (that would

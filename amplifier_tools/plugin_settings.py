@@ -110,8 +110,23 @@ def _positive(value: float) -> bool:
     return value > 0  # NaN compares false: refused
 
 
-#: An integer above zero: a size, a count, a limit.
-Count = Annotated[int, Expect("a positive integer", _positive)]
+#: The largest ``Count``: 2**63 - 1, the largest limit ``setrlimit`` and ``prlimit(1)`` take below
+#: "unlimited" (found by attack: ``max_memory_bytes = 10**23`` failed every bash call in prlimit, and
+#: 2**64 - 1 is RLIM_INFINITY, no limit at all), and far beyond any real size or count.
+MAX_COUNT: Final = 2**63 - 1
+
+
+def _count(value: Any) -> int:
+    """A ``Count``: an integer above zero and at most ``MAX_COUNT``, each refusal saying which."""
+    if type(value) is not int or value <= 0:
+        raise Invalid(f"must be a positive integer, got {_shown(value)}")
+    if value > MAX_COUNT:
+        raise Invalid(f"must be at most {MAX_COUNT} (2**63 - 1), got {_shown(value)}")
+    return value
+
+
+#: An integer above zero, at most ``MAX_COUNT``: a size, a count, a limit.
+Count = Annotated[int, Expect("a positive integer", lambda value: 0 < value <= MAX_COUNT, parse=_count)]
 #: A number above zero (an integer or a float), e.g. milliseconds.
 Number = Annotated[float, Expect("a positive number", _positive)]
 #: A duration above zero, in seconds (an integer or a float).

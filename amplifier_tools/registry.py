@@ -136,10 +136,16 @@ def apply_overrides(spec: ToolSpec, overrides: Mapping[str, Any], *, key: str) -
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any], key: str) -> dict[str, Any]:
+    """``base`` (an unstructured ``ToolSpec``) with ``override`` merged in, table by table; an unknown
+    key is a ``ConfigError`` with a did-you-mean, or, for a key of a table below (``timeout_ms`` of
+    ``policies``), the key it belongs at (found by attack: ``[tools.x] timeout_ms`` had no hint)."""
     out = dict(base)
     for name, value in override.items():
         if name not in base:
-            raise ConfigError(f"unknown key {name!r} (not a ToolSpec field)", key=f"{key}.{name}")
+            home = next((table for table, fields in base.items() if isinstance(fields, dict) and name in fields), None)
+            hint = f"it belongs in a table below: {key}.{home}.{name}" if home is not None else None
+            raise ConfigError(f"unknown key {name!r} (not a ToolSpec field)", key=f"{key}.{name}", hint=hint,
+                              expected=sorted(base))
         if isinstance(value, Mapping) and isinstance(base[name], dict):
             out[name] = _deep_merge(base[name], dict(value), f"{key}.{name}")
         else:

@@ -670,7 +670,12 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
         return f"HTTP {status} from {url}{why}"
     s = connection.settings
     process = connection._process
-    if isinstance(exc, FileNotFoundError) and process is None:
+    cwd = server_cwd(s, connection.working_dir) if s.command is not None else None
+    if isinstance(exc, FileNotFoundError) and process is None and cwd is not None and not os.path.isdir(cwd):
+        # found by attack: a cwd that does not exist was reported as the command missing from PATH
+        what = (f"its working directory {cwd} does not exist; set plugins.mcp.servers.{connection.name}.cwd "
+                "to an existing directory (relative to the host's working directory)")
+    elif isinstance(exc, FileNotFoundError) and process is None:
         path = connection.environment().get("PATH", "")
         what = (f"no executable {s.command!r} on the PATH the server gets ({path!r}); set "
                 f"plugins.mcp.servers.{connection.name}.command to its absolute path, or pass PATH "

@@ -64,7 +64,7 @@ class ServerSettings:
     args: tuple[str, ...] = ()
     env: EnvTable = attrs.field(factory=dict)
     env_passthrough: EnvNames = ()
-    cwd: Annotated[str, Expect("a directory path")] | None = None
+    cwd: Annotated[str, Expect("a directory path", bool)] | None = None  # "" was taken as unset (found by attack)
     stderr: Literal["inherit", "discard"] = "inherit"
     version: Annotated[str, Expect("a version string")] | None = None
     pins: Annotated[Mapping[str, str], Expect("a table of tool name -> 'sha256:<hex>'")] = attrs.field(factory=dict)

@@ -144,7 +144,9 @@ class AuditWriter:
         self.path = Path(os.path.abspath(os.fspath(path)))
         self.anchor_path = anchor_path(self.path)
         self.fsync = fsync
-        self.fsync_interval = fsync_interval_ms / 1000.0
+        # at most the longest wait a thread can make (found by attack: fsync_interval_ms = 1e300 made
+        # the fsync thread fail and log every 10 ms for ever); beyond it no interval is different
+        self.fsync_interval = min(fsync_interval_ms / 1000.0, threading.TIMEOUT_MAX)
         self.fsync_every = fsync_every
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 import os
 import stat
+import sys
 import threading
 from typing import Any, Final
 
@@ -48,7 +49,9 @@ def page_lines(fd: int, *, offset: int, limit: int, max_line_chars: int, encodin
     when the end of the file was reached within the page.
     """
     with os.fdopen(os.dup(fd), "rb", buffering=CHUNK) as stream:
-        cap = max_line_chars * 4 + 4  # bytes: up to 4 per character in UTF-8
+        # bytes: up to 4 per character in UTF-8; never past what readline takes (found by attack: a
+        # max_line_chars above 2**61 failed every read with OverflowError)
+        cap = min(max_line_chars * 4 + 4, sys.maxsize)
         lines: list[str] = []
         number = 0
         truncated_lines = 0
