@@ -175,9 +175,9 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"configuration must be a table/mapping, got {type(raw).__name__}", file=file)
     data: dict[str, Any] = dict(raw)
-    _reject_unusable(data, "", file)
     if isinstance(data.get("tools"), list) or isinstance(data.get("hooks"), list):
         _fold_mount_plan(data, file)
+    _reject_unusable(data, "", file)  # after the agent's sections are dropped: they are not read here
     validator = _validator()
     if not validator.is_valid(data):
         pointer, message = schema_problems(validator, data, limit=1)[0]
@@ -226,12 +226,19 @@ def _fold_mount_plan(data: dict[str, Any], file: str | None) -> None:
                             "it)", where, entry.get("module"), entry["source"])
 
 
-def _reject_unusable(value: Any, path: str, file: str | None) -> None:
+#: A module entry of a mount plan (``tools[0]``), whose ``config`` is that plugin's own settings.
+_PLAN_ENTRY: Final = re.compile(r"(?:tools|hooks|modules)\[[0-9]+\]")
+
+
+def _reject_unusable(value: Any, path: str, file: str | None, *, own: bool = False) -> None:
     """Values no setting can hold, wherever in the configuration they stand (plugin sections too):
     ``ConfigError`` naming the key. NaN and infinity (``window_ms = nan`` would silently disable a
     limit); a NUL byte in a string or a key (no path, command, user or environment variable can hold
     one: found by attack, ``working_dir = "a\\u0000b"`` ended in a bare ``ValueError``); a key that is
-    not a string (a YAML ``1:``, found by attack: it ended in a bare ``TypeError``)."""
+    not a string (a YAML ``1:``, found by attack: it ended in a bare ``TypeError``), except in a
+    plugin's own settings (``own``: below ``plugins.<name>``, a mount-plan module's ``config``), which
+    are passed to the plugin as they are and judged by it (found by review: a plugin's
+    ``codes: {429: 5}`` that it had always been given was refused)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"must be a finite number, got {value!r}", key=path or None, file=file)
     if isinstance(value, str) and "\x00" in value:
@@ -240,16 +247,17 @@ def _reject_unusable(value: Any, path: str, file: str | None) -> None:
     if isinstance(value, Mapping):
         for k, v in value.items():
             where = f"{path}.{k}" if path else str(k)
-            if not isinstance(k, str):
+            if not isinstance(k, str) and not own:
                 raise ConfigError(f"key {k!r} is not a string", key=where, file=file,
                                   hint="quote the key (YAML reads 1, true or a date as a value of that type)")
-            if "\x00" in k:
+            if isinstance(k, str) and "\x00" in k:
                 raise ConfigError("the key must not contain a NUL byte (\\u0000)", key=where.replace("\x00", "\\u0000"),
                                   file=file, hint="remove the NUL byte from the key")
-            _reject_unusable(v, where, file)
+            plugins_own = path == "plugins" or (k == "config" and _PLAN_ENTRY.fullmatch(path) is not None)
+            _reject_unusable(v, where, file, own=own or plugins_own)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _reject_unusable(v, f"{path}[{i}]", file)
+            _reject_unusable(v, f"{path}[{i}]", file, own=own)
 
 
 def plugin_section(config: Mapping[str, Any], plugin: str) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -263,6 +263,23 @@ def argument_getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tup
     return lambda kwargs: ()
 
 
+#: The task each ``finish_despite_cancel`` task works for (``works_for``).
+_WORKS_FOR: weakref.WeakKeyDictionary[asyncio.Task[Any], asyncio.Task[Any] | None] = weakref.WeakKeyDictionary()
+
+
+def works_for(task: asyncio.Task[Any]) -> list[asyncio.Task[Any]]:
+    """``task`` and each task it does work for through ``finish_despite_cancel``, nearest first:
+    code running in an async ``tool_post``, ``tool_error`` or ``tool_complete`` implementation is
+    inside the call whose task awaits it (found by review: ``close()`` awaited there was not told
+    for one awaited inside the call, and waited for that call through the grace and the hook timeout)."""
+    chain: list[asyncio.Task[Any]] = []
+    current: asyncio.Task[Any] | None = task
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = _WORKS_FOR.get(current)
+    return chain
+
+
 async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
     """``(result, cancelled)``: await ``awaitable`` to its end even if the awaiting task is
     cancelled meanwhile; ``cancelled`` says whether a cancellation arrived (the caller honours it
@@ -275,6 +292,8 @@ async def finish_despite_cancel(awaitable: Any) -> tuple[Any, bool]:
     future = asyncio.ensure_future(awaitable)
     if sys.version_info < (3, 11):
         _UNCANCELLED.add(future)
+    if isinstance(future, asyncio.Task):
+        _WORKS_FOR[future] = asyncio.current_task()
     cancelled = False
     while not future.done():
         try:
@@ -767,6 +786,7 @@ class HookDispatcher:
         A cancellation of the caller's task while an async implementation is awaited does not cut
         the chain short: that implementation and every later one run to their end (each within its
         hook timeout), then ``CancelledError`` is raised for the caller to honour (``_finish_chained``).
+        One without a hook timeout (``hook_timeout_ms = None``) is cut by the cancellation instead.
         """
         kwargs = {"call": call, "spec": spec, "result": result, "context": context}
         failed_closed = False
@@ -783,7 +803,11 @@ class HookDispatcher:
                         raise self._raised(impl, "tool_post", exc) from exc
                 else:
                     out = self._start(impl, "tool_post", kwargs)
-                if impl.is_async or (out is not None and inspect.isawaitable(out)):
+                if impl.timeout is None and (impl.is_async or (out is not None and inspect.isawaitable(out))):
+                    # Nothing bounds it: a cancellation cuts it, as before (found by review: one that
+                    # never returned, run to its end past a cut by close(), lost the call's record).
+                    out = await self._finish(impl, "tool_post", out)
+                elif impl.is_async or (out is not None and inspect.isawaitable(out)):
                     out, late = await self._finish_chained(impl, "tool_post", out)
                     cancelled = cancelled or late
             except HookFailure as failure:

@@ -94,7 +94,8 @@ def tool_post(
     denial they return is recorded (``replace_ignored``, ``deny_ignored``) and
     never delivered: withheld output stays withheld. A caller that cancels while
     an ``async`` implementation is awaited does not cut the chain short: it and
-    every later implementation run to their end (each within its hook timeout),
+    every later implementation run to their end (each within its hook timeout;
+    one without a hook timeout is cut instead),
     then the call ends as ``cancelled`` (``tool_complete`` sees that; ``tool_error``
     does not run) and the caller gets ``CancelledError``.
     """
@@ -170,7 +171,8 @@ def tool_event(event: str, data: dict[str, Any]) -> None:
     shape. The return value is ignored; failures are logged. A call that sent
     ``tool:pre`` sends one of the other two: a cancelled call, or one cut by
     ``close()``, sends ``tool:error`` (code ``cancelled`` / ``host_closing``)
-    unless its ``tool:post`` was sent.
+    unless its ``tool:post`` was sent; a cancellation while ``tool:post`` is
+    delivered lets every observer get it first.
 
     Two events arrive while a call runs: ``tool:progress`` (``tool_name``,
     ``tool_call_id``, ``progress``, ``total``, ``message``; an imported MCP tool

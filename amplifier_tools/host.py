@@ -44,7 +44,7 @@ from .config import (
 )
 from .coordinator import Coordinator
 from .definitions import tool_definitions
-from .dispatch import HookDispatcher, PluginManager, PluginSettings
+from .dispatch import HookDispatcher, PluginManager, PluginSettings, works_for
 from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError, did_you_mean
 from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
 from .loader import (
@@ -386,7 +386,8 @@ class ToolHost:
             raise elsewhere
         if pipeline is not None:
             current = asyncio.current_task()
-            if current is not None and any(task is current for task in pipeline.in_flight.values()):
+            inside = works_for(current) if current is not None else []  # a hook's task of its own too
+            if any(task is each for task in pipeline.in_flight.values() for each in inside):
                 raise ToolSystemError(
                     "close() was awaited from inside one of this host's own calls; it would wait for that "
                     "call to end. Schedule it instead: asyncio.ensure_future(host.close())",

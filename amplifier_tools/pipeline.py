@@ -189,8 +189,14 @@ class CallPipeline:
                     result = await self.hooks.tool_post(call, spec, result, ctx, mounted.check_output,
                                                         self._failure_result)
                 if events:
-                    await self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result)))
+                    # Delivered to every observer despite a cancellation, which is honoured after:
+                    # one cut short sent ``tool:post`` to the first observers and then ``tool:error``
+                    # to all (found by review: an observer saw both end events of the call).
                     posted = True
+                    _, cut = await finish_despite_cancel(
+                        self.hooks.tool_event("tool:post", event_data(call, ctx, tool_result=result_data(result))))
+                    if cut:
+                        raise asyncio.CancelledError
                 if _swallowed(ctx, task, requests):
                     raise asyncio.CancelledError
             except ToolError as error:

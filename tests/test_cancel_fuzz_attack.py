@@ -167,7 +167,7 @@ class Rig:
         error = completed.error
         if error is not None and error.get("plugin") is None and not error.get("by_deadline") and not (
                 error.get("code") in NEUTRAL_CODES and error.get("type") == "SystemError") and (
-                error.get("code") not in NOT_RUN_CODES) and (
+                (error.get("type"), error.get("code")) not in NOT_RUN_CODES) and (
                 error.get("type") in COUNTED_FAILURES or error.get("code") in TOOL_FAULT_CODES):
             self.counted_failures += 1
         self.check_held()

@@ -64,8 +64,9 @@ NEUTRAL_CODES: Final = frozenset({"cancelled", "host_closing"})
 #: Errors the host ends an admitted call with before its tool starts (the caller's deadline passed
 #: while later ``tool_pre`` hooks ran; a secret could not be resolved): neither success nor
 #: failure. Found by attack: a half-open breaker's probe that ended so was read as a success and
-#: closed the breaker, though the tool never ran.
-NOT_RUN_CODES: Final = frozenset({"deadline_exceeded", "missing_secret"})
+#: closed the breaker, though the tool never ran. Each with its type: a tool's own ``ExecutionError``
+#: using one of these codes is its failure (found by review).
+NOT_RUN_CODES: Final = frozenset({("PolicyError", "deadline_exceeded"), ("AuthError", "missing_secret")})
 #: Errors of other types that are the tool's own failure: it ran out of its time, or answered with
 #: an output its own schema refuses (found by attack: that counted as a success, so a tool always
 #: answering so never opened its breaker; a plugin's replacement is attributed to the plugin).
@@ -719,7 +720,7 @@ class PolicyPlugin:
             failed: bool | None = False
         elif error.get("plugin") is not None or (error.get("code") in NEUTRAL_CODES
                                                  and error.get("type") == "SystemError") or error.get("by_deadline") \
-                or error.get("code") in NOT_RUN_CODES:
+                or (error.get("type"), error.get("code")) in NOT_RUN_CODES:
             # cut off, decided by a plugin (a later veto, a hook failure), out of the caller's own
             # time (found by attack: a caller's 10 ms deadlines opened a healthy tool's breaker for
             # everyone), or ended before the tool started: says nothing of the tool
