@@ -85,7 +85,7 @@ class HookRegistry:
         self._handlers: dict[str, list[Registration]] = {}
         self._order = 0
         #: While the host starts: the events emitted so far, each with the data its handlers got
-        #: and the last registration it reached (``replay_to_late_handlers``).
+        #: and the last registration it reached (replayed by ``started``).
         self._during_start: list[tuple[str, dict[str, Any], int]] | None = None
 
     def register(self, event: str, handler: Handler, priority: int = 0, name: str | None = None, *,

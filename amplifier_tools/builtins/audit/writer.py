@@ -172,6 +172,8 @@ class AuditWriter:
         self._written = 0  # records this writer wrote (the sequence fsync waiters wait for)
         self._synced = 0
         self._anchored: tuple[int, int] = (-1, -1)
+        #: (inode, size) of the live file up to which an fsync is known to have covered it.
+        self._durable: tuple[int, int] = (-1, -1)
         self._last_anchor = 0.0
         self._recheck = False
         #: Whether the next record is anchored at once (``_catch_up`` found another process's records).
@@ -952,9 +954,11 @@ class AuditWriter:
         self._retired.append(fd)
 
     def _write_anchor(self, *, closed: bool = False) -> None:
-        """Replace ``<log>.anchor`` with our head (temp file + rename in the log's directory)."""
+        """Replace ``<log>.anchor`` with our head (temp file + rename in the log's directory), once
+        the log is fsynced up to it (``_make_durable``)."""
         head = self._head
         assert head is not None and self._dir_fd is not None
+        self._make_durable(head)
         anchor = Anchor(self._leaf, head.inode, head.size, head.hash, head.records, time.time(),
                         self.checkpoint_key_ref if self.checkpoint_key is not None else None, closed=closed)
         data = encode_anchor(anchor, self.checkpoint_key)
@@ -975,6 +979,24 @@ class AuditWriter:
             os.close(fd)
         self._anchored = (head.inode, head.size)
         self._last_anchor = time.monotonic()
+
+    def _make_durable(self, head: _Head) -> None:
+        """fsync the live file (which ``head`` describes) unless an fsync already covered it up to
+        ``head``, or ``fsync = "never"``. The anchor is replaced by a rename, which the filesystem
+        may make durable before the log's tail: an anchor naming records a crash then lost reads as
+        a log cut short (found by review: after a power loss, a false tampering alarm, and the
+        next start set the log aside; a signed checkpoint anchored records the fsync thread had
+        not reached yet). Costs one fsync only when the head moved since the thread's last one:
+        at a checkpoint, a rotation, records of another writer, or records appended during the
+        thread's fsync (at most once every ``fsync_interval_ms``, holding the writer's lock).
+        Not covered: the anchor file's own bytes are not fsynced before the rename (a filesystem
+        that can leave a renamed file empty after a crash, such as XFS, can still leave an
+        unreadable anchor; ext4 and btrfs flush it with the rename)."""
+        if self.fsync == "never" or not head.size or self._durable == (head.inode, head.size):
+            return
+        assert self._fd is not None
+        os.fsync(self._fd)
+        self._durable = (head.inode, head.size)
 
     def _set_anchor_aside(self) -> None:
         """Move a directory found at the anchor's name aside (``<log>.anchor.tampered-<time>-<pid>``,
@@ -1053,11 +1075,14 @@ class AuditWriter:
             self._sync_requested = False
             stopping = self._stop
             fd, target = self._fd, self._written
+            head = self._head  # what ``fd`` holds now: the fsync below covers it
             retired, self._retired = self._retired, []
         error: OSError | None = None
+        covered: tuple[int, int] | None = None
         if fd is not None and self.fsync != "never" and target > self._synced:
             try:
                 os.fsync(fd)
+                covered = None if head is None else (head.inode, head.size)
             except OSError as exc:
                 error = exc
         for old in retired:  # a file set aside or rotated away may still hold unsynced records
@@ -1078,6 +1103,8 @@ class AuditWriter:
             if error is None:
                 self.sync_error = None
                 self._synced = max(self._synced, target)
+                if covered is not None and (covered[0] != self._durable[0] or covered[1] > self._durable[1]):
+                    self._durable = covered
                 ready = [w for w in self._waiters if w[0] <= self._synced]
                 self._waiters = [w for w in self._waiters if w[0] > self._synced]
                 failure: AuditWriteError | None = None
