@@ -12,6 +12,8 @@ How resolution defeats escapes:
 - the file is then opened *component by component* from a directory file
   descriptor of the root, every component with ``O_NOFOLLOW``: a symlink
   swapped in between check and open makes the open fail, it is never followed;
+  the root is opened the same way from ``/`` (it was resolved at start, so a
+  symlink on its path now was swapped in since, and is refused);
 - a symlink met on the way is resolved and the whole walk starts again on the
   resolved path, which must itself lie inside a root (so in-root links work and
   links out of the roots are refused);
@@ -178,10 +180,17 @@ class PathRules:
             raise ContractError("path must be a non-empty string", code="invalid_path", pointer="/path")
         if "\x00" in path:
             raise ContractError("path contains a NUL byte", code="invalid_path", pointer="/path")
-        # A character is at most 4 bytes in UTF-8: a short path needs no encoding to be measured.
-        if len(path) * 4 > MAX_PATH_BYTES and len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
-            raise ContractError(f"path is longer than {MAX_PATH_BYTES} bytes", code="invalid_path",
-                                pointer="/path")
+        # A character is at most 4 bytes in UTF-8: a short ASCII path needs no encoding to be measured.
+        if len(path) * 4 > MAX_PATH_BYTES or not path.isascii():
+            try:
+                size = len(os.fsencode(path))
+            except UnicodeEncodeError as exc:  # found by attack: every tool failed as tool_raised
+                raise ContractError(f"path {path!r} holds a character no file name can (a lone surrogate, "
+                                    f"at character {exc.start})", code="invalid_path", pointer="/path",
+                                    path=path) from None
+            if size > MAX_PATH_BYTES:
+                raise ContractError(f"path is longer than {MAX_PATH_BYTES} bytes", code="invalid_path",
+                                    pointer="/path")
         if path[0] == "~":
             path = os.path.expanduser(path)
         # ``os.path.join(self.working_dir, path)``, spelled out: the working directory is absolute.
@@ -448,7 +457,7 @@ class PathRules:
                 raise _protected(path, absolute, entry)
             resolved = self._locate(absolute, self.write_roots if write else self.read_roots, current, write)
             parts = resolved.parts if final_dir else resolved.parts[:-1]
-            fd = os.open(resolved.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = self._open_root(resolved.root, path)
             restart: str | None = None
             try:
                 for index, part in enumerate(parts):
@@ -485,6 +494,39 @@ class PathRules:
             os.close(fd)
             current = restart
         raise _deny(f"{path!r}: too many symbolic links", "symlink_loop", path)
+
+    @staticmethod
+    def _open_root(root: str, original: str) -> int:
+        """A directory fd of ``root``, opened component by component from ``/`` with ``O_NOFOLLOW``.
+
+        Roots are resolved at start, so their paths hold no symbolic link; one found now was put
+        there since, and is refused (``symlink_escape``) instead of followed (found by attack: with
+        ``allowed_write_paths = ["build"]``, a command that replaced ``build`` by ``build ->
+        /root/.ssh`` while the host ran made ``write_file("build/authorized_keys")`` write there,
+        and ``read_file`` read there, protected files included)."""
+        parts = [part for part in root.split("/") if part]
+        # Ancestors opened ``O_PATH`` (search permission is enough, as for a walk by path); the root itself
+        # ``O_RDONLY``, to be listed and used as the walk's first directory.
+        fd = os.open("/", (os.O_PATH if parts else os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC)
+        done = "/"
+        try:
+            for index, part in enumerate(parts):
+                flags = os.O_PATH if index < len(parts) - 1 else os.O_RDONLY
+                done = os.path.join(done, part)
+                try:
+                    next_fd = os.open(part, flags | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_symlink(fd, part):
+                        raise _deny(f"the allowed root {root!r} now leads through a symbolic link ({done} was "
+                                    "replaced by one since the host started); refused", "symlink_escape",
+                                    original) from None
+                    raise
+                os.close(fd)
+                fd = next_fd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def check_replace(self, dir_fd: int, name: str, path: str) -> os.stat_result | None:
         """Stat of an existing write target (None if absent); refuses links, specials, hard links."""

@@ -11,6 +11,7 @@ import os
 import stat
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, Final
 
 SNIFF_BYTES: Final = 8192
@@ -106,16 +107,23 @@ def _keep_owner(fd: int, uid: int, gid: int) -> None:
             pass
 
 
-def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int, owner: tuple[int, int] | None = None) -> None:
-    """Write ``data`` to a temp file in the same directory, fsync, then rename over ``name``.
+def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int, owner: tuple[int, int] | None = None,
+                   before_rename: Callable[[], None] | None = None) -> os.stat_result:
+    """Write ``data`` to a temp file in the same directory, fsync, then rename over ``name``; the
+    written file's ``fstat`` (what ``name`` holds now, unless another writer came after).
 
     A crash leaves the old content or the new one, never a torn file; the temp
     file is removed when anything fails. ``mode`` is applied with ``fchmod`` (not
     subject to the umask) and must be permission bits only (``permission_bits``).
     ``owner`` (the replaced file's ``(uid, gid)``) is given to the new file as far as
-    the host may (``_keep_owner``).
+    the host may (``_keep_owner``). ``before_rename`` runs last before the rename; what it
+    raises stops the replacement (``edit_file`` checks there that the file is still the one it
+    read).
     """
-    tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # secrets.token_hex(6), without importing random at start
+    # secrets.token_hex(6), without importing random at start; the name cut to 200 bytes, so that the
+    # temp name fits where ``name`` does (found by attack: a 250-byte name, which the filesystem holds,
+    # could not be written: the temp name was over 255 bytes)
+    tmp = f".{os.fsdecode(os.fsencode(name)[:200])}.{os.urandom(6).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
         try:
@@ -127,8 +135,11 @@ def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int, owner: tuple[
                 _keep_owner(fd, *owner)
             os.fchmod(fd, mode)
             os.fsync(fd)
+            replacement = os.fstat(fd)
         finally:
             os.close(fd)
+        if before_rename is not None:
+            before_rename()
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         os.fsync(dir_fd)
     except BaseException:
@@ -137,3 +148,4 @@ def atomic_replace(dir_fd: int, name: str, data: bytes, mode: int, owner: tuple[
         except OSError:
             pass
         raise
+    return replacement

@@ -11,6 +11,7 @@ import re
 import stat
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ...errors import ContractError, ExecutionError
@@ -191,15 +192,17 @@ class WriteFile(FilesystemTool):
         with self.rules.open_parent(path, write=True, create=True) as (dir_fd, name, resolved):
             if not name:
                 raise ExecutionError(f"{path!r} is a directory", code="is_a_directory")
-            existing = self.rules.check_replace(dir_fd, name, path)
-            if existing is not None and self.settings.require_read_before_write:
-                self.read_log.check(existing, path)
-            mode = (permission_bits(existing.st_mode) if existing is not None
-                    else self.settings.new_file_mode if self.settings.new_file_mode is not None
-                    else 0o644 & ~UMASK)
-            atomic_replace(dir_fd, name, data, mode,
-                           None if existing is None else (existing.st_uid, existing.st_gid))
-            self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+            with file_lock(dir_fd, name):
+                existing = self.rules.check_replace(dir_fd, name, path)
+                checked = existing is not None and self.settings.require_read_before_write
+                if existing is not None and checked:
+                    self.read_log.check(existing, path)
+                mode = (permission_bits(existing.st_mode) if existing is not None
+                        else self.settings.new_file_mode if self.settings.new_file_mode is not None
+                        else 0o644 & ~UMASK)
+                self.read_log.saw(atomic_replace(
+                    dir_fd, name, data, mode, None if existing is None else (existing.st_uid, existing.st_gid),
+                    _unchanged(dir_fd, name, existing, path) if existing is not None and checked else None))
         return {"path": resolved.path, "bytes_written": len(data), "created": existing is None}
 
 
@@ -228,7 +231,12 @@ class EditFile(FilesystemTool):
         if old == new:
             raise ContractError("old_string and new_string are the same; nothing to do", code="no_change",
                                 pointer="/new_string")
-        with self.rules.open_parent(path, write=True) as (dir_fd, name, resolved):
+        try:  # checked before anything is opened, as write_file checks its content
+            new.encode("utf-8", errors="surrogateescape")
+        except UnicodeEncodeError as exc:  # a lone surrogate (JSON "\ud800") that no byte stands for
+            raise ContractError(f"new_string cannot be encoded as utf-8 at character {exc.start}",
+                                code="invalid_input", pointer="/new_string") from None
+        with self.rules.open_parent(path, write=True) as (dir_fd, name, resolved), file_lock(dir_fd, name):
             existing = self.rules.check_replace(dir_fd, name, path)
             if existing is None:
                 raise ExecutionError(f"{path!r} does not exist", code="not_found")
@@ -247,27 +255,74 @@ class EditFile(FilesystemTool):
                 raise ExecutionError(f"old_string occurs {count} times in {path!r}; make it unique or set "
                                      "replace_all", code="not_unique", occurrences=count)
             updated = text.replace(old, new) if input.get("replace_all") else text.replace(old, new, 1)
-            atomic_replace(dir_fd, name, updated.encode("utf-8", errors="surrogateescape"),
-                           permission_bits(existing.st_mode), (existing.st_uid, existing.st_gid))
-            self.read_log.saw(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+            self.read_log.saw(atomic_replace(dir_fd, name, updated.encode("utf-8", errors="surrogateescape"),
+                                             permission_bits(existing.st_mode), (existing.st_uid, existing.st_gid),
+                                             _unchanged(dir_fd, name, existing, path)))
         return {"path": resolved.path, "replacements": count if input.get("replace_all") else 1}
+
+
+#: Striped locks that serialize ``write_file`` and ``edit_file`` of one file (a directory and a
+#: name in it) across the calls of every host in the process; bounded, whatever the number of files.
+_FILE_LOCKS: tuple[threading.Lock, ...] = tuple(threading.Lock() for _ in range(64))
+
+
+@contextmanager
+def file_lock(dir_fd: int, name: str) -> Iterator[None]:
+    """Hold the lock of ``name`` in the directory ``dir_fd`` while a write or edit of it runs.
+
+    Found by attack: two ``edit_file`` calls of one file run at once (a model's parallel tool calls)
+    both read the old content, and the second rename dropped the first edit, both reporting
+    success. An edit now reads what the one before it wrote. A call abandoned (timed out)
+    while it waited stops here instead of changing the file after its error was reported."""
+    st = os.fstat(dir_fd)
+    lock = _FILE_LOCKS[hash((st.st_dev, st.st_ino, name)) % len(_FILE_LOCKS)]
+    with lock:
+        check_abandoned()
+        yield
+
+
+def _changed(path: str) -> ExecutionError:
+    return ExecutionError(f"{path!r} was replaced or changed by another writer during this call; read it again",
+                          code="file_changed", path=path)
+
+
+def _same(now: os.stat_result, checked: os.stat_result) -> bool:
+    return ((now.st_dev, now.st_ino, now.st_size, now.st_mtime_ns)
+            == (checked.st_dev, checked.st_ino, checked.st_size, checked.st_mtime_ns))
+
+
+def _unchanged(dir_fd: int, name: str, checked: os.stat_result, path: str) -> Callable[[], None]:
+    """A check for ``atomic_replace``'s ``before_rename``: ``file_changed`` unless ``name`` is still
+    the file ``checked`` was taken of, with the same size and mtime. Another process can still
+    write between this check and the rename (no lock binds it): the window is the few microseconds
+    between two system calls, not the whole call."""
+    def check() -> None:
+        try:
+            now = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            raise _changed(path) from None
+        if not _same(now, checked):
+            raise _changed(path)
+    return check
 
 
 def _read_checked(dir_fd: int, name: str, checked: os.stat_result, path: str) -> bytes:
     """The bytes of ``name``, opened without blocking and only if it is still the regular file
-    ``checked`` was taken of (found by attack: a FIFO swapped in after the check blocked the open
-    for good, and the host could not exit); a swap is the typed ``file_changed``."""
-    changed = ExecutionError(f"{path!r} was replaced while it was being edited; read it again",
-                             code="file_changed")
+    ``checked`` was taken of, unchanged (found by attack: a FIFO swapped in after the check blocked
+    the open for good, and the host could not exit; a file that another process appended to after
+    the check was read only to its old size plus one byte, and the edit wrote it back cut there);
+    a swap or a change is the typed ``file_changed``."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
-        raise changed from None
+        raise _changed(path) from None
     try:
-        now = os.fstat(fd)
-        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (checked.st_dev, checked.st_ino):
-            raise changed
-        return os.read(fd, checked.st_size + 1)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _changed(path)
+        data = os.read(fd, checked.st_size + 1)
+        if len(data) != checked.st_size or not _same(os.fstat(fd), checked):
+            raise _changed(path)
+        return data
     finally:
         os.close(fd)
 
@@ -406,7 +461,9 @@ def glob_regex(pattern: str, pointer: str = "/pattern") -> re.Pattern[str]:
             out.append(re.escape(pattern[i]))
             i += 1
     try:
-        return re.compile("".join(out) + r"\Z")
+        # DOTALL: a name may hold a newline, and ``**`` must match it like any other character (found
+        # by attack: ``**`` silently left out every file with a newline in its path)
+        return re.compile("".join(out) + r"\Z", re.DOTALL)
     except re.error as exc:
         raise ContractError(f"invalid glob {pattern!r}: {exc.msg}", code="invalid_pattern", pointer=pointer) from None
 
