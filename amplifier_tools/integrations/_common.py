@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, Union
 
@@ -248,8 +249,9 @@ def is_strict_schema(schema: Any) -> bool:
     on changes nothing: an object root; every object closed (``additionalProperties: false``) with
     every property required; every subschema saying what it is (``type``, ``anyOf``, ``$ref``,
     ``enum`` or ``const``; ``{}`` is not) with only the keywords strict mode supports, and a
-    ``$ref`` with no siblings; every array saying what its items are; a ``format`` strict mode
-    knows (``STRICT_FORMATS``), a ``pattern`` without lookaround; within strict mode's size limits
+    ``$ref`` with no siblings pointing at the root or a top-level definition (``#/$defs/...``);
+    every array saying what its items are; a ``format`` strict mode knows (``STRICT_FORMATS``), a
+    ``pattern`` without lookaround; within strict mode's size limits
     (``STRICT_MAX_DEPTH`` levels of nested objects, ``STRICT_MAX_PROPERTIES`` properties). A schema
     with optional properties is not: strict mode would make them required, and the model could no
     longer leave them out. Anything else a framework would rewrite (Pydantic AI moves an unknown
@@ -265,6 +267,10 @@ STRICT_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "h
 STRICT_MAX_DEPTH = 10
 STRICT_MAX_PROPERTIES = 5000
 _LOOKAROUND = ("(?=", "(?!", "(?<=", "(?<!")
+#: The ``$ref`` pointers strict mode resolves: the root (recursion) and a top-level definition. A
+#: pointer elsewhere (``#/properties/from``, as zod-to-json-schema writes a reused subschema) is
+#: refused by the API in strict mode (found by attack: both adapters offered such a schema as strict).
+_STRICT_REF = re.compile(r"#(?:/(?:\$defs|definitions)/[^/]+)?")
 
 
 def _within_strict_limits(schema: dict[str, Any]) -> bool:
@@ -295,7 +301,8 @@ def _within_strict_limits(schema: dict[str, Any]) -> bool:
 def _strict(node: Any) -> bool:
     if not isinstance(node, dict) or not node or not set(node) <= STRICT_KEYWORDS:
         return False
-    if "$ref" in node and len(node) > 1:
+    if "$ref" in node and (len(node) > 1 or not isinstance(node["$ref"], str)
+                           or not _STRICT_REF.fullmatch(node["$ref"])):
         return False
     if not {"type", "anyOf", "$ref", "enum", "const"} & set(node):
         return False

@@ -2,7 +2,9 @@
 
 ``AmplifierToolset(host)`` is an ``AbstractToolset``: ``Agent(model, toolsets=[AmplifierToolset(host)])``
 offers the model every mounted tool (or those named in ``tools``) under its model-facing name, with
-the contract's description and input schema (``strict`` only when the schema already is strict).
+the contract's description and input schema (``strict`` only when the schema already is strict, and
+``strict=False`` otherwise: Pydantic AI's OpenAI models read ``strict=None`` as "make it strict if
+you can" and close every object of the schema on the way).
 Each call runs ``host.call`` with the model's tool-call id as the call id and a ``ToolContext`` built
 by your function from the run's ``RunContext`` (its ``deps`` carry who is calling). The run id
 fills ``trace_id`` when the context has none, and the run's deadline bounds the call (the earlier of it
@@ -125,9 +127,12 @@ class AmplifierToolset(AbstractToolset[Any]):
         # Read per run step: tools mounted later show up; a named tool unmounted since is left out.
         for spec in select_specs(self.host, self._names, skip_unmounted=True):
             name = model_name(spec.name)
+            # strict=False, not None, for a schema that is not strict: with None Pydantic AI's OpenAI
+            # models add additionalProperties: false to every object (strict mode or not), so a
+            # free-form object argument reached the model as "empty object only" (found by attack).
             definition = ToolDefinition(name=name, description=spec.description or spec.title or spec.name,
                                         parameters_json_schema=spec.input_schema,
-                                        strict=True if is_strict_schema(spec.input_schema) else None,
+                                        strict=is_strict_schema(spec.input_schema),
                                         metadata={"amplifier_tools": spec.name})
             offered[name] = ToolsetTool(toolset=self, tool_def=definition, max_retries=1,
                                          args_validator=_PASS_THROUGH)
