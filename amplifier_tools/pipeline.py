@@ -170,7 +170,7 @@ class CallPipeline:
                     result = begun if isinstance(begun, ToolResult) else await begun.finish()
                     if not result.success:
                         kept_output = result.output
-                        raise error_from_result(result, spec.name)
+                        raise error_from_result(result, spec.name, self.secrets)
                 output = returned = result.output
                 if mounted.output_validator is not None:
                     mounted.check_output(output)
@@ -405,7 +405,7 @@ class CallPipeline:
             if not outcome.success:
                 if _swallowed(ctx, task, requests):  # found by attack: a returned failure was retried
                     raise asyncio.CancelledError
-                raise error_from_result(outcome, spec.name)  # its ``reported``: the result, output and all
+                raise error_from_result(outcome, spec.name, self.secrets)  # its ``reported``: the result and all
             return outcome
 
         def note(number: int, error: ToolError) -> None:

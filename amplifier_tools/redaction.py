@@ -8,15 +8,20 @@ private-key blocks, passwords in URLs) and the values at configured paths
 
 A secret is found as the exact string the resolver returned and in the forms a
 launderer gets for free: JSON string escapes (a secret holding ``"``, ``\\`` or
-non-ASCII characters, escaped with or without ``ensure_ascii``),
-percent-encoding, lower- and upper-case hex of its UTF-8 bytes, and standard or
-URL-safe base64 at any of the three byte alignments (the stable middle of the
-encoding: up to 3 characters at either end of a base64 form stay visible).
+non-ASCII characters, escaped with or without ``ensure_ascii``, ``/`` as ``\\/`` or not),
+percent-encoding as the standard library writes it (``quote`` with or without ``/`` escaped,
+``quote_plus`` and ``urlencode`` with a space as ``+``), lower- and upper-case hex of its UTF-8
+bytes, as Python writes it inside a string's or its bytes' ``repr`` (``str()`` of bytes, a set, a
+list), the text a secret holding JSON escapes (``\\n``) stands for, and standard or URL-safe
+base64 at any of the three byte alignments (the stable middle of the encoding: up to 3
+characters at either end of a base64 form stay visible). Secrets that overlap in a text are
+replaced as one run.
 
 Limits, stated plainly: not a secret split across lines, values or calls; not
 base64 wrapped into lines (``base64`` wraps at 76 columns), compressed,
 reversed, case-changed, or under any other transformation; not a prefix or part
-of a secret. Patterns catch common shapes, not every credential. Secrets shorter
+of a secret (but where a text was cut through one: ``redact_cut``). Patterns catch
+common shapes, not every credential. Secrets shorter
 than ``MIN_SECRET_LENGTH`` characters are not searched for (and encoded forms
 shorter than ``MIN_ENCODED_LENGTH``), because replacing every occurrence of a
 short string destroys output without protecting anything.
@@ -25,6 +30,7 @@ short string destroys output without protecting anything.
 from __future__ import annotations
 
 import base64
+import codecs
 import contextlib
 import functools
 import json
@@ -93,15 +99,44 @@ def _json_escaped(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)[1:-1]
 
 
+def _python_escapes(secret: str, raw: bytes) -> set[str]:
+    """``secret`` as Python writes it between the quotes of a literal: the ``repr`` of a string (in
+    the ``str()`` of a set, list or object) and of its UTF-8 bytes, ``'`` escaped or not (which one
+    depends on the quotes around it). Found by attack: bytes holding a non-ASCII secret (what a
+    ``subprocess`` call returns) are written ``b'caf\\xc3\\xa9...'``, which no other form matches."""
+    forms: set[str] = set()
+    for pieces in ([repr(part)[1:-1] for part in secret.split("'")],
+                   [codecs.escape_encode(part)[0].decode("ascii") for part in raw.split(b"'")]):
+        forms.update(("'".join(pieces), "\\'".join(pieces)))
+    return forms
+
+
 def secret_forms(secret: str) -> set[str]:
     """The strings searched for to find ``secret``: itself and its cheap encodings (see the module)."""
     if len(secret) < MIN_SECRET_LENGTH:
         return set()
     raw = secret.encode("utf-8", "surrogatepass")
-    forms = {secret, _json_escaped(secret), json.dumps(secret)[1:-1], urllib.parse.quote(secret, safe="")}
+    # Percent-encoding as the standard library writes it: every reserved character escaped, ``/``
+    # kept (``quote``'s default) and a space as ``+`` (``quote_plus``, ``urlencode``: a form or query
+    # string). Found by attack: only the first was searched for, so ``quote(secret)`` of a secret
+    # holding a ``/`` or ``urlencode({"key": secret})`` of one holding a space came out whole.
+    forms = {secret, _json_escaped(secret), json.dumps(secret)[1:-1], urllib.parse.quote(secret, safe=""),
+             urllib.parse.quote(secret), urllib.parse.quote_plus(secret, safe="")}
+    # ``/`` may be escaped in JSON (``\\/``: PHP's ``json_encode`` does by default); a secret holding
+    # one (base64 often does) is also looked for so.
+    forms.update(form.replace("/", "\\/") for form in (_json_escaped(secret), json.dumps(secret)[1:-1]))
     if len(raw) * 2 >= MIN_ENCODED_LENGTH:
-        forms.add(raw.hex())
+        forms.update((raw.hex(), raw.hex().upper()))
     forms.update(_base64_middles(raw))
+    forms.update(_python_escapes(secret, raw))
+    # A secret that is itself JSON-escaped text (a private key kept in one line, ``\\n`` for each
+    # line end): the text it stands for is written back as the secret by every JSON encoder. Found
+    # by attack: a tool returning the key with its line ends restored put the exact secret in the
+    # audit record and ``--json``.
+    with contextlib.suppress(ValueError):
+        decoded = json.loads(f'"{secret}"')
+        if decoded != secret and len(decoded) >= MIN_SECRET_LENGTH:
+            forms.add(decoded)
     return forms
 
 
@@ -113,9 +148,11 @@ class SecretMatcher:
     """The compiled search for a set of secrets: ``needles`` for the cheap ``in`` pre-scan (each
     form and its JSON-escaped spelling), one ``regex`` to replace them, built once per set."""
 
-    __slots__ = ("needles", "regex", "walk_on_escape")
+    __slots__ = ("_overlaps", "forms", "needles", "regex", "walk_on_escape")
 
     def __init__(self, forms: set[str]) -> None:
+        self.forms = tuple(sorted(forms))
+        self._overlaps: dict[str, tuple[int, ...]] = {}
         self.needles = tuple(sorted(forms | {_json_escaped(f) for f in forms}))
         # Longest first: a secret that contains another is replaced whole.
         self.regex = re.compile("|".join(re.escape(f) for f in sorted(forms, key=lambda f: (-len(f), f))))
@@ -126,6 +163,42 @@ class SecretMatcher:
     def found_in(self, text: str) -> bool:
         """Whether any form may occur in ``text`` (one C-level substring search per needle)."""
         return any(map(text.__contains__, self.needles))
+
+    def sub(self, text: str) -> str:
+        """``text`` with every occurrence of a form replaced by the placeholder; occurrences that
+        overlap become one (found by attack: two secrets sharing a middle, ``A-shared`` and
+        ``shared-B``, written as one run ``A-shared-B``: replacing the first left ``-B``, most of
+        the second, in view)."""
+        match = self.regex.search(text)
+        if match is None:
+            return text
+        parts: list[str] = []
+        at = 0
+        while match is not None:
+            start, end = match.span()
+            found = [match]
+            while found:  # a form that may start inside one found and end past it: one run
+                inner = found.pop()
+                for offset in self._overlapping(inner.group()):
+                    longer = self.regex.match(text, inner.start() + offset)
+                    if longer is not None and longer.end() > end:
+                        end = longer.end()
+                        found.append(longer)
+            parts += (text[at:start], PLACEHOLDER)
+            at = end
+            match = self.regex.search(text, end)
+        parts.append(text[at:])
+        return "".join(parts)
+
+    def _overlapping(self, form: str) -> tuple[int, ...]:
+        """The offsets in ``form`` at which another form (or itself again) may begin and run past
+        its end: where the rest of ``form`` begins a longer form. Worked out once per form found."""
+        offsets = self._overlaps.get(form)
+        if offsets is None:
+            offsets = self._overlaps[form] = tuple(
+                k for k in range(1, len(form))
+                if any(len(other) > len(form) - k and other.startswith(form[k:]) for other in self.forms))
+        return offsets
 
 
 def _compile(values: frozenset[str]) -> SecretMatcher | None:
@@ -240,10 +313,59 @@ def redact_text(text: str, secrets: Collection[str] | SecretSet = (), *, pattern
     """``text`` with secret values and credential-shaped substrings replaced."""
     matcher = _matcher(secrets)
     if matcher is not None and matcher.found_in(text):
-        text = matcher.regex.sub(PLACEHOLDER, text)
+        text = matcher.sub(text)
     if patterns and may_hold_pattern(text):
         text = _default_re().sub(PLACEHOLDER, text)
     return text
+
+
+def redact_cut(text: str, secrets: Collection[str] | SecretSet = (), *, cut_before: bool = False,
+               cut_after: bool = False) -> str:
+    """``text``, a piece cut out of a longer text, redacted of ``secrets`` (``redact_text``, no
+    patterns) and of a secret the cut went through: with ``cut_before`` (the text was cut just
+    before its first character) a start that is the end of a secret's form, with ``cut_after`` an
+    end that is its beginning, becomes the placeholder when at least ``MIN_SECRET_LENGTH``
+    characters of the form are there. For whoever shortens a text before the host redacts it (a
+    head and a tail of a command's output): redaction finds whole secrets only, so a secret cut
+    in two otherwise shows all but a few of its characters. Found by attack: bash's output past
+    ``max_output_bytes`` showed the head and the tail of a secret on either side of the cut."""
+    text = redact_text(text, secrets, patterns=False)
+    matcher = _matcher(secrets)
+    if matcher is None or not (cut_before or cut_after):
+        return text
+    if cut_after:
+        head = max((_begun(text, form) for form in matcher.needles), default=0)
+        if head:
+            text = text[:len(text) - head] + PLACEHOLDER
+    if cut_before:
+        tail = max((_ended(text, form) for form in matcher.needles), default=0)
+        if tail:
+            text = PLACEHOLDER + text[tail:]
+    return text
+
+
+def _begun(text: str, form: str) -> int:
+    """The length of the longest end of ``text`` that begins ``form`` (not all of it), at least
+    ``MIN_SECRET_LENGTH`` characters; else 0."""
+    window = text[len(text) - len(form) + 1:] if len(text) >= len(form) else text
+    at = window.find(form[0])
+    while at != -1 and len(window) - at >= MIN_SECRET_LENGTH:
+        if form.startswith(window[at:]):
+            return len(window) - at
+        at = window.find(form[0], at + 1)
+    return 0
+
+
+def _ended(text: str, form: str) -> int:
+    """The length of the longest start of ``text`` that ends ``form`` (not all of it), at least
+    ``MIN_SECRET_LENGTH`` characters; else 0."""
+    window = text[:len(form) - 1]
+    at = window.rfind(form[-1])
+    while at + 1 >= MIN_SECRET_LENGTH:
+        if form.endswith(window[:at + 1]):
+            return at + 1
+        at = window.rfind(form[-1], 0, at)
+    return 0
 
 
 def _split_rule(rule: str) -> list[str]:
@@ -282,7 +404,7 @@ def _digits(number: int | float) -> str:
 def _redact_strings(value: Any, matcher: SecretMatcher | None, patterns: bool) -> Any:
     if isinstance(value, str):
         if matcher is not None and matcher.found_in(value):
-            value = matcher.regex.sub(PLACEHOLDER, value)
+            value = matcher.sub(value)
         return _default_re().sub(PLACEHOLDER, value) if patterns and may_hold_pattern(value) else value
     if isinstance(value, Mapping):
         return {

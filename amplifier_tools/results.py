@@ -24,7 +24,7 @@ from .errors import (
     ToolError,
 )
 from .models import ToolContext, ToolResult
-from .redaction import sanitize_message
+from .redaction import redact_cut, sanitize_message
 
 _SEED_KEYS: Final = frozenset({"success", "output", "error", "metadata", "is_error", "tool_call_id", "content"})
 _AUTH_TYPES: Final = frozenset({"PermissionError", "SecurityError", "AuthenticationError", "Unauthorized"})
@@ -160,9 +160,11 @@ def content_blocks(content: Any, tool: str) -> list[dict[str, Any]]:
     return blocks
 
 
-def _failure_summary(output: Any, tool: str, limit: int = 500) -> str:
+def _failure_summary(output: Any, tool: str, limit: int = 500, secrets: Collection[str] = ()) -> str:
     """The message of a failure reported with no error message: what the output says (e.g. a
-    command's stderr and exit status), shortened; the output itself stays in the result."""
+    command's stderr and exit status), shortened; the output itself stays in the result. A secret
+    (of ``secrets``, the host's) the shortening cuts through is redacted: the message's redaction
+    later finds whole secrets only (found by attack: it showed all but the end of one)."""
     if output is None or (isinstance(output, str) and not output):
         return f"tool {tool!r} reported failure without a message"
     if isinstance(output, str):
@@ -175,16 +177,17 @@ def _failure_summary(output: Any, tool: str, limit: int = 500) -> str:
 
             text = output_text(output)
     text = text.strip()
-    return f"tool {tool!r} reported failure: {text[:limit]}{' …' if len(text) > limit else ''}"
+    shown = redact_cut(text[:limit], secrets, cut_after=len(text) > limit)
+    return f"tool {tool!r} reported failure: {shown}{' …' if len(text) > limit else ''}"
 
 
-def error_from_result(result: ToolResult, tool: str) -> ToolError:
+def error_from_result(result: ToolResult, tool: str, secrets: Collection[str] = ()) -> ToolError:
     """The typed error for a result in which the tool reported failure; ``ContractError``
     ``invalid_result`` naming the tool when its error cannot be read (found by attack: an error
     whose message's ``__bool__`` or ``__str__`` raised, or with a key that is no string, read as
     the host's internal error)."""
     try:
-        return _error_from_result(result, tool)
+        return _error_from_result(result, tool, secrets)
     except Exception as exc:
         error = ContractError(
             f"tool {tool!r} reported failure with an error that could not be read: "
@@ -195,12 +198,12 @@ def error_from_result(result: ToolResult, tool: str) -> ToolError:
         return error
 
 
-def _error_from_result(result: ToolResult, tool: str) -> ToolError:
+def _error_from_result(result: ToolResult, tool: str, secrets: Collection[str]) -> ToolError:
     payload: Any = result.error or {}
     if not isinstance(payload, Mapping):  # a retry's outcome or a plugin's result, not normalized
         payload = {"message": str(payload)}
     reported = payload.get("type")
-    message = str(payload.get("message") or _failure_summary(result.output, tool))
+    message = str(payload.get("message") or _failure_summary(result.output, tool, secrets=secrets))
     code = payload.get("code")
     if reported in CATEGORIES:
         cls = ERROR_CLASSES[reported]

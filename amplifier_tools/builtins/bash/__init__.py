@@ -150,7 +150,7 @@ class BashPlugin:
             prlimit=shutil.which("prlimit"),
             bwrap=bwrap,
             session_writable=writable if isinstance(writable, list) else (),
-        ), path_rules)
+        ), path_rules, secrets=coordinator.get_capability("session.secrets") or ())
         await coordinator.mount("tools", self.tool)
 
     @staticmethod

@@ -21,10 +21,12 @@ leaving the other stream's file open).
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from typing import Any, BinaryIO
 
 from ...errors import ToolSystemError
 from ...hoststate import ensure_state_dir, open_host_dir, open_host_file
+from ...redaction import SecretSet, redact_cut
 
 
 class StreamCapture:
@@ -67,15 +69,17 @@ class StreamCapture:
     def truncated(self) -> bool:
         return self.total > len(self.head) + len(self.tail)
 
-    def text(self) -> str:
-        """The kept bytes as text; a marker says how many bytes were left out in the middle."""
+    def text(self, secrets: Collection[str] | SecretSet = ()) -> str:
+        """The kept bytes as text; a marker says how many bytes were left out in the middle. With
+        ``secrets`` (the host's), a secret the cut goes through is redacted on both sides of it
+        (``redaction.redact_cut``): the host's redaction of the result finds whole secrets only."""
         head = self.head.decode("utf-8", "replace")
         if not self.truncated:
             return head + self.tail.decode("utf-8", "replace")
         omitted = self.total - len(self.head) - len(self.tail)
         where = f"; the full output is in {self.spill_path}" if self.spill_path and not self.spill_error else ""
-        return (f"{head}\n[... {omitted} bytes omitted{where} ...]\n"
-                + self.tail.decode("utf-8", "replace"))
+        return (f"{redact_cut(head, secrets, cut_after=True)}\n[... {omitted} bytes omitted{where} ...]\n"
+                + redact_cut(self.tail.decode("utf-8", "replace"), secrets, cut_before=True))
 
     def _spill_failed(self, exc: OSError) -> None:
         """Stop spilling: note why and how much the file holds, keep it, close it (never raises)."""
@@ -102,8 +106,9 @@ class StreamCapture:
             self.spill.close()
             self.spill = None
 
-    def summary(self, name: str) -> dict[str, Any]:
-        out: dict[str, Any] = {name: self.text(), f"{name}_bytes": self.total, f"{name}_truncated": self.truncated}
+    def summary(self, name: str, secrets: Collection[str] | SecretSet = ()) -> dict[str, Any]:
+        out: dict[str, Any] = {name: self.text(secrets), f"{name}_bytes": self.total,
+                               f"{name}_truncated": self.truncated}
         if self.spill_path:
             out[f"{name}_file"] = self.spill_path
             if self.spill_error is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final
 
 import attrs
@@ -23,6 +23,7 @@ from ... import sandbox as engine
 from ...errors import ContractError, ExecutionError, ToolSystemError
 from ...hoststate import ProtectedPath, ProtectedPaths
 from ...models import ToolContext, ToolResult
+from ...redaction import SecretSet, redact_cut
 from ...seccomp import filter_fd
 from ...spec import Policies, Security, ToolSpec
 from ..filesystem.paths import PathRules
@@ -149,9 +150,13 @@ def _confinement(settings: Settings) -> str:
 class BashTool:
     """Runs one command per call; see the module docstring for the order of steps."""
 
-    def __init__(self, settings: Settings, path_rules: Callable[[], PathRules]) -> None:
+    def __init__(self, settings: Settings, path_rules: Callable[[], PathRules], *,
+                 secrets: Collection[str] | SecretSet = ()) -> None:
         self.settings = settings
         self.path_rules = path_rules
+        #: The host's secrets (``session.secrets``): redacted where this tool cuts the output short,
+        #: before the host redacts the whole result (a secret cut in two is no longer found then).
+        self.secrets = secrets
         self.spec = make_spec(settings)
         self.name = self.spec.name
         self.description = self.spec.description
@@ -264,7 +269,7 @@ class BashTool:
                timeout: float, planted: list[ProtectedPath] | None = None) -> ToolResult:
         exit_code, signal_name = process.describe_returncode(outcome.returncode)
         output: dict[str, Any] = {
-            **stdout.summary("stdout"), **stderr.summary("stderr"),
+            **stdout.summary("stdout", self.secrets), **stderr.summary("stderr", self.secrets),
             "exit_code": exit_code, "signal": signal_name, "timed_out": outcome.timed_out,
             "timeout_s": timeout, "duration_ms": round(outcome.duration * 1000.0, 3), "cwd": cwd,
             "sandboxed": self.settings.sandbox,
@@ -274,23 +279,25 @@ class BashTool:
             message = (f"a path the host protects appeared while the command ran: {what}. It was left in "
                        "place; the operator should remove it (a configuration file there would be read by the "
                        "next host started in this directory)")
-            return self._failure(output, "AuthError", "path_protected", message,
+            return self._failure(output, "AuthError", "path_protected", message, self.secrets,
                                  path=planted[0].path, reason=planted[0].reason)
         if outcome.timed_out:
             message = f"command timed out after {timeout:g} s and was killed with its process group"
-            return self._failure(output, "PolicyError", "timeout", message)
+            return self._failure(output, "PolicyError", "timeout", message, self.secrets)
         if exit_code != 0:
             how = f"was killed by {signal_name}" if signal_name else f"exited with code {exit_code}"
-            return self._failure(output, "ExecutionError", "nonzero_exit", f"command {how}")
+            return self._failure(output, "ExecutionError", "nonzero_exit", f"command {how}", self.secrets)
         return ToolResult(output=output)
 
     @staticmethod
-    def _failure(output: dict[str, Any], category: str, code: str, message: str, **extra: Any) -> ToolResult:
+    def _failure(output: dict[str, Any], category: str, code: str, message: str,
+                 secrets: Collection[str] | SecretSet = (), **extra: Any) -> ToolResult:
         quoted = []
         for name in ("stderr", "stdout"):
             text = output[name].strip()
             if text:
-                tail = text[-MESSAGE_TAIL:]
+                # the last part, a secret it cuts in two redacted (found by attack: the message showed its end)
+                tail = redact_cut(text[-MESSAGE_TAIL:], secrets, cut_before=len(text) > MESSAGE_TAIL)
                 quoted.append(f"--- {name}{' (last part)' if len(text) > MESSAGE_TAIL else ''} ---\n{tail}")
         full = "\n".join([message, *quoted])
         error = {"type": category, "code": code, "message": full, "exit_code": output["exit_code"],

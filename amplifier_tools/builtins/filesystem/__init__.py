@@ -70,7 +70,8 @@ class FilesystemPlugin:
                                 "written until it is", PLUGIN, key, root)
         read_log = ReadLog()
         for cls in TOOL_CLASSES:
-            await coordinator.mount("tools", cls(self.rules, settings, read_log))
+            await coordinator.mount("tools", cls(self.rules, settings, read_log,
+                                                 secrets=coordinator.get_capability("session.secrets") or ()))
         if isinstance(protected, ProtectedPaths):
             self._guard = ArgumentGuard(self.rules)
 

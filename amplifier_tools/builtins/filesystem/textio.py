@@ -11,8 +11,10 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Final
+
+from ...redaction import SecretSet, redact_cut
 
 SNIFF_BYTES: Final = 8192
 CHUNK: Final = 1 << 16
@@ -42,12 +44,15 @@ def check_abandoned() -> None:
         raise Abandoned
 
 
-def page_lines(fd: int, *, offset: int, limit: int, max_line_chars: int, encoding: str) -> dict[str, Any]:
+def page_lines(fd: int, *, offset: int, limit: int, max_line_chars: int, encoding: str,
+               secrets: Collection[str] | SecretSet = ()) -> dict[str, Any]:
     """Lines ``offset .. offset+limit-1`` (1-based), reading no further than needed.
 
     Memory is bounded by ``limit * max_line_chars``: a long line is cut while it
     is read, and the rest of it skipped in chunks. ``total_lines`` is known only
-    when the end of the file was reached within the page.
+    when the end of the file was reached within the page. A secret (of ``secrets``, the host's)
+    a line's cut goes through is redacted (``redact_cut``): the host's redaction of the result
+    finds whole secrets only (found by attack: the cut line showed all but the end of one).
     """
     with os.fdopen(os.dup(fd), "rb", buffering=CHUNK) as stream:
         # bytes: up to 4 per character in UTF-8; never past what readline takes (found by attack: a
@@ -78,7 +83,7 @@ def page_lines(fd: int, *, offset: int, limit: int, max_line_chars: int, encodin
             text = raw.decode(encoding, errors="replace").rstrip("\r\n")
             if long_line or len(text) > max_line_chars:
                 truncated_lines += 1
-                text = text[:max_line_chars] + " … [line truncated]"
+                text = redact_cut(text[:max_line_chars], secrets, cut_after=True) + " … [line truncated]"
             lines.append(text)
         total = number if eof else None
     return {"lines": lines, "total_lines": total, "truncated_lines": truncated_lines, "eof": eof}

@@ -10,12 +10,13 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from ...errors import ContractError, ExecutionError
 from ...models import ToolResult
+from ...redaction import SecretSet
 from ...spec import ToolSpec
 from .paths import PathRules, os_error
 from .settings import FilesystemSettings
@@ -72,10 +73,14 @@ class FilesystemTool(abc.ABC):
 
     spec: ToolSpec
 
-    def __init__(self, rules: PathRules, settings: FilesystemSettings, read_log: ReadLog) -> None:
+    def __init__(self, rules: PathRules, settings: FilesystemSettings, read_log: ReadLog, *,
+                 secrets: Collection[str] | SecretSet = ()) -> None:
         self.rules = rules
         self.settings = settings
         self.read_log = read_log
+        #: The host's secrets (``session.secrets``): redacted where a tool cuts a text short, before
+        #: the host redacts the whole result (a secret cut in two is no longer found then).
+        self.secrets = secrets
         self.name = self.spec.name
         self.description = self.spec.description
 
@@ -143,7 +148,7 @@ class ReadFile(FilesystemTool):
                 raise ExecutionError(f"{path!r} looks like a binary file ({st.st_size} bytes); not shown",
                                      code="binary_file", size=st.st_size)
             page = page_lines(fd, offset=offset, limit=limit, max_line_chars=self.settings.max_line_chars,
-                              encoding=encoding)
+                              encoding=encoding, secrets=self.secrets)
         finally:
             os.close(fd)
         self.read_log.saw(st)
