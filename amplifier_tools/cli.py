@@ -654,6 +654,13 @@ def _validate(args: argparse.Namespace) -> int:
     if any(check.name == "importable" and not check.message.startswith("entry point") for check in failed):
         hint = ("TARGET is an import path (package.module or package.module:Class), "
                 "an entry-point name or a distribution name")
+        top = args.target.partition(":")[0].partition(".")[0]
+        not_found = any(f"No module named {top!r}" in check.message for check in failed)
+        if not_found and (os.path.isfile(f"{top}.py") or os.path.isfile(os.path.join(top, "__init__.py"))):
+            # The console script does not import from the current directory (an agent may write
+            # there): the module the user just wrote is beside them, yet "not found" (a newcomer's pass).
+            hint = (f"{top!r} is in the current directory, which amplifier-tools does not import from: run "
+                    f"'python -m amplifier_tools validate {args.target}' here, or put its directory on PYTHONPATH")
     elif any("needs config key" in check.message for check in failed):
         hint = "pass a config with the plugin's section: --config FILE"
     else:

@@ -500,10 +500,18 @@ class ToolHost:
         """A name in ``load_plugins`` must name a plugin there is; one in ``disable_plugins`` that is
         none but close to one is a typo (``bsh`` would have left bash running): ``ConfigError``
         naming the key, or the environment variable, and the plugin meant. A name close to none
-        is taken as an optional plugin that is not installed here."""
+        is taken as an optional plugin that is not installed here. A ``[plugins.NAME]`` section with
+        ``enabled = false`` disables like ``disable_plugins`` and is checked the same way
+        (``[plugins.my_policy]`` for ``my-policy`` left the plugin running, found by a newcomer's pass)."""
+        sections = self.config.get("plugins", {})
+        switched_off = [(f"plugins.{name}", [name]) for name, section in sections.items()
+                        if section.get("enabled") is False]
         sources = (("load_plugins", ENV_LOAD, True), ("disable_plugins", ENV_DISABLE, False))
         for key, variable, strict in sources:
-            for where, names in ((key, self.config.get(key, [])), (variable, sorted(env_names(variable)))):
+            places = [(key, self.config.get(key, [])), (variable, sorted(env_names(variable)))]
+            if not strict:
+                places += switched_off
+            for where, names in places:
                 for name in names:
                     if name in known:
                         continue
@@ -512,7 +520,7 @@ class ToolHost:
                         verb = "load" if strict else "disable"
                         raise ConfigError(f"{name!r} names no installed plugin, so there is none to {verb} "
                                           f"(installed: {', '.join(sorted(known))})", key=where,
-                                          file=self.config_file if where == key else None,
+                                          file=None if where == variable else self.config_file,
                                           hint=hint or "amplifier-tools plugins lists what is installed")
 
     def _check_one_config_source(self, name: str, entry: Mapping[str, Any]) -> None:

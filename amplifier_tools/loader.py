@@ -157,7 +157,17 @@ def mount_function(name: str, loaded: Any) -> Callable[..., Any]:
     """The seed ``mount`` callable of an entry-point target or an imported module."""
     mount = getattr(loaded, "mount", None) if isinstance(loaded, ModuleType) else loaded
     if not callable(mount):
-        raise PluginLoadError(name, "module has no callable 'mount(coordinator, config)'")
+        hint = None
+        if isinstance(loaded, ModuleType):
+            # Found by a newcomer's pass: a module of ``@tool`` functions named in ``[[modules]]``
+            # got the generic "fix or uninstall the plugin" hint; say what makes it mountable.
+            tools = [attr for attr, value in vars(loaded).items()
+                     if callable(getattr(value, "execute", None)) and hasattr(value, "spec")]
+            if tools:
+                hint = (f"it holds tools ({', '.join(tools[:5])}): add 'async def mount(coordinator, config)' "
+                        f"to it that awaits coordinator.mount(\"tools\", {tools[0]}) for each, "
+                        "or pass them to ToolHost(plugins=[...]) in code")
+        raise PluginLoadError(name, "module has no callable 'mount(coordinator, config)'", hint=hint)
     result: Callable[..., Any] = mount
     return result
 
