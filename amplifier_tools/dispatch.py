@@ -29,10 +29,10 @@ import attrs
 import pluggy
 
 from ._json import fingerprint, same_json
-from .errors import ERROR_CLASSES, ContractError, ToolError, ToolSystemError
+from .errors import ERROR_CLASSES, ContractError, PluginLoadError, ToolError, ToolSystemError
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 from .redaction import chain_without_secrets, redact_text
-from .results import normalize_result
+from .results import _error_from_result, error_dict, normalize_result
 
 log = logging.getLogger("amplifier_tools")
 
@@ -176,18 +176,39 @@ else:  # pragma: no cover - exercised by the py310 tox env
             raise
 
 
+#: The fields of a denial's error and trail entry the host sets itself: a ``Deny``'s ``details``
+#: cannot give them (``_denial``).
+_OWN_FIELDS: Final = frozenset({"plugin", "hook", "action", "reason", "code", "message"})
+
+
 def _denial(impl: Impl, hook: str, deny: Deny, context: ToolContext) -> ToolError:
-    """The error a plugin's ``Deny`` ends the call with, recorded in the trail as ``deny``."""
-    context.record(impl.plugin, hook, "deny", deny.reason, code=deny.code, **deny.details)
+    """The error a plugin's ``Deny`` ends the call with, recorded in the trail as ``deny``.
+
+    Of the ``details`` (a dict), those keyed by a string other than the fields the host sets
+    itself (``_OWN_FIELDS``; a ``retryable`` only when a bool) are kept. Found by attack:
+    ``details={"plugin": ...}`` (or ``message``, ``code``...) ended the call as the host's
+    ``internal`` error naming no plugin, and from ``tool_error`` made ``host.call`` raise
+    ``TypeError`` with no record."""
+    given = deny.details if isinstance(deny.details, dict) else {}  # attrs does not check its type
+    details = {key: value for key, value in given.items() if type(key) is str and key not in _OWN_FIELDS
+               and (key != "retryable" or isinstance(value, bool))}
+    context.record(impl.plugin, hook, "deny", deny.reason, code=deny.code, **details)
     return ERROR_CLASSES[deny.category](f"denied by plugin {impl.plugin!r}: {deny.reason}", code=deny.code,
-                                        plugin=impl.plugin, **deny.details)
+                                        plugin=impl.plugin, **details)
 
 
-def _usable(out: ToolResult, impl: Impl, hook: str, call: ToolCall) -> ToolResult | ToolError:
+def _usable(out: ToolResult, impl: Impl, hook: str, call: ToolCall, context: ToolContext,
+            secrets: Any) -> ToolResult | ToolError:
     """The result a plugin returned from ``tool_post`` or ``tool_error``, as the host reads a tool's
     (``normalize_result``: a ``success`` that is a bool, ``metadata`` a dict, a subclass read
     once), or the error naming the plugin when it is not usable (found by attack: a tool's
-    ``metadata=5`` made ``host.call`` raise with no record; a plugin's did the same)."""
+    ``metadata=5`` made ``host.call`` raise with no record; a plugin's did the same).
+
+    A failed result's error is read as a tool's reported failure (``error_from_result``: one of
+    the five categories, ``ExecutionError`` for any other ``type``), attributed to the plugin and
+    completed with the call's fields (``error_dict``; found by attack: the plugin's dict reached the
+    caller and the audit record as it was, ``type`` None or ``"Weird"``, ``code`` 5, no ``tool``,
+    ``call_id`` or ``plugin``)."""
     if type(out) is ToolResult and out.success is True and out.error is None and type(out.metadata) is dict:
         return out
     try:
@@ -201,9 +222,12 @@ def _usable(out: ToolResult, impl: Impl, hook: str, call: ToolCall) -> ToolResul
             error = {"message": f"plugin {impl.plugin!r} returned a failed result from {hook} without an error"}
         elif not isinstance(error.get("message", ""), str):
             error = {**error, "message": str(error["message"])}  # raises for a message str() cannot read
-        if error is not usable.error:
-            usable = ToolResult(False, usable.output, error, usable.metadata, usable.tool_call_id)
-        return usable
+        typed = _error_from_result(ToolResult(False, usable.output, error, usable.metadata), call.name, secrets)
+        if typed.plugin is None:
+            typed.plugin = impl.plugin
+        typed.details.setdefault("hook", hook)
+        return ToolResult(False, usable.output, error_dict(typed, tool=call.name, context=context, secrets=secrets),
+                          usable.metadata, usable.tool_call_id)
     except Exception as bad:
         reason = bad.message if isinstance(bad, ContractError) else f"{type(bad).__name__} reading its error"
         reason = reason.replace(f"tool {call.name!r} returned ", "", 1)  # the plugin returned it, not the tool
@@ -217,6 +241,18 @@ def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[s
     they nest no deeper than ``MAX_JSON_DEPTH``."""
     return sorted(set(after) ^ set(before)
                   | {key for key in after if key in before and not same_json(after[key], before[key])})
+
+
+def _output_print(output: Any) -> bytes | None:
+    """``fingerprint`` of a result's output, to tell whether a ``tool_post`` hook changed it in
+    place; None for a value that cannot change (text, a number) and for one that is no JSON data
+    (a set, an object: not covered)."""
+    if output is None or type(output) in (str, int, float, bool, bytes):
+        return None
+    try:
+        return fingerprint(output)
+    except Exception:
+        return None
 
 
 def _pending(impl: Impl, out: Any) -> bool:
@@ -368,9 +404,22 @@ class PluginManager(pluggy.PluginManager):
     generation = 0
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
+        """pluggy's, refusing a plugin that implements a hook of the host's as a hook wrapper
+        (``HookWrapperRefused``, a ``PluginLoadError`` naming it and the hook; the plugin is left
+        unregistered): the host calls each implementation itself. Found by attack: one registered
+        after the host's start (``host.plugin_manager.register``) was taken, and every later
+        ``host.call`` raised, with no ``tool_complete`` and no audit record."""
         self.generation = new_stamp()
         try:
-            return super().register(plugin, name)
+            registered = super().register(plugin, name)
+            wrapped = _wrapped_hook(self, plugin)
+            if wrapped is not None:
+                own = getattr(plugin, "name", None)
+                label = name if name is not None else own if isinstance(own, str) and own else registered
+                super().unregister(plugin)
+                raise HookWrapperRefused(str(label), f"implements {wrapped} as a hook wrapper; the host calls each "
+                                                  "implementation itself (use tryfirst/trylast for order)")
+            return registered
         finally:
             self.generation = new_stamp()  # after too: a list built while pluggy was adding it is not kept
 
@@ -393,6 +442,20 @@ class PluginManager(pluggy.PluginManager):
 
 
 _OBJECT_NAMES: Final = frozenset(vars(object))
+
+
+class HookWrapperRefused(PluginLoadError):
+    """A plugin implements a hook of the host's as a hook wrapper (``PluginManager.register``)."""
+
+
+def _wrapped_hook(pm: pluggy.PluginManager, plugin: Any) -> str | None:
+    """The first hook of the host's (one with a spec) that ``plugin`` implements as a hook
+    wrapper (``hookwrapper=True`` or ``wrapper=True``), or None."""
+    for caller in pm.get_hookcallers(plugin) or []:
+        if caller.has_spec() and any(impl.plugin is plugin and (impl.hookwrapper or impl.wrapper)
+                                     for impl in caller.get_hookimpls()):
+            return caller.name
+    return None
 
 
 def _instance_names(obj: Any) -> Mapping[str, Any]:
@@ -792,6 +855,7 @@ class HookDispatcher:
         failed_closed = False
         cancelled = False
         pm, plain = self._pm, self._plain_hookexec
+        checked, checked_print = result.output, _output_print(result.output)  # the output as last checked
         for impl in self.impls("tool_post"):
             try:
                 if pm._inner_hookexec is plain:  # ``_invoke`` and ``_start`` inlined, as in tool_pre
@@ -831,7 +895,7 @@ class HookDispatcher:
                     context.record(impl.plugin, "tool_post", "replace_ignored",
                                    "an earlier plugin withheld the output (it failed closed or denied)")
                     continue
-                usable = _usable(out, impl, "tool_post", call)
+                usable = _usable(out, impl, "tool_post", call, context, self.secrets)
                 if isinstance(usable, ToolError):
                     context.record(impl.plugin, "tool_post", "failed", usable.message)
                     failed_closed = True
@@ -844,6 +908,8 @@ class HookDispatcher:
                         check_output(out.output, plugin=impl.plugin)
                     except ContractError as refused:
                         out = on_failure(call, spec, context, refused)
+                    else:
+                        checked, checked_print = out.output, _output_print(out.output)
                 result = kwargs["result"] = out
                 continue
             error = ToolSystemError(
@@ -856,18 +922,39 @@ class HookDispatcher:
             if not failed_closed:
                 failed_closed = True
                 result = kwargs["result"] = on_failure(call, spec, context, error)
+        if result.success and result.output is checked and checked_print is not None \
+                and _output_print(checked) != checked_print:
+            result = on_failure(call, spec, context, self._output_changed_in_place(call.name, context))
         if cancelled:
             raise asyncio.CancelledError
         return result
 
+    def _output_changed_in_place(self, tool: str, context: ToolContext) -> ToolSystemError:
+        """The call's end when a ``tool_post`` hook changed the output object in place (found by
+        attack: it skipped the output schema check and the final secret scrub, which passes over
+        the object scrubbed before ``tool_post``, and the trail said nothing of it)."""
+        plugins = sorted({impl.plugin for impl in self.impls("tool_post")})
+        message = (f"a tool_post hook changed the output of {tool!r} in place (tool_post ran in: "
+                   f"{', '.join(plugins)}); the output was withheld")
+        context.record("host", "tool_post", "changed_in_place", message)
+        return ToolSystemError(message, code="hook_changed_output",
+                               hint="replace the output by returning a ToolResult with a new output (a changed "
+                                    "copy) from tool_post: it is checked against the output schema and recorded")
+
     async def tool_error(
-        self, call: ToolCall, spec: Any, error: ToolError, context: ToolContext
+        self, call: ToolCall, spec: Any, error: ToolError, context: ToolContext,
+        check_output: Callable[..., None] | None = None,
     ) -> tuple[ToolResult | None, ToolError | None]:
         """Run every ``tool_error`` implementation: ``(the first recovery result or None, the first
         denial's error or None)``. A ``Deny`` withholds the failed call's output (a tool-reported
         failure's: bash's stdout) and its error (``hook_denied``) is the call's; a recovery before
         or after it, and a second denial, are recorded and ignored, as after a denial in
-        ``tool_post`` (found by attack: such a denial was recorded as a recovery)."""
+        ``tool_post`` (found by attack: such a denial was recorded as a recovery).
+
+        A successful recovery's output is checked as a ``tool_post`` replacement's
+        (``check_output(output, plugin=...)``, the tool's when it is known): one it refuses is that
+        plugin's failure, recorded, and the original error stands (found by attack: a recovery
+        breaking the output schema reached the caller as a success)."""
         recovery: ToolResult | None = None
         denied: ToolError | None = None
         kwargs = {"call": call, "spec": spec, "error": error, "context": context}
@@ -885,11 +972,18 @@ class HookDispatcher:
                 else:
                     context.record(impl.plugin, "tool_error", "deny_ignored", out.reason, code=out.code)
             elif isinstance(out, ToolResult):
-                usable = _usable(out, impl, "tool_error", call)
+                usable = _usable(out, impl, "tool_error", call, context, self.secrets)
                 if isinstance(usable, ToolError):
                     log.error("%s (the original error stands)", usable.message)
                     context.record(impl.plugin, "tool_error", "failed", usable.message)
                 elif recovery is None and denied is None:
+                    if usable.success and check_output is not None:
+                        try:
+                            check_output(usable.output, plugin=impl.plugin)
+                        except ContractError as refused:
+                            log.error("%s (the original error stands)", refused.message)
+                            context.record(impl.plugin, "tool_error", "failed", refused.message)
+                            continue
                     recovery = usable
                     context.record(impl.plugin, "tool_error", "recover")
                 else:

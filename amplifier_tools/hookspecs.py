@@ -88,7 +88,13 @@ def tool_post(
     replace it, or ``Deny(reason, code=...)`` to withhold the output (the call
     fails with this plugin's denial, recorded as ``deny``); a replacement's
     output is validated against the tool's output schema at once and an
-    invalid one becomes a ``ContractError`` attributed to this plugin. When an
+    invalid one becomes a ``ContractError`` attributed to this plugin; a failed
+    replacement's error is read as a tool's reported failure (one of the five
+    categories, ``ExecutionError`` for any other ``type``), attributed to this
+    plugin. The output is read, never changed in place: one changed in place
+    instead of replaced fails the call closed (``SystemError``
+    ``hook_changed_output``, output withheld), as changed arguments do in
+    ``tool_pre``. When an
     earlier implementation failed closed or denied, later ones see the failed
     result, so an observer still sees the call exactly once; a replacement or
     denial they return is recorded (``replace_ignored``, ``deny_ignored``) and
@@ -115,7 +121,10 @@ def tool_error(
     (``host_closing``). Every
     implementation is called, so each observer sees each failure once. The
     first implementation returning a ``ToolResult`` recovers the call: that
-    result goes to the caller; later recoveries are recorded and ignored. A
+    result goes to the caller (a failed one with its error read as in
+    ``tool_post``; a successful one's output checked against the output schema,
+    and one it breaks is this plugin's failure); later recoveries are recorded
+    and ignored. A
     ``Deny`` withholds the failed call's output (a tool-reported failure's,
     such as a command's output) and its denial becomes the call's error; no
     recovery before or after it is delivered. A failure raised here is logged
@@ -141,8 +150,11 @@ def tool_complete(
     Decisions an observer records with ``context.record`` are added to the
     trail of the result the caller gets, not to the ``result`` observers
     receive (built before any of them ran, so an audit log records the trail
-    up to the end of ``tool_post``/``tool_error``). An
-    implementation may be ``async``, or synchronous and return an awaitable
+    up to the end of ``tool_post``/``tool_error``). The result is read, never
+    changed: what an observer changes in place on ``result`` (its output or
+    metadata) reaches the caller unchecked and unredacted, and is not what the
+    audit record says (not covered: checking it would cost a copy of every
+    result). An implementation may be ``async``, or synchronous and return an awaitable
     only when it has something to wait for.
     """
 

@@ -44,7 +44,15 @@ from .config import (
 )
 from .coordinator import Coordinator
 from .definitions import tool_definitions
-from .dispatch import HookDispatcher, PluginManager, PluginSettings, works_for
+from .dispatch import (
+    HookDispatcher,
+    HookWrapperRefused,
+    PluginManager,
+    PluginSettings,
+    being_cancelled,
+    thrown_in,
+    works_for,
+)
 from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError, did_you_mean
 from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
 from .loader import (
@@ -367,7 +375,8 @@ class ToolHost:
         0 cuts them at once, as a second Ctrl-C does) to finish; a call whose tool had
         not started yet is not started. The rest are cancelled; each ends in ``host_closing``
         and is recorded before the cleanups run (the audit writer's last: it mounts first).
-        A cleanup failure is logged and the next cleanup still runs. Two ``close()`` at once: one runs
+        A cleanup failure (any exception but ``KeyboardInterrupt``) is logged and the next cleanup
+        still runs. Two ``close()`` at once: one runs
         the cleanups, the other returns once they have all run. Awaited while ``start`` is
         under way, it waits for that start to end, then closes what it started.
 
@@ -420,7 +429,14 @@ class ToolHost:
                     out = cleanup()
                     if inspect.isawaitable(out):
                         await out
-                except Exception as exc:
+                except BaseException as exc:
+                    # Any exception but the user's interrupt, this close's own cancellation and a close of
+                    # this coroutine is the cleanup's failure (found by attack: a cleanup raising SystemExit,
+                    # GeneratorExit or a library's own BaseException ended close(), and the cleanups after
+                    # it, the audit writer's last of all, never ran).
+                    if isinstance(exc, KeyboardInterrupt) or thrown_in(exc) or (
+                            isinstance(exc, asyncio.CancelledError) and being_cancelled()):
+                        raise
                     # the traceback with the host's secrets out of its text (found by attack: a cleanup's
                     # error quoting a token went whole to the log)
                     log.error("cleanup of plugin %r failed", plugin,
@@ -547,11 +563,15 @@ class ToolHost:
                                       hint=f"remove one of the two: the {source} entry {name!r} or the "
                                            f"{first} one {other!r}")
             self.plugin_manager.register(plugin, name=name)
-        except Exception as exc:
+        except HookWrapperRefused:
+            raise  # never run as written, required or not (as ``misfit_hooks`` below)
+        except BaseException as exc:
+            if not _plugins_own(exc):
+                raise
             if self.plugin_manager.has_plugin(name):
                 self.plugin_manager.unregister(name=name)
             reason = exc.reason if isinstance(exc, PluginLoadError) else (
-                exc.message if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}")
+                exc.message if isinstance(exc, ToolError) else _raised_text(exc))
             if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "amplifier_core":
                 reason += ("; this Amplifier module needs amplifier-core: pip install amplifier-core "
                            "(or disable it: disable_plugins)")
@@ -625,7 +645,9 @@ class ToolHost:
             if isinstance(plugin, SeedModule) and plugin.returned_tool is not None \
                     and not any(m.tool is plugin.returned_tool for m in self.tools):
                 await coordinator.mount("tools", plugin.returned_tool)  # the seed allows returning the tool
-        except Exception as exc:
+        except BaseException as exc:
+            if not _plugins_own(exc):
+                raise
             for mounted in list(self.tools):  # take back what the plugin mounted before failing
                 if mounted.plugin == info.name and mounted.spec.name not in tools_before:
                     self.tools.remove(mounted.spec.name)
@@ -667,7 +689,7 @@ class ToolHost:
                 # fail open): configure it, or name it in disable_plugins.
                 self._fail_plugin(info.name, info.source,
                                   f"failed to mount: ConfigError: {located}{self._on_error_note(info.name)}", True, exc)
-            reason = exc.message if isinstance(exc, ToolError) else f"{type(exc).__name__}: {exc}"
+            reason = exc.message if isinstance(exc, ToolError) else _raised_text(exc)
             hint = exc.details.get("hint") if isinstance(exc, ToolError) else None
             self._fail_plugin(info.name, info.source, f"failed to mount: {reason}{self._on_error_note(info.name)}",
                               required, exc, hint if isinstance(hint, str) else None)
@@ -865,6 +887,25 @@ class ToolHost:
     def tool_definitions(self, format: str = "openai") -> list[dict[str, Any]]:
         """The mounted tools as ``"openai"``, ``"anthropic"`` or ``"mcp"`` tool definitions."""
         return tool_definitions(self.specs, format)
+
+
+def _plugins_own(exc: BaseException) -> bool:
+    """Whether ``exc``, raised while a plugin was imported or mounted, is that plugin's failure:
+    any exception but the user's ``KeyboardInterrupt``, a cancellation of the start and a close of
+    the coroutine running it. Found by attack: an installed plugin whose module called
+    ``sys.exit()`` at import, or whose ``mount`` raised a library's own ``BaseException``, ended
+    every host's start with it, where a plugin that fails to import or mount is reported and
+    skipped unless it is required (then ``PluginLoadError`` names it)."""
+    if isinstance(exc, KeyboardInterrupt) or thrown_in(exc):
+        return False
+    return not (isinstance(exc, asyncio.CancelledError) and being_cancelled())
+
+
+def _raised_text(exc: BaseException) -> str:
+    """What a plugin's import or mount raised, as a failure's reason says it."""
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _without_secrets(exc: ConfigError | PluginLoadError, secrets: SecretSet) -> ConfigError | PluginLoadError:

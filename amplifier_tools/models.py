@@ -314,7 +314,11 @@ class Deny:
 
     ``category`` is the error category the caller sees: ``PolicyError`` (the
     default), ``AuthError`` (e.g. a missing scope) or ``ContractError`` (e.g. a
-    missing idempotency key).
+    missing idempotency key). ``details`` are more fields of the error and of
+    the trail's ``deny`` entry; keys that are no string, and the fields the host
+    sets itself (``plugin``, ``hook``, ``action``, ``reason``, ``code``,
+    ``message``; a ``retryable`` that is no bool), are left out, as are
+    ``details`` that are no dict.
     """
 
     reason: str

@@ -443,7 +443,9 @@ class CallPipeline:
         started: float, output: Any, events: bool, *, recover: bool = True,
     ) -> ToolResult:
         spec = mounted.spec if mounted is not None else None
-        recovery, denied = await self.hooks.tool_error(call, spec, error, ctx)
+        checks = mounted is not None and mounted.output_validator is not None  # a recovery's output is checked
+        recovery, denied = await self.hooks.tool_error(call, spec, error, ctx,
+                                                       mounted.check_output if checks and mounted else None)
         if denied is not None:  # a plugin withheld the failed call's output: its denial is the error
             error, output = denied, None
             _withhold_retry_reasons(ctx)
