@@ -6,7 +6,7 @@ and the transport must be entered and left in one task); calls from any task
 send requests through it. A server that dies fails the call in flight with an
 ``ExecutionError`` and is restarted on the next call, at most
 ``max_restarts`` times; a restarted server must list the same definitions
-(same hashes) as at start, or its calls are refused. The SDK is imported
+(same hashes) and report the same version as at start, or its calls are refused. The SDK is imported
 here, so this module is only imported once servers are configured.
 """
 
@@ -96,6 +96,8 @@ class ServerConnection:
         self._stop: asyncio.Event | None = None
         self._lock = asyncio.Lock()
         self._mounted_hashes: dict[str, str] | None = None
+        #: ``serverInfo.version`` when the tools were mounted (their contracts and audit records name it).
+        self._mounted_version: str | None = None
         #: Where the server's notifications go as host events (``coordinator.hooks.emit``; set by
         #: the plugin): ``tool:progress`` for a call's progress, ``mcp:message`` for its log messages.
         self.emit: Callable[[str, dict[str, Any]], Awaitable[Any]] | None = None
@@ -244,8 +246,12 @@ class ServerConnection:
         return self._session is not None and self._process is not None and self._process.returncode is None
 
     def freeze_definitions(self, mounted: Mapping[str, str]) -> None:
-        """Remember the hashes of the mounted tools; a restarted server must match them."""
+        """Remember the hashes of the mounted tools and the server's version; a restarted server
+        must match them. The version is in every mounted contract (its ``version`` and
+        ``mcp-server-version:`` tag) and so in every audit record: a server that came back as another
+        version had its calls recorded under the version it no longer was (found by attack)."""
         self._mounted_hashes = dict(mounted)
+        self._mounted_version = self.server_info.version if self.server_info is not None else None
 
     async def _ensure(self) -> ClientSession:
         async with self._lock:
@@ -272,6 +278,13 @@ class ServerConnection:
                 raise ContractError(
                     f"MCP server {self.name!r} reports version {version!r} on restart, pinned "
                     f"{self.settings.version!r} (plugins.mcp.servers.{self.name}.version)", code="pin_mismatch")
+            if self._mounted_hashes is not None and version != self._mounted_version:
+                await self.close()
+                self.restarts = self.settings.max_restarts
+                raise ContractError(
+                    f"MCP server {self.name!r} reports version {version!r} on restart, its tools were mounted "
+                    f"under version {self._mounted_version!r}; restart the host to mount the new version",
+                    code="pin_mismatch", server=self.name)
             changed = [name for name, digest in (self._mounted_hashes or {}).items()
                        if self.hashes.get(name) != digest]
             if changed:
