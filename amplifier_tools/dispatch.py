@@ -243,6 +243,18 @@ def _changed_keys(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[s
                   | {key for key in after if key in before and not same_json(after[key], before[key])})
 
 
+#: What ``_changed_in_place`` says of each hook: what was changed, what the host did, the error's
+#: code and hint.
+_CHANGED_IN_PLACE: Final = {
+    "tool_pre": ("arguments", "the call was not run", "hook_changed_arguments",
+                 "rewrite arguments by returning Modify with a new object (a changed copy) from tool_pre: it is "
+                 "checked against the input schema and recorded"),
+    "tool_post": ("output", "the output was withheld", "hook_changed_output",
+                  "replace the output by returning a ToolResult with a new output (a changed copy) from tool_post: "
+                  "it is checked against the output schema and recorded"),
+}
+
+
 def _output_print(output: Any) -> bytes | None:
     """``fingerprint`` of a result's output, to tell whether a ``tool_post`` hook changed it in
     place; None for a value that cannot change (text, a number) and for one that is no JSON data
@@ -814,18 +826,19 @@ class HookDispatcher:
                 plugin=impl.plugin,
             )
         if fingerprint(given) != given_print or (latest is not None and fingerprint(latest) != latest_print):
-            raise self._changed_in_place(call.name, context)
+            raise self._changed_in_place("tool_pre", call.name, context)
         return call
 
-    def _changed_in_place(self, tool: str, context: ToolContext) -> ToolSystemError:
-        """The call's end when a ``tool_pre`` hook changed the arguments in place."""
-        plugins = sorted({impl.plugin for impl in self.impls("tool_pre")})
-        message = (f"a tool_pre hook changed the arguments of {tool!r} in place (tool_pre ran in: "
-                   f"{', '.join(plugins)}); the call was not run")
-        context.record("host", "tool_pre", "changed_in_place", message)
-        return ToolSystemError(message, code="hook_changed_arguments",
-                               hint="rewrite arguments by returning Modify with a new object (a changed copy) from "
-                                    "tool_pre: it is checked against the input schema and recorded")
+    def _changed_in_place(self, hook: str, tool: str, context: ToolContext) -> ToolSystemError:
+        """The call's end when a ``tool_pre`` hook changed the arguments in place, or a
+        ``tool_post`` hook the output (found by attack: it skipped the output schema check and the
+        final secret scrub, which passes over the object scrubbed before ``tool_post``, and the
+        trail said nothing of it)."""
+        what, end, code, hint = _CHANGED_IN_PLACE[hook]
+        plugins = sorted({impl.plugin for impl in self.impls(hook)})
+        message = f"a {hook} hook changed the {what} of {tool!r} in place ({hook} ran in: {', '.join(plugins)}); {end}"
+        context.record("host", hook, "changed_in_place", message)
+        return ToolSystemError(message, code=code, hint=hint)
 
     async def tool_post(
         self,
@@ -902,6 +915,14 @@ class HookDispatcher:
                     result = kwargs["result"] = on_failure(call, spec, context, usable)
                     continue
                 out = usable
+                if out.success and out.output is checked and checked_print is not None \
+                        and _output_print(checked) != checked_print:
+                    # The output object changed in place and handed back (``return result``): still not
+                    # scrubbed again, the object the pipeline scrubbed before tool_post (found by review).
+                    failed_closed = True
+                    result = kwargs["result"] = on_failure(call, spec, context,
+                                                           self._changed_in_place("tool_post", call.name, context))
+                    continue
                 context.record(impl.plugin, "tool_post", "replace")
                 if out.success:
                     try:
@@ -924,22 +945,10 @@ class HookDispatcher:
                 result = kwargs["result"] = on_failure(call, spec, context, error)
         if result.success and result.output is checked and checked_print is not None \
                 and _output_print(checked) != checked_print:
-            result = on_failure(call, spec, context, self._output_changed_in_place(call.name, context))
+            result = on_failure(call, spec, context, self._changed_in_place("tool_post", call.name, context))
         if cancelled:
             raise asyncio.CancelledError
         return result
-
-    def _output_changed_in_place(self, tool: str, context: ToolContext) -> ToolSystemError:
-        """The call's end when a ``tool_post`` hook changed the output object in place (found by
-        attack: it skipped the output schema check and the final secret scrub, which passes over
-        the object scrubbed before ``tool_post``, and the trail said nothing of it)."""
-        plugins = sorted({impl.plugin for impl in self.impls("tool_post")})
-        message = (f"a tool_post hook changed the output of {tool!r} in place (tool_post ran in: "
-                   f"{', '.join(plugins)}); the output was withheld")
-        context.record("host", "tool_post", "changed_in_place", message)
-        return ToolSystemError(message, code="hook_changed_output",
-                               hint="replace the output by returning a ToolResult with a new output (a changed "
-                                    "copy) from tool_post: it is checked against the output schema and recorded")
 
     async def tool_error(
         self, call: ToolCall, spec: Any, error: ToolError, context: ToolContext,

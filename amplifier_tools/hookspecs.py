@@ -94,7 +94,7 @@ def tool_post(
     plugin. The output is read, never changed in place: one changed in place
     instead of replaced fails the call closed (``SystemError``
     ``hook_changed_output``, output withheld), as changed arguments do in
-    ``tool_pre``. When an
+    ``tool_pre``, also when the changed object is returned. When an
     earlier implementation failed closed or denied, later ones see the failed
     result, so an observer still sees the call exactly once; a replacement or
     denial they return is recorded (``replace_ignored``, ``deny_ignored``) and

@@ -333,14 +333,19 @@ def redact_cut(text: str, secrets: Collection[str] | SecretSet = (), *, cut_befo
     matcher = _matcher(secrets)
     if matcher is None or not (cut_before or cut_after):
         return text
+    # Bytes cut inside a character and decoded with ``errors="replace"`` end (or begin) in U+FFFD,
+    # which no form holds: the secret's part is looked for beside it, and the U+FFFD goes with it
+    # (found by review: a non-ASCII secret bash's tail began inside showed all but its start).
     if cut_after:
-        head = max((_begun(text, form) for form in matcher.needles), default=0)
+        core = text.rstrip("\ufffd")
+        head = max((_begun(core, form) for form in matcher.needles), default=0)
         if head:
-            text = text[:len(text) - head] + PLACEHOLDER
+            text = core[:len(core) - head] + PLACEHOLDER
     if cut_before:
-        tail = max((_ended(text, form) for form in matcher.needles), default=0)
+        core = text.lstrip("\ufffd")
+        tail = max((_ended(core, form) for form in matcher.needles), default=0)
         if tail:
-            text = PLACEHOLDER + text[tail:]
+            text = PLACEHOLDER + core[tail:]
     return text
 
 

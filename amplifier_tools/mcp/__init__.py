@@ -209,7 +209,10 @@ class McpImportPlugin:
         self._coordinator, self._headers_of, self._protected_now = coordinator, headers, protected_now
         self._writable_now = writable_now
         coordinator.register_contributor(UNAVAILABLE_CHANNEL, PLUGIN, self._report)
-        secrets = coordinator.get_capability("session.secrets") or ()
+        # The registry itself, not ``registry or ()``: it is empty until a secret is resolved, often
+        # after this mount (a caller's resolver), and it is read at each use (found by review).
+        registry = coordinator.get_capability("session.secrets")
+        secrets = () if registry is None else registry
         self._secrets = secrets
         connections = [ServerConnection(name, server, working_dir, protected_now, headers[name], secrets, writable_now)
                        for name, server in self.settings.servers.items()]

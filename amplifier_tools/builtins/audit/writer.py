@@ -174,6 +174,9 @@ class AuditWriter:
         self._anchored: tuple[int, int] = (-1, -1)
         #: (inode, size) of the live file up to which an fsync is known to have covered it.
         self._durable: tuple[int, int] = (-1, -1)
+        #: A failed fsync of ``_make_durable``'s, for the fsync thread to report as its own: the kernel
+        #: reports a lost write once per open file, so the thread's next fsync of it may succeed.
+        self._lost: OSError | None = None
         self._last_anchor = 0.0
         self._recheck = False
         #: Whether the next record is anchored at once (``_catch_up`` found another process's records).
@@ -866,7 +869,11 @@ class AuditWriter:
         if not due:
             return
         if self.fsync != "never":
-            os.fsync(fd)  # records in the old file are durable before it is renamed away
+            try:
+                os.fsync(fd)  # records in the old file are durable before it is renamed away
+            except OSError as exc:  # the kernel's one report of a lost write: the thread's too (``_lost``)
+                self._lost = exc
+                raise
         with self._path_lock(fcntl.LOCK_EX):  # nobody opens the path until the new file there is locked
             try:
                 target = self._rotation_target()
@@ -995,7 +1002,13 @@ class AuditWriter:
         if self.fsync == "never" or not head.size or self._durable == (head.inode, head.size):
             return
         assert self._fd is not None
-        os.fsync(self._fd)
+        try:
+            os.fsync(self._fd)
+        except OSError as exc:
+            # Found by review: this fsync took the kernel's one report of a lost write; the thread's
+            # next fsync succeeded and acknowledged the records waiting for it as durable.
+            self._lost = exc
+            raise
         self._durable = (head.inode, head.size)
 
     def _set_anchor_aside(self) -> None:
@@ -1077,9 +1090,10 @@ class AuditWriter:
             fd, target = self._fd, self._written
             head = self._head  # what ``fd`` holds now: the fsync below covers it
             retired, self._retired = self._retired, []
-        error: OSError | None = None
+            lost, self._lost = self._lost, None  # an fsync failure ``_make_durable`` met since the last cycle
+        error: OSError | None = lost
         covered: tuple[int, int] | None = None
-        if fd is not None and self.fsync != "never" and target > self._synced:
+        if fd is not None and self.fsync != "never" and target > self._synced and error is None:
             try:
                 os.fsync(fd)
                 covered = None if head is None else (head.inode, head.size)

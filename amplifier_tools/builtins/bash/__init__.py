@@ -129,6 +129,9 @@ class BashPlugin:
             spill_dir = self._spill_dir(spill_dir, coordinator, own_rules, protected)
         limits = Limits(settings.max_cpu_seconds, settings.max_memory_bytes, settings.max_processes,
                         settings.max_file_size_bytes)
+        # The registry itself, not ``registry or ()``: it is empty until a secret is resolved, often
+        # after this mount (a caller's resolver), and it is read at each call.
+        registry = coordinator.get_capability("session.secrets")
         self.tool = BashTool(Settings(
             default_timeout=settings.default_timeout,
             max_timeout=settings.max_timeout,
@@ -150,7 +153,7 @@ class BashPlugin:
             prlimit=shutil.which("prlimit"),
             bwrap=bwrap,
             session_writable=writable if isinstance(writable, list) else (),
-        ), path_rules, secrets=coordinator.get_capability("session.secrets") or ())
+        ), path_rules, secrets=() if registry is None else registry)
         await coordinator.mount("tools", self.tool)
 
     @staticmethod

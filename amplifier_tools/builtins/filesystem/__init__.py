@@ -69,9 +69,12 @@ class FilesystemPlugin:
                     log.warning("[plugins.%s] %s: %s is not a directory here; no path under it can be read or "
                                 "written until it is", PLUGIN, key, root)
         read_log = ReadLog()
+        # The registry itself, not ``registry or ()``: it is empty until a secret is resolved, often
+        # after this mount (a caller's resolver), and it is read at each call.
+        registry = coordinator.get_capability("session.secrets")
+        secrets = () if registry is None else registry
         for cls in TOOL_CLASSES:
-            await coordinator.mount("tools", cls(self.rules, settings, read_log,
-                                                 secrets=coordinator.get_capability("session.secrets") or ()))
+            await coordinator.mount("tools", cls(self.rules, settings, read_log, secrets=secrets))
         if isinstance(protected, ProtectedPaths):
             self._guard = ArgumentGuard(self.rules)
 

@@ -12,11 +12,11 @@ import stat
 import threading
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 from ...errors import ContractError, ExecutionError
 from ...models import ToolResult
-from ...redaction import SecretSet
+from ...redaction import SecretSet, redact_cut
 from ...spec import ToolSpec
 from .paths import PathRules, os_error
 from .settings import FilesystemSettings
@@ -271,6 +271,10 @@ class EditFile(FilesystemTool):
 _FILE_LOCKS: tuple[threading.Lock, ...] = tuple(threading.Lock() for _ in range(64))
 
 
+#: How often a write waiting for its file's lock checks whether its call was abandoned (seconds).
+LOCK_POLL: Final = 0.05
+
+
 @contextmanager
 def file_lock(dir_fd: int, name: str) -> Iterator[None]:
     """Hold the lock of ``name`` in the directory ``dir_fd`` while a write or edit of it runs.
@@ -278,12 +282,19 @@ def file_lock(dir_fd: int, name: str) -> Iterator[None]:
     Found by attack: two ``edit_file`` calls of one file run at once (a model's parallel tool calls)
     both read the old content, and the second rename dropped the first edit, both reporting
     success. An edit now reads what the one before it wrote. A call abandoned (timed out)
-    while it waited stops here instead of changing the file after its error was reported."""
+    while it waits stops waiting (checked every ``LOCK_POLL`` s), and one abandoned by the time it
+    gets the lock stops here, instead of changing the file after its error was reported (found by
+    review: a write hung on a stalled disk held its stripe, and writes of unrelated files sharing
+    it, in any host, waited for good, each holding a worker thread after its call timed out)."""
     st = os.fstat(dir_fd)
     lock = _FILE_LOCKS[hash((st.st_dev, st.st_ino, name)) % len(_FILE_LOCKS)]
-    with lock:
+    while not lock.acquire(timeout=LOCK_POLL):
+        check_abandoned()
+    try:
         check_abandoned()
         yield
+    finally:
+        lock.release()
 
 
 def _changed(path: str) -> ExecutionError:
@@ -549,7 +560,7 @@ class Grep(FilesystemTool):
                         "it: read it in pages with fs_read_file (offset and limit)",
                         code="file_too_large", size=st.st_size)
                 self._search_fd(fd, st.st_size, os.path.basename(resolved.path), regex, context, cap, matches,
-                                max_file)
+                                max_file, self.secrets)
             finally:
                 os.close(fd)
             return {"truncated": len(matches) >= cap, "files_searched": 1, "matches": matches}
@@ -566,7 +577,7 @@ class Grep(FilesystemTool):
                 if not stat.S_ISREG(st.st_mode) or st.st_size > max_file:  # skipped, and not counted
                     continue
                 searched += 1
-                self._search_fd(fd, st.st_size, rel, regex, context, cap, matches, max_file)
+                self._search_fd(fd, st.st_size, rel, regex, context, cap, matches, max_file, self.secrets)
             finally:
                 os.close(fd)
             if len(matches) >= cap:
@@ -580,7 +591,8 @@ class Grep(FilesystemTool):
 
     @staticmethod
     def _search_fd(fd: int, size: int, rel: str, regex: Any, context: int, cap: int,
-                   matches: list[dict[str, Any]], max_file: int) -> None:
+                   matches: list[dict[str, Any]], max_file: int,
+                   secrets: Collection[str] | SecretSet = ()) -> None:
         if size > max_file:
             return
         data = os.read(fd, size + 1) if size else b""
@@ -603,16 +615,26 @@ class Grep(FilesystemTool):
             if index in seen_lines:
                 continue
             seen_lines.add(index)
-            entry: dict[str, Any] = {"file": rel, "line": index + 1,
-                                     "text": lines[index].decode("utf-8", "replace")[:500]}
+            entry: dict[str, Any] = {"file": rel, "line": index + 1, "text": _shown(lines[index], secrets)}
             if context:
-                entry["before"] = [lines[j].decode("utf-8", "replace")[:500]
-                                   for j in range(max(0, index - context), index)]
-                entry["after"] = [lines[j].decode("utf-8", "replace")[:500]
+                entry["before"] = [_shown(lines[j], secrets) for j in range(max(0, index - context), index)]
+                entry["after"] = [_shown(lines[j], secrets)
                                   for j in range(index + 1, min(len(lines), index + 1 + context))]
             matches.append(entry)
             if len(matches) >= cap:
                 return
+
+
+#: ``fs_grep`` shows at most this many characters of a matching line (and of a context line).
+MATCH_LINE_CHARS = 500
+
+
+def _shown(line: bytes, secrets: Collection[str] | SecretSet) -> str:
+    """A line as ``fs_grep`` shows it: its first ``MATCH_LINE_CHARS`` characters, a secret (of
+    ``secrets``, the host's) the cut goes through redacted (``redact_cut``): the host's redaction of
+    the result finds whole secrets only (found by review: the cut line showed all but the end of one)."""
+    text = line.decode("utf-8", "replace")
+    return text if len(text) <= MATCH_LINE_CHARS else redact_cut(text[:MATCH_LINE_CHARS], secrets, cut_after=True)
 
 
 def search_regex(pattern: str, ignore_case: bool) -> Any:
