@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from amplifier_tools import ToolContext, ToolResult, hookimpl
 from amplifier_tools.procfs import is_live
 
 FIXTURES = Path(__file__).parent / "mcp_fixtures"
@@ -99,3 +100,14 @@ async def http_session(url: str, token: str | None) -> AsyncIterator[Any]:
             ClientSession(streams[0], streams[1]) as client:
         await client.initialize()
         yield client
+
+
+class Completions:
+    """Keeps each ``tool_complete``: the call's id and its error's code."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str | None]] = []
+
+    @hookimpl
+    def tool_complete(self, result: ToolResult, context: ToolContext) -> None:
+        self.calls.append((context.call_id, None if result.error is None else result.error["code"]))

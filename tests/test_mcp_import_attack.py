@@ -18,20 +18,9 @@ import pytest
 pytest.importorskip("mcp")
 
 import mcp_types
-from mcp_helpers import fixture_server, wait_dead
+from mcp_helpers import Completions, fixture_server, wait_dead
 
-from amplifier_tools import ToolContext, ToolHost, ToolResult, hookimpl
-
-
-class Completions:
-    """Keeps each ``tool_complete``: the call's id and its error's code."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str | None]] = []
-
-    @hookimpl
-    def tool_complete(self, result: ToolResult, context: ToolContext) -> None:
-        self.calls.append((context.call_id, None if result.error is None else result.error["code"]))
+from amplifier_tools import ToolHost
 
 
 def audited(tmp_path: Path, *plugins: Any, **server: Any) -> ToolHost:

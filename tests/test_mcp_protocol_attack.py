@@ -16,22 +16,11 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import FIXTURES
+from mcp_helpers import FIXTURES, Completions
 
-from amplifier_tools import PluginLoadError, ToolContext, ToolHost, ToolResult, hookimpl
+from amplifier_tools import PluginLoadError, ToolHost
 
 QUIRKY_SERVER = str(FIXTURES / "quirky_server.py")
-
-
-class Completions:
-    """Keeps each ``tool_complete``: the call's id and its error's code."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str | None]] = []
-
-    @hookimpl
-    def tool_complete(self, result: ToolResult, context: ToolContext) -> None:
-        self.calls.append((context.call_id, None if result.error is None else result.error["code"]))
 
 
 def quirky(tmp_path: Path, *plugins: Any, tools: list[dict[str, Any]] | None = None, **server: Any) -> ToolHost:
