@@ -6,6 +6,7 @@ things back. Every call that fails ends with one typed error naming the server, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
@@ -171,3 +172,22 @@ async def test_a_line_nested_past_the_recursion_limit_does_not_stop_the_reader(t
         result = await host.call("mcp::q::raw_reply", {"before": lines, "reply": {"result": {"content": []}}})
         assert result.success, result.error
         assert connection.restarts == 0
+
+
+async def test_a_server_that_stops_reading_does_not_hold_a_timed_out_call_past_its_deadline(tmp_path: Path) -> None:
+    """Found by attack: the quirky server's ``late`` tool sleeps without reading its stdin; a call
+    of 1 MB then filled the pipe, and once the host's deadline cancelled the calls, the SDK waited
+    up to 5 s more (shielded) to write each ``notifications/cancelled`` into the full pipe: every
+    call ended ``timeout`` 7 s after it began, with a deadline of 2 s. The call now ends at its
+    deadline; the courtesy cancel is left to go out on its own."""
+    completions = Completions()
+    async with quirky(tmp_path, completions, timeout_ms=1500) as host:
+        started = time.monotonic()
+        results = await asyncio.gather(host.call("mcp::q::late", {"ms": 60000}),
+                                       host.call("mcp::q::echo", {"text": "x" * 1_000_000}),
+                                       host.call("mcp::q::echo", {"text": "y"}))
+        took = time.monotonic() - started
+        assert [r.error["code"] if r.error else None for r in results] == ["timeout"] * 3, results
+        assert took < 4.0, took
+    assert sorted(code for _, code in completions.calls) == ["timeout"] * 3
+    assert len(call_records(tmp_path)) == 3

@@ -60,6 +60,23 @@ CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__
 BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
+#: Requests whose calls were cancelled while the SDK still sends their courtesy cancel: kept
+#: referenced until they end (asyncio holds tasks weakly).
+_LET_GO: set[asyncio.Future[Any]] = set()
+
+
+def _let_go(sending: asyncio.Future[Any]) -> None:
+    """Let a cancelled request finish on its own (its courtesy cancel, bounded by the SDK)."""
+    _LET_GO.add(sending)
+    sending.add_done_callback(_gone)
+
+
+def _gone(sending: asyncio.Future[Any]) -> None:
+    _LET_GO.discard(sending)
+    if not sending.cancelled():
+        sending.exception()  # retrieved: its call has ended already, nobody awaits it
+
+
 class ServerConnection:
     """A live session with one MCP server (a stdio process, or a Streamable HTTP connection),
     restarted (reconnected) on demand after it dies."""
@@ -318,11 +335,21 @@ class ServerConnection:
         """
         session = await self._ensure()
         request = mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name=name, arguments=arguments))
+        # send_request, not call_tool: the output schema is checked by the host's pipeline (a typed
+        # ContractError with a pointer), not by the SDK. In a task of its own, shielded: cancelled
+        # (the host's deadline, the caller), the call ends at once, and the SDK's courtesy
+        # ``notifications/cancelled`` goes out in that task (found by attack: the SDK waits up to
+        # 5 s, shielded, to write it; to a server that had stopped reading its stdin every
+        # timed-out call ended 5 s past its deadline).
+        sending = asyncio.ensure_future(session.send_request(
+            request, mcp_types.CallToolResult, request_read_timeout_seconds=timeout, progress_callback=progress))
         try:
-            # send_request, not call_tool: the output schema is checked by the host's
-            # pipeline (a typed ContractError with a pointer), not by the SDK.
-            return await session.send_request(request, mcp_types.CallToolResult,
-                                              request_read_timeout_seconds=timeout, progress_callback=progress)
+            return await asyncio.shield(sending)
+        except asyncio.CancelledError:
+            if not sending.done():
+                sending.cancel()
+                _let_go(sending)
+            raise
         except MCPError as exc:
             if _connection_closed(exc) or not self.alive:
                 raise self._died(exc) from None
