@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from ...hoststate import HostFileError
 from ...plugin_settings import structure_settings
 from .settings import PolicySettings
 from .store import StoreUnavailable, open_store
@@ -63,11 +64,15 @@ def status(config: str | None, *, as_json: bool) -> int:
     try:
         where, rows = asyncio.run(_status(store, settings.store_prefix, settings.store_timeout_ms / 1000.0,
                                           str(host.state_dir)))
-    except (StoreUnavailable, asyncio.TimeoutError) as exc:
-        message = str(exc) if isinstance(exc, StoreUnavailable) else \
+    except (StoreUnavailable, HostFileError, asyncio.TimeoutError) as exc:
+        message = str(exc) if isinstance(exc, (StoreUnavailable, HostFileError)) else \
             f"the policy store did not answer within {10 * settings.store_timeout_ms / 1000.0:g} s"
-        hint = ("check the server named by [plugins.policy] store; each of its answers is awaited for "
-                "store_timeout_ms, and the whole listing for ten times that")
+        if store == "sqlite":  # a file, not a server (found by attack: the hint sent people to a server)
+            hint = ("check the file named above ([plugins.policy] store = \"sqlite\", in state_dir): another "
+                    "process may hold it locked past store_timeout_ms, or it is not a policy store the host made")
+        else:
+            hint = ("check the server named by [plugins.policy] store; each of its answers is awaited for "
+                    "store_timeout_ms, and the whole listing for ten times that")
         # As the command line reports a failure: stderr for people, and with --json a JSON error on stdout.
         print(f"error: {message}", file=sys.stderr)
         print(f"hint: {hint}", file=sys.stderr)

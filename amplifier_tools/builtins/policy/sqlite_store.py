@@ -9,7 +9,8 @@ deleted as keys are touched and in a sweep every few hundred transactions.
 
 The file is host state: its directory is created ``0700`` and the file is
 created and checked with ``open_host_file`` (regular, ours, no symlink) before
-SQLite opens it. Limits: the queries run on the event loop's thread (a
+SQLite opens it, and each decision checks that the path still names that file (else it is
+opened anew). Limits: the queries run on the event loop's thread (a
 transaction is tens of microseconds; a writer waiting on another process's lock
 waits at most the store timeout, as SQLite's busy timeout); not for network
 file systems, where SQLite's locking is unreliable.
@@ -18,6 +19,7 @@ file systems, where SQLite's locking is unreliable.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -35,6 +37,8 @@ CREATE TABLE IF NOT EXISTS records (key TEXT PRIMARY KEY, holder TEXT, digest TE
                                     expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires REAL NOT NULL);
 """
+log = logging.getLogger("amplifier_tools.policy")
+
 SWEEP_EVERY: Final = 500
 SQLITE_BUSY: Final = 5  # result codes (sqlite3 names them only from Python 3.11)
 SQLITE_LOCKED: Final = 6
@@ -69,11 +73,20 @@ class SQLiteStore:
         self._db: sqlite3.Connection | None = None
         self._ops = 0
         self._busy_ms = _busy_ms(timeout)  # the connection's busy timeout (sqlite3.connect sets it)
+        self._file = (0, 0)  # the device and inode of the file the connection has open
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, wait: float) -> sqlite3.Connection:
+        """A connection, its file checked, set up and waiting at most ``wait`` seconds for another
+        process's lock, in its setup too: a call whose deadline is shorter than the store timeout,
+        on a store not connected yet (every ``amplifier-tools call``), is not held past its deadline
+        (found by attack: a locked file held a 0.2 s call for the whole 2 s ``store_timeout_ms``)."""
         try:
             directory = ensure_state_dir(Path(self.where).parent)
-            os.close(open_host_file(directory / Path(self.where).name, os.O_RDWR | os.O_CREAT))
+            fd = open_host_file(directory / Path(self.where).name, os.O_RDWR | os.O_CREAT)
+            try:
+                info = os.fstat(fd)
+            finally:
+                os.close(fd)
         except HostFileError:
             raise  # not the host's own file (a symlink, FIFO, hard link, another owner): refused, never "local"
         except OSError as exc:
@@ -81,23 +94,45 @@ class SQLiteStore:
             # is down, as a locked or full database is (found by attack: it failed every call as
             # hook_failed, and store_unavailable = "local" never fell back).
             raise StoreUnavailable(f"SQLite store {self.where}: {exc}") from exc
-        db = sqlite3.connect(self.where, timeout=self.timeout, isolation_level=None, check_same_thread=False)
-        self._busy_ms = _busy_ms(self.timeout)
+        db = sqlite3.connect(self.where, timeout=wait, isolation_level=None, check_same_thread=False)
         try:
-            self._set_up(db)
+            self._set_up(db, wait)
         except BaseException:
             db.close()
             raise
+        self._busy_ms = _busy_ms(wait)  # while not connected it stays the store timeout's
+        self._file = (info.st_dev, info.st_ino)
         return db
 
-    def _set_up(self, db: sqlite3.Connection) -> None:
+    def _connection(self) -> sqlite3.Connection:
+        """The connection, opened anew when there is none or the path no longer names the file it
+        has open (removed or replaced: a state directory cleaned while a host runs). Kept, the old
+        file would count for this process alone while every other one counted in the new file
+        (found by attack: a rate limit of 3 admitted 4 calls across two hosts; a symlink put in its
+        place, which the next process refuses, went unnoticed). One ``lstat`` a decision."""
+        db = self._db
+        if db is not None:
+            try:
+                info = os.lstat(self.where)
+                if (info.st_dev, info.st_ino) == self._file:
+                    return db
+            except OSError:
+                pass  # removed: a new file is created, as the other processes will
+            self._db = None
+            db.close()
+        # The bound the next statements have; the store timeout's again until connected.
+        wait, self._busy_ms = self._busy_ms / 1000.0, _busy_ms(self.timeout)
+        db = self._db = self._connect(wait)
+        return db
+
+    def _set_up(self, db: sqlite3.Connection, wait: float) -> None:
         """WAL mode and the tables, retried while another process sets up the same new file.
 
         Switching a new file to WAL takes an exclusive lock, and a process that asks while
         another holds it gets ``SQLITE_BUSY`` at once (SQLite's deadlock rule skips the busy
         timeout there), so several processes starting on one new file would fail their first
-        calls closed. Retried with a short backoff for at most the store timeout."""
-        deadline = time.monotonic() + self.timeout
+        calls closed. Retried with a short backoff for at most ``wait``."""
+        deadline = time.monotonic() + wait
         pause = 0.001
         while True:
             try:
@@ -120,9 +155,7 @@ class SQLiteStore:
         """Run ``work(db, now, *args)`` as one immediate transaction (a deferred one, which takes no
         write lock and so holds up no deciding host, with ``read_only``)."""
         try:
-            db = self._db
-            if db is None:
-                db = self._db = self._connect()
+            db = self._connection()
             db.execute("BEGIN" if read_only else "BEGIN IMMEDIATE")
             try:
                 now = time.time()
@@ -148,8 +181,9 @@ class SQLiteStore:
             return
         try:
             db = self._db
-            if db is None:
-                db = self._db = self._connect()
+            if db is None:  # connecting waits ``seconds`` (its setup too) and sets the busy timeout
+                self._db = self._connect(seconds)
+                return
             db.execute(f"PRAGMA busy_timeout = {ms}")
             self._busy_ms = ms
         except sqlite3.Error as exc:
@@ -183,16 +217,20 @@ class SQLiteStore:
             now = time.time()
             window = int(now // interval)
             try:
-                db = self._db
-                if db is None:
-                    db = self._db = self._connect()
+                db = self._connection()
                 # fetchall: the statement must run to its end, else its implicit transaction stays open
                 taken = db.execute(TAKE, (f"{self.prefix}{key}@{window}", (window + 2) * interval, limit)).fetchall()
                 self._ops += 1
-                if self._ops % SWEEP_EVERY == 0:
-                    self._run(self._sweep)
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
+            if self._ops % SWEEP_EVERY == 0:
+                try:
+                    self._run(self._sweep)
+                except StoreUnavailable as exc:
+                    # The unit is taken: the call is decided, and the sweep waits for the next round
+                    # (found by attack: another process's write landing between the two failed the
+                    # call closed with its unit counted, or had it decided again in memory).
+                    log.warning("policy store: sweeping expired rows failed (%s); tried again later", exc)
             return window if taken else not_taken((window + 1) * interval - now)
 
         def work(db: sqlite3.Connection, now: float) -> int:
@@ -307,9 +345,7 @@ class SQLiteStore:
 
     async def get(self, key: str) -> Any:
         try:  # a read: its own implicit transaction, no write lock
-            db = self._db
-            if db is None:
-                db = self._db = self._connect()
+            db = self._connection()
             rows = db.execute("SELECT value FROM blobs WHERE key = ? AND expires > ?",
                               (self.prefix + key, time.time())).fetchall()
         except sqlite3.Error as exc:
