@@ -134,6 +134,7 @@ class ConfigError(ValueError):
             # told the user to set the very key that is unknown (found by a new-user trial).
             self.hint = did_you_mean(leaf, expected) or (
                 f"remove or rename {leaf!r}; the keys allowed here: {', '.join(sorted(expected))}")
+        note_hint(self, self.hint)
 
 
 def did_you_mean(name: str, expected: Collection[str]) -> str | None:
@@ -166,6 +167,16 @@ class PluginLoadError(RuntimeError):
         self.reason = reason
         #: What to do about it, for a person, when the plugin said (the command line's hint line).
         self.hint = hint
+        note_hint(self, hint)
+
+
+def note_hint(exc: BaseException, hint: str | None) -> None:
+    """Add ``hint`` to ``exc`` as a note (PEP 678), so a Python traceback and pytest show it, not
+    the command line alone (found by a new-user trial: ``ToolHost(config=...)`` raised a
+    ``ConfigError`` whose traceback never said what to do). Python 3.11+; on 3.10, which has no
+    notes, the hint is the ``hint`` attribute only."""
+    if hint and hasattr(exc, "add_note"):
+        exc.add_note(f"hint: {hint}")
 
 
 def _quick_ratio(a: str, b: str) -> float:

@@ -91,3 +91,33 @@ async def test_a_module_of_tools_named_in_modules_says_how_to_mount_them(
     assert info.value.hint is not None and "it holds tools (greet)" in info.value.hint
     assert "coordinator.mount(\"tools\", greet)" in info.value.hint
     sys.modules.pop("newcomer_tools", None)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes (PEP 678) are Python 3.11+")
+async def test_a_python_traceback_of_a_config_error_shows_its_hint(tmp_path: Path) -> None:
+    """The command line prints a ``ConfigError``'s hint line; a Python user of ``ToolHost`` saw only
+    the message in the traceback (and pytest's report), never what to do. The hint is now a note."""
+    import traceback
+
+    config = tmp_path / "amplifier-tools.toml"
+    config.write_text("[plugins.bsh]\nenabled = false\n")
+    host = ToolHost(config, builtins=["bash"], working_dir=tmp_path)
+    with pytest.raises(ConfigError) as info:
+        await host.start()
+    assert "hint: did you mean 'bash'?" in "".join(traceback.format_exception(info.value))
+
+    # A plugin's own settings error reaches the caller as the plugin's load error, caused by it.
+    config.write_text("[plugins.bash]\ndefault_timeot = 5\n")
+    host = ToolHost(config, builtins=["bash"], working_dir=tmp_path)
+    with pytest.raises(PluginLoadError) as loaded:
+        await host.start()
+    assert "hint: did you mean 'default_timeout'?" in "".join(traceback.format_exception(loaded.value))
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes (PEP 678) are Python 3.11+")
+def test_a_plugin_load_error_traceback_shows_its_hint() -> None:
+    import traceback
+
+    error = PluginLoadError("demo", "cannot import it", hint="pip install demo")
+    assert "hint: pip install demo" in "".join(traceback.format_exception(error))
+    assert "hint:" not in "".join(traceback.format_exception(PluginLoadError("demo", "no hint")))
