@@ -546,11 +546,6 @@ def _call_hint(error: Mapping[str, Any], tool: str) -> str:
         return "the path matches a denied pattern: [plugins.filesystem] denied_paths (or write_denied_paths)"
     if code == "path_protected":
         return "the path is the host's own state (config, state_dir, audit log); no tool may touch it"
-    if code == "policy_store_unavailable":
-        return ("the policy store did not answer: check the server named by [plugins.policy] store; "
-                "store_timeout_ms bounds each wait (cut to the call's deadline); for a long-lived host, "
-                "store_unavailable = \"local\" decides in its memory instead of failing (for the command "
-                "line that means no limits at all)")
     if code == "rule_denied" and error.get("rule"):
         return (f"denied by the policy rule {error['rule']!r} in [[plugins.policy.rules]]"
                 if error["rule"] != "default" else

@@ -92,6 +92,10 @@ async def test_a_first_call_on_a_locked_file_waits_its_deadline_not_the_store_ti
         other.close()
     assert result.error is not None and result.error["code"] == "policy_store_unavailable", result.error
     assert str(database) in result.error["message"]
+    # What to do, naming the settings, for a Python caller too (the error named none; the command
+    # line's hint told people to check a server).
+    assert "SQLite file" in result.error["hint"] and "store_timeout_ms" in result.error["hint"]
+    assert "server" not in result.error["hint"]
     assert waited < 1.0, waited  # the call's 0.2 s deadline, not the store's 2 s
     (call_id, code) = completions.calls[-1]  # one tool_complete and one audit record for the call
     assert code == "policy_store_unavailable" and [c for c, _ in completions.calls].count(call_id) == 1

@@ -36,7 +36,7 @@ from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker, is_record
 from .state import idempotency_slot, interval_of, rate_key, retry_hint
-from .store import SharedStore, StoreUnavailable, next_window
+from .store import SharedStore, StoreUnavailable, next_window, unavailable_hint
 
 if TYPE_CHECKING:
     from . import PolicyPlugin, _Held
@@ -276,7 +276,7 @@ class SharedPolicy:
                            store=self.store.kind)
             return self.plugin._local_pre(call, spec, context)
         return Deny(f"policy store unavailable: {exc}", code="policy_store_unavailable",
-                    details={"retryable": True, "store": self.store.kind})
+                    details={"retryable": True, "store": self.store.kind, "hint": unavailable_hint(self.store.kind)})
 
     def rate_limit_now(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
         """A tool whose only stateful policy is a rate limit, on a store that never suspends

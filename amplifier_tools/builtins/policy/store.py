@@ -45,6 +45,20 @@ class StoreUnavailable(Exception):
         self.timed_out = timed_out
 
 
+def unavailable_hint(kind: str) -> str:
+    """What to do about a call failed as ``policy_store_unavailable`` on a ``kind`` store, naming the
+    settings that govern it (the error's ``hint``, which the command line prints; found by attack:
+    a Python caller's error named no setting, and for SQLite the command line sent people to a server)."""
+    if kind == "sqlite":
+        where = ("check the SQLite file in state_dir ([plugins.policy] store = \"sqlite\"): another process "
+                 "may hold it locked past the wait, or it is not a policy store the host made")
+    else:
+        where = "check the server named by [plugins.policy] store"
+    return (f"{where}; store_timeout_ms bounds each wait (cut to the call's deadline); for a long-lived host, "
+            "store_unavailable = \"local\" decides in its memory instead of failing (for the command line "
+            "that means no limits at all)")
+
+
 class SharedStore(Protocol):
     """Policy state shared by processes. Keys are given without the deployment prefix."""
 
