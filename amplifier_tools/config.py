@@ -272,7 +272,11 @@ def _substitute(value: Any, file: str, path: str, used: set[str]) -> Any:
         def replace(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in os.environ:
-                raise ConfigError(f"environment variable ${{{name}}} is not set", key=path or None, file=file)
+                # A hint naming what to set (found by a new-user trial: the generic "fix the
+                # configuration" hint left the user guessing whether the file or the shell was wrong).
+                raise ConfigError(f"environment variable ${{{name}}} is not set", key=path or None, file=file,
+                                  hint=f"export {name}=... in the host's environment, or write the value "
+                                       "literally (${VAR} is for secrets: its value is redacted from every output)")
             used.add(os.environ[name])
             return os.environ[name]
 

@@ -121,3 +121,14 @@ def test_a_plugin_load_error_traceback_shows_its_hint() -> None:
     error = PluginLoadError("demo", "cannot import it", hint="pip install demo")
     assert "hint: pip install demo" in "".join(traceback.format_exception(error))
     assert "hint:" not in "".join(traceback.format_exception(PluginLoadError("demo", "no hint")))
+
+
+def test_an_unset_variable_in_the_config_names_what_to_set(tmp_path: Path) -> None:
+    """configuration.md: "an unset variable is an error". Its hint was the generic "fix the
+    configuration", leaving open whether the file or the shell was wrong."""
+    config = tmp_path / "amplifier-tools.toml"
+    config.write_text('state_dir = "${AMPLIFIER_TOOLS_TEST_UNSET}/state"\n')
+    done = cli(tmp_path, "--config", str(config), "list")  # no AMPLIFIER_TOOLS_* variable is passed on
+    assert done.returncode == 2, done
+    assert "state_dir: environment variable ${AMPLIFIER_TOOLS_TEST_UNSET} is not set" in done.stderr
+    assert "hint: export AMPLIFIER_TOOLS_TEST_UNSET=... in the host's environment" in done.stderr
