@@ -236,3 +236,55 @@ async def test_a_lone_surrogate_path_given_to_another_plugins_tool_does_not_cras
         result = await host.call("echo", {"path": "a\ud800"})
     assert result.success, result.error
     assert echo.calls == [{"path": "a\ud800"}]
+
+
+READ_ONLY_SCRIPT = """
+import asyncio, json, sys
+from amplifier_tools import ToolHost
+
+async def main(work):
+    host = ToolHost(config={"state_dir": work + "/state"}, builtins=["filesystem"], entry_points=False,
+                    working_dir=work + "/w", discover=False)
+    async with host:
+        read = await host.call("fs_read_file", {"path": "ro.txt"})
+        write = await host.call("fs_write_file", {"path": "ro.txt", "content": "replaced\\n"})
+        edit = await host.call("fs_edit_file", {"path": "ro.txt", "old_string": "kept", "new_string": "x"})
+        fresh = await host.call("fs_write_file", {"path": "new.txt", "content": "fine\\n"})
+    print(json.dumps([read.success, write.error, edit.error, fresh.success]))
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+def test_a_read_only_file_is_not_replaced(tmp_path: Path) -> None:
+    """A file its owner made read-only (``chmod a-w``): ``>`` in a shell and an editor are refused,
+    but ``write_file`` and ``edit_file`` replaced it, as a rename needs only the directory's
+    permission. They are now ``permission_denied`` naming the file, and the file is unchanged. Run
+    as root, the host runs without the capability to override file permissions (root may otherwise
+    write any file, and so may a host run as root)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", READ_ONLY_SCRIPT, str(tmp_path)]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("run as root, and util-linux's setpriv is missing")
+        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--", *command]
+    (tmp_path / "w").mkdir()
+    target = tmp_path / "w" / "ro.txt"
+    target.write_text("kept\n")
+    target.chmod(0o444)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    done = subprocess.run(command, capture_output=True, text=True, env=environ, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    read, write, edit, fresh = json.loads(done.stdout.splitlines()[-1])
+    assert read and fresh
+    for error in (write, edit):
+        assert (error["type"], error["code"]) == ("ExecutionError", "permission_denied"), error
+        assert "'ro.txt': the file is not writable (its permission bits: 0444)" in error["message"]
+        assert "chmod u+w" in error["hint"]
+    assert target.read_text() == "kept\n" and (target.stat().st_mode & 0o777) == 0o444
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["new.txt", "ro.txt"]  # no temp file left

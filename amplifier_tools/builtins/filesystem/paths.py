@@ -549,6 +549,13 @@ class PathRules:
         if st.st_nlink > 1 and not self.allow_hardlinks:
             raise _deny(f"{path!r} has {st.st_nlink} hard links; refusing to write through a shared inode",
                         "hardlink", path)
+        if not os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True, follow_symlinks=False):
+            # A replacing rename needs only the directory's permission: a file its owner made read-only
+            # (chmod a-w) was replaced all the same, where a shell's ``>`` or an editor is refused
+            # (found by attack). The host's user as ``open`` judges it: root may still write.
+            raise ExecutionError(f"{path!r}: the file is not writable (its permission bits: "
+                                 f"{stat.S_IMODE(st.st_mode):04o}); nothing was changed", code="permission_denied",
+                                 path=path, hint="make it writable first if it is meant to change (chmod u+w)")
         return st
 
 
