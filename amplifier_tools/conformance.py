@@ -5,7 +5,7 @@ One implementation behind the CLI command and the pytest helper
 message; warnings do not fail the report.
 
 A target is an object, an import path (``package.module`` or
-``package.module:Attribute``; a class is instantiated as the host would), a
+``package.module:Attribute``; a class, of a plugin or a tool, is instantiated as the host would), a
 built-in plugin's name (``filesystem``, ``bash``...), an entry-point name or a
 distribution name (each of its entry points is checked; ``amplifier-tools``
 itself, whose plugins are built in rather than entry points, means every
@@ -19,7 +19,8 @@ implementations (plugin); mounting it on a fresh host succeeds; every tool's
 contract is valid (name, SemVer, input/output schemas are valid JSON Schema);
 every example's input validates against the input schema and its output
 against the output schema; examples of ``Pure`` tools run and return what they
-promise, leave their working directory as they found it (a failure) and, when
+promise (compared as JSON: ``true`` is not ``1``), leave their working directory and the
+arguments they were given as they found them (a failure) and, when
 the example gives no output, return the same output when run again (a
 warning); effects are consistent with policies. Examples of tools with any
 other effect are never run. Examples run in a temporary working directory,
@@ -29,6 +30,7 @@ with the files an example lists (``Example.files``) written into it first.
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
 import importlib.metadata
 import inspect
@@ -129,7 +131,10 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
     """The plugin objects for ``target``: an object, ``module``, ``module:Attribute``, an
     entry-point name or a distribution name. Classes are instantiated the way the host does it."""
     if not isinstance(target, str):
-        if isinstance(target, type) and _has_hooks(target):
+        # A tool class too, as ``validate module:ToolClass`` instantiates it (found by attack:
+        # ``assert_conforms(MyTool)`` mounted the class, and each example failed with
+        # "execute() missing 1 required positional argument: 'input'").
+        if isinstance(target, type) and (_has_hooks(target) or callable(getattr(target, "execute", None))):
             cls = target
             try:
                 target = instantiate(lambda: cls)
@@ -356,29 +361,73 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
         if run_examples and spec.effect is Effect.Pure:
             _write_example_files(workdir, example.files)
             before = _snapshot(workdir)
-            result = await host.call(name, example.input)
+            # A copy: the host hands the tool the caller's own arguments, and the example stays as written.
+            sent = copy.deepcopy(example.input)
+            result = await host.call(name, sent)
             changed = _changes(before, _snapshot(workdir))
+            altered = _altered_keys(example.input, sent)
             if example.error_code is not None:
                 got = (result.error or {}).get("code")
                 report.add(label, got == example.error_code, f"expected error {example.error_code!r}, got {got!r}")
             elif not result.success:
                 report.add(label, False, f"ran and failed: {(result.error or {}).get('message')}")
-            elif example.output is not None and result.output != example.output:
+            elif example.output is not None and not _same_json(result.output, example.output):
                 report.add(label, False, f"ran; output {result.output!r} != example {example.output!r}")
             else:
                 report.add(label, True, "valid; ran")
+            if altered:
+                report.add(f"{label}: arguments", False,
+                           f"the tool changed the arguments it was given ({altered}): the audit record and a "
+                           "retry see the changed ones; work on a copy")
             if changed:
                 report.add(f"{label}: Pure", False,
                            f"a Pure tool changed its working directory ({changed}): declare its real effect")
             elif result.success and example.output is None:
-                again = await host.call(name, example.input)
-                if again.success and again.output != result.output:
+                again = await host.call(name, copy.deepcopy(example.input))
+                if again.success and not _same_json(again.output, result.output):
                     report.add(f"{label}: Pure", False,
                                f"two runs returned different outputs ({result.output!r}, then {again.output!r}): "
                                "is it Pure?", warning=True)
         else:
             note = "" if spec.effect is Effect.Pure else f" (not run: {spec.effect.value})"
             report.add(label, True, "valid" + note)
+
+
+def _same_json(first: Any, second: Any) -> bool:
+    """Whether two outputs are the same JSON value: ``==``, except that a boolean equals only a
+    boolean (found by attack: with Python's ``True == 1``, a tool returning ``true`` where its
+    example promised ``1`` passed). Numbers compare by value (``2.0`` is the JSON number ``2``),
+    objects without regard to key order; ``nan`` equals nothing. Iterative: no depth limit."""
+    pending = [(first, second)]
+    while pending:
+        a, b = pending.pop()
+        if isinstance(a, bool) or isinstance(b, bool):
+            if not (isinstance(a, bool) and isinstance(b, bool) and a == b):
+                return False
+        elif isinstance(a, dict) and isinstance(b, dict):
+            if a.keys() != b.keys():
+                return False
+            pending.extend((a[key], b[key]) for key in a)
+        elif isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                return False
+            pending.extend(zip(a, b, strict=True))
+        elif a != b:
+            return False
+    return True
+
+
+def _altered_keys(given: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """The top-level arguments a run added, removed or changed in place, or "" (found by attack:
+    a tool that wrote into its ``input`` passed, with the example's own input rewritten, while the
+    host's audit record of such a call shows the arguments as the tool left them)."""
+    parts = []
+    for verb, names in (("added", sorted(set(after) - set(given))),
+                        ("removed", sorted(set(given) - set(after))),
+                        ("changed", sorted(k for k in set(given) & set(after) if not _same_json(given[k], after[k])))):
+        if names:
+            parts.append(f"{verb} {', '.join(map(repr, names))}")
+    return "; ".join(parts)
 
 
 def _snapshot(root: str) -> dict[str, tuple[int, int]]:

@@ -22,7 +22,7 @@ import pytest
 
 from ._markers import hookimpl
 from .conformance import Report, check_target_async
-from .host import ToolHost
+from .host import ENV_DISABLE, ENV_LOAD, ToolHost
 from .models import ToolResult
 from .spec import ToolSpec
 
@@ -117,14 +117,22 @@ async def assert_conforms(target: Any, *, run_examples: bool = True, config: Map
 
 
 @pytest.fixture
-def tool_host(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def tool_host(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Any:
     """A factory of unstarted hosts in ``tmp_path``; use as ``async with tool_host(*plugins) as host``.
 
     Each host keeps its state (the audit log, policy state) in a temporary directory of its own,
     outside the working directory (host state must not be writable by tools), unless ``config``
     names a ``state_dir``: a test never writes into the user's own state directory
     (``~/.local/state/amplifier-tools``), as the conformance checks do not either.
+
+    The plugins are the ones asked for: ``AMPLIFIER_TOOLS_DISABLE_PLUGINS`` and
+    ``AMPLIFIER_TOOLS_LOAD_PLUGINS`` inherited from the shell pytest runs in are unset for the
+    test (found by attack: a developer's ``AMPLIFIER_TOOLS_DISABLE_PLUGINS=my-policy`` silently
+    left the plugin under test out, and its tests saw calls it denies succeed). A test that sets
+    them itself (``monkeypatch.setenv``) gets what it set.
     """
+    for variable in (ENV_DISABLE, ENV_LOAD):
+        monkeypatch.delenv(variable, raising=False)
 
     def make(*plugins: Any, config: dict[str, Any] | None = None, builtins: Any = False,
              entry_points: bool | str | Iterable[str] = False) -> ToolHost:
