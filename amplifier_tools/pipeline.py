@@ -338,7 +338,10 @@ class CallPipeline:
                 )
             by_deadline = seconds is None or remaining < seconds
             seconds = remaining if seconds is None else min(seconds, remaining)
-        arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else call.arguments
+        # The tool gets a copy (found by attack: a tool that popped or set a key of its ``input``
+        # changed the caller's dict, the audit record and a retry's arguments). Shallow: a change
+        # inside a nested value is not covered (docs/contract.md).
+        arguments = {**call.arguments, "_tool_call_id": call.id} if mounted.seed else {**call.arguments}
         execute = mounted.execute  # a field holding a function: read as one, a specialized read, then called
         try:  # the call too: a plain ``def execute`` raises here (found by attack: read as an internal error)
             coro = execute(arguments, ctx) if mounted.takes_context else execute(arguments)
