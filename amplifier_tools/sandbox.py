@@ -16,7 +16,9 @@ confined process sees. Interface:
   UTS, cgroup (where possible) and, unless ``network``, network namespaces; every capability
   dropped; a new session (no TIOCSTI into the caller's terminal); ``--die-with-parent``. The
   namespace's first process is reported on ``info_fd``; ``wait_namespace_gone`` kills it and so
-  the whole PID namespace, daemons included (``--die-with-parent`` alone was seen to fail).
+  the whole PID namespace, daemons included (``--die-with-parent`` alone was seen to fail);
+  ``Namespace.of(pid).members()`` lists its processes, which the caller signals itself on a
+  timeout (they are in a session of their own, out of reach of the signals to bwrap's group).
 - ``find_bwrap(exclude)``: the ``bwrap`` on PATH (outside the paths commands may write) and,
   when it cannot make a sandbox here, why not;
   ``start_find_bwrap()`` the same answer for a ``bwrap`` in a system directory, computed in a
@@ -486,6 +488,57 @@ async def wait_namespace_gone(pid: int | None, timeout: float) -> bool:
             return False
         await asyncio.sleep(0.002)
     return True
+
+
+@attrs.frozen
+class Namespace:
+    """One sandbox's PID namespace, known by its first process (pid and start time) and its
+    ``ns/pid`` link, so that a pid reused meanwhile (by another call's bwrap) is never taken for it.
+
+    The host signals its processes itself (``members``): they run in a session of their own
+    (``--new-session``), out of reach of the signals it sends to bwrap's process group, and killing
+    bwrap takes them all down with SIGKILL at once (``--die-with-parent``), or not at all. Found by
+    attack: a command that timed out never saw the SIGTERM and ``kill_grace`` the docs promise, and
+    where ``--die-with-parent`` failed (a deadline passing while bwrap was still setting up) it went
+    on running, and writing, for seconds after it was reported killed.
+    """
+
+    pid: int
+    started: int
+    link: str
+
+    @classmethod
+    def of(cls, pid: int | None) -> Namespace | None:
+        """The namespace whose first process is ``pid`` (from ``child_pid``); None when that process
+        is gone, is no ``bwrap`` or shares the host's own namespace."""
+        first = proc_stat(pid) if pid is not None else None
+        if pid is None or first is None or not first.live or first.comm != "bwrap":
+            return None
+        try:
+            link = os.readlink(f"/proc/{pid}/ns/pid")
+            if link == os.readlink("/proc/self/ns/pid"):  # never the host's own processes
+                return None
+        except OSError:
+            return None
+        return cls(pid, first.started, link)
+
+    def members(self) -> list[int]:
+        """The namespace's live processes, its first included; ``[]`` once the first is gone (the
+        kernel then kills the rest). A /proc scan; processes this user may not inspect are skipped."""
+        first = proc_stat(self.pid)
+        if first is None or not first.live or first.started != self.started:
+            return []
+        found = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    if os.readlink(f"/proc/{name}/ns/pid") != self.link:
+                        continue
+                except OSError:
+                    continue
+                if is_live(name):
+                    found.append(int(name))
+        return found
 
 
 def _kill_first_process(pid: int) -> None:

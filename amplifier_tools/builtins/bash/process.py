@@ -13,7 +13,9 @@ then SIGKILL, and waits until no live member is left. Background children
 process that leaves the group (``setsid``, a double fork into a new session)
 is *not* found without the sandbox; with the sandbox the bash tool kills the
 PID namespace's first process, and with it every process in the namespace
-(``sandbox.wait_namespace_gone``).
+(``sandbox.wait_namespace_gone``). The sandbox's processes are outside bwrap's
+group (a session of their own): the caller passes ``others`` to find them, and
+they get the SIGTERM, the grace and the SIGKILL (``kill_group``).
 
 Must never leave a process of the call behind, and never block the event loop
 on a child.
@@ -164,39 +166,66 @@ def _signal_group(pgid: int, sig: int) -> bool:
     return True
 
 
+def _signal_pids(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
 def _group_alive(pgid: int) -> bool:
     # killpg(0) is cheap but counts zombies that an init without reaping may keep; confirm in /proc.
     return _signal_group(pgid, 0) and bool(live_members(pgid))
 
 
-async def kill_group(pgid: int, grace: float) -> bool:
+#: The command's processes outside its process group (a sandbox's PID namespace), found anew each time.
+Others = Callable[[], Sequence[int]]
+
+
+async def kill_group(pgid: int, grace: float, others: Others | None = None) -> bool:
     """TERM, grace, KILL the process group until no live member is left; True if anything was alive.
 
-    Safe to call when the group is already gone. Cancellation of the caller
-    while waiting out the grace period goes straight to SIGKILL.
+    ``others``: the command's processes outside the group (the sandbox's, in a session of their
+    own); while there are any, SIGTERM goes to them rather than to the group (bwrap, whose death
+    would SIGKILL them at once), and SIGKILL to both. Safe to call when the group is already gone.
+    Cancellation of the caller while waiting out the grace period goes straight to SIGKILL.
     """
-    if not _group_alive(pgid):
+    def outside() -> Sequence[int]:
+        return others() if others is not None else ()
+
+    found = outside()
+    if not found and not _group_alive(pgid):
         return False
-    _signal_group(pgid, signal.SIGTERM)
-    _signal_group(pgid, signal.SIGCONT)  # stopped members cannot act on SIGTERM otherwise
+    if found:
+        _signal_pids(found, signal.SIGTERM)
+        _signal_pids(found, signal.SIGCONT)
+    else:
+        _signal_group(pgid, signal.SIGTERM)
+        _signal_group(pgid, signal.SIGCONT)  # stopped members cannot act on SIGTERM otherwise
     try:
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _group_alive(pgid):
+        while time.monotonic() < deadline and (_group_alive(pgid) or outside()):
             await asyncio.sleep(POLL_INTERVAL)
     finally:
         _signal_group(pgid, signal.SIGKILL)  # even when cancelled while waiting out the grace
+        _signal_pids(outside(), signal.SIGKILL)
     # A member may be forking as the signal arrives; repeat until the kernel has removed every one.
     deadline = time.monotonic() + KILL_WAIT
-    while _signal_group(pgid, signal.SIGKILL) and live_members(pgid) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        left = outside()
+        _signal_pids(left, signal.SIGKILL)
+        if not ((_signal_group(pgid, signal.SIGKILL) and live_members(pgid)) or left):
+            break
         await asyncio.sleep(0.005)
     return True
 
 
 async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: float, grace: float,
-              stdout: StreamCapture, stderr: StreamCapture, popen: dict[str, Any]) -> Outcome:
+              stdout: StreamCapture, stderr: StreamCapture, popen: dict[str, Any],
+              others: Others | None = None) -> Outcome:
     """Run ``argv`` to its end, a timeout or a cancellation; the group is dead when this returns or raises.
 
-    ``popen`` holds extra ``subprocess.Popen`` arguments (``user``, ``pass_fds``, ``preexec_fn``).
+    ``popen`` holds extra ``subprocess.Popen`` arguments (``user``, ``pass_fds``, ``preexec_fn``);
+    ``others`` finds the command's processes outside the group, killed with it (``kill_group``).
     Raises ``OSError`` when the program cannot be started.
     """
     loop = asyncio.get_running_loop()
@@ -229,14 +258,14 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
         except (asyncio.TimeoutError, TimeoutError):
             outcome.timed_out = True
         # Whatever is left of the group (background children, or everything on timeout) goes now.
-        outcome.killed_group = await kill_group(pgid, 0.0 if not outcome.timed_out else grace)
+        outcome.killed_group = await kill_group(pgid, 0.0 if not outcome.timed_out else grace, others)
         await protocol.exited.wait()
         try:  # writers are dead; what is still in the pipes arrives now (unless an escapee holds them)
             await asyncio.wait_for(protocol.closed.wait(), DRAIN_AFTER_EXIT)
         except (asyncio.TimeoutError, TimeoutError):
             pass
     except BaseException:  # cancellation: nothing may survive the call
-        await _cancelled_cleanup(pgid, grace, protocol)
+        await _cancelled_cleanup(pgid, grace, protocol, others)
         raise
     finally:
         transport.close()
@@ -245,12 +274,14 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
     return outcome
 
 
-async def _cancelled_cleanup(pgid: int, grace: float, protocol: _Protocol) -> None:
+async def _cancelled_cleanup(pgid: int, grace: float, protocol: _Protocol, others: Others | None) -> None:
     try:
-        await kill_group(pgid, grace)
+        await kill_group(pgid, grace, others)
         await asyncio.wait_for(protocol.exited.wait(), KILL_WAIT)
     except BaseException:  # cancelled again, or the wait ran out: kill without further waiting
         _signal_group(pgid, signal.SIGKILL)
+        if others is not None:
+            _signal_pids(others(), signal.SIGKILL)
 
 
 def describe_returncode(returncode: int | None) -> tuple[int | None, str | None]:

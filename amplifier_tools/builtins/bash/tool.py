@@ -218,6 +218,24 @@ class BashTool:
                    if entry.key is None and not os.path.lexists(entry.path)]
         status_r = status_w = info_r = info_w = seccomp_r = -1
         captures: list[StreamCapture] = []
+        info: list[str] = []  # what bwrap wrote to its info fd so far
+
+        def first_process() -> int | None:
+            if info_r != -1:
+                info.append(sandbox.read_status(info_r))
+            return engine.child_pid("".join(info))
+
+        namespace: list[engine.Namespace] = []
+
+        def sandbox_processes() -> list[int]:
+            """The sandbox's processes, which the host's signals to bwrap's group do not reach."""
+            if not namespace:
+                found = engine.Namespace.of(first_process())
+                if found is None:
+                    return []
+                namespace.append(found)
+            return namespace[0].members()
+
         try:
             if view is not None and s.bwrap is not None:
                 status_r, status_w = os.pipe()
@@ -238,7 +256,8 @@ class BashTool:
             captures.append(stderr)
             try:
                 outcome = await process.run(argv, env=env, cwd=cwd, timeout=timeout, grace=s.kill_grace,
-                                            stdout=stdout, stderr=stderr, popen=popen)
+                                            stdout=stdout, stderr=stderr, popen=popen,
+                                            others=sandbox_processes if view is not None else None)
             except OSError as exc:
                 if s.sandbox:
                     raise ToolSystemError(f"could not start bwrap: {exc.strerror}", code="sandbox_failed") from None
@@ -247,7 +266,7 @@ class BashTool:
                 if info_r != -1:  # bwrap is dead: wait until its namespace is too (even when cancelled)
                     os.close(info_w)
                     info_w = -1
-                    first = engine.child_pid(sandbox.read_status(info_r))
+                    first = first_process()
                     if not await engine.wait_namespace_gone(first, process.KILL_WAIT):
                         log.warning("bash: the sandbox of call %s (first process %s) was still running %.0f s "
                                     "after its end", context.call_id, first, process.KILL_WAIT)
