@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
 from ._json import dumps
@@ -26,11 +26,15 @@ MAX_SUMMARY_BLOCKS: Final = 64
 
 
 def blocks_of(metadata: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The content blocks of a result's ``metadata`` (``[]`` when it has none or they are no list)."""
+    """The content blocks of a result's ``metadata`` (``[]`` when it has none or they are no list, or
+    a list whose iteration raises: found by attack, the audit plugin raised and wrote no record)."""
     blocks = metadata.get("content")
     if not isinstance(blocks, list):
         return []
-    return [block for block in blocks if isinstance(block, Mapping)]
+    try:
+        return [block for block in blocks if isinstance(block, Mapping)]
+    except Exception:
+        return []
 
 
 def _binary(block: Mapping[str, Any]) -> tuple[str | None, Any]:
@@ -64,7 +68,20 @@ def _clip(text: str, limit: int = 200, secrets: Collection[str] | SecretSet = ()
 
 def render_block(block: Mapping[str, Any], secrets: Collection[str] | SecretSet = ()) -> str:
     """One block as text for a model: text as it is; anything else as a bracketed line naming it.
-    ``secrets`` are redacted from what is cut (blocks not redacted yet: an imported result's)."""
+    ``secrets`` are redacted from what is cut (blocks not redacted yet: an imported result's).
+
+    A block that cannot be read or shown is the line ``[content block that could not be read:
+    <exception type>]`` (found by attack: a text block whose ``text`` was an integer over 4,300
+    digits or an object whose ``__str__`` raises, or a ``type`` such as that, made
+    ``get_serialized_output`` raise after the call had succeeded, and ``serve-mcp`` answer the
+    call with a JSON-RPC internal error)."""
+    try:
+        return _render_block(block, secrets)
+    except Exception as exc:
+        return f"[content block that could not be read: {type(exc).__name__}]"
+
+
+def _render_block(block: Mapping[str, Any], secrets: Collection[str] | SecretSet) -> str:
     kind = block.get("type")
     if kind == "text":
         return str(block.get("text", ""))
@@ -178,20 +195,46 @@ def withhold_redacted(blocks: list[Any]) -> list[Any]:
     """``blocks`` (a result's content, already redacted) with every image, audio or embedded
     resource whose base64 data had a secret redacted (its ``data``, ``source.data`` or ``blob``
     holds ``[REDACTED]``, which is no base64) replaced by a text block saying so: a client must
-    not get data that no longer decodes. The same list when no block was changed that way."""
+    not get data that no longer decodes. The same list when no block was changed that way.
+    A block that cannot be read is left as it is (``_each``)."""
+    return _each(blocks, _withheld_block)
+
+
+def _withheld_block(block: Any) -> Any:
+    """``block``, or the text block saying its redacted binary data was withheld."""
     from .redaction import PLACEHOLDER
 
+    if not isinstance(block, Mapping):
+        return block
+    kind = block.get("type")
+    resource = block.get("resource")
+    data = resource.get("blob") if kind == "resource" and isinstance(resource, Mapping) else _binary(block)[1]
+    if isinstance(data, str) and PLACEHOLDER in data:
+        return {"type": "text", "text": _withheld(block)}
+    return block
+
+
+def _each(blocks: list[Any], change: Callable[[Any], Any]) -> list[Any]:
+    """``blocks`` with each block replaced by ``change(block)``: a new list when one was changed
+    (``change`` returns another object), else the same list. A block whose reading raises (a
+    ``Mapping`` whose ``get`` raises, put by a tool straight into ``metadata["content"]``) is left
+    as it is, and so is the whole list when iterating it raises. Found by attack: with any secret
+    registered, the host's scrub of such content raised out of ``host.call``, and the call had no
+    ``tool_complete`` and no audit record."""
     out: list[Any] | None = None
-    for index, block in enumerate(blocks):
-        if not isinstance(block, Mapping):
-            continue
-        kind = block.get("type")
-        resource = block.get("resource")
-        data = resource.get("blob") if kind == "resource" and isinstance(resource, Mapping) else _binary(block)[1]
-        if isinstance(data, str) and PLACEHOLDER in data:
+    try:
+        for index, block in enumerate(blocks):
+            try:
+                changed = change(block)
+            except Exception:
+                continue
+            if changed is block:
+                continue
             if out is None:
                 out = list(blocks)
-            out[index] = {"type": "text", "text": _withheld(block)}
+            out[index] = changed
+    except Exception:  # a list subclass whose iteration raises
+        return blocks
     return blocks if out is None else out
 
 
@@ -217,23 +260,23 @@ def canonical_base64(blocks: list[Any]) -> list[Any]:
     Found by attack: line-wrapped base64 (``base64.encodebytes``, 76 characters a line) holding a
     secret passed the scrub whenever a line break fell inside the secret's encoding, and reached
     ``mcp serve``'s client and the adapters' models as data that decodes to it."""
-    out: list[Any] | None = None
-    for index, block in enumerate(blocks):
-        if not isinstance(block, Mapping):
-            continue
-        resource, source = block.get("resource"), block.get("source")
-        holder = resource if block.get("type") == "resource" and isinstance(resource, Mapping) else \
-            source if isinstance(source, Mapping) else block
-        key = "blob" if holder is resource else "data"
-        data = holder.get(key)
-        canonical = _canonical(data) if isinstance(data, str) else data
-        if canonical is data:
-            continue
-        fixed = {**holder, key: canonical}
-        if out is None:
-            out = list(blocks)
-        out[index] = fixed if holder is block else {**block, ("resource" if holder is resource else "source"): fixed}
-    return blocks if out is None else out
+    return _each(blocks, _canonical_block)
+
+
+def _canonical_block(block: Any) -> Any:
+    """``block`` with its base64 data canonical (``_canonical``); ``block`` itself when it is."""
+    if not isinstance(block, Mapping):
+        return block
+    resource, source = block.get("resource"), block.get("source")
+    holder = resource if block.get("type") == "resource" and isinstance(resource, Mapping) else \
+        source if isinstance(source, Mapping) else block
+    key = "blob" if holder is resource else "data"
+    data = holder.get(key)
+    canonical = _canonical(data) if isinstance(data, str) else data
+    if canonical is data:
+        return block
+    fixed = {**holder, key: canonical}
+    return fixed if holder is block else {**block, ("resource" if holder is resource else "source"): fixed}
 
 
 def _withheld(block: Mapping[str, Any]) -> str:
@@ -265,7 +308,15 @@ def mcp_spelling(block: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def amplifier_spelling(block: Mapping[str, Any]) -> dict[str, Any]:
     """``block`` as one of amplifier-core's result blocks: text as text, an image as an image with a
-    base64 ``source``; what Amplifier has no block for (audio, resources) as its rendered text."""
+    base64 ``source``; what Amplifier has no block for (audio, resources), and a block that cannot
+    be read, as its rendered text."""
+    try:
+        return _amplifier_spelling(block)
+    except Exception:  # a Mapping whose reading raises
+        return {"type": "text", "text": render_block(block)}
+
+
+def _amplifier_spelling(block: Mapping[str, Any]) -> dict[str, Any]:
     kind = block.get("type")
     if (kind == "text" and isinstance(block.get("text"), str)) or (
             kind == "image" and isinstance(block.get("source"), Mapping)):

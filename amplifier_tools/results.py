@@ -146,18 +146,30 @@ def content_blocks(content: Any, tool: str) -> list[dict[str, Any]]:
     dicts, kept in ``metadata["content"]`` (``ToolResult``'s fields are fixed by the design).
 
     Each block must be a mapping (or an object with ``model_dump()``, as pydantic blocks are) with
-    a string ``type``; anything else is the tool's ``ContractError``.
+    a string ``type``; anything else is the tool's ``ContractError``. A pydantic block is dumped as
+    its fields' aliases, without ``None`` fields: found by attack, the MCP SDK's ``ImageContent``
+    became ``mime_type`` (its Python name) beside ``"annotations": None``, so its image was
+    ``[image: unknown type, …]`` for a model and ``serve-mcp`` and Amplifier got text instead of it.
     """
     if not isinstance(content, (list, tuple)):
         raise ContractError(f"tool {tool!r} returned 'content' that is not a list of blocks", code="invalid_result")
     blocks = []
     for index, block in enumerate(content):
-        data = block.model_dump() if callable(getattr(block, "model_dump", None)) else block
+        data = _dumped(block) if callable(getattr(block, "model_dump", None)) else block
         if not isinstance(data, Mapping) or not isinstance(data.get("type"), str):
             raise ContractError(f"tool {tool!r} returned content block {index} without a string 'type'",
                                 code="invalid_result")
         blocks.append(dict(data))
     return blocks
+
+
+def _dumped(block: Any) -> Any:
+    """A pydantic block's fields by their aliases, without ``None`` ones (a ``model_dump`` that takes
+    no arguments, of an object that only looks like a pydantic model: its own output)."""
+    try:
+        return block.model_dump(by_alias=True, exclude_none=True)
+    except TypeError:
+        return block.model_dump()
 
 
 def _failure_summary(output: Any, tool: str, limit: int = 500, secrets: Collection[str] = ()) -> str:
@@ -198,6 +210,16 @@ def error_from_result(result: ToolResult, tool: str, secrets: Collection[str] = 
         return error
 
 
+#: Keys of a reported error that are not taken as its details: those read above, and those only the
+#: host sets — ``plugin`` (a plugin is responsible), ``by_deadline`` (the caller's deadline cut the
+#: call), the call's ``tool``, ``call_id``, ``trace_id`` and ``session_id``. Found by attack: a tool
+#: whose reported error held ``"plugin"`` or ``"by_deadline"`` (an upstream API's error passed on as
+#: it came) was attributed to a plugin that does not exist, and its failures never counted against
+#: its circuit breaker; a ``session_id`` or ``trace_id`` stood in the error of a call that had none.
+_READ_OR_HOSTS: Final = frozenset({"type", "code", "message", "retryable", "cause", "plugin", "by_deadline", "tool",
+                                   "call_id", "trace_id", "session_id"})
+
+
 def _error_from_result(result: ToolResult, tool: str, secrets: Collection[str]) -> ToolError:
     payload: Any = result.error or {}
     if not isinstance(payload, Mapping):  # a retry's outcome or a plugin's result, not normalized
@@ -216,7 +238,7 @@ def _error_from_result(result: ToolResult, tool: str, secrets: Collection[str]) 
     details = {
         key: value
         for key, value in payload.items()
-        if isinstance(key, str) and key not in ("type", "code", "message", "retryable", "cause") and _is_scalar(value)
+        if isinstance(key, str) and key not in _READ_OR_HOSTS and _is_scalar(value)
     }
     retryable = payload.get("retryable")
     error = cls(

@@ -43,8 +43,9 @@ import mcp_types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
+from .._json import json_text
 from ..config import plugin_section
 from ..content import mcp_spelling
 from ..definitions import META_NAME
@@ -274,9 +275,11 @@ def _number(value: Any) -> float | None:
 
 def to_call_tool_result(result: ToolResult) -> mcp_types.CallToolResult:
     """A ``ToolResult`` as MCP sees it: text (and ``structuredContent`` for object
-    output) on success; ``isError`` with ``{"error": {...}}`` text on failure."""
+    output) on success; ``isError`` with ``{"error": {...}}`` text on failure, JSON a strict parser
+    reads (``json_text``; found by attack: an error detail of NaN was written ``NaN``, and one of an
+    integer over 4,300 digits made the call a JSON-RPC internal error instead of its typed error)."""
     if not result.success:
-        text = json.dumps({"error": result.error}, ensure_ascii=False, default=str)
+        text = json_text({"error": result.error})
         return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)], is_error=True)
     output = result.output
     if type(output) is str and "content" not in result.metadata:  # the common result: its text as it is
@@ -301,17 +304,19 @@ def content_blocks(blocks: Any) -> list[mcp_types.ContentBlock]:
     embedded resource blocks in MCP's spelling, as an imported tool's result carries them, or
     image blocks in Amplifier's ``{"type": "image", "source": {"media_type", "data"}}``) as MCP
     content blocks; ``[]`` when there are none or one cannot be carried, so the caller falls back
-    to the text rendering rather than sending part of the content."""
+    to the text rendering rather than sending part of the content. One that cannot even be read
+    (a ``dict`` whose ``get`` raises, a list whose iteration raises) cannot be carried either
+    (found by attack: the call was a JSON-RPC internal error)."""
     if not isinstance(blocks, list) or not blocks:
         return []
     converted: list[mcp_types.ContentBlock] = []
-    for block in blocks:
-        if not isinstance(block, dict):
-            return []
-        try:
+    try:
+        for block in blocks:
+            if not isinstance(block, dict):
+                return []
             converted.append(_CONTENT_BLOCK.validate_python(mcp_spelling(block), by_name=False))
-        except ValidationError:
-            return []
+    except Exception:  # ValidationError, or whatever reading the block raised
+        return []
     return converted
 
 
