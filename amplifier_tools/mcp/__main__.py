@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_serve(config: str | None, working_dir: str | None = None, overrides: dict[str, Any] | None = None,
               *, report: bool = True) -> int:
-    """Serve until the client closes stdin (stdio) or the process is interrupted (HTTP). Errors go to
+    """Serve until the client closes stdin or stdout (stdio) or the process gets SIGINT or SIGTERM. Errors go to
     stderr (stdout is the stdio protocol): with ``report``, a configuration or plugin error is
     printed here (``error:`` and its ``hint:``); without (``amplifier-tools serve-mcp``), it is
     raised for the CLI to report as every command's are (``-v`` adds the traceback)."""

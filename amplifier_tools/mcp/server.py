@@ -23,6 +23,9 @@ newer one replaces the newest waiting), and a message is clipped to
 ``PROGRESS_MESSAGE_CHARS`` characters, so a client that asks for progress and
 never reads cannot make the server buffer without bound.
 
+On stdio, serving ends when the client closes stdin or stdout, or at SIGINT or SIGTERM: the
+calls in flight are cancelled, each recorded once.
+
 Limits: on stdio there is no authentication (whoever can start the process is
 the caller).
 """
@@ -30,12 +33,17 @@ the caller).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import math
 import os
+import queue
+import signal
+import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 import attrs
@@ -327,8 +335,9 @@ def host_version() -> str:
 
 
 async def serve(host: ToolHost, settings: ServeSettings | None = None, *, freeze_heap: bool = False) -> None:
-    """Serve ``host``'s tools over the configured transport: stdio until the client closes stdin,
-    Streamable HTTP until the process is interrupted (``freeze_heap``: see ``serve_http``)."""
+    """Serve ``host``'s tools over the configured transport: stdio until the client closes stdin
+    (or stdout) or the process is interrupted (``serve_stdio_until_signalled``), Streamable HTTP
+    until the process is interrupted (``freeze_heap``: see ``serve_http``)."""
     settings = settings or serve_settings(host)
     if settings.transport == "streamable-http":
         from .http import serve_http
@@ -336,8 +345,165 @@ async def serve(host: ToolHost, settings: ServeSettings | None = None, *, freeze
         await serve_http(host, settings, freeze_heap=freeze_heap)
         return
     server = build_server(host, settings)
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
+    await serve_stdio_until_signalled(server)
+
+
+async def serve_stdio_until_signalled(server: Server[Any]) -> None:
+    """Run ``server`` on this process's stdin and stdout until the client closes either, or until
+    SIGINT or SIGTERM (in the main thread; elsewhere the caller stops it by cancelling): a signal
+    cancels the calls in flight — each is recorded, as ``cancelled``, and its processes end — and
+    it returns. Found by attack: SIGTERM killed the process outright (no audit record of the call in
+    flight, a ``bash`` command's processes left running), and SIGINT cancelled the calls but then
+    waited for the SDK's stdin reader, a thread blocked reading until the client wrote a line or
+    closed stdin — forever for a client that sent the signal and waited. Stdin is read by
+    ``StdioPipes`` instead, which a cancellation does not wait for (nor, a client that stopped
+    reading stdout, for a write)."""
+    loop = asyncio.get_running_loop()
+    serving = asyncio.ensure_future(_run_stdio(server))
+    signalled = False
+
+    def on_signal() -> None:
+        nonlocal signalled
+        signalled = True
+        serving.cancel()
+
+    handled: list[signal.Signals] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, on_signal)
+            handled.append(signum)
+        except (ValueError, RuntimeError, NotImplementedError):
+            pass  # only the main thread takes signals
+    try:
+        await serving
+    except asyncio.CancelledError:
+        if not signalled:
+            raise
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+
+
+async def _run_stdio(server: Server[Any]) -> None:
+    with StdioPipes.claim() as pipes:
+        async with stdio_server(stdin=pipes, stdout=pipes) as (read, write):  # type: ignore[arg-type]
+            await server.run(read, write, server.create_initialization_options())
+
+
+class StdioPipes:
+    """The client's end of a stdio server, in the shape the SDK's ``stdio_server`` uses (``async
+    for`` lines; ``write`` and ``flush``): lines are read from a private duplicate of stdin by one
+    daemon thread and handed to the event loop one at a time (the next line is read once the one
+    before was taken), decoded as UTF-8 with bad bytes replaced, as the SDK's reader does; messages
+    are written to a private duplicate of stdout by another, one at a time. Unlike the SDK's streams
+    (worker threads a cancellation waits for), a cancelled server does not wait for a client that
+    neither writes nor reads, and a blocked thread does not keep the process from exiting. A write
+    that fails (the client closed its end of stdout) ends the lines as the end of stdin does, so the
+    server stops as when the client closes stdin (found by attack: the SDK's writer raised, and
+    serve-mcp exited 1 with "this is a bug"). Limits: once serving ends, the reading thread may
+    still take one more line, which is dropped."""
+
+    def __init__(self, stdin: int, stdout: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._lines: asyncio.Queue[str] = asyncio.Queue()  # "" ends them
+        self._taken = threading.Semaphore()  # the reader reads a line once the one before was taken
+        self._gone = False  # a write failed: the client is gone
+        self._out: queue.SimpleQueue[tuple[str, asyncio.Future[None]] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(stdin,), name="serve-mcp stdin", daemon=True).start()
+        threading.Thread(target=self._write, args=(stdout,), name="serve-mcp stdout", daemon=True).start()
+
+    @classmethod
+    @contextlib.contextmanager
+    def claim(cls) -> Iterator[StdioPipes]:
+        """Serve through private duplicates of stdin and stdout, with fd 0 on the null device and
+        fd 1 on stderr meanwhile (as the SDK's ``stdio_server`` does: a tool's process reading stdin
+        sees end of file, and what it prints cannot break the protocol); both are put back when
+        serving ends. Each thread owns (and closes when it ends) a duplicate of its own; the reader
+        ends at the end of stdin, the writer when serving does."""
+        saved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in (0, 1)]
+        try:
+            private = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in (0, 1)]
+            null = os.open(os.devnull, os.O_RDONLY)
+            try:
+                os.dup2(null, 0)
+                os.dup2(2, 1)
+            finally:
+                os.close(null)
+            pipes = cls(*private)
+            try:
+                yield pipes
+            finally:
+                pipes._out.put(None)  # the writer ends
+        finally:
+            for fd, copy in enumerate(saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+
+    def _read(self, fd: int) -> None:
+        with open(fd, encoding="utf-8", errors="replace") as text:
+            while True:
+                self._taken.acquire()
+                try:
+                    line = text.readline()
+                except (OSError, ValueError):
+                    line = ""
+                try:
+                    self._loop.call_soon_threadsafe(self._lines.put_nowait, line)
+                except RuntimeError:  # the loop closed: nobody reads on
+                    return
+                if not line:
+                    return
+
+    def _write(self, fd: int) -> None:
+        with open(fd, "wb") as out:
+            while (message := self._out.get()) is not None:
+                text, done = message
+                try:
+                    out.write(text.encode("utf-8"))  # buffered: a write cut short (by a signal) goes on
+                    out.flush()
+                    outcome: BaseException | None = None
+                except OSError as exc:  # the client closed its end: the write fails in the server
+                    outcome = exc
+                try:
+                    self._loop.call_soon_threadsafe(_settle, done, outcome)
+                except RuntimeError:  # the loop closed
+                    return
+
+    def __aiter__(self) -> StdioPipes:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._lines.get()
+        self._taken.release()
+        if not line:
+            self._lines.put_nowait("")  # and so for every later read
+            raise StopAsyncIteration
+        return line
+
+    async def write(self, text: str) -> None:
+        """Write one message; once a write failed (the client is gone), drop it."""
+        if self._gone:
+            return
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._out.put((text, done))
+        try:
+            await done
+        except OSError:
+            log.debug("serve-mcp: the client closed stdout; serving ends", exc_info=True)
+            self._gone = True
+            self._lines.put_nowait("")
+
+    async def flush(self) -> None:
+        """Nothing waits: each ``write`` returns once written."""
+
+
+def _settle(done: asyncio.Future[None], outcome: BaseException | None) -> None:
+    if done.done():  # the writer was cancelled
+        return
+    if outcome is None:
+        done.set_result(None)
+    else:
+        done.set_exception(outcome)
 
 
 async def serve_configured(

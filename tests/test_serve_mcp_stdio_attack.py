@@ -1,0 +1,248 @@
+"""serve-mcp over stdio attacked as a hostile or sloppy client (raw pipes, no SDK client): what the
+attack found, held.
+
+- SIGTERM while a call ran killed the process outright: no audit record and no ``tool_complete``
+  for the call, and its ``bash`` command's processes (``sandbox = "off"``) kept running.
+- SIGINT while a call ran cancelled the call, then never exited: the SDK's stdin reader is a worker
+  thread a cancellation waits for, blocked until the client writes a line or closes stdin.
+- SIGTERM to a server whose client stopped reading stdout never exited either: the SDK's writer
+  thread was blocked in ``write`` on the full pipe, and the cancellation waited for it.
+- A client that closed its end of stdout (and kept stdin open) left the server running until it
+  closed stdin too, then serve-mcp exited 1 with ``ExceptionGroup: unhandled errors in a TaskGroup``
+  and "this is a bug"; now it ends as when the client closes stdin.
+
+And what held (kept as regression guards): a line that is not JSON, a batch, bytes that are not
+UTF-8 and a call before ``initialize`` (the SDK answers -32602) neither stop the server nor reach a
+tool (the SDK answers the first three with nothing at all, not -32700/-32600); an unknown tool
+is -32602 without an audit record; arguments that are no object are -32602; closing stdin with a
+call in flight records the call once, as cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp")
+
+from mcp_helpers import REPO, alive, wait_dead
+
+RUNNER = '''
+import asyncio, json, sys
+from amplifier_tools import ToolHost, hookimpl
+from amplifier_tools.mcp.server import serve
+
+class Completions:
+    @hookimpl
+    def tool_complete(self, result, context):
+        with open(sys.argv[2], "a") as out:
+            out.write(json.dumps([context.call_id, None if result.error is None else result.error["code"]]) + "\\n")
+
+async def main():
+    config = json.loads(sys.argv[1])
+    async with ToolHost(config=config, plugins=[Completions()], builtins=["bash", "filesystem", "audit", "mcp"],
+                        entry_points=False, discover=False) as host:
+        await serve(host)
+
+asyncio.run(main())
+'''
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "hostile", "version": "1"}}}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+class Served:
+    """One ``serve`` process on stdio, spoken to through raw pipes."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        root = tmp_path / "root"
+        root.mkdir()
+        (root / "hello.txt").write_text("hello\n")
+        self.audit_path = tmp_path / "audit.jsonl"
+        self.completions_path = tmp_path / "complete.jsonl"
+        self.tmp_path = tmp_path
+        config = {"working_dir": str(root), "state_dir": str(tmp_path / "state"),
+                  "plugins": {"audit": {"path": str(self.audit_path)}, "bash": {"sandbox": "off"},
+                              "mcp": {"serve": {"principal": "hostile", "tools": ["*"]}}}}
+        runner = tmp_path / "runner.py"
+        runner.write_text(RUNNER)
+        env = {"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+               "XDG_STATE_HOME": str(tmp_path / "xdg")}
+        self.process = subprocess.Popen(
+            [sys.executable, str(runner), json.dumps(config), str(self.completions_path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+        self.buffer = b""
+
+    def send(self, message: Any) -> None:
+        line = message if isinstance(message, bytes) else json.dumps(message).encode()
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+
+    def receive(self, timeout: float = 20.0) -> dict[str, Any] | None:
+        """The next message from the server, None when none came within ``timeout`` seconds."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.process.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self.process.stdout.fileno(), 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)  # type: ignore[no-any-return]
+
+    def answer(self, request_id: int) -> dict[str, Any]:
+        """The server's answer to request ``request_id`` (notifications before it are skipped)."""
+        while True:
+            message = self.receive()
+            assert message is not None, f"no answer to request {request_id}"
+            if message.get("id") == request_id:
+                return message
+
+    def initialize(self) -> None:
+        self.send(INITIALIZE)
+        assert "result" in self.answer(0)
+        self.send(INITIALIZED)
+
+    def call(self, request_id: int, tool: str, arguments: Any) -> None:
+        self.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                   "params": {"name": tool, "arguments": arguments}})
+
+    def wait(self, timeout: float = 5.0) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"serve-mcp did not exit within {timeout} s") from None
+
+    def audit(self) -> list[dict[str, Any]]:
+        if not self.audit_path.exists():
+            return []
+        return [r for r in map(json.loads, self.audit_path.read_text().splitlines()) if r.get("kind") == "call"]
+
+    def completions(self) -> list[list[Any]]:
+        if not self.completions_path.exists():
+            return []
+        return [json.loads(line) for line in self.completions_path.read_text().splitlines()]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Any:
+    server = Served(tmp_path)
+    yield server
+    server.close()
+
+
+def wait_for(path: Path, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} was not written"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_call_cancels_the_call_records_it_once_ends_its_processes_and_exits(
+        served: Served, signum: signal.Signals) -> None:
+    served.initialize()
+    child = served.tmp_path / "child.pid"
+    served.call(1, "bash", {"command": f"sleep 60 & echo $! > {child}; wait"})
+    wait_for(child)
+    started = time.monotonic()
+    served.process.send_signal(signum)
+    assert served.wait() == 0
+    assert time.monotonic() - started < 5
+    assert wait_dead(int(child.read_text()), 2.0), "the command's process outlived serve-mcp"
+    records = served.audit()
+    assert [(r["tool"], r["status"], r["error"]["code"]) for r in records] == [("local::bash", "error", "cancelled")]
+    assert served.completions() == [[records[0]["call_id"], "cancelled"]]
+
+
+def test_a_signalled_server_whose_client_stopped_reading_stdout_still_exits(served: Served) -> None:
+    served.initialize()
+    (served.tmp_path / "root" / "big.txt").write_text(("x" * 200 + "\n") * 3000)
+    for request_id in range(1, 6):  # answers of ≈ 600 KB each nobody reads: the pipe (64 KB) fills
+        served.call(request_id, "fs_read_file", {"path": "big.txt"})
+    deadline = time.monotonic() + 15
+    while len(served.completions()) < 5:
+        assert time.monotonic() < deadline, "the calls did not finish"
+        time.sleep(0.05)
+    served.process.send_signal(signal.SIGTERM)
+    assert served.wait() == 0
+    assert len(served.audit()) == 5 and len(served.completions()) == 5
+
+
+def test_closing_stdin_mid_call_records_the_call_once_and_exits(served: Served) -> None:
+    served.initialize()
+    child = served.tmp_path / "child.pid"
+    served.call(1, "bash", {"command": f"sleep 60 & echo $! > {child}; wait"})
+    wait_for(child)
+    assert served.process.stdin is not None
+    served.process.stdin.close()
+    assert served.wait() == 0
+    assert not alive(int(child.read_text())) or wait_dead(int(child.read_text()), 2.0)
+    assert [(r["status"], r["error"]["code"]) for r in served.audit()] == [("error", "cancelled")]
+    assert [code for _, code in served.completions()] == ["cancelled"]
+
+
+def test_a_client_that_closes_stdout_ends_the_serving_as_closing_stdin_does(served: Served) -> None:
+    served.initialize()
+    child = served.tmp_path / "child.pid"
+    served.call(1, "bash", {"command": "echo quick"})
+    served.call(2, "bash", {"command": f"sleep 60 & echo $! > {child}; wait"})
+    wait_for(child)
+    assert served.process.stdout is not None
+    served.process.stdout.close()  # the answer to 3 cannot be written: the client is gone
+    served.call(3, "bash", {"command": "echo after"})
+    assert served.wait() == 0
+    assert "bug" not in served.process.stderr.read().decode()  # type: ignore[union-attr]
+    assert wait_dead(int(child.read_text()), 2.0)
+    records = served.audit()
+    assert len(records) == len({r["call_id"] for r in records}) >= 2
+    assert sorted(r["call_id"] for r in records) == sorted(call_id for call_id, _ in served.completions())
+    assert [r["error"]["code"] for r in records if r["arguments"]["command"].startswith("sleep")] == ["cancelled"]
+
+
+def test_hostile_lines_neither_stop_the_server_nor_reach_a_tool(served: Served) -> None:
+    served.send({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                 "params": {"name": "fs_read_file", "arguments": {"path": "hello.txt"}}})  # before initialize
+    assert "error" in served.answer(7)  # the SDK's -32602: it does not run
+    served.initialize()
+    for line in (b"not json", b'[{"jsonrpc": "2.0", "id": 8, "method": "ping"}]', b"\xff\xfe{\x80}",
+                 b'{"jsonrpc": "2.0", "id": 9}', b"{}"):
+        served.send(line)
+    served.call(10, "nosuch", {})
+    assert served.answer(10)["error"]["code"] == -32602
+    served.call(11, "fs_read_file", ["hello.txt"])
+    assert served.answer(11)["error"]["code"] == -32602
+    served.call(12, "fs_read_file", {"path": "hello.txt"})
+    ok = served.answer(12)["result"]
+    assert not ok["isError"] and "hello" in ok["content"][0]["text"]
+    assert served.process.stdin is not None
+    served.process.stdin.close()
+    assert served.wait() == 0
+    # the one call that ran has its audit record and its tool_complete; the refused ones have none
+    (record,) = served.audit()
+    assert (record["tool"], record["status"], record["principal"]) == ("local::fs.read_file", "ok", "hostile")
+    assert served.completions() == [[record["call_id"], None]]
