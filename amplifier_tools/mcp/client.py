@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iter
 from typing import Any, Final
 
 import anyio
+import httpx2
 import mcp_types
 import pydantic
 from mcp.client.session import ClientSession
@@ -54,6 +55,13 @@ from .transport import (
 
 log = logging.getLogger("amplifier_tools.mcp")
 
+#: The request header that names a Streamable HTTP session (lower case, as httpx2 matches any case).
+MCP_SESSION_HEADER: Final = "mcp-session-id"
+#: How the SDK's Streamable HTTP client begins the error it puts in place of a body that is no
+#: JSON-RPC (the rest of its text is pydantic's, quoting the body).
+_SDK_PARSE_FAILURES: Final = ("Failed to parse JSON response:", "Failed to parse SSE message:")
+#: Seconds a ``url`` server gets to answer the DELETE that ends its session when the connection closes.
+SESSION_END_TIMEOUT_S: Final = 2.0
 CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__version__)
 #: Host variables every server gets unless ``env`` sets them: where programs are and how text is
 #: encoded, nothing secret. ``HOME`` is not among them (it leads to credentials).
@@ -93,6 +101,9 @@ class ServerConnection:
         self.headers = dict(headers or {})
         #: The last HTTP error status a ``url`` server answered, and the URL (None: none yet).
         self.http_refusal: tuple[int, str] | None = None
+        #: Set when a ``url`` server answered HTTP 404 to a request naming its session: it no longer
+        #: knows the session (expired, or the server restarted), and a new one must be opened.
+        self.session_lost = False
         self.working_dir = working_dir
         #: The host's protected paths as they are now (masked in a sandboxed server's view).
         self.protected = protected
@@ -159,18 +170,32 @@ class ServerConnection:
         s = self.settings
         self._server = self._process = self.stderr = None  # a previous run's state must not describe this one
         if s.url is not None:
-            import httpx2
             from mcp.client.streamable_http import streamable_http_client
             from mcp.shared._httpx_utils import create_mcp_http_client
 
             async def note(response: httpx2.Response) -> None:  # the SDK reports a refusal without its status
                 if response.status_code >= 400:
                     self.http_refusal = (response.status_code, str(response.request.url))
+                # a POST only: a server may answer the optional GET stream 404 for "not offered here"
+                if response.status_code == 404 and response.request.method == "POST" \
+                        and MCP_SESSION_HEADER in response.request.headers:
+                    self.session_lost = True
+                bound_body(response, s.max_message_bytes)
+
+            async def bound(request: httpx2.Request) -> None:
+                if request.method == "DELETE":  # the session's end, sent as the connection closes
+                    request.extensions["timeout"] = httpx2.Timeout(SESSION_END_TIMEOUT_S).as_dict()
 
             self.http_refusal = None
+            self.session_lost = False
             # No read timeout: every request is bounded by the host (a call by its deadline, the
             # start by startup_timeout_ms); httpx's default 5 s failed every call that took longer.
-            client = create_mcp_http_client(headers=self.headers, timeout=httpx2.Timeout(30.0, read=None))
+            # The DELETE that ends the session is bounded here: nothing else bounds it, and a server
+            # that never answered it held the host's close 10 s (found by attack).
+            # Uncompressed bodies asked for: a body's limit is on the bytes that come (bound_body).
+            client = create_mcp_http_client(headers={"Accept-Encoding": "identity", **self.headers},
+                                            timeout=httpx2.Timeout(30.0, read=None))
+            client.event_hooks["request"] = [bound]
             client.event_hooks["response"] = [note]
             async with client as http, \
                     streamable_http_client(s.url, http_client=http, max_sse_event_size=s.max_message_bytes) as streams:
@@ -274,12 +299,20 @@ class ServerConnection:
         async with self._lock:
             if self.alive and self._session is not None:
                 return self._session
-            if self.restarts >= self.settings.max_restarts:
+            # A url server that forgot its session is not down: a new session is opened, as the
+            # protocol asks, and not counted (an SDK server ends a session idle for 30 minutes:
+            # counted, an idle host lost the server's tools for good after max_restarts of them).
+            expired = self.settings.url is not None and self.session_lost
+            if not expired and self.restarts >= self.settings.max_restarts:
                 raise ExecutionError(
                     f"MCP server {self.name!r} is down and was restarted "
                     f"{self.restarts} time(s), the configured maximum", code="mcp_server_unavailable")
-            self.restarts += 1
-            log.warning("restarting MCP server %r (restart %d)", self.name, self.restarts)
+            if expired:
+                log.warning("MCP server %r no longer knows this host's session (HTTP 404); opening a new one",
+                            self.name)
+            else:
+                self.restarts += 1
+                log.warning("restarting MCP server %r (restart %d)", self.name, self.restarts)
             await self.close()
             try:
                 await self.start()
@@ -353,6 +386,8 @@ class ServerConnection:
         except MCPError as exc:
             if _connection_closed(exc) or not self.alive:
                 raise self._died(exc) from None
+            if self.settings.url is not None and self.session_lost:
+                raise self._session_ended() from None
             data = exc.error.data
             if exc.code == TOO_MANY_BLOCKS and isinstance(data, dict) and data.get("reason") == TOO_MANY_BLOCKS_MARK:
                 raise self.too_many_blocks(data.get("blocks")) from None
@@ -362,6 +397,8 @@ class ServerConnection:
             if exc.code == mcp_types.REQUEST_TIMEOUT and timeout is not None:  # else it is the server's own error
                 raise PolicyError(f"MCP server {self.name!r} did not answer in time",
                                   code="timeout") from None
+            if self.settings.url is not None:
+                raise self._http_error(exc) from None
             raise ExecutionError(f"MCP server {self.name!r} returned error {exc.code}: {exc.message}",
                                  code="mcp_protocol_error", mcp_code=exc.code) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
@@ -392,6 +429,61 @@ class ServerConnection:
         return ExecutionError(
             f"MCP server {self.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)
+
+    def _http_error(self, exc: MCPError) -> ExecutionError:
+        """The error for an error answer to a call to a ``url`` server (``http_words``): a body past
+        ``max_message_bytes`` is ``mcp_message_too_large``, anything else ``mcp_protocol_error``."""
+        received = _body_too_large(exc)
+        if received is not None:
+            return self.body_too_large(received)
+        words, status = self.http_words(exc)
+        error = ExecutionError(f"MCP server {self.name!r} {words}", code="mcp_protocol_error", mcp_code=exc.code)
+        if status is not None:
+            error.details["http_status"] = status
+        return error
+
+    def http_words(self, exc: MCPError) -> tuple[str, int | None]:
+        """What an error answer from a ``url`` server says (``returned error <code>: …``, redacted),
+        and the HTTP status it stands for, if any: it may be the SDK's own words for an HTTP answer
+        it could not use. Its stand-in for an error status (``Server returned an error response``,
+        -32603) names the status and the URL (found by attack: a 401 or 500 mid-call said neither).
+        Its word for a body that is no JSON-RPC keeps only its first line: the rest is pydantic's,
+        with the body quoted cut (``b'{not json ...ijklmnop'``), and a secret the server echoed,
+        cut, is no longer the secret the redaction finds (found by attack)."""
+        message, status = exc.message, None
+        if exc.code == mcp_types.INTERNAL_ERROR and message == "Server returned an error response" \
+                and exc.error.data is None and self.http_refusal is not None:
+            status, url = self.http_refusal
+            message = f"HTTP {status} from {url}"
+        elif exc.code == mcp_types.PARSE_ERROR and message.startswith(_SDK_PARSE_FAILURES):
+            message = message.split("\n", 1)[0] + " (the body is not shown)"
+        return redact_text(f"returned error {exc.code}: {message}", self.secrets), status
+
+    def body_too_large(self, received: str) -> ExecutionError:
+        """The error for a ``url`` server's answer whose body was past ``max_message_bytes``
+        (``received``: its bytes read when reading stopped) or compressed (``"compressed"``)."""
+        limit = self.settings.max_message_bytes
+        setting = f"plugins.mcp.servers.{self.name}.max_message_bytes"
+        if received == "compressed":
+            return ExecutionError(
+                f"MCP server {self.name!r} sent a compressed response body, not asked for (its size is known only "
+                f"once decoded; {setting} bounds a body)", code="mcp_message_too_large", retryable=False,
+                limit=limit, setting=setting)
+        return ExecutionError(
+            f"MCP server {self.name!r} sent a response body larger than {limit} bytes ({setting}); reading "
+            "stopped", code="mcp_message_too_large", retryable=False, limit=limit,
+            received_bytes=int(received) if received.isdigit() else None, setting=setting)
+
+    def _session_ended(self) -> ExecutionError:
+        """The error for a call a ``url`` server answered HTTP 404 on its session: the server no
+        longer knows the session (it expired, or the server restarted; the SDK's answer was a bare
+        ``Session terminated`` or the server's ``Session not found``, the same for every later call,
+        found by attack). The call did not run there: retryable; the next call opens a new session."""
+        self._session = None
+        return ExecutionError(redact_text(
+            f"MCP server {self.name!r} ({self.settings.url}) no longer knows this host's session (HTTP 404: "
+            "expired, or the server restarted); the call was not run, and a new session is opened on the "
+            "next call", self.secrets), code="mcp_server_died", retryable=True, http_status=404)
 
     def _too_large(self) -> ExecutionError | None:
         """The error for a server stopped for its messages (one past ``max_message_bytes``, or more
@@ -460,6 +552,68 @@ class McpTool:
                        "code": error.code, "message": error.message, "retryable": error.retryable,
                        "cause": error.cause}
             return ToolResult(False, None, payload, {"mcp": self.call_metadata()})
+
+
+#: Marks the error put in place of a body past ``max_message_bytes`` (``BodyTooLarge``).
+BODY_TOO_LARGE_MARK: Final = "amplifier-tools/body-too-large"
+
+
+class BodyTooLarge(httpx2.StreamError):
+    """A ``url`` server's response body past ``max_message_bytes``, or compressed (its size unknown
+    until decoded). A ``StreamError``: the SDK answers the request it was reading the body for with
+    a parse error carrying this text (``BODY_TOO_LARGE_MARK``, then the bytes received or
+    ``compressed``), which ``ServerConnection`` reports as ``mcp_message_too_large``."""
+
+    def __init__(self, received: int | None) -> None:
+        super().__init__(f"{BODY_TOO_LARGE_MARK} {'compressed' if received is None else received}")
+
+
+class BoundedBody(httpx2.AsyncByteStream):
+    """A response body that fails with ``BodyTooLarge`` once more than ``limit`` bytes came (read
+    no further: at most one network read past the limit is held), or at once when ``compressed``."""
+
+    def __init__(self, stream: httpx2.AsyncByteStream, limit: int, *, compressed: bool) -> None:
+        self._stream = stream
+        self._limit = limit
+        self._compressed = compressed
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._compressed:
+            raise BodyTooLarge(None)
+        received = 0
+        async for chunk in self._stream:
+            received += len(chunk)
+            if received > self._limit:
+                raise BodyTooLarge(received)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def bound_body(response: httpx2.Response, limit: int) -> None:
+    """Bound the body of ``response`` (an event hook's, not read yet) to ``limit`` bytes, unless it
+    is an event stream (the SDK bounds each event; the stream may last). The SDK reads a JSON body
+    whole with no limit: found by attack, a 200 MB answer with ``max_message_bytes`` at 1 MiB took
+    16 s and 1.3 GB, and was a success. Compressed bodies are refused: ``Accept-Encoding: identity``
+    is asked, and a gzip body of a few hundred kilobytes decodes to gigabytes."""
+    content_type = response.headers.get("content-type", "").lower()
+    if content_type.startswith("text/event-stream"):
+        return
+    if not isinstance(response.stream, httpx2.AsyncByteStream):  # an async client's always is
+        return
+    encoding = response.headers.get("content-encoding", "identity").strip().lower()
+    response.stream = BoundedBody(response.stream, limit, compressed=encoding not in ("", "identity"))
+
+
+def _body_too_large(exc: MCPError) -> str | None:
+    """The bytes received (or ``"compressed"``) when ``exc`` is the SDK's parse error for a body
+    ``BoundedBody`` refused, else None."""
+    prefix = _SDK_PARSE_FAILURES[0]
+    if exc.code != mcp_types.PARSE_ERROR or not exc.message.startswith(prefix):
+        return None
+    words = exc.message[len(prefix):].split()
+    return words[1] if len(words) == 2 and words[0] == BODY_TOO_LARGE_MARK else None
 
 
 def _connection_closed(exc: MCPError) -> bool:
@@ -720,6 +874,10 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
         what = (f"no executable {s.command!r} on the PATH the server gets ({path!r}); set "
                 f"plugins.mcp.servers.{connection.name}.command to its absolute path, or pass PATH "
                 "(env or env_passthrough)")
+    elif isinstance(exc, MCPError) and s.url is not None:
+        received = _body_too_large(exc)
+        what = connection.body_too_large(received).message if received is not None else \
+            f"it {connection.http_words(exc)[0]}"
     elif isinstance(exc, pydantic.ValidationError):
         problems = "; ".join(f"{_location(error['loc'])}: {error['msg']}" for error in exc.errors()[:3])
         what = f"it answered with data that is not valid MCP ({problems})"

@@ -102,6 +102,11 @@ class ServerSettings:
                 raise Invalid(f"{field.name} is for stdio servers (command); a url server is not started by the "
                               "host", at=(field.name,))
         parts = urllib.parse.urlsplit(self.url)
+        if parts.username is not None or parts.password is not None:
+            # found by attack: httpx sends them as Basic auth in place of headers' Authorization,
+            # silently, and they are a credential written in the config, not a [secrets] reference
+            raise Invalid("credentials in the url (user:password@) would replace the Authorization header and "
+                          "live in the config; put them in headers, from a [secrets] reference", at=("url",))
         if parts.scheme == "http" and not is_loopback(parts.hostname or ""):
             raise Invalid("plain http:// to another machine sends the headers (tokens) in the clear; use https://",
                           at=("url",))
