@@ -14,13 +14,32 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from amplifier_tools import ToolContext, ToolResult, hookimpl
+from amplifier_tools import ToolContext, ToolHost, ToolResult, hookimpl
 from amplifier_tools.procfs import is_live
 
 FIXTURES = Path(__file__).parent / "mcp_fixtures"
 FIXTURE_SERVER = str(FIXTURES / "fixture_server.py")
 HOSTILE_SERVER = str(FIXTURES / "hostile_server.py")
 REPO = str(Path(__file__).resolve().parent.parent)
+
+
+def audited_import(tmp_path: Path, servers: dict[str, Any], *plugins: Any,
+                   **config: Any) -> ToolHost:
+    """An unstarted host with the audit and mcp built-ins importing ``servers`` (``[plugins.mcp.servers]``),
+    its audit log at ``tmp_path/audit.jsonl`` (``call_records``) and its working directory
+    ``tmp_path/work``; ``config`` adds top-level settings (``secrets``)."""
+    settings = {"state_dir": str(tmp_path / "state"), **config,
+                "plugins": {"audit": {"path": str(tmp_path / "audit.jsonl")}, "mcp": {"servers": servers}}}
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return ToolHost(config=settings, builtins=["audit", "mcp"], plugins=list(plugins), entry_points=False,
+                    working_dir=work, discover=False)
+
+
+def call_records(tmp_path: Path) -> list[dict[str, Any]]:
+    """The call records of the audit log ``audited_import`` configured."""
+    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("kind") == "call"]
 
 
 def fixture_server(**settings: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import Completions
+from mcp_helpers import Completions, audited_import, call_records
 
 from amplifier_tools import PluginLoadError, ToolHost
 
@@ -138,17 +138,7 @@ async def hostile_server() -> AsyncIterator[tuple[Hostile, str]]:
 
 def importing(tmp_path: Path, url: str, *plugins: Any, **server: Any) -> ToolHost:
     section = {"url": url, "headers": {"Authorization": "import_auth"}, "startup_timeout_ms": 3000, **server}
-    config = {"state_dir": str(tmp_path / "state"), "secrets": {"import_auth": "TEST_IMPORT_AUTH"},
-              "plugins": {"audit": {"path": str(tmp_path / "audit.jsonl")}, "mcp": {"servers": {"h": section}}}}
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    return ToolHost(config=config, builtins=["audit", "mcp"], plugins=list(plugins), entry_points=False,
-                    working_dir=work, discover=False)
-
-
-def call_records(tmp_path: Path) -> list[dict[str, Any]]:
-    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("kind") == "call"]
+    return audited_import(tmp_path, {"h": section}, *plugins, secrets={"import_auth": "TEST_IMPORT_AUTH"})
 
 
 def html(status: int) -> Callable[[dict[str, Any]], Awaitable[Answer]]:

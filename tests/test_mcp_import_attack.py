@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import sys
 from pathlib import Path
@@ -18,24 +17,13 @@ import pytest
 pytest.importorskip("mcp")
 
 import mcp_types
-from mcp_helpers import Completions, fixture_server, wait_dead
+from mcp_helpers import Completions, audited_import, call_records, fixture_server, wait_dead
 
 from amplifier_tools import ToolHost
 
 
 def audited(tmp_path: Path, *plugins: Any, **server: Any) -> ToolHost:
-    config = {"state_dir": str(tmp_path / "state"),
-              "plugins": {"audit": {"path": str(tmp_path / "audit.jsonl")},
-                          "mcp": {"servers": {"fx": fixture_server(**server)}}}}
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    return ToolHost(config=config, builtins=["audit", "mcp"], plugins=list(plugins), entry_points=False,
-                    working_dir=work, discover=False)
-
-
-def call_records(tmp_path: Path) -> list[dict[str, Any]]:
-    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("kind") == "call"]
+    return audited_import(tmp_path, {"fx": fixture_server(**server)}, *plugins)
 
 
 async def test_a_restarted_server_reporting_another_version_is_refused_without_a_version_pin(

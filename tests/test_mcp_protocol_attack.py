@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import FIXTURES, Completions
+from mcp_helpers import FIXTURES, Completions, audited_import, call_records
 
 from amplifier_tools import PluginLoadError, ToolHost
 
@@ -27,17 +27,7 @@ QUIRKY_SERVER = str(FIXTURES / "quirky_server.py")
 def quirky(tmp_path: Path, *plugins: Any, tools: list[dict[str, Any]] | None = None, **server: Any) -> ToolHost:
     env = {"QUIRKY_TOOLS": json.dumps(tools or [])}
     section = {"command": sys.executable, "args": [QUIRKY_SERVER], "env": env, "timeout_ms": 20000, **server}
-    config = {"state_dir": str(tmp_path / "state"),
-              "plugins": {"audit": {"path": str(tmp_path / "audit.jsonl")}, "mcp": {"servers": {"q": section}}}}
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    return ToolHost(config=config, builtins=["audit", "mcp"], plugins=list(plugins), entry_points=False,
-                    working_dir=work, discover=False)
-
-
-def call_records(tmp_path: Path) -> list[dict[str, Any]]:
-    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r.get("kind") == "call"]
+    return audited_import(tmp_path, {"q": section}, *plugins)
 
 
 async def test_a_servers_own_error_32000_is_its_answer_not_its_death(tmp_path: Path) -> None:
