@@ -302,8 +302,11 @@ def load_config_file(path: str | os.PathLike[str], *, substituted: set[str] | No
         try:
             import yaml
         except ImportError:
+            # The hint: without one the command line said "fix the configuration", and the file is
+            # fine (found by a new-user trial of the core install).
             raise ConfigError("YAML configuration needs PyYAML (pip install 'amplifier-tools[yaml]')",
-                              file=file) from None
+                              file=file, hint="pip install 'amplifier-tools[yaml]' in this environment, or "
+                                              "write the configuration as TOML") from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:

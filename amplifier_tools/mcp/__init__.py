@@ -32,7 +32,7 @@ PLUGIN: Final = "mcp"
 
 log = logging.getLogger("amplifier_tools.mcp")
 
-__all__ = ["McpImportPlugin", "MISSING_SDK_MESSAGE", "sdk_available"]
+__all__ = ["McpImportPlugin", "MISSING_SDK_HINT", "MISSING_SDK_MESSAGE", "sdk_available"]
 
 #: The contributor channel on which plugins report parts of theirs that are not available
 #: (``amplifier-tools plugins`` shows them): a list of ``{"plugin", "name", "reason"}``.
@@ -45,6 +45,11 @@ STDERR_TAIL_MARK: Final = "; its stderr ended with:"
 MISSING_SDK_MESSAGE: Final = (
     "MCP servers are configured but the 'mcp' extra is not installed (pip install 'amplifier-tools[mcp]')"
 )
+#: The next step for ``MISSING_SDK_MESSAGE`` (the command line's hint line). Without it the command
+#: line fell back to its generic hint for a key, "set plugins.mcp.servers in the configuration", to a
+#: user who had set it and lacked only the extra (found by a new-user trial of the core install).
+MISSING_SDK_HINT: Final = ("pip install 'amplifier-tools[mcp]' in this environment, or remove "
+                           "[plugins.mcp.servers] to run without MCP servers")
 
 
 def sdk_available() -> bool:
@@ -180,7 +185,7 @@ class McpImportPlugin:
         if not self.settings.servers:
             return None
         if not sdk_available():
-            raise ConfigError(MISSING_SDK_MESSAGE, key=f"plugins.{PLUGIN}.servers")
+            raise ConfigError(MISSING_SDK_MESSAGE, key=f"plugins.{PLUGIN}.servers", hint=MISSING_SDK_HINT)
         from .client import ServerConnection, import_server
 
         working_dir = coordinator.get_capability("session.working_dir") or "."

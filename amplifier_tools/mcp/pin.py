@@ -269,14 +269,14 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
     start (an untrusted configuration file, an unknown server)."""
     from .. import config_trust
     from ..hoststate import ensure_state_dir
-    from . import MISSING_SDK_MESSAGE, sdk_available
+    from . import MISSING_SDK_HINT, MISSING_SDK_MESSAGE, sdk_available
 
     own, _ = plugin_section(host.config, PLUGIN)
     if not own.get("servers"):  # said before the SDK is looked for: without servers it is not needed
         raise ConfigError("no MCP server is configured", key=SERVERS_TABLE,
                           hint=f"add [{SERVERS_TABLE}.<name>] with command or url")
     if not sdk_available():
-        raise ConfigError(MISSING_SDK_MESSAGE, key=SERVERS_TABLE)
+        raise ConfigError(MISSING_SDK_MESSAGE, key=SERVERS_TABLE, hint=MISSING_SDK_HINT)
     # Servers are started from this file: only from one the host itself would start from.
     trust_dir = ensure_state_dir(host.trust_dir)
     config_trust.check(trust_dir, host.config_file, host.trust_roots, discovered=host.discovered_config,

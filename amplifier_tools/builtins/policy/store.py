@@ -154,6 +154,9 @@ def open_store(store: str, prefix: str, timeout: float, state_dir: str | os.Path
     try:
         from .redis_store import RedisStore
     except ImportError:
-        raise ConfigError("a Redis store needs the redis client", key=f"plugins.{PLUGIN}.store",
+        # The extra in the message too: a host started from Python gets the message, not the hint
+        # (found by a new-user trial of the core install).
+        raise ConfigError("a Redis store needs the 'redis' extra, which is not installed "
+                          "(pip install 'amplifier-tools[redis]')", key=f"plugins.{PLUGIN}.store",
                           hint="pip install 'amplifier-tools[redis]'") from None
     return RedisStore(store, prefix, timeout)
