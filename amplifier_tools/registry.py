@@ -131,7 +131,11 @@ def apply_overrides(spec: ToolSpec, overrides: Mapping[str, Any], *, key: str) -
     try:
         result: ToolSpec = converter.structure(merged, ToolSpec)
     except Exception as exc:
-        raise ConfigError(describe_structure_error(exc).replace("@ $", f"@ {key}"), key=key) from exc
+        described = describe_structure_error(exc).replace("@ $", f"@ {key}")
+        problem, at, where = described.rpartition(" @ ")
+        if at and "; " not in described:  # one problem: its own key leads the message, as every other's
+            raise ConfigError(problem, key=where) from exc
+        raise ConfigError(described, key=key) from exc
     return result
 
 

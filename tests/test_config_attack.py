@@ -163,6 +163,23 @@ async def test_an_unknown_key_of_a_tool_override_gets_a_hint(
     assert info.value.hint == hint
 
 
+@pytest.mark.parametrize(("override", "key", "message"), [
+    ({"concurrency": {"limit": 4, "extra": 1}}, "tools.echo.policies.concurrency", "extra fields found (extra)"),
+    ({"concurrency": {"limit": -4}}, "tools.echo.policies.concurrency.limit", "limit must be positive"),
+])
+async def test_a_bad_value_below_a_tool_override_is_named_by_its_own_key(
+        tmp_path: Path, override: dict[str, Any], key: str, message: str) -> None:
+    """Found by a new-user trial: such an error led with the tool's key (``tools.echo: extra fields
+    found (extra) @ tools.echo.policies.concurrency``), unlike every other setting's."""
+    host = ToolHost(config={"tools": {"echo": {"policies": override}}}, builtins=False,
+                    plugins=[ToolsPlugin(EchoTool())], entry_points=False, discover=False, working_dir=tmp_path)
+    with pytest.raises(ConfigError) as info:
+        await host.start()
+    await host.close()
+    assert info.value.key == key
+    assert str(info.value).startswith(f"{key}: {message}") and " @ " not in str(info.value)
+
+
 def test_a_plugin_disabled_in_another_case_is_refused_not_left_running(tmp_path: Path) -> None:
     """Found by attack: ``AMPLIFIER_TOOLS_DISABLE_PLUGINS=BASH`` shares no letter with ``bash``, so it
     was taken for an optional plugin not installed here, and bash ran."""
