@@ -361,7 +361,7 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
         if run_examples and spec.effect is Effect.Pure:
             _write_example_files(workdir, example.files)
             before = _snapshot(workdir)
-            # A copy: the host hands the tool the caller's own arguments, and the example stays as written.
+            # A copy: the host copies only the top level of a call's arguments; the example stays as written.
             sent = copy.deepcopy(example.input)
             result = await host.call(name, sent)
             changed = _changes(before, _snapshot(workdir))

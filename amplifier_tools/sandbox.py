@@ -538,6 +538,11 @@ class Namespace:
                     continue
                 if is_live(name):
                     found.append(int(name))
+        # The first process ended during the scan: the namespace may be gone and its ``ns/pid`` link,
+        # a number the kernel reuses, may name another sandbox's now (found in review).
+        again = proc_stat(self.pid)
+        if again is None or not again.live or again.started != self.started:
+            return []
         return found
 
 

@@ -164,12 +164,13 @@ class _Paginate:
 
 
 async def test_a_tool_that_changes_its_arguments_fails_naming_them() -> None:
-    # Found by attack: it passed (the host hands a tool the caller's own dict, so the spec's example was
+    # Found by attack: it passed (the host handed a tool the caller's own dict, so the spec's example was
     # rewritten by the run), and the audit record of such a call shows the arguments as the tool left them.
+    # The host now hands a shallow copy: a key popped or set is the tool's own; a nested change is not.
     report = await check_target_async(_Paginate())
     assert not report.ok
     failed = [(c.name, c.message) for c in report.checks if not c.passed]
     assert failed == [("local::items.page: example 1: arguments",
-                       "the tool changed the arguments it was given (added 'size'; removed 'cursor'; changed "
-                       "'filter'): the audit record and a retry see the changed ones; work on a copy")]
+                       "the tool changed the arguments it was given (changed 'filter'): the audit record and a "
+                       "retry see the changed ones; work on a copy")]
     assert _Paginate.spec.examples[0].input == {"cursor": 0, "filter": {"tags": ["a"]}}

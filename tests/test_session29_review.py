@@ -1,0 +1,66 @@
+"""Session 29 review: defects found reading the day's changes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from bash_helpers import bash_host, needs_bwrap
+
+from amplifier_tools import sandbox
+from amplifier_tools.procfs import proc_stat
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+
+
+def test_a_namespace_whose_first_process_ends_during_the_scan_has_no_members(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The ``ns/pid`` link is a number the kernel reuses: once the first process (and so the namespace)
+    # is gone, the same link may name another sandbox's namespace, whose processes the host would then
+    # SIGKILL. Stand-in: a namespace known by the host's own link, whose first process ends mid-scan.
+    first = subprocess.Popen(["sleep", "30"])
+    try:
+        stat = proc_stat(first.pid)
+        assert stat is not None
+        namespace = sandbox.Namespace(first.pid, stat.started, os.readlink("/proc/self/ns/pid"))
+        real_is_live = sandbox.is_live
+
+        def first_ends(pid: int | str) -> bool:
+            if first.poll() is None:
+                first.kill()
+                first.wait()
+            return real_is_live(pid)
+
+        monkeypatch.setattr(sandbox, "is_live", first_ends)
+        assert namespace.members() == []
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+@needs_bwrap
+async def test_a_command_timed_out_during_the_sandbox_setup_never_writes_afterwards() -> None:
+    # test_bash_sandbox_attack_2's version looks for the file at once, before the command could write
+    # it (1.2 s in) even had it run on; here the look comes after that moment.
+    work = Path(tempfile.mkdtemp(prefix="amp-review29-", dir="/var/tmp"))
+    try:
+        host = await bash_host(work, kill_grace=0.2)
+        try:
+            started = time.monotonic()
+            for _ in range(3):
+                result = await host.call("bash", {"command": "sleep 0.6; echo late >> late.txt", "timeout": 1e-6})
+                assert result.output["timed_out"] is True
+        finally:
+            await host.close()
+        await asyncio.sleep(max(0.0, started + 1.0 - time.monotonic()))
+        assert not (work / "late.txt").exists(), "a command ran on after it was reported killed"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
