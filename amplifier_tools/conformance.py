@@ -43,6 +43,7 @@ from typing import Any
 
 import attrs
 
+from ._json import same_json
 from ._markers import PROJECT_NAME, hookimpl
 from .builtins import BUILTIN_PLUGINS
 from .config import validate_config
@@ -371,7 +372,7 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
                 report.add(label, got == example.error_code, f"expected error {example.error_code!r}, got {got!r}")
             elif not result.success:
                 report.add(label, False, f"ran and failed: {(result.error or {}).get('message')}")
-            elif example.output is not None and not _same_json(result.output, example.output):
+            elif example.output is not None and not _equal_as_json(result.output, example.output):
                 report.add(label, False, f"ran; output {result.output!r} != example {example.output!r}")
             else:
                 report.add(label, True, "valid; ran")
@@ -384,7 +385,7 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
                            f"a Pure tool changed its working directory ({changed}): declare its real effect")
             elif result.success and example.output is None:
                 again = await host.call(name, copy.deepcopy(example.input))
-                if again.success and not _same_json(again.output, result.output):
+                if again.success and not _equal_as_json(again.output, result.output):
                     report.add(f"{label}: Pure", False,
                                f"two runs returned different outputs ({result.output!r}, then {again.output!r}): "
                                "is it Pure?", warning=True)
@@ -393,11 +394,13 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
             report.add(label, True, "valid" + note)
 
 
-def _same_json(first: Any, second: Any) -> bool:
-    """Whether two outputs are the same JSON value: ``==``, except that a boolean equals only a
-    boolean (found by attack: with Python's ``True == 1``, a tool returning ``true`` where its
-    example promised ``1`` passed). Numbers compare by value (``2.0`` is the JSON number ``2``),
-    objects without regard to key order; ``nan`` equals nothing. Iterative: no depth limit."""
+def _equal_as_json(first: Any, second: Any) -> bool:
+    """Whether two outputs are the same JSON value, as an example written in JSON promises one:
+    ``==``, except that a boolean equals only a boolean (found by attack: with Python's
+    ``True == 1``, a tool returning ``true`` where its example promised ``1`` passed). Numbers
+    compare by value (``2.0`` is the JSON number ``2``), objects without regard to key order;
+    ``nan`` equals nothing. Iterative: no depth limit. Looser than ``_json.same_json``, which tells
+    ``2`` from ``2.0`` as a tool can, and which ``_altered_keys`` uses."""
     pending = [(first, second)]
     while pending:
         a, b = pending.pop()
@@ -424,7 +427,7 @@ def _altered_keys(given: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     parts = []
     for verb, names in (("added", sorted(set(after) - set(given))),
                         ("removed", sorted(set(given) - set(after))),
-                        ("changed", sorted(k for k in set(given) & set(after) if not _same_json(given[k], after[k])))):
+                        ("changed", sorted(k for k in set(given) & set(after) if not same_json(given[k], after[k])))):
         if names:
             parts.append(f"{verb} {', '.join(map(repr, names))}")
     return "; ".join(parts)

@@ -10,11 +10,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bash_helpers import bash_host, needs_bwrap
 
-from amplifier_tools import sandbox
+from amplifier_tools import ToolResult, ToolSpec, sandbox
 from amplifier_tools.procfs import proc_stat
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
@@ -64,3 +65,28 @@ async def test_a_command_timed_out_during_the_sandbox_setup_never_writes_afterwa
         assert not (work / "late.txt").exists(), "a command ran on after it was reported killed"
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+class _Widen:
+    """A Pure tool that turns a nested integer of its arguments into a float, in place."""
+
+    spec = ToolSpec(name="local::items.widen", version="1.0.0", description="Widen a number.", effect="Pure",
+                    input_schema={"type": "object", "properties": {"options": {"type": "object"}}},
+                    examples=[{"input": {"options": {"n": 1}}, "output": 1}])
+    name, description = spec.name, spec.description
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        input["options"]["n"] = float(input["options"]["n"])
+        return ToolResult(output=1)
+
+
+async def test_a_nested_integer_turned_into_a_float_is_a_changed_argument() -> None:
+    """Found by review: the kit compared arguments as JSON numbers (``1 == 1.0``), so an in-place
+    change a tool (and the audit record) can tell apart passed; outputs still compare so."""
+    from amplifier_tools.conformance import check_target_async
+
+    report = await check_target_async(_Widen())
+    failed = [(c.name, c.message) for c in report.checks if not c.passed]
+    assert failed == [("local::items.widen: example 1: arguments",
+                       "the tool changed the arguments it was given (changed 'options'): the audit record and a "
+                       "retry see the changed ones; work on a copy")]
