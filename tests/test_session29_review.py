@@ -90,3 +90,37 @@ async def test_a_nested_integer_turned_into_a_float_is_a_changed_argument() -> N
     assert failed == [("local::items.widen: example 1: arguments",
                        "the tool changed the arguments it was given (changed 'options'): the audit record and a "
                        "retry see the changed ones; work on a copy")]
+
+
+SIGNALS_KEPT = '''
+import asyncio, signal, sys
+from amplifier_tools import ToolHost
+from amplifier_tools.mcp.server import serve
+
+def mine(signum, frame):
+    pass
+
+async def main():
+    signal.signal(signal.SIGTERM, mine)
+    before = signal.getsignal(signal.SIGINT)  # asyncio.run's own (3.11+), or Python's default
+    async with ToolHost(config={"state_dir": sys.argv[1]}, builtins=False, entry_points=False,
+                        discover=False, working_dir=sys.argv[2]) as host:
+        await serve(host)  # stdin is at its end: serving ends at once
+    print(signal.getsignal(signal.SIGTERM) is mine, signal.getsignal(signal.SIGINT) == before)
+
+asyncio.run(main())
+'''
+
+
+def test_serving_on_stdio_puts_back_the_signal_handlers_it_found(tmp_path: Path) -> None:
+    """Found by review: ``serve`` on stdio took SIGINT and SIGTERM for its calls and, when it ended,
+    left SIG_DFL and Python's default in place of an embedding application's handlers (and of
+    ``asyncio.run``'s SIGINT handler, which cancels the main task for a graceful close)."""
+    pytest.importorskip("mcp")
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "XDG_STATE_HOME": str(tmp_path / "xdg")}
+    (tmp_path / "work").mkdir()
+    done = subprocess.run([sys.executable, "-c", SIGNALS_KEPT, str(tmp_path / "state"), str(tmp_path / "work")],
+                          stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, env=environ, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"], done.stdout

@@ -367,11 +367,12 @@ async def serve_stdio_until_signalled(server: Server[Any]) -> None:
         signalled = True
         serving.cancel()
 
-    handled: list[signal.Signals] = []
+    handled: list[tuple[signal.Signals, Any]] = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
+            previous = signal.getsignal(signum)
             loop.add_signal_handler(signum, on_signal)
-            handled.append(signum)
+            handled.append((signum, previous))
         except (ValueError, RuntimeError, NotImplementedError):
             pass  # only the main thread takes signals
     try:
@@ -380,8 +381,19 @@ async def serve_stdio_until_signalled(server: Server[Any]) -> None:
         if not signalled:
             raise
     finally:
-        for signum in handled:
+        for signum, previous in handled:
             loop.remove_signal_handler(signum)
+            if _restorable(previous):
+                # what was there before: an embedding application's handler, or asyncio.run's SIGINT
+                # handler (found by review: removing ours left SIG_DFL in their place)
+                signal.signal(signum, previous)
+
+
+def _restorable(handler: Any) -> bool:
+    """Whether a signal handler found before serving can be put back as it was: not one another
+    ``loop.add_signal_handler`` set (asyncio's no-op stand-in, whose loop no longer dispatches it:
+    put back, the signal would be swallowed), and not unknown (None: set outside Python)."""
+    return handler is not None and getattr(handler, "__module__", None) != "asyncio.unix_events"
 
 
 async def _run_stdio(server: Server[Any]) -> None:
