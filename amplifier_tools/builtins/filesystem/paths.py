@@ -549,14 +549,30 @@ class PathRules:
         if st.st_nlink > 1 and not self.allow_hardlinks:
             raise _deny(f"{path!r} has {st.st_nlink} hard links; refusing to write through a shared inode",
                         "hardlink", path)
-        if not os.access(name, os.W_OK, dir_fd=dir_fd, effective_ids=True, follow_symlinks=False):
-            # A replacing rename needs only the directory's permission: a file its owner made read-only
-            # (chmod a-w) was replaced all the same, where a shell's ``>`` or an editor is refused
-            # (found by attack). The host's user as ``open`` judges it: root may still write.
-            raise ExecutionError(f"{path!r}: the file is not writable (its permission bits: "
-                                 f"{stat.S_IMODE(st.st_mode):04o}); nothing was changed", code="permission_denied",
-                                 path=path, hint="make it writable first if it is meant to change (chmod u+w)")
+        _check_writable(dir_fd, name, path, st)
         return st
+
+
+def _check_writable(dir_fd: int, name: str, path: str, st: os.stat_result) -> None:
+    """Refuse to replace a file the host's user may not write (``permission_denied``).
+
+    A replacing rename needs only the directory's permission: a file its owner made read-only
+    (``chmod a-w``) was replaced all the same, where a shell's ``>`` or an editor is refused (found
+    by attack). Judged by opening it for writing, without truncating or writing, as the kernel
+    judges the host's user (root may write; capabilities count): not ``os.access``, whose
+    ``faccessat2`` older container seccomp profiles answer EPERM, which would refuse every replace
+    (found by review). A running program (``ETXTBSY``) may still be replaced, as before."""
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except PermissionError:
+        raise ExecutionError(f"{path!r}: the file is not writable (its permission bits: "
+                             f"{stat.S_IMODE(st.st_mode):04o}); nothing was changed", code="permission_denied",
+                             path=path, hint="make it writable first if it is meant to change (chmod u+w)") from None
+    except OSError as exc:
+        if exc.errno == errno.ETXTBSY:
+            return
+        raise os_error(exc, path) from None
+    os.close(fd)
 
 
 def _is_symlink(dir_fd: int, name: str) -> bool:
