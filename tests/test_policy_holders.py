@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from amplifier_tools.builtins.policy import shared
-
 
 def test_a_forked_child_makes_holder_ids_its_parent_does_not() -> None:
     """The fork happens in a fresh interpreter, as below (on 3.13 forking the test run itself
@@ -100,20 +98,35 @@ if __name__ == "__main__":
 
 def test_a_fork_that_skips_pythons_fork_hooks_still_makes_new_holder_ids() -> None:
     """Found by attack: a fork through ``ctypes`` (``libc.fork()``) runs no ``os.register_at_fork``
-    hook, and the child made its parent's ids."""
-    import ctypes
+    hook, and the child made its parent's ids.
 
-    shared.new_holder()
-    read, write = os.pipe()
-    pid = ctypes.CDLL(None).fork()
-    if pid == 0:  # the child: one id, then out at once
-        try:
-            os.write(write, shared.new_holder().encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    theirs = os.read(read, 4096).decode()
-    os.close(read)
-    os.waitpid(pid, 0)
-    mine = shared.new_holder()
+    In a fresh interpreter (``_CTYPES_FORK``), not the test run: ``ctypes`` lets go of the GIL
+    around the call, so a fork of the run, which has other threads (audit writers, pools), could
+    leave the child waiting for a GIL that a thread it does not have held (seen: the whole suite
+    hung on the child)."""
+    done = subprocess.run([sys.executable, "-c", _CTYPES_FORK], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    theirs, mine = done.stdout.split()
     assert theirs.rsplit(":", 1)[0] != mine.rsplit(":", 1)[0]
+
+
+#: Prints the holder id a ``libc.fork()`` child made, then one its parent made after.
+_CTYPES_FORK = """
+import ctypes, os
+from amplifier_tools.builtins.policy import shared
+
+shared.new_holder()
+read, write = os.pipe()
+pid = ctypes.CDLL(None).fork()
+if pid == 0:  # the child: one id, then out at once
+    try:
+        os.write(write, shared.new_holder().encode())
+    finally:
+        os._exit(0)
+os.close(write)
+theirs = os.read(read, 4096).decode()
+os.close(read)
+os.waitpid(pid, 0)
+print(theirs, shared.new_holder())
+"""
