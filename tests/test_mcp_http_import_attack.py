@@ -184,6 +184,25 @@ async def test_a_session_the_server_forgot_is_opened_again_not_failed_for_good(t
     assert [r["call_id"] for r in call_records(tmp_path)] == [call_id for call_id, _ in completions.calls]
 
 
+async def test_a_server_that_forgets_every_session_at_once_is_restarted_within_max_restarts(
+        tmp_path: Path) -> None:
+    """Found by review: a session forgotten before it served a call was taken for an expired one,
+    reopened uncounted at every call; only a session that served a call can have expired."""
+    async with hostile_server() as (server, url), importing(tmp_path, url, max_restarts=1) as host:
+        assert (await host.call("mcp::h::echo", {"text": "first"})).success
+
+        async def forget(srv: Hostile, method: str, headers: dict[str, str], message: Any) -> Answer | None:
+            if method == "POST" and "mcp-session-id" in headers:  # every session, from its first request
+                return 404, {"content-type": "text/html"}, b"<html>Not Found</html>"
+            return None
+
+        server.behave = forget
+        codes = [(await host.call("mcp::h::echo", {"text": str(n)})).error["code"] for n in range(6)]
+    # the served session expired (reopened, uncounted); the next one's start is its one restart
+    assert codes[-1] == "mcp_server_unavailable", codes
+    assert server.sessions <= 4, (server.sessions, codes)
+
+
 async def test_closing_does_not_wait_on_a_server_that_never_answers(tmp_path: Path) -> None:
     """A server that stops answering: the call in flight is cut by ``close`` (one ``tool_complete``,
     one audit record, ``host_closing``), and the close is not held by the DELETE that ends the

@@ -104,6 +104,8 @@ class ServerConnection:
         #: Set when a ``url`` server answered HTTP 404 to a request naming its session: it no longer
         #: knows the session (expired, or the server restarted), and a new one must be opened.
         self.session_lost = False
+        #: Whether a call succeeded in the current session: only such a session can have expired.
+        self.session_served = False
         self.working_dir = working_dir
         #: The host's protected paths as they are now (masked in a sandboxed server's view).
         self.protected = protected
@@ -187,7 +189,7 @@ class ServerConnection:
                     request.extensions["timeout"] = httpx2.Timeout(SESSION_END_TIMEOUT_S).as_dict()
 
             self.http_refusal = None
-            self.session_lost = False
+            self.session_lost = self.session_served = False
             # No read timeout: every request is bounded by the host (a call by its deadline, the
             # start by startup_timeout_ms); httpx's default 5 s failed every call that took longer.
             # The DELETE that ends the session is bounded here: nothing else bounds it, and a server
@@ -302,7 +304,10 @@ class ServerConnection:
             # A url server that forgot its session is not down: a new session is opened, as the
             # protocol asks, and not counted (an SDK server ends a session idle for 30 minutes:
             # counted, an idle host lost the server's tools for good after max_restarts of them).
-            expired = self.settings.url is not None and self.session_lost
+            # Only a session that served a call can have expired: one forgotten before its first
+            # answer is the server's failure, counted (found by review: a server that forgot every
+            # session at once was reopened at every call, with no limit).
+            expired = self.settings.url is not None and self.session_lost and self.session_served
             if not expired and self.restarts >= self.settings.max_restarts:
                 raise ExecutionError(
                     f"MCP server {self.name!r} is down and was restarted "
@@ -377,7 +382,9 @@ class ServerConnection:
         sending = asyncio.ensure_future(session.send_request(
             request, mcp_types.CallToolResult, request_read_timeout_seconds=timeout, progress_callback=progress))
         try:
-            return await asyncio.shield(sending)
+            result = await asyncio.shield(sending)
+            self.session_served = True
+            return result
         except asyncio.CancelledError:
             if not sending.done():
                 sending.cancel()
