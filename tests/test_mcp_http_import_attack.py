@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -268,6 +269,27 @@ async def test_a_body_that_is_no_json_rpc_does_not_show_a_cut_secret(tmp_path: P
         assert TOKEN[-12:] not in json.dumps(result.error)
     assert TOKEN[-12:] not in (tmp_path / "audit.jsonl").read_text()
     assert len(completions.calls) == len(call_records(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("kind", ["json", "sse"])
+async def test_the_sdks_log_of_such_a_body_does_not_show_the_cut_secret_either(
+        tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Found by attack: the SDK's client logger wrote "Error parsing JSON response" with a traceback
+    whose text is pydantic's, quoting the body cut, to the host's log and stderr."""
+    caplog.set_level(logging.DEBUG, logger="mcp.client.streamable_http")
+    async with hostile_server() as (server, url), importing(tmp_path, url) as host:
+        async def garbage(message: dict[str, Any]) -> Answer:
+            junk = f"{{not json {'x' * 30}{TOKEN}{'y' * 8}"
+            if kind == "json":
+                return 200, {"content-type": "application/json"}, junk.encode()
+            return 200, {"content-type": "text/event-stream"}, f"event: message\ndata: {junk}\n\n".encode()
+
+        server.behave = on_call(garbage)
+        assert not (await host.call("mcp::h::echo", {"text": "x"})).success
+    shown = [logging.Formatter().format(record) for record in caplog.records
+             if record.name.startswith("mcp.client")]
+    assert any("Error parsing" in line for line in shown), shown
+    assert not [line for line in shown if TOKEN[-12:] in line], shown
 
 
 @pytest.mark.parametrize("encoding", [None, "gzip"])

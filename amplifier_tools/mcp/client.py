@@ -60,6 +60,8 @@ MCP_SESSION_HEADER: Final = "mcp-session-id"
 #: How the SDK's Streamable HTTP client begins the error it puts in place of a body that is no
 #: JSON-RPC (the rest of its text is pydantic's, quoting the body).
 _SDK_PARSE_FAILURES: Final = ("Failed to parse JSON response:", "Failed to parse SSE message:")
+#: The SDK's Streamable HTTP client logger (``BodyQuoteFilter`` is put on it).
+SDK_HTTP_CLIENT_LOGGER: Final = "mcp.client.streamable_http"
 #: Seconds a ``url`` server gets to answer the DELETE that ends its session when the connection closes.
 SESSION_END_TIMEOUT_S: Final = 2.0
 CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__version__)
@@ -190,6 +192,7 @@ class ServerConnection:
 
             self.http_refusal = None
             self.session_lost = self.session_served = False
+            guard_sdk_client_log()
             # No read timeout: every request is bounded by the host (a call by its deadline, the
             # start by startup_timeout_ms); httpx's default 5 s failed every call that took longer.
             # The DELETE that ends the session is bounded here: nothing else bounds it, and a server
@@ -559,6 +562,34 @@ class McpTool:
                        "code": error.code, "message": error.message, "retryable": error.retryable,
                        "cause": error.cause}
             return ToolResult(False, None, payload, {"mcp": self.call_metadata()})
+
+
+class BodyQuoteFilter(logging.Filter):
+    """What the SDK's Streamable HTTP client logs about a server's answers, made safe for the host's
+    log: a body it could not parse is logged with a traceback whose text is pydantic's, quoting the
+    body cut in the middle, so a token the server echoed shows its last characters, which no
+    redaction finds (found by attack). Such a record keeps its first line and the exception's type,
+    without the traceback; a warning or error naming what the server sent (its content type) has
+    every character that is not printable escaped (a header cannot forge a log line)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        if record.exc_info and message.startswith(("Error parsing JSON response", "Error parsing SSE message")):
+            exc = record.exc_info[1]
+            message = f"{message.splitlines()[0]}: {type(exc).__name__} (the body is not shown)"
+            record.exc_info = record.exc_text = None
+        record.msg = "".join(char if char.isprintable() else repr(char)[1:-1] for char in message)
+        record.args = None
+        return True
+
+
+def guard_sdk_client_log() -> None:
+    """Put one ``BodyQuoteFilter`` on the SDK's Streamable HTTP client logger (once a process)."""
+    logger = logging.getLogger(SDK_HTTP_CLIENT_LOGGER)
+    if not any(isinstance(existing, BodyQuoteFilter) for existing in logger.filters):
+        logger.addFilter(BodyQuoteFilter())
 
 
 #: Marks the error put in place of a body past ``max_message_bytes`` (``BodyTooLarge``).
