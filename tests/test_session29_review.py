@@ -124,3 +124,24 @@ def test_serving_on_stdio_puts_back_the_signal_handlers_it_found(tmp_path: Path)
                           capture_output=True, text=True, env=environ, timeout=60, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "True"], done.stdout
+
+
+@pytest.mark.slow
+@needs_bwrap
+async def test_a_timeout_that_cuts_the_sandbox_setup_is_the_timeout() -> None:
+    """Found by CI: a timeout that passed while bwrap set up the sandbox (one call in thirty at
+    1e-6 s) failed as "the bubblewrap sandbox failed to start", a ToolSystemError with no output,
+    where it was the call's timeout; it is now the timeout, with ``timed_out`` in the output."""
+    work = Path(tempfile.mkdtemp(prefix="amp-review29-", dir="/var/tmp"))
+    try:
+        host = await bash_host(work, kill_grace=0.2)
+        try:
+            outcomes = set()
+            for _ in range(60):
+                result = await host.call("bash", {"command": "sleep 0.6", "timeout": 1e-6})
+                outcomes.add((result.error or {}).get("code") if result.output is None else result.output["timed_out"])
+        finally:
+            await host.close()
+        assert outcomes == {True}, outcomes
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
