@@ -6,8 +6,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,18 @@ needs_bwrap = pytest.mark.skipif(BWRAP is None, reason="bubblewrap (bwrap) is no
 #: ``sandbox_read_paths`` that make this test run's Python usable inside the sandbox (a venv or pyenv
 #: outside the system directories is not in the default view).
 PYTHON_READ_PATHS = sorted({sys.prefix, sys.base_prefix})
+
+
+@contextmanager
+def work_dir_outside_tmp(prefix: str) -> Iterator[Path]:
+    """A fresh ``work`` directory in a directory of its own under /var/tmp (the sandbox replaces
+    /tmp, so a working directory there would not be the one the command sees), removed after."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    (base / "work").mkdir()
+    try:
+        yield base / "work"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def bash_host(root: Path | str, *, builtins: tuple[str, ...] = ("bash",), **bash_config: Any) -> ToolHost:

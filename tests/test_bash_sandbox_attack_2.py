@@ -11,24 +11,20 @@ later and killed the namespace.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bash_helpers import bash_host, marker, needs_bwrap, processes_with
+from bash_helpers import bash_host, marker, needs_bwrap, processes_with, work_dir_outside_tmp
 
 pytestmark = needs_bwrap
 
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="amp-attack2-", dir="/var/tmp"))
-    (base / "work").mkdir()
-    yield base / "work"
-    shutil.rmtree(base, ignore_errors=True)
+    with work_dir_outside_tmp("amp-attack2-") as path:
+        yield path
 
 
 async def test_a_timed_out_command_gets_sigterm_and_can_clean_up(work: Path) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bash_helpers import bash_host, needs_bwrap, processes_with, wait_until
+from bash_helpers import bash_host, needs_bwrap, processes_with, wait_until, work_dir_outside_tmp
 from cli_helpers import cli
 
 from amplifier_tools import ToolHost, sandbox
@@ -32,10 +32,8 @@ PYTHON_IN_VIEW = "/usr/bin/python3"
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(prefix="amp-view-", dir="/var/tmp"))
-    (base / "work").mkdir()
-    yield base / "work"
-    shutil.rmtree(base, ignore_errors=True)
+    with work_dir_outside_tmp("amp-view-") as path:
+        yield path
 
 
 async def test_the_hosts_environment_is_unreachable_through_proc(work: Path, monkeypatch: pytest.MonkeyPatch) -> None:

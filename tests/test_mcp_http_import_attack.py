@@ -249,6 +249,18 @@ async def test_an_error_status_during_a_call_names_the_status_and_the_url(tmp_pa
     assert TOKEN[-12:] not in (tmp_path / "audit.jsonl").read_text()
 
 
+def echoing_garbage(kind: str) -> Callable[[dict[str, Any]], Awaitable[Answer]]:
+    """A call handler answering 200 with a body that is no JSON-RPC and holds ``TOKEN`` well past
+    its start, as a plain JSON body (``kind="json"``) or one server-sent event (``"sse"``)."""
+    async def garbage(message: dict[str, Any]) -> Answer:
+        junk = f"{{not json {'x' * 30}{TOKEN}{'y' * 8}"
+        if kind == "json":
+            return 200, {"content-type": "application/json"}, junk.encode()
+        return 200, {"content-type": "text/event-stream"}, f"event: message\ndata: {junk}\n\n".encode()
+
+    return garbage
+
+
 @pytest.mark.parametrize("kind", ["json", "sse"])
 async def test_a_body_that_is_no_json_rpc_does_not_show_a_cut_secret(tmp_path: Path, kind: str) -> None:
     """The SDK's error for such a body is pydantic's text, which quotes the body cut in the middle
@@ -256,13 +268,7 @@ async def test_a_body_that_is_no_json_rpc_does_not_show_a_cut_secret(tmp_path: P
     which no redaction finds (the whole token is what is registered)."""
     completions = Completions()
     async with hostile_server() as (server, url), importing(tmp_path, url, completions) as host:
-        async def garbage(message: dict[str, Any]) -> Answer:
-            junk = f"{{not json {'x' * 30}{TOKEN}{'y' * 8}"
-            if kind == "json":
-                return 200, {"content-type": "application/json"}, junk.encode()
-            return 200, {"content-type": "text/event-stream"}, f"event: message\ndata: {junk}\n\n".encode()
-
-        server.behave = on_call(garbage)
+        server.behave = on_call(echoing_garbage(kind))
         result = await host.call("mcp::h::echo", {"text": "x"})
         assert result.error is not None and result.error["code"] == "mcp_protocol_error", result.error
         assert "MCP server 'h' returned error -32700: Failed to parse" in result.error["message"]
@@ -278,13 +284,7 @@ async def test_the_sdks_log_of_such_a_body_does_not_show_the_cut_secret_either(
     whose text is pydantic's, quoting the body cut, to the host's log and stderr."""
     caplog.set_level(logging.DEBUG, logger="mcp.client.streamable_http")
     async with hostile_server() as (server, url), importing(tmp_path, url) as host:
-        async def garbage(message: dict[str, Any]) -> Answer:
-            junk = f"{{not json {'x' * 30}{TOKEN}{'y' * 8}"
-            if kind == "json":
-                return 200, {"content-type": "application/json"}, junk.encode()
-            return 200, {"content-type": "text/event-stream"}, f"event: message\ndata: {junk}\n\n".encode()
-
-        server.behave = on_call(garbage)
+        server.behave = on_call(echoing_garbage(kind))
         assert not (await host.call("mcp::h::echo", {"text": "x"})).success
     shown = [logging.Formatter().format(record) for record in caplog.records
              if record.name.startswith("mcp.client")]
