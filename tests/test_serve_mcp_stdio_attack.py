@@ -11,9 +11,15 @@ attack found, held.
   closed stdin too, then serve-mcp exited 1 with ``ExceptionGroup: unhandled errors in a TaskGroup``
   and "this is a bug"; now it ends as when the client closes stdin.
 
-And what held (kept as regression guards): a line that is not JSON, a batch, bytes that are not
-UTF-8 and a call before ``initialize`` (the SDK answers -32602) neither stop the server nor reach a
-tool (the SDK answers the first three with nothing at all, not -32700/-32600); an unknown tool
+- A 30 MB line was read whole (no bound on a line from the client): now a line past
+  ``[plugins.mcp.serve] max_message_bytes`` is read in pieces and dropped, answered -32600 (with
+  its id when its first bytes tell it), a warning names the setting, and serving goes on.
+- The SDK answered nothing to a line that is not JSON, a batch, or JSON that is no request (a
+  client waited forever for the answer to a request it sent malformed): now -32700 / -32600, id
+  null unless the request's id can be read, as JSON-RPC 2.0 asks.
+
+And what held (kept as regression guards): such lines, bytes that are not UTF-8 and a call before
+``initialize`` (the SDK answers -32602) neither stop the server nor reach a tool; an unknown tool
 is -32602 without an audit record; arguments that are no object are -32602; closing stdin with a
 call in flight records the call once, as cancelled.
 """
@@ -64,7 +70,7 @@ INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 class Served:
     """One ``serve`` process on stdio, spoken to through raw pipes."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, **serve: Any) -> None:
         root = tmp_path / "root"
         root.mkdir()
         (root / "hello.txt").write_text("hello\n")
@@ -73,7 +79,7 @@ class Served:
         self.tmp_path = tmp_path
         config = {"working_dir": str(root), "state_dir": str(tmp_path / "state"),
                   "plugins": {"audit": {"path": str(self.audit_path)}, "bash": {"sandbox": "off"},
-                              "mcp": {"serve": {"principal": "hostile", "tools": ["*"]}}}}
+                              "mcp": {"serve": {"principal": "hostile", "tools": ["*"], **serve}}}}
         runner = tmp_path / "runner.py"
         runner.write_text(RUNNER)
         env = {"PYTHONPATH": REPO, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -103,6 +109,21 @@ class Served:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)  # type: ignore[no-any-return]
+
+    def until_answer(self, request_id: int) -> list[dict[str, Any]]:
+        """The messages from the server up to and with its answer to request ``request_id``."""
+        messages = []
+        while not messages or messages[-1].get("id") != request_id:
+            message = self.receive()
+            assert message is not None, f"no answer to request {request_id} after {messages}"
+            messages.append(message)
+        return messages
+
+    def peak_rss_kib(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmHWM")
 
     def answer(self, request_id: int) -> dict[str, Any]:
         """The server's answer to request ``request_id`` (notifications before it are skipped)."""
@@ -246,3 +267,66 @@ def test_hostile_lines_neither_stop_the_server_nor_reach_a_tool(served: Served) 
     (record,) = served.audit()
     assert (record["tool"], record["status"], record["principal"]) == ("local::fs.read_file", "ok", "hostile")
     assert served.completions() == [[record["call_id"], None]]
+
+
+def errors(messages: list[dict[str, Any]]) -> list[tuple[Any, int]]:
+    return [(m["id"], m["error"]["code"]) for m in messages if "error" in m]
+
+
+def test_a_line_past_max_message_bytes_is_dropped_unread_answered_and_serving_goes_on(tmp_path: Path) -> None:
+    served = Served(tmp_path, max_message_bytes=65536)
+    try:
+        served.initialize()
+        served.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        served.answer(1)
+        before = served.peak_rss_kib()
+        huge = "x" * 20_000_000
+        served.call(5, "fs_read_file", {"path": huge})  # the SDK's clients write the id first
+        served.send({"params": {"name": "fs_read_file", "arguments": {"path": huge}}, "id": 6,
+                     "jsonrpc": "2.0", "method": "tools/call"})  # the id after the params: unknown
+        served.send({"jsonrpc": "2.0", "id": 7, "method": "tools/list"})
+        messages = served.until_answer(7)
+        assert errors(messages) == [(5, -32600), (None, -32600)]
+        assert "65536 bytes" in messages[0]["error"]["message"]
+        assert "fs_read_file" in [tool["name"] for tool in messages[-1]["result"]["tools"]]
+        assert served.peak_rss_kib() - before < 8 * 1024, "the server held the 20 MB line"
+        assert served.process.stdin is not None
+        served.process.stdin.close()
+        assert served.wait() == 0
+        stderr = served.process.stderr.read().decode()  # type: ignore[union-attr]
+        assert "plugins.mcp.serve.max_message_bytes (65536)" in stderr and "dropped unparsed" in stderr
+        assert served.audit() == []  # neither call ran
+    finally:
+        served.close()
+
+
+def test_lines_that_are_no_request_are_answered_as_json_rpc_2_asks(served: Served) -> None:
+    served.initialize()
+    for line in (b"not json", b'[{"jsonrpc": "2.0", "id": 8, "method": "ping"}]', b"[]", b'"ping"',
+                 b'{"jsonrpc": "2.0", "id": 9}', b'{"jsonrpc": "2.0", "id": 10, "method": "tools/list", "params": 1}',
+                 b'{"jsonrpc": "1.0", "id": "eleven", "method": "ping"}', b'{"jsonrpc": "2.0", "method": 5}',
+                 b"   ",  # a blank line: no message, no answer
+                 b'{"jsonrpc": "2.0", "id": 12, "result": 5}'):  # a response, even malformed, is never answered
+        served.send(line)
+    served.send({"jsonrpc": "2.0", "id": 13, "method": "tools/list"})
+    messages = served.until_answer(13)
+    assert errors(messages) == [(None, -32700), (None, -32600), (None, -32600), (None, -32600), (9, -32600),
+                                (10, -32600), ("eleven", -32600), (None, -32600)]
+    assert "batch" in messages[1]["error"]["message"]
+    assert messages[-1]["result"]["tools"]
+
+
+@pytest.mark.parametrize(("head", "request_id"), [
+    (b'{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"arguments": {"pa', 5),
+    (b' {"id":"a\\"b","params":{"x', 'a"b'),
+    (b'{"params": {"id": 3, "x": "', None),  # an id inside params is not the request's
+    (b'{"jsonrpc": "2.0", "id": true, "method": "x', None),
+    (b'{"jsonrpc": "2.0", "id": 1.5, "method": "x', None),
+    (b'[{"jsonrpc": "2.0", "id": 1, "method": "x', None),
+    (b'{"jsonrpc": "2.0", "method": "x', None),
+])
+def test_the_id_of_an_over_long_line_is_read_only_from_members_before_any_nested_value(
+        head: bytes, request_id: Any) -> None:
+    from amplifier_tools.mcp.server import id_in_head
+
+    assert id_in_head(head) == request_id

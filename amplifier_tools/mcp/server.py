@@ -26,6 +26,10 @@ never reads cannot make the server buffer without bound.
 On stdio, serving ends when the client closes stdin or stdout, or at SIGINT or SIGTERM: the
 calls in flight are cancelled, each recorded once.
 
+On stdio a line from the client is bounded by ``max_message_bytes`` of ``[plugins.mcp.serve]``
+(a longer one is dropped unparsed and answered -32600), and a line the SDK cannot read is answered
+-32700 or -32600 as JSON-RPC 2.0 asks, where the SDK answers nothing (``StdioPipes``).
+
 Limits: on stdio there is no authentication (whoever can start the process is
 the caller).
 """
@@ -40,18 +44,21 @@ import logging
 import math
 import os
 import queue
+import re
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import IO, Any, Final
 
+import anyio
 import attrs
 import mcp_types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
-from pydantic import TypeAdapter
+from mcp.shared.message import SessionMessage
+from pydantic import TypeAdapter, ValidationError
 
 from .._json import json_text
 from ..config import plugin_section
@@ -61,7 +68,8 @@ from ..errors import ConfigError
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult, new_call_id, output_text
 from ..plugin_settings import structure_settings
-from .settings import PLUGIN, McpSettings, ServeClient, ServeSettings
+from .settings import DEFAULT_MAX_MESSAGE_BYTES, PLUGIN, McpSettings, ServeClient, ServeSettings
+from .transport import READ_CHUNK, loads_or_none, request_id, wire_text
 
 log = logging.getLogger("amplifier_tools.mcp")
 
@@ -345,11 +353,12 @@ async def serve(host: ToolHost, settings: ServeSettings | None = None, *, freeze
         await serve_http(host, settings, freeze_heap=freeze_heap)
         return
     server = build_server(host, settings)
-    await serve_stdio_until_signalled(server)
+    await serve_stdio_until_signalled(server, settings.max_message_bytes)
 
 
-async def serve_stdio_until_signalled(server: Server[Any]) -> None:
-    """Run ``server`` on this process's stdin and stdout until the client closes either, or until
+async def serve_stdio_until_signalled(server: Server[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    """Run ``server`` on this process's stdin and stdout (a line is at most ``max_message_bytes``:
+    ``StdioPipes``) until the client closes either, or until
     SIGINT or SIGTERM (in the main thread; elsewhere the caller stops it by cancelling): a signal
     cancels the calls in flight — each is recorded, as ``cancelled``, and its processes end — and
     it returns. Found by attack: SIGTERM killed the process outright (no audit record of the call in
@@ -359,7 +368,7 @@ async def serve_stdio_until_signalled(server: Server[Any]) -> None:
     ``StdioPipes`` instead, which a cancellation does not wait for (nor, a client that stopped
     reading stdout, for a write)."""
     loop = asyncio.get_running_loop()
-    serving = asyncio.ensure_future(_run_stdio(server))
+    serving = asyncio.ensure_future(_run_stdio(server, max_message_bytes))
     signalled = False
 
     def on_signal() -> None:
@@ -396,28 +405,101 @@ def _restorable(handler: Any) -> bool:
     return handler is not None and getattr(handler, "__module__", None) != "asyncio.unix_events"
 
 
-async def _run_stdio(server: Server[Any]) -> None:
-    with StdioPipes.claim() as pipes:
-        async with stdio_server(stdin=pipes, stdout=pipes) as (read, write):  # type: ignore[arg-type]
+async def _run_stdio(server: Server[Any], max_message_bytes: int) -> None:
+    with StdioPipes.claim(max_message_bytes) as pipes:
+        async with pipes.session_streams() as (read, write):
             await server.run(read, write, server.create_initialization_options())
 
 
+@attrs.frozen
+class Overlong:
+    """A line of the client's longer than ``max_message_bytes``, read and dropped: its length in
+    bytes, and its request's id when the line's first bytes tell it (``id_in_head``)."""
+
+    size: int
+    id: str | int | None
+
+
+#: Bytes at the start of an over-long line searched for its request's id.
+ID_HEAD_BYTES: Final = 4096
+_OBJECT_START: Final = re.compile(rb"\s*\{")
+_STRING: Final = rb'"(?:[^"\\]|\\.)*"'
+#: One member of a JSON object whose value is a string, a number or a literal, and what follows it.
+_SCALAR_MEMBER: Final = re.compile(rb"\s*(" + _STRING + rb")\s*:\s*(" + _STRING
+                                   + rb"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null)\s*([,}])")
+
+
+def id_in_head(head: bytes) -> str | int | None:
+    """The ``id`` of the JSON object ``head`` starts, when only members with a string, number or
+    literal value come before it in ``head`` (the SDK's clients write ``jsonrpc`` and then ``id``
+    first; a client that writes ``params`` first leaves it unknown): else None."""
+    start = _OBJECT_START.match(head)
+    if start is None:
+        return None
+    position = start.end()
+    while member := _SCALAR_MEMBER.match(head, position):
+        try:
+            key, value = json.loads(member[1]), json.loads(member[2])
+        except ValueError:
+            return None
+        if key == "id":
+            return request_id({"id": value})
+        if member[3] == b"}":
+            return None
+        position = member.end()
+    return None
+
+
+def _error(rid: str | int | None, code: int, message: str) -> str:
+    """A JSON-RPC error response as a line of the wire."""
+    error = mcp_types.ErrorData(code=code, message=message)
+    return wire_text(mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=error))
+
+
+def refusal(line: str, exc: Exception) -> str | None:
+    """The answer to a ``line`` the SDK cannot read as a JSON-RPC message (``exc``: why), as JSON-RPC
+    2.0 asks: -32700 (id null) when it is no JSON; -32600 when it is JSON but no request or
+    notification — with the request's ``id`` when it has a usable one, else id null (a batch: MCP
+    has had none since 2025-06-18). None for what looks like a response (``result`` or ``error``
+    without ``method``): a response is never answered, and an error with its id could be taken
+    for the answer to the client's own request of that id. The SDK leaves all of them unanswered,
+    so a client waited forever for the answer to a request it had sent malformed."""
+    if isinstance(exc, ValidationError) and any(e["type"] == "json_invalid" for e in exc.errors()):
+        return _error(None, mcp_types.PARSE_ERROR, "Parse error")
+    message = loads_or_none(line)
+    if isinstance(message, list):
+        return _error(None, mcp_types.INVALID_REQUEST, "Invalid Request: a batch (MCP has no batches since 2025-06-18)")
+    if isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message):
+        return None
+    return _error(request_id(message), mcp_types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request "
+                  "or notification MCP reads")
+
+
 class StdioPipes:
-    """The client's end of a stdio server, in the shape the SDK's ``stdio_server`` uses (``async
-    for`` lines; ``write`` and ``flush``): lines are read from a private duplicate of stdin by one
+    """The client's end of a stdio server: lines are read from a private duplicate of stdin by one
     daemon thread and handed to the event loop one at a time (the next line is read once the one
     before was taken), decoded as UTF-8 with bad bytes replaced, as the SDK's reader does; messages
-    are written to a private duplicate of stdout by another, one at a time. Unlike the SDK's streams
+    are written to a private duplicate of stdout by another, one at a time. ``session_streams``
+    turns them into the SDK's message streams, as the SDK's ``stdio_server`` does, and answers
+    what the SDK would leave unanswered (``refusal``). Unlike the SDK's streams
     (worker threads a cancellation waits for), a cancelled server does not wait for a client that
     neither writes nor reads, and a blocked thread does not keep the process from exiting. A write
     that fails (the client closed its end of stdout) ends the lines as the end of stdin does, so the
     server stops as when the client closes stdin (found by attack: the SDK's writer raised, and
-    serve-mcp exited 1 with "this is a bug"). Limits: once serving ends, the reading thread may
-    still take one more line, which is dropped."""
+    serve-mcp exited 1 with "this is a bug").
 
-    def __init__(self, stdin: int, stdout: int) -> None:
+    A line is read in pieces of at most ``max_message_bytes``: a longer one is never held whole (at
+    most ``max_message_bytes`` of it, then 64 KiB at a time up to its newline, are read and
+    dropped); it is answered -32600, with its request's id when its first bytes tell it
+    (``id_in_head``), and a warning names the setting. Found by attack: a 30 MB line was read
+    whole, and a client could make the server hold as much memory as it sent in one line.
+    Limits: once serving ends, the reading thread may still take one more line, which is dropped.
+    A blank line is no message and is not answered."""
+
+    def __init__(self, stdin: int, stdout: int, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self._loop = asyncio.get_running_loop()
-        self._lines: asyncio.Queue[str] = asyncio.Queue()  # "" ends them
+        self.max_message_bytes = max_message_bytes
+        self._lines: asyncio.Queue[str | Overlong] = asyncio.Queue()  # "" ends them
         self._taken = threading.Semaphore()  # the reader reads a line once the one before was taken
         self._gone = False  # a write failed: the client is gone
         self._out: queue.SimpleQueue[tuple[str, asyncio.Future[None]] | None] = queue.SimpleQueue()
@@ -426,7 +508,7 @@ class StdioPipes:
 
     @classmethod
     @contextlib.contextmanager
-    def claim(cls) -> Iterator[StdioPipes]:
+    def claim(cls, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Iterator[StdioPipes]:
         """Serve through private duplicates of stdin and stdout, with fd 0 on the null device and
         fd 1 on stderr meanwhile (as the SDK's ``stdio_server`` does: a tool's process reading stdin
         sees end of file, and what it prints cannot break the protocol); both are put back when
@@ -441,7 +523,7 @@ class StdioPipes:
                 os.dup2(2, 1)
             finally:
                 os.close(null)
-            pipes = cls(*private)
+            pipes = cls(private[0], private[1], max_message_bytes)
             try:
                 yield pipes
             finally:
@@ -451,20 +533,82 @@ class StdioPipes:
                 os.dup2(copy, fd)
                 os.close(copy)
 
+    @contextlib.asynccontextmanager
+    async def session_streams(self) -> AsyncIterator[tuple[MemoryObjectReceiveStream[SessionMessage | Exception],
+                                                           MemoryObjectSendStream[SessionMessage]]]:
+        """The read and write streams ``Server.run`` takes: each line parsed once, as the SDK's
+        ``stdio_server`` parses it, and each message written as it writes it; a line it cannot
+        read, or one past ``max_message_bytes``, is answered here, through the same writer."""
+        read_send, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+        write, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+
+        async def receive() -> None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                async with read_send:
+                    async for line in self:
+                        message = self._message(line)
+                        if isinstance(message, SessionMessage):
+                            await read_send.send(message)
+                        elif message is not None:
+                            await self.write(message)
+
+        async def send() -> None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                async with write_receive:
+                    async for message in write_receive:
+                        await self.write(wire_text(message.message))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(receive)
+            group.start_soon(send)
+            yield read, write
+
+    def _message(self, line: str | Overlong) -> SessionMessage | str | None:
+        """What to do with one line: the message for the server, else the answer to write here
+        (or None: nothing)."""
+        if isinstance(line, Overlong):
+            log.warning("serve-mcp: a message of %d bytes from the client is longer than plugins.%s.serve."
+                        "max_message_bytes (%d); it was dropped unparsed and answered -32600",
+                        line.size, PLUGIN, self.max_message_bytes)
+            return _error(line.id, mcp_types.INVALID_REQUEST,
+                          f"Invalid Request: message longer than {self.max_message_bytes} bytes")
+        if line.isspace():
+            return None
+        try:
+            return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        except Exception as exc:  # as the SDK's reader: whatever the line makes the parser raise
+            log.debug("serve-mcp: the client sent a line that is no JSON-RPC message", exc_info=True)
+            return refusal(line, exc)
+
     def _read(self, fd: int) -> None:
-        with open(fd, encoding="utf-8", errors="replace") as text:
+        with open(fd, "rb", buffering=READ_CHUNK) as stdin:
             while True:
                 self._taken.acquire()
                 try:
-                    line = text.readline()
+                    line = self._read_line(stdin)
                 except (OSError, ValueError):
                     line = ""
                 try:
                     self._loop.call_soon_threadsafe(self._lines.put_nowait, line)
                 except RuntimeError:  # the loop closed: nobody reads on
                     return
-                if not line:
+                if line == "":
                     return
+
+    def _read_line(self, stdin: IO[bytes]) -> str | Overlong:
+        """The next line ("" at the end of stdin), or, when it is longer than
+        ``max_message_bytes``, its size and id: the rest of it is read and dropped."""
+        line = stdin.readline(self.max_message_bytes + 1)
+        if len(line) <= self.max_message_bytes or line.endswith(b"\n"):
+            return line.decode("utf-8", errors="replace")
+        rid, size = id_in_head(line[:ID_HEAD_BYTES]), len(line)
+        del line
+        while rest := stdin.readline(READ_CHUNK):
+            if rest.endswith(b"\n"):
+                size += len(rest) - 1
+                break
+            size += len(rest)
+        return Overlong(size, rid)
 
     def _write(self, fd: int) -> None:
         with open(fd, "wb") as out:
@@ -484,10 +628,10 @@ class StdioPipes:
     def __aiter__(self) -> StdioPipes:
         return self
 
-    async def __anext__(self) -> str:
+    async def __anext__(self) -> str | Overlong:
         line = await self._lines.get()
         self._taken.release()
-        if not line:
+        if line == "":
             self._lines.put_nowait("")  # and so for every later read
             raise StopAsyncIteration
         return line
@@ -504,9 +648,6 @@ class StdioPipes:
             log.debug("serve-mcp: the client closed stdout; serving ends", exc_info=True)
             self._gone = True
             self._lines.put_nowait("")
-
-    async def flush(self) -> None:
-        """Nothing waits: each ``write`` returns once written."""
 
 
 def _settle(done: asyncio.Future[None], outcome: BaseException | None) -> None:

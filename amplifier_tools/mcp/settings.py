@@ -18,7 +18,8 @@ from ..spec import Effect
 from . import PLUGIN as PLUGIN
 
 _SERVER_NAME: Final = re.compile(r"^[A-Za-z0-9_\-]+$")
-#: Largest JSON-RPC message (one line) read from a server unless configured: 16 MiB.
+#: Largest JSON-RPC message (one line) read from a server, or by ``serve-mcp`` on stdio from its
+#: client, unless configured: 16 MiB.
 DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
 #: Most tools one server may list unless configured (each costs memory and time to mount).
 DEFAULT_MAX_TOOLS: Final = 1000
@@ -29,6 +30,7 @@ DEFAULT_MAX_CONTENT_BLOCKS: Final = 4096
 AbsolutePaths = Annotated[tuple[str, ...], Expect("a list of absolute paths",
                                                   lambda paths: all(p.startswith(("/", "~")) for p in paths))]
 Refuse = Literal["refuse", "skip"]
+MessageBytes = Annotated[int, Expect("an integer number of bytes, at least 1024", lambda n: n >= 1024)]
 
 
 @settings_class
@@ -75,8 +77,7 @@ class ServerSettings:
     #: False: a server that cannot start (or fails its pins) is left out, logged, and the host starts.
     required: bool = True
     max_restarts: Annotated[int, Expect("a non-negative integer", lambda n: n >= 0)] = 3
-    max_message_bytes: Annotated[int, Expect("an integer number of bytes, at least 1024",
-                                             lambda n: n >= 1024)] = DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: MessageBytes = DEFAULT_MAX_MESSAGE_BYTES
     max_tools: Count = DEFAULT_MAX_TOOLS
     max_content_blocks: Count = DEFAULT_MAX_CONTENT_BLOCKS
     on_unsupported_pattern: Refuse = "refuse"
@@ -167,6 +168,8 @@ class ServeSettings:
     tools: ToolNames | None = None  # None: no tool (say which with `tools`, or ["*"] for all)
     clients: tuple[ServeClient, ...] = attrs.field(default=(), validator=_unique_token_refs)
     allow_anonymous: bool = False
+    #: Longest line (one JSON-RPC message) read from a stdio client; a longer one is dropped unparsed.
+    max_message_bytes: MessageBytes = DEFAULT_MAX_MESSAGE_BYTES
 
 
 def _server_names(instance: Any, attribute: attrs.Attribute[Any], servers: Mapping[str, ServerSettings]) -> None:

@@ -92,7 +92,12 @@ def _parse(line: bytearray) -> SessionMessage | Exception:
         return _malformed_response(line) or exc
 
 
-def _loads(line: bytearray) -> object:
+def wire_text(message: mcp_types.JSONRPCMessage) -> str:
+    """``message`` as one line of the stdio wire, written as the SDK's own stdio transports write it."""
+    return message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+
+
+def loads_or_none(line: bytes | bytearray | str) -> object:
     """``line`` parsed by the stdlib, or None when it is no JSON it can parse: nested past the
     interpreter's recursion limit, it raises ``RecursionError``, which stopped the reader (and the
     session: the healthy server was taken for dead)."""
@@ -102,7 +107,7 @@ def _loads(line: bytearray) -> object:
         return None
 
 
-def _request_id(message: object) -> str | int | None:
+def request_id(message: object) -> str | int | None:
     """The ``id`` of a JSON-RPC message, when it is one a request of ours could have (else None)."""
     rid = message.get("id") if isinstance(message, dict) else None
     return rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
@@ -113,8 +118,8 @@ def _malformed_response(line: bytearray) -> SessionMessage | None:
     SDK cannot read — a ``result`` that is no object, an ``error`` whose ``message`` is no string:
     the SDK drops such a message without a word, and the call waited for its whole timeout. None
     for anything else (not JSON, a request, no usable ``id``), which the SDK reports as before."""
-    message = _loads(line)
-    rid = _request_id(message)
+    message = loads_or_none(line)
+    rid = request_id(message)
     if not isinstance(message, dict) or rid is None or "method" in message \
             or not ("result" in message or "error" in message):
         return None
@@ -141,10 +146,10 @@ def _too_many_blocks(line: bytearray, limit: int) -> SessionMessage | None:
     event loop for 14 s; found by attack.)"""
     if line.count(b",") < limit:
         return None
-    message = _loads(line)  # None: the SDK reports it
+    message = loads_or_none(line)  # None: the SDK reports it
     result = message.get("result") if isinstance(message, dict) else None
     content = result.get("content") if isinstance(result, dict) else None
-    rid = _request_id(message)  # an id no request has (a list, say) could not be answered: the SDK reports it
+    rid = request_id(message)  # an id no request has (a list, say) could not be answered: the SDK reports it
     if not isinstance(content, list) or len(content) <= limit or rid is None:
         return None
     error = mcp_types.ErrorData(code=TOO_MANY_BLOCKS, message=f"{len(content)} content blocks",
@@ -445,8 +450,7 @@ async def stdio_process(
         try:
             async with write_recv:
                 async for message in write_recv:
-                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                    await process.stdin.send(data.encode())
+                    await process.stdin.send(wire_text(message.message).encode())
                     if isinstance(message.message, (mcp_types.JSONRPCResponse, mcp_types.JSONRPCError)) \
                             and server.unanswered:
                         server.unanswered -= 1
