@@ -52,6 +52,7 @@ OPTIONAL_WORDS = st.one_of(st.none(), WORDS)
        duration=st.one_of(st.none(), st.floats(0, 1e20)), session=OPTIONAL_WORDS,
        record_output=st.booleans(), patterns=st.booleans(), secret=st.booleans(), stdlib=st.booleans(),
        trail=st.lists(st.dictionaries(WORDS, st.one_of(WORDS, st.floats()), max_size=2), max_size=2))
+@pytest.mark.slow
 def test_the_fast_record_is_the_reference_record(
         arguments: dict[str, Any], original: Any, output: Any, failed: bool, message: str, spec: ToolSpec | None,
         name: str | None, principal: str, role: str | None, environment: str | None, scopes: frozenset[str],

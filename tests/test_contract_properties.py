@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import jsonschema
+import pytest
 from helpers import ToolsPlugin, run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -85,6 +86,7 @@ async def _call_all(arguments: list[Any]) -> list[ToolResult]:
         return [await host.call("target", args) for args in arguments]
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(near_valid | json_values, min_size=1, max_size=5))
 def test_random_arguments_are_accepted_or_rejected_with_a_pointer(arguments: list[Any]) -> None:

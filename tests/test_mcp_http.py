@@ -369,6 +369,7 @@ async def test_a_host_imports_an_http_server_with_headers_from_its_secrets(tmp_p
     assert [r["principal"] for r in audit(tmp_path, "call")] == ["alice"]
 
 
+@pytest.mark.slow
 async def test_an_imported_http_call_may_outlast_httpx_default_timeout_and_is_bounded_by_its_own(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A call taking 6 s failed (httpx's default 5 s read timeout) with mcp_server_died; the host's

@@ -45,6 +45,7 @@ def project(tmp_path: Path) -> Path:
     return work
 
 
+@pytest.mark.slow
 def test_pin_writes_only_the_pins_and_the_host_then_starts_with_them(project: Path) -> None:
     config = project / "amplifier-tools.toml"
     before = config.read_text()
@@ -75,6 +76,7 @@ def test_pin_print_writes_nothing_and_prints_the_toml_to_paste(project: Path) ->
     assert config.read_text() == before
 
 
+@pytest.mark.slow
 def test_pin_refuses_a_configuration_the_host_would_not_trust(project: Path) -> None:
     assert cli(project, "mcp", "pin").returncode == 0  # trusted from here on
     config = project / "amplifier-tools.toml"
@@ -91,6 +93,7 @@ def test_pin_of_an_unknown_server_names_the_key(project: Path) -> None:
     assert "plugins.mcp.servers" in unknown.stderr
 
 
+@pytest.mark.slow
 def test_a_server_that_cannot_start_is_reported_and_the_others_are_pinned(project: Path) -> None:
     config = project / "amplifier-tools.toml"
     config.write_text(config.read_text() + '\n[plugins.mcp.servers.broken]\ncommand = "no-such-server-xyz"\n')
@@ -126,6 +129,7 @@ def test_a_table_header_spelled_otherwise_is_refused_naming_the_spelling(header:
     assert f"spelled {header.split('  #')[0]}, which this command cannot edit" in str(refused.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("link", ["hard", "symbolic"])
 def test_a_linked_configuration_is_not_edited_and_the_pins_are_printed_to_paste(project: Path, link: str) -> None:
     import os

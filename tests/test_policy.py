@@ -55,6 +55,7 @@ async def host_with(*tools: Tool, clock: FakeClock | None = None, config: dict[s
     return host
 
 
+@pytest.mark.slow
 async def test_rate_limit_allows_exactly_n_per_window_under_10000_concurrent_calls() -> None:
     clock = FakeClock()
     tool = Tool("limited", policies={"rate_limit": {"limit": 37, "interval_ms": 1000}})

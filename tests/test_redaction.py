@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +28,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(json_values, st.booleans(), st.booleans(), st.sampled_from([[SECRET], [SECRET, ESCAPED], [CONTROL]]))
 def test_fast_path_scrubs_exactly_what_the_full_walk_scrubs(value: Any, patterns: bool, stdlib: bool,

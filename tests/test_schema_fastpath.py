@@ -78,6 +78,7 @@ schemas = st.recursive(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None)
 @given(schemas, st.lists(instances, min_size=1, max_size=6))
 def test_fast_path_accepts_only_what_jsonschema_accepts(schema: dict[str, Any], values: list[Any]) -> None:
@@ -167,6 +168,7 @@ plain_schemas = st.recursive(
     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), c, max_size=4)
     | st.dictionaries(st.sampled_from([Key("a"), 1]), c, max_size=1),
     max_leaves=8), min_size=1, max_size=6))
+@pytest.mark.slow
 def test_the_plain_predicate_is_plain_json_and_valid(schema: dict[str, Any], values: list[Any]) -> None:
     """One generated predicate answers both questions of an argument check (the host's limits
     on integers and floats included, a key that only compares equal to a name refused)."""
