@@ -16,6 +16,7 @@ import pytest
 from helpers import ToolsPlugin
 
 from amplifier_tools import ConfigError, ToolContext, ToolHost, ToolResult, ToolSpec
+from amplifier_tools.builtins.policy.sqlite_store import SCHEMA
 
 
 class Slow:
@@ -155,7 +156,9 @@ async def test_a_host_starting_while_another_process_sets_up_the_new_file_waits_
         assert not (tmp_path / "state" / "policy.sqlite3").exists()  # the store opens it on first use
         other = sqlite3.connect(tmp_path / "state" / "policy.sqlite3", isolation_level=None, check_same_thread=False)
         os.chmod(tmp_path / "state" / "policy.sqlite3", 0o600)
-        other.execute("CREATE TABLE early (x)")  # another process creating the file, not yet in WAL mode
+        # Another process creating the file (one of the store's own tables: a file with any other
+        # table is refused), not yet in WAL mode
+        other.execute(SCHEMA["counters"])
         other.execute("BEGIN IMMEDIATE")  # and holding its write lock
         release = threading.Timer(0.2, other.execute, ("COMMIT",))  # while the first call's setup backs off
         release.start()
@@ -172,7 +175,7 @@ async def test_a_new_file_locked_for_good_fails_the_call_closed_within_the_store
     async with _host(tmp_path, Quick()) as host:
         other = sqlite3.connect(tmp_path / "state" / "policy.sqlite3", isolation_level=None)
         os.chmod(tmp_path / "state" / "policy.sqlite3", 0o600)
-        other.execute("CREATE TABLE early (x)")
+        other.execute(SCHEMA["counters"])
         other.execute("BEGIN IMMEDIATE")  # never released during the call
         try:
             started = time.monotonic()

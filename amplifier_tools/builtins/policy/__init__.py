@@ -485,13 +485,13 @@ class PolicyPlugin:
         if breaker is None:
             breaker = self._breakers[spec.name] = CircuitBreaker(policy)
         now = self.clock()
-        allowed, changed, probe = breaker.admit(now)
+        allowed, changed, probe = breaker.admit(now, self._run_bound(spec, context, now))
         if changed is not None:
             context.record(PLUGIN, "tool_pre", "circuit", f"circuit {changed}: probe call", state=changed)
             self._emit_soon(f"circuit:{changed}", {"tool": spec.name})
         if not allowed:
             return Deny(f"circuit for {spec.name!r} is open", code="circuit_open",
-                        details={"retry_after": retry_hint(breaker.retry_after(now))})
+                        details={"retry_after": retry_hint(breaker.retry_after(now), least=0.001)})
         held.breaker, held.probe = breaker, probe
         return None
 
@@ -534,6 +534,15 @@ class PolicyPlugin:
                 self._reserved[(key, window)] = (count + 1, total + reserve)
             held.budgets.append((key, window, interval, reserve))
         return None
+
+    def _run_bound(self, spec: ToolSpec, context: ToolContext, started: float) -> float | None:
+        """How long, from now, until this call has surely ended: the admission waits still ahead of
+        it (rate limit, concurrency: up to ``_time_left`` from ``started``), then its longest run.
+        None when it has no bound."""
+        longest = self._longest_run(spec, context)
+        if longest is None:
+            return None
+        return (self._time_left(spec, context, started) or 0.0) + longest
 
     def _longest_run(self, spec: ToolSpec, context: ToolContext) -> float | None:
         """The longest this call may execute: its timeout times its attempts, plus the longest

@@ -4,6 +4,15 @@ Only the probe decides half-open: each probe gets a fresh token, and an outcome
 that does not carry the current probe's token (a slow call admitted while the
 breaker was still closed) never moves the breaker out of half-open.
 
+A probe has a bound (``probe_until``: when its call has surely ended and its outcome
+come in, or None when the call has no bound). A call refused while the probe runs is
+told to retry when that bound ends or a cooldown has passed, whichever comes first
+(found by review: it was told ``retry_after = 0.0``, and a caller honouring it retried
+at once, for as long as the probe ran). A probe still held past its bound is taken as
+lost (its host killed, its outcome's reply lost: on a shared store each refused call
+wrote the record back, so it never expired, and the breaker refused every call for
+as long as they kept coming); the next call becomes the probe.
+
 A breaker's record is bounded whatever the traffic. It keeps the times of the latest
 ``failure_threshold`` failures within the window (all the threshold needs, exactly) while the
 threshold is at most ``EXACT_FAILURES``; with a ``failure_rate`` or a larger threshold, counts of
@@ -80,8 +89,9 @@ def is_record(data: Any) -> bool:
     attack)."""
     if not isinstance(data, dict) or data.get("state") not in STATES:
         return False
-    probe, tokens = data.get("probe"), data.get("tokens")
-    if not (_number(data.get("opened_at")) and _integer(tokens) and (probe is None or _integer(probe))):
+    probe, tokens, until = data.get("probe"), data.get("tokens"), data.get("probe_until")
+    if not (_number(data.get("opened_at")) and _integer(tokens) and (probe is None or _integer(probe))
+            and (until is None or _number(until))):  # absent from the records of earlier releases
         return False
     if "outcomes" in data:
         return _old_outcomes(data["outcomes"])
@@ -98,6 +108,7 @@ class CircuitBreaker:
         self.state = CLOSED
         self.opened_at = 0.0
         self.probe: int | None = None  # the token of the probe in flight, if any
+        self.probe_until: float | None = None  # when that probe is taken as lost (None: never)
         self._tokens = 0
         #: Times of the latest failures within the window, oldest first: at most ``failure_threshold``.
         self._failures: deque[float] = deque()
@@ -108,7 +119,7 @@ class CircuitBreaker:
     def snapshot(self) -> dict[str, Any]:
         """The breaker as JSON data, for a shared store (``restore`` reads it back)."""
         return {"state": self.state, "opened_at": self.opened_at, "probe": self.probe, "tokens": self._tokens,
-                "failures": list(self._failures), "counts": list(self._counts)}
+                "probe_until": self.probe_until, "failures": list(self._failures), "counts": list(self._counts)}
 
     @classmethod
     def restore(cls, policy: CircuitBreakerPolicy, data: dict[str, Any] | None) -> CircuitBreaker:
@@ -118,6 +129,7 @@ class CircuitBreaker:
         if data:
             breaker.state, breaker.opened_at, breaker.probe = data["state"], data["opened_at"], data["probe"]
             breaker._tokens = data["tokens"]
+            breaker.probe_until = data.get("probe_until")
             if "outcomes" in data:
                 # In time order: the clock may have stepped back between outcomes, and the latest
                 # failures are the ones a threshold keeps.
@@ -130,10 +142,11 @@ class CircuitBreaker:
                 breaker._counts = deque(list(bucket) for bucket in data["counts"][-2 * BUCKETS:])
         return breaker
 
-    def admit(self, now: float) -> tuple[bool, str | None, int | None]:
+    def admit(self, now: float, bound: float | None = None) -> tuple[bool, str | None, int | None]:
         """(allowed, new state if it changed, probe token if this call is the probe).
         While open, after the cooldown one probe is let through; a probe abandoned without an
-        outcome lets the next call be the probe."""
+        outcome, or held past its bound, lets the next call be the probe. ``bound``: the seconds
+        after which this call, if it becomes the probe, is taken as lost (None: never)."""
         state = self.state
         if state == CLOSED:
             return True, None, None
@@ -142,19 +155,28 @@ class CircuitBreaker:
             if now - self.opened_at < self.policy.cooldown_ms / 1000.0:
                 return False, None, None
             self.state = changed = HALF_OPEN
-        elif self.probe is not None:
+        elif self.probe is not None and (self.probe_until is None or now < self.probe_until):
             return False, None, None
         self._tokens += 1
         self.probe = self._tokens
+        until = None if bound is None else now + bound
+        # A bound past what a record keeps exactly (a huge timeout) would make the record foreign.
+        self.probe_until = until if until is not None and -LARGEST <= until <= LARGEST else None
         return True, changed, self.probe
 
     def retry_after(self, now: float) -> float:
-        return max(0.0, self.opened_at + self.policy.cooldown_ms / 1000.0 - now)
+        """Seconds until a refused call may be admitted: the rest of the cooldown while open; while
+        a probe runs, until its bound ends or one cooldown, whichever is sooner (it may end sooner:
+        a success closes the breaker, a failure opens it for a cooldown)."""
+        cooldown = self.policy.cooldown_ms / 1000.0
+        if self.state == HALF_OPEN and self.probe is not None:
+            return cooldown if self.probe_until is None else max(0.0, min(self.probe_until - now, cooldown))
+        return max(0.0, self.opened_at + cooldown - now)
 
     def abandon(self, probe: int | None) -> None:
         """The call holding ``probe`` ended without an outcome: the next call may probe."""
         if probe is not None and probe == self.probe:
-            self.probe = None
+            self.probe = self.probe_until = None
 
     def record(self, now: float, failed: bool, probe: int | None) -> str | None:
         """Count one outcome of a call admitted with ``probe`` (None: not a probe); the new state if
@@ -162,7 +184,7 @@ class CircuitBreaker:
         if self.state == HALF_OPEN:
             if probe is None or probe != self.probe:
                 return None  # admitted before the breaker opened: only the probe decides half-open
-            self.probe = None
+            self.probe = self.probe_until = None
             if failed:
                 self.state, self.opened_at = OPEN, now
                 return OPEN

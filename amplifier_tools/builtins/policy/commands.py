@@ -67,7 +67,9 @@ def status(config: str | None, *, as_json: bool) -> int:
     except (StoreUnavailable, HostFileError, asyncio.TimeoutError) as exc:
         message = str(exc) if isinstance(exc, (StoreUnavailable, HostFileError)) else \
             f"the policy store did not answer within {10 * settings.store_timeout_ms / 1000.0:g} s"
-        if store == "sqlite":  # a file, not a server (found by attack: the hint sent people to a server)
+        if isinstance(exc, StoreUnavailable) and exc.hint:  # the store knows better (a file of another schema)
+            hint = exc.hint
+        elif store == "sqlite":  # a file, not a server (found by attack: the hint sent people to a server)
             hint = ("check the file named above ([plugins.policy] store = \"sqlite\", in state_dir): another "
                     "process may hold it locked past store_timeout_ms, or it is not a policy store the host made")
         else:

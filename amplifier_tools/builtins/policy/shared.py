@@ -36,7 +36,7 @@ from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker, is_record
 from .state import idempotency_slot, interval_of, rate_key, retry_hint
-from .store import SharedStore, StoreUnavailable, next_window, unavailable_hint
+from .store import SharedStore, StoreIncompatible, StoreUnavailable, next_window, unavailable_hint
 
 if TYPE_CHECKING:
     from . import PolicyPlugin, _Held
@@ -276,7 +276,8 @@ class SharedPolicy:
                            store=self.store.kind)
             return self.plugin._local_pre(call, spec, context)
         return Deny(f"policy store unavailable: {exc}", code="policy_store_unavailable",
-                    details={"retryable": True, "store": self.store.kind, "hint": unavailable_hint(self.store.kind)})
+                    details={"retryable": not isinstance(exc, StoreIncompatible), "store": self.store.kind,
+                             "hint": exc.hint or unavailable_hint(self.store.kind)})
 
     def rate_limit_now(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
         """A tool whose only stateful policy is a rate limit, on a store that never suspends
@@ -404,9 +405,14 @@ class SharedPolicy:
             shared.breaker = (key, policy, None, True)
             return None
 
+        # If this call becomes the probe: taken as lost once it has surely ended and its outcome
+        # had its releases' bound to arrive (its host may have been killed, or the reply lost).
+        run = self.plugin._run_bound(spec, context, started)
+        bound = None if run is None else run + LEASE_GRACE + self.timeout
+
         def step(data: Any, now: float) -> tuple[Any, Any]:
             breaker = CircuitBreaker.restore(policy, _readable(key, data))
-            allowed, changed, probe = breaker.admit(now)
+            allowed, changed, probe = breaker.admit(now, bound)
             return breaker.snapshot(), (allowed, changed, probe, breaker.retry_after(now))
 
         allowed, changed, probe, retry_after = await self._op(
@@ -416,7 +422,7 @@ class SharedPolicy:
             self.plugin._emit_soon(f"circuit:{changed}", {"tool": spec.name})
         if not allowed:
             return Deny(f"circuit for {spec.name!r} is open", code="circuit_open",
-                        details={"retry_after": retry_hint(retry_after)})
+                        details={"retry_after": retry_hint(retry_after, least=0.001)})
         shared.breaker = (key, policy, probe, False)
         return None
 
@@ -426,11 +432,9 @@ class SharedPolicy:
         plus one store timeout for its releases — without the waits a claim could expire while its
         call still queued, without the last before its result is stored (found by attack), and a
         duplicate on another host would run the tool again. ``unbounded`` when the call has no bound."""
-        longest = self.plugin._longest_run(spec, context)
-        if longest is None:
-            return unbounded + LEASE_GRACE + self.timeout
+        run = self.plugin._run_bound(spec, context, started)
         # + a store timeout: the call's releases (its result stored first) may take that long after it ends.
-        return (self.plugin._time_left(spec, context, started) or 0.0) + longest + LEASE_GRACE + self.timeout
+        return (unbounded if run is None else run) + LEASE_GRACE + self.timeout
 
     @staticmethod
     def _breaker_ttl(policy: CircuitBreakerPolicy) -> float:

@@ -10,7 +10,9 @@ deleted as keys are touched and in a sweep every few hundred transactions.
 The file is host state: its directory is created ``0700`` and the file is
 created and checked with ``open_host_file`` (regular, ours, no symlink) before
 SQLite opens it, and each decision checks that the path still names that file (else it is
-opened anew). Limits: the queries run on the event loop's thread (a
+opened anew). Its layout is versioned (``PRAGMA user_version``, ``SCHEMA_VERSION``): a file of
+another version, or no SQLite database, is refused as ``StoreIncompatible`` and left as it is.
+Limits: the queries run on the event loop's thread (a
 transaction is tens of microseconds; a writer waiting on another process's lock
 waits at most the store timeout, as SQLite's busy timeout); not for network
 file systems, where SQLite's locking is unreliable.
@@ -27,16 +29,21 @@ from pathlib import Path
 from typing import Any, Final
 
 from ...hoststate import HostFileError, ensure_state_dir, open_host_file
-from .store import StoreUnavailable, Update, load_record, not_taken
+from .store import StoreIncompatible, StoreUnavailable, Update, load_record, not_taken
 
-SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, value REAL NOT NULL, expires REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS leases (key TEXT NOT NULL, holder TEXT NOT NULL, amount REAL NOT NULL,
-                                   expires REAL NOT NULL, PRIMARY KEY (key, holder));
-CREATE TABLE IF NOT EXISTS records (key TEXT PRIMARY KEY, holder TEXT, digest TEXT NOT NULL, value TEXT,
-                                    expires REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires REAL NOT NULL);
-"""
+#: The file's tables, in the layout ``SCHEMA_VERSION`` names.
+SCHEMA: Final = {
+    "counters": "CREATE TABLE counters (key TEXT PRIMARY KEY, value REAL NOT NULL, expires REAL NOT NULL)",
+    "leases": "CREATE TABLE leases (key TEXT NOT NULL, holder TEXT NOT NULL, amount REAL NOT NULL, "
+              "expires REAL NOT NULL, PRIMARY KEY (key, holder))",
+    "records": "CREATE TABLE records (key TEXT PRIMARY KEY, holder TEXT, digest TEXT NOT NULL, value TEXT, "
+               "expires REAL NOT NULL)",
+    "blobs": "CREATE TABLE blobs (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires REAL NOT NULL)",
+}
+#: The layout of ``SCHEMA``, kept in the file as ``PRAGMA user_version``. Raise it with any change of
+#: ``SCHEMA``, and have ``_check_schema`` read or convert the files of the version before.
+SCHEMA_VERSION: Final = 1
+SQLITE_NOTADB: Final = 26
 log = logging.getLogger("amplifier_tools.policy")
 
 SWEEP_EVERY: Final = 500
@@ -50,6 +57,29 @@ TAKE: Final = ("INSERT INTO counters VALUES (?, 1, ?) ON CONFLICT(key) DO UPDATE
 
 def _busy_ms(seconds: float) -> int:
     return max(int(seconds * 1000), 1)
+
+
+def _not_a_database(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` is SQLite's "file is not a database" (``SQLITE_NOTADB``)."""
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+; before, only the message tells
+    if code is not None:
+        return bool(code & 0xFF == SQLITE_NOTADB)
+    return "file is not a database" in str(exc)
+
+
+def _columns(db: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+
+
+def _schema_columns() -> dict[str, list[str]]:
+    """Each table's columns as ``SCHEMA`` makes them (SQLite's own reading of it)."""
+    reference = sqlite3.connect(":memory:")
+    try:
+        for create in SCHEMA.values():
+            reference.execute(create)
+        return {table: _columns(reference, table) for table in SCHEMA}
+    finally:
+        reference.close()
 
 
 def _busy(exc: sqlite3.OperationalError) -> bool:
@@ -126,7 +156,8 @@ class SQLiteStore:
         return db
 
     def _set_up(self, db: sqlite3.Connection, wait: float) -> None:
-        """WAL mode and the tables, retried while another process sets up the same new file.
+        """WAL mode and the tables (``_check_schema``), retried while another process sets up the
+        same new file.
 
         Switching a new file to WAL takes an exclusive lock, and a process that asks while
         another holds it gets ``SQLITE_BUSY`` at once (SQLite's deadlock rule skips the busy
@@ -136,15 +167,74 @@ class SQLiteStore:
         pause = 0.001
         while True:
             try:
+                self._check_schema(db, create=False)  # a foreign file is refused before anything changes it
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=NORMAL")  # WAL: a power loss may lose the last decisions, never corrupt
-                db.executescript(SCHEMA)
+                self._check_schema(db, create=True)
                 return
             except sqlite3.OperationalError as exc:
                 if not _busy(exc) or time.monotonic() + pause > deadline:
                     raise
+            except sqlite3.DatabaseError as exc:
+                if _not_a_database(exc):
+                    raise self._incompatible("is not a SQLite database") from exc
+                raise
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
+
+    def _check_schema(self, db: sqlite3.Connection, *, create: bool) -> None:
+        """Use the file only in the layout of ``SCHEMA_VERSION``: a new file gets the tables and the
+        version (``create``), in one transaction (a process opening it at the same moment waits for
+        it and then finds them); a file of version 0 whose tables are ours (made before files had a
+        version) is adopted; any other is refused (``StoreIncompatible``), never used. Found by
+        review: a file of another layout was used as it was."""
+        if db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return  # one read on each connection: the common case
+        if not create:
+            self._missing_tables(db)  # refuses a foreign file
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            # Read again under the lock: another process may have set the file up meanwhile.
+            if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+                for table in self._missing_tables(db):
+                    db.execute(SCHEMA[table])
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _missing_tables(self, db: sqlite3.Connection) -> list[str]:
+        """The tables of ``SCHEMA`` a file of version 0 lacks (all, when new); refused
+        (``StoreIncompatible``) when it has another version, other tables, or ours of other columns."""
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:  # another process set the file up since the caller's read
+            return []
+        if version != 0:
+            raise self._incompatible(f"has schema version {version}; this release reads version {SCHEMA_VERSION}")
+        tables = {row[0] for row in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'")}
+        foreign = sorted(tables - SCHEMA.keys())
+        if foreign:
+            raise self._incompatible(f"has schema version 0 (none) and tables that are not a policy store's "
+                                     f"({', '.join(foreign)}); this release reads version {SCHEMA_VERSION}")
+        expected = _schema_columns() if tables else {}
+        for table in sorted(tables):
+            if _columns(db, table) != expected[table]:
+                raise self._incompatible(f"has schema version 0 (none) and a table {table!r} of other columns; "
+                                         f"this release reads version {SCHEMA_VERSION}")
+        return [table for table in SCHEMA if table not in tables]
+
+    def _incompatible(self, found: str) -> StoreIncompatible:
+        """A refusal of the file, naming it, what was ``found`` and what to do."""
+        return StoreIncompatible(
+            f"SQLite store {self.where} {found}",
+            hint=("the file holds only policy state that expires (counters, leases, breaker records, idempotency "
+                  "results): delete or move it and the host makes a new one, or set state_dir to another "
+                  "directory ([plugins.policy] store = \"sqlite\" keeps its file there); hosts of releases that "
+                  "read different schema versions cannot share one state_dir"))
 
     def _unavailable(self, exc: sqlite3.Error) -> StoreUnavailable:
         """``exc`` as the store's failure; timed out when another process's lock outlasted the bound."""

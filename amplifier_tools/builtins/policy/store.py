@@ -38,11 +38,18 @@ Update = Callable[[Any, float], tuple[Any, Any]]
 class StoreUnavailable(Exception):
     """The store did not answer (down, unreachable, locked, timed out); the message says which.
     ``timed_out``: it waited its whole bound (a hung or locked store, where a next operation would
-    wait as long), not a failure that came at once (refused, reset)."""
+    wait as long), not a failure that came at once (refused, reset). ``hint``: what to do, where
+    more is known than ``unavailable_hint`` says."""
 
-    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+    def __init__(self, message: str, *, timed_out: bool = False, hint: str | None = None) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.hint = hint
+
+
+class StoreIncompatible(StoreUnavailable):
+    """The store answered, but holds what this release cannot use (a SQLite file of another schema
+    version, or no SQLite database at all): retrying does not help, and ``hint`` says what does."""
 
 
 def unavailable_hint(kind: str) -> str:
