@@ -47,7 +47,7 @@ from ._json import same_json
 from ._markers import PROJECT_NAME, hookimpl
 from .builtins import BUILTIN_PLUGINS
 from .config import validate_config
-from .errors import ConfigError, PluginLoadError
+from .errors import ConfigError, ContractError, PluginLoadError
 from .host import ENV_DISABLE, ToolHost
 from .loader import SEED_ENTRY_POINT_GROUP, SeedModule, instantiate, load_target, plugin_name
 from .schema import describe_errors
@@ -300,11 +300,14 @@ async def _check_mounted(candidate: _Candidate, plugin: Any, report: Report, run
 
 
 async def _builtin_tool_names() -> dict[str, tuple[str, str]]:
-    """Canonical and model-facing names of the built-in tools -> (tool, plugin)."""
+    """Canonical and model-facing names of the built-in tools -> (tool, plugin): of every built-in,
+    whatever ``AMPLIFIER_TOOLS_DISABLE_PLUGINS`` says in the shell the check runs in (found by
+    attack: a developer's ``AMPLIFIER_TOOLS_DISABLE_PLUGINS=filesystem`` let a tool named
+    ``local::fs.read_file`` pass here and stop every default host elsewhere)."""
     with tempfile.TemporaryDirectory() as workdir:
         os.mkdir(os.path.join(workdir, "work"))
         async with ToolHost(config={"state_dir": os.path.join(workdir, "state")}, entry_points=False,
-                            working_dir=os.path.join(workdir, "work"), discover=False) as host:
+                            working_dir=os.path.join(workdir, "work"), discover=False, plugin_env=False) as host:
             names: dict[str, tuple[str, str]] = {}
             for mounted in host.tools:
                 names[mounted.spec.name] = names[mounted.model_name] = (mounted.spec.name, mounted.plugin)
@@ -352,7 +355,7 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
     for index, example in enumerate(spec.examples):
         label = f"{name}: example {index + 1}"
         if not mounted.input_validator.is_valid(example.input):
-            report.add(label, False, f"input invalid: {describe_errors(mounted.input_validator, example.input)[1]}")
+            _check_refused_example(mounted, example, label, report)
             continue
         if example.output is not None and mounted.output_validator is not None \
                 and not mounted.output_validator.is_valid(example.output):
@@ -392,6 +395,29 @@ async def _check_tool(host: ToolHost, mounted: Any, report: Report, run_examples
         else:
             note = "" if spec.effect is Effect.Pure else f" (not run: {spec.effect.value})"
             report.add(label, True, "valid" + note)
+
+
+def _check_refused_example(mounted: Any, example: Any, label: str, report: Report) -> None:
+    """An example whose input the input schema refuses: right when it states the error the host
+    refuses it with (``error_code``: ``invalid_input``, ``invalid_json``), by the host's own argument
+    check, which runs before any hook and the tool, so such an example is checked whatever the
+    tool's effect (found by attack: an example documenting a refused call failed ``validate``).
+    Without an ``error_code`` the input is the example's mistake."""
+    problem = describe_errors(mounted.input_validator, example.input)[1]
+    if example.error_code is None:
+        report.add(label, False, f"input invalid: {problem} (an example of a refused call states "
+                                 "error_code = \"invalid_input\")")
+        return
+    try:
+        mounted.check_arguments(example.input)
+    except ContractError as refused:
+        got: str | None = refused.code
+    else:  # pragma: no cover - the schema refused it above; the host's check is the same schema
+        got = None
+    report.add(label, got == example.error_code,
+               f"refused as it states ({got}: {problem})" if got == example.error_code
+               else f"input invalid ({problem}): the host refuses it with error {got!r}, the example states "
+                    f"{example.error_code!r}")
 
 
 def _equal_as_json(first: Any, second: Any) -> bool:

@@ -15,6 +15,7 @@ cannot be interrupted: a blocking one blocks the event loop (documented limit).
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import itertools
 import logging
@@ -265,6 +266,87 @@ def _output_print(output: Any) -> bytes | None:
         return fingerprint(output)
     except Exception:
         return None
+
+
+class ErrorState:
+    """What a ``tool_error`` implementation must not change of the ``ToolError`` it is given: its
+    class, its exception arguments, its fields (``message``, ``code``, ``retryable``, ``cause``,
+    ``plugin``, ``reported``, ``attempts``, any other) and its ``details``, compared as JSON data
+    (``fingerprint``) and kept as a deep copy to put back.
+
+    Limits: the inside of ``reported`` (the failed result the tool returned: its output and
+    metadata) and the call's arguments are not compared; ``details`` that are no JSON data and
+    cannot be deep-copied are compared and put back as a shallow copy."""
+
+    __slots__ = ("_args", "_class", "_details", "_details_print", "_fields")
+
+    def __init__(self, error: ToolError) -> None:
+        self._class = type(error)
+        self._args = error.args
+        self._fields = {key: value for key, value in vars(error).items() if key != "details"}
+        self._details = _deep_copy(error.details)
+        self._details_print = _json_print(error.details)
+
+    def changed(self, error: ToolError) -> list[str]:
+        """The names of what differs in ``error`` now, sorted; empty when nothing does."""
+        names = [] if type(error) is self._class else ["class"]
+        if error.args != self._args:
+            names.append("args")
+        fields = {key: value for key, value in vars(error).items() if key != "details"}
+        names += sorted(key for key in fields.keys() | self._fields.keys()
+                        if key not in fields or key not in self._fields or not _same(fields[key], self._fields[key]))
+        details = getattr(error, "details", None)
+        if self._details_print is not None:
+            if _json_print(details) != self._details_print:
+                names.append("details")
+        elif not _same(details, self._details):
+            names.append("details")
+        return names
+
+    def restore_changed(self, error: ToolError, plugin: str, context: ToolContext) -> None:
+        """Undo what ``plugin``'s implementation changed in ``error``, logged and recorded."""
+        changed = self.changed(error)
+        if not changed:
+            return
+        message = (f"plugin {plugin!r} changed the error it was given in place in tool_error ({', '.join(changed)}); "
+                   "the change is ignored and the original error stands")
+        log.error("%s", message)
+        context.record(plugin, "tool_error", "changed_in_place", message, code="hook_changed_error",
+                       hint="return Deny(...) from tool_error to report another error, or a ToolResult to recover")
+        if type(error) is not self._class:
+            try:
+                error.__class__ = self._class
+            except TypeError:  # pragma: no cover - every ToolError subclass shares one layout
+                pass
+        error.args = self._args
+        fields = vars(error)
+        fields.clear()
+        fields.update(self._fields)
+        fields["details"] = _deep_copy(self._details)
+
+
+def _deep_copy(value: Any) -> Any:
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return dict(value) if isinstance(value, dict) else value
+
+
+def _json_print(value: Any) -> bytes | None:
+    try:
+        return fingerprint(value)
+    except Exception:
+        return None
+
+
+def _same(first: Any, second: Any) -> bool:
+    """Whether two field values are the same (the same object, or equal); False when asking fails."""
+    if first is second:
+        return True
+    try:
+        return bool(first == second) and type(first) is type(second)
+    except Exception:
+        return False
 
 
 def _pending(impl: Impl, out: Any) -> bool:
@@ -960,6 +1042,13 @@ class HookDispatcher:
         or after it, and a second denial, are recorded and ignored, as after a denial in
         ``tool_post`` (found by attack: such a denial was recorded as a recovery).
 
+        The ``ToolError`` given is the call's error: an implementation that changes it in place (its
+        message, code, ``retryable``, details, class) has the change undone before the next one runs,
+        logged and recorded as ``changed_in_place`` naming the plugin; the original error stands, as
+        for a failure inside ``tool_error`` (``ErrorState``; found by attack: the change reached later
+        plugins, the caller and the audit record, where ``tool_pre`` and ``tool_post`` refuse a change
+        in place). To report another error a plugin returns ``Deny``; to recover, a ``ToolResult``.
+
         A successful recovery's output is checked as a ``tool_post`` replacement's
         (``check_output(output, plugin=...)``, the tool's when it is known): one it refuses is that
         plugin's failure, recorded, and the original error stands (found by attack: a recovery
@@ -967,14 +1056,19 @@ class HookDispatcher:
         recovery: ToolResult | None = None
         denied: ToolError | None = None
         kwargs = {"call": call, "spec": spec, "error": error, "context": context}
+        kept: ErrorState | None = None  # taken before the first implementation runs
         for impl in self.impls("tool_error"):
+            if kept is None:
+                kept = ErrorState(error)
             try:
                 out = await self._invoke(impl, "tool_error", kwargs)
             except HookFailure as failure:
                 log.error("%s (the original error stands)", failure)
                 self._log_traceback(failure)
                 context.record(impl.plugin, "tool_error", "failed", str(failure))
+                kept.restore_changed(error, impl.plugin, context)
                 continue
+            kept.restore_changed(error, impl.plugin, context)
             if isinstance(out, Deny):
                 if denied is None:
                     denied = _denial(impl, "tool_error", out, context)

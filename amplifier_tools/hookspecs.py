@@ -128,7 +128,10 @@ def tool_error(
     ``Deny`` withholds the failed call's output (a tool-reported failure's,
     such as a command's output) and its denial becomes the call's error; no
     recovery before or after it is delivered. A failure raised here is logged
-    and the original error stands.
+    and the original error stands. ``error`` is read-only: a change made to it
+    in place (its message, code, details...) is undone before the next
+    implementation runs, logged and recorded in the trail as
+    ``changed_in_place`` naming the plugin, and the original error stands.
     """
 
 

@@ -72,7 +72,7 @@ from .loader import (
     seed_from_config,
     seed_from_entry_point,
 )
-from .models import ToolCall, ToolContext, ToolResult, context_problem, new_call_id
+from .models import ToolCall, ToolContext, ToolResult, call_id_problem, context_problem, new_call_id
 from .pipeline import CallPipeline
 from .redaction import RecordingResolver, SecretSet, chain_without_secrets, redact_text
 from .registry import ToolRegistry
@@ -150,6 +150,9 @@ class ToolHost:
     ``installed_modules=False`` loads an installed Amplifier module (an ``amplifier.modules``
     entry point) only when the configuration's mount plan names it; the reverse direction
     (``amplifier_module``) uses it, since there the Amplifier session mounts its own modules.
+    ``plugin_env=False`` ignores ``AMPLIFIER_TOOLS_DISABLE_PLUGINS`` and ``AMPLIFIER_TOOLS_LOAD_PLUGINS``:
+    only the arguments and the configuration choose the plugins (a check whose verdict must not
+    depend on the shell it runs in: ``validate``'s name-collision check).
     Many calls may run concurrently on one host, on the event loop it runs on (``_elsewhere``).
     """
 
@@ -163,6 +166,7 @@ class ToolHost:
         installed_modules: bool = True,
         working_dir: str | os.PathLike[str] | None = None,
         discover: bool = True,
+        plugin_env: bool = True,
     ) -> None:
         if working_dir is not None:
             _check_working_dir_argument(os.fspath(working_dir))
@@ -192,6 +196,7 @@ class ToolHost:
             if builtins is False else _checked_builtins(builtins)
         self._entry_points = entry_points
         self._installed_modules = installed_modules
+        self._plugin_env = plugin_env
         #: The working directory the operator started the host in, before the configuration could
         #: name another: a configuration file inside it must be trusted (``config_trust``).
         self.trust_root = str(Path(working_dir or os.getcwd()).expanduser().resolve())
@@ -448,13 +453,17 @@ class ToolHost:
     # -- plugin loading -------------------------------------------------------
 
     def _disabled(self) -> set[str]:
-        return env_names(ENV_DISABLE) | set(self.config.get("disable_plugins", [])) | {
+        return self._env_names(ENV_DISABLE) | set(self.config.get("disable_plugins", [])) | {
             name for name, section in self.config.get("plugins", {}).items() if section.get("enabled") is False
         }
 
     def _allowlist(self) -> set[str] | None:
-        names = env_names(ENV_LOAD) | set(self.config.get("load_plugins", []))
+        names = self._env_names(ENV_LOAD) | set(self.config.get("load_plugins", []))
         return names or None
+
+    def _env_names(self, variable: str) -> set[str]:
+        """The plugin names in the environment variable ``variable``; none with ``plugin_env=False``."""
+        return env_names(variable) if self._plugin_env else set()
 
     def _required(self, name: str) -> bool:
         allow = self._allowlist()
@@ -524,7 +533,7 @@ class ToolHost:
                         if section.get("enabled") is False]
         sources = (("load_plugins", ENV_LOAD, True), ("disable_plugins", ENV_DISABLE, False))
         for key, variable, strict in sources:
-            places = [(key, self.config.get(key, [])), (variable, sorted(env_names(variable)))]
+            places = [(key, self.config.get(key, [])), (variable, sorted(self._env_names(variable)))]
             if not strict:
                 places += switched_off
             for where, names in places:
@@ -810,11 +819,17 @@ class ToolHost:
         pipeline = self._pipeline
         if pipeline is not None and context is None and asyncio.get_running_loop() is self._loop \
                 and _process_id == self._pid:
-            return await pipeline.run(call, self._default_context)  # the common call: nothing for ``execute`` to check
-        return await self.execute(call, context)
+            # the common call: nothing for ``execute`` to check, and no id to check when the host made it
+            return await pipeline.run(call, self._default_context, not call_id)
+        return await self._execute(call, context, not call_id)
 
     async def execute(self, call: ToolCall, context: ToolContext | None = None) -> ToolResult:
         """Run a ``ToolCall`` through the whole pipeline. Never raises on a bad call."""
+        return await self._execute(call, context, False)
+
+    async def _execute(self, call: ToolCall, context: ToolContext | None, own_id: bool) -> ToolResult:
+        """``execute``; ``own_id``: the call's id is one the host made (``call`` without ``call_id``),
+        which needs no check (``models.call_id_problem``)."""
         pipeline = self._pipeline
         problem: ToolError | None = None
         given_call: object = call  # callers are not type-checked; check at run time
@@ -838,6 +853,8 @@ class ToolHost:
         if problem is not None or pipeline is None:
             assert problem is not None
             call_id = getattr(call, "id", None)
+            if call_id is not None and call_id_problem(call_id, self.secrets) is not None:
+                call_id = None  # an id the pipeline would refuse is not handed back either
             return ToolResult(False, None, {
                 "type": problem.category, "code": problem.code, "message": problem.message, "retryable": False,
                 "cause": None, "tool": getattr(call, "name", None), "call_id": call_id}, {}, call_id)
@@ -850,7 +867,7 @@ class ToolHost:
                 # A caller's own resolver: what it hands out joins the host-wide registry.
                 context = attrs.evolve(context, session_id=context.session_id or self.session_id,
                                        secrets=None if resolver is None else self.secrets.recording(resolver))
-        return await pipeline.run(call, context)
+        return await pipeline.run(call, context, own_id)
 
     def _elsewhere(self, what: str) -> ToolSystemError | None:
         """Why the running event loop may not use the host, or None (``what``: ``the call was made``,

@@ -39,6 +39,37 @@ def new_call_id() -> str:
     return f"{_CALL_ID_PREFIX}{next(_call_counter)}"
 
 
+#: The longest call id a caller may choose (``host.call(call_id=...)``, ``ToolCall.id``).
+MAX_CALL_ID: Final = 128
+
+
+def call_id_problem(call_id: object, secrets: Any = ()) -> str | None:
+    """Why the host refuses a caller's call id, or None: an id is a correlation key, not free text.
+    It must be a string of 1 to ``MAX_CALL_ID`` printable ASCII characters holding neither a secret
+    value of ``secrets`` (the host's ``SecretSet``) nor a credential shape (``redaction``'s
+    patterns). The reason never quotes the id. Found by attack: an id holding a token reached the
+    caller's result and every ``tool_event`` observer whole, the error's and the audit record's
+    ``call_id`` as ``[REDACTED]`` (no longer a key to find the call by), and an id of 200 KB or
+    with control characters went into the audit log as it was.
+
+    Limit: a secret registered after the call began (a tool resolving one equal to the id) is not
+    looked for here; the audit record and the result are still scrubbed of it."""
+    if call_id.__class__ is not str:
+        return f"must be a string, got {type(call_id).__name__}"
+    assert isinstance(call_id, str)
+    if not call_id:
+        return "is empty"
+    if len(call_id) > MAX_CALL_ID:
+        return f"is {len(call_id)} characters long, more than {MAX_CALL_ID}"
+    if not (call_id.isascii() and call_id.isprintable()):
+        return "holds characters other than printable ASCII"
+    from .redaction import redact_text  # here: ``import amplifier_tools`` does not load the redaction
+
+    if redact_text(call_id, secrets) != call_id:
+        return "holds a secret value or a credential-shaped string (not quoted here)"
+    return None
+
+
 def _fresh_call_ids() -> None:
     """A forked child's call ids: a prefix of its own, its counter anew. Found by review: a child
     forked by ``multiprocessing`` or ``gunicorn --preload`` made its parent's ids, so two calls

@@ -54,7 +54,7 @@ from .dispatch import (
     thrown_in,
 )
 from .errors import ContractError, ExecutionError, PolicyError, ToolError, ToolSystemError
-from .models import Decision, ToolCall, ToolContext, ToolResult
+from .models import MAX_CALL_ID, Decision, ToolCall, ToolContext, ToolResult, call_id_problem, new_call_id
 from .redaction import SecretSet, chain_without_secrets, redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
@@ -115,9 +115,11 @@ class CallPipeline:
         self._numbers = itertools.count()
         self._idle: asyncio.Event | None = None
 
-    async def run(self, call: ToolCall, context: ToolContext) -> ToolResult:
+    async def run(self, call: ToolCall, context: ToolContext, own_id: bool = False) -> ToolResult:
         """Run ``call`` to its final ``ToolResult``. Never raises, except ``CancelledError``
-        when the caller cancelled it (after the call was completed and recorded).
+        when the caller cancelled it (after the call was completed and recorded). ``own_id``: the
+        call's id is one the host made; any other is checked first (``models.call_id_problem``) and
+        one refused is replaced by a fresh id, the call ending in ``invalid_call_id``.
 
         One coroutine, where a wrapper keeping the call in ``in_flight`` around the body cost a
         coroutine per call."""
@@ -129,6 +131,9 @@ class CallPipeline:
             # Each field read once: on CPython 3.11 and 3.12 a read of an attrs-built object's
             # field is not specialized (its instance dict is a split one) and costs ≈ 0.1 µs.
             name, arguments = call.name, call.arguments
+            refused = None if own_id else call_id_problem(call.id, self.secrets)
+            if refused is not None:  # a call id the host cannot keep: the call runs under one of the host's
+                call = ToolCall(new_call_id(), name, arguments)
             ctx = context.for_call(call.id)
             mounted = self.tools.resolve(name) if isinstance(name, str) else None
             kept_output: Any = None
@@ -142,6 +147,8 @@ class CallPipeline:
             try:
                 if self.closing:
                     raise _closing_error("the host is closing; no new calls are admitted")
+                if refused is not None:
+                    raise _refused_call_id(refused)
                 if mounted is None:
                     raise self._unknown_tool(name)
                 spec = mounted.spec
@@ -615,6 +622,14 @@ def _withhold_retry_reasons(ctx: ToolContext) -> None:
             ctx.trail[index] = Decision(decision.plugin, decision.hook, decision.action,
                                         "withheld (a plugin denied the failed call's output)", decision.code,
                                         decision.details)
+
+
+def _refused_call_id(problem: str) -> ContractError:
+    """The error of a call whose caller-chosen id the host refuses (``models.call_id_problem``)."""
+    return ContractError(f"call_id {problem}", code="invalid_call_id", field="call_id",
+                         hint=f"pass a call id of 1 to {MAX_CALL_ID} printable ASCII characters that holds no "
+                              "secret (such as a model's tool-call id, 'call_abc123'), or leave call_id unset "
+                              "and the host makes one")
 
 
 def _closing_error(message: str) -> ToolSystemError:

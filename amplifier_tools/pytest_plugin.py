@@ -14,6 +14,7 @@ Helpers importable from this module: ``MockTool`` and ``assert_conforms``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,12 @@ from .spec import ToolSpec
 class MockTool:
     """A tool that records its calls and returns ``return_value`` (or raises ``side_effect``: an
     exception, instance or class; anything else is refused here, found by attack: a callable, as
-    ``unittest.mock`` takes, became a TypeError at call time, a failure the test had not asked for)."""
+    ``unittest.mock`` takes, became a TypeError at call time, a failure the test had not asked for).
+
+    Each call returns a deep copy of ``return_value`` (a ``ToolResult``'s output, error and metadata
+    likewise), so a test that changes one call's result changes neither ``return_value`` nor the
+    next call's (found by attack: every call returned the one shared object). A ``return_value``
+    that ``copy.deepcopy`` cannot copy is returned as it is."""
 
     def __init__(self, name: str = "mock_tool", description: str = "A mock tool.", return_value: Any = None,
                  *, input_schema: dict[str, Any] | None = None,
@@ -60,9 +66,19 @@ class MockTool:
         self.calls.append(dict(input))
         if self.side_effect is not None:
             raise self.side_effect
-        if isinstance(self.return_value, ToolResult):
-            return self.return_value
-        return ToolResult(success=True, output=self.return_value)
+        value = _fresh(self.return_value)
+        if isinstance(value, ToolResult):
+            return value
+        return ToolResult(success=True, output=value)
+
+
+def _fresh(value: Any) -> Any:
+    """``value`` deep-copied for one call of a ``MockTool``; itself when it cannot be copied (an
+    object holding a lock or a socket)."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        return value
 
 
 class HookRecorder:

@@ -19,7 +19,7 @@ from ..content import Part, blocks_of, is_base64, render
 from ..content import model_parts as content_parts
 from ..definitions import model_name
 from ..host import ToolHost
-from ..models import ToolCall, ToolContext, ToolResult, new_call_id, output_text, truncate_text
+from ..models import MAX_CALL_ID, ToolCall, ToolContext, ToolResult, new_call_id, output_text, truncate_text
 from ..redaction import RecordingResolver
 from ..spec import ToolSpec
 
@@ -99,13 +99,10 @@ def call_context(host: ToolHost, source: ContextSource[F], framework_context: F,
     return context
 
 
-#: The longest framework tool-call id kept as it is for the host's call id.
-MAX_CALL_ID = 128
-
-
 def framework_call_id(call_id: object) -> str | None:
     """The host's call id for a framework's tool-call id: the id itself when it is printable ASCII
-    of at most ``MAX_CALL_ID`` characters (what every framework sends); otherwise a bounded,
+    of at most ``MAX_CALL_ID`` characters (what every framework sends; the host's own bound,
+    ``models.call_id_problem``, which also refuses one holding a secret); otherwise a bounded,
     printable stand-in — its printable prefix and a hash of the whole — so a model cannot put
     200 KB or control characters into the audit log's ids, and the same id still maps to the same
     call id. An empty or missing id is ``None`` (the host makes one).
