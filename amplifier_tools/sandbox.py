@@ -18,7 +18,8 @@ confined process sees. Interface:
   namespace's first process is reported on ``info_fd``; ``wait_namespace_gone`` kills it and so
   the whole PID namespace, daemons included (``--die-with-parent`` alone was seen to fail);
   ``Namespace.of(pid).members()`` lists its processes, which the caller signals itself on a
-  timeout (they are in a session of their own, out of reach of the signals to bwrap's group).
+  timeout (they are in a session of their own, out of reach of the signals to bwrap's group);
+  ``SandboxProcesses(info_r)`` finds them from the info pipe, for ``termination.kill_group``.
 - ``find_bwrap(exclude)``: the ``bwrap`` on PATH (outside the paths commands may write) and,
   when it cannot make a sandbox here, why not;
   ``start_find_bwrap()`` the same answer for a ``bwrap`` in a system directory, computed in a
@@ -544,6 +545,56 @@ class Namespace:
         if again is None or not again.live or again.started != self.started:
             return []
         return found
+
+
+def read_pipe(fd: int) -> str:
+    """What is in the pipe ``fd`` now (non-blocking; its writers may still exist): bwrap's status or
+    info pipe."""
+    os.set_blocking(fd, False)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+class SandboxProcesses:
+    """One sandbox's processes, found anew at each call: the ``others`` that
+    ``termination.kill_group`` ends with bwrap's process group (they are in a session of their own).
+
+    Built on the read end ``info_r`` of the pipe given to ``command(..., info_fd=)``, which it reads
+    (never closes: the caller does, after its last use). Until bwrap has reported its namespace's
+    first process, and once that process is gone, it finds none. Used by the bash tool and by the
+    MCP stdio transport: one way to find what is left of a sandbox.
+    """
+
+    __slots__ = ("_info", "_info_r", "_namespace")
+
+    def __init__(self, info_r: int) -> None:
+        self._info_r = info_r
+        self._info: list[str] = []
+        self._namespace: Namespace | None = None
+
+    def first(self) -> int | None:
+        """The namespace's first process as bwrap reported it (``child_pid``), or None (not yet)."""
+        found = child_pid("".join(self._info))
+        if found is None:
+            self._info.append(read_pipe(self._info_r))
+            found = child_pid("".join(self._info))
+        return found
+
+    def __call__(self) -> list[int]:
+        """The namespace's live processes (``Namespace.members``), its first included."""
+        if self._namespace is None:
+            self._namespace = Namespace.of(self.first())
+            if self._namespace is None:
+                return []
+        return self._namespace.members()
 
 
 def _kill_first_process(pid: int) -> None:

@@ -112,7 +112,7 @@ def describe_processes(text: str) -> str:
 
 
 def group_members(pgid: int) -> list[int]:
-    from amplifier_tools.builtins.bash.process import live_members
+    from amplifier_tools.termination import live_members
 
     return live_members(pgid)
 

@@ -37,7 +37,7 @@ from ..errors import ConfigError, ContractError, ExecutionError, PolicyError, To
 from ..models import ToolContext, ToolResult, output_text
 from ..redaction import SecretSet, redact_text
 from ..spec import ToolSpec
-from .confinement import Wrap, sandbox_wrap, server_cwd
+from .confinement import sandbox_wrap, server_cwd
 from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
@@ -50,6 +50,7 @@ from .transport import (
     TOO_MANY_BLOCKS_MARK,
     StderrTail,
     StdioServer,
+    Wrap,
     stdio_process,
 )
 

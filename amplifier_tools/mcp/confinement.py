@@ -7,8 +7,10 @@ them stops the start, as for every writable root), its working directory read-on
 writable, a private ``/tmp``, its own ``/proc`` in a new PID namespace (so the host's
 ``/proc/<pid>/environ``, where every host secret is, does not exist there), no home directories,
 no ``/run`` sockets, the host's protected paths masked, no network unless ``sandbox_network``;
-the whole namespace dies with the server. Where no sandbox works the server does not start
-(``sandbox_unavailable``, naming the fixes): it never falls back to running unconfined.
+the whole namespace dies with the server. Its stop (``transport``) signals the namespace's
+processes themselves (``sandbox.SandboxProcesses``, ``termination.kill_group``): SIGTERM, a grace,
+SIGKILL. Where no sandbox works the server does not start (``sandbox_unavailable``, naming the
+fixes): it never falls back to running unconfined.
 
 Limits: a server's program, interpreter and libraries must lie in the view — one installed under a
 home directory or a virtual environment elsewhere needs its directories in ``sandbox_read_paths``
@@ -21,7 +23,7 @@ directories readable.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import attrs
 
@@ -29,8 +31,7 @@ from .. import sandbox as engine
 from ..builtins.filesystem.paths import configured_path
 from ..errors import ConfigError
 from .settings import ServerSettings
-
-Wrap = Callable[[Sequence[str]], list[str]]
+from .transport import Wrap
 
 
 def _absolute(paths: Iterable[str], working_dir: str) -> tuple[str, ...]:
@@ -107,13 +108,13 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
         raise engine.unavailable(reason or "no usable bwrap", where)
     key = f"plugins.mcp.servers.{name}.sandbox_read_paths"
 
-    def wrap(argv: Sequence[str]) -> list[str]:
+    def wrap(argv: Sequence[str], *, info_fd: int | None = None) -> list[str]:
         program = os.path.realpath(argv[0])
         if not (engine.visible(argv[0], view) and engine.visible(program, view)):
             raise ConfigError(f"the server's program {argv[0]} ({program}) lies outside the sandbox's view; add "
                               "its directories (and those of its interpreter and libraries) to "
                               "sandbox_read_paths", key=key)
         check_paths()
-        return engine.command(view, argv, bwrap=bwrap)
+        return engine.command(view, argv, bwrap=bwrap, info_fd=info_fd)
 
     return wrap

@@ -9,8 +9,12 @@ process group) and as a child subreaper (:mod:`.processes`), speaks
 newline-delimited JSON-RPC with the SDK's own message types, and on close
 pins the server's descendants, ends the server (stdin closed, then SIGTERM,
 then SIGKILL), and then SIGKILLs whatever is left of its group and of the
-pinned tree. It never leaves the group running when the context
-exits, even under cancellation.
+pinned tree. A sandboxed server (``wrap``) runs in a PID namespace whose processes are in a
+session of their own: after its stdin closes they get the SIGTERM, the grace and the SIGKILL
+themselves (``termination.kill_group`` with ``sandbox.SandboxProcesses``, as bash's commands do),
+and the namespace's first process is killed last. It never leaves the group running when the
+context exits, even under cancellation, and a cancellation during the spawn waits for the
+process, to stop it.
 
 Messages are read into one ``bytearray`` and scanned for newlines only in the
 bytes not scanned yet (linear in the message size). A message longer than
@@ -45,9 +49,9 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from typing import Final
+from typing import Final, Protocol
 
 import anyio
 import anyio.abc
@@ -55,6 +59,8 @@ import mcp_types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
+from .. import termination
+from ..sandbox import SandboxProcesses, wait_namespace_gone
 from .processes import kill_descendants, kill_pinned, pin_descendants, subreaper_argv, subreaper_available
 
 #: Seconds a server gets to exit after its stdin closes, then after SIGTERM.
@@ -82,6 +88,13 @@ MALFORMED_MARK: Final = "amplifier-tools/malformed-response"
 
 ReadStream = MemoryObjectReceiveStream[SessionMessage | Exception]
 WriteStream = MemoryObjectSendStream[SessionMessage]
+
+
+class Wrap(Protocol):
+    """Turns a server's resolved argv into the argv that runs it in the sandbox, bwrap reporting its
+    namespace's first process on ``info_fd`` (``sandbox.command``)."""
+
+    def __call__(self, argv: Sequence[str], *, info_fd: int | None = None) -> list[str]: ...
 
 
 def _parse(line: bytearray) -> SessionMessage | Exception:
@@ -192,7 +205,8 @@ async def _retrieve_stdin_failure(process: anyio.abc.Process) -> None:
         await asyncio.shield(writer.wait_closed())
 
 
-async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = None) -> None:
+async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = None,
+                sandboxed: SandboxProcesses | None = None) -> None:
     # Its children may exit gracefully while the server does (an `npx` server is a child of
     # npx), but they are pinned first: once the server has exited they are no longer under it.
     pinned = await anyio.to_thread.run_sync(pin_descendants, process.pid)
@@ -200,7 +214,16 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
         if process.stdin is not None:
             await process.stdin.aclose()
     await _retrieve_stdin_failure(process)
-    if not await _wait_exit(process, EXIT_GRACE_S):
+    if await _wait_exit(process, EXIT_GRACE_S):
+        pass
+    elif sandboxed is not None:
+        # The server and its children are in the sandbox's PID namespace, in a session of their own:
+        # the signals to bwrap's group miss them, and the sweep of bwrap's descendants SIGKILLed them
+        # all (found by attack: a sandboxed server's SIGTERM handler never ran). They get the SIGTERM
+        # and the grace, then SIGKILL, as a sandboxed bash command does.
+        await termination.kill_group(process.pid, TERM_GRACE_S, sandboxed)
+        await _wait_exit(process, TERM_GRACE_S)
+    else:
         await _sweep(process.pid)
         kill_group(process.pid, signal.SIGTERM)
         if not await _wait_exit(process, TERM_GRACE_S):
@@ -215,6 +238,8 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
     # Whatever the leader did, no member of its group and nothing it started may survive it.
     kill_group(process.pid, signal.SIGKILL)
     await anyio.to_thread.run_sync(kill_pinned, pinned)
+    if sandboxed is not None:  # bwrap is gone: so is its namespace, even one it never reported on its way
+        await wait_namespace_gone(sandboxed.first(), termination.KILL_WAIT)
     if stderr_done is not None:  # its last words are read before the pipe closes (a failed start shows them)
         with anyio.move_on_after(STDERR_DRAIN_S):
             await stderr_done.wait()
@@ -371,7 +396,7 @@ async def stdio_process(
     stderr: StderrTail | None = None,
     max_message_bytes: int,
     max_content_blocks: int | None = None,
-    wrap: Callable[[Sequence[str]], list[str]] | None = None,
+    wrap: Wrap | None = None,
 ) -> AsyncIterator[StdioServer]:
     """Run ``command`` as an MCP stdio server; yield its ``StdioServer``.
 
@@ -381,13 +406,60 @@ async def stdio_process(
     the subreaper wrapper is not used then). Raises ``OSError`` when the command cannot be started.
     """
     executable = _resolve(command, env, cwd)
-    if wrap is not None:
-        argv = wrap([executable, *args])
-    else:
-        argv = subreaper_argv(executable, args) if subreaper_available() else [executable, *args]
-    process = await anyio.open_process(argv, env=dict(env), cwd=cwd,
-                                       stderr=subprocess.PIPE if stderr is not None else None,
-                                       start_new_session=True)
+    info_r = info_w = -1
+    sandboxed: SandboxProcesses | None = None
+    try:
+        if wrap is None:
+            argv = subreaper_argv(executable, args) if subreaper_available() else [executable, *args]
+        else:
+            info_r, info_w = os.pipe()  # where bwrap reports its namespace's first process
+            argv = wrap([executable, *args], info_fd=info_w)
+            sandboxed = SandboxProcesses(info_r)
+        process = await _spawn(argv, env=env, cwd=cwd, stderr=stderr, info_fd=info_w, sandboxed=sandboxed)
+        if info_w != -1:
+            os.close(info_w)
+            info_w = -1
+        async with _serving(process, stderr=stderr, max_message_bytes=max_message_bytes,
+                            max_content_blocks=max_content_blocks, sandboxed=sandboxed) as server:
+            yield server
+    finally:
+        for fd in (info_r, info_w):
+            if fd != -1:
+                os.close(fd)
+
+
+async def _spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, stderr: StderrTail | None,
+                 info_fd: int, sandboxed: SandboxProcesses | None) -> anyio.abc.Process:
+    """The server's process, started in a session of its own (``info_fd``, unless -1, passed on).
+
+    A cancellation waits until the process exists, stops it as the close does, and is raised then
+    (found by attack: delivered inside the spawn, asyncio SIGKILLed bwrap alone while it was setting
+    up the sandbox, which lived on under init, its server and the server's children running for
+    good; and the start failed at the close's 10 s, not at ``startup_timeout_ms``). The wait for the
+    spawn is asyncio's: the host runs on asyncio."""
+    spawn = asyncio.ensure_future(anyio.open_process(
+        argv, env=dict(env), cwd=cwd, stderr=subprocess.PIPE if stderr is not None else None,
+        start_new_session=True, pass_fds=() if info_fd == -1 else (info_fd,)))
+    cancelled: asyncio.CancelledError | None = None
+    while not spawn.done():
+        try:
+            await asyncio.wait((spawn,))
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None and (spawn.cancelled() or spawn.exception() is not None):
+        raise cancelled
+    process = spawn.result()  # OSError when the command cannot be started
+    if cancelled is not None:
+        with anyio.CancelScope(shield=True):
+            await _stop(process, None, sandboxed)
+        raise cancelled
+    return process
+
+
+@asynccontextmanager
+async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max_message_bytes: int,
+                   max_content_blocks: int | None, sandboxed: SandboxProcesses | None) -> AsyncIterator[StdioServer]:
+    """The session's streams to the started ``process``; stopped (``_stop``) when the block ends."""
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
     server = StdioServer(process, read_recv, write_send)
@@ -477,7 +549,7 @@ async def stdio_process(
                 yield server
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _stop(process, stderr.done if stderr is not None else None)
+                    await _stop(process, stderr.done if stderr is not None else None, sandboxed)
                     for stream in (read_recv, write_send, read_send, write_recv):
                         await stream.aclose()
                 group.cancel_scope.cancel()

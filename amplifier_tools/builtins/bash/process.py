@@ -15,7 +15,8 @@ is *not* found without the sandbox; with the sandbox the bash tool kills the
 PID namespace's first process, and with it every process in the namespace
 (``sandbox.wait_namespace_gone``). The sandbox's processes are outside bwrap's
 group (a session of their own): the caller passes ``others`` to find them, and
-they get the SIGTERM, the grace and the SIGKILL (``kill_group``).
+they get the SIGTERM, the grace and the SIGKILL (``termination.kill_group``, shared with the
+MCP stdio servers).
 
 Must never leave a process of the call behind, and never block the event loop
 on a child.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import resource
 import signal
 import subprocess
@@ -36,11 +36,9 @@ from typing import Any, Final
 
 import attrs
 
-from ...procfs import proc_stat
+from ...termination import KILL_WAIT, Others, kill_group, signal_group, signal_pids
 from .capture import StreamCapture
 
-POLL_INTERVAL: Final = 0.02
-KILL_WAIT: Final = 5.0  # after SIGKILL, how long to wait for the kernel to remove the group
 DRAIN_AFTER_EXIT: Final = 2.0  # how long to wait for pipe EOF once the group is gone
 
 
@@ -144,81 +142,6 @@ class _Protocol(asyncio.SubprocessProtocol):
         self.exited.set()
 
 
-def live_members(pgid: int) -> list[int]:
-    """Pids in process group ``pgid`` that are not zombies (a /proc scan)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = proc_stat(name)
-            if stat is not None and stat.pgid == pgid and stat.live:
-                out.append(int(name))
-    return out
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    """Send ``sig`` to the group; False when the group no longer exists."""
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # members that changed uid (setuid programs); the rest were signalled
-        return True
-    return True
-
-
-def _signal_pids(pids: Sequence[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    # killpg(0) is cheap but counts zombies that an init without reaping may keep; confirm in /proc.
-    return _signal_group(pgid, 0) and bool(live_members(pgid))
-
-
-#: The command's processes outside its process group (a sandbox's PID namespace), found anew each time.
-Others = Callable[[], Sequence[int]]
-
-
-async def kill_group(pgid: int, grace: float, others: Others | None = None) -> bool:
-    """TERM, grace, KILL the process group until no live member is left; True if anything was alive.
-
-    ``others``: the command's processes outside the group (the sandbox's, in a session of their
-    own); while there are any, SIGTERM goes to them rather than to the group (bwrap, whose death
-    would SIGKILL them at once), and SIGKILL to both. Safe to call when the group is already gone.
-    Cancellation of the caller while waiting out the grace period goes straight to SIGKILL.
-    """
-    def outside() -> Sequence[int]:
-        return others() if others is not None else ()
-
-    found = outside()
-    if not found and not _group_alive(pgid):
-        return False
-    if found:
-        _signal_pids(found, signal.SIGTERM)
-        _signal_pids(found, signal.SIGCONT)
-    else:
-        _signal_group(pgid, signal.SIGTERM)
-        _signal_group(pgid, signal.SIGCONT)  # stopped members cannot act on SIGTERM otherwise
-    try:
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and (_group_alive(pgid) or outside()):
-            await asyncio.sleep(POLL_INTERVAL)
-    finally:
-        _signal_group(pgid, signal.SIGKILL)  # even when cancelled while waiting out the grace
-        _signal_pids(outside(), signal.SIGKILL)
-    # A member may be forking as the signal arrives; repeat until the kernel has removed every one.
-    deadline = time.monotonic() + KILL_WAIT
-    while time.monotonic() < deadline:
-        left = outside()
-        _signal_pids(left, signal.SIGKILL)
-        if not ((_signal_group(pgid, signal.SIGKILL) and live_members(pgid)) or left):
-            break
-        await asyncio.sleep(0.005)
-    return True
-
-
 async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: float, grace: float,
               stdout: StreamCapture, stderr: StreamCapture, popen: dict[str, Any],
               others: Others | None = None) -> Outcome:
@@ -279,9 +202,9 @@ async def _cancelled_cleanup(pgid: int, grace: float, protocol: _Protocol, other
         await kill_group(pgid, grace, others)
         await asyncio.wait_for(protocol.exited.wait(), KILL_WAIT)
     except BaseException:  # cancelled again, or the wait ran out: kill without further waiting
-        _signal_group(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
         if others is not None:
-            _signal_pids(others(), signal.SIGKILL)
+            signal_pids(others(), signal.SIGKILL)
 
 
 def describe_returncode(returncode: int | None) -> tuple[int | None, str | None]:

@@ -47,21 +47,6 @@ def low_status_fd(fd: int) -> int:
     return fd
 
 
-def read_status(fd: int) -> str:
-    """What bwrap wrote to its status pipe (non-blocking; the pipe's writers may still exist)."""
-    os.set_blocking(fd, False)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except BlockingIOError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
 def check_started(status: str, stderr_text: str) -> None:
     """``ToolSystemError`` when bwrap never started the command (the probe did not report)."""
     if status != "started":

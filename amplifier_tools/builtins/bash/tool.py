@@ -26,6 +26,7 @@ from ...models import ToolContext, ToolResult
 from ...redaction import SecretSet, redact_cut
 from ...seccomp import filter_fd
 from ...spec import Policies, Security, ToolSpec
+from ...termination import KILL_WAIT
 from ..filesystem.paths import PathRules
 from . import process, sandbox
 from .capture import StreamCapture, open_spill_files
@@ -96,7 +97,7 @@ OUTPUT_SCHEMA: Final[dict[str, Any]] = {
 
 def make_spec(settings: Settings) -> ToolSpec:
     # The host's own timeout backstops ours: it must leave room for the kill and the drain.
-    backstop = settings.max_timeout + settings.kill_grace + process.KILL_WAIT + process.DRAIN_AFTER_EXIT + 5
+    backstop = settings.max_timeout + settings.kill_grace + KILL_WAIT + process.DRAIN_AFTER_EXIT + 5
     return ToolSpec(
         name="local::bash", version=VERSION, title="Run a shell command",
         description=(
@@ -218,29 +219,13 @@ class BashTool:
                    if entry.key is None and not os.path.lexists(entry.path)]
         status_r = status_w = info_r = info_w = seccomp_r = -1
         captures: list[StreamCapture] = []
-        info: list[str] = []  # what bwrap wrote to its info fd so far
-
-        def first_process() -> int | None:
-            if info_r != -1:
-                info.append(sandbox.read_status(info_r))
-            return engine.child_pid("".join(info))
-
-        namespace: list[engine.Namespace] = []
-
-        def sandbox_processes() -> list[int]:
-            """The sandbox's processes, which the host's signals to bwrap's group do not reach."""
-            if not namespace:
-                found = engine.Namespace.of(first_process())
-                if found is None:
-                    return []
-                namespace.append(found)
-            return namespace[0].members()
-
+        sandbox_processes: engine.SandboxProcesses | None = None  # which the signals to bwrap's group miss
         try:
             if view is not None and s.bwrap is not None:
                 status_r, status_w = os.pipe()
                 status_w = sandbox.low_status_fd(status_w)
                 info_r, info_w = os.pipe()
+                sandbox_processes = engine.SandboxProcesses(info_r)
                 seccomp_r = filter_fd()
                 # Raises (sandbox_failed) for a protected path it cannot hide, before anything is made.
                 argv = sandbox.bwrap_argv(s.bwrap, view, status_fd=status_w, bash=s.bash, info_fd=info_w,
@@ -257,25 +242,25 @@ class BashTool:
             try:
                 outcome = await process.run(argv, env=env, cwd=cwd, timeout=timeout, grace=s.kill_grace,
                                             stdout=stdout, stderr=stderr, popen=popen,
-                                            others=sandbox_processes if view is not None else None)
+                                            others=sandbox_processes)
             except OSError as exc:
                 if s.sandbox:
                     raise ToolSystemError(f"could not start bwrap: {exc.strerror}", code="sandbox_failed") from None
                 raise ExecutionError(f"could not start bash: {exc.strerror}", code="spawn_failed") from None
             finally:
-                if info_r != -1:  # bwrap is dead: wait until its namespace is too (even when cancelled)
+                if sandbox_processes is not None:  # bwrap is dead: so must its namespace be (even when cancelled)
                     os.close(info_w)
                     info_w = -1
-                    first = first_process()
-                    if not await engine.wait_namespace_gone(first, process.KILL_WAIT):
+                    first = sandbox_processes.first()
+                    if not await engine.wait_namespace_gone(first, KILL_WAIT):
                         log.warning("bash: the sandbox of call %s (first process %s) was still running %.0f s "
-                                    "after its end", context.call_id, first, process.KILL_WAIT)
+                                    "after its end", context.call_id, first, KILL_WAIT)
             if s.sandbox:
                 os.close(status_w)
                 status_w = -1
                 if not outcome.timed_out:  # a timeout that cut bwrap's setup is the timeout (found by CI:
                     # "the sandbox failed to start" for a 1e-6 s timeout, one call in thirty)
-                    sandbox.check_started(sandbox.read_status(status_r), stderr.text())
+                    sandbox.check_started(engine.read_pipe(status_r), stderr.text())
                 outcome.returncode = sandbox.returncode(outcome.returncode)
         finally:
             for capture in captures:
