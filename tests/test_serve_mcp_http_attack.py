@@ -105,6 +105,25 @@ async def test_a_token_in_a_refused_origin_or_host_is_not_logged(tmp_path: Path,
     assert all(ALICE not in line and "[REDACTED]" in line for line in lines), lines
     assert ALICE not in (tmp_path / "audit.jsonl").read_text()
 
+@pytest.mark.parametrize("limit", [64 * 1024, None])
+async def test_a_request_body_past_max_message_bytes_is_refused_413(tmp_path: Path, limit: int | None) -> None:
+    """``[plugins.mcp.serve] max_message_bytes`` bounds a client's message over HTTP as over stdio
+    (found by review: it bounded stdio lines only, and HTTP kept the SDK's own 4 MiB, so a
+    configured bound was silently not the one applied). Unset, the bound is the default, 16 MiB."""
+    serve = {} if limit is None else {"max_message_bytes": limit}
+    size = 100 * 1024 if limit is not None else 5 * 1024 * 1024  # past 64 KiB; past the SDK's 4 MiB, under 16
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "nothing", "arguments": {"pad": "z" * size}}}
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {ALICE}",
+               "Content-Type": "application/json", "MCP-Protocol-Version": "2025-06-18"}
+    async with served(config(tmp_path, **serve), ("audit", "mcp")) as url, httpx2.AsyncClient() as http:
+        answer = await http.post(url, content=json.dumps(call).encode(), headers=headers)
+    if limit is not None:
+        assert answer.status_code == 413, answer.text
+    else:  # read whole and answered by the server (no session yet), not refused for its size
+        assert answer.status_code != 413, answer.text
+
+
 # -- a hostile upstream: a url server that echoes the token its headers carry ----------------------
 
 UPSTREAM = "upstream-secret-0123456789abcdefXYZ"

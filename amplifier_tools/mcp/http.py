@@ -532,8 +532,10 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
         record = functools.partial(log_refusal, secrets=secrets)
     budget = EventBudget(record, secrets=secrets)
     server = build_server(host, settings, caller, on_refused=budget.tool_refused)
+    # One bound for a client's message on both transports (the SDK's own default here was 4 MiB).
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host,
-                                     transport_security=transport_security(settings.host))
+                                     transport_security=transport_security(settings.host),
+                                     max_request_body_size=settings.max_message_bytes)
     return Gate(app, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch)
 
 

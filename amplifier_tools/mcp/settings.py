@@ -168,7 +168,8 @@ class ServeSettings:
     tools: ToolNames | None = None  # None: no tool (say which with `tools`, or ["*"] for all)
     clients: tuple[ServeClient, ...] = attrs.field(default=(), validator=_unique_token_refs)
     allow_anonymous: bool = False
-    #: Longest line (one JSON-RPC message) read from a stdio client; a longer one is dropped unparsed.
+    #: Longest message read from a client: a stdio line (longer: dropped unparsed, answered -32600)
+    #: or an HTTP request body (longer: HTTP 413).
     max_message_bytes: MessageBytes = DEFAULT_MAX_MESSAGE_BYTES
 
 
