@@ -39,7 +39,7 @@ import attrs
 from .content import amplifier_spelling, blocks_of
 from .errors import ConfigError
 from .host import ToolHost
-from .models import ToolResult
+from .models import MAX_NAME, ToolResult, identifier_problem
 from .redaction import chain_without_secrets
 from .registry import MountedTool
 
@@ -121,8 +121,12 @@ async def mount(coordinator: Any, config: Mapping[str, Any] | None = None) -> li
                                   key="tool-amplifier-tools.config.tools")
             selected.append(mounted)
         session_id = getattr(coordinator, "session_id", None)
-        tools = [AmplifierTool(host, mounted, session_id if isinstance(session_id, str) else None)
-                 for mounted in selected]
+        if session_id is not None and identifier_problem(session_id, (), MAX_NAME) is not None:
+            # Not a session id the host takes (ToolContext refuses it): the calls keep the host's own.
+            log.warning("tool-amplifier-tools: the session's id %s; calls are recorded under the host's "
+                        "session id", identifier_problem(session_id, (), MAX_NAME))
+            session_id = None
+        tools = [AmplifierTool(host, mounted, session_id) for mounted in selected]
         for number, tool in enumerate(tools):
             try:
                 await coordinator.mount("tools", tool, name=tool.name)

@@ -427,7 +427,7 @@ def _readable(data: dict[str, Any], indent: str = "") -> str:
 
 
 async def _call(host: ToolHost, args: argparse.Namespace) -> int:
-    from .models import ToolContext
+    from .models import ContextFieldError, ToolContext
 
     hint = 'pass a JSON object, e.g. \'{"path": "README.md"}\''
     raw = _read_stdin(hint) if args.arguments == "-" else args.arguments
@@ -446,15 +446,21 @@ async def _call(host: ToolHost, args: argparse.Namespace) -> int:
         raise CommandError("arguments are nested too deeply to parse",
                            hint=hint + ", nested at most a few hundred levels", status=EXIT_CONTRACT) from None
     base = host.default_context
-    context = ToolContext(
-        principal=args.principal or base.principal,
-        role=args.role or base.role,
-        environment=args.environment or base.environment,
-        scopes=base.scopes | set(args.scope),
-        secrets=base.secrets,
-        idempotency_key=args.idempotency_key,
-        session_id=base.session_id,
-    )
+    try:
+        context = ToolContext(
+            principal=args.principal or base.principal,
+            role=args.role or base.role,
+            environment=args.environment or base.environment,
+            scopes=base.scopes | set(args.scope),
+            secrets=base.secrets,
+            idempotency_key=args.idempotency_key,
+            session_id=base.session_id,
+        )
+    except ContextFieldError as wrong:  # --principal holding a token, --scope "a b" ...
+        option = {"scopes": "scope", "idempotency_key": "idempotency-key"}.get(wrong.field, wrong.field)
+        raise CommandError(str(wrong), hint=f"pass --{option} as a name or token of printable characters that "
+                                            "holds no credential (docs/contract.md, 'Identifiers')",
+                           status=EXIT_CONTRACT) from None
     with _stdout_to_stderr():
         result = await host.call(args.tool, arguments, context=context)
     _print_result(result, as_json=args.json, verbose=args.verbose, tool=args.tool)

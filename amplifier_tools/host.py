@@ -72,7 +72,15 @@ from .loader import (
     seed_from_config,
     seed_from_entry_point,
 )
-from .models import ToolCall, ToolContext, ToolResult, call_id_problem, context_problem, new_call_id
+from .models import (
+    ContextFieldError,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    context_problem,
+    identifier_problem,
+    new_call_id,
+)
 from .pipeline import CallPipeline
 from .redaction import RecordingResolver, SecretSet, chain_without_secrets, redact_text
 from .registry import ToolRegistry
@@ -106,6 +114,16 @@ ENV_CONFIG = "AMPLIFIER_TOOLS_CONFIG"
 ENV_DISABLE = "AMPLIFIER_TOOLS_DISABLE_PLUGINS"
 ENV_LOAD = "AMPLIFIER_TOOLS_LOAD_PLUGINS"
 ENV_TRACE = "AMPLIFIER_TOOLS_TRACE"
+
+
+def _refused_context(wrong: Exception) -> ContractError:
+    """The error of a call whose ``ToolContext`` ``models.context_problem`` refuses: ``invalid_context``,
+    with the field and a hint when an identifier is refused (``models.identifier_problem``)."""
+    if not isinstance(wrong, ContextFieldError):
+        return ContractError(f"context: {wrong}", code="invalid_context")
+    return ContractError(f"context: {wrong}", code="invalid_context", field=wrong.field,
+                         hint=f"set ToolContext.{wrong.field} to a short identifier that holds no secret or "
+                              "credential (docs/contract.md, 'Identifiers'), or leave it unset")
 
 
 def _check_working_dir_argument(given: str) -> None:
@@ -785,14 +803,20 @@ class ToolHost:
         # The values of the [secrets] variables are secret from the start, whether or not a tool
         # ever asks for them: a tool could read them some other way (a file, a child's environment).
         self.secrets.update(from_env.variables())
-        return ToolContext(
-            principal=ctx.get("principal", "anonymous"),
-            role=ctx.get("role"),
-            environment=ctx.get("environment"),
-            scopes=frozenset(ctx.get("scopes", ())),
-            secrets=self.secrets.recording(from_env) if table else None,
-            session_id=self.session_id,
-        )
+        try:  # a configured value found by substitution (``${VAR}``) is a secret, and may be one: not refused
+            context = ToolContext(
+                principal=ctx.get("principal", "anonymous"),
+                role=ctx.get("role"),
+                environment=ctx.get("environment"),
+                scopes=frozenset(ctx.get("scopes", ())),
+                secrets=self.secrets.recording(from_env) if table else None,
+                session_id=self.session_id,
+            )
+        except ContextFieldError as wrong:
+            raise ConfigError(str(wrong), key=f"context.{wrong.field}",
+                              hint="a principal, role or environment is a name, a scope a short token: printable "
+                                   "characters, no credential (docs/contract.md, 'Identifiers')") from None
+        return context
 
     # -- calls -----------------------------------------------------------------
 
@@ -829,7 +853,7 @@ class ToolHost:
 
     async def _execute(self, call: ToolCall, context: ToolContext | None, own_id: bool) -> ToolResult:
         """``execute``; ``own_id``: the call's id is one the host made (``call`` without ``call_id``),
-        which needs no check (``models.call_id_problem``)."""
+        which needs no check (``models.identifier_problem``)."""
         pipeline = self._pipeline
         problem: ToolError | None = None
         given_call: object = call  # callers are not type-checked; check at run time
@@ -847,17 +871,19 @@ class ToolHost:
         elif given_context is not None and not isinstance(given_context, ToolContext):
             problem = ContractError(f"context must be a ToolContext, got {type(given_context).__name__}",
                                     code="invalid_context")
-        elif given_context is not None and (wrong := context_problem(given_context)) is not None:
-            # A field set around ToolContext's constructor, which checks them (object.__setattr__).
-            problem = ContractError(f"context: {wrong}", code="invalid_context")
+        elif given_context is not None and (wrong := context_problem(given_context, self.secrets)) is not None:
+            # A field set around ToolContext's constructor, which checks them (object.__setattr__), or
+            # an identifier holding a secret the host resolved (the constructor knows none).
+            problem = _refused_context(wrong)
         if problem is not None or pipeline is None:
             assert problem is not None
             call_id = getattr(call, "id", None)
-            if call_id is not None and call_id_problem(call_id, self.secrets) is not None:
+            if call_id is not None and identifier_problem(call_id, self.secrets) is not None:
                 call_id = None  # an id the pipeline would refuse is not handed back either
             return ToolResult(False, None, {
-                "type": problem.category, "code": problem.code, "message": problem.message, "retryable": False,
-                "cause": None, "tool": getattr(call, "name", None), "call_id": call_id}, {}, call_id)
+                **problem.details, "type": problem.category, "code": problem.code, "message": problem.message,
+                "retryable": False, "cause": None, "tool": getattr(call, "name", None), "call_id": call_id},
+                {}, call_id)
         if context is None:
             context = self._default_context
         else:

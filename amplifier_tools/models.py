@@ -39,35 +39,61 @@ def new_call_id() -> str:
     return f"{_CALL_ID_PREFIX}{next(_call_counter)}"
 
 
-#: The longest call id a caller may choose (``host.call(call_id=...)``, ``ToolCall.id``).
+#: The longest id a caller may choose for a call (``host.call(call_id=...)``, ``ToolCall.id``), and
+#: each of ``ToolContext.scopes``.
 MAX_CALL_ID: Final = 128
+#: The longest ``ToolContext.principal``, ``role``, ``environment``, ``idempotency_key``,
+#: ``trace_id`` or ``session_id`` (an e-mail address may have 254 characters, an idempotency key
+#: commonly 255; a session id nested by sub-sessions, as Amplifier's, grows with each level).
+MAX_NAME: Final = 256
 
 
-def call_id_problem(call_id: object, secrets: Any = ()) -> str | None:
-    """Why the host refuses a caller's call id, or None: an id is a correlation key, not free text.
-    It must be a string of 1 to ``MAX_CALL_ID`` printable ASCII characters holding neither a secret
-    value of ``secrets`` (the host's ``SecretSet``) nor a credential shape (``redaction``'s
-    patterns). The reason never quotes the id. Found by attack: an id holding a token reached the
-    caller's result and every ``tool_event`` observer whole, the error's and the audit record's
-    ``call_id`` as ``[REDACTED]`` (no longer a key to find the call by), and an id of 200 KB or
-    with control characters went into the audit log as it was.
+def identifier_problem(value: object, secrets: Any = (), longest: int = MAX_CALL_ID, kind: str = "id") -> str | None:
+    """Why the host refuses an identifier a caller chose, or None: an identifier is a correlation key
+    or a name, not free text. It must be a string of 1 to ``longest`` characters holding neither a
+    secret value of ``secrets`` (the host's ``SecretSet``) nor a credential shape (``redaction``'s
+    patterns); its characters, by ``kind``: ``"id"`` printable ASCII (a call, trace or session id),
+    ``"token"`` printable ASCII but no space (a scope, as OAuth's), ``"name"`` any printable
+    character, non-ASCII letters too (a principal such as ``zoë@example.com``, a role) but no control,
+    format (bidirectional overrides, zero-width) or line-separating character. The reason never quotes
+    the value. Found by attack: a call id holding a token reached the caller's result and every
+    ``tool_event`` observer whole, the error's and the audit record's ``call_id`` as ``[REDACTED]``
+    (no longer a key to find the call by), and an id of 200 KB or with control characters went into
+    the audit log as it was; so did a ``ToolContext.session_id``, ``trace_id`` or ``principal``.
 
-    Limit: a secret registered after the call began (a tool resolving one equal to the id) is not
-    looked for here; the audit record and the result are still scrubbed of it."""
-    if call_id.__class__ is not str:
-        return f"must be a string, got {type(call_id).__name__}"
-    assert isinstance(call_id, str)
-    if not call_id:
+    Limits: a secret registered after the check (a tool resolving one equal to the value) is not
+    looked for here; the audit record and the result are still scrubbed of it. Names that look
+    alike (a Cyrillic letter for the Latin one it resembles) are not told apart."""
+    if value.__class__ is not str:
+        return f"must be a string, got {type(value).__name__}"
+    assert isinstance(value, str)
+    if not value:
         return "is empty"
-    if len(call_id) > MAX_CALL_ID:
-        return f"is {len(call_id)} characters long, more than {MAX_CALL_ID}"
-    if not (call_id.isascii() and call_id.isprintable()):
+    if len(value) > longest:
+        return f"is {len(value)} characters long, more than {longest}"
+    if not value.isprintable():
+        return "holds a control, format or line-separating character"
+    if kind != "name" and not value.isascii():
         return "holds characters other than printable ASCII"
-    from .redaction import redact_text  # here: ``import amplifier_tools`` does not load the redaction
-
-    if redact_text(call_id, secrets) != call_id:
+    if kind == "token" and " " in value:
+        return "holds a space (one scope per item: scopes={'fs:read', 'fs:write'})"
+    redact_text = _redaction or _load_redaction()
+    if redact_text(value, secrets) != value:
         return "holds a secret value or a credential-shaped string (not quoted here)"
     return None
+
+
+#: ``redaction.redact_text``, once first needed: ``import amplifier_tools`` does not load the
+#: redaction, and an import statement in ``identifier_problem`` cost each check ≈ 3.5 µs of its 4.3.
+_redaction: Callable[..., str] | None = None
+
+
+def _load_redaction() -> Callable[..., str]:
+    global _redaction
+    from .redaction import redact_text
+
+    _redaction = redact_text
+    return redact_text
 
 
 def _fresh_call_ids() -> None:
@@ -204,9 +230,69 @@ def _frozen_scopes(scopes: Iterable[str]) -> frozenset[str]:
 _OPTIONAL_TEXT: Final = ("role", "environment", "idempotency_key", "call_id", "trace_id", "session_id")
 
 
-def context_problem(context: Any) -> Exception | None:
+#: The identifiers a caller sets in a ``ToolContext``, each with its longest length and kind of
+#: characters (``identifier_problem``); each of ``scopes`` is a ``"token"`` of ``MAX_CALL_ID``.
+#: ``attributes`` is the caller's free data for plugins, not checked.
+_IDENTIFIERS: Final = (("principal", MAX_NAME, "name"), ("role", MAX_NAME, "name"),
+                       ("environment", MAX_NAME, "name"), ("idempotency_key", MAX_NAME, "name"),
+                       ("call_id", MAX_CALL_ID, "id"), ("trace_id", MAX_NAME, "id"),
+                       ("session_id", MAX_NAME, "id"))
+
+
+class ContextFieldError(ValueError):
+    """A ``ToolContext`` identifier the host refuses (``identifier_problem``); ``field`` names it."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"ToolContext.{field} {reason}")
+        self.field = field
+
+
+#: Identifiers found fine with no secret to look for (credential shapes only), by ``(value, kind, longest)``:
+#: a context built per call with the same principal, role and scopes pays a lookup, not a check
+#: (≈ 1 µs each). At most ``_MAX_FINE`` of at most ``MAX_NAME`` characters; emptied when full.
+_fine: dict[tuple[str, str, int], None] = {}
+_MAX_FINE: Final = 4096
+
+
+def _shape_problem(value: str, longest: int, kind: str) -> str | None:
+    """``identifier_problem`` of ``value`` with no secrets, its verdicts of fine values kept."""
+    key = (value, kind, longest)
+    if key in _fine:
+        return None
+    reason = identifier_problem(value, (), longest, kind)
+    if reason is None:
+        if len(_fine) >= _MAX_FINE:
+            _fine.clear()
+        _fine[key] = None
+    return reason
+
+
+def _identifiers_problem(context: Any, secrets: Any) -> Exception | None:
+    """The first identifier of ``context`` (its fields of the right types) the host refuses, or None.
+    Only ids (``"id"``) are searched for the values of ``secrets``: a name or a scope is looked at for
+    credential shapes alone, since a configured one found by substitution (``role = "${ROLE}"``) is a
+    registered secret itself, and a caller passing the same role on must not be refused."""
+    for name, longest, kind in _IDENTIFIERS:
+        value = getattr(context, name)
+        if value is None:
+            continue
+        reason = identifier_problem(value, secrets, longest, kind) if secrets and kind == "id" \
+            else _shape_problem(value, longest, kind)
+        if reason is not None:
+            return ContextFieldError(name, reason)
+    for scope in context.scopes:
+        if (reason := _shape_problem(scope, MAX_CALL_ID, "token")) is not None:
+            return ContextFieldError("scopes", f"holds a scope that {reason}")
+    return None
+
+
+def context_problem(context: Any, registered: Any = ()) -> Exception | None:
     """What is wrong with the fields of ``context`` (a ``ToolContext``, typed ``Any``: its annotations say
-    what the fields should hold, this checks what they do), naming the field; None when nothing is."""
+    what the fields should hold, this checks what they do), naming the field; None when nothing is.
+    Its identifiers must also be ones ``identifier_problem`` takes (``_IDENTIFIERS``), its ids holding no
+    secret value of ``registered`` (the host's ``SecretSet``: the constructor knows none and looks for
+    credential shapes only) — refused with a ``ContextFieldError``. A copy the host makes for a call
+    (``for_call``) is not checked again: the common call pays nothing for this."""
     role, environment, key, call_id, trace_id, session = (context.role, context.environment, context.idempotency_key,
                                                            context.call_id, context.trace_id, context.session_id)
     deadline = context.deadline
@@ -219,7 +305,7 @@ def context_problem(context: Any) -> Exception | None:
             and (context.secrets is None or context.secrets.__class__ is dict)
             and context.scopes.__class__ is frozenset
             and (not context.scopes or all(scope.__class__ is str for scope in context.scopes))):
-        return None  # the common context, in one expression: this runs at every construction
+        return _identifiers_problem(context, registered)  # the common context's types, in one expression
     if not isinstance(context.principal, str):
         return TypeError(f"ToolContext.principal must be a str, got {type(context.principal).__name__}")
     for name in _OPTIONAL_TEXT:
@@ -245,7 +331,7 @@ def context_problem(context: Any) -> Exception | None:
                          f"got {type(secrets).__name__}")
     if not isinstance(context.trail, list):
         return TypeError(f"ToolContext.trail must be a list, got {type(context.trail).__name__}")
-    return None
+    return _identifiers_problem(context, registered)
 
 
 @attrs.frozen(slots=False)
@@ -276,10 +362,12 @@ class ToolContext:
     trail: list[Decision] = attrs.field(factory=list, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        """Refuse a field of the wrong kind with ``TypeError`` (``ValueError`` for a NaN deadline)
-        naming it. Found by attack: ``deadline="soon"`` failed every call as the host's internal
-        error, ``deadline=nan`` ran calls with no deadline, and ``principal=5`` or ``attributes=5``
-        were taken as they were."""
+        """Refuse a field of the wrong kind with ``TypeError`` (``ValueError`` for a NaN deadline, a
+        ``ContextFieldError`` for an identifier ``identifier_problem`` refuses) naming it. Found by
+        attack: ``deadline="soon"`` failed every call as the host's internal error, ``deadline=nan``
+        ran calls with no deadline, and ``principal=5`` or ``attributes=5`` were taken as they were;
+        so was a ``session_id`` holding a token, which reached ``tool_event`` observers whole and the
+        audit record redacted (``identifier_problem``)."""
         problem = context_problem(self)
         if problem is not None:
             raise problem

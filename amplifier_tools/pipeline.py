@@ -54,7 +54,7 @@ from .dispatch import (
     thrown_in,
 )
 from .errors import ContractError, ExecutionError, PolicyError, ToolError, ToolSystemError
-from .models import MAX_CALL_ID, Decision, ToolCall, ToolContext, ToolResult, call_id_problem, new_call_id
+from .models import MAX_CALL_ID, Decision, ToolCall, ToolContext, ToolResult, identifier_problem, new_call_id
 from .redaction import SecretSet, chain_without_secrets, redact
 from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
@@ -118,7 +118,7 @@ class CallPipeline:
     async def run(self, call: ToolCall, context: ToolContext, own_id: bool = False) -> ToolResult:
         """Run ``call`` to its final ``ToolResult``. Never raises, except ``CancelledError``
         when the caller cancelled it (after the call was completed and recorded). ``own_id``: the
-        call's id is one the host made; any other is checked first (``models.call_id_problem``) and
+        call's id is one the host made; any other is checked first (``models.identifier_problem``) and
         one refused is replaced by a fresh id, the call ending in ``invalid_call_id``.
 
         One coroutine, where a wrapper keeping the call in ``in_flight`` around the body cost a
@@ -131,7 +131,7 @@ class CallPipeline:
             # Each field read once: on CPython 3.11 and 3.12 a read of an attrs-built object's
             # field is not specialized (its instance dict is a split one) and costs ≈ 0.1 µs.
             name, arguments = call.name, call.arguments
-            refused = None if own_id else call_id_problem(call.id, self.secrets)
+            refused = None if own_id else identifier_problem(call.id, self.secrets)
             if refused is not None:  # a call id the host cannot keep: the call runs under one of the host's
                 call = ToolCall(new_call_id(), name, arguments)
             ctx = context.for_call(call.id)
@@ -625,7 +625,7 @@ def _withhold_retry_reasons(ctx: ToolContext) -> None:
 
 
 def _refused_call_id(problem: str) -> ContractError:
-    """The error of a call whose caller-chosen id the host refuses (``models.call_id_problem``)."""
+    """The error of a call whose caller-chosen id the host refuses (``models.identifier_problem``)."""
     return ContractError(f"call_id {problem}", code="invalid_call_id", field="call_id",
                          hint=f"pass a call id of 1 to {MAX_CALL_ID} printable ASCII characters that holds no "
                               "secret (such as a model's tool-call id, 'call_abc123'), or leave call_id unset "

@@ -42,6 +42,16 @@ def fixed_time(monkeypatch: pytest.MonkeyPatch) -> None:
 OPTIONAL_WORDS = st.one_of(st.none(), WORDS)
 
 
+def _unchecked_context(**fields: Any) -> ToolContext:
+    """A context holding identifiers its constructor refuses (``models.identifier_problem``), set around
+    it: the record must still be written and redacted alike (a context changed with
+    ``object.__setattr__``, a secret registered after the call began)."""
+    context = ToolContext()
+    for name, value in fields.items():
+        object.__setattr__(context, name, value)
+    return context
+
+
 @settings(max_examples=800, deadline=None)
 @given(arguments=st.dictionaries(st.one_of(WORDS, st.text(max_size=4)), VALUES, max_size=4),
        original=st.one_of(st.none(), st.dictionaries(WORDS, VALUES, max_size=2)),
@@ -68,8 +78,8 @@ def test_the_fast_record_is_the_reference_record(
     if duration is not None:
         metadata["duration_ms"] = duration
     result = ToolResult(not failed, output, error, metadata, call_id)
-    context = ToolContext(principal=principal, role=role, environment=environment, scopes=scopes,
-                          trace_id=trace_id, session_id=session)
+    context = _unchecked_context(principal=principal, role=role, environment=environment, scopes=scopes,
+                                 trace_id=trace_id, session_id=session)
     settings_ = AuditSettings(record_output=record_output, redact_patterns=patterns)
     original = arguments if original is None else original
     with mock.patch.object(_json, "orjson", None if stdlib else _json._fast()):
@@ -163,7 +173,7 @@ def test_an_unknown_tools_name_and_long_members_are_not_kept() -> None:
         call = ToolCall("c", f"{'x' * 100_000}{i}", {})
         got, expected = _both(call, None, result, ToolContext(session_id="s"))
         assert got == expected
-    long_principal = ToolContext(principal="p" * (spliced.MAX_CACHED_CHARS + 1), session_id="s")
+    long_principal = _unchecked_context(principal="p" * (spliced.MAX_CACHED_CHARS + 1), session_id="s")
     call = ToolCall("c", SPECS[0].name, {})
     assert _both(call, SPECS[0], result, long_principal)[0] == _both(call, SPECS[0], result, long_principal)[1]
     assert spliced._segments == {}

@@ -718,3 +718,13 @@ def test_an_unknown_tool_suggests_each_close_tool_once(project: Path) -> None:
     assert out.returncode == 3
     line = out.stderr.splitlines()[0]
     assert "did you mean 'fs_read_file'" in line and "local::fs.read_file" not in line, out.stderr
+
+
+def test_call_with_a_principal_or_scope_of_no_safe_shape_is_refused_without_quoting_it(project: Path) -> None:
+    """``ToolContext``'s identifiers are checked (docs/contract.md, 'Identifiers'); the command names the option."""
+    token = "ghp_" + "a" * 36
+    principal = cli(project, "call", "demo_greet", '{"who": "Ada"}', "--principal", token)
+    assert principal.returncode == 3 and "ToolContext.principal" in principal.stderr and token not in principal.stderr
+    assert principal.stderr.splitlines()[-1].startswith("hint: pass --principal as a name")
+    scope = cli(project, "call", "demo_greet", '{"who": "Ada"}', "--scope", "fs:read fs:write")
+    assert scope.returncode == 3 and scope.stderr.splitlines()[-1].startswith("hint: pass --scope as a name")

@@ -102,7 +102,7 @@ def call_context(host: ToolHost, source: ContextSource[F], framework_context: F,
 def framework_call_id(call_id: object) -> str | None:
     """The host's call id for a framework's tool-call id: the id itself when it is printable ASCII
     of at most ``MAX_CALL_ID`` characters (what every framework sends; the host's own bound,
-    ``models.call_id_problem``, which also refuses one holding a secret); otherwise a bounded,
+    ``models.identifier_problem``, which also refuses one holding a secret); otherwise a bounded,
     printable stand-in — its printable prefix and a hash of the whole — so a model cannot put
     200 KB or control characters into the audit log's ids, and the same id still maps to the same
     call id. An empty or missing id is ``None`` (the host makes one).

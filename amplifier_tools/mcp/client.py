@@ -244,7 +244,7 @@ class ServerConnection:
                 self.hashes = {name: definition_hash(d) for name, d in self.definitions.items()}
                 self._session = session
                 ready.set_result(None)
-                await stop.wait()
+                await self._until_stopped(stop)
         except BaseException as caught:
             exc = _single(caught)
             too_large = self._too_large()
@@ -257,6 +257,23 @@ class ServerConnection:
                 raise
         finally:
             self._session = None
+
+    async def _until_stopped(self, stop: asyncio.Event) -> None:
+        """Until ``stop`` is set, or a stdio server's output has ended: then the run ends and the
+        process is stopped as at ``close`` (stdin closed, SIGTERM, its grace, SIGKILL). Found by trial:
+        a server that closed its stdout and slept on ran until the next call stopped it (that call
+        paid the stop), or for the host's lifetime once ``max_restarts`` was reached."""
+        ended = self._server.output_ended if self._server is not None else None
+        if ended is None:
+            await stop.wait()
+            return
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(ended.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     def _definitions(self, tools: Iterable[mcp_types.Tool]) -> dict[str, dict[str, Any]]:
         """The listed tools' definitions by name; a ``ContractError`` (``mcp_duplicate_tool``) naming the
@@ -289,9 +306,12 @@ class ServerConnection:
 
     @property
     def alive(self) -> bool:
+        """Whether a call can be sent: a session, and for a stdio server a running process whose
+        output has not ended (a server that closed its stdout but runs on can answer nothing)."""
         if self.settings.url is not None:
             return self._session is not None
-        return self._session is not None and self._process is not None and self._process.returncode is None
+        return self._session is not None and self._process is not None and self._process.returncode is None \
+            and not (self._server is not None and self._server.output_ended.is_set())
 
     def freeze_definitions(self, mounted: Mapping[str, str]) -> None:
         """Remember the hashes of the mounted tools and the server's version; a restarted server
@@ -437,6 +457,10 @@ class ServerConnection:
                 f"the connection to MCP server {self.name!r} ({self.settings.url}) failed during the call: "
                 f"{type(exc).__name__}: {str(exc)[:200]}; it is reconnected on the next call", code="mcp_server_died",
                 retryable=True)
+        if code is None:  # its output ended while it ran on: stopped now (``_until_stopped``)
+            return ExecutionError(
+                f"MCP server {self.name!r} closed its output during the call but kept running; it is stopped "
+                "and restarted on the next call", code="mcp_server_died", retryable=True, exit_status=None)
         return ExecutionError(
             f"MCP server {self.name!r} died during the call (exit status {code}); "
             "it is restarted on the next call", code="mcp_server_died", retryable=True, exit_status=code)

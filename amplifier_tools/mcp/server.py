@@ -66,7 +66,7 @@ from ..content import mcp_spelling
 from ..definitions import META_NAME
 from ..errors import ConfigError
 from ..host import ToolHost
-from ..models import ToolContext, ToolResult, new_call_id, output_text
+from ..models import ContextFieldError, ToolContext, ToolResult, new_call_id, output_text
 from ..plugin_settings import structure_settings
 from .settings import DEFAULT_MAX_MESSAGE_BYTES, PLUGIN, McpSettings, ServeClient, ServeSettings
 from .transport import READ_CHUNK, loads_or_none, request_id, wire_text
@@ -101,8 +101,16 @@ def caller_context(host: ToolHost, settings: ServeSettings, client: ServeClient 
     attributes = {**base.attributes, "transport": transport}
     if client is not None:
         attributes["mcp_client"] = client.token_ref
-    return attrs.evolve(base, principal=pick("principal"), role=pick("role"), environment=pick("environment"),
-                        scopes=frozenset(pick("scopes")), attributes=attributes)
+    try:
+        return attrs.evolve(base, principal=pick("principal"), role=pick("role"), environment=pick("environment"),
+                            scopes=frozenset(pick("scopes")), attributes=attributes)
+    except ContextFieldError as wrong:  # a client's principal holding a token, say: refused at serve start
+        where = f"plugins.{PLUGIN}.serve"
+        if client is not None:
+            where += f".clients[{settings.clients.index(client)}]" if client in settings.clients else ".clients"
+        raise ConfigError(str(wrong), key=f"{where}.{wrong.field}",
+                          hint="a principal, role or environment is a name, a scope a short token: printable "
+                               "characters, no credential (docs/contract.md, 'Identifiers')") from None
 
 
 @attrs.frozen

@@ -351,12 +351,15 @@ class StderrTail:
 class StdioServer:
     """A running stdio server: its process, the session's streams, and why reading stopped."""
 
-    __slots__ = ("flooded", "oversized", "process", "read", "unanswered", "write")
+    __slots__ = ("flooded", "output_ended", "oversized", "process", "read", "unanswered", "write")
 
     def __init__(self, process: anyio.abc.Process, read: ReadStream, write: WriteStream) -> None:
         self.process = process
         self.read = read
         self.write = write
+        #: Set when the server's stdout has ended (it exited, was stopped, or closed fd 1 and runs on):
+        #: no answer can come any more, whether or not the process still runs.
+        self.output_ended = anyio.Event()
         #: Bytes of the unfinished message when it passed ``max_message_bytes``, else None.
         self.oversized: int | None = None
         #: Requests the server sent that have no answer written yet.
@@ -463,8 +466,7 @@ async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
     server = StdioServer(process, read_recv, write_send)
-
-    reader_done = anyio.Event()
+    reader_done = server.output_ended
 
     async def reader() -> None:
         try:
