@@ -39,6 +39,7 @@ import attrs
 from .content import amplifier_spelling, blocks_of
 from .errors import ConfigError
 from .host import ToolHost
+from .integrations._common import framework_call_id
 from .models import MAX_NAME, ToolResult, identifier_problem
 from .redaction import chain_without_secrets
 from .registry import MountedTool
@@ -70,8 +71,9 @@ class AmplifierTool:
         context = self._host.default_context
         if self._session_id and context.session_id != self._session_id:
             context = attrs.evolve(context, session_id=self._session_id)
+        # A provider's id the host would refuse (too long, control characters) gets a bounded stand-in.
         result = await self._host.call(self._canonical, arguments, context=context,
-                                       call_id=call_id if isinstance(call_id, str) and call_id else None)
+                                       call_id=framework_call_id(call_id) if isinstance(call_id, str) else None)
         return to_amplifier_result(result)
 
 

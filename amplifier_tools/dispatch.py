@@ -320,9 +320,11 @@ class ErrorState:
                 pass
         error.args = self._args
         fields = vars(error)
+        details = fields.get("details")
         fields.clear()
         fields.update(self._fields)
-        fields["details"] = _deep_copy(self._details)
+        # ``details`` put back only when changed: one held elsewhere stays the error's own.
+        fields["details"] = _deep_copy(self._details) if "details" in changed else details
 
 
 def _deep_copy(value: Any) -> Any:

@@ -133,3 +133,23 @@ async def test_content_blocks_cross_in_both_directions(workspace: Path) -> None:
     back = to_amplifier_result(result)
     assert back.content is not None and len(back.content) == 2
     assert back.model_dump()["content"][1]["source"]["media_type"] == "image/png"
+
+
+async def test_an_amplifier_call_id_past_the_hosts_bound_still_runs_the_call(workspace: Path) -> None:
+    """Amplifier hands the provider's tool-call id on as ``_tool_call_id``: one the host would refuse
+    (longer than 128 characters, or with a control character) is mapped to a bounded stand-in as the
+    framework integrations map theirs (found by review: the call was refused ``invalid_call_id``)."""
+    coordinator = _coordinator()
+    config = {"config": str(workspace.parent / "amplifier-tools.toml"), "working_dir": str(workspace),
+              "tools": ["local::fs.read_file"]}
+    await amplifier_module.mount(coordinator, config)
+    try:
+        read = coordinator.get("tools")["fs_read_file"]
+        for odd in ("toolu_" + "x" * 200, "toolu_01\n"):
+            result = await read.execute({"path": "notes.txt", "_tool_call_id": odd})
+            assert result.success, result.error
+    finally:
+        await coordinator.cleanup()
+    records = [json.loads(line) for line in (workspace.parent / "state" / "audit.jsonl").read_text().splitlines()]
+    ids = [r["call_id"] for r in records if r["kind"] == "call"]
+    assert len(ids) == 2 and all(i.startswith("toolu_") and len(i) <= 128 for i in ids)

@@ -84,7 +84,7 @@ async def test_a_server_that_ignores_sigterm_is_killed_after_its_grace(tmp_path:
         assert (await host.call("mcp::s::echo", {})).output == "ok"
         await wait_beating(tmp_path)
         started = time.monotonic()
-    assert time.monotonic() - started < 4.0  # stdin closed: 1 s; SIGTERM: 1 s; then SIGKILL
+    assert time.monotonic() - started < 6.0  # stdin closed: 1 s; SIGTERM: 1 s; then SIGKILL
     assert term_file(tmp_path) == ["term"]
     assert not await still_writing(tmp_path)
 
@@ -133,7 +133,7 @@ async def test_tiny_startup_timeouts_leave_no_sandbox_running(tmp_path: Path) ->
         with pytest.raises(PluginLoadError, match="did not start within"):
             async with stopping(run, startup_timeout_ms=timeout_ms):
                 pass
-        assert time.monotonic() - started < 5.0, f"{timeout_ms} ms: the failed start took the close's 10 s"
+        assert time.monotonic() - started < 8.0, f"{timeout_ms} ms: the failed start took the close's 10 s"
         assert not await still_writing(run), f"{timeout_ms} ms: the sandbox ran on"
 
 

@@ -330,3 +330,55 @@ def test_the_id_of_an_over_long_line_is_read_only_from_members_before_any_nested
     from amplifier_tools.mcp.server import id_in_head
 
     assert id_in_head(head) == request_id
+
+
+def test_an_over_long_response_from_the_client_is_dropped_unanswered(tmp_path: Path) -> None:
+    """Found by review: an over-long line that is a response (the client answering a request of the
+    server's, ids written first as the SDK writes them) was answered -32600 with its id, which the
+    client could take for the answer to its own request of that id (ids of the two sides overlap),
+    where a response the server can read, or a malformed one, is never answered."""
+    served = Served(tmp_path, max_message_bytes=65536)
+    try:
+        served.initialize()
+        big = "x" * 100_000
+        served.send({"jsonrpc": "2.0", "id": 3, "result": {"content": [{"type": "text", "text": big}]}})
+        served.send({"jsonrpc": "2.0", "id": 4, "error": {"code": -1, "message": big}})
+        served.send({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": big}})  # a request
+        served.send({"jsonrpc": "2.0", "id": 7, "method": "tools/list"})
+        messages = served.until_answer(7)
+        assert errors(messages) == [(5, -32600)]
+    finally:
+        served.close()
+
+
+@pytest.mark.parametrize(("head", "response"), [
+    (b'{"jsonrpc": "2.0", "id": 5, "result": {"content": [{"te', True),
+    (b'{"jsonrpc": "2.0", "id": 5, "error": {"code": 1, "message": "x', True),
+    (b'{"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"result": 1, "x', False),
+    (b'{"jsonrpc": "2.0", "id": 5, "params": {"result": {"x', False),
+    (b'[{"jsonrpc": "2.0", "id": 5, "result": {"x', False),
+])
+def test_a_response_is_told_from_an_over_long_lines_first_members(head: bytes, response: bool) -> None:
+    from amplifier_tools.mcp.server import response_in_head
+
+    assert response_in_head(head) is response
+
+
+def test_an_id_that_cannot_be_written_back_gets_an_answer_with_id_null(tmp_path: Path) -> None:
+    """Found by review: a malformed or over-long line whose id is a string with a lone surrogate
+    (``"\\udfff"``: JSON's grammar allows it, UTF-8 cannot carry it) made writing its -32600 answer
+    raise, which ended the serving: the client got no answer to anything after it. Such an id is
+    unknown (null), as any other the answer cannot carry. (The SDK's parser refuses a line holding
+    one as no JSON: -32700.)"""
+    served = Served(tmp_path, max_message_bytes=65536)
+    try:
+        served.initialize()
+        served.send(b'{"jsonrpc": "2.0", "id": "\\ud800", "method": 5}')
+        served.send(b'{"jsonrpc": "2.0", "id": "\\udfff", "method": "tools/call", "params": {"name": "'
+                    + b"x" * 100_000 + b'"}}')
+        served.send({"jsonrpc": "2.0", "id": 7, "method": "tools/list"})
+        messages = served.until_answer(7)
+        assert errors(messages) == [(None, -32700), (None, -32600)]
+        assert "fs_read_file" in [tool["name"] for tool in messages[-1]["result"]["tools"]]
+    finally:
+        served.close()

@@ -230,3 +230,4 @@ async def test_a_mock_tool_whose_return_value_cannot_be_copied_returns_it_as_it_
     async with tool_host(mock) as host:
         result = await host.call("store_lock", {})
     assert result.success and result.output == "ok" and mock.call_count == 1
+    assert result.metadata["lock"] is lock  # returned as it is: a lock cannot be deep-copied

@@ -422,10 +422,12 @@ async def _run_stdio(server: Server[Any], max_message_bytes: int) -> None:
 @attrs.frozen
 class Overlong:
     """A line of the client's longer than ``max_message_bytes``, read and dropped: its length in
-    bytes, and its request's id when the line's first bytes tell it (``id_in_head``)."""
+    bytes, its request's id when the line's first bytes tell it (``id_in_head``), and whether they
+    tell a response (``response_in_head``: not answered)."""
 
     size: int
     id: str | int | None
+    response: bool = False
 
 
 #: Bytes at the start of an over-long line searched for its request's id.
@@ -437,29 +439,62 @@ _SCALAR_MEMBER: Final = re.compile(rb"\s*(" + _STRING + rb")\s*:\s*(" + _STRING
                                    + rb"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|true|false|null)\s*([,}])")
 
 
-def id_in_head(head: bytes) -> str | int | None:
-    """The ``id`` of the JSON object ``head`` starts, when only members with a string, number or
-    literal value come before it in ``head`` (the SDK's clients write ``jsonrpc`` and then ``id``
-    first; a client that writes ``params`` first leaves it unknown): else None."""
+_KEY: Final = re.compile(rb"\s*(" + _STRING + rb")\s*:")
+#: The value ``head_members`` gives a member whose value is an object or an array (not read).
+NESTED: Final = object()
+
+
+def head_members(head: bytes) -> Iterator[tuple[object, object]]:
+    """The members of the JSON object ``head`` starts, in order, while their values are strings,
+    numbers or literals; then the key of the first member with another value, with ``NESTED``."""
     start = _OBJECT_START.match(head)
     if start is None:
-        return None
+        return
     position = start.end()
     while member := _SCALAR_MEMBER.match(head, position):
         try:
             key, value = json.loads(member[1]), json.loads(member[2])
         except ValueError:
-            return None
-        if key == "id":
-            return request_id({"id": value})
+            return
+        yield key, value
         if member[3] == b"}":
-            return None
+            return
         position = member.end()
+    if (nested := _KEY.match(head, position)) is not None:
+        with contextlib.suppress(ValueError):
+            yield json.loads(nested[1]), NESTED
+
+
+def id_in_head(head: bytes) -> str | int | None:
+    """The ``id`` of the JSON object ``head`` starts, when only members with a string, number or
+    literal value come before it in ``head`` (the SDK's clients write ``jsonrpc`` and then ``id``
+    first; a client that writes ``params`` first leaves it unknown): else None."""
+    for key, value in head_members(head):
+        if key == "id":
+            return None if value is NESTED else request_id({"id": value})
     return None
 
 
+def response_in_head(head: bytes) -> bool:
+    """Whether the JSON object ``head`` starts is a response: a ``result`` or ``error`` member comes
+    before any ``method`` among its first members (as the SDK's clients write them)."""
+    for key, _ in head_members(head):
+        if key == "method":
+            return False
+        if key in ("result", "error"):
+            return True
+    return False
+
+
 def _error(rid: str | int | None, code: int, message: str) -> str:
-    """A JSON-RPC error response as a line of the wire."""
+    """A JSON-RPC error response as a line of the wire; with id null when ``rid`` is a string UTF-8
+    cannot carry (a lone surrogate, which JSON's ``\\ud800`` escapes allow: found by review, writing
+    the answer raised and ended the serving)."""
+    if isinstance(rid, str) and not rid.isascii():
+        try:
+            rid.encode()
+        except UnicodeEncodeError:
+            rid = None
     error = mcp_types.ErrorData(code=code, message=message)
     return wire_text(mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=error))
 
@@ -499,7 +534,8 @@ class StdioPipes:
     A line is read in pieces of at most ``max_message_bytes``: a longer one is never held whole (at
     most ``max_message_bytes`` of it, then 64 KiB at a time up to its newline, are read and
     dropped); it is answered -32600, with its request's id when its first bytes tell it
-    (``id_in_head``), and a warning names the setting. Found by attack: a 30 MB line was read
+    (``id_in_head``) — not at all when they tell a response (``response_in_head``) — and a warning
+    names the setting. Found by attack: a 30 MB line was read
     whole, and a client could make the server hold as much memory as it sent in one line.
     Limits: once serving ends, the reading thread may still take one more line, which is dropped.
     A blank line is no message and is not answered."""
@@ -576,8 +612,10 @@ class StdioPipes:
         (or None: nothing)."""
         if isinstance(line, Overlong):
             log.warning("serve-mcp: a message of %d bytes from the client is longer than plugins.%s.serve."
-                        "max_message_bytes (%d); it was dropped unparsed and answered -32600",
-                        line.size, PLUGIN, self.max_message_bytes)
+                        "max_message_bytes (%d); it was dropped unparsed%s", line.size, PLUGIN, self.max_message_bytes,
+                        " (a response: not answered)" if line.response else " and answered -32600")
+            if line.response:  # as ``refusal``: a response is never answered
+                return None
             return _error(line.id, mcp_types.INVALID_REQUEST,
                           f"Invalid Request: message longer than {self.max_message_bytes} bytes")
         if line.isspace():
@@ -609,14 +647,16 @@ class StdioPipes:
         line = stdin.readline(self.max_message_bytes + 1)
         if len(line) <= self.max_message_bytes or line.endswith(b"\n"):
             return line.decode("utf-8", errors="replace")
-        rid, size = id_in_head(line[:ID_HEAD_BYTES]), len(line)
+        head, size = line[:ID_HEAD_BYTES], len(line)
         del line
+        response = response_in_head(head)
+        rid = None if response else id_in_head(head)
         while rest := stdin.readline(READ_CHUNK):
             if rest.endswith(b"\n"):
                 size += len(rest) - 1
                 break
             size += len(rest)
-        return Overlong(size, rid)
+        return Overlong(size, rid, response)
 
     def _write(self, fd: int) -> None:
         with open(fd, "wb") as out:

@@ -485,7 +485,7 @@ class PolicyPlugin:
         if breaker is None:
             breaker = self._breakers[spec.name] = CircuitBreaker(policy)
         now = self.clock()
-        allowed, changed, probe = breaker.admit(now, self._run_bound(spec, context, now))
+        allowed, changed, probe = breaker.admit(now, self._run_bound(spec, context, now), expires=False)
         if changed is not None:
             context.record(PLUGIN, "tool_pre", "circuit", f"circuit {changed}: probe call", state=changed)
             self._emit_soon(f"circuit:{changed}", {"tool": spec.name})

@@ -142,11 +142,16 @@ class CircuitBreaker:
                 breaker._counts = deque(list(bucket) for bucket in data["counts"][-2 * BUCKETS:])
         return breaker
 
-    def admit(self, now: float, bound: float | None = None) -> tuple[bool, str | None, int | None]:
+    def admit(self, now: float, bound: float | None = None, *,
+              expires: bool = True) -> tuple[bool, str | None, int | None]:
         """(allowed, new state if it changed, probe token if this call is the probe).
         While open, after the cooldown one probe is let through; a probe abandoned without an
         outcome, or held past its bound, lets the next call be the probe. ``bound``: the seconds
-        after which this call, if it becomes the probe, is taken as lost (None: never)."""
+        after which this call, if it becomes the probe, is taken as lost (None: never).
+        ``expires=False``: the bound is only the refused calls' hint (``retry_after``), the probe
+        is never taken as lost — an in-process breaker, whose probe every end of its call releases
+        (found by review: a probe held up by a later plugin's ``tool_pre`` hook, which its bound
+        does not cover, let a second probe through while it still ran)."""
         state = self.state
         if state == CLOSED:
             return True, None, None
@@ -155,7 +160,7 @@ class CircuitBreaker:
             if now - self.opened_at < self.policy.cooldown_ms / 1000.0:
                 return False, None, None
             self.state = changed = HALF_OPEN
-        elif self.probe is not None and (self.probe_until is None or now < self.probe_until):
+        elif self.probe is not None and (not expires or self.probe_until is None or now < self.probe_until):
             return False, None, None
         self._tokens += 1
         self.probe = self._tokens
@@ -170,7 +175,9 @@ class CircuitBreaker:
         a success closes the breaker, a failure opens it for a cooldown)."""
         cooldown = self.policy.cooldown_ms / 1000.0
         if self.state == HALF_OPEN and self.probe is not None:
-            return cooldown if self.probe_until is None else max(0.0, min(self.probe_until - now, cooldown))
+            # Past its bound and still held (an in-process probe, ``expires=False``): one cooldown.
+            left = cooldown if self.probe_until is None else self.probe_until - now
+            return cooldown if left <= 0 else min(left, cooldown)
         return max(0.0, self.opened_at + cooldown - now)
 
     def abandon(self, probe: int | None) -> None:
