@@ -153,3 +153,41 @@ async def test_an_amplifier_call_id_past_the_hosts_bound_still_runs_the_call(wor
     records = [json.loads(line) for line in (workspace.parent / "state" / "audit.jsonl").read_text().splitlines()]
     ids = [r["call_id"] for r in records if r["kind"] == "call"]
     assert len(ids) == 2 and all(i.startswith("toolu_") and len(i) <= 128 for i in ids)
+
+
+class _Coordinator:
+    """The part of an Amplifier coordinator ``amplifier_module.mount`` uses, with a session id."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.tools: dict[str, Any] = {}
+        self.cleanups: list[Any] = []
+
+    async def mount(self, kind: str, tool: Any, name: str) -> None:
+        self.tools[name] = tool
+
+    async def unmount(self, kind: str, name: str) -> None:
+        self.tools.pop(name, None)
+
+    def register_cleanup(self, cleanup: Any) -> None:
+        self.cleanups.append(cleanup)
+
+
+@pytest.mark.parametrize("session_id", ["s" * 300, "session\nforged"])
+async def test_an_amplifier_session_id_the_host_refuses_leaves_the_calls_working(
+        tmp_path: Path, session_id: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The reverse direction set each call's ``session_id`` to the Amplifier session's: one the
+    context refuses (too long, a control character) would make every call raise inside the
+    session's tool. The calls keep the host's session id, and a warning says why."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("first\n")
+    coordinator = _Coordinator(session_id)
+    await amplifier_module.mount(coordinator, {"working_dir": str(work), "tools": ["local::fs.read_file"]})
+    try:
+        result = await coordinator.tools["fs_read_file"].execute({"path": "notes.txt"})
+        assert result.success, result
+    finally:
+        for cleanup in coordinator.cleanups:
+            await cleanup()
+    assert any("calls are recorded under the host's session id" in r.getMessage() for r in caplog.records)
