@@ -19,7 +19,7 @@ from typing import Any
 
 from amplifier_tools import ToolHost
 from amplifier_tools import sandbox as engine
-from amplifier_tools.builtins.bash.process import live_members
+from amplifier_tools.termination import live_members
 
 from .harness import Row, interleaved, isolated_state, row, run_async
 
