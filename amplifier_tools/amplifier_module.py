@@ -123,10 +123,10 @@ async def mount(coordinator: Any, config: Mapping[str, Any] | None = None) -> li
                                   key="tool-amplifier-tools.config.tools")
             selected.append(mounted)
         session_id = getattr(coordinator, "session_id", None)
-        if session_id is not None and identifier_problem(session_id, (), MAX_NAME) is not None:
+        if session_id is not None and (refused := identifier_problem(session_id, (), MAX_NAME)) is not None:
             # Not a session id the host takes (ToolContext refuses it): the calls keep the host's own.
             log.warning("tool-amplifier-tools: the session's id %s; calls are recorded under the host's "
-                        "session id", identifier_problem(session_id, (), MAX_NAME))
+                        "session id", refused)
             session_id = None
         tools = [AmplifierTool(host, mounted, session_id) for mounted in selected]
         for number, tool in enumerate(tools):

@@ -55,7 +55,9 @@ def identifier_problem(value: object, secrets: Any = (), longest: int = MAX_CALL
     patterns); its characters, by ``kind``: ``"id"`` printable ASCII (a call, trace or session id),
     ``"token"`` printable ASCII but no space (a scope, as OAuth's), ``"name"`` any printable
     character, non-ASCII letters too (a principal such as ``zoë@example.com``, a role) but no control,
-    format (bidirectional overrides, zero-width) or line-separating character. The reason never quotes
+    format (bidirectional overrides, zero-width) or line-separating character, and no white space
+    at either end (``"alice "`` would be a principal of its own, with its own rate limits and budgets,
+    and read as ``alice`` in a log; a principal of spaces alone would be no name). The reason never quotes
     the value. Found by attack: a call id holding a token reached the caller's result and every
     ``tool_event`` observer whole, the error's and the audit record's ``call_id`` as ``[REDACTED]``
     (no longer a key to find the call by), and an id of 200 KB or with control characters went into
@@ -77,6 +79,8 @@ def identifier_problem(value: object, secrets: Any = (), longest: int = MAX_CALL
         return "holds characters other than printable ASCII"
     if kind == "token" and " " in value:
         return "holds a space (one scope per item: scopes={'fs:read', 'fs:write'})"
+    if kind == "name" and value.strip() != value:
+        return "begins or ends with white space (it would name someone else than the same name without it)"
     redact_text = _redaction or _load_redaction()
     if redact_text(value, secrets) != value:
         return "holds a secret value or a credential-shaped string (not quoted here)"

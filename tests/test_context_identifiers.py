@@ -63,6 +63,10 @@ def test_a_context_identifier_holding_a_credential_is_refused_naming_the_field(f
     ("principal", "ali\u200bce", "format"),  # a zero-width space
     ("role", "dev\u2028ops", "line-separating"),
     ("environment", "", "empty"),
+    ("principal", "   ", "white space"),  # no name at all, read as blank in a log
+    ("principal", "alice ", "white space"),  # a principal of its own, its own rate limits and budgets
+    ("role", "\tadmin", "control"),
+    ("idempotency_key", " key-1", "white space"),
     ("scopes", {"fs:read fs:write"}, "space"),
     ("scopes", {"fs:réad"}, "printable ASCII"),
     ("scopes", {""}, "empty"),
