@@ -27,7 +27,6 @@ chain, ``modify`` chains ``data``); ``emit`` returns the outcome, and delivers t
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 import logging
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from .copies import copy_of
 from .definitions import model_name
 from .dispatch import being_cancelled, thrown_in
 from .errors import did_you_mean
@@ -291,7 +291,7 @@ def event_data(call: ToolCall, context: ToolContext | None = None, **extra: Any)
     ``msg`` beside ``message`` in ``error``."""
     name = call.name if isinstance(call.name, str) else str(call.name)
     # A copy all the way down: a handler changing it in place must not change the call unvalidated.
-    arguments = copy.deepcopy(call.arguments)
+    arguments = copy_of(call.arguments)
     short = model_name(name)
     data = {"tool_name": short, "name": short, "tool_canonical_name": name, "tool_input": arguments,
             "input": arguments, "tool_call_id": call.id,
@@ -310,39 +310,7 @@ def result_data(result: ToolResult) -> dict[str, Any]:
     A copy all the way down, as ``tool_input`` is (found by attack: a handler changing the output
     in place changed what the caller got, unchecked against the output schema, missing from the
     trail, and with a secret it wrote there unredacted: the output was scrubbed before ``tool_post``)."""
-    return {"success": result.success, "output": _copy_of(result.output), "error": _copy_of(result.error)}
-
-
-def _copy_of(value: Any) -> Any:
-    """A deep copy of ``value``; for one ``copy.deepcopy`` fails on (nested past the stack, an
-    object whose ``__deepcopy__`` raises), a copy of its dicts and lists, without recursion, the
-    rest copied where it can be and shared where it cannot (found by attack: such an output,
-    which the call returned before, failed every call with a ``tool:post`` handler)."""
-    try:
-        return copy.deepcopy(value)
-    except Exception:  # RecursionError included
-        pass
-    copies: dict[int, Any] = {}
-    top: list[Any] = [None]
-    stack: list[tuple[Any, Any, Any]] = [(value, top, 0)]
-    while stack:
-        node, into, at = stack.pop()
-        if isinstance(node, (dict, list)):
-            made = copies.get(id(node))
-            if made is None:
-                if isinstance(node, dict):
-                    made = copies[id(node)] = dict.fromkeys(node)
-                    stack.extend((item, made, key) for key, item in node.items())
-                else:
-                    made = copies[id(node)] = [None] * len(node)
-                    stack.extend((item, made, index) for index, item in enumerate(node))
-            into[at] = made
-            continue
-        try:
-            into[at] = copy.deepcopy(node)
-        except Exception:
-            into[at] = node
-    return top[0]
+    return {"success": result.success, "output": copy_of(result.output), "error": copy_of(result.error)}
 
 
 def _redacted_event(data: dict[str, Any], secrets: Any) -> dict[str, Any]:

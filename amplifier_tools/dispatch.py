@@ -15,7 +15,6 @@ cannot be interrupted: a blocking one blocks the event loop (documented limit).
 from __future__ import annotations
 
 import asyncio
-import copy
 import inspect
 import itertools
 import logging
@@ -30,6 +29,7 @@ import attrs
 import pluggy
 
 from ._json import fingerprint, same_json
+from .copies import copy_of
 from .errors import ERROR_CLASSES, ContractError, PluginLoadError, ToolError, ToolSystemError
 from .models import Deny, Modify, ToolCall, ToolContext, ToolResult
 from .redaction import chain_without_secrets, redact_text
@@ -276,7 +276,8 @@ class ErrorState:
 
     Limits: the inside of ``reported`` (the failed result the tool returned: its output and
     metadata) and the call's arguments are not compared; ``details`` that are no JSON data and
-    cannot be deep-copied are compared and put back as a shallow copy."""
+    cannot be deep-copied are kept and put back as ``copies.copy_of`` makes them (their dicts and
+    lists copied, what cannot be copied shared)."""
 
     __slots__ = ("_args", "_class", "_details", "_details_print", "_fields")
 
@@ -284,7 +285,7 @@ class ErrorState:
         self._class = type(error)
         self._args = error.args
         self._fields = {key: value for key, value in vars(error).items() if key != "details"}
-        self._details = _deep_copy(error.details)
+        self._details = copy_of(error.details)
         self._details_print = _json_print(error.details)
 
     def changed(self, error: ToolError) -> list[str]:
@@ -324,14 +325,7 @@ class ErrorState:
         fields.clear()
         fields.update(self._fields)
         # ``details`` put back only when changed: one held elsewhere stays the error's own.
-        fields["details"] = _deep_copy(self._details) if "details" in changed else details
-
-
-def _deep_copy(value: Any) -> Any:
-    try:
-        return copy.deepcopy(value)
-    except Exception:
-        return dict(value) if isinstance(value, dict) else value
+        fields["details"] = copy_of(self._details) if "details" in changed else details
 
 
 def _json_print(value: Any) -> bytes | None:

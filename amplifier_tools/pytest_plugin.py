@@ -14,7 +14,6 @@ Helpers importable from this module: ``MockTool`` and ``assert_conforms``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import pytest
 
 from ._markers import hookimpl
 from .conformance import Report, check_target_async
+from .copies import copy_of
 from .host import ENV_DISABLE, ENV_LOAD, ToolHost
 from .models import ToolResult
 from .spec import ToolSpec
@@ -35,8 +35,9 @@ class MockTool:
 
     Each call returns a deep copy of ``return_value`` (a ``ToolResult``'s output, error and metadata
     likewise), so a test that changes one call's result changes neither ``return_value`` nor the
-    next call's (found by attack: every call returned the one shared object). A ``return_value``
-    that ``copy.deepcopy`` cannot copy is returned as it is."""
+    next call's (found by attack: every call returned the one shared object). What
+    ``copy.deepcopy`` cannot copy is copied as ``copies.copy_of`` does it: its dicts and lists
+    copied, an object holding a lock or a socket shared."""
 
     def __init__(self, name: str = "mock_tool", description: str = "A mock tool.", return_value: Any = None,
                  *, input_schema: dict[str, Any] | None = None,
@@ -66,19 +67,10 @@ class MockTool:
         self.calls.append(dict(input))
         if self.side_effect is not None:
             raise self.side_effect
-        value = _fresh(self.return_value)
+        value = copy_of(self.return_value)
         if isinstance(value, ToolResult):
             return value
         return ToolResult(success=True, output=value)
-
-
-def _fresh(value: Any) -> Any:
-    """``value`` deep-copied for one call of a ``MockTool``; itself when it cannot be copied (an
-    object holding a lock or a socket)."""
-    try:
-        return copy.deepcopy(value)
-    except Exception:
-        return value
 
 
 class HookRecorder:
