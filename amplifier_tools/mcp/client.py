@@ -41,6 +41,7 @@ from .confinement import sandbox_wrap, server_cwd
 from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
 from .pinning import check_pins, definition_hash
+from .sdk_logs import redact_sdk_logs
 from .settings import ServerSettings
 from .transport import (
     MALFORMED,
@@ -115,6 +116,8 @@ class ServerConnection:
         #: Every path the host's tools and sandboxed processes may write, as it is now (no ``bwrap`` there is run).
         self.writable = writable
         self._wrap: Wrap | None = None
+        #: Takes this connection's ``redact_sdk_logs`` registration back (None: not registered).
+        self._unredact_logs: Callable[[], None] | None = None
         #: The last lines the stdio server of the latest run wrote to stderr (None: not started).
         self.stderr: StderrTail | None = None
         self.pid: int | None = None
@@ -152,6 +155,10 @@ class ServerConnection:
         # Before anything starts: a sandbox that cannot be had fails the start (never runs unconfined).
         self._wrap = await sandbox_wrap(self.name, self.settings, self.working_dir, self.protected(),
                                         tuple(self.writable()))
+        if self._unredact_logs is None:  # before the SDK can log a message; taken back by close (below too)
+            if self.settings.url is not None:
+                guard_sdk_client_log()  # first on its logger: it reads the exception redaction would replace
+            self._unredact_logs = redact_sdk_logs(self.secrets)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._run(ready, self._stop), name=f"mcp-server-{self.name}")
@@ -303,6 +310,9 @@ class ServerConnection:
                 await asyncio.gather(task, return_exceptions=True)
             except Exception:
                 log.exception("MCP server %r failed while closing", self.name)
+        unredact, self._unredact_logs = self._unredact_logs, None
+        if unredact is not None:  # after the run has ended: what it logged while closing was redacted
+            unredact()
 
     @property
     def alive(self) -> bool:

@@ -42,6 +42,7 @@ from ..errors import AuthError, ConfigError
 from ..host import ToolHost
 from ..redaction import SecretSet, redact
 from ..secrets_table import EnvironmentSecrets
+from .sdk_logs import redact_sdk_logs
 from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
 
@@ -601,7 +602,9 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
     stopping = asyncio.ensure_future(stop.wait())
     forcing = asyncio.ensure_future(forced.wait())
     frozen = False
-    unfilter_logs = filter_refusal_logs(host.capabilities.get("session.secrets"))
+    secrets = host.capabilities.get("session.secrets")
+    unfilter_logs = filter_refusal_logs(secrets)
+    unredact_logs = redact_sdk_logs(secrets if secrets is not None else ())  # the SDK's DEBUG lines: whole messages
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
@@ -648,6 +651,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         app.flush()
         raise
     finally:
+        unredact_logs()
         unfilter_logs()
         if frozen:
             gc.unfreeze()

@@ -68,6 +68,7 @@ from ..errors import ConfigError
 from ..host import ToolHost
 from ..models import ContextFieldError, ToolContext, ToolResult, new_call_id, output_text
 from ..plugin_settings import structure_settings
+from .sdk_logs import redact_sdk_logs
 from .settings import DEFAULT_MAX_MESSAGE_BYTES, PLUGIN, McpSettings, ServeClient, ServeSettings
 from .transport import READ_CHUNK, loads_or_none, request_id, wire_text
 
@@ -361,7 +362,12 @@ async def serve(host: ToolHost, settings: ServeSettings | None = None, *, freeze
         await serve_http(host, settings, freeze_heap=freeze_heap)
         return
     server = build_server(host, settings)
-    await serve_stdio_until_signalled(server, settings.max_message_bytes)
+    secrets = host.capabilities.get("session.secrets")
+    unredact_logs = redact_sdk_logs(secrets if secrets is not None else ())  # the SDK's records: exceptions it logs
+    try:
+        await serve_stdio_until_signalled(server, settings.max_message_bytes)
+    finally:
+        unredact_logs()
 
 
 async def serve_stdio_until_signalled(server: Server[Any], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
