@@ -24,7 +24,9 @@ The guarantees are the client's:
   a resent command runs twice: callers resend only commands whose second run refuses more,
   never admits more (a unit taken twice, a lease or reservation added twice under one holder),
   and send give-backs (a ``DECR``) with ``resend=False``: a lost give-back refuses one call too
-  many in its window, a doubled one would admit one too many.
+  many in its window, a doubled one would admit one too many. So a give-back never goes to an
+  idle connection whose end the server already sent (its ``timeout``, a restart): it would fail
+  there without having run, and not be sent again.
 - **Scripts.** ``EVALSHA``; a server that does not know the script (restarted, ``SCRIPT
   FLUSH``) gets it once with ``EVAL`` on the same connection.
 
@@ -63,10 +65,17 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 import redis.asyncio as aioredis
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, RedisError, ResponseError
 
-from .store import StoreUnavailable
+from .store import StoreIncompatible, StoreUnavailable
 from .watchdog import Watchdog
 
 
@@ -79,6 +88,36 @@ def bulk(value: Any) -> bytes:
 def pack(*parts: Any) -> bytes:
     """A command as one RESP array of bulk strings."""
     return b"*%d\r\n%s" % (len(parts), b"".join(map(bulk, parts)))
+
+
+#: What to do about the replies that retrying does not mend (found by attack: a missing password,
+#: a user without the right to run scripts, or a foreign key of another type at one of the
+#: deployment's keys failed every call as a retryable ``policy_store_unavailable`` whose hint sent
+#: people to check that the server was up).
+_CREDENTIALS: Final = ("the password (and user name) in the URL of [plugins.policy] store are refused or missing: "
+                       "the URL carries them between its '//' and an '@' before the host (percent-encode an '@', "
+                       "':' or '/' in them)")
+_PERMISSIONS: Final = ("the Redis user of [plugins.policy] store may not run a command the store needs: grant "
+                       "it the commands docs/policy.md lists (EVALSHA and EVAL first) on the keys under "
+                       "store_prefix")
+_FOREIGN: Final = ("a key under [plugins.policy] store_prefix holds a value of another type, which this "
+                   "release did not write (another deployment or program sharing the prefix, a person): give "
+                   "each deployment its own store_prefix, or delete the key (`policy status` lists them)")
+
+
+def unavailable(where: str, exc: BaseException) -> StoreUnavailable:
+    """The error for a command of the store at ``where`` that failed with ``exc``: a
+    ``StoreIncompatible`` (not retryable) whose hint names the setting for a refused password, a
+    missing permission or a key of another type; else a ``StoreUnavailable``."""
+    message = f"Redis store {where}: {exc}"
+    text = str(exc)
+    if isinstance(exc, AuthenticationError):
+        return StoreIncompatible(message, hint=_CREDENTIALS)
+    if isinstance(exc, NoPermissionError) or (isinstance(exc, ResponseError) and "NOPERM" in text[:200]):
+        return StoreIncompatible(message, hint=_PERMISSIONS)  # NOPERM, or a script's command refused
+    if isinstance(exc, ResponseError) and text.startswith("WRONGTYPE"):
+        return StoreIncompatible(message, hint=_FOREIGN)
+    return StoreUnavailable(message)
 
 
 class Script:
@@ -164,6 +203,8 @@ class RedisLink:
                     connection = idle.pop()
                     if len(idle) < self._fewest_idle:
                         self._fewest_idle = len(idle)
+                    if not resend and _closed_by_server(connection):
+                        connection = await self._open_one(connection)
                 elif len(self._all) < self.max_connections:
                     return await self._on(self._new(), packed, fallback)
                 else:
@@ -186,7 +227,7 @@ class RedisLink:
                                        timed_out=True) from None
             raise
         except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+            raise unavailable(self.where, exc) from exc
 
     async def _on(self, connection: Any, packed: bytes, fallback: Fallback | None) -> Any:
         """One command on ``connection``, which goes back to the free list only once its reply
@@ -319,6 +360,20 @@ class RedisLink:
                 self._give_back(waiter.result())  # handed over as this one was cancelled: the next gets it
             raise
 
+    async def _open_one(self, closed: Any) -> Any:
+        """Instead of ``closed`` (an idle connection the server closed), an idle one it has not
+        closed, else a new one (or the next given back): for a command that is never resent, which
+        would otherwise fail on it though it certainly did not run (found by attack: a give-back
+        after the server's idle ``timeout`` or a restart was lost, its unit counted all window)."""
+        self._discard(closed)
+        while self._idle:
+            connection = self._idle.pop()
+            self._fewest_idle = min(self._fewest_idle, len(self._idle))
+            if not _closed_by_server(connection):
+                return connection
+            self._discard(connection)
+        return await self._fresh()
+
     async def _fresh(self) -> Any:
         """A new connection if the cap leaves room, else the next one given back (after a failure)."""
         if len(self._all) < self.max_connections:
@@ -402,7 +457,7 @@ class RedisLink:
                                        timed_out=True) from None
             raise
         except (RedisError, OSError) as exc:
-            raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
+            raise unavailable(self.where, exc) from exc
 
     async def close(self) -> None:
         self._closed = True
@@ -422,6 +477,13 @@ class RedisLink:
                 pass
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+def _closed_by_server(connection: Any) -> bool:
+    """Whether the server closed idle ``connection`` (its stream has read the end): no command
+    sent on it can run. A close still on its way is not seen."""
+    reader = getattr(connection, "_reader", None)  # redis-py's asyncio.StreamReader, None when not connected
+    return reader is not None and reader.at_eof()
 
 
 class _Turn:

@@ -32,7 +32,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from ...errors import ConfigError
 from .redis_link import DEFAULT_MAX_CONNECTIONS, Fallback, RedisLink, Script, evalsha, pack
-from .store import PLUGIN, StoreUnavailable, Update, load_record
+from .store import PLUGIN, UNKNOWN_WINDOW, StoreUnavailable, Update, load_record
 
 NOW: Final = "local t = redis.call('TIME') local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
 
@@ -78,7 +78,8 @@ return 1
 
 #: A reservation sent again after its reply was lost finds its holder's own live reservation and
 #: answers it, not "reserved" by itself (found by attack: the call was refused and the seconds held
-#: for the reservation's TTL). Its call is not counted again.
+#: for the reservation's TTL). Its call is not counted again. Every reservation is in ``amounts``
+#: (0 seconds for a budget of calls only), so that ``UNRESERVE`` can find it by its holder alone.
 RESERVE: Final = NOW + """
 local interval = tonumber(ARGV[1])
 local max_calls, max_seconds, want = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -89,9 +90,10 @@ local pool, amounts = base .. ':reserved@' .. w, base .. ':amounts@' .. w
 if max_seconds >= 0 then
   for _, gone in ipairs(redis.call('ZRANGEBYSCORE', pool, '-inf', now)) do redis.call('HDEL', amounts, gone) end
   redis.call('ZREMRANGEBYSCORE', pool, '-inf', now)
-  local mine = redis.call('HGET', amounts, ARGV[5])
-  if mine then return {'ok', w, mine} end
 end
+local mine = redis.call('HGET', amounts, ARGV[5])
+if mine then return {'ok', w, mine} end
+local ttl = tonumber(ARGV[6])
 if max_calls >= 0 and tonumber(redis.call('GET', calls) or '0') >= max_calls then return {'calls', w, '0'} end
 local reserve = 0
 if max_seconds >= 0 then
@@ -105,12 +107,11 @@ if max_seconds >= 0 then
   end
   reserve = left
   if want >= 0 and want < left then reserve = want end
-  local ttl = tonumber(ARGV[6])
   redis.call('ZADD', pool, now + ttl, ARGV[5])
-  redis.call('HSET', amounts, ARGV[5], tostring(reserve))
   redis.call('PEXPIRE', pool, interval * 2 + ttl)
-  redis.call('PEXPIRE', amounts, interval * 2 + ttl)
 end
+redis.call('HSET', amounts, ARGV[5], tostring(reserve))
+redis.call('PEXPIRE', amounts, interval * 2 + ttl)
 redis.call('INCR', calls)
 redis.call('PEXPIRE', calls, interval * 2)
 return {'ok', w, tostring(reserve)}
@@ -130,6 +131,24 @@ else
   redis.call('PEXPIRE', seconds, tonumber(ARGV[4]))
 end
 return 1
+"""
+
+#: The give-back of a reservation whose reply never came (``UNKNOWN_WINDOW``): its window is the
+#: server's now or the one before (the give-back follows the reservation within a store timeout or
+#: two); found by the holder's entry in ``amounts``, which is there only if the reservation ran,
+#: and still live. Run twice, it finds nothing the second time: it may be resent.
+UNRESERVE: Final = NOW + """
+local interval, holder = tonumber(ARGV[1]), ARGV[2]
+local w = math.floor(now / interval)
+for _, at in ipairs({w, w - 1}) do
+  if redis.call('HDEL', KEYS[1] .. ':amounts@' .. at, holder) == 1 then
+    redis.call('ZREM', KEYS[1] .. ':reserved@' .. at, holder)
+    local calls = KEYS[1] .. ':calls@' .. at
+    if redis.call('EXISTS', calls) == 1 then redis.call('DECR', calls) end
+    return 1
+  end
+end
+return 0
 """
 
 #: A claim sent again after its reply was lost (``RedisLink`` resends on a dropped idle connection)
@@ -227,7 +246,7 @@ class RedisStore:
         self._takes: dict[str, tuple[float, int, bytes, Fallback]] = {}  # key -> (interval, limit, EVALSHA, EVAL)
         self._scripts = {name: Script(text) for name, text in (
             ("take", TAKE), ("untake", UNTAKE), ("lease", LEASE), ("renew", RENEW), ("reserve", RESERVE),
-            ("settle", SETTLE), ("claim", CLAIM), ("resolve", RESOLVE))}
+            ("settle", SETTLE), ("unreserve", UNRESERVE), ("claim", CLAIM), ("resolve", RESOLVE))}
 
     def _script(self, name: str, keys: list[str], args: list[Any], *,
                 resend: bool = True) -> Coroutine[Any, Any, Any]:
@@ -270,6 +289,9 @@ class RedisStore:
         return outcome.decode(), int(window), float(reserved)
 
     async def settle(self, key: str, interval: float, window: int, holder: str, elapsed: float | None) -> None:
+        if window == UNKNOWN_WINDOW:
+            await self._script("unreserve", [key], [_ms(interval), holder])
+            return
         # A give-back (elapsed None: the call's unit is returned) is never resent (see ``untake``);
         # settling time spent, run twice, counts the time twice: it refuses more, never admits more.
         await self._script("settle", [key], [window, holder, -1 if elapsed is None else elapsed, _ms(2 * interval)],

@@ -36,7 +36,7 @@ from ...redaction import redact
 from ...spec import CircuitBreakerPolicy, IdempotencyKeyRequirement, ToolSpec
 from .breaker import CLOSED, CircuitBreaker, is_record
 from .state import idempotency_slot, interval_of, rate_key, retry_hint
-from .store import SharedStore, StoreIncompatible, StoreUnavailable, next_window, unavailable_hint
+from .store import UNKNOWN_WINDOW, SharedStore, StoreIncompatible, StoreUnavailable, next_window, unavailable_hint
 
 if TYPE_CHECKING:
     from . import PolicyPlugin, _Held
@@ -451,10 +451,22 @@ class SharedPolicy:
             interval = interval_of(budget.window_ms)
             holder = new_holder()
             ttl = self._held_for(spec, context, started, interval)
+            # Kept before the round trip, its window not known yet: a reservation the store made but
+            # whose reply never came (timed out, or the call cancelled during it) is given back by
+            # ``give_back`` (found by attack: it held the seconds, and counted a call that never ran,
+            # until the reservation expired — all of a time budget for its window when the call had no
+            # bound). Replaced by the reservation's own window once the store answers. Not for SQLite:
+            # its operations are never cut part-way (one that failed made nothing), and a give-back
+            # would wait for the lock that failed it, holding the event loop.
+            kept = not self.synchronous
+            if kept:
+                shared.budgets.append((key, interval, UNKNOWN_WINDOW, holder))
             outcome, window, _ = await self._op(
                 self.store.reserve(key, interval, budget.max_calls, budget.max_seconds,
                                    longest if budget.max_seconds is not None else None, holder, ttl),
                 spec, context, started)
+            if kept:
+                shared.budgets.pop()  # nothing to give back when refused; kept with its window when taken
             if outcome == "calls":
                 return Deny(f"call budget of {budget.per} {subject!r} is used up "
                             f"({budget.max_calls} calls per {budget.window_ms:g} ms)", code="budget_exceeded",

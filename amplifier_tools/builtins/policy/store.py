@@ -31,6 +31,10 @@ from ...errors import ConfigError
 PLUGIN: Final = "policy"
 SQLITE_FILE: Final = "policy.sqlite3"
 
+#: ``settle``'s window for a reservation whose reply never came (the command timed out, or the
+#: call was cancelled during it): the store may or may not have made it, in a window it chose.
+UNKNOWN_WINDOW: Final = -1
+
 Update = Callable[[Any, float], tuple[Any, Any]]
 """A read-modify-write step: (stored value or None, the store's now) -> (value to store, result)."""
 
@@ -49,7 +53,8 @@ class StoreUnavailable(Exception):
 
 class StoreIncompatible(StoreUnavailable):
     """The store answered, but holds what this release cannot use (a SQLite file of another schema
-    version, or no SQLite database at all): retrying does not help, and ``hint`` says what does."""
+    version, or no SQLite database at all; in Redis a key of another type) or refuses it (a Redis
+    password or ACL permission): retrying does not help, and ``hint`` says what does."""
 
 
 def unavailable_hint(kind: str) -> str:
@@ -100,7 +105,10 @@ class SharedStore(Protocol):
         at most what is left): (``ok`` | ``calls`` | ``used`` | ``reserved``, window, seconds reserved)."""
 
     async def settle(self, key: str, interval: float, window: int, holder: str, elapsed: float | None) -> None:
-        """End ``holder``'s reservation: add ``elapsed`` execution seconds, or (None) give back the call."""
+        """End ``holder``'s reservation: add ``elapsed`` execution seconds, or (None) give back the call.
+        ``window`` ``UNKNOWN_WINDOW`` (``elapsed`` None): the reservation's reply never came; the store
+        gives back what it finds of ``holder``'s, if anything (never sent to SQLite, whose operations
+        are not cut part-way: one that failed made nothing)."""
 
     async def claim(self, key: str, digest: str, holder: str, ttl: float) -> tuple[str, str | None, str | None]:
         """Claim an idempotency slot: (``claimed``, ..) | (``running``, digest, None) | (``stored``, digest, value)."""
