@@ -30,6 +30,16 @@ class ApprovalPolicy:
         self.now = now
 
     def decide(self, spec: ToolSpec, context: ToolContext) -> Deny | None:
+        """``None`` to let the call go on, else the ``Deny``. Never raises: a failure while deciding
+        is a denial, whatever the section's ``on_error`` (with ``on_error = "ignore"`` the host
+        would let the call of a raising hook go on; found by attack: ``approved_by=["alice"]``
+        raised ``TypeError`` and the tool ran unapproved)."""
+        try:
+            return self._decide(spec, context)
+        except Exception as exc:  # any failure is a denial, never an allow
+            return Deny(f"approval could not be decided ({type(exc).__name__}): denied", code="approval_failed")
+
+    def _decide(self, spec: ToolSpec, context: ToolContext) -> Deny | None:
         if spec.effect not in self.effects:
             return None
         if self.window is not None:
@@ -40,8 +50,10 @@ class ApprovalPolicy:
                 return Deny(f"{spec.effect.value} tools may run only between {start:%H:%M} and {end:%H:%M} UTC",
                             code="outside_window")
         approver = context.attributes.get("approved_by")
-        if approver not in self.approvers:
-            shown = "no approver" if approver is None else f"approver {approver!r} is not allowed"
+        # Exactly a str: a subclass can compare equal to any name (found by attack).
+        if type(approver) is not str or approver not in self.approvers:
+            shown = ("no approver" if approver is None else f"approver {approver!r} is not allowed"
+                     if type(approver) is str else f"approved_by is a {type(approver).__name__}, not a name")
             return Deny(f"{spec.effect.value} tool {spec.name!r} needs approval ({shown})", code="approval_required")
         context.record(PLUGIN, "tool_pre", "allow", f"approved by {approver}")
         return None
@@ -57,10 +69,13 @@ def parse_config(config: dict[str, Any]) -> ApprovalPolicy:
     if not isinstance(approvers, list) or not approvers or not all(isinstance(a, str) and a for a in approvers):
         raise ConfigError("must be a non-empty list of names", key=f"plugins.{PLUGIN}.approvers")
     raw_effects = config.get("effects", ["NonIdempotentWrite", "ExternalSideEffects"])
-    try:
+    try:  # a list, not empty: `effects = []` would approve everything without a word (found by attack)
+        if not isinstance(raw_effects, list) or not raw_effects:
+            raise TypeError
         effects = frozenset(Effect(e) for e in raw_effects)
     except (ValueError, TypeError):
-        raise ConfigError(f"must list effects from {[e.value for e in Effect]}",
+        raise ConfigError(f"must be a non-empty list of effects from {[e.value for e in Effect]} "
+                          "(to turn approval off, list the plugin in disable_plugins)",
                           key=f"plugins.{PLUGIN}.effects") from None
     window = None
     if "window" in config:
@@ -68,6 +83,9 @@ def parse_config(config: dict[str, Any]) -> ApprovalPolicy:
         if not match:
             raise ConfigError("must look like '08:00-18:00' (UTC)", key=f"plugins.{PLUGIN}.window")
         h1, m1, h2, m2 = map(int, match.groups())
+        if (h1, m1) == (h2, m2):
+            raise ConfigError("is empty: start and end are the same minute, so nothing could ever run",
+                              key=f"plugins.{PLUGIN}.window")
         window = (dt.time(h1, m1), dt.time(h2, m2))
     return ApprovalPolicy(frozenset(approvers), effects, window)
 

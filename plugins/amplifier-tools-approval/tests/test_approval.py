@@ -105,3 +105,52 @@ def test_plugin_class_is_the_entry_point_target() -> None:
 
     (ep,) = [ep for ep in entry_points(group="amplifier_tools") if ep.name == "approval"]
     assert ep.load() is ApprovalPlugin
+
+
+class Exploding(dict):  # type: ignore[type-arg]
+    """Attributes whose reading fails (an embedding's lazy mapping, say)."""
+
+    def get(self, *args: Any) -> Any:
+        raise RuntimeError("attribute store down")
+
+
+@pytest.mark.parametrize(("attributes", "code"), [({"approved_by": ["alice"]}, "approval_required"),
+                                                  (Exploding(), "approval_failed")])
+async def test_a_failure_while_deciding_is_a_denial_even_with_on_error_ignore(
+        tool_host: Any, attributes: Any, code: str) -> None:
+    # Before: approved_by=["alice"] made the hook raise TypeError (unhashable), attributes that
+    # fail to read raised too, and with the section's on_error = "ignore" the host let the
+    # unapproved call run.
+    send, _ = tools()
+    config = {"plugins": {"approval": {"approvers": ["alice"], "on_error": "ignore"}}, "disable_plugins": OTHERS}
+    async with tool_host(Mount(send), config=config, entry_points=True) as host:
+        result = await host.call("mail_send", {}, context=ToolContext(attributes=attributes))
+    assert (result.error["type"], result.error["code"]) == ("PolicyError", code)
+    assert send.call_count == 0
+
+
+def test_an_approver_must_be_exactly_a_name() -> None:
+    # Before: a str subclass that compares equal to everything passed as "alice".
+    class Anyone(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return hash("alice")
+
+    send, _ = tools()
+    decision = parse_config({"approvers": ["alice"]}).decide(
+        send.spec, ToolContext(attributes={"approved_by": Anyone("mallory")}))
+    assert decision is not None and decision.code == "approval_required"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"approvers": ["a"], "effects": []},  # before: accepted, and nothing needed approval any more
+     {"approvers": ["a"], "effects": {"ExternalSideEffects": True}},  # before: accepted (its keys)
+     {"approvers": ["a"], "window": "08:00-08:00"}],  # before: accepted, and nothing could run, ever
+)
+def test_a_setting_that_would_silently_approve_or_block_everything_is_refused(config: dict[str, Any]) -> None:
+    key = "effects" if "effects" in config else "window"
+    with pytest.raises(ConfigError, match=rf"plugins\.approval\.{key}"):
+        parse_config(config)

@@ -100,7 +100,10 @@ async def test_a_policy_hook_can_veto_fetches(tool_host: Any, server: str) -> No
 @pytest.mark.parametrize(
     ("config", "key"),
     [({}, "allowed_hosts"), ({"allowed_hosts": ["a"], "max_bytes": 0}, "max_bytes"),
-     ({"allowed_hosts": ["a"], "timeout_ms": "soon"}, "timeout_ms"), ({"allowed_hosts": ["a"], "proxy": 1}, "proxy")],
+     ({"allowed_hosts": ["a"], "timeout_ms": "soon"}, "timeout_ms"), ({"allowed_hosts": ["a"], "proxy": 1}, "proxy"),
+     # An entry no URL's host name could match was a silently dead line (found by attack).
+     ({"allowed_hosts": ["127.0.0.1:8080"]}, "allowed_hosts"), ({"allowed_hosts": ["http://a"]}, "allowed_hosts"),
+     ({"allowed_hosts": ["a.example."]}, "allowed_hosts"), ({"allowed_hosts": ["a"], "effect": "Loud"}, "effect")],
 )
 def test_bad_config_names_the_key(config: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=rf"plugins\.http-fetch\.{key}"):
