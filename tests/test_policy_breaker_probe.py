@@ -113,7 +113,8 @@ async def test_the_hint_is_the_probes_bound_when_shorter_than_the_cooldown(store
 
 @pytest.mark.parametrize("store", ["sqlite", "redis"], indirect=True)
 async def test_a_probe_whose_outcome_never_comes_is_replaced_after_its_bound(store: str, tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
     """A probe whose host never reports back (killed; simulated by dropping its outcome) holds the
     breaker half-open only until its bound has passed, also while refused calls keep coming."""
     monkeypatch.setattr(shared, "LEASE_GRACE", 0.0)
@@ -139,6 +140,10 @@ async def test_a_probe_whose_outcome_never_comes_is_replaced_after_its_bound(sto
                 break
             await asyncio.sleep(0.025)
         assert codes[-1] == "ok" and set(codes[:-1]) <= {"circuit_open"}  # a new probe ran and closed it
+        # Said where an operator looks (found by review: the replacement was neither logged nor in the trail).
+        assert [r for r in caplog.records if "taken as lost" in r.getMessage() and "'probed'" in r.getMessage()]
+        trail = result.metadata["trail"]
+        assert [d for d in trail if d["details"].get("lost_probe") is True and d["action"] == "circuit"]
     finally:
         tool.gate.set()
         await host.close()

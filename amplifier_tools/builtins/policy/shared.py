@@ -412,14 +412,23 @@ class SharedPolicy:
 
         def step(data: Any, now: float) -> tuple[Any, Any]:
             breaker = CircuitBreaker.restore(policy, _readable(key, data))
+            held = breaker.probe is not None and breaker.probe_until is not None and now >= breaker.probe_until
             allowed, changed, probe = breaker.admit(now, bound)
-            return breaker.snapshot(), (allowed, changed, probe, breaker.retry_after(now))
+            return breaker.snapshot(), (allowed, changed, probe, breaker.retry_after(now), held and allowed)
 
-        allowed, changed, probe, retry_after = await self._op(
+        allowed, changed, probe, retry_after, replaced = await self._op(
             self.store.update(key, step, self._breaker_ttl(policy)), spec, context, started)
         if changed is not None:
             context.record(PLUGIN, "tool_pre", "circuit", f"circuit {changed}: probe call", state=changed)
             self.plugin._emit_soon(f"circuit:{changed}", {"tool": spec.name})
+        elif replaced:
+            # The probe before it was held past its bound (its host killed, its outcome's reply lost,
+            # or held up by a slow hook): said where an operator looks, as the breaker's other turns are.
+            log.warning("policy: the circuit breaker probe of %r was held past its bound and is taken as lost; "
+                        "this call probes instead (a killed host, a lost store reply, or a slow tool_pre hook; "
+                        "the bound is the call's timeout plus [plugins.policy] store_timeout_ms)", spec.name)
+            context.record(PLUGIN, "tool_pre", "circuit", "circuit half_open: the last probe was taken as lost "
+                           "(held past its bound); probe call", state="half_open", lost_probe=True)
         if not allowed:
             return Deny(f"circuit for {spec.name!r} is open", code="circuit_open",
                         details={"retry_after": retry_hint(retry_after, least=0.001)})
