@@ -10,6 +10,9 @@ its tree are re-parented to the server instead of to init, so while the server l
 A server asked to exit may go before its children (they are then re-parented to init), so
 the tree is pinned first (``pin_descendants``: pid and start time) and what survives the
 server's exit is killed after it (``kill_pinned``), with whatever descends from it by then.
+A stop gives the tree its SIGTERM and grace first: ``ServerTree`` is the server and its
+descendants for ``termination.kill_group``, and its ``sweep`` the SIGKILL of the tree while the
+server, stopped, still holds it.
 
 Why not make the host the subreaper: its orphans would then be re-parented to the host,
 mixed with every other child the host has (bash calls, other servers) and left as zombies
@@ -181,3 +184,47 @@ def kill_pinned(pinned: Sequence[Pinned]) -> int:
             if pidfd is not None:
                 os.close(pidfd)
     return len(alive)
+
+
+class ServerTree:
+    """An unsandboxed server's processes, found anew at each call, for ``termination.kill_group``'s
+    ``others``: its descendants (it is their subreaper, so all of them, whatever their session or
+    group) and the server itself, last; ``[]`` once the server (same pid and start time) is gone or
+    a zombie: its orphans are then re-parented to init and not found here (``kill_pinned`` finds
+    those that were pinned). ``sweep`` is the ``before_kill``: it stops the server (SIGSTOP: it
+    forks nothing more and stays the subreaper of all it started) and SIGKILLs its descendants
+    until none is left, so that nothing it forked during the grace outlives it."""
+
+    __slots__ = ("pid", "started")
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        stat = proc_stat(pid)
+        #: None when the server is gone or a zombie already: nothing is found then.
+        self.started = stat.started if stat is not None and stat.live else None
+
+    def _alive(self) -> bool:
+        stat = proc_stat(self.pid)
+        return stat is not None and stat.live and stat.started == self.started
+
+    def __call__(self) -> list[int]:
+        if self.started is None or not self._alive():
+            return []
+        found = descendants(self.pid)
+        return [*found, self.pid] if self._alive() else []  # it ended during the walk: its pid may be reused
+
+    def sweep(self) -> None:
+        if self.started is None:
+            return
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            return  # gone (or no pidfd: nothing is signalled by a pid that may be another's)
+        try:
+            if not self._alive():  # the pidfd pins the process: this is the server
+                return
+            with suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+            kill_descendants(self.pid)
+        finally:
+            os.close(pidfd)

@@ -7,14 +7,16 @@ time, so children a server started can outlive it. This module spawns the
 server with exactly the environment it is given, in a new session (its own
 process group) and as a child subreaper (:mod:`.processes`), speaks
 newline-delimited JSON-RPC with the SDK's own message types, and on close
-pins the server's descendants, ends the server (stdin closed, then SIGTERM,
-then SIGKILL), and then SIGKILLs whatever is left of its group and of the
-pinned tree. A sandboxed server (``wrap``) runs in a PID namespace whose processes are in a
-session of their own: after its stdin closes they get the SIGTERM, the grace and the SIGKILL
-themselves (``termination.kill_group`` with ``sandbox.SandboxProcesses``, as bash's commands do),
-and the namespace's first process is killed last. It never leaves the group running when the
-context exits, even under cancellation, and a cancellation during the spawn waits for the
-process, to stop it.
+pins the server's descendants, closes its stdin, gives the server and its whole
+tree (or what it left in its group, if it exited) SIGTERM and the grace, then
+SIGKILL (``termination.kill_group`` with ``processes.ServerTree``), and then
+SIGKILLs whatever is left of its group and of the pinned tree. A sandboxed
+server (``wrap``) runs in a PID namespace whose processes are in a session of their own: after
+its stdin closes they get the SIGTERM, the grace and the SIGKILL themselves
+(``termination.kill_group`` with ``sandbox.SandboxProcesses``, as bash's commands do), and the
+namespace's first process is killed last. It never leaves the group running when the context
+exits, even under cancellation, and a cancellation during the spawn waits for the process, to
+stop it.
 
 Messages are read into one ``bytearray`` and scanned for newlines only in the
 bytes not scanned yet (linear in the message size). A message longer than
@@ -61,7 +63,14 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import termination
 from ..sandbox import SandboxProcesses, wait_namespace_gone
-from .processes import kill_descendants, kill_pinned, pin_descendants, subreaper_argv, subreaper_available
+from .processes import (
+    ServerTree,
+    kill_descendants,
+    kill_pinned,
+    pin_descendants,
+    subreaper_argv,
+    subreaper_available,
+)
 
 #: Seconds a server gets to exit after its stdin closes, then after SIGTERM.
 EXIT_GRACE_S: Final = 1.0
@@ -210,12 +219,19 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
     # Its children may exit gracefully while the server does (an `npx` server is a child of
     # npx), but they are pinned first: once the server has exited they are no longer under it.
     pinned = await anyio.to_thread.run_sync(pin_descendants, process.pid)
+    # Named by pid and start time now, while it has not been asked to exit (its pid is its own).
+    tree = ServerTree(process.pid) if sandboxed is None and process.returncode is None and subreaper_available() \
+        else None
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         if process.stdin is not None:
             await process.stdin.aclose()
     await _retrieve_stdin_failure(process)
     if await _wait_exit(process, EXIT_GRACE_S):
-        pass
+        if sandboxed is None:
+            # What it left in its group gets the SIGTERM and the grace too, not a SIGKILL at once
+            # (found by review). Its descendants elsewhere went to init with its exit: the pinned
+            # ones are SIGKILLed below. (A sandbox's namespace ended with its first process.)
+            await termination.kill_group(process.pid, TERM_GRACE_S)
     elif sandboxed is not None:
         # The server and its children are in the sandbox's PID namespace, in a session of their own:
         # the signals to bwrap's group miss them, and the sweep of bwrap's descendants SIGKILLed them
@@ -224,17 +240,14 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
         await termination.kill_group(process.pid, TERM_GRACE_S, sandboxed)
         await _wait_exit(process, TERM_GRACE_S)
     else:
-        await _sweep(process.pid)
-        kill_group(process.pid, signal.SIGTERM)
-        if not await _wait_exit(process, TERM_GRACE_S):
-            # Stopped, the server starts nothing more and is still the subreaper of all it started:
-            # sweep its tree now, or what it forked during the grace periods outlives it (unpinned).
-            if process.returncode is None:
-                with suppress(OSError):
-                    os.kill(process.pid, signal.SIGSTOP)
-                await _sweep(process.pid)
-            kill_group(process.pid, signal.SIGKILL)
-            await _wait_exit(process, TERM_GRACE_S)
+        # The server and everything it started get the SIGTERM and the grace, then SIGKILL (found by
+        # review: its descendants were SIGKILLed first, so a server behind a launcher, `sh -c` or
+        # `npx`, and a server's children never ran their SIGTERM handlers). It is their subreaper:
+        # they are found under it, whatever their group; before the SIGKILL it is stopped and its
+        # tree swept, or what it forked during the grace would outlive it (unpinned).
+        await termination.kill_group(process.pid, TERM_GRACE_S, tree,
+                                     before_kill=tree.sweep if tree is not None else None)
+        await _wait_exit(process, TERM_GRACE_S)
     # Whatever the leader did, no member of its group and nothing it started may survive it.
     kill_group(process.pid, signal.SIGKILL)
     await anyio.to_thread.run_sync(kill_pinned, pinned)
@@ -531,13 +544,17 @@ async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_send.aclose()  # a dead server: end the session instead of hanging requests
 
+    stopping = anyio.Event()
+
     async def watcher() -> None:
         """Once the server has exited, end its output: a child that inherited its stdout would hold
-        the stream open, and a call in flight would wait for its timeout instead of failing now."""
+        the stream open, and a call in flight would wait for its timeout instead of failing now.
+        Not once the stop has begun: it gives the group its SIGTERM and grace (found by review: this
+        SIGKILL cut the grace of a server behind a launcher, whose exit at the SIGTERM came first)."""
         await process.wait()  # returns at the exit, whoever still holds the pipes
         with anyio.move_on_after(EXIT_GRACE_S):  # what it wrote before exiting is read first
             await reader_done.wait()
-        if not reader_done.is_set():  # the group still has a member holding stdout (its pgid is live)
+        if not reader_done.is_set() and not stopping.is_set():  # a member holds stdout (its pgid is live)
             kill_group(process.pid)
 
     try:
@@ -550,6 +567,7 @@ async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max
             try:
                 yield server
             finally:
+                stopping.set()
                 with anyio.CancelScope(shield=True):
                     await _stop(process, stderr.done if stderr is not None else None, sandboxed)
                     for stream in (read_recv, write_send, read_send, write_recv):
