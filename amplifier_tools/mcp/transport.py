@@ -63,6 +63,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import termination
 from ..sandbox import SandboxProcesses, wait_namespace_gone
+from ..termination import signal_group
 from .processes import (
     ServerTree,
     kill_descendants,
@@ -179,15 +180,6 @@ def _too_many_blocks(line: bytearray, limit: int) -> SessionMessage | None:
     return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=error))
 
 
-def kill_group(pid: int, sig: int = signal.SIGKILL) -> bool:
-    """Send ``sig`` to the process group led by ``pid``; False when no member is left."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
 async def _wait_exit(process: anyio.abc.Process, seconds: float) -> bool:
     with anyio.move_on_after(seconds):
         await process.wait()  # returns at the exit, even while a child still holds the pipes
@@ -249,7 +241,7 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
                                      before_kill=tree.sweep if tree is not None else None)
         await _wait_exit(process, TERM_GRACE_S)
     # Whatever the leader did, no member of its group and nothing it started may survive it.
-    kill_group(process.pid, signal.SIGKILL)
+    signal_group(process.pid, signal.SIGKILL)
     await anyio.to_thread.run_sync(kill_pinned, pinned)
     if sandboxed is not None:  # bwrap is gone: so is its namespace, even one it never reported on its way
         await wait_namespace_gone(sandboxed.first(), termination.KILL_WAIT)
@@ -514,14 +506,14 @@ async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max
                             await read_send.send(message)
                     if server.flooded:  # broken like an oversized message: its tree goes, the stream ends
                         await _sweep(process.pid)
-                        kill_group(process.pid)
+                        signal_group(process.pid, signal.SIGKILL)
                         break
                     if splitter.pending > max_message_bytes:
                         # The server is broken: its tree goes before the calls in flight fail
                         # (when the stream ends here), not at the next call.
                         server.oversized = splitter.pending
                         await _sweep(process.pid)  # a /proc walk: off the event loop
-                        kill_group(process.pid)
+                        signal_group(process.pid, signal.SIGKILL)
                         break
             # Drain to EOF (discarding) so the pipe, paused while unread, can close.
             with anyio.move_on_after(TERM_GRACE_S):
@@ -555,7 +547,7 @@ async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max
         with anyio.move_on_after(EXIT_GRACE_S):  # what it wrote before exiting is read first
             await reader_done.wait()
         if not reader_done.is_set() and not stopping.is_set():  # a member holds stdout (its pgid is live)
-            kill_group(process.pid)
+            signal_group(process.pid, signal.SIGKILL)
 
     try:
         async with anyio.create_task_group() as group:
@@ -576,4 +568,4 @@ async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max
     finally:
         if process.returncode is None:  # once the leader is reaped its pid may be another process's
             kill_descendants(process.pid)
-            kill_group(process.pid)
+            signal_group(process.pid, signal.SIGKILL)
