@@ -23,6 +23,12 @@ converter = cattrs.Converter(forbid_extra_keys=True)
 
 converter.register_unstructure_hook(frozenset, lambda value: sorted(value))
 
+# A value typed ``Any`` (a contract's schemas, examples and annotations, a decision's details) is
+# unstructured by its runtime class, as cattrs 24.1 and later do by default; cattrs 23.2 (the floor,
+# setup.cfg) handed it back as it is, so a tuple stayed a tuple and a frozenset or an attrs object
+# was not JSON data (found by the floors env: ``describe`` and the converter disagreed).
+converter.register_unstructure_hook_func(lambda type_: type_ is Any, converter.unstructure)
+
 
 def unstructure_enum_as_value(cls: type[enum.Enum]) -> None:
     """Unstructure the members of ``cls`` (a str-valued enum) as their values (cattrs' singledispatch

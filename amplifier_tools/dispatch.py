@@ -15,6 +15,7 @@ cannot be interrupted: a blocking one blocks the event loop (documented limit).
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import itertools
 import logging
@@ -524,14 +525,36 @@ class PluginManager(pluggy.PluginManager):
         """pluggy's, skipping at once the names a plugin object only inherits from ``object``
         (``__init__``, ``__repr__``...: slot wrappers, never hook implementations), about 25 of
         the 30-odd names ``register`` asks about per plugin; pluggy's static lookup of those was
-        ≈ 1.4 % of the instructions of ``amplifier-tools list``."""
-        if name in _OBJECT_NAMES and not isinstance(plugin, type) and name not in _instance_names(plugin) \
-                and all(name not in vars(klass) for klass in type(plugin).__mro__[:-1]):
+        ≈ 1.4 % of the instructions of ``amplifier-tools list``.
+
+        Nor is a property (or ``functools.cached_property``) of a plugin's class evaluated to look
+        at it: it is never a hook. pluggy 1.7 looks names up statically; before it (pluggy 1.5 and
+        1.6, within setup.cfg's range) ``getattr`` ran every property at registration (found by the
+        floors env: the MCP plugin's ``settings`` imported its settings module at every start)."""
+        if isinstance(plugin, type) or name in _instance_names(plugin):
+            return super().parse_hookimpl_opts(plugin, name)
+        if name in _OBJECT_NAMES and all(name not in vars(klass) for klass in type(plugin).__mro__[:-1]):
+            return None
+        if runs_code_on_access(plugin, name):
             return None
         return super().parse_hookimpl_opts(plugin, name)
 
 
 _OBJECT_NAMES: Final = frozenset(vars(object))
+#: Class attributes whose lookup on an instance runs the plugin's code.
+_EVALUATED_ON_ACCESS: Final = (property, functools.cached_property)
+
+
+def runs_code_on_access(plugin: Any, name: str) -> bool:
+    """Whether ``getattr(plugin, name)`` would run a property (or ``functools.cached_property``) of
+    the plugin's class — never a hook, so never looked at. Other descriptors and a class's
+    ``__getattr__`` are not covered (hooks are plain methods)."""
+    if isinstance(plugin, type) or name in _instance_names(plugin):
+        return False
+    for klass in type(plugin).__mro__:
+        if name in vars(klass):
+            return isinstance(vars(klass)[name], _EVALUATED_ON_ACCESS)
+    return False
 
 
 class HookWrapperRefused(PluginLoadError):

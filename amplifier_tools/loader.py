@@ -25,7 +25,7 @@ import attrs
 
 from ._markers import PROJECT_NAME, hookimpl
 from .coordinator import Coordinator
-from .dispatch import PluginManager
+from .dispatch import PluginManager, runs_code_on_access
 from .errors import PluginLoadError, did_you_mean
 
 if TYPE_CHECKING:  # importlib.metadata is imported only where an installed plugin may exist (installed_entry_points)
@@ -120,8 +120,10 @@ class ToolMount:
 
 
 def has_hookimpls(obj: Any) -> bool:
+    """Whether ``obj`` has ``@hookimpl`` methods; its properties are not run to find out."""
     marker = f"{PROJECT_NAME}_impl"
-    return any(hasattr(getattr(obj, attr, None), marker) for attr in dir(obj) if not attr.startswith("__"))
+    return any(hasattr(getattr(obj, attr, None), marker) for attr in dir(obj)
+               if not attr.startswith("__") and not runs_code_on_access(obj, attr))
 
 
 def as_plugin(obj: Any, name: str) -> Any:

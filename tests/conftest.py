@@ -34,6 +34,14 @@ def delays(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         return await real_sleep(0, result)
 
     monkeypatch.setattr(asyncio, "sleep", fake_sleep)
+    # tenacity before 8.2.3 (the floor, setup.cfg, is 8.2) bound ``asyncio.sleep`` as AsyncRetrying's
+    # default at import, so the patch above missed it and the backoffs were slept, not recorded.
+    import tenacity
+
+    init = tenacity.AsyncRetrying.__init__
+    if init.__defaults__ and real_sleep in init.__defaults__:
+        monkeypatch.setattr(init, "__defaults__",
+                            tuple(fake_sleep if value is real_sleep else value for value in init.__defaults__))
     return recorded
 
 

@@ -613,6 +613,41 @@ def test_registration_finds_the_hooks_pluggy_finds() -> None:
     assert pm.parse_hookimpl_opts(odd, "__repr__") is not None
 
 
+async def test_registering_a_plugin_runs_none_of_its_properties(tmp_path: Any, echo: EchoTool) -> None:
+    """Found by the floors env (tox -e floors): pluggy before 1.7 (setup.cfg allows 1.5) looked at every
+    name of a plugin with ``getattr``, so registration ran its properties — one that raised failed
+    the plugin's load, and the MCP plugin's ``settings`` imported its module at every start. With any
+    pluggy, ``ToolHost(plugins=[obj])``'s own look for hooks (``loader.has_hookimpls``) ran them too."""
+    import functools
+
+    from amplifier_tools import ToolHost
+
+    ran: list[str] = []
+
+    class Lazy:
+        name = "lazy"
+
+        @property
+        def settings(self) -> Any:
+            ran.append("settings")
+            raise RuntimeError("not configured yet")
+
+        @functools.cached_property
+        def client(self) -> Any:
+            ran.append("client")
+            return object()
+
+        @hookimpl
+        def tool_pre(self, call: Any) -> None:
+            ran.append("tool_pre")
+
+    async with ToolHost(plugins=[ToolsPlugin(echo), Lazy()], builtins=False, entry_points=False,
+                        working_dir=tmp_path, discover=False) as host:
+        assert [info.name for info in host.failed_plugins] == []
+        result = await host.call("echo", {"path": "a"})
+    assert result.success and ran == ["tool_pre"]
+
+
 class EveryCallHook:
     """tool_pre, tool_post and tool_event, each noting that it ran."""
 

@@ -140,6 +140,22 @@ def test_decision_is_json_data() -> None:
     assert converter.structure(converter.unstructure(d), Decision) == d
 
 
+def test_values_typed_any_unstructure_as_json_data() -> None:
+    """Found by the floors env (tox -e floors): cattrs 23.2, setup.cfg's floor, handed a value typed
+    ``Any`` back as it was — a contract's schema kept its tuples and a decision's details their
+    frozenset, which is not JSON; cattrs 24.1 and later unstructure it by its class, as now always."""
+    spec = ToolSpec(name="a::b", input_schema={"type": "object", "enum": ("a", 1), "nested": [{"k": ("v",)}]},
+                    annotations={"k": (1,), "set": frozenset({"y", "x"})})
+    data = converter.unstructure(spec)
+    assert data["input_schema"] == {"type": "object", "enum": ["a", 1], "nested": [{"k": ["v"]}]}
+    assert type(data["input_schema"]["enum"]) is list and type(data["annotations"]["k"]) is list
+    assert data["annotations"]["set"] == ["x", "y"]
+    d = Decision("p", "tool_pre", "deny", details={"missing": frozenset({"b", "a"}), "spec": ToolSpec(name="c::d")})
+    details = converter.unstructure(d)["details"]
+    assert details["missing"] == ["a", "b"] and details["spec"]["name"] == "c::d"
+    json.dumps(details)
+
+
 async def test_function_tool_schema_and_call(host_factory: Any) -> None:
     @tool(name="local::math.scale", effect=Effect.Pure, version="1.0.0")
     def scale(value: float, factor: int = 2, unit: Literal["m", "km"] = "m", note: str | None = None) -> str:

@@ -210,6 +210,20 @@ def _denies(hook: str, deny: Deny) -> Any:
     return Denies()
 
 
+async def test_a_denials_details_reach_the_result_and_the_audit_record_as_json_data(tmp_path: Path) -> None:
+    """Found by the floors env (tox -e floors): with cattrs 23.2, setup.cfg's floor, the trail kept a
+    plugin's details as given — a tuple stayed a tuple and a frozenset was no JSON data."""
+    details = {"missing": frozenset({"fs:write", "fs:read"}), "limits": (1, 2)}
+    async with _host(tmp_path, _denies("tool_pre", Deny("no", code="over", details=details))) as host:
+        result = await host.call("echo", {"path": "a"}, call_id="c-1")
+    (denial,) = [d for d in result.metadata["trail"] if d["action"] == "deny"]
+    assert denial["details"] == {"missing": ["fs:read", "fs:write"], "limits": [1, 2]}
+    assert type(denial["details"]["limits"]) is list
+    (record,) = _records(tmp_path)
+    (logged,) = [d for d in record["trail"] if d["action"] == "deny"]
+    assert logged["details"] == {"missing": ["fs:read", "fs:write"], "limits": [1, 2]}
+
+
 @pytest.mark.parametrize("hook", ["tool_pre", "tool_post", "tool_error"])
 @pytest.mark.parametrize("details", [{"plugin": "someone-else"}, {"message": "m"}, {"code": "c"}, {"hook": "h"},
                                      {"action": "a"}, {"reason": "r"}, {1: "one"}, {"retryable": "yes"},
