@@ -213,8 +213,9 @@ class SharedPolicy:
                 pause *= 2
                 continue
             if not held and value is not None:
-                log.error("policy store: the result for an idempotency key came after its claim had expired, and "
-                          "was not stored: a call with the same key runs the tool again")
+                log.error("policy store: the result for an idempotency key came after its claim was gone (expired, "
+                          "or lost: a store restarted without persistence, or a key evicted), and was not stored: "
+                          "a call with the same key runs the tool again")
             return
         late = getattr(failure, "timed_out", False)  # the store may still run the request it did not answer
         if value is None:
