@@ -66,6 +66,11 @@ _SDK_PARSE_FAILURES: Final = ("Failed to parse JSON response:", "Failed to parse
 SDK_HTTP_CLIENT_LOGGER: Final = "mcp.client.streamable_http"
 #: Seconds a ``url`` server gets to answer the DELETE that ends its session when the connection closes.
 SESSION_END_TIMEOUT_S: Final = 2.0
+#: Seconds ``close`` waits for a run to end beyond a stdio server's two graces (``stop_grace_ms``
+#: after its stdin closes, then after SIGTERM): the SIGKILL, the wait for the kernel to remove the
+#: tree, the last words on its stderr, a ``url`` server's session end. Past that the stop is
+#: cancelled, which SIGKILLs what is left at once.
+CLOSE_MARGIN_S: Final = 8.0
 CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__version__)
 #: Host variables every server gets unless ``env`` sets them: where programs are and how text is
 #: encoded, nothing secret. ``HOME`` is not among them (it leads to credentials).
@@ -166,7 +171,7 @@ class ServerConnection:
             await asyncio.wait_for(asyncio.shield(ready), self.settings.startup_timeout_ms / 1000.0)
         except BaseException as exc:
             if not ready.done() and self._task is not None:  # still starting: stop it now (close() would
-                self._task.cancel()                             # wait up to 10 s for the start to end)
+                self._task.cancel()                             # wait its whole bound for the start to end)
             await self.close()
             if ready.done() and not ready.cancelled():
                 ready.exception()  # retrieved: the start's own failure is what is raised below
@@ -219,7 +224,7 @@ class ServerConnection:
         async with stdio_process(s.command, list(s.args), env=self.environment(),
                                  cwd=server_cwd(s, self.working_dir), stderr=self.stderr,
                                  max_message_bytes=s.max_message_bytes, max_content_blocks=s.max_content_blocks,
-                                 wrap=self._wrap) as server:
+                                 wrap=self._wrap, stop_grace=s.stop_grace_ms / 1000.0) as server:
             self._server = server
             self._process = server.process
             self.pid = server.process.pid
@@ -297,22 +302,46 @@ class ServerConnection:
                     server=self.name, tool=tool.name)
         return definitions
 
+    def close_bound(self) -> float:
+        """Seconds ``close`` lets the stop run before it cancels it: twice ``stop_grace_ms`` (the
+        wait after the stdin closes, then after SIGTERM) and ``CLOSE_MARGIN_S`` (10 s by default).
+        A bound that did not grow with the grace would SIGKILL a server in the grace it was given."""
+        return 2 * self.settings.stop_grace_ms / 1000.0 + CLOSE_MARGIN_S
+
     async def close(self) -> None:
-        """Stop the server; its process group is gone when this returns."""
+        """Stop the server; its process group is gone when this returns (within ``close_bound()``)."""
         task, self._task = self._task, None
         if self._stop is not None:
             self._stop.set()
-        if task is not None:
-            try:
-                await asyncio.wait_for(task, 10.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-            except Exception:
-                log.exception("MCP server %r failed while closing", self.name)
-        unredact, self._unredact_logs = self._unredact_logs, None
-        if unredact is not None:  # after the run has ended: what it logged while closing was redacted
-            unredact()
+        try:
+            if task is not None:
+                await self._end_run(task)
+        finally:
+            unredact, self._unredact_logs = self._unredact_logs, None
+            if unredact is not None:  # after the run has ended: what it logged while closing was redacted
+                unredact()
+
+    async def _end_run(self, task: asyncio.Task[None]) -> None:
+        """Wait up to ``close_bound()`` for the run to end (its stop included), then cancel it (what is
+        left is SIGKILLed at once). The caller's own cancellation — the deadline of a call that waits
+        here for the stop of a crashed run before its restart — cuts the stop the same way and is
+        raised (found by review: ``wait_for`` could not tell it from the run's own cancellation and it
+        was swallowed: the call restarted the server and succeeded past its deadline)."""
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self.close_bound())
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None and not isinstance(failure, Exception):  # KeyboardInterrupt: not the server's
+            raise failure
+        if failure is not None:
+            log.error("MCP server %r failed while closing", self.name, exc_info=failure)
 
     @property
     def alive(self) -> bool:

@@ -31,6 +31,15 @@ AbsolutePaths = Annotated[tuple[str, ...], Expect("a list of absolute paths",
                                                   lambda paths: all(p.startswith(("/", "~")) for p in paths))]
 Refuse = Literal["refuse", "skip"]
 MessageBytes = Annotated[int, Expect("an integer number of bytes, at least 1024", lambda n: n >= 1024)]
+#: The longest ``stop_grace_ms``: 10 minutes. A stop takes up to twice the grace (after the stdin
+#: closes, then after SIGTERM), and the host's close waits for it.
+MAX_STOP_GRACE_MS: Final = 600_000
+#: Milliseconds a stdio server gets to exit once its stdin closes, and again once it has SIGTERM.
+StopGrace = Annotated[float, Expect(
+    f"a positive number of milliseconds, at most {MAX_STOP_GRACE_MS} (10 minutes)",
+    lambda ms: 0 < ms <= MAX_STOP_GRACE_MS,  # NaN compares false; inf is above the maximum
+    hint="stop_grace_ms is how long the server gets to exit after its stdin closes, and again after "
+         "SIGTERM, before SIGKILL (default 1000)")]
 
 
 @settings_class
@@ -48,8 +57,8 @@ def _is_http_url(url: str) -> bool:
 
 
 #: Keys that only a stdio server (``command``) may set.
-STDIO_ONLY: Final = ("args", "env", "env_passthrough", "cwd", "stderr", "sandbox", "sandbox_read_paths",
-                     "sandbox_write_paths", "sandbox_network")
+STDIO_ONLY: Final = ("args", "env", "env_passthrough", "cwd", "stderr", "stop_grace_ms", "sandbox",
+                     "sandbox_read_paths", "sandbox_write_paths", "sandbox_network")
 
 
 @settings_class
@@ -74,6 +83,8 @@ class ServerSettings:
     require_pins: bool = False
     timeout_ms: Number | None = None
     startup_timeout_ms: Number = 10_000.0
+    #: Both waits of a stop (stdin closed, then SIGTERM) before SIGKILL: at close, restart, failed start.
+    stop_grace_ms: StopGrace = 1000.0
     #: False: a server that cannot start (or fails its pins) is left out, logged, and the host starts.
     required: bool = True
     max_restarts: Annotated[int, Expect("a non-negative integer", lambda n: n >= 0)] = 3

@@ -7,10 +7,10 @@ time, so children a server started can outlive it. This module spawns the
 server with exactly the environment it is given, in a new session (its own
 process group) and as a child subreaper (:mod:`.processes`), speaks
 newline-delimited JSON-RPC with the SDK's own message types, and on close
-pins the server's descendants, closes its stdin, gives the server and its whole
-tree (or what it left in its group, if it exited) SIGTERM and the grace, then
-SIGKILL (``termination.kill_group`` with ``processes.ServerTree``), and then
-SIGKILLs whatever is left of its group and of the pinned tree. A sandboxed
+pins the server's descendants, closes its stdin, waits the grace (``stop_grace``) for the
+server to exit, gives the server and its whole tree (or what it left in its group, if it
+exited) SIGTERM and the grace again, then SIGKILL (``termination.kill_group`` with
+``processes.ServerTree``), and then SIGKILLs whatever is left of its group and of the pinned tree. A sandboxed
 server (``wrap``) runs in a PID namespace whose processes are in a session of their own: after
 its stdin closes they get the SIGTERM, the grace and the SIGKILL themselves
 (``termination.kill_group`` with ``sandbox.SandboxProcesses``, as bash's commands do), and the
@@ -73,7 +73,9 @@ from .processes import (
     subreaper_available,
 )
 
-#: Seconds a server gets to exit after its stdin closes, then after SIGTERM.
+#: Seconds a server gets to exit after its stdin closes, then after SIGTERM, unless the stop is given
+#: its own grace (``stop_grace``: the server's ``stop_grace_ms``). ``EXIT_GRACE_S`` also bounds the
+#: read of what an exited server wrote last; ``TERM_GRACE_S`` the reap of a killed one.
 EXIT_GRACE_S: Final = 1.0
 TERM_GRACE_S: Final = 1.0
 #: Seconds to finish reading the stderr of a stopped server (a process that escaped the kill may hold it).
@@ -207,7 +209,11 @@ async def _retrieve_stdin_failure(process: anyio.abc.Process) -> None:
 
 
 async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = None,
-                sandboxed: SandboxProcesses | None = None) -> None:
+                sandboxed: SandboxProcesses | None = None, grace: float | None = None) -> None:
+    """Stop the server's tree: stdin closed, ``grace`` seconds to exit, SIGTERM, ``grace`` again,
+    SIGKILL (None: ``EXIT_GRACE_S``, then ``TERM_GRACE_S``). Takes up to twice the grace, plus the
+    SIGKILL's wait for the kernel (``termination.KILL_WAIT`` at worst) and ``STDERR_DRAIN_S``."""
+    exit_grace, term_grace = (EXIT_GRACE_S, TERM_GRACE_S) if grace is None else (grace, grace)
     # Its children may exit gracefully while the server does (an `npx` server is a child of
     # npx), but they are pinned first: once the server has exited they are no longer under it.
     pinned = await anyio.to_thread.run_sync(pin_descendants, process.pid)
@@ -218,28 +224,28 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
         if process.stdin is not None:
             await process.stdin.aclose()
     await _retrieve_stdin_failure(process)
-    if await _wait_exit(process, EXIT_GRACE_S):
+    if await _wait_exit(process, exit_grace):
         if sandboxed is None:
             # What it left in its group gets the SIGTERM and the grace too, not a SIGKILL at once
             # (found by review). Its descendants elsewhere went to init with its exit: the pinned
             # ones are SIGKILLed below. (A sandbox's namespace ended with its first process.)
-            await termination.kill_group(process.pid, TERM_GRACE_S)
+            await termination.kill_group(process.pid, term_grace)
     elif sandboxed is not None:
         # The server and its children are in the sandbox's PID namespace, in a session of their own:
         # the signals to bwrap's group miss them, and the sweep of bwrap's descendants SIGKILLed them
         # all (found by attack: a sandboxed server's SIGTERM handler never ran). They get the SIGTERM
         # and the grace, then SIGKILL, as a sandboxed bash command does.
-        await termination.kill_group(process.pid, TERM_GRACE_S, sandboxed)
-        await _wait_exit(process, TERM_GRACE_S)
+        await termination.kill_group(process.pid, term_grace, sandboxed)
+        await _wait_exit(process, TERM_GRACE_S)  # killed: only its reap is waited for
     else:
         # The server and everything it started get the SIGTERM and the grace, then SIGKILL (found by
         # review: its descendants were SIGKILLed first, so a server behind a launcher, `sh -c` or
         # `npx`, and a server's children never ran their SIGTERM handlers). It is their subreaper:
         # they are found under it, whatever their group; before the SIGKILL it is stopped and its
         # tree swept, or what it forked during the grace would outlive it (unpinned).
-        await termination.kill_group(process.pid, TERM_GRACE_S, tree,
+        await termination.kill_group(process.pid, term_grace, tree,
                                      before_kill=tree.sweep if tree is not None else None)
-        await _wait_exit(process, TERM_GRACE_S)
+        await _wait_exit(process, TERM_GRACE_S)  # killed: only its reap is waited for
     # Whatever the leader did, no member of its group and nothing it started may survive it.
     signal_group(process.pid, signal.SIGKILL)
     await anyio.to_thread.run_sync(kill_pinned, pinned)
@@ -405,13 +411,16 @@ async def stdio_process(
     max_message_bytes: int,
     max_content_blocks: int | None = None,
     wrap: Wrap | None = None,
+    stop_grace: float | None = None,
 ) -> AsyncIterator[StdioServer]:
     """Run ``command`` as an MCP stdio server; yield its ``StdioServer``.
 
     ``env`` is the child's whole environment (its ``PATH`` finds ``command``). Its stderr goes to
     ``stderr`` (kept, and copied on to ours when it forwards), else to ours. ``wrap`` turns the
     resolved argv into the argv to spawn (the sandbox, whose PID namespace holds the whole tree, so
-    the subreaper wrapper is not used then). Raises ``OSError`` when the command cannot be started.
+    the subreaper wrapper is not used then). ``stop_grace``: the seconds the server gets to exit once
+    its stdin closes, and again after SIGTERM, when it is stopped (None: ``EXIT_GRACE_S`` and
+    ``TERM_GRACE_S``). Raises ``OSError`` when the command cannot be started.
     """
     executable = _resolve(command, env, cwd)
     info_r = info_w = -1
@@ -423,12 +432,14 @@ async def stdio_process(
             info_r, info_w = os.pipe()  # where bwrap reports its namespace's first process
             argv = wrap([executable, *args], info_fd=info_w)
             sandboxed = SandboxProcesses(info_r)
-        process = await _spawn(argv, env=env, cwd=cwd, stderr=stderr, info_fd=info_w, sandboxed=sandboxed)
+        process = await _spawn(argv, env=env, cwd=cwd, stderr=stderr, info_fd=info_w, sandboxed=sandboxed,
+                               stop_grace=stop_grace)
         if info_w != -1:
             os.close(info_w)
             info_w = -1
         async with _serving(process, stderr=stderr, max_message_bytes=max_message_bytes,
-                            max_content_blocks=max_content_blocks, sandboxed=sandboxed) as server:
+                            max_content_blocks=max_content_blocks, sandboxed=sandboxed,
+                            stop_grace=stop_grace) as server:
             yield server
     finally:
         for fd in (info_r, info_w):
@@ -437,13 +448,13 @@ async def stdio_process(
 
 
 async def _spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, stderr: StderrTail | None,
-                 info_fd: int, sandboxed: SandboxProcesses | None) -> anyio.abc.Process:
+                 info_fd: int, sandboxed: SandboxProcesses | None, stop_grace: float | None) -> anyio.abc.Process:
     """The server's process, started in a session of its own (``info_fd``, unless -1, passed on).
 
     A cancellation waits until the process exists, stops it as the close does, and is raised then
     (found by attack: delivered inside the spawn, asyncio SIGKILLed bwrap alone while it was setting
     up the sandbox, which lived on under init, its server and the server's children running for
-    good; and the start failed at the close's 10 s, not at ``startup_timeout_ms``). The wait for the
+    good; and the start failed at the close's bound, not at ``startup_timeout_ms``). The wait for the
     spawn is asyncio's: the host runs on asyncio."""
     spawn = asyncio.ensure_future(anyio.open_process(
         argv, env=dict(env), cwd=cwd, stderr=subprocess.PIPE if stderr is not None else None,
@@ -459,14 +470,15 @@ async def _spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None
     process = spawn.result()  # OSError when the command cannot be started
     if cancelled is not None:
         with anyio.CancelScope(shield=True):
-            await _stop(process, None, sandboxed)
+            await _stop(process, None, sandboxed, stop_grace)
         raise cancelled
     return process
 
 
 @asynccontextmanager
 async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max_message_bytes: int,
-                   max_content_blocks: int | None, sandboxed: SandboxProcesses | None) -> AsyncIterator[StdioServer]:
+                   max_content_blocks: int | None, sandboxed: SandboxProcesses | None,
+                   stop_grace: float | None) -> AsyncIterator[StdioServer]:
     """The session's streams to the started ``process``; stopped (``_stop``) when the block ends."""
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](0)
@@ -561,7 +573,7 @@ async def _serving(process: anyio.abc.Process, *, stderr: StderrTail | None, max
             finally:
                 stopping.set()
                 with anyio.CancelScope(shield=True):
-                    await _stop(process, stderr.done if stderr is not None else None, sandboxed)
+                    await _stop(process, stderr.done if stderr is not None else None, sandboxed, stop_grace)
                     for stream in (read_recv, write_send, read_send, write_recv):
                         await stream.aclose()
                 group.cancel_scope.cancel()
