@@ -265,3 +265,49 @@ async def test_serving_on_stdio_redacts_the_sdks_records_while_it_serves(monkeyp
     assert seen == [True]
     assert leaked(debug_log, SECRET) == []
     assert not any(isinstance(f, SdkLogRedaction) for f in sdk.filters)
+
+
+async def test_a_close_cancelled_twice_still_takes_its_registration_back(tmp_path: Path) -> None:
+    """Found by review: ``close`` took the registration back only after its waits; a close cut again
+    while it waited for the run it had cancelled (a shutdown cut more than once; on 3.11 the close
+    then raises) left the filter on the loggers for good, holding the host's secrets. It is taken
+    back once the run has ended, not before: what the run logs while ending is still redacted."""
+    import asyncio
+    import contextlib
+
+    from amplifier_tools.mcp.client import ServerConnection
+    from amplifier_tools.mcp.settings import ServerSettings
+
+    connection = ServerConnection("slow", ServerSettings(command="unused"), str(tmp_path), secrets=SecretSet({SECRET}))
+    connection._unredact_logs = redact_sdk_logs(connection.secrets)  # as ``start`` does
+    closing = asyncio.Event()
+
+    async def run() -> None:  # a run that takes its time to end once cancelled
+        try:
+            await asyncio.sleep(30)
+        finally:  # its own cleanup, which takes 0.2 s whatever cuts it
+            closing.set()
+            end = asyncio.get_running_loop().time() + 0.2
+            while asyncio.get_running_loop().time() < end:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0.01)
+
+    connection._task = run_task = asyncio.create_task(run())
+    await asyncio.sleep(0)
+    close = asyncio.create_task(connection.close())
+    await asyncio.sleep(0.01)  # waiting for the run to end
+    while not close.done():  # cut again and again while it waits for the run (a shutdown cut more than once)
+        close.cancel()
+        await asyncio.sleep(0.01)
+    assert closing.is_set()
+    try:
+        with contextlib.suppress(asyncio.CancelledError):  # raised on 3.11; later ones' wait_for end it otherwise
+            await close
+        guarded = any(isinstance(f, SdkLogRedaction) for f in logging.getLogger(SDK_CLIENT).filters)
+        assert guarded == (not run_task.done())  # what the run logs while it still ends is redacted
+        await asyncio.wait_for(asyncio.gather(run_task, return_exceptions=True), 5)
+        await asyncio.sleep(0)  # its done callbacks
+        assert not any(isinstance(f, SdkLogRedaction) for f in logging.getLogger(SDK_CLIENT).filters)
+    finally:
+        if connection._unredact_logs is not None:  # not left on the loggers for the next tests
+            connection._unredact_logs()

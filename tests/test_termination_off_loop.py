@@ -169,3 +169,23 @@ def test_a_stop_in_a_forked_child_runs_its_scans() -> None:
             pytest.fail("the forked child's stop did not end")
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+async def test_a_stop_whose_scan_of_others_fails_still_sigkills_the_group(
+        witness: tuple[subprocess.Popen[bytes], Path]) -> None:
+    """Found by review: a failing ``others`` (its first scan fine, the next ones raising) failed the
+    stop before the group's SIGKILL (outside first, then the group, both in ``_kill_now``), so the
+    group outlived a stop that raised; before the off-loop change the group's SIGKILL came first."""
+    process, marker = witness
+    scans = itertools.count()
+
+    def failing_others() -> list[int]:
+        if next(scans):
+            raise OSError("a /proc scan failed")
+        return []
+
+    with pytest.raises(OSError, match="a /proc scan failed"):
+        await termination.kill_group(process.pid, 0.2, failing_others)
+    # The witness works 5 s in its SIGTERM handler: ended within 2 s, it was SIGKILLed.
+    assert wait_for(lambda: process.poll() is not None, 2.0), "the group outlived a stop whose scan failed"
+    assert words(marker) == ["ready", "term"]

@@ -317,9 +317,15 @@ class ServerConnection:
             if task is not None:
                 await self._end_run(task)
         finally:
+            # After the run has ended: what it logged while closing was redacted. A close cut while it
+            # waits leaves a run still ending: taken back at that end (found by review: it stayed on
+            # the loggers for good, holding the host's secrets).
             unredact, self._unredact_logs = self._unredact_logs, None
-            if unredact is not None:  # after the run has ended: what it logged while closing was redacted
-                unredact()
+            if unredact is not None:
+                if task is None or task.done():
+                    unredact()
+                else:
+                    task.add_done_callback(lambda _: unredact())
 
     async def _end_run(self, task: asyncio.Task[None]) -> None:
         """Wait up to ``close_bound()`` for the run to end (its stop included), then cancel it (what is
