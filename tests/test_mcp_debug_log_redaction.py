@@ -311,3 +311,45 @@ async def test_a_close_cancelled_twice_still_takes_its_registration_back(tmp_pat
     finally:
         if connection._unredact_logs is not None:  # not left on the loggers for the next tests
             connection._unredact_logs()
+
+
+async def test_a_serve_cut_twice_while_uvicorn_ends_keeps_redacting_until_it_has(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: ``serve_http`` cut again while it waited for uvicorn to shut down took the
+    filter off at once; the SDK's records of the shutdown still under way were no longer redacted."""
+    import asyncio
+    import contextlib
+
+    import uvicorn
+
+    from amplifier_tools.mcp.http import serve_http
+    from amplifier_tools.mcp.server import serve_settings
+
+    async def slow_serve(self: Any, sockets: Any = None) -> None:  # uvicorn that takes 0.3 s to end
+        self.started = True
+        while not self.should_exit:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.01)
+        end = asyncio.get_running_loop().time() + 0.3
+        while asyncio.get_running_loop().time() < end:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.01)
+
+    monkeypatch.setattr(uvicorn.Server, "serve", slow_serve)
+    sdk = logging.getLogger("sse_starlette.sse")
+    async with ToolHost(config=served_config(tmp_path, "x"), entry_points=False, discover=False) as host:
+        ready = asyncio.Event()
+        serving = asyncio.create_task(serve_http(host, serve_settings(host), ready=lambda url: ready.set(),
+                                                 stop=asyncio.Event()))
+        await asyncio.wait_for(ready.wait(), 10)
+        serving.cancel()
+        await asyncio.sleep(0.05)  # uvicorn is ending
+        serving.cancel()  # and the wait for it is cut
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        still_ending = any(isinstance(f, SdkLogRedaction) for f in sdk.filters)
+        deadline = asyncio.get_running_loop().time() + 5
+        while any(isinstance(f, SdkLogRedaction) for f in sdk.filters):
+            assert asyncio.get_running_loop().time() < deadline, "the filter was never taken off"
+            await asyncio.sleep(0.02)
+    assert still_ending  # taken off only when uvicorn had ended

@@ -651,7 +651,10 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         app.flush()
         raise
     finally:
-        unredact_logs()
+        if task.done():
+            unredact_logs()
+        else:  # uvicorn still shutting down (cut by a second cancellation): its last records redacted too
+            task.add_done_callback(lambda _: unredact_logs())
         unfilter_logs()
         if frozen:
             gc.unfreeze()
