@@ -26,6 +26,7 @@ import concurrent.futures
 import contextlib
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, TypeVar
@@ -83,16 +84,20 @@ def _group_alive(pgid: int) -> bool:
 _scans: concurrent.futures.ThreadPoolExecutor | None = None
 
 
+_scans_lock = threading.Lock()
+
+
 def _scan_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _scans
-    if _scans is None:
-        _scans = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="amplifier-tools-stop")
-    return _scans
+    with _scans_lock:  # two event loops in two threads stopping at once make one pool
+        if _scans is None:
+            _scans = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="amplifier-tools-stop")
+        return _scans
 
 
 def _forget_scan_pool() -> None:
-    global _scans
-    _scans = None
+    global _scans, _scans_lock
+    _scans, _scans_lock = None, threading.Lock()  # the lock too: another thread may have held it at the fork
 
 
 if hasattr(os, "register_at_fork"):  # POSIX

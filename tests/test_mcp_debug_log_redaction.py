@@ -353,3 +353,17 @@ async def test_a_serve_cut_twice_while_uvicorn_ends_keeps_redacting_until_it_has
             assert asyncio.get_running_loop().time() < deadline, "the filter was never taken off"
             await asyncio.sleep(0.02)
     assert still_ending  # taken off only when uvicorn had ended
+
+
+def test_a_record_whose_template_cuts_a_secret_keeps_no_argument_holding_it(
+        debug_log: pytest.LogCaptureFixture) -> None:
+    """Found by review: only a changed message dropped the arguments; a template that shows part of
+    one (``%.5s``) kept the whole secret in ``record.args``, which a handler may send on by itself."""
+    sdk = logging.getLogger("mcp.shared.session")
+    remove = redact_sdk_logs(SecretSet([SECRET]))
+    try:
+        sdk.debug("head: %.5s", SECRET)
+    finally:
+        remove()
+    record = next(r for r in debug_log.records if r.name == sdk.name and r.getMessage().startswith("head"))
+    assert SECRET not in repr(record.args) and SECRET not in record.getMessage()

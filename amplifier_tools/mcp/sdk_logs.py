@@ -119,7 +119,9 @@ def scrub_record(record: logging.LogRecord, secrets: Collection[str] | SecretSet
         record.args = ()
     else:
         clean = redact_text(message, secrets)
-        if clean != message:
+        # Also when only the arguments hold one (a template that cuts it, ``%.5s``): a handler may
+        # send the arguments on by themselves (Sentry's logging integration does; found by review).
+        if clean != message or (record.args and redact_text(repr(record.args), secrets) != repr(record.args)):
             record.msg, record.args = clean, ()
     if record.exc_info and record.exc_info[1] is not None:
         exc = record.exc_info[1]
