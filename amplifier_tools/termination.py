@@ -129,14 +129,17 @@ class _OffLoop:
 
 def _kill_now(pgid: int, outside: Others, before_kill: Callable[[], object] | None) -> None:
     """SIGKILL what is outside the group first (an unsandboxed MCP server's subreaper tree must go
-    while its leader, a group member, still holds it), then the group — the group even when
-    ``before_kill`` or the scan of ``outside`` fails (their error is raised after it)."""
+    while its leader, a group member, still holds it), then the group — each even when what comes
+    before it fails: ``before_kill`` or the scan of ``outside`` (their error is raised after them;
+    found by review: a failing ``before_kill`` skipped the processes outside the group)."""
     try:
         if before_kill is not None:
             before_kill()
-        signal_pids(outside(), signal.SIGKILL)
     finally:
-        signal_group(pgid, signal.SIGKILL)
+        try:
+            signal_pids(outside(), signal.SIGKILL)
+        finally:
+            signal_group(pgid, signal.SIGKILL)
 
 
 def _kill_round(pgid: int, outside: Others) -> bool:

@@ -322,7 +322,7 @@ async def test_a_serve_cut_twice_while_uvicorn_ends_keeps_redacting_until_it_has
 
     import uvicorn
 
-    from amplifier_tools.mcp.http import serve_http
+    from amplifier_tools.mcp.http import RefusalLogFilter, serve_http
     from amplifier_tools.mcp.server import serve_settings
 
     async def slow_serve(self: Any, sockets: Any = None) -> None:  # uvicorn that takes 0.3 s to end
@@ -348,11 +348,15 @@ async def test_a_serve_cut_twice_while_uvicorn_ends_keeps_redacting_until_it_has
         with contextlib.suppress(asyncio.CancelledError):
             await serving
         still_ending = any(isinstance(f, SdkLogRedaction) for f in sdk.filters)
+        # The refusal lines' filter (clipped, escaped, rate-limited) stays on as long (found by review)
+        refusals = logging.getLogger("mcp.server.streamable_http")
+        assert any(isinstance(f, RefusalLogFilter) for f in refusals.filters) == still_ending
         deadline = asyncio.get_running_loop().time() + 5
         while any(isinstance(f, SdkLogRedaction) for f in sdk.filters):
             assert asyncio.get_running_loop().time() < deadline, "the filter was never taken off"
             await asyncio.sleep(0.02)
     assert still_ending  # taken off only when uvicorn had ended
+    assert not any(isinstance(f, RefusalLogFilter) for f in logging.getLogger("mcp.server.streamable_http").filters)
 
 
 def test_a_record_whose_template_cuts_a_secret_keeps_no_argument_holding_it(
@@ -367,3 +371,22 @@ def test_a_record_whose_template_cuts_a_secret_keeps_no_argument_holding_it(
         remove()
     record = next(r for r in debug_log.records if r.name == sdk.name and r.getMessage().startswith("head"))
     assert SECRET not in repr(record.args) and SECRET not in record.getMessage()
+
+
+def test_an_argument_whose_str_holds_a_secret_its_repr_does_not_is_not_kept(
+        debug_log: pytest.LogCaptureFixture) -> None:
+    """Found by review: the arguments were judged by their ``repr`` alone; an object whose ``str``
+    shows a secret (what the template formats) and whose ``repr`` does not kept it in
+    ``record.args`` when the template cut it."""
+    class Token:
+        def __str__(self) -> str:
+            return SECRET
+
+    sdk = logging.getLogger("mcp.shared.session")
+    remove = redact_sdk_logs(SecretSet([SECRET]))
+    try:
+        sdk.debug("token: %.5s", Token())
+    finally:
+        remove()
+    record = next(r for r in debug_log.records if r.name == sdk.name and r.getMessage().startswith("token"))
+    assert record.args == () and SECRET not in record.getMessage()

@@ -79,6 +79,51 @@ async def test_the_issues_500_ms_start_timeout_leaves_no_unretrieved_exception(
     assert "exception was never retrieved" not in said, said
 
 
+async def test_a_start_cancelled_twice_leaves_no_unretrieved_exception(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Found by review: the close of a start cut by a cancellation now raises a second cancellation
+    (it used to swallow it); the start's own failure was then never retrieved, and asyncio logged
+    "Future exception was never retrieved" (an ERROR) when it was collected."""
+    import gc
+    import logging
+
+    class Kept(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.DEBUG)
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
+
+    from amplifier_tools.mcp.client import ServerConnection
+    from amplifier_tools.mcp.settings import McpSettings
+    from amplifier_tools.plugin_settings import structure_settings
+
+    section = {"command": sys.executable, "args": [HOSTILE_SERVER], "env": {"HOSTILE_HANG_INIT": "1"}}
+    settings = structure_settings({"servers": {"h": section}}, McpSettings, "plugins.mcp").servers["h"]
+    kept = Kept()
+    logging.getLogger("asyncio").addHandler(kept)
+    try:
+        connection = ServerConnection("h", settings, str(tmp_path))
+        starting = asyncio.ensure_future(connection.start())
+        while connection.pid is None:  # started; it never answers initialize
+            await asyncio.sleep(0.01)
+        starting.cancel()
+        while connection._task is not None:  # until the start's close is under way
+            await asyncio.sleep(0)
+        starting.cancel()  # a second one (a task group's, then an outer timeout's)
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+        del starting
+        for _ in range(3):
+            gc.collect()
+            await asyncio.sleep(0)
+    finally:
+        logging.getLogger("asyncio").removeHandler(kept)
+    said = "\n".join(kept.lines) + capfd.readouterr().err
+    assert "exception was never retrieved" not in said, said
+
+
 async def test_a_malformed_call_result_is_a_protocol_error(tmp_path: Path) -> None:
     """It was a bare pydantic ValidationError, reported as an internal error."""
     async with hostile(tmp_path) as host:

@@ -10,7 +10,11 @@ work, ``done``), or a shell that works 1.5 s after the server has exited at the 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +32,7 @@ from amplifier_tools import ConfigError, PluginLoadError, ToolHost
 from amplifier_tools.mcp import client
 from amplifier_tools.mcp.settings import McpSettings, ServerSettings
 from amplifier_tools.plugin_settings import structure_settings
+from amplifier_tools.procfs import is_live
 
 WITNESS = str(FIXTURES / "term_witness.py")
 #: Seconds the slow parts of the servers below need: more than the default grace, well under 3 s.
@@ -120,6 +125,9 @@ async def test_a_call_whose_deadline_passes_while_a_crashed_server_is_stopped_fa
         elapsed = anyio.current_time() - started
         assert not late.success and late.error is not None and late.error["code"] == "timeout", late
         assert elapsed < 1.0, f"the call ended {elapsed:.2f} s after it began; its deadline was 0.3 s"
+        # No server was started: no restart is counted (found by review: one was, so a crash cost two
+        # of max_restarts when the next call restarted the server)
+        assert host.plugin_manager.get_plugin("mcp").connections[0].restarts == 0
 
 
 # -- the wait after the stdin closes -----------------------------------------------------------------
@@ -217,3 +225,65 @@ async def test_the_host_start_reports_a_bad_stop_grace_ms_naming_the_key(tmp_pat
         await host.start()
     await host.close()
     assert "plugins.mcp.servers.s.stop_grace_ms" in str(caught.value)
+
+
+# -- a cut stop ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_a_close_cut_during_the_grace_still_kills_what_the_server_started_in_a_session_of_its_own(
+        tmp_path: Path) -> None:
+    """Found by review: the host's close cancelled during a stop's grace (a second Ctrl-C) SIGKILLed
+    the server's process group, but not the processes noted at the stop's start outside it: a
+    daemon the server had started with ``setsid`` lived on under init. (The server exits at the end
+    of its stdin; a member of its group that ignores SIGTERM holds the stop in its grace.)"""
+    daemon_pid = tmp_path / "daemon"
+    script = ('setsid /bin/sh -c \'echo $$ > "$0"; exec sleep 300\' "$2" & '
+              'trap "" TERM; sleep 300 & exec "$0" "$1"')
+    section = {"command": "/bin/sh", "args": ["-c", script, sys.executable, FIXTURE_SERVER, str(daemon_pid)],
+               "env": {"PATH": "/usr/bin:/bin"}, "stderr": "discard", "stop_grace_ms": 5000}
+    host = ToolHost(config={"plugins": {"mcp": {"servers": {"s": section}}}}, builtins=["mcp"],
+                    entry_points=False, working_dir=tmp_path, discover=False)
+    await host.start()
+    await until(lambda: daemon_pid.exists() and daemon_pid.read_text().strip() != "")
+    daemon = int(daemon_pid.read_text())
+    try:
+        assert is_live(daemon)
+        closing = asyncio.ensure_future(host.close())
+        await asyncio.sleep(0.5)  # the server has exited; its group's member is in its grace
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        await until(lambda: not is_live(daemon), 2.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(daemon, signal.SIGKILL)
+
+
+@pytest.mark.slow
+async def test_a_close_while_another_ends_the_run_waits_for_its_end_still_redacting(tmp_path: Path) -> None:
+    """Found by review: a second ``close`` while the first waited for the stop (a host's close beside a
+    restart's) returned at once, the server still running, and took the SDK log redaction off while
+    the run it had not ended still logged."""
+    import logging
+
+    from amplifier_tools.mcp.sdk_logs import SdkLogRedaction
+
+    script = 'trap "" TERM; sleep 300 & exec "$0" "$1"'  # its group's member holds the stop in its grace
+    settings = structure_settings({"servers": {"s": {
+        "command": "/bin/sh", "args": ["-c", script, sys.executable, FIXTURE_SERVER], "env": {"PATH": "/usr/bin:/bin"},
+        "stderr": "discard", "stop_grace_ms": 1000}}}, McpSettings, "plugins.mcp").servers["s"]
+    connection = client.ServerConnection("s", settings, str(tmp_path))
+    await connection.start()
+    pid = connection.pid
+    assert pid is not None
+    first = asyncio.ensure_future(connection.close())
+    await asyncio.sleep(0.1)
+    second = asyncio.ensure_future(connection.close())
+    await asyncio.sleep(0.2)
+    assert not second.done(), "the second close returned while the first still stopped the server"
+    assert any(isinstance(f, SdkLogRedaction) for f in logging.getLogger("mcp.client.session").filters)
+    await second
+    assert not is_live(pid) and first.done()
+    await first
+    assert not any(isinstance(f, SdkLogRedaction) for f in logging.getLogger("mcp.client.session").filters)

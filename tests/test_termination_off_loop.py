@@ -189,3 +189,26 @@ async def test_a_stop_whose_scan_of_others_fails_still_sigkills_the_group(
     # The witness works 5 s in its SIGTERM handler: ended within 2 s, it was SIGKILLed.
     assert wait_for(lambda: process.poll() is not None, 2.0), "the group outlived a stop whose scan failed"
     assert words(marker) == ["ready", "term"]
+
+
+async def test_a_stop_whose_before_kill_fails_still_sigkills_the_processes_outside_the_group(
+        witness: tuple[subprocess.Popen[bytes], Path]) -> None:
+    """Found by review: a ``before_kill`` that raised skipped the SIGKILL of ``others`` (only the
+    group's came, in ``_kill_now``'s finally): a process outside the group that ignores SIGTERM
+    outlived the stop."""
+    process, _ = witness
+    outside = subprocess.Popen(["/bin/sh", "-c", 'trap "" TERM; echo ready; while :; do sleep 0.05; done'],
+                               start_new_session=True, stdout=subprocess.PIPE)
+    try:
+        assert outside.stdout is not None and outside.stdout.readline() == b"ready\n"
+
+        def failing_sweep() -> None:
+            raise OSError("the sweep failed")
+
+        with pytest.raises(OSError, match="the sweep failed"):
+            await termination.kill_group(process.pid, 0.2, lambda: [outside.pid] if is_live(outside.pid) else [],
+                                         before_kill=failing_sweep)
+        assert wait_for(lambda: outside.poll() is not None, 2.0), "the process outside the group outlived the stop"
+    finally:
+        outside.kill()
+        outside.wait()

@@ -123,6 +123,8 @@ class ServerConnection:
         self._wrap: Wrap | None = None
         #: Takes this connection's ``redact_sdk_logs`` registration back (None: not registered).
         self._unredact_logs: Callable[[], None] | None = None
+        #: The run the last ``close`` took to end (another ``close`` meanwhile waits for its end).
+        self._ending: asyncio.Task[None] | None = None
         #: The last lines the stdio server of the latest run wrote to stderr (None: not started).
         self.stderr: StderrTail | None = None
         self.pid: int | None = None
@@ -172,9 +174,12 @@ class ServerConnection:
         except BaseException as exc:
             if not ready.done() and self._task is not None:  # still starting: stop it now (close() would
                 self._task.cancel()                             # wait its whole bound for the start to end)
-            await self.close()
-            if ready.done() and not ready.cancelled():
-                ready.exception()  # retrieved: the start's own failure is what is raised below
+            try:
+                await self.close()
+            finally:  # also when the close is cut (found by review: cancelled twice, the start's failure
+                # was never retrieved, and asyncio logged "Future exception was never retrieved")
+                if ready.done() and not ready.cancelled():
+                    ready.exception()  # retrieved: the start's own failure is what is raised below
             if isinstance(exc, asyncio.TimeoutError):
                 raise ExecutionError(
                     f"MCP server {self.name!r} did not start within "
@@ -309,23 +314,30 @@ class ServerConnection:
         return 2 * self.settings.stop_grace_ms / 1000.0 + CLOSE_MARGIN_S
 
     async def close(self) -> None:
-        """Stop the server; its process group is gone when this returns (within ``close_bound()``)."""
+        """Stop the server; its process group is gone when this returns (within ``close_bound()``).
+        A close while another one ends the run waits for that end (found by review: it returned at
+        once, the server still running, and took the SDK log redaction off under the ending run)."""
         task, self._task = self._task, None
+        if task is not None:
+            self._ending = task
+        ending = self._ending
         if self._stop is not None:
             self._stop.set()
         try:
             if task is not None:
                 await self._end_run(task)
+            elif ending is not None and not ending.done():
+                await asyncio.wait((ending,))  # bounded by the other close's ``close_bound()``
         finally:
             # After the run has ended: what it logged while closing was redacted. A close cut while it
             # waits leaves a run still ending: taken back at that end (found by review: it stayed on
             # the loggers for good, holding the host's secrets).
             unredact, self._unredact_logs = self._unredact_logs, None
             if unredact is not None:
-                if task is None or task.done():
+                if ending is None or ending.done():
                     unredact()
                 else:
-                    task.add_done_callback(lambda _: unredact())
+                    ending.add_done_callback(lambda _: unredact())
 
     async def _end_run(self, task: asyncio.Task[None]) -> None:
         """Wait up to ``close_bound()`` for the run to end (its stop included), then cancel it (what is
@@ -381,13 +393,15 @@ class ServerConnection:
                 raise ExecutionError(
                     f"MCP server {self.name!r} is down and was restarted "
                     f"{self.restarts} time(s), the configured maximum", code="mcp_server_unavailable")
+            # What is left of the old run is stopped first; a restart is counted only once it starts
+            # (found by review: a call whose deadline cut that stop counted one, no server started).
+            await self.close()
             if expired:
                 log.warning("MCP server %r no longer knows this host's session (HTTP 404); opening a new one",
                             self.name)
             else:
                 self.restarts += 1
                 log.warning("restarting MCP server %r (restart %d)", self.name, self.restarts)
-            await self.close()
             try:
                 await self.start()
             except ExecutionError:

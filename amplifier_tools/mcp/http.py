@@ -651,11 +651,14 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
         app.flush()
         raise
     finally:
-        if task.done():
+        def unguard_logs(_: object = None) -> None:
             unredact_logs()
-        else:  # uvicorn still shutting down (cut by a second cancellation): its last records redacted too
-            task.add_done_callback(lambda _: unredact_logs())
-        unfilter_logs()
+            unfilter_logs()
+
+        if task.done():
+            unguard_logs()
+        else:  # uvicorn still shutting down (cut by a second cancellation): its last records guarded too
+            task.add_done_callback(unguard_logs)  # both filters (found by review: the refusal one went at once)
         if frozen:
             gc.unfreeze()
         stopping.cancel()

@@ -29,9 +29,10 @@ credential shapes (``chain_without_secrets``); its ``stack_info`` (code, not val
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Final, final
 
 from ..redaction import PLACEHOLDER, SecretSet, chain_without_secrets, redact, redact_text
@@ -121,7 +122,7 @@ def scrub_record(record: logging.LogRecord, secrets: Collection[str] | SecretSet
         clean = redact_text(message, secrets)
         # Also when only the arguments hold one (a template that cuts it, ``%.5s``): a handler may
         # send the arguments on by themselves (Sentry's logging integration does; found by review).
-        if clean != message or (record.args and redact_text(repr(record.args), secrets) != repr(record.args)):
+        if clean != message or (record.args and _args_hold_one(record.args, secrets)):
             record.msg, record.args = clean, ()
     if record.exc_info and record.exc_info[1] is not None:
         exc = record.exc_info[1]
@@ -136,6 +137,20 @@ def scrub_record(record: logging.LogRecord, secrets: Collection[str] | SecretSet
         clean_value = redact(value, secrets=secrets)
         if clean_value is not value:
             record.__dict__[name] = clean_value
+
+
+def _args_hold_one(args: object, secrets: Collection[str] | SecretSet) -> bool:
+    """Whether a record's arguments hold a secret or a credential shape: in their ``repr``, or in the
+    ``str`` of one of them (an object whose ``repr`` does not show what its ``str`` does: found by
+    review, such an argument cut by its template kept the secret). An argument whose ``str`` fails
+    is judged by the ``repr`` alone."""
+    texts = [repr(args)]
+    values = args.values() if isinstance(args, Mapping) else args if isinstance(args, tuple) else (args,)
+    for value in values:
+        if not isinstance(value, (str, int, float)):
+            with contextlib.suppress(Exception):
+                texts.append(str(value))
+    return any(redact_text(text, secrets) != text for text in texts)
 
 
 _LOCK: Final = threading.Lock()

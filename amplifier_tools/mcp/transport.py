@@ -65,6 +65,7 @@ from .. import termination
 from ..sandbox import SandboxProcesses, wait_namespace_gone
 from ..termination import signal_group
 from .processes import (
+    Pinned,
     ServerTree,
     kill_descendants,
     kill_pinned,
@@ -220,6 +221,29 @@ async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = No
     # Named by pid and start time now, while it has not been asked to exit (its pid is its own).
     tree = ServerTree(process.pid) if sandboxed is None and process.returncode is None and subreaper_available() \
         else None
+    try:
+        await _end(process, pinned, tree, stderr_done, sandboxed, exit_grace, term_grace)
+    except BaseException:
+        # Cut (the close's bound, the caller's cancellation: a host close cut by Ctrl-C, a call's
+        # deadline): what is left goes at once, from the loop's thread (no await is left to be cut
+        # short), the pinned descendants outside the group too (found by review: a daemon the server
+        # had ``setsid``, pinned for this end, outlived a cut stop, under init). The transport is
+        # closed only when the server was reaped (closed before, asyncio kills it again and warns).
+        try:
+            if tree is not None:
+                tree.sweep()
+        finally:
+            signal_group(process.pid, signal.SIGKILL)
+            kill_pinned(pinned)
+            if process.returncode is not None:
+                _close_transport(process)
+        raise
+
+
+async def _end(process: anyio.abc.Process, pinned: Sequence[Pinned], tree: ServerTree | None,
+               stderr_done: anyio.Event | None, sandboxed: SandboxProcesses | None,
+               exit_grace: float, term_grace: float) -> None:
+    """``_stop``'s graceful part: stdin closed, the two graces, SIGKILL, the pinned swept, pipes closed."""
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         if process.stdin is not None:
             await process.stdin.aclose()
