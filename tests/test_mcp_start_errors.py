@@ -120,6 +120,45 @@ async def test_a_server_left_out_at_start_is_started_again_by_a_call_of_its_tool
         assert not host.plugin_manager.get_plugin("mcp").unavailable
 
 
+async def test_a_retry_cut_after_the_server_started_stops_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: a retry cut (the host closing, a hook time limit: a caller's own cancellation
+    does not reach the ``tool_error`` chain) while it mounted the started server's tools left the
+    server running, neither closed nor among the plugin's connections."""
+    import asyncio
+
+    import amplifier_tools.mcp.client as mcp_client
+    from amplifier_tools.procfs import is_live
+
+    flag = tmp_path / "up"
+    async with ToolHost(config={"plugins": {"mcp": {"servers": {"late": late_server(flag)}}}},
+                        builtins=["mcp"], entry_points=False, working_dir=tmp_path, discover=False) as host:
+        plugin = host.plugin_manager.get_plugin("mcp")
+        flag.touch()  # it can start now
+        mounting = asyncio.Event()
+
+        async def stuck(tools: list[Any]) -> None:
+            mounting.set()
+            await asyncio.sleep(60)
+
+        monkeypatch.setattr(type(plugin), "_mount_tools", lambda self, tools: stuck(tools))
+        opened: list[Any] = []
+        real_import = mcp_client.import_server
+
+        async def remembered(connection: Any) -> Any:
+            opened.append(connection)
+            return await real_import(connection)
+
+        monkeypatch.setattr(mcp_client, "import_server", remembered)
+        retry = asyncio.create_task(plugin._retry("late"))
+        await asyncio.wait_for(mounting.wait(), 30)
+        pid = opened[0].pid
+        assert pid is not None and is_live(pid)
+        retry.cancel()
+        await asyncio.gather(retry, return_exceptions=True)
+        assert opened[0] not in plugin.connections
+        assert not is_live(pid)  # stopped by the cut retry, not left running for the host's life
+
+
 def test_plugins_reports_a_server_left_out(tmp_path: Path) -> None:
     from cli_helpers import cli
 

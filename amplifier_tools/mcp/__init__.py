@@ -302,6 +302,11 @@ class McpImportPlugin:
         try:
             tools = await import_server(connection)
             await self._mount_tools(tools)  # a tool the host refuses: the server's failure, as at start
+        except asyncio.CancelledError:
+            # Cut (the call's deadline) once the server had started: stopped, not left running
+            # unowned — neither closed nor among ``connections`` (found by review).
+            await connection.close()
+            raise
         except Exception as exc:
             await connection.close()
             reason = redact_text(str(exc), self._secrets)
