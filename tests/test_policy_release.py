@@ -657,8 +657,11 @@ async def test_random_cancellations_leave_nothing_held() -> None:
 
     async def bounded(n: int) -> None:
         await asyncio.sleep(rng.random() * 0.05)  # spread the starts
+        limit = rng.random() * 0.03
+        if n % 10 == 0:  # some calls that end by themselves, however slow the machine (a loaded one cut them all)
+            limit = 10.0
         try:
-            await asyncio.wait_for(one(n), rng.random() * 0.03)
+            await asyncio.wait_for(one(n), limit)
         except (asyncio.TimeoutError, TimeoutError):
             pass
 
