@@ -9,7 +9,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -130,3 +130,17 @@ class Completions:
     @hookimpl
     def tool_complete(self, result: ToolResult, context: ToolContext) -> None:
         self.calls.append((context.call_id, None if result.error is None else result.error["code"]))
+
+
+def words(path: Path) -> list[str]:
+    """The words a witness process wrote to ``path`` so far (none before it exists)."""
+    return path.read_text().split() if path.exists() else []
+
+
+async def until(check: Callable[[], bool], seconds: float = 20.0) -> None:
+    """Poll ``check()`` until true, failing after ``seconds`` (a loaded machine starts slowly)."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not true within {seconds} s")
+        await asyncio.sleep(0.01)

@@ -4,6 +4,7 @@ in the time the settings promise."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import signal
@@ -46,6 +47,17 @@ async def _failed_start(host: ToolHost) -> tuple[str, float]:
     raise AssertionError("the host started")
 
 
+class Kept(logging.Handler):
+    """Every message a logger passes it (asyncio's "… was never retrieved" comes at collection time)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 async def test_the_issues_500_ms_start_timeout_leaves_no_unretrieved_exception(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """Issue 18, finding 1, as reported: 500 ms held the start for 13.5 s, and asyncio then logged
@@ -53,15 +65,6 @@ async def test_the_issues_500_ms_start_timeout_leaves_no_unretrieved_exception(
     logs that (and "Task exception was never retrieved") through its own logger at collection time,
     so the test collects and listens there and on stderr."""
     import gc
-    import logging
-
-    class Kept(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(logging.DEBUG)
-            self.lines: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.lines.append(record.getMessage())
 
     kept = Kept()
     logging.getLogger("asyncio").addHandler(kept)
@@ -85,15 +88,6 @@ async def test_a_start_cancelled_twice_leaves_no_unretrieved_exception(
     (it used to swallow it); the start's own failure was then never retrieved, and asyncio logged
     "Future exception was never retrieved" (an ERROR) when it was collected."""
     import gc
-    import logging
-
-    class Kept(logging.Handler):
-        def __init__(self) -> None:
-            super().__init__(logging.DEBUG)
-            self.lines: list[str] = []
-
-        def emit(self, record: logging.LogRecord) -> None:
-            self.lines.append(record.getMessage())
 
     from amplifier_tools.mcp.client import ServerConnection
     from amplifier_tools.mcp.settings import McpSettings

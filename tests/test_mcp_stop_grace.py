@@ -16,7 +16,6 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import FIXTURE_SERVER, FIXTURES
+from mcp_helpers import FIXTURE_SERVER, FIXTURES, until, words
 
 from amplifier_tools import ConfigError, PluginLoadError, ToolHost
 from amplifier_tools.mcp import client
@@ -45,15 +44,6 @@ WITH_WITNESS = f'"$0" "$1" "$2" {WORK} >/dev/null 2>&1 & exec "$0" "$3"'
 SLOW_EXIT = f'echo ready >> "$2"; "$0" "$1"; sleep {WORK}; echo done >> "$2"'
 
 
-def words(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
-
-
-async def until(check: Callable[[], bool], seconds: float = 20.0) -> None:
-    """Poll ``check()`` until true, failing after ``seconds`` (a loaded machine starts slowly)."""
-    with anyio.fail_after(seconds):
-        while not check():
-            await anyio.sleep(0.01)
 
 
 def importing(tmp_path: Path, script: str, **server: Any) -> tuple[ToolHost, Path]:

@@ -10,15 +10,13 @@ before the group got its SIGTERM: their SIGTERM handlers never ran."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-import anyio
 import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import FIXTURES
+from mcp_helpers import FIXTURES, until, words
 
 from amplifier_tools.mcp import transport
 from amplifier_tools.mcp.transport import stdio_process
@@ -26,15 +24,6 @@ from amplifier_tools.mcp.transport import stdio_process
 WITNESS = str(FIXTURES / "term_witness.py")
 
 
-def words(path: Path) -> list[str]:
-    return path.read_text().split() if path.exists() else []
-
-
-async def until(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Poll ``check()`` until true, failing after ``seconds``."""
-    with anyio.fail_after(seconds):
-        while not check():
-            await anyio.sleep(0.01)
 
 
 @pytest.fixture
