@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 import time
@@ -144,3 +145,14 @@ async def until(check: Callable[[], bool], seconds: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"not true within {seconds} s")
         await asyncio.sleep(0.01)
+
+
+class Kept(logging.Handler):
+    """Every message a logger passes it (asyncio's "… was never retrieved" comes at collection time)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())

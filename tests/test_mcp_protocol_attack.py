@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -181,3 +182,72 @@ async def test_a_server_that_stops_reading_does_not_hold_a_timed_out_call_past_i
         assert took < 4.0, took
     assert sorted(code for _, code in completions.calls) == ["timeout"] * 3
     assert len(call_records(tmp_path)) == 3
+
+
+async def test_a_call_its_caller_cancels_ends_at_once_and_its_request_is_let_go_quietly(tmp_path: Path) -> None:
+    """The caller's own cancellation (not the host's deadline): the call ends at once, cancelled;
+    the request, left to send its courtesy cancel, fails when the host closes under it, and that
+    failure is retrieved by nobody without asyncio logging "… exception was never retrieved"; no
+    request is left referenced."""
+    import gc
+
+    from mcp_helpers import Kept
+
+    from amplifier_tools.mcp import client
+
+    kept = Kept()
+    logging.getLogger("asyncio").addHandler(kept)
+    try:
+        async with quirky(tmp_path) as host:
+            call = asyncio.ensure_future(host.call("mcp::q::late", {"ms": 60000}))
+            await asyncio.sleep(0.5)  # sent; the server sleeps without answering
+            started = time.monotonic()
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert time.monotonic() - started < 0.5
+        for _ in range(3):
+            gc.collect()
+            await asyncio.sleep(0)
+    finally:
+        logging.getLogger("asyncio").removeHandler(kept)
+    assert not client._LET_GO
+    assert not any("never retrieved" in line for line in kept.lines), kept.lines
+    assert [record["error"]["code"] for record in call_records(tmp_path)] == ["cancelled"]
+
+
+async def test_a_requests_outcome_reaches_its_waiter_whatever_it_is() -> None:
+    """``client._answer``, the request's task: a result, an exception, a ``SystemExit`` (handed
+    over, not raised in the task, where asyncio would stop the loop on it) and the task's own
+    cancellation reach the waiter; a waiter that stopped waiting gets nothing, and the task ends."""
+    from amplifier_tools.mcp.client import _answer
+
+    loop = asyncio.get_running_loop()
+
+    async def outcome(value: Any) -> Any:
+        await asyncio.sleep(0)
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    for value in (42, ValueError("no"), SystemExit(3)):
+        answer = loop.create_future()
+        task = asyncio.ensure_future(_answer(answer, outcome(value)))
+        if isinstance(value, BaseException):
+            with pytest.raises(type(value)):
+                await answer
+        else:
+            assert await answer == 42
+        await task  # ended without raising
+    answer = loop.create_future()
+    task = asyncio.ensure_future(_answer(answer, asyncio.sleep(10)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await answer
+    assert task.cancelled()
+    answer = loop.create_future()
+    task = asyncio.ensure_future(_answer(answer, outcome(ValueError("late"))))
+    answer.cancel()  # the caller stopped waiting
+    await task
+    assert answer.cancelled()

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from mcp_helpers import HOSTILE_SERVER, hostile
+from mcp_helpers import HOSTILE_SERVER, Kept, hostile
 
 from amplifier_tools import PluginLoadError, ToolHost
 
@@ -45,17 +45,6 @@ async def _failed_start(host: ToolHost) -> tuple[str, float]:
     finally:
         await host.close()
     raise AssertionError("the host started")
-
-
-class Kept(logging.Handler):
-    """Every message a logger passes it (asyncio's "… was never retrieved" comes at collection time)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
 
 
 async def test_the_issues_500_ms_start_timeout_leaves_no_unretrieved_exception(

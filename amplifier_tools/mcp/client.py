@@ -21,7 +21,7 @@ import logging
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 import httpx2
@@ -77,6 +77,8 @@ CLIENT_INFO: Final = mcp_types.Implementation(name="amplifier-tools", version=__
 BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
+T = TypeVar("T")
+
 #: Requests whose calls were cancelled while the SDK still sends their courtesy cancel: kept
 #: referenced until they end (asyncio holds tasks weakly).
 _LET_GO: set[asyncio.Future[Any]] = set()
@@ -85,13 +87,27 @@ _LET_GO: set[asyncio.Future[Any]] = set()
 def _let_go(sending: asyncio.Future[Any]) -> None:
     """Let a cancelled request finish on its own (its courtesy cancel, bounded by the SDK)."""
     _LET_GO.add(sending)
-    sending.add_done_callback(_gone)
+    sending.add_done_callback(_LET_GO.discard)
 
 
-def _gone(sending: asyncio.Future[Any]) -> None:
-    _LET_GO.discard(sending)
-    if not sending.cancelled():
-        sending.exception()  # retrieved: its call has ended already, nobody awaits it
+async def _answer(answer: asyncio.Future[T], request: Awaitable[T]) -> None:
+    """Await ``request`` and put its outcome in ``answer`` (unless its caller has stopped waiting:
+    then the outcome goes nowhere, as the call has ended already). The call's waiter wakes in the
+    same turn of the event loop as the request ends."""
+    try:
+        result = await request
+    except asyncio.CancelledError:
+        if not answer.done():
+            answer.cancel()
+        raise
+    except BaseException as exc:
+        if not answer.done():
+            answer.set_exception(exc)
+        if isinstance(exc, KeyboardInterrupt):  # asyncio stops the loop on it (docs/design.md)
+            raise
+    else:
+        if not answer.done():
+            answer.set_result(result)
 
 
 class ServerConnection:
@@ -462,10 +478,13 @@ class ServerConnection:
         # ``notifications/cancelled`` goes out in that task (found by attack: the SDK waits up to
         # 5 s, shielded, to write it; to a server that had stopped reading its stdin every
         # timed-out call ended 5 s past its deadline).
-        sending = asyncio.ensure_future(session.send_request(
-            request, mcp_types.CallToolResult, request_read_timeout_seconds=timeout, progress_callback=progress))
+        # The task hands its outcome to ``answer`` itself (not ``asyncio.shield``, whose callback
+        # chain costs the call two more turns of the event loop: bench_mcp's HTTP import row).
+        answer: asyncio.Future[mcp_types.CallToolResult] = asyncio.get_running_loop().create_future()
+        sending = asyncio.ensure_future(_answer(answer, session.send_request(
+            request, mcp_types.CallToolResult, request_read_timeout_seconds=timeout, progress_callback=progress)))
         try:
-            result = await asyncio.shield(sending)
+            result = await answer  # a cancellation cancels ``answer``, never ``sending``
             self.session_served = True
             return result
         except asyncio.CancelledError:
