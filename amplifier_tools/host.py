@@ -884,16 +884,29 @@ class ToolHost:
                 **problem.details, "type": problem.category, "code": problem.code, "message": problem.message,
                 "retryable": False, "cause": None, "tool": getattr(call, "name", None), "call_id": call_id},
                 {}, call_id)
-        if context is None:
-            context = self._default_context
-        else:
-            resolver = context.secrets
-            if context.session_id is None or (resolver is not None and not (
-                    isinstance(resolver, RecordingResolver) and resolver.registry is self.secrets)):
-                # A caller's own resolver: what it hands out joins the host-wide registry.
-                context = attrs.evolve(context, session_id=context.session_id or self.session_id,
-                                       secrets=None if resolver is None else self.secrets.recording(resolver))
-        return await pipeline.run(call, context, own_id)
+        return await pipeline.run(call, self._default_context if context is None else self._own(context), own_id)
+
+    def _own(self, context: ToolContext) -> ToolContext:
+        """``context`` as a call of this host runs with it: with the host's session id when it has
+        none, and a resolver of its own wrapped so that what it hands out joins the host-wide registry."""
+        resolver = context.secrets
+        if context.session_id is None or (resolver is not None and not (
+                isinstance(resolver, RecordingResolver) and resolver.registry is self.secrets)):
+            context = attrs.evolve(context, session_id=context.session_id or self.session_id,
+                                   secrets=None if resolver is None else self.secrets.recording(resolver))
+        return context
+
+    def context_caller(self, context: ToolContext) -> ContextCaller:
+        """A ``ContextCaller`` making this host's calls with ``context``, for a caller that makes many
+        calls with one context (``serve-mcp``'s clients). ``context`` is checked here as ``call``
+        checks a given one; one ``call`` refuses makes every call refused as ``call`` refuses it
+        (``invalid_context``). ``TypeError`` when ``context`` is no ``ToolContext``."""
+        if not isinstance(context, ToolContext):
+            raise TypeError(f"context must be a ToolContext, got {type(context).__name__}")
+        values = self.secrets.values
+        if context_problem(context, self.secrets) is not None:  # refused at each call (secrets are only added)
+            return ContextCaller(self, context, None)
+        return ContextCaller(self, self._own(attrs.evolve(context)), values)
 
     def _elsewhere(self, what: str) -> ToolSystemError | None:
         """Why the running event loop may not use the host, or None (``what``: ``the call was made``,
@@ -930,6 +943,52 @@ class ToolHost:
     def tool_definitions(self, format: str = "openai") -> list[dict[str, Any]]:
         """The mounted tools as ``"openai"``, ``"anthropic"`` or ``"mcp"`` tool definitions."""
         return tool_definitions(self.specs, format)
+
+
+class ContextCaller:
+    """Calls of one host with one context (made by ``ToolHost.context_caller``): each call is
+    ``host.call(name, arguments, context=context)`` — the same pipeline, hooks, policies and audit
+    record — without checking the context again at every call. It was checked when this was made
+    and is checked again only once the host has registered a secret since (an id of it may hold
+    the new one); a call's id is one the host makes (``new_call_id``), which is not checked
+    either. Otherwise a call is refused as ``call`` refuses it (the host closed, another loop or
+    process, a context the new secrets refuse).
+
+    Limits: the context kept is a copy made by ``context_caller``; a field of the copy changed
+    around its frozen class (``object.__setattr__`` on ``context``) is not seen before the host
+    registers a new secret. Saves ``serve-mcp`` over HTTP ≈ 700 bytecodes a call (docs/performance.md)."""
+
+    __slots__ = ("_checked", "_host", "context")
+
+    def __init__(self, host: ToolHost, context: ToolContext, checked: frozenset[str] | None) -> None:
+        self._host = host
+        #: The context every call runs with (a copy of the one given).
+        self.context = context
+        #: The host's secret values the context was last found fine with (``SecretSet.values``; None:
+        #: never, and then every call checks it).
+        self._checked = checked
+
+    async def call(self, name: str, arguments: Any = None, on_id: Callable[[str], None] | None = None) -> ToolResult:
+        """Run one call through the whole pipeline (never raises on a bad call); ``on_id`` is told
+        its id before it begins."""
+        host = self._host
+        call_id = new_call_id()
+        if on_id is not None:
+            on_id(call_id)
+        call = ToolCall(call_id, name, {} if arguments is None else arguments)
+        pipeline = host._pipeline
+        if pipeline is not None and asyncio.get_running_loop() is host._loop and _process_id == host._pid:
+            values = host.secrets.values
+            if values is self._checked or self._still_fine(values):
+                return await pipeline.run(call, self.context, True)
+        return await host._execute(call, self.context, True)  # refused there, as by ``call``
+
+    def _still_fine(self, values: frozenset[str]) -> bool:
+        """Whether the context is one ``call`` takes, now that the host's secrets are ``values``."""
+        if context_problem(self.context, self._host.secrets) is not None:
+            return False
+        self._checked = values
+        return True
 
 
 def _plugins_own(exc: BaseException) -> bool:

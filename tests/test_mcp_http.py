@@ -937,6 +937,16 @@ async def test_two_authorization_headers_are_refused_whichever_comes_first(tmp_p
     assert [e["data"]["status"] for e in audit(tmp_path, "event")] == [401]
 
 
+async def test_one_authorization_header_among_other_repeated_headers_is_taken(tmp_path: Path) -> None:
+    """Gate reads the headers with ``dict`` and counts the Authorization ones only when some name came
+    twice: another header sent twice leaves one token a client's."""
+    repeated = [("x-forwarded-for", "10.0.0.1"), ("x-forwarded-for", "10.0.0.2")]
+    async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:
+        taken = await http.post(url, json=INITIALIZE,
+                                headers=[*ACCEPT.items(), *repeated, ("authorization", f"Bearer {ALICE}")])
+    assert taken.status_code == 200
+
+
 async def test_a_host_header_without_a_port_is_this_server(tmp_path: Path) -> None:
     """Served on port 80, clients send ``Host: 127.0.0.1``: every request was refused 421."""
     async with served(config(tmp_path)) as url, httpx2.AsyncClient() as http:

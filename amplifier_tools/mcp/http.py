@@ -106,8 +106,8 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
             raise ConfigError(f"allow_anonymous serves without authentication; {settings.host!r} is not a "
                               "loopback address", key=f"{key}.allow_anonymous",
                               hint=f"set {key}.host = \"127.0.0.1\", or configure clients with tokens")
-        anonymous = Caller(caller_context(host, settings, None, "mcp-http"),
-                           exposed_tools(host, settings.tools, f"{key}.tools"))
+        anonymous = Caller.of(host, caller_context(host, settings, None, "mcp-http"),
+                              exposed_tools(host, settings.tools, f"{key}.tools"))
         if not anonymous.tools:
             log.warning("serve-mcp: no tool is exposed; list them in [%s] tools "
                         '(tools = ["*"] exposes every mounted tool)', key)
@@ -140,8 +140,8 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
         by_digest[digest] = client.token_ref
         tools = client.tools if client.tools is not None else settings.tools
         setting = f"{where}.tools" if client.tools is not None else f"{key}.tools"
-        callers[client.token_ref] = Caller(caller_context(host, settings, client, "mcp-http"),
-                                           exposed_tools(host, tools, setting))
+        callers[client.token_ref] = Caller.of(host, caller_context(host, settings, client, "mcp-http"),
+                                              exposed_tools(host, tools, setting))
         if not callers[client.token_ref].tools:
             log.warning("serve-mcp: client %r is exposed no tool; list them in %s "
                         '(tools = ["*"] exposes every mounted tool)', client.token_ref, setting)
@@ -355,14 +355,16 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        authorization = session = None
-        repeated = False
-        for name, value in scope.get("headers") or ():  # ASGI servers lowercase header names
-            if name == b"authorization":
-                repeated = authorization is not None
-                authorization = value
-            elif name == b"mcp-session-id":
-                session = value
+        headers = scope.get("headers") or ()
+        if headers.__class__ is not list and headers.__class__ is not tuple:  # any iterable, says ASGI
+            headers = scope["headers"] = list(headers)
+        # ASGI servers lowercase header names. Read by ``dict`` (each name's last value), not by a
+        # loop of our own over every header (≈ 100 bytecodes a request); only when a name came
+        # twice are the Authorization headers counted.
+        by_name = dict(headers)
+        authorization, session = by_name.get(b"authorization"), by_name.get(b"mcp-session-id")
+        repeated = authorization is not None and len(by_name) != len(headers) and \
+            sum(name == b"authorization" for name, _ in headers) > 1
         reset = user = None
         if self.tokens is not None:
             # Two Authorization headers are no credential: which one a proxy adds, and which one
@@ -507,10 +509,13 @@ def transport_security(host: str) -> TransportSecuritySettings | None:
     for other hosts, where every request needs a client's token anyway."""
     if not is_loopback(host):
         return None
-    names = sorted({_url_host(host), "127.0.0.1", "localhost", "[::1]"})
+    own = _url_host(host)
+    names = [own, *sorted({"127.0.0.1", "localhost", "[::1]"} - {own})]
     # With and without a port: a client leaves out the default one (port 80 is ``Host: 127.0.0.1``).
+    # The patterns with a port first, this host's first of all: the SDK tries the patterns in this
+    # order once no name matched exactly, and a client's Host usually carries the port.
     return TransportSecuritySettings(enable_dns_rebinding_protection=True,
-                                     allowed_hosts=[*names, *(f"{name}:*" for name in names)],
+                                     allowed_hosts=[*(f"{name}:*" for name in names), *names],
                                      allowed_origins=[*(f"http://{name}" for name in names),
                                                       *(f"http://{name}:*" for name in names)])
 

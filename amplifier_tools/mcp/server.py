@@ -65,8 +65,8 @@ from ..config import plugin_section
 from ..content import mcp_spelling
 from ..definitions import META_NAME
 from ..errors import ConfigError
-from ..host import ToolHost
-from ..models import ContextFieldError, ToolContext, ToolResult, new_call_id, output_text
+from ..host import ContextCaller, ToolHost
+from ..models import ContextFieldError, ToolContext, ToolResult, output_text
 from ..plugin_settings import structure_settings
 from .sdk_logs import redact_sdk_logs
 from .settings import DEFAULT_MAX_MESSAGE_BYTES, PLUGIN, McpSettings, ServeClient, ServeSettings
@@ -116,11 +116,21 @@ def caller_context(host: ToolHost, settings: ServeSettings, client: ServeClient 
 
 @attrs.frozen
 class Caller:
-    """One MCP caller as the host sees it: the context its calls run with and the contract names
-    of the tools it may list and call."""
+    """One MCP caller as the host sees it: the host's calls with its context (checked once, not at
+    every call: ``ToolHost.context_caller``) and the contract names of the tools it may list and call."""
 
-    context: ToolContext
+    calls: ContextCaller
     tools: frozenset[str]
+
+    @classmethod
+    def of(cls, host: ToolHost, context: ToolContext, tools: frozenset[str]) -> Caller:
+        """The caller whose calls of ``host`` run with ``context`` (``caller_context``'s, checked there)."""
+        return cls(host.context_caller(context), tools)
+
+    @property
+    def context(self) -> ToolContext:
+        """The context its calls run with."""
+        return self.calls.context
 
 
 def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> frozenset[str]:
@@ -153,8 +163,8 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
     """
     settings = settings or serve_settings(host)
     if caller is None:
-        single = Caller(caller_context(host, settings),
-                        exposed_tools(host, settings.tools, f"plugins.{PLUGIN}.serve.tools"))
+        single = Caller.of(host, caller_context(host, settings),
+                           exposed_tools(host, settings.tools, f"plugins.{PLUGIN}.serve.tools"))
         if not single.tools:
             log.warning("serve-mcp: no tool is exposed; list them in [plugins.%s.serve] tools "
                         '(tools = ["*"] exposes every mounted tool)', PLUGIN)
@@ -195,16 +205,20 @@ def build_server(host: ToolHost, settings: ServeSettings | None = None,
             if on_refused is not None:
                 on_refused(who, params.name)
             raise MCPError(code=mcp_types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
-        call_id = new_call_id()
         session = getattr(ctx, "session", None)
-        arguments = params.arguments if params.arguments is not None else {}
         if session is None:
-            return to_call_tool_result(await host.call(name, arguments, context=who.context, call_id=call_id))
-        progress_targets[call_id] = session
+            return to_call_tool_result(await who.calls.call(name, params.arguments))
+        call_id = ""
+
+        def started(made: str) -> None:  # the host's id for the call, before it begins
+            nonlocal call_id
+            call_id = made
+            progress_targets[made] = session
+
         try:
-            result = await host.call(name, arguments, context=who.context, call_id=call_id)
+            result = await who.calls.call(name, params.arguments, started)
         except BaseException:
-            relay = progress_targets.pop(call_id)
+            relay = progress_targets.pop(call_id, None)
             if isinstance(relay, ProgressRelay):
                 relay.abandon()
             raise
