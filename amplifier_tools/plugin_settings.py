@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import re
+import threading
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar, Union, get_args, get_origin
@@ -57,6 +58,10 @@ _SETTINGS: set[type[Any]] = set()
 #: Classes marked and not resolved yet: resolving evaluates their annotations (``typing`` at work,
 #: ≈ 7 ms for the built-ins), which only structuring a table needs, not a plugin that gets none.
 _PENDING: list[type[Any]] = []
+#: Held while the pending classes are resolved. Found by running hosts on uvloop in two threads:
+#: two hosts starting at once each marked the first pending class and deleted the first entry, so
+#: one start failed (``IndexError``) or a class left the list unmarked (refused, or structured loosely).
+_RESOLVING = threading.Lock()
 
 
 def _is_settings(t: Any) -> bool:
@@ -66,9 +71,10 @@ def _is_settings(t: Any) -> bool:
 
 
 def _resolve_pending() -> None:
-    while _PENDING:
-        _mark(_PENDING[0])
-        del _PENDING[0]
+    with _RESOLVING:
+        while _PENDING:
+            _mark(_PENDING[0])
+            del _PENDING[0]
 
 
 def _mark(cls: type[Any]) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 from typing import Any
+
+import pytest
 
 from amplifier_tools import ToolResult
 from amplifier_tools.loader import ToolMount
@@ -39,6 +42,29 @@ class ToolsPlugin(ToolMount):
 def run(coro: Any) -> Any:
     """Run a coroutine from sync test code (hypothesis tests)."""
     return asyncio.run(coro)
+
+
+#: The event loops a user's application may run the host on: asyncio's own, and uvloop (which
+#: ``uvicorn[standard]`` installs): in the ``test`` extra; its cases skip where it is not installed.
+EVENT_LOOPS = ["asyncio", "uvloop"]
+
+
+def run_on(loop_kind: str, coro: Any) -> Any:
+    """Run ``coro`` to its end on a new loop of ``loop_kind`` (one of ``EVENT_LOOPS``), closed after."""
+    if loop_kind == "uvloop":
+        try:
+            uvloop = importlib.import_module("uvloop")  # a test dependency only (and not typed everywhere)
+        except ImportError:
+            coro.close()
+            pytest.skip("uvloop is not installed")
+        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
 
 
 class FakeClock:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from bash_helpers import describe_processes, marker, needs_bwrap, processes_with
+from helpers import EVENT_LOOPS, run_on
 
 from amplifier_tools import ToolHost
 from amplifier_tools.builtins.bash import process
@@ -255,7 +256,7 @@ async def test_close_with_grace_lets_the_queued_calls_run(tmp_path: Path) -> Non
 # -- loops and threads -------------------------------------------------------------------------
 
 
-def _burst_in_a_new_loop(root: Path, count: int) -> weakref.ref[asyncio.AbstractEventLoop]:
+def _burst_in_a_new_loop(root: Path, count: int, loop_kind: str = "asyncio") -> weakref.ref[asyncio.AbstractEventLoop]:
     async def main() -> weakref.ref[asyncio.AbstractEventLoop]:
         host = await _host(root)
         try:
@@ -265,7 +266,8 @@ def _burst_in_a_new_loop(root: Path, count: int) -> weakref.ref[asyncio.Abstract
             await host.close()
         return weakref.ref(asyncio.get_running_loop())
 
-    return asyncio.run(main())
+    made: weakref.ref[asyncio.AbstractEventLoop] = run_on(loop_kind, main())
+    return made
 
 
 def test_a_loop_that_ran_a_burst_of_bash_calls_is_freed_once_closed(tmp_path: Path) -> None:
@@ -278,14 +280,19 @@ def test_a_loop_that_ran_a_burst_of_bash_calls_is_freed_once_closed(tmp_path: Pa
     assert len(process._SPAWN_GATES) == 0
 
 
-def test_loops_in_two_threads_each_have_their_own_gate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
+def test_loops_in_two_threads_each_have_their_own_gate(tmp_path: Path, loop_kind: str) -> None:
+    """Found by running it on uvloop too: two threads' uvloop loops spawning at once failed calls
+    with ``tool_raised`` ``RuntimeError: Racing with another loop to spawn a process``."""
+    if loop_kind == "uvloop":
+        pytest.importorskip("uvloop")
     loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
     errors: list[BaseException] = []
 
     def work() -> None:
         try:
             for _ in range(2):  # a loop closed, a new one made in the same thread
-                loops.append(_burst_in_a_new_loop(tmp_path, 30))
+                loops.append(_burst_in_a_new_loop(tmp_path, 30, loop_kind))
         except BaseException as exc:
             errors.append(exc)
 

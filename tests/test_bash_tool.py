@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from bash_helpers import bash_host
+from bash_helpers import bash_host, needs_bwrap
+from helpers import EVENT_LOOPS, run_on
 
 from amplifier_tools import ToolContext, ToolHost
 from amplifier_tools.errors import ConfigError, PluginLoadError
@@ -269,3 +272,65 @@ async def test_a_nul_in_the_command_is_the_callers_contract_error(host: ToolHost
     """Found by attack: it failed as ``ExecutionError`` ``tool_raised`` (exec's ``ValueError``)."""
     result = await host.call("bash", {"command": "echo \x00"})
     assert result.error is not None and (result.error["type"], result.error["pointer"]) == ("ContractError", "/command")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running commands as another user needs a root host")
+@pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+def test_user_runs_commands_as_that_user_on_every_loop(loop_kind: str, sandbox: str) -> None:
+    """Found by running the host on uvloop (``uvicorn[standard]``, ``uvloop.run``): its
+    ``subprocess_exec`` refuses ``user``/``group``/``extra_groups`` (``ValueError: unexpected
+    kwargs``), so with ``user`` set every bash call failed. The command runs as that user, in
+    that user's group alone (not root's supplementary groups)."""
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    work = Path(tempfile.mkdtemp(prefix="amp-user-", dir="/var/tmp"))
+    work.chmod(0o755)
+
+    async def scenario() -> Any:
+        host = await bash_host(work, user="nobody", sandbox=sandbox)
+        try:
+            return await host.call("bash", {"command": "id -u; id -G"})
+        finally:
+            await host.close()
+
+    try:
+        result = run_on(loop_kind, scenario())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert result.success, result.error
+    assert result.output["stdout"] == f"{nobody.pw_uid}\n{nobody.pw_gid}\n"
+
+
+@pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
+@pytest.mark.parametrize("sandbox", [pytest.param("auto", marks=needs_bwrap), "off"])
+def test_a_command_inherits_no_descriptor_of_the_host_on_every_loop(tmp_path: Path, loop_kind: str,
+                                                                     sandbox: str) -> None:
+    """Found by running the host on uvloop, which closes no descriptor at a spawn (no ``close_fds``):
+    the command inherited every inheritable descriptor of the host (here a file it opened) and
+    copies of its own output sockets, so a background child with its output redirected kept the
+    output open and the call waited 2 s (``DRAIN_AFTER_EXIT``) for an end that never came."""
+    secret = tmp_path / "host-only.txt"
+    secret.write_text("host state\n")
+    fd = os.open(secret, os.O_RDONLY)
+    os.set_inheritable(fd, True)  # as one handed over by the host's parent (systemd, a process manager)
+
+    async def scenario() -> tuple[Any, Any, float]:
+        host = await bash_host(tmp_path, sandbox=sandbox)
+        try:
+            listing = await host.call("bash", {"command": "ls -l /proc/$$/fd/"})
+            started = time.monotonic()
+            background = await host.call("bash", {"command": "sleep 5 >/dev/null 2>&1 & echo started"})
+            return listing, background, time.monotonic() - started
+        finally:
+            await host.close()
+
+    try:
+        listing, background, took = run_on(loop_kind, scenario())
+    finally:
+        os.close(fd)
+    assert listing.success, listing.error
+    assert str(secret) not in listing.output["stdout"]
+    assert background.success and background.output["stdout"] == "started\n", background
+    assert took < 1.5

@@ -18,6 +18,7 @@ import pytest
 
 pytest.importorskip("mcp")
 
+from helpers import EVENT_LOOPS, run_on
 from mcp_helpers import FIXTURES, alive
 
 from amplifier_tools import ToolContext, ToolHost
@@ -83,3 +84,20 @@ async def test_a_server_that_went_mute_while_idle_is_restarted_before_the_next_c
         assert len(pids(tmp_path)) == 2 and alive(pids(tmp_path)[1])
     assert result.success, result.error
     assert result.output == "ok" and took < 5
+
+
+@pytest.mark.slow  # the SDK server's start, 1 to 2 s
+@pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
+def test_a_server_closing_its_stdout_is_seen_on_every_loop(tmp_path: Path, loop_kind: str) -> None:
+    """Found by running the host on uvloop, which closes no descriptor at a spawn: the server
+    inherited copies of its own stdout, so closing its stdout ended nothing and the call waited out
+    its 30 s deadline (``timeout``) instead of failing ``mcp_server_died`` at once."""
+
+    async def scenario() -> tuple[Any, float, bool]:
+        async with muting(tmp_path, max_restarts=0) as host:
+            died, took = await timed_call(host)
+            return died, took, await gone(pids(tmp_path)[0], 5)
+
+    died, took, stopped = run_on(loop_kind, scenario())
+    assert not died.success and died.error["code"] == "mcp_server_died" and took < 5, (died.error, took)
+    assert stopped, "the mute server runs on after its call failed"

@@ -284,3 +284,57 @@ async def test_a_host_refuses_a_scope_string_in_a_tool_override(tmp_path: Path) 
                             working_dir=tmp_path):
             pass
     assert "tools.local::fs.read_file.security.required_scopes" in str(caught.value)
+
+
+def test_settings_classes_resolved_by_two_threads_at_once_are_all_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by running hosts on uvloop in two threads: two hosts starting at once resolved the
+    pending settings classes together, and one start failed with ``plugin 'audit': failed to mount:
+    IndexError: list assignment index out of range`` — or a class was dropped from the pending list
+    unmarked, and then refused as "not marked @settings_class" (or, nested, structured loosely)."""
+    import threading
+    import time
+
+    import attrs
+
+    from amplifier_tools import plugin_settings
+
+    @attrs.frozen
+    class One:
+        a: int = 1
+
+    @attrs.frozen
+    class Two:
+        a: int = 1
+
+    @attrs.frozen
+    class Three:
+        a: int = 1
+
+    for cls in (One, Two, Three):
+        plugin_settings.settings_class(cls)
+    resolve = attrs.resolve_types
+
+    def slow_resolve(cls: Any, *args: Any, **kwargs: Any) -> Any:  # widens the window both threads share
+        time.sleep(0.02)
+        return resolve(cls, *args, **kwargs)
+
+    monkeypatch.setattr(plugin_settings.attrs, "resolve_types", slow_resolve)
+    start = threading.Barrier(2)
+    failures: list[BaseException] = []
+
+    def work() -> None:
+        start.wait()
+        try:
+            structure_settings({"a": 2}, Three, "plugins.three")
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert failures == []
+    for cls in (One, Two, Three):
+        with pytest.raises(ConfigError, match="plugins.x.a"):
+            structure_settings({"a": "5"}, cls, "plugins.x")

@@ -53,7 +53,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import anyio
 import anyio.abc
@@ -63,6 +63,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import termination
 from ..sandbox import SandboxProcesses, wait_namespace_gone
+from ..spawning import for_loop
 from ..termination import signal_group
 from .processes import (
     Pinned,
@@ -471,6 +472,23 @@ async def stdio_process(
                 os.close(fd)
 
 
+async def _open_process(argv: Sequence[str], **kwargs: Any) -> anyio.abc.Process:
+    """``anyio.open_process`` with stdin and stdout pipes, on a loop that needs a ``preexec_fn``
+    (uvloop, ``spawning.for_loop``) through anyio's backend, as ``anyio.open_process`` itself does:
+    it takes no ``preexec_fn``. Found by running the host on uvloop: the server inherited copies of
+    its own stdout, so one that closed its stdout was not seen to (the call waited out its
+    deadline), and a child it left in its group held the output open after its crash (the group
+    was SIGKILLed a second after, not given its SIGTERM and ``stop_grace_ms``)."""
+    arguments = for_loop(asyncio.get_running_loop(), kwargs)
+    if "preexec_fn" not in arguments:
+        return await anyio.open_process(argv, **arguments)
+    from anyio._core._eventloop import get_async_backend  # anyio's own path (no public one takes preexec_fn)
+
+    stderr = arguments.pop("stderr")
+    return await get_async_backend().open_process(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                  stderr=stderr, **arguments)
+
+
 async def _spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, stderr: StderrTail | None,
                  info_fd: int, sandboxed: SandboxProcesses | None, stop_grace: float | None) -> anyio.abc.Process:
     """The server's process, started in a session of its own (``info_fd``, unless -1, passed on).
@@ -480,7 +498,7 @@ async def _spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None
     up the sandbox, which lived on under init, its server and the server's children running for
     good; and the start failed at the close's bound, not at ``startup_timeout_ms``). The wait for the
     spawn is asyncio's: the host runs on asyncio."""
-    spawn = asyncio.ensure_future(anyio.open_process(
+    spawn = asyncio.ensure_future(_open_process(
         argv, env=dict(env), cwd=cwd, stderr=subprocess.PIPE if stderr is not None else None,
         start_new_session=True, pass_fds=() if info_fd == -1 else (info_fd,)))
     cancelled: asyncio.CancelledError | None = None

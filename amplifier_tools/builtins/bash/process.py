@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import resource
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from typing import Any, Final
 
 import attrs
 
+from ...spawning import for_loop
 from ...termination import KILL_WAIT, Others, kill_group, signal_group, signal_pids
 from .capture import StreamCapture
 
@@ -123,6 +125,37 @@ class Outcome:
     killed_group: bool = False  # members were still alive at the end and were killed
 
 
+#: uvloop refuses a spawn while a uvloop loop of another thread is forking (``RuntimeError: Racing
+#: with another loop to spawn a process.``, raised before anything is made): the spawn is tried again.
+_RACING: Final = "Racing with another loop to spawn a process"
+RACE_RETRY_FOR: Final = 2.0  # seconds; a fork takes milliseconds
+
+
+async def _subprocess_exec(loop: asyncio.AbstractEventLoop, protocol: asyncio.SubprocessProtocol,
+                           argv: Sequence[str], kwargs: dict[str, Any]) -> asyncio.SubprocessTransport:
+    """``loop.subprocess_exec``, tried again while uvloop reports a race with another thread's loop.
+
+    Found by running the host on uvloop: two threads, each running a host on its own uvloop loop,
+    spawning bash at once failed calls with ``tool_raised`` ``RuntimeError: Racing with another
+    loop to spawn a process`` (uvloop's process-wide fork guard; nothing was started). Raises
+    ``OSError`` (``EAGAIN``) if the race lasts ``RACE_RETRY_FOR`` seconds.
+    """
+    deadline = time.monotonic() + RACE_RETRY_FOR
+    pause = 0.001
+    while True:
+        try:
+            transport, _ = await loop.subprocess_exec(lambda: protocol, *argv, **kwargs)
+            return transport
+        except RuntimeError as exc:
+            if not str(exc).startswith(_RACING):
+                raise
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EAGAIN, f"the event loop kept refusing to spawn for {RACE_RETRY_FOR:g} s: "
+                                            f"{exc}") from None
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
 class _Protocol(asyncio.SubprocessProtocol):
     def __init__(self, stdout: StreamCapture, stderr: StreamCapture) -> None:
         self.captures = {1: stdout, 2: stderr}
@@ -147,7 +180,8 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
               others: Others | None = None) -> Outcome:
     """Run ``argv`` to its end, a timeout or a cancellation; the group is dead when this returns or raises.
 
-    ``popen`` holds extra ``subprocess.Popen`` arguments (``user``, ``pass_fds``, ``preexec_fn``);
+    ``popen`` holds extra ``subprocess.Popen`` arguments (``user``, ``pass_fds``, ``preexec_fn``),
+    passed as the running loop takes them (``for_loop``);
     ``others`` finds the command's processes outside the group, killed with it (``kill_group``).
     Raises ``OSError`` when the program cannot be started.
     """
@@ -155,9 +189,9 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
     protocol = _Protocol(stdout, stderr)
     spawned = time.monotonic()
     async with spawn_turn(loop):
-        spawn = asyncio.ensure_future(loop.subprocess_exec(
-            lambda: protocol, *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True, **popen))
+        spawn = asyncio.ensure_future(_subprocess_exec(loop, protocol, argv, dict(
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=env, cwd=cwd, start_new_session=True, **for_loop(loop, popen))))
         # A cancellation waits until the process exists, and then kills its group like any other.
         # Found by attack: delivered inside ``subprocess_exec``, asyncio SIGKILLed bash alone, then
         # waited for its pipes to close, which a background child held: the call hung as long as
@@ -170,7 +204,7 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
                 cancelled = True
         if cancelled and (spawn.cancelled() or spawn.exception() is not None):
             raise asyncio.CancelledError
-        transport, _ = spawn.result()  # OSError when the program cannot be started
+        transport = spawn.result()  # OSError when the program cannot be started
     pgid = transport.get_pid()
     outcome = Outcome()
     try:
