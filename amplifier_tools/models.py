@@ -216,7 +216,20 @@ class Decision:
 
 
 _new_context = object.__new__
-_set_fields = object.__setattr__
+
+
+def _dict_setter(cls: type) -> Callable[[Any, dict[str, Any]], None]:
+    """What sets the instance dict of an object of ``cls`` (or a subclass) whole: the setter of
+    ``cls``'s own ``__dict__`` descriptor, which ``object.__setattr__(obj, "__dict__", fields)``
+    finds and calls, without that lookup by name and its argument tuples (≈ 450 instructions
+    fewer on CPython 3.11, a call sets three or four dicts: session 32). Frozen classes' own
+    ``__setattr__`` is bypassed alike."""
+    setter: Callable[[Any, dict[str, Any]], None] = vars(cls)["__dict__"].__set__
+    return setter
+
+
+_set_call_dict: Final = _dict_setter(ToolCall)
+_set_result_dict: Final = _dict_setter(ToolResult)
 
 
 def _frozen_scopes(scopes: Iterable[str]) -> frozenset[str]:
@@ -424,11 +437,26 @@ class ToolContext:
                 self.deadline, call_id, self.trace_id, self.session_id, self.attributes, [],
             )
         copy = _new_context(ToolContext)
+        if _FAST_FIELDS:
+            # On CPython 3.11 and 3.12 the caller's dict is copied whole and given to the copy
+            # (session 32): ``dict.copy`` of attrs' split dict copies its values and keeps the keys
+            # shared, where updating the copy's own dict inserted the fields one by one (≈ 2 k
+            # instructions a call more), and the copy's fields are read as fast either way. On
+            # 3.13 a dict given whole is read slower than the inline values it replaces (≈ 0.3 k
+            # instructions a read more), and on 3.10 it gains nothing: those update in place.
+            fields = self.__dict__.copy()
+            fields["call_id"] = call_id
+            fields["trail"] = []
+            _set_context_dict(copy, fields)
+            return copy
         fields = copy.__dict__
         fields.update(self.__dict__)
         fields["call_id"] = call_id
         fields["trail"] = []
         return copy
+
+
+_set_context_dict: Final = _dict_setter(ToolContext)
 
 
 @attrs.frozen(slots=True)
@@ -468,13 +496,13 @@ _FRESH: Final = attrs.NOTHING  # an argument not given: the field's factory make
 def _result_fields(self: ToolResult, success: bool = True, output: Any = None, error: dict[str, Any] | None = None,
                    metadata: Any = _FRESH, tool_call_id: str | None = None) -> None:
     """``ToolResult.__init__`` on CPython 3.11 and 3.12 (``_FAST_FIELDS``): attrs' own, field for field."""
-    _set_fields(self, "__dict__", {"success": success, "output": output, "error": error,
-                                   "metadata": {} if metadata is _FRESH else metadata, "tool_call_id": tool_call_id})
+    _set_result_dict(self, {"success": success, "output": output, "error": error,
+                            "metadata": {} if metadata is _FRESH else metadata, "tool_call_id": tool_call_id})
 
 
 def _call_fields(self: ToolCall, id: str, name: str, arguments: Any = _FRESH) -> None:
     """``ToolCall.__init__`` on CPython 3.11 and 3.12 (``_FAST_FIELDS``): attrs' own, field for field."""
-    _set_fields(self, "__dict__", {"id": id, "name": name, "arguments": {} if arguments is _FRESH else arguments})
+    _set_call_dict(self, {"id": id, "name": name, "arguments": {} if arguments is _FRESH else arguments})
 
 
 #: Whether ``ToolResult`` and ``ToolCall`` are built with an instance dict of their own. attrs' frozen
