@@ -42,6 +42,7 @@ from ..errors import AuthError, ConfigError
 from ..host import ToolHost
 from ..redaction import SecretSet, redact
 from ..secrets_table import EnvironmentSecrets
+from .http_sessions import SessionQuota
 from .sdk_logs import redact_sdk_logs
 from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
@@ -541,8 +542,11 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
     # One bound for a client's message on both transports (the SDK's own default here was 4 MiB).
     app = server.streamable_http_app(streamable_http_path=ENDPOINT, host=settings.host,
                                      transport_security=transport_security(settings.host),
-                                     max_request_body_size=settings.max_message_bytes)
-    return Gate(app, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch)
+                                     max_request_body_size=settings.max_message_bytes,
+                                     session_idle_timeout=settings.session_idle_s,
+                                     max_sessions=settings.max_sessions)
+    quota = SessionQuota(app, settings.max_sessions_per_client, settings.session_idle_s, budget.write)
+    return Gate(quota, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch)
 
 
 def _listen(settings: ServeSettings) -> socket.socket:

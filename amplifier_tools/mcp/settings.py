@@ -182,6 +182,12 @@ class ServeSettings:
     #: Longest message read from a client: a stdio line (longer: dropped unparsed, answered -32600)
     #: or an HTTP request body (longer: HTTP 413).
     max_message_bytes: MessageBytes = DEFAULT_MAX_MESSAGE_BYTES
+    #: Streamable HTTP sessions open at once, all clients together (the SDK's limit: 503 past it),
+    #: and per client (``amplifier_tools.mcp.http_sessions``: 429 past it); a session without a
+    #: request in flight for ``session_idle_s`` is ended.
+    max_sessions: Count = 10_000
+    max_sessions_per_client: Count = 1_000
+    session_idle_s: Number = 1800.0
 
 
 def _server_names(instance: Any, attribute: attrs.Attribute[Any], servers: Mapping[str, ServerSettings]) -> None:

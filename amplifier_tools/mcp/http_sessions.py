@@ -1,0 +1,150 @@
+"""How many Streamable HTTP sessions each ``serve-mcp`` client may hold open at once.
+
+The SDK's session manager keeps every session a client opened with ``initialize`` (about 38 KB
+and two tasks each, measured) until the client sends ``DELETE``, or until it has had no request
+in flight for ``session_idle_s``; at ``max_sessions`` open sessions it refuses every new one,
+whoever asks. Found by attack: one token holder that opens sessions and never ends them fills
+that shared limit (10,000 sessions: ≈ 380 MB) and every other client's ``initialize`` fails
+until the first one's sessions expire. ``SessionQuota`` counts each client's open sessions and
+answers its ``initialize`` beyond ``max_sessions_per_client`` with HTTP 429 itself, before the
+SDK admits it, so one client can take at most its share.
+
+Limits, stated plainly: the count is this module's own view of the SDK's sessions (opened: an
+answer below 400 carrying ``mcp-session-id`` to a request without one; ended: a ``DELETE``
+answered below 400, any answer 404 to the session's id, or ``session_idle_s`` without a request
+in flight, as the SDK expires them). A session the SDK ends for another reason (its server task
+crashed) is still counted until the client names it again (404) or it has been idle that long.
+Without clients (``allow_anonymous``) there is one caller and only the SDK's ``max_sessions``
+applies. The tracker holds at most ``max_sessions_per_client`` entries per configured client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from .settings import PLUGIN
+
+#: Written (under the refusal events' budget) when a client's ``initialize`` is refused here.
+SESSIONS_REFUSED_EVENT: Final = "mcp.http.sessions_refused"
+SETTING: Final = f"plugins.{PLUGIN}.serve.max_sessions_per_client"
+
+
+def _refusal_body(limit: int) -> bytes:
+    # A JSON-RPC error without a request id, as the SDK's own "Too many open sessions" (503).
+    return (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"this client already holds '
+            + str(limit).encode() + b' open sessions (' + SETTING.encode() + b'); end one with DELETE '
+            b'before opening another, or wait for an idle one to expire"}}')
+
+
+class _Session:
+    __slots__ = ("last", "open")
+
+    def __init__(self, now: float) -> None:
+        self.open = 0  # requests of this session in flight (a GET event stream among them)
+        self.last = now  # when the last of them ended
+
+
+class SessionQuota:
+    """ASGI middleware between ``Gate`` (which sets ``scope["user"]``) and the SDK's app: at most
+    ``per_client`` open sessions per authenticated client (see the module for what it counts)."""
+
+    def __init__(self, app: Any, per_client: int, idle_s: float,
+                 record: Callable[[str, dict[str, Any]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.app = app
+        self.per_client = per_client
+        self.idle_s = idle_s
+        #: Where a refusal is written (``EventBudget.write``: rate-limited), or nowhere.
+        self.record = record
+        self.clock = clock
+        #: client id -> its open sessions, by session id (bytes, as in the header).
+        self._sessions: dict[str, dict[bytes, _Session]] = {}
+        #: client id -> its opening requests in flight (counted against the limit: found by
+        #: attack, concurrent ``initialize`` requests all passed a check of the open sessions).
+        self._opening_now: dict[str, int] = {}
+
+    def open_sessions(self, client: str) -> int:
+        """How many sessions ``client`` holds open, as counted here (expired ones dropped)."""
+        sessions = self._sessions.get(client)
+        if not sessions:
+            return 0
+        now = self.clock()
+        for sid in [sid for sid, entry in sessions.items() if entry.open == 0 and now - entry.last >= self.idle_s]:
+            del sessions[sid]
+        return len(sessions)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        user = scope.get("user") if scope["type"] == "http" else None
+        if user is None:  # anonymous, or not HTTP: the SDK's own limit only
+            await self.app(scope, receive, send)
+            return
+        client: str = user.access_token.client_id
+        session = None
+        for name, value in scope.get("headers") or ():
+            if name == b"mcp-session-id":
+                session = value
+        if session is None:
+            await self._opening(client, scope, receive, send)
+            return
+        entry = self._sessions.get(client, {}).get(session)
+        if entry is not None:
+            entry.open += 1
+        status = 0
+
+        async def watch(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if entry is not None:
+                entry.open -= 1
+                entry.last = self.clock()
+                if status == 404 or (scope.get("method") == "DELETE" and 0 < status < 400):
+                    self._sessions.get(client, {}).pop(session, None)
+
+    async def _opening(self, client: str, scope: Any, receive: Any, send: Any) -> None:
+        """A request without a session id: it opens one if the SDK answers it below 400."""
+        pending = self._opening_now.get(client, 0)
+        if scope.get("method") == "POST" and self.open_sessions(client) + pending >= self.per_client:
+            if self.record is not None:
+                self.record(SESSIONS_REFUSED_EVENT, {"client": client, "open_sessions": self.per_client,
+                                                     "setting": SETTING})
+            body = _refusal_body(self.per_client)
+            await send({"type": "http.response.start", "status": 429,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        counted = True  # this request is among the client's openings in flight
+
+        def settle(sid: bytes | None) -> None:
+            nonlocal counted
+            if counted:
+                counted = False
+                self._opening_now[client] -= 1
+                if sid is not None:  # counted as open before the client can use it
+                    self._sessions.setdefault(client, {})[sid] = _Session(self.clock())
+
+        async def watch(message: Any) -> None:
+            # Settled at the answer's start: an SSE answer's request stays open after the client
+            # has the session id (found by test: it held the client's place until then).
+            if message["type"] == "http.response.start":
+                opened = None
+                if message["status"] < 400:
+                    for name, value in message.get("headers") or ():
+                        if name.lower() == b"mcp-session-id":
+                            opened = value
+                settle(opened)
+            await send(message)
+
+        self._opening_now[client] = pending + 1
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            settle(None)
