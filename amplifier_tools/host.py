@@ -906,7 +906,8 @@ class ToolHost:
         values = self.secrets.values
         if context_problem(context, self.secrets) is not None:  # refused at each call (secrets are only added)
             return ContextCaller(self, context, None)
-        return ContextCaller(self, self._own(attrs.evolve(context)), values)
+        table = context.secrets if isinstance(context.secrets, Mapping) else None
+        return ContextCaller(self, self._own(attrs.evolve(context)), values, table)
 
     def _elsewhere(self, what: str) -> ToolSystemError | None:
         """Why the running event loop may not use the host, or None (``what``: ``the call was made``,
@@ -954,19 +955,29 @@ class ContextCaller:
     either. Otherwise a call is refused as ``call`` refuses it (the host closed, another loop or
     process, a context the new secrets refuse).
 
+    A caller's secrets table (a mapping) is the one given, not a copy: as ``call`` does, every call
+    registers its values first, a value added since included (found by review: registered once, a
+    value added to the table later reached the client whole). A context refused when this was
+    made is checked, and run, by ``call`` at every call (found by review: set right since around
+    its frozen class, it ran unwrapped, without the host's session id, its table's values not
+    registered).
+
     Limits: the context kept is a copy made by ``context_caller``; a field of the copy changed
     around its frozen class (``object.__setattr__`` on ``context``) is not seen before the host
     registers a new secret. Saves ``serve-mcp`` over HTTP ≈ 700 bytecodes a call (docs/performance.md)."""
 
-    __slots__ = ("_checked", "_host", "context")
+    __slots__ = ("_checked", "_host", "_table", "context")
 
-    def __init__(self, host: ToolHost, context: ToolContext, checked: frozenset[str] | None) -> None:
+    def __init__(self, host: ToolHost, context: ToolContext, checked: frozenset[str] | None,
+                 table: Mapping[str, Any] | None = None) -> None:
         self._host = host
         #: The context every call runs with (a copy of the one given).
         self.context = context
         #: The host's secret values the context was last found fine with (``SecretSet.values``; None:
-        #: never, and then every call checks it).
+        #: never, and then every call is ``call``'s, which checks it).
         self._checked = checked
+        #: The caller's own secrets table, whose values each call registers (None: it has none).
+        self._table = table
 
     async def call(self, name: str, arguments: Any = None, on_id: Callable[[str], None] | None = None) -> ToolResult:
         """Run one call through the whole pipeline (never raises on a bad call); ``on_id`` is told
@@ -976,8 +987,11 @@ class ContextCaller:
         if on_id is not None:
             on_id(call_id)
         call = ToolCall(call_id, name, {} if arguments is None else arguments)
+        if self._table is not None:  # as ``_own`` does at every call: the table may have grown
+            host.secrets.update(value for value in self._table.values() if isinstance(value, str))
         pipeline = host._pipeline
-        if pipeline is not None and asyncio.get_running_loop() is host._loop and _process_id == host._pid:
+        if self._checked is not None and pipeline is not None and asyncio.get_running_loop() is host._loop \
+                and _process_id == host._pid:
             values = host.secrets.values
             if values is self._checked or self._still_fine(values):
                 return await pipeline.run(call, self.context, True)

@@ -9,12 +9,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import resource
-from collections.abc import Callable, Iterable
-from typing import Any, Final
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final, TypeVar
+
+T = TypeVar("T")
 
 _IDENTITY: Final = ("user", "group", "extra_groups")
+
+#: uvloop refuses a spawn while a uvloop loop of another thread is forking (``RuntimeError: Racing
+#: with another loop to spawn a process.``, raised before anything is made): the spawn is tried again.
+_RACING: Final = "Racing with another loop to spawn a process"
+RACE_RETRY_FOR: Final = 2.0  # seconds; a fork takes milliseconds
+
+
+async def retry_racing(spawn: Callable[[], Awaitable[T]]) -> T:
+    """``spawn()``, tried again while uvloop reports a race with another thread's loop.
+
+    Found by running the host on uvloop: two threads, each running a host on its own uvloop loop,
+    spawning at once failed bash calls with ``tool_raised`` ``RuntimeError: Racing with another
+    loop to spawn a process`` (uvloop's process-wide fork guard; nothing was started), and, found by
+    review, an MCP stdio server's start alike. Raises ``OSError`` (``EAGAIN``) if the race lasts
+    ``RACE_RETRY_FOR`` seconds.
+    """
+    deadline = time.monotonic() + RACE_RETRY_FOR
+    pause = 0.001
+    while True:
+        try:
+            return await spawn()
+        except RuntimeError as exc:
+            if not str(exc).startswith(_RACING):
+                raise
+            if time.monotonic() >= deadline:
+                raise OSError(errno.EAGAIN, f"the event loop kept refusing to spawn for {RACE_RETRY_FOR:g} s: "
+                                            f"{exc}") from None
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def for_loop(loop: asyncio.AbstractEventLoop, popen: dict[str, Any]) -> dict[str, Any]:
@@ -34,7 +67,7 @@ def for_loop(loop: asyncio.AbstractEventLoop, popen: dict[str, Any]) -> dict[str
       not seen to (its call waited out its deadline).
 
     For such a loop the switch of user becomes a ``preexec_fn`` doing in the child what ``Popen``
-    does, in its order (``setgroups``, ``setregid``, ``setreuid``, then any other ``preexec_fn``;
+    does, in its order (``chdir`` to ``cwd``, ``setgroups``, ``setregid``, ``setreuid``, then any other ``preexec_fn``;
     its exception fails the spawn: nothing runs as root), and it then marks close-on-exec every
     inheritable descriptor above 2 but ``pass_fds`` (the loop's own end-of-spawn pipe, closed anyway,
     included; the output sockets are copied onto 0, 1 and 2 after it, which clears the mark there).
@@ -47,8 +80,19 @@ def for_loop(loop: asyncio.AbstractEventLoop, popen: dict[str, Any]) -> dict[str
     uid, gid, groups = popen.get("user"), popen.get("group"), popen.get("extra_groups")
     then: Callable[[], None] | None = rest.pop("preexec_fn", None)
     kept = {0, 1, 2, *rest.get("pass_fds", ())}
+    # Popen enters ``cwd`` before it switches the user; libuv would enter it after this function, as
+    # the user (found by review: a directory only the host may enter failed every spawn on uvloop).
+    # One that is no directory is left to libuv, which fails the spawn with ``OSError`` naming it,
+    # as Popen does (an exception of this function is uvloop's ``SubprocessError``, saying nothing).
+    cwd = popen.get("cwd")
+    if cwd is not None and (uid is not None or gid is not None or groups is not None) and os.path.isdir(cwd):
+        del rest["cwd"]
+    else:
+        cwd = None
 
     def in_child() -> None:
+        if cwd is not None:
+            os.chdir(cwd)
         if groups is not None:
             os.setgroups(groups)
         if gid is not None:

@@ -334,3 +334,28 @@ def test_a_command_inherits_no_descriptor_of_the_host_on_every_loop(tmp_path: Pa
     assert str(secret) not in listing.output["stdout"]
     assert background.success and background.output["stdout"] == "started\n", background
     assert took < 1.5
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running commands as another user needs a root host")
+@pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
+def test_user_enters_the_working_directory_before_the_switch_on_every_loop(loop_kind: str) -> None:
+    """Found by review: on asyncio's loops ``Popen`` enters the working directory as the host's
+    user and then switches to ``user``; uvloop (libuv) switched first (``spawning.for_loop``'s
+    ``preexec_fn``) and entered it as ``user``, so a working directory only the host may enter
+    failed every call (``PermissionError``) on uvloop alone."""
+    work = Path(tempfile.mkdtemp(prefix="amp-user-", dir="/var/tmp"))
+    work.chmod(0o700)
+
+    async def scenario() -> Any:
+        host = await bash_host(work, user="nobody", sandbox="off")
+        try:
+            return await host.call("bash", {"command": "echo ran"})
+        finally:
+            await host.close()
+
+    try:
+        result = run_on(loop_kind, scenario())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert result.success, result.error
+    assert result.output["stdout"] == "ran\n"

@@ -68,3 +68,42 @@ async def test_a_call_after_the_host_closed_is_refused_as_host_call_refuses_it(t
         caller = host.context_caller(ToolContext())
     result = await caller.call("t_echo", {"text": "hi"})
     assert not result.success and result.error["code"] == "host_closing"
+
+
+OTHER = "swordfish-added-to-the-table-later"
+
+
+async def test_a_value_added_to_its_secrets_table_is_redacted_as_host_call_redacts_it(tool_host: Any) -> None:
+    """Found by review: ``host.call`` registers every value of a caller's secrets table at each call
+    (the table is the caller's: it may grow); the caller kept the table of the context it was given
+    and registered its values once, so a value added since reached the client whole."""
+    table = {"key": SECRET}
+    async with tool_host(echo) as host:
+        caller = host.context_caller(ToolContext(secrets=table))
+        assert (await caller.call("t_echo", {"text": "hi"})).success
+        table["other"] = OTHER
+        result = await caller.call("t_echo", {"text": f"it is {OTHER}"})
+    assert result.success and OTHER not in json.dumps(result.output)
+
+
+async def test_a_context_refused_when_made_and_set_right_since_runs_as_host_call_runs_it(tool_host: Any) -> None:
+    """Found by review: a context refused when the caller was made was kept as given, and once its
+    field was set right again its calls ran with it unwrapped: no session id, and what its own
+    secrets table handed out not registered, so not redacted."""
+    context = ToolContext(secrets={"key": SECRET})
+    object.__setattr__(context, "session_id", TOKEN)  # around the frozen class's check
+
+    @tool(name="local::t.reveal", effect="Pure", security={"secret_refs": ["key"]})
+    def reveal(context: ToolContext) -> dict[str, Any]:
+        """Say what it was given."""
+        return {"key": context.secret("key"), "session": context.session_id}
+
+    async with tool_host(reveal) as host:
+        caller = host.context_caller(context)
+        assert (await caller.call("t_reveal")).error["code"] == "invalid_context"
+        object.__setattr__(context, "session_id", None)
+        result = await caller.call("t_reveal")
+        direct = await host.call("t_reveal", context=context)
+    assert result.success and direct.success
+    assert SECRET not in json.dumps(result.output) and SECRET not in json.dumps(direct.output)
+    assert result.output["session"] == direct.output["session"] == host.session_id

@@ -63,7 +63,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from .. import termination
 from ..sandbox import SandboxProcesses, wait_namespace_gone
-from ..spawning import for_loop
+from ..spawning import for_loop, retry_racing
 from ..termination import signal_group
 from .processes import (
     Pinned,
@@ -485,8 +485,10 @@ async def _open_process(argv: Sequence[str], **kwargs: Any) -> anyio.abc.Process
     from anyio._core._eventloop import get_async_backend  # anyio's own path (no public one takes preexec_fn)
 
     stderr = arguments.pop("stderr")
-    return await get_async_backend().open_process(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                  stderr=stderr, **arguments)
+    # Tried again while uvloop reports a race with another thread's loop (found by review: bash
+    # was, a server's start failed).
+    return await retry_racing(lambda: get_async_backend().open_process(
+        list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, **arguments))
 
 
 async def _spawn(argv: Sequence[str], *, env: Mapping[str, str], cwd: str | None, stderr: StderrTail | None,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import resource
 import signal
 import subprocess
@@ -37,7 +36,7 @@ from typing import Any, Final
 
 import attrs
 
-from ...spawning import for_loop
+from ...spawning import for_loop, retry_racing
 from ...termination import KILL_WAIT, Others, kill_group, signal_group, signal_pids
 from .capture import StreamCapture
 
@@ -125,35 +124,16 @@ class Outcome:
     killed_group: bool = False  # members were still alive at the end and were killed
 
 
-#: uvloop refuses a spawn while a uvloop loop of another thread is forking (``RuntimeError: Racing
-#: with another loop to spawn a process.``, raised before anything is made): the spawn is tried again.
-_RACING: Final = "Racing with another loop to spawn a process"
-RACE_RETRY_FOR: Final = 2.0  # seconds; a fork takes milliseconds
-
-
 async def _subprocess_exec(loop: asyncio.AbstractEventLoop, protocol: asyncio.SubprocessProtocol,
                            argv: Sequence[str], kwargs: dict[str, Any]) -> asyncio.SubprocessTransport:
-    """``loop.subprocess_exec``, tried again while uvloop reports a race with another thread's loop.
+    """``loop.subprocess_exec``, tried again while uvloop reports a race with another thread's loop
+    (``spawning.retry_racing``)."""
 
-    Found by running the host on uvloop: two threads, each running a host on its own uvloop loop,
-    spawning bash at once failed calls with ``tool_raised`` ``RuntimeError: Racing with another
-    loop to spawn a process`` (uvloop's process-wide fork guard; nothing was started). Raises
-    ``OSError`` (``EAGAIN``) if the race lasts ``RACE_RETRY_FOR`` seconds.
-    """
-    deadline = time.monotonic() + RACE_RETRY_FOR
-    pause = 0.001
-    while True:
-        try:
-            transport, _ = await loop.subprocess_exec(lambda: protocol, *argv, **kwargs)
-            return transport
-        except RuntimeError as exc:
-            if not str(exc).startswith(_RACING):
-                raise
-            if time.monotonic() >= deadline:
-                raise OSError(errno.EAGAIN, f"the event loop kept refusing to spawn for {RACE_RETRY_FOR:g} s: "
-                                            f"{exc}") from None
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, 0.05)
+    async def spawn() -> asyncio.SubprocessTransport:
+        transport, _ = await loop.subprocess_exec(lambda: protocol, *argv, **kwargs)
+        return transport
+
+    return await retry_racing(spawn)
 
 
 class _Protocol(asyncio.SubprocessProtocol):
@@ -191,7 +171,7 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
     async with spawn_turn(loop):
         spawn = asyncio.ensure_future(_subprocess_exec(loop, protocol, argv, dict(
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=env, cwd=cwd, start_new_session=True, **for_loop(loop, popen))))
+            env=env, start_new_session=True, **for_loop(loop, {"cwd": cwd, **popen}))))
         # A cancellation waits until the process exists, and then kills its group like any other.
         # Found by attack: delivered inside ``subprocess_exec``, asyncio SIGKILLed bash alone, then
         # waited for its pipes to close, which a background child held: the call hung as long as
