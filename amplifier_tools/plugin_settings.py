@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import re
 import threading
 import types
@@ -62,6 +63,17 @@ _PENDING: list[type[Any]] = []
 #: two hosts starting at once each marked the first pending class and deleted the first entry, so
 #: one start failed (``IndexError``) or a class left the list unmarked (refused, or structured loosely).
 _RESOLVING = threading.Lock()
+
+
+def _fresh_lock() -> None:
+    """In a child made by ``os.fork``: a lock another thread of the parent held at the fork would
+    stay held for good (found by review), and the child's first host start would hang."""
+    global _RESOLVING
+    _RESOLVING = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_fresh_lock)
 
 
 def _is_settings(t: Any) -> bool:

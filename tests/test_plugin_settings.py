@@ -7,6 +7,7 @@ is not an integer, ``1.9`` is not a count, ``5`` is not a string or a path, a st
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,34 @@ def test_settings_classes_resolved_by_two_threads_at_once_are_all_strict(monkeyp
     for cls in (One, Two, Three):
         with pytest.raises(ConfigError, match="plugins.x.a"):
             structure_settings({"a": "5"}, cls, "plugins.x")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")
+def test_a_child_forked_while_another_thread_resolves_settings_can_resolve_them() -> None:
+    """Found by review: the lock around resolving pending settings classes, held by another thread
+    of the parent at the fork, stayed held in the child, whose first host start then hung."""
+    import threading
+
+    from amplifier_tools import plugin_settings
+
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with plugin_settings._RESOLVING:
+            taken.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait(5)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: resolve within a second, or report the hang
+            done = threading.Event()
+            threading.Thread(target=lambda: (plugin_settings._resolve_pending(), done.set()), daemon=True).start()
+            os._exit(0 if done.wait(1.0) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join()
+    assert os.waitstatus_to_exitcode(status) == 0
