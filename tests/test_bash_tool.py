@@ -285,20 +285,7 @@ def test_user_runs_commands_as_that_user_on_every_loop(loop_kind: str, sandbox: 
     import pwd
 
     nobody = pwd.getpwnam("nobody")
-    work = Path(tempfile.mkdtemp(prefix="amp-user-", dir="/var/tmp"))
-    work.chmod(0o755)
-
-    async def scenario() -> Any:
-        host = await bash_host(work, user="nobody", sandbox=sandbox)
-        try:
-            return await host.call("bash", {"command": "id -u; id -G"})
-        finally:
-            await host.close()
-
-    try:
-        result = run_on(loop_kind, scenario())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    result = _as_nobody(loop_kind, 0o755, sandbox, "id -u; id -G")
     assert result.success, result.error
     assert result.output["stdout"] == f"{nobody.pw_uid}\n{nobody.pw_gid}\n"
 
@@ -343,19 +330,25 @@ def test_user_enters_the_working_directory_before_the_switch_on_every_loop(loop_
     user and then switches to ``user``; uvloop (libuv) switched first (``spawning.for_loop``'s
     ``preexec_fn``) and entered it as ``user``, so a working directory only the host may enter
     failed every call (``PermissionError``) on uvloop alone."""
+    result = _as_nobody(loop_kind, 0o700, "off", "echo ran")
+    assert result.success, result.error
+    assert result.output["stdout"] == "ran\n"
+
+
+def _as_nobody(loop_kind: str, mode: int, sandbox: str, command: str) -> Any:
+    """The result of ``command`` run by a bash host with ``user = "nobody"`` on a loop of
+    ``loop_kind``, in a working directory of its own with permissions ``mode``."""
     work = Path(tempfile.mkdtemp(prefix="amp-user-", dir="/var/tmp"))
-    work.chmod(0o700)
+    work.chmod(mode)
 
     async def scenario() -> Any:
-        host = await bash_host(work, user="nobody", sandbox="off")
+        host = await bash_host(work, user="nobody", sandbox=sandbox)
         try:
-            return await host.call("bash", {"command": "echo ran"})
+            return await host.call("bash", {"command": command})
         finally:
             await host.close()
 
     try:
-        result = run_on(loop_kind, scenario())
+        return run_on(loop_kind, scenario())
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    assert result.success, result.error
-    assert result.output["stdout"] == "ran\n"
