@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -92,6 +94,8 @@ def tools(host: ToolHost, *, context: ToolContext | ContextFunction | None = Non
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
+        else:
+            _note_loop_thread(loop)
     return [AmplifierTool(name=model_name(spec.name), description=spec.description or spec.title or spec.name,
                           args_schema=spec.input_schema, host=host, tool_name=spec.name, context_source=context,
                           host_loop=loop, max_output_chars=max_output_chars, stall_timeout=stall_timeout)
@@ -212,7 +216,7 @@ def _wait(future: concurrent.futures.Future[ToolResult], loop: asyncio.AbstractE
             beat.clear()
             since = time.monotonic()
             blocked_probes = 0
-            loop.call_soon_threadsafe(beat.set)
+            loop.call_soon_threadsafe(_beat, loop, beat)
             continue
         waited = time.monotonic() - since
         blocked_probes = blocked_probes + 1 if _thread_waits(loop) else 0
@@ -224,9 +228,28 @@ def _wait(future: concurrent.futures.Future[ToolResult], loop: asyncio.AbstractE
                 "loop in another thread (tools(host, loop=...))")
 
 
+#: The thread each loop was last seen running in, for a loop that does not say (uvloop has no
+#: ``_thread_id``): noted by ``tools()`` on the running loop and by every heartbeat the loop runs.
+_LOOP_THREADS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = weakref.WeakKeyDictionary()
+
+
+def _note_loop_thread(loop: asyncio.AbstractEventLoop) -> None:
+    with contextlib.suppress(TypeError):  # a loop that cannot be weakly referenced
+        _LOOP_THREADS[loop] = threading.get_ident()
+
+
+def _beat(loop: asyncio.AbstractEventLoop, beat: threading.Event) -> None:
+    _note_loop_thread(loop)
+    beat.set()
+
+
 def _thread_waits(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether the loop's thread is blocked waiting on a lock, condition or future (not computing)."""
+    """Whether the loop's thread is blocked waiting on a lock, condition or future (not computing).
+    Found by running on uvloop: it keeps no ``_thread_id``, so a deadlocked sync ``invoke`` was
+    reported after ``stall_timeout``, not after a few probes; its thread is noted here instead."""
     thread_id = getattr(loop, "_thread_id", None)  # set by BaseEventLoop.run_forever
+    if thread_id is None:
+        thread_id = _LOOP_THREADS.get(loop)
     frame = sys._current_frames().get(thread_id) if thread_id is not None else None
     if frame is None:
         return False

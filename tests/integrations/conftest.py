@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from integration_helpers import GATE, Gate, lookup_order, refund_order, slow
+from integration_helpers import GATE, Gate, shop_host
 
 from amplifier_tools import ToolHost
 
@@ -25,10 +25,5 @@ def gate() -> Gate:
 @pytest.fixture
 async def host(tmp_path: Path) -> AsyncIterator[ToolHost]:
     """A started host: the policy and audit built-ins, the three shop tools, no entry points."""
-    work = tmp_path / "work"
-    work.mkdir()
-    async with ToolHost(plugins=[lookup_order, refund_order, slow], builtins=["policy", "audit"],
-                        entry_points=False, discover=False, working_dir=work,
-                        config={"state_dir": str(tmp_path / "state"), "context": {"principal": "default-user"},
-                                "plugins": {"audit": {"fsync": "never"}}}) as started:
+    async with shop_host(tmp_path) as started:
         yield started

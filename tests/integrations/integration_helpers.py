@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from amplifier_tools import ToolHost, tool
@@ -58,3 +59,14 @@ def audit_records(host: ToolHost) -> list[dict[str, Any]]:
 def held(host: ToolHost) -> dict[str, int]:
     """What the policy plugin holds right now (all zero when no call is in flight)."""
     return host.plugin_manager.get_plugin("policy").held_resources()  # type: ignore[no-any-return]
+
+
+def shop_host(tmp_path: Path) -> ToolHost:
+    """A host (not started) with the policy and audit built-ins, the three shop tools, no entry
+    points, its working directory and state under ``tmp_path``."""
+    work = tmp_path / "work"
+    work.mkdir()
+    return ToolHost(plugins=[lookup_order, refund_order, slow], builtins=["policy", "audit"],
+                    entry_points=False, discover=False, working_dir=work,
+                    config={"state_dir": str(tmp_path / "state"), "context": {"principal": "default-user"},
+                            "plugins": {"audit": {"fsync": "never"}}})

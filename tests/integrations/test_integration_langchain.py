@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
-from integration_helpers import REFUND_SCOPE, audit_records, held
+from integration_helpers import REFUND_SCOPE, audit_records, held, shop_host
 from langchain.agents import create_agent
 from langchain.tools import ToolRuntime
 from langchain_core.language_models import BaseChatModel
@@ -338,3 +340,26 @@ async def test_a_host_tool_taking_the_tool_call_id_gets_the_hosts_call_id(tmp_pa
                         working_dir=tmp_path / "w", config={"state_dir": str(tmp_path / "s")}) as started:
         result = await started.call("echo_call_id", {"x": 1}, call_id="cid_7")
     assert result.success and result.output == "cid_7"
+
+
+def test_a_sync_agent_run_blocking_a_uvloop_hosts_loop_is_seen_within_probes(tmp_path: Path) -> None:
+    """Found by running on uvloop, which keeps no ``_thread_id``: the blocked loop thread was not
+    seen, so the deadlock was reported after the whole ``stall_timeout`` (here 10 s), not after a
+    few probes as on asyncio's loop."""
+    from helpers import run_on
+
+    from amplifier_tools.integrations import langchain
+
+    async def scenario() -> float:
+        async with shop_host(tmp_path) as started:
+            calls = [tool_call("shop__orders_lookup", "dead_1", {"order_id": "A"})]
+            agent = create_agent(ScriptedChatModel(tool_calls=calls), tools(started, stall_timeout=10))
+            loop = asyncio.get_running_loop()
+            assert not hasattr(loop, "_thread_id")  # uvloop's
+            begun = time.monotonic()
+            with pytest.raises(RuntimeError, match="deadlock"):
+                agent.invoke({"messages": [{"role": "user", "content": "help"}]})
+            return time.monotonic() - begun
+
+    assert run_on("uvloop", scenario()) < 5
+    assert not langchain._LOOP_THREADS or all(not loop.is_running() for loop in langchain._LOOP_THREADS)
