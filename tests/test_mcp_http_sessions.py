@@ -146,3 +146,68 @@ def test_a_session_limit_that_is_no_limit_is_refused_naming_it(tmp_path: Path, k
         asyncio.run(start())
     assert f"plugins.mcp.serve.{key}" in str(refused.value)
     assert "unknown key" not in str(refused.value)
+
+
+# Found by attack on the quota: answers that end no session took a session the SDK still held off
+# the client's count, so the share could be slipped without end.
+def named_by_alice(session: str, *more: tuple[str, str]) -> list[tuple[str, str]]:
+    return [("Authorization", f"Bearer {ALICE}"), ("Accept", ACCEPT), ("mcp-protocol-version", "2025-06-18"),
+            ("mcp-session-id", session), *more]
+
+
+async def test_a_404_to_another_path_does_not_end_a_counted_session(tmp_path: Path) -> None:
+    async with served(config(tmp_path, max_sessions_per_client=1)) as url, httpx2.AsyncClient(timeout=30) as http:
+        first = await open_session(http, url, ALICE)
+        assert first.status_code == 200
+        session = first.headers["mcp-session-id"]
+        elsewhere = await http.get(url.rstrip("/") + "-not-here", headers=named_by_alice(session))
+        assert elsewhere.status_code == 404
+        assert (await open_session(http, url, ALICE)).status_code == 429
+
+
+async def test_a_session_id_named_twice_does_not_end_the_counted_one(tmp_path: Path) -> None:
+    async with served(config(tmp_path, max_sessions_per_client=1)) as url, httpx2.AsyncClient(timeout=30) as http:
+        first = await open_session(http, url, ALICE)
+        assert first.status_code == 200
+        headers = named_by_alice("0" * 32, ("mcp-session-id", first.headers["mcp-session-id"]))
+        answer = await http.get(url, headers=headers)
+        assert answer.status_code >= 400
+        assert (await open_session(http, url, ALICE)).status_code == 429
+
+
+def test_a_session_is_not_idle_while_its_opening_request_is_in_flight() -> None:
+    """Unit: the SDK counts the opening request among the session's requests in flight (no idle
+    expiry until it ends); the count here did not, and dropped a session the SDK still held."""
+    import asyncio
+
+    from amplifier_tools.mcp.http_sessions import SessionQuota
+
+    now = [0.0]
+    release = asyncio.Event()
+
+    async def sdk(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"mcp-session-id", b"s1")]})
+        await release.wait()  # the answer's event stream still open
+
+    async def ignore(message: Any) -> None:
+        return None
+
+    class User:
+        class access_token:  # the SDK's attribute name
+            client_id = "alice_token"
+
+    async def run() -> None:
+        quota = SessionQuota(sdk, per_client=1, idle_s=10, clock=lambda: now[0])
+        opening = asyncio.ensure_future(
+            quota({"type": "http", "method": "POST", "headers": [], "user": User()}, None, ignore))
+        await asyncio.sleep(0.01)
+        now[0] = 60.0
+        assert quota.open_sessions("alice_token") == 1
+        release.set()
+        await opening
+        now[0] = 69.9
+        assert quota.open_sessions("alice_token") == 1  # idle from the end of the opening request
+        now[0] = 70.0
+        assert quota.open_sessions("alice_token") == 0
+
+    asyncio.run(run())

@@ -545,7 +545,7 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
                                      max_request_body_size=settings.max_message_bytes,
                                      session_idle_timeout=settings.session_idle_s,
                                      max_sessions=settings.max_sessions)
-    quota = SessionQuota(app, settings.max_sessions_per_client, settings.session_idle_s, budget.write)
+    quota = SessionQuota(app, settings.max_sessions_per_client, settings.session_idle_s, budget.write, path=ENDPOINT)
     return Gate(quota, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch)
 
 

@@ -11,9 +11,14 @@ SDK admits it, so one client can take at most its share.
 
 Limits, stated plainly: the count is this module's own view of the SDK's sessions (opened: an
 answer below 400 carrying ``mcp-session-id`` to a request without one; ended: a ``DELETE``
-answered below 400, any answer 404 to the session's id, or ``session_idle_s`` without a request
-in flight, as the SDK expires them). A session the SDK ends for another reason (its server task
-crashed) is still counted until the client names it again (404) or it has been idle that long.
+answered below 400, any answer 404 to the session's id at the SDK's endpoint, or
+``session_idle_s`` without a request in flight, as the SDK expires them). A request names the
+session of its first ``mcp-session-id`` header, as the SDK reads it; requests to other paths never
+reach the SDK's session manager and are passed on uncounted (found by attack: a 404 from the
+router for another path, or one to a request naming an unknown id before the client's own, took
+a session the SDK still held off the count, so the limit could be slipped without end). A session
+the SDK ends for another reason (its server task crashed) is still counted until the client names
+it again (404) or it has been idle that long.
 Without clients (``allow_anonymous``) there is one caller and only the SDK's ``max_sessions``
 applies. The tracker holds at most ``max_sessions_per_client`` entries per configured client.
 """
@@ -52,8 +57,10 @@ class SessionQuota:
 
     def __init__(self, app: Any, per_client: int, idle_s: float,
                  record: Callable[[str, dict[str, Any]], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, path: str | None = None) -> None:
         self.app = app
+        #: The SDK's endpoint: requests to any other path are not counted (``None``: every path).
+        self.path = path
         self.per_client = per_client
         self.idle_s = idle_s
         #: Where a refusal is written (``EventBudget.write``: rate-limited), or nowhere.
@@ -77,14 +84,16 @@ class SessionQuota:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         user = scope.get("user") if scope["type"] == "http" else None
-        if user is None:  # anonymous, or not HTTP: the SDK's own limit only
+        if user is None or (self.path is not None and scope.get("path") != self.path):
+            # anonymous, not HTTP, or not the SDK's endpoint: the SDK's own limit only
             await self.app(scope, receive, send)
             return
         client: str = user.access_token.client_id
         session = None
         for name, value in scope.get("headers") or ():
-            if name == b"mcp-session-id":
+            if name == b"mcp-session-id":  # the first, as Starlette's ``headers.get`` in the SDK
                 session = value
+                break
         if session is None:
             await self._opening(client, scope, receive, send)
             return
@@ -122,25 +131,28 @@ class SessionQuota:
             await send({"type": "http.response.body", "body": body})
             return
         counted = True  # this request is among the client's openings in flight
+        opened: _Session | None = None  # the session it opened, this request in flight in it
 
         def settle(sid: bytes | None) -> None:
-            nonlocal counted
+            nonlocal counted, opened
             if counted:
                 counted = False
                 self._opening_now[client] -= 1
                 if sid is not None:  # counted as open before the client can use it
-                    self._sessions.setdefault(client, {})[sid] = _Session(self.clock())
+                    opened = self._sessions.setdefault(client, {})[sid] = _Session(self.clock())
+                    # Not idle until this request ends, as the SDK counts it (found by attack).
+                    opened.open = 1
 
         async def watch(message: Any) -> None:
             # Settled at the answer's start: an SSE answer's request stays open after the client
             # has the session id (found by test: it held the client's place until then).
             if message["type"] == "http.response.start":
-                opened = None
+                sid = None
                 if message["status"] < 400:
                     for name, value in message.get("headers") or ():
                         if name.lower() == b"mcp-session-id":
-                            opened = value
-                settle(opened)
+                            sid = value
+                settle(sid)
             await send(message)
 
         self._opening_now[client] = pending + 1
@@ -148,3 +160,6 @@ class SessionQuota:
             await self.app(scope, receive, watch)
         finally:
             settle(None)
+            if opened is not None:
+                opened.open -= 1
+                opened.last = self.clock()
