@@ -981,7 +981,7 @@ class ContextCaller:
 
     async def call(self, name: str, arguments: Any = None, on_id: Callable[[str], None] | None = None) -> ToolResult:
         """Run one call through the whole pipeline (never raises on a bad call); ``on_id`` is told
-        its id before it begins."""
+        its id before it begins (what ``on_id`` raises propagates: the call is then never made)."""
         host = self._host
         call_id = new_call_id()
         if on_id is not None:
