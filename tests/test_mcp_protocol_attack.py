@@ -193,7 +193,7 @@ async def test_a_call_its_caller_cancels_ends_at_once_and_its_request_is_let_go_
 
     from mcp_helpers import Kept
 
-    from amplifier_tools.mcp import client
+    from amplifier_tools.mcp import cancels
 
     kept = Kept()
     logging.getLogger("asyncio").addHandler(kept)
@@ -211,43 +211,43 @@ async def test_a_call_its_caller_cancels_ends_at_once_and_its_request_is_let_go_
             await asyncio.sleep(0)
     finally:
         logging.getLogger("asyncio").removeHandler(kept)
-    assert not client._LET_GO
+    assert not cancels.PENDING
     assert not any("never retrieved" in line for line in kept.lines), kept.lines
     assert [record["error"]["code"] for record in call_records(tmp_path)] == ["cancelled"]
 
 
-async def test_a_requests_outcome_reaches_its_waiter_whatever_it_is() -> None:
-    """``client._answer``, the request's task: a result, an exception, a ``SystemExit`` (handed
-    over, not raised in the task, where asyncio would stop the loop on it) and the task's own
-    cancellation reach the waiter; a waiter that stopped waiting gets nothing, and the task ends."""
-    from amplifier_tools.mcp.client import _answer
+async def test_a_cancellation_never_holds_its_sender_and_other_messages_go_straight_through(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cancels.LetGoCancels``: a ``notifications/cancelled`` on a transport that takes nothing
+    returns at once (its write is a task of its own, dropped quietly after its bound or when the
+    stream closes); a request on the same stream waits for the transport, as the SDK's backpressure
+    expects, and reaches it."""
+    import anyio
+    import mcp_types
+    from mcp.shared.message import SessionMessage
 
-    loop = asyncio.get_running_loop()
+    from amplifier_tools.mcp import cancels
 
-    async def outcome(value: Any) -> Any:
-        await asyncio.sleep(0)
-        if isinstance(value, BaseException):
-            raise value
-        return value
-
-    for value in (42, ValueError("no"), SystemExit(3)):
-        answer = loop.create_future()
-        task = asyncio.ensure_future(_answer(answer, outcome(value)))
-        if isinstance(value, BaseException):
-            with pytest.raises(type(value)):
-                await answer
-        else:
-            assert await answer == 42
-        await task  # ended without raising
-    answer = loop.create_future()
-    task = asyncio.ensure_future(_answer(answer, asyncio.sleep(10)))
-    await asyncio.sleep(0)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await answer
-    assert task.cancelled()
-    answer = loop.create_future()
-    task = asyncio.ensure_future(_answer(answer, outcome(ValueError("late"))))
-    answer.cancel()  # the caller stopped waiting
-    await task
-    assert answer.cancelled()
+    monkeypatch.setattr(cancels, "CANCEL_WRITE_TIMEOUT_S", 0.2)
+    send, receive = anyio.create_memory_object_stream[SessionMessage](0)  # nobody receives yet
+    stream = cancels.LetGoCancels(send)
+    cancel = SessionMessage(mcp_types.JSONRPCNotification(
+        jsonrpc="2.0", method="notifications/cancelled", params={"requestId": 1, "reason": "caller cancelled"}))
+    started = time.monotonic()
+    await stream.send(cancel)
+    assert time.monotonic() - started < 0.05
+    assert len(cancels.PENDING) == 1
+    await asyncio.sleep(0.4)  # past its bound, nobody took it: dropped, nothing left referenced
+    assert not cancels.PENDING
+    request = SessionMessage(mcp_types.JSONRPCRequest(jsonrpc="2.0", id=2, method="ping"))
+    sending = asyncio.ensure_future(stream.send(request))
+    await asyncio.sleep(0.05)
+    assert not sending.done()  # a request waits for the transport
+    assert (await receive.receive()) is request
+    await sending
+    await stream.send(cancel)  # taken when the transport is ready
+    assert (await receive.receive()) is cancel
+    await stream.send(cancel)
+    await receive.aclose()  # the session closes under a pending cancellation: dropped quietly
+    await asyncio.sleep(0.05)
+    assert not cancels.PENDING

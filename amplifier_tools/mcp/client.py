@@ -37,6 +37,7 @@ from ..errors import ConfigError, ContractError, ExecutionError, PolicyError, To
 from ..models import ToolContext, ToolResult, output_text
 from ..redaction import SecretSet, redact_text
 from ..spec import ToolSpec
+from .cancels import LetGoCancels
 from .confinement import sandbox_wrap, server_cwd
 from .contract import build_spec
 from .patterns import compile_pattern, unsupported_patterns
@@ -78,37 +79,6 @@ BASIC_ENV: Final = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
 T = TypeVar("T")
-
-#: Requests whose calls were cancelled while the SDK still sends their courtesy cancel: kept
-#: referenced until they end (asyncio holds tasks weakly).
-_LET_GO: set[asyncio.Future[Any]] = set()
-
-
-def _let_go(sending: asyncio.Future[Any]) -> None:
-    """Let a cancelled request finish on its own (its courtesy cancel, bounded by the SDK)."""
-    _LET_GO.add(sending)
-    sending.add_done_callback(_LET_GO.discard)
-
-
-async def _answer(answer: asyncio.Future[T], request: Awaitable[T]) -> None:
-    """Await ``request`` and put its outcome in ``answer`` (unless its caller has stopped waiting:
-    then the outcome goes nowhere, as the call has ended already). The call's waiter wakes in the
-    same turn of the event loop as the request ends."""
-    try:
-        result = await request
-    except asyncio.CancelledError:
-        if not answer.done():
-            answer.cancel()
-        raise
-    except BaseException as exc:
-        if not answer.done():
-            answer.set_exception(exc)
-        if isinstance(exc, KeyboardInterrupt):  # asyncio stops the loop on it (docs/design.md)
-            raise
-    else:
-        if not answer.done():
-            answer.set_result(result)
-
 
 class ServerConnection:
     """A live session with one MCP server (a stdio process, or a Streamable HTTP connection),
@@ -255,7 +225,7 @@ class ServerConnection:
         s = self.settings
         try:
             async with self._streams() as (read, write), \
-                    ClientSession(read, write, client_info=CLIENT_INFO, logging_callback=self._on_log,
+                    ClientSession(read, LetGoCancels(write), client_info=CLIENT_INFO, logging_callback=self._on_log,
                                   log_level="debug") as session:  # 2026-07-28: logs are opt-in per request
                 init = await session.initialize()
                 tools: list[mcp_types.Tool] = []
@@ -473,25 +443,15 @@ class ServerConnection:
         session = await self._ensure()
         request = mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name=name, arguments=arguments))
         # send_request, not call_tool: the output schema is checked by the host's pipeline (a typed
-        # ContractError with a pointer), not by the SDK. In a task of its own, shielded: cancelled
-        # (the host's deadline, the caller), the call ends at once, and the SDK's courtesy
-        # ``notifications/cancelled`` goes out in that task (found by attack: the SDK waits up to
-        # 5 s, shielded, to write it; to a server that had stopped reading its stdin every
-        # timed-out call ended 5 s past its deadline).
-        # The task hands its outcome to ``answer`` itself (not ``asyncio.shield``, whose callback
-        # chain costs the call two more turns of the event loop: bench_mcp's HTTP import row).
-        answer: asyncio.Future[mcp_types.CallToolResult] = asyncio.get_running_loop().create_future()
-        sending = asyncio.ensure_future(_answer(answer, session.send_request(
-            request, mcp_types.CallToolResult, request_read_timeout_seconds=timeout, progress_callback=progress)))
+        # ContractError with a pointer), not by the SDK. Run in the call's own task: cancelled (the
+        # host's deadline, the caller), the SDK's courtesy ``notifications/cancelled`` is handed to
+        # a task of its own by the session's write stream (``cancels.LetGoCancels``), so the call
+        # ends at once even when the transport cannot take it (found by attack).
         try:
-            result = await answer  # a cancellation cancels ``answer``, never ``sending``
+            result = await session.send_request(request, mcp_types.CallToolResult,
+                                                 request_read_timeout_seconds=timeout, progress_callback=progress)
             self.session_served = True
             return result
-        except asyncio.CancelledError:
-            if not sending.done():
-                sending.cancel()
-                _let_go(sending)
-            raise
         except MCPError as exc:
             if _connection_closed(exc) or not self.alive:
                 raise self._died(exc) from None
@@ -862,8 +822,17 @@ def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResul
     ``remote_type``/``remote_code``/``remote_message``. Binary data that is not
     base64 or a malformed media type is ``ExecutionError`` ``mcp_invalid_content``.
     """
+    content = result.content
+    if len(content) == 1 and not result.is_error and result.structured_content is None:
+        # Most results: one bare text block, the output as it is (what the general path below
+        # makes of it, without its dump, checks, rendering and comparison).
+        block = content[0]
+        if type(block) is mcp_types.TextContent and type(block.text) is str and block.annotations is None \
+                and block.meta is None and not block.__pydantic_extra__ \
+                and tool.connection.settings.max_content_blocks >= 1:
+            return ToolResult(True, block.text, None, {"mcp": tool.call_metadata()})
     metadata: dict[str, Any] = {"mcp": tool.call_metadata()}
-    if len(result.content) > tool.connection.settings.max_content_blocks:  # a url server's (stdio: refused unparsed)
+    if len(content) > tool.connection.settings.max_content_blocks:  # a url server's (stdio: refused unparsed)
         raise tool.connection.too_many_blocks(len(result.content))
     blocks = _content_json(result)
     _check_content(blocks, tool)
