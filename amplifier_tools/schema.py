@@ -44,10 +44,10 @@ from .errors import ContractError
 from .schema_fastpath import (
     CompiledPattern,
     PatternCompiler,
+    PlainJSON,
     compile_check,
     generate_check,
     generate_plain_check,
-    proves_plain,
 )
 
 #: Digests of the schemas known to pass their metaschema (see the module's docstring).
@@ -512,12 +512,12 @@ class CompiledSchema:
         # never called costs no code generation); until then, only that it compiles is known.
         self._fast: Callable[[Any], bool] | None = None if fast is None else self._first_use
         #: True only when ``instance`` is plain JSON data within the host's limits (what
-        #: ``is_plain_json`` says) and the schema accepts it: one generated predicate for both, for
-        #: schemas whose every value is tested by its exact type (``proves_plain``). False is no
-        #: verdict: ask ``is_plain_json`` and ``is_valid``. The generated function itself once
-        #: made (no method around it: it is asked at every call).
-        self.accepts_plain: Callable[[Any], bool] = \
-            self._first_plain_use if fast is not None and proves_plain(schema) else _no_verdict
+        #: ``is_plain_json`` says) and the schema accepts it: one generated predicate for both
+        #: (``generate_plain_check``, which calls ``is_plain_json`` only for the values the schema
+        #: does not test by exact type). False is no verdict: ask ``is_plain_json`` and
+        #: ``is_valid``. The generated function itself once made (no method around it: it is
+        #: asked at every call).
+        self.accepts_plain: Callable[[Any], bool] = self._first_plain_use if fast is not None else _no_verdict
         self._validator: Validator | None = None
 
     def _first_use(self, instance: Any) -> bool:
@@ -529,8 +529,8 @@ class CompiledSchema:
 
     def _first_plain_use(self, instance: Any) -> bool:
         patterns = self._patterns
-        plain = generate_plain_check(self._schema, MAX_INT_BITS) if patterns is None \
-            else generate_plain_check(self._schema, MAX_INT_BITS, patterns)
+        plain = generate_plain_check(self._schema, PLAIN_JSON) if patterns is None \
+            else generate_plain_check(self._schema, PLAIN_JSON, patterns)
         self.accepts_plain = _no_verdict if plain is None else plain
         return plain is not None and plain(instance)
 
@@ -653,6 +653,11 @@ def is_plain_json(value: Any, depth: int = 0) -> bool:
         elif not _is_plain_scalar(item, item_kind):
             return False
     return True
+
+
+#: The host's rule for plain JSON data, as generated plain predicates apply it
+#: (``CompiledSchema.accepts_plain``).
+PLAIN_JSON: Final = PlainJSON(MAX_INT_BITS, MAX_JSON_DEPTH, is_plain_json)
 
 
 def _is_plain_scalar(value: Any, kind: type) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -9,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from amplifier_tools.schema import MAX_INT_BITS, is_plain_json
-from amplifier_tools.schema_fastpath import compile_check, generate_check, generate_plain_check, proves_plain
+from amplifier_tools import ToolHost
+from amplifier_tools.schema import MAX_INT_BITS, MAX_JSON_DEPTH, PLAIN_JSON, CompiledSchema, is_plain_json
+from amplifier_tools.schema_fastpath import PlainJSON, compile_check, generate_check, generate_plain_check
 
 scalars = (
     st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-5, 5) | st.sampled_from([1.0, 2.5, -0.0])
@@ -141,58 +143,175 @@ class Key(str):
     """A key that is not plain JSON but compares equal to a property name."""
 
 
+class LooksLikeA:
+    """A key of no JSON type that hashes and compares as the property name ``"a"``."""
+
+    def __hash__(self) -> int:
+        return hash("a")
+
+    def __eq__(self, other: object) -> bool:
+        return other == "a"
+
+
+class Mapping(dict[Any, Any]):
+    """A dict subclass: JSON-like, but not plain JSON data."""
+
+
+class Number(int):
+    """An int subclass: JSON-like, but not plain JSON data."""
+
+
+def nested(levels: int, leaf: Any = 1) -> Any:
+    """``leaf`` inside ``levels`` containers, arrays and objects in turn (the innermost an array)."""
+    value = leaf
+    for level in range(levels):
+        value = {"a": value} if level % 2 else [value]
+    return value
+
+
 #: Values a caller may pass that are not plain JSON data, or not within the host's limits, and
-#: the largest integers within them.
-hostile = st.sampled_from([2 ** MAX_INT_BITS, -(2 ** MAX_INT_BITS), 2 ** MAX_INT_BITS - 1, -(2 ** MAX_INT_BITS - 1),
-                           float("nan"), float("-inf"), (1, 2), {"a"}, {Key("a"): "x"}, {1: "x"}, True, b"a"])
-plain_scalar_types = st.sampled_from(["string", "integer", "number", "boolean", "null"])
-plain_schemas = st.recursive(
-    st.fixed_dictionaries({"type": plain_scalar_types | st.lists(plain_scalar_types, min_size=1, max_size=3,
-                                                                 unique=True)},
-                          optional={"minimum": st.integers(-3, 3), "maxLength": st.integers(0, 3),
-                                    "pattern": st.sampled_from(["^a", "b$"])})
-    | st.fixed_dictionaries({"enum": st.lists(st.sampled_from(["a", "b", None]), min_size=1, max_size=3)}),
-    lambda inner: st.fixed_dictionaries(
-        {"type": st.just("object"), "properties": st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3),
-         "additionalProperties": st.just(False) | inner},
-        optional={"required": st.lists(st.sampled_from(["a", "b"]), max_size=2, unique=True)})
-    | st.fixed_dictionaries({"type": st.just("array"), "items": inner},
-                            optional={"maxItems": st.integers(0, 3), "minItems": st.integers(0, 2)}),
-    max_leaves=6,
+#: the largest integers, floats and nestings within them.
+hostile = st.sampled_from([
+    2 ** MAX_INT_BITS, -(2 ** MAX_INT_BITS), 2 ** MAX_INT_BITS - 1, -(2 ** MAX_INT_BITS - 1), 1e308,
+    float("nan"), float("-inf"), (1, 2), {"a"}, {Key("a"): "x"}, {LooksLikeA(): "x"}, {1: "x"}, {True: "x"},
+    Mapping(a="x"), Key("a"), Number(1), True, 1, 1.0, b"a",
+    nested(MAX_JSON_DEPTH - 2), nested(MAX_JSON_DEPTH - 1), nested(MAX_JSON_DEPTH), nested(MAX_JSON_DEPTH + 1),
+])
+hostile_instances = st.recursive(
+    scalars | hostile,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), c, max_size=4)
+    | st.dictionaries(st.sampled_from(["a", "b", Key("a"), Key("c"), LooksLikeA(), 1, True]), c, min_size=1, max_size=3)
+    | st.dictionaries(st.sampled_from(["a", "b"]), c, max_size=2).map(Mapping),
+    max_leaves=8,
 )
 
 
-@settings(max_examples=1000, deadline=None)
-@given(plain_schemas, st.lists(st.recursive(
-    scalars | hostile,
-    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), c, max_size=4)
-    | st.dictionaries(st.sampled_from([Key("a"), 1]), c, max_size=1),
-    max_leaves=8), min_size=1, max_size=6))
-@pytest.mark.slow
-def test_the_plain_predicate_is_plain_json_and_valid(schema: dict[str, Any], values: list[Any]) -> None:
-    """One generated predicate answers both questions of an argument check (the host's limits
-    on integers and floats included, a key that only compares equal to a name refused)."""
-    assert proves_plain(schema), schema
-    plain = generate_plain_check(schema, MAX_INT_BITS)
-    assert plain is not None, schema
+def plain_predicate_agrees(schema: dict[str, Any], values: list[Any]) -> None:
+    """The plain predicate of ``schema`` says True exactly for the ``values`` that are plain JSON
+    data (``is_plain_json``) and valid (jsonschema)."""
+    plain = generate_plain_check(schema, PLAIN_JSON)
+    assert plain is not None, schema  # every keyword drawn is in the subset
     validator = jsonschema.Draft202012Validator(schema)
     for value in values:
         assert plain(value) == (is_plain_json(value) and validator.is_valid(value)), (schema, value)
 
 
-@pytest.mark.parametrize(
-    "schema",
-    [
-        {"type": "object", "properties": {"a": {"type": "string"}}},  # any other key, any value
-        {"type": "object", "properties": {"a": {}}, "additionalProperties": False},  # "a" may hold anything
-        {"type": "array"},
-        {"type": ["object", "string"], "additionalProperties": False},
-        {"oneOf": [{"type": "string"}, {"type": "null"}]},
-        {"minLength": 1},
-    ],
-)
-def test_schemas_that_let_any_value_through_get_no_plain_predicate(schema: dict[str, Any]) -> None:
-    assert generate_plain_check(schema, MAX_INT_BITS) is None
+@settings(max_examples=300, deadline=None)
+@given(schemas, st.lists(hostile_instances, min_size=1, max_size=6))
+def test_the_plain_predicate_is_plain_json_and_valid(schema: dict[str, Any], values: list[Any]) -> None:
+    """One generated predicate answers both questions of an argument check, for every schema of
+    the compiled subset (open objects and untyped subschemas included): the host's limits on
+    integers, floats and nesting, exact types, keys that only compare equal to a name refused."""
+    plain_predicate_agrees(schema, values)
+
+
+@pytest.mark.slow
+@settings(max_examples=3000, deadline=None)
+@given(schemas, st.lists(hostile_instances, min_size=1, max_size=6))
+def test_the_plain_predicate_is_plain_json_and_valid_at_length(schema: dict[str, Any], values: list[Any]) -> None:
+    """``test_the_plain_predicate_is_plain_json_and_valid`` on ten times as many examples."""
+    plain_predicate_agrees(schema, values)
+
+
+@pytest.mark.parametrize("schema, good, bad", [
+    ({"type": "object", "properties": {"a": {"type": "string"}}}, {"a": "x", "b": [1, {"c": None}]},
+     {"a": "x", "b": {"c": (1,)}}),
+    ({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}},
+     {"a": "x", "b": 2, "c": 1.5, "d": True}, {"a": "x", "b": 2, "c": float("nan")}),
+    ({"type": "object", "properties": {"a": {"description": "anything"}}}, {"a": {"b": [None]}}, {"a": {2: "x"}}),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": False}, {"a": [1.5]}, {"a": [1e400]}),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"title": "t"}}}}, {"a": ["x", 1]},
+     {"a": ["x", 2 ** MAX_INT_BITS]}),
+    ({"type": "array"}, [{"a": 1}], [{"a": Number(1)}]),
+    ({"type": ["object", "string"], "additionalProperties": True}, {"a": 1}, {"a": {1, 2}}),
+    ({"oneOf": [{"type": "string"}, {"type": "object"}]}, {"a": [1]}, {"a": Key("x")}),
+    ({"minLength": 1}, {"a": "x"}, {"a": b"x"}),
+    ({"type": "object", "required": ["a"]}, {"a": 1, "b": 2}, {LooksLikeA(): 1, "b": 2}),
+    ({"type": "object", "properties": {"a": {"type": "string"}}}, {"a": "x", "b": 1}, {Key("a"): "x", "b": 1}),
+    ({"type": "object", "properties": {"a": {"type": "string"}}}, {"a": "x", "b": 1}, {"a": "x", 1: 1}),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False}, {"a": "x"},
+     {LooksLikeA(): "x"}),
+])
+def test_values_the_schema_does_not_type_are_walked_by_the_plain_predicate(schema: dict[str, Any], good: Any,
+                                                                           bad: Any) -> None:
+    """Open objects, untyped and annotation-only subschemas get a plain predicate too: it vouches
+    for the values they let through by the host's own walk, refusing what is not plain JSON."""
+    plain = generate_plain_check(schema, PLAIN_JSON)
+    assert plain is not None
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid(good) and is_plain_json(good) and plain(good)
+    assert not is_plain_json(bad) and not plain(bad)
+
+
+@pytest.mark.parametrize("schema, wrap, around", [
+    ({}, lambda value: value, 0),
+    ({"type": "object", "properties": {"a": {"type": "string"}}}, lambda value: {"a": "x", "b": value}, 1),
+    ({"type": "object", "properties": {"a": {"description": "x"}}, "required": ["a"]}, lambda value: {"a": value}, 1),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {}}}, "additionalProperties": False},
+     lambda value: {"a": [value]}, 2),
+    ({"type": "object", "additionalProperties": {"type": "array"}}, lambda value: {"b": [value]}, 2),
+    ({"type": "object", "properties": {"a": {"oneOf": [{"type": "array"}, {"type": "string"}]}}},
+     lambda value: {"a": [value]}, 2),
+    ({"type": "array", "items": {"type": "object"}}, lambda value: [{"a": value}], 2),
+])
+@pytest.mark.parametrize("levels", [MAX_JSON_DEPTH - 1, MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1])
+def test_the_plain_predicate_limits_the_whole_values_depth(schema: dict[str, Any], wrap: Any, around: int,
+                                                           levels: int) -> None:
+    """Containers nested ``MAX_JSON_DEPTH`` deep in all are plain, one more is not, wherever the
+    schema hands the deep part to the plain walk (the ``around`` levels above it counted)."""
+    value = wrap(nested(levels - around))
+    assert is_plain_json(value) is (levels <= MAX_JSON_DEPTH)
+    plain = generate_plain_check(schema, PLAIN_JSON)
+    assert plain is not None
+    assert plain(value) is (levels <= MAX_JSON_DEPTH)
+
+
+def test_the_plain_predicates_own_type_tests_keep_the_depth_limit() -> None:
+    """Where the schema tests every level by its exact type, the depth limit holds as well (shown
+    with a limit of 3, and the host's walk told the same)."""
+    shallow = PlainJSON(MAX_INT_BITS, 3, lambda value, depth: is_plain_json(value, depth + MAX_JSON_DEPTH - 3))
+    schema: dict[str, Any] = {"type": "array", "items": {"type": "object", "additionalProperties": {
+        "type": "array", "items": {"type": "object", "additionalProperties": False}}}}
+    plain = generate_plain_check(schema, shallow)
+    assert plain is not None
+    assert plain([{"a": []}]) and plain([{"a": [], "b": []}])
+    assert not plain([{"a": [{}]}])  # the fourth level
+    typed_oneof = {"oneOf": [{"type": "array", "items": {"oneOf": [{"type": "array", "items": {"oneOf": [
+        {"type": "array", "items": {"type": "array"}}, {"type": "string"}]}}]}}]}
+    plain = generate_plain_check(typed_oneof, shallow)
+    assert plain is not None
+    assert plain([[[]]]) and plain([["x"]]) and not plain([[[[]]]])
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"description": "x"}},
+    {"type": "array", "items": {"items": {"title": "t"}}},
+    {"type": "object", "properties": {"a": {"type": "array", "items": {"description": "x"}}}},
+    {"type": "object", "properties": {"a": {"items": {"format": "date"}}}, "additionalProperties": False},
+])
+def test_an_annotation_only_item_schema_still_gets_the_generated_predicate(schema: dict[str, Any]) -> None:
+    """``items`` that only annotate gave a loop without a body, which did not compile: the schema
+    silently got the slower closures (found by review)."""
+    validator = jsonschema.Draft202012Validator(schema)
+    for generate in (generate_check, lambda s: generate_plain_check(s, PLAIN_JSON)):
+        check = generate(schema)
+        assert check is not None
+        assert check.__code__.co_filename == "<amplifier_tools.schema_fastpath>"
+        for value in ([], [1, "x"], [[1]], {"a": [None]}, {"a": 1}, "x"):
+            assert check(value) == validator.is_valid(value), value
+
+
+async def test_every_builtin_input_schema_gets_a_plain_predicate(tmp_path: Path) -> None:
+    """The built-in tools' arguments are checked by one generated predicate, never by the
+    ``is_plain_json`` and ``is_valid`` pair."""
+    async with ToolHost(entry_points=False, discover=False, working_dir=tmp_path) as host:
+        schemas = {m.spec.name: m.spec.input_schema for m in host.tools}
+    assert {"local::bash", "local::fs.read_file", "local::fs.write_file", "local::fs.edit_file"} <= set(schemas)
+    for name, schema in schemas.items():
+        compiled = CompiledSchema(schema)
+        verdict = compiled.accepts_plain({"path": "x", "command": 1})
+        assert verdict is jsonschema.Draft202012Validator(schema).is_valid({"path": "x", "command": 1}), name
+        assert compiled.accepts_plain.__code__.co_filename == "<amplifier_tools.schema_fastpath>", name
 
 
 @pytest.mark.parametrize("kind", ["integer", "number"])
@@ -202,11 +321,12 @@ def test_the_plain_predicate_takes_integers_up_to_the_bit_limit(kind: str, value
     """At the host's integer limit exactly: an ``int`` of ``MAX_INT_BITS`` bits is plain, one more
     bit is not, whether the value stands alone or in an object with a bound."""
     within = value.bit_length() <= MAX_INT_BITS
-    alone = generate_plain_check({"type": kind}, MAX_INT_BITS)
-    nested = generate_plain_check({"type": "object", "properties": {"n": {"type": kind, "minimum": -(2 ** 20000)}},
-                                   "additionalProperties": False}, MAX_INT_BITS)
-    assert alone is not None and nested is not None
-    assert alone(value) is within and nested({"n": value}) is within
+    alone = generate_plain_check({"type": kind}, PLAIN_JSON)
+    inside = generate_plain_check({"type": "object", "properties": {"n": {"type": kind, "minimum": -(2 ** 20000)}},
+                                   "additionalProperties": False}, PLAIN_JSON)
+    unlisted = generate_plain_check({"type": "object", "properties": {"m": {"type": kind}}}, PLAIN_JSON)
+    assert alone is not None and inside is not None and unlisted is not None
+    assert alone(value) is within and inside({"n": value}) is within and unlisted({"m": 1, "n": value}) is within
     assert is_plain_json(value) is within
 
 
@@ -220,7 +340,7 @@ def test_a_keyword_whose_type_is_already_tested_needs_no_guard_of_its_own(schema
                                                                           bad: Any) -> None:
     """One tested type makes the keyword's own type guard redundant: the generated code leaves it
     out, and still answers as jsonschema does (also for values of other types)."""
-    plain = generate_plain_check(schema, MAX_INT_BITS)
+    plain = generate_plain_check(schema, PLAIN_JSON)
     assert plain is not None
     validator = jsonschema.Draft202012Validator(schema)
     for value in (good, bad, None, 1, "a", [], {}, True):
