@@ -251,3 +251,4 @@ async def test_a_cancellation_never_holds_its_sender_and_other_messages_go_strai
     await receive.aclose()  # the session closes under a pending cancellation: dropped quietly
     await asyncio.sleep(0.05)
     assert not cancels.PENDING
+    await stream.aclose()  # closed as the session closes it (left open, anyio warns when it is collected)

@@ -831,6 +831,13 @@ def to_tool_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResul
                 and block.meta is None and not block.__pydantic_extra__ \
                 and tool.connection.settings.max_content_blocks >= 1:
             return ToolResult(True, block.text, None, {"mcp": tool.call_metadata()})
+    return _general_result(result, tool)
+
+
+def _general_result(result: mcp_types.CallToolResult, tool: McpTool) -> ToolResult:
+    """``to_tool_result`` for any result, without its short path for one bare text block (the
+    tests compare the two: the short path must give what this gives, for every result)."""
+    content = result.content
     metadata: dict[str, Any] = {"mcp": tool.call_metadata()}
     if len(content) > tool.connection.settings.max_content_blocks:  # a url server's (stdio: refused unparsed)
         raise tool.connection.too_many_blocks(len(result.content))

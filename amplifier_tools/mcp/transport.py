@@ -200,14 +200,28 @@ async def _retrieve_stdin_failure(process: anyio.abc.Process) -> None:
     server killed while our answers filled its pipe: a request flood) in a future that only
     ``wait_closed()`` retrieves, and logs ``Future exception was never retrieved`` when it is
     collected (3.11 does not log it). Retrieve it here: the error is the server's end, not ours.
-    A best effort through anyio's wrapper of the asyncio stream; nothing on other versions."""
+    A best effort through anyio's wrapper of the asyncio stream; nothing on other versions.
+
+    The wait is bounded (``STDERR_DRAIN_S``); its task retrieves what it ends with whenever that
+    is. Found by attack: the stdin of a server that had stopped reading, closed with our writes
+    still buffered (the cancelled calls of ``test_mcp_cancel_attack``), ends only once the server
+    is killed, past the bound; ``asyncio.shield`` cut short takes its callback off the wait, whose
+    ``BrokenPipeError`` was then logged as "Task exception was never retrieved" at every such close."""
     writer = getattr(process.stdin, "_stream", None)
     if sys.version_info >= (3, 11) or not isinstance(writer, asyncio.StreamWriter):
         return
+    waiting = asyncio.ensure_future(writer.wait_closed())
+    waiting.add_done_callback(_retrieve)
     # Shielded: cut short, the wait must not cancel asyncio's own future (its later result would
-    # then fail to be set); the shield retrieves what the wait ends with.
+    # then fail to be set).
     with anyio.move_on_after(STDERR_DRAIN_S), suppress(OSError, RuntimeError):
-        await asyncio.shield(writer.wait_closed())
+        await asyncio.shield(waiting)
+
+
+def _retrieve(done: asyncio.Future[Any]) -> None:
+    """Mark what ``done`` ended with as retrieved (asyncio logs an exception nobody retrieved)."""
+    if not done.cancelled():
+        done.exception()
 
 
 async def _stop(process: anyio.abc.Process, stderr_done: anyio.Event | None = None,
