@@ -176,9 +176,10 @@ async def test_an_answer_after_the_cancellation_is_not_taken_for_a_later_calls(t
 
 
 @asynccontextmanager
-async def http_stall_server() -> AsyncIterator[str]:
-    """The stall server over Streamable HTTP in a process of its own: its endpoint URL."""
-    process = subprocess.Popen([sys.executable, STALL_SERVER, "http"], stdout=subprocess.PIPE, text=True)
+async def http_stall_server(mode: str = "http") -> AsyncIterator[str]:
+    """The stall server over Streamable HTTP in a process of its own (``mode``: ``http`` or
+    ``http-deaf``): its endpoint URL."""
+    process = subprocess.Popen([sys.executable, STALL_SERVER, mode], stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         url = await asyncio.get_running_loop().run_in_executor(None, process.stdout.readline)
@@ -222,3 +223,51 @@ async def test_http_calls_cut_while_the_server_stalls_end_at_once_and_later_call
             assert not cancels.PENDING
     assert not logged, logged
     assert len(completions.calls) == 25
+
+
+async def test_a_server_that_never_acknowledges_a_cancellation_is_taken_for_dead_not_waited_on_forever(
+        tmp_path: Path) -> None:
+    """Over Streamable HTTP the SDK writes a session's notifications one after another and waits
+    for each POST's answer; our HTTP client has no read timeout (a call is bounded by its
+    deadline). A server that never answered the POST of a ``notifications/cancelled`` held the
+    session's writer for good: every later call of the session ended at its deadline, and the
+    session was never taken for dead (found by attack). A POST carrying no request is bounded
+    (``client.NOTIFICATION_READ_TIMEOUT_S``): once it runs out the session is ended; the first call
+    after it fails retryable (``mcp_server_died``), as after any server's death, and the next
+    starts a new session."""
+    from amplifier_tools.mcp import client
+
+    async with http_stall_server("http-deaf") as url:
+        host = audited_import(tmp_path, {"s": {"url": url, "timeout_ms": 500}})
+        async with host:
+            first = await host.call("mcp::s::wait", {"seconds": 30})
+            assert codes([first]) == ["timeout"]
+            # the cancellation's POST hangs; wait out its bound, then the session is a new one
+            await asyncio.sleep(client.NOTIFICATION_READ_TIMEOUT_S + 0.5)
+            # the session's end is seen by the first call after it, as any dead server's: retryable
+            again = await host.call("mcp::s::echo", {"text": "n0"})
+            assert again.output == "n0" or (codes([again]) == ["mcp_server_died"] and again.error["retryable"])
+            started = time.monotonic()
+            later = [await host.call("mcp::s::echo", {"text": f"n{i}"}) for i in range(3)]
+            assert [r.output for r in later] == ["n0", "n1", "n2"], [r.error for r in later]
+            assert time.monotonic() - started < 1.5
+        assert not cancels.PENDING
+
+
+@pytest.mark.parametrize(("body", "bounded"), [
+    (b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":3}}', True),
+    (b'{"jsonrpc":"2.0","method":"notifications/initialized"}', True),
+    (b'{"jsonrpc":"2.0","id":7,"result":{}}', True),  # a response to the server's request
+    (b'{"jsonrpc":"2.0","id":7,"error":{"code":-1,"message":"no"}}', True),
+    (b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"add","arguments":{"a":2}}}', False),
+    # a request whose arguments hold the words a notification or a response would
+    (b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"x","arguments":'
+     b'{"text":"notifications/cancelled \\"result\\" \\"error\\""}}}', False),
+    (b'not json "result"', False),
+    (b'["notifications/cancelled"]', False),
+    (b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"' + b"x" * 5000 + b'"}}', False),
+])
+def test_only_a_post_without_a_request_is_bounded(body: bytes, bounded: bool) -> None:
+    from amplifier_tools.mcp.client import carries_no_request
+
+    assert carries_no_request(body) is bounded

@@ -67,6 +67,12 @@ _SDK_PARSE_FAILURES: Final = ("Failed to parse JSON response:", "Failed to parse
 SDK_HTTP_CLIENT_LOGGER: Final = "mcp.client.streamable_http"
 #: Seconds a ``url`` server gets to answer the DELETE that ends its session when the connection closes.
 SESSION_END_TIMEOUT_S: Final = 2.0
+#: Seconds a ``url`` server gets to answer a POST that carries no request (a notification, such as
+#: a call's ``notifications/cancelled``, or a response): the spec has it answered at once (202), and
+#: the SDK writes a session's messages one after another, each waiting for its POST's answer.
+NOTIFICATION_READ_TIMEOUT_S: Final = 5.0
+#: Bodies larger than this are never taken for a notification (ours are a few hundred bytes).
+_NOTIFICATION_MAX_BYTES: Final = 4096
 #: Seconds ``close`` waits for a run to end beyond a stdio server's two graces (``stop_grace_ms``
 #: after its stdin closes, then after SIGTERM): the SIGKILL, the wait for the kernel to remove the
 #: tree, the last words on its stderr, a ``url`` server's session end. Past that the stop is
@@ -193,6 +199,8 @@ class ServerConnection:
             async def bound(request: httpx2.Request) -> None:
                 if request.method == "DELETE":  # the session's end, sent as the connection closes
                     request.extensions["timeout"] = httpx2.Timeout(SESSION_END_TIMEOUT_S).as_dict()
+                elif request.method == "POST" and carries_no_request(request.content):
+                    request.extensions["timeout"] = httpx2.Timeout(NOTIFICATION_READ_TIMEOUT_S).as_dict()
 
             self.http_refusal = None
             self.session_lost = self.session_served = False
@@ -200,7 +208,11 @@ class ServerConnection:
             # No read timeout: every request is bounded by the host (a call by its deadline, the
             # start by startup_timeout_ms); httpx's default 5 s failed every call that took longer.
             # The DELETE that ends the session is bounded here: nothing else bounds it, and a server
-            # that never answered it held the host's close 10 s (found by attack).
+            # that never answered it held the host's close 10 s (found by attack). So is a POST with
+            # no request in it: a server that never answered a call's ``notifications/cancelled``
+            # held the session's writer for good, every later call ending at its deadline (found by
+            # attack); past the bound the SDK's writer fails, the session ends, the next call
+            # starts a new one.
             # Uncompressed bodies asked for: a body's limit is on the bytes that come (bound_body).
             client = create_mcp_http_client(headers={"Accept-Encoding": "identity", **self.headers},
                                             timeout=httpx2.Timeout(30.0, read=None))
@@ -751,6 +763,21 @@ def _scalar(value: Any) -> bool:
 #: A media type as RFC 6838 spells one (``type/subtype``, parameters allowed), at most 255 characters.
 _MEDIA_TYPE: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
                                 r"(?:\s*;[\x20-\x7e]*)?")
+
+
+def carries_no_request(body: bytes) -> bool:
+    """Whether an outgoing POST's JSON-RPC ``body`` is a notification or a response (no answer but
+    an acknowledgement is due), not a request. A cheap search first: a request's body (a call's
+    arguments) is parsed only when it holds the words a notification or a response would; a body
+    that is not one JSON object, or larger than ``_NOTIFICATION_MAX_BYTES``, is taken for a request."""
+    if len(body) > _NOTIFICATION_MAX_BYTES or not (
+            b"notifications/" in body or b'"result"' in body or b'"error"' in body):
+        return False
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and not ("id" in message and "method" in message)
 
 
 def _content_json(result: mcp_types.CallToolResult) -> list[dict[str, Any]]:

@@ -5,7 +5,10 @@ printed as the first line on stdout.
 Tools: ``echo`` returns ``text`` as one text block; ``stall`` sleeps ``seconds`` with
 ``time.sleep``, which holds the server's whole event loop: it stops reading its stdin (its pipe
 fills under the host's writes) or its HTTP connections, then answers "stalled" — after the host
-has given up on the call and cancelled it.
+has given up on the call and cancelled it; ``wait`` sleeps ``seconds`` without holding the loop.
+
+With ``http-deaf``: Streamable HTTP as with ``http``, except that a POST carrying a
+``notifications/cancelled`` is never answered (the server keeps serving everything else).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 TOOLS = [types.Tool(name=name, description=f"The {name} tool.", input_schema={"type": "object"})
-         for name in ("echo", "stall")]
+         for name in ("echo", "stall", "wait")]
 
 
 def text(value: str) -> types.CallToolResult:
@@ -38,6 +41,9 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     if params.name == "stall":
         time.sleep(float(args.get("seconds", 5)))  # the loop is held: nothing is read meanwhile
         return text("stalled")
+    if params.name == "wait":
+        await anyio.sleep(float(args.get("seconds", 5)))
+        return text("waited")
     return text(str(args.get("text", "")))
 
 
@@ -49,11 +55,37 @@ async def main() -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-async def main_http() -> None:
+def deaf_to_cancellations(app: Any) -> Any:
+    """``app``, except that a POST whose body holds a ``notifications/cancelled`` is never answered."""
+
+    async def deaf(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        messages = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        if any(b"notifications/cancelled" in m.get("body", b"") for m in messages):
+            await anyio.sleep_forever()
+
+        async def replay() -> Any:
+            return messages.pop(0) if messages else await receive()
+
+        await app(scope, replay, send)
+
+    return deaf
+
+
+async def main_http(deaf: bool = False) -> None:
     import uvicorn
 
     sock = socket.create_server(("127.0.0.1", 0))
-    http = uvicorn.Server(uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on"))
+    app = server.streamable_http_app()
+    http = uvicorn.Server(uvicorn.Config(deaf_to_cancellations(app) if deaf else app, log_level="warning",
+                                         lifespan="on", timeout_graceful_shutdown=1))
     serving = asyncio.ensure_future(http.serve(sockets=[sock]))
     while not http.started:
         if serving.done():
@@ -64,7 +96,7 @@ async def main_http() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["http"]:
-        asyncio.run(main_http())
+    if sys.argv[1:2] in (["http"], ["http-deaf"]):
+        asyncio.run(main_http(deaf=sys.argv[1] == "http-deaf"))
     else:
         anyio.run(main)
