@@ -199,7 +199,10 @@ class ServerConnection:
             async def bound(request: httpx2.Request) -> None:
                 if request.method == "DELETE":  # the session's end, sent as the connection closes
                     request.extensions["timeout"] = httpx2.Timeout(SESSION_END_TIMEOUT_S).as_dict()
-                elif request.method == "POST" and carries_no_request(request.content):
+                # ``aread``, not ``content``: a redirect's re-sent request has its body as a stream not
+                # yet read, and ``content`` raised (found by test: a redirect loop's typed error became
+                # ``mcp_server_died``); the SDK's bodies are bytes in memory, read again at no cost.
+                elif request.method == "POST" and carries_no_request(await request.aread()):
                     request.extensions["timeout"] = httpx2.Timeout(NOTIFICATION_READ_TIMEOUT_S).as_dict()
 
             self.http_refusal = None
