@@ -12,7 +12,9 @@ speed, never correctness. A schema using any other keyword (``$ref``,
 ``allOf``, ``if``, ``patternProperties``, ``format`` assertions ...) is not
 compiled at all. ``oneOf`` is compiled only when each branch names its ``type`` and no two
 branches share one (``integer`` and ``number`` count as shared): a value one branch accepts
-then fails every other branch's ``type``, so "exactly one" is "any".
+then fails every other branch's ``type``, so "exactly one" is "any". A ``$schema``, at the root or
+in any subschema, must name draft 6 or later (``_DRAFTS``): jsonschema validates each subschema by
+the draft its own ``$schema`` names, and drafts 3 and 4 count no float as an integer.
 ``tests/test_schema_fastpath.py`` checks the two agree on random instances with hypothesis.
 
 ``pattern`` is compiled with the engine the caller names (``compile_pattern``;
@@ -76,10 +78,18 @@ def compile_check(schema: Any, compile_pattern: PatternCompiler = re.compile) ->
 
     ``compile_pattern`` compiles the ``pattern`` keywords (the engine the validator uses too).
     """
-    dialect = schema.get("$schema") if isinstance(schema, dict) else None
-    if dialect is not None and not any(d in str(dialect) for d in _DRAFTS):
-        return None
     return _compile(schema, compile_pattern)
+
+
+def _known_dialect(schema: dict[str, Any]) -> bool:
+    """Whether ``schema``'s own ``$schema`` (absent, or naming one of ``_DRAFTS``) lets it compile.
+
+    Asked of every subschema, not only the root: jsonschema takes up the draft a nested
+    ``$schema`` names for that subschema (``validator_for`` at each descent), so a nested draft-04
+    ``{"type": "integer"}`` refuses ``1.0`` (found by attack: the fast path accepted it). A
+    string naming none of the drafts is no draft jsonschema knows: it keeps the enclosing one."""
+    dialect = schema.get("$schema")
+    return dialect is None or (isinstance(dialect, str) and any(d in dialect for d in _DRAFTS))
 
 
 def generate_check(schema: Any, compile_pattern: PatternCompiler = re.compile) -> Check | None:
@@ -167,7 +177,7 @@ def _each_item(item: Check) -> Check:
 def _compile(schema: Any, compile_pattern: PatternCompiler) -> Check | None:
     if schema is True or schema == {}:
         return _always
-    if not isinstance(schema, dict) or not set(schema) <= _SUPPORTED:
+    if not isinstance(schema, dict) or not set(schema) <= _SUPPORTED or not _known_dialect(schema):
         return None
     checks: list[Check] = []
 
@@ -483,8 +493,12 @@ def _emit_object(out: _Source, schema: dict[str, Any], var: str, indent: int, me
     extra = schema.get("additionalProperties", True)
     inner = _open_guard(out, indent, "dict", met, var)
     start = len(out.lines)
-    for required in schema.get("required", []):
-        out.fail_if(inner, f"{out.name(required)} not in {var}")
+    # ``name not in var`` may run a key's own ``__eq__`` (a ``str`` subclass hashing as the name),
+    # which can change parts of the value already checked and then leave: a plain predicate looks
+    # names up only after its walk has found every key an exact ``str`` (found by attack).
+    required = [out.name(name) for name in schema.get("required", [])]
+    if depth is None:
+        _fail_if_missing(out, inner, var, required)
     min_props, max_props = schema.get("minProperties", 0), schema.get("maxProperties")
     if min_props:
         out.fail_if(inner, f"len({var}) < {out.name(min_props)}")
@@ -521,8 +535,16 @@ def _emit_object(out: _Source, schema: dict[str, Any], var: str, indent: int, me
             out.lines.append(" " * other + "return False")
         else:  # ``additionalProperties``' schema; True in a plain predicate: the plain walk
             _emit_block(out, extra, item, other, inner_depth)
+    if depth is not None:
+        _fail_if_missing(out, inner, var, required)
     if len(out.lines) == start:
         out.lines.append(" " * inner + "pass")
+
+
+def _fail_if_missing(out: _Source, indent: int, var: str, required: list[str]) -> None:
+    """``required``: return False when ``var`` lacks a name (each already in ``out.names``)."""
+    for name in required:
+        out.fail_if(indent, f"{name} not in {var}")
 
 
 def _emit_block(out: _Source, schema: Any, var: str, indent: int, depth: int | None) -> None:

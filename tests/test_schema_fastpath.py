@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from amplifier_tools import ToolHost
-from amplifier_tools.schema import MAX_INT_BITS, MAX_JSON_DEPTH, PLAIN_JSON, CompiledSchema, is_plain_json
+from amplifier_tools.schema import (
+    MAX_INT_BITS,
+    MAX_JSON_DEPTH,
+    PLAIN_JSON,
+    CompiledSchema,
+    compile_validator,
+    is_plain_json,
+)
 from amplifier_tools.schema_fastpath import PlainJSON, compile_check, generate_check, generate_plain_check
 
 scalars = (
@@ -346,3 +354,74 @@ def test_a_keyword_whose_type_is_already_tested_needs_no_guard_of_its_own(schema
     for value in (good, bad, None, 1, "a", [], {}, True):
         assert plain(value) == validator.is_valid(value), value
     assert plain(good) and not plain(bad)
+
+
+DRAFT_04 = "http://json-schema.org/draft-04/schema#"
+DRAFT_03 = "http://json-schema.org/draft-03/schema#"
+
+
+@pytest.mark.parametrize("dialect", [DRAFT_04, DRAFT_03])
+@pytest.mark.parametrize("schema, value", [
+    ({"type": "object", "properties": {"a": {"$schema": "{d}", "type": "integer"}}}, {"a": 1.0}),
+    ({"type": "object", "additionalProperties": {"$schema": "{d}", "type": "integer"}}, {"b": 2.0}),
+    ({"type": "object", "properties": {"a": {"type": "array", "items": {"$schema": "{d}", "type": "integer"}}}},
+     {"a": [1, 1.0]}),
+    ({"type": "object", "properties": {"a": {"oneOf": [{"$schema": "{d}", "type": "integer"}, {"type": "string"}]}}},
+     {"a": 3.0}),
+])
+def test_a_subschema_naming_an_older_draft_is_left_to_jsonschema(dialect: str, schema: dict[str, Any],
+                                                                  value: Any) -> None:
+    """jsonschema validates a subschema by the draft its own ``$schema`` names, and drafts 3 and 4
+    count no float as an integer: such a schema gets no fast path, so ``1.0`` is refused as
+    jsonschema refuses it (the fast path once accepted it, and ``accepts_plain`` skipped jsonschema)."""
+    schema = json.loads(json.dumps(schema).replace("{d}", dialect))
+    assert compile_check(schema) is None and generate_plain_check(schema, PLAIN_JSON) is None
+    validator = compile_validator(schema, owner="t", which="input")
+    assert not validator.accepts_plain(value)
+    assert not validator.is_valid(value)
+
+
+@pytest.mark.parametrize("dialect", ["http://json-schema.org/draft-07/schema#",
+                                     "https://json-schema.org/draft/2020-12/schema", "urn:example:draft-07"])
+def test_a_subschema_naming_a_draft_of_the_subset_keeps_the_fast_path(dialect: str) -> None:
+    """A nested ``$schema`` of draft 6 or later (or a URI jsonschema does not know, which keeps the
+    enclosing draft) changes nothing the fast path tests: the schema is still compiled."""
+    schema = {"type": "object", "properties": {"a": {"$schema": dialect, "type": "integer"}}}
+    validator = compile_validator(schema, owner="t", which="input")
+    assert validator.accepts_plain({"a": 1.0}) and validator.is_valid({"a": 1.0})
+    assert not validator.accepts_plain({"a": 1.5})
+
+
+class SwapsItself(str):
+    """A key hashing and comparing as ``"x"`` whose ``__eq__``, once a lookup asks it, puts a plain
+    ``"x"`` in its place and a NaN into a part of the value already checked."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        owner, checked = SWAP_TARGETS
+        if self in list(owner):
+            del owner[self]
+            owner["x"] = 1
+            checked.append(float("nan"))
+        return True
+
+
+SWAP_TARGETS: list[Any] = []
+
+
+def test_the_plain_predicate_looks_names_up_only_after_its_walk() -> None:
+    """``required`` asks the dict for each name, which runs a stored key's ``__eq__``: a key that
+    then swapped itself for a plain one and put a NaN into an array checked before left a value
+    that is not JSON data vouched for (found by attack). The walk, which refuses a key that is not
+    an exact ``str``, now comes first, so no code of the value's runs."""
+    schema = {"type": "object", "properties": {"a": {"type": "array"},
+                                               "b": {"type": "object", "required": ["x"]}}}
+    checked: list[Any] = []
+    owner: dict[Any, Any] = {SwapsItself("x"): 1}
+    SWAP_TARGETS[:] = [owner, checked]
+    value = {"a": checked, "b": owner}
+    validator = compile_validator(schema, owner="t", which="input")
+    assert not validator.accepts_plain(value)
+    assert checked == [] and [type(key) for key in owner] == [SwapsItself]  # its __eq__ never ran
+    assert not is_plain_json(value)
