@@ -9,13 +9,12 @@ block of ``bytes`` characters).
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from typing import Any
 
 import mcp_types as types
-import uvicorn
 from mcp.server.lowlevel import Server
+from serve_on_free_port import serve_on_free_port
 
 TOOLS = [
     types.Tool(name="add", description="Add two integers.",
@@ -39,15 +38,7 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
 async def main() -> None:
     app = Server("bare-http", version="2.0.0", on_list_tools=list_tools, on_call_tool=call_tool) \
         .streamable_http_app(streamable_http_path="/mcp", host="127.0.0.1")
-    sock = socket.create_server(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
-    while not server.started:
-        if serving.done():
-            serving.result()
-        await asyncio.sleep(0.01)
-    print(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)
-    await serving
+    await serve_on_free_port(app)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ With ``http-deaf``: Streamable HTTP as with ``http``, except that a POST carryin
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import time
 from typing import Any
@@ -80,19 +79,10 @@ def deaf_to_cancellations(app: Any) -> Any:
 
 
 async def main_http(deaf: bool = False) -> None:
-    import uvicorn
+    from serve_on_free_port import serve_on_free_port
 
-    sock = socket.create_server(("127.0.0.1", 0))
     app = server.streamable_http_app()
-    http = uvicorn.Server(uvicorn.Config(deaf_to_cancellations(app) if deaf else app, log_level="warning",
-                                         lifespan="on", timeout_graceful_shutdown=1))
-    serving = asyncio.ensure_future(http.serve(sockets=[sock]))
-    while not http.started:
-        if serving.done():
-            serving.result()
-        await asyncio.sleep(0.01)
-    print(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)
-    await serving
+    await serve_on_free_port(deaf_to_cancellations(app) if deaf else app, timeout_graceful_shutdown=1)
 
 
 if __name__ == "__main__":
