@@ -839,13 +839,16 @@ class ToolHost:
         call_id: str | None = None,
     ) -> ToolResult:
         """Run one call through the whole pipeline. Never raises on a bad call."""
-        call = ToolCall(call_id or new_call_id(), name, {} if arguments is None else arguments)
+        given_id = call_id or new_call_id()
+        if arguments is None:
+            arguments = {}
         pipeline = self._pipeline
         if pipeline is not None and context is None and asyncio.get_running_loop() is self._loop \
                 and _process_id == self._pid:
             # the common call: nothing for ``execute`` to check, and no id to check when the host made it
-            return await pipeline.run(call, self._default_context, not call_id)
-        return await self._execute(call, context, not call_id)
+            # (nor a ``ToolCall`` to make: the pipeline makes it once a hook will see it)
+            return await pipeline.run(given_id, name, arguments, self._default_context, not call_id, self._loop)
+        return await self._execute(ToolCall(given_id, name, arguments), context, not call_id)
 
     async def execute(self, call: ToolCall, context: ToolContext | None = None) -> ToolResult:
         """Run a ``ToolCall`` through the whole pipeline. Never raises on a bad call."""
@@ -884,7 +887,9 @@ class ToolHost:
                 **problem.details, "type": problem.category, "code": problem.code, "message": problem.message,
                 "retryable": False, "cause": None, "tool": getattr(call, "name", None), "call_id": call_id},
                 {}, call_id)
-        return await pipeline.run(call, self._default_context if context is None else self._own(context), own_id)
+        return await pipeline.run(call.id, call.name, call.arguments,
+                                  self._default_context if context is None else self._own(context), own_id,
+                                  self._loop, call)  # the running loop: ``_elsewhere`` found it the host's
 
     def _own(self, context: ToolContext) -> ToolContext:
         """``context`` as a call of this host runs with it: with the host's session id when it has
@@ -986,7 +991,8 @@ class ContextCaller:
         call_id = new_call_id()
         if on_id is not None:
             on_id(call_id)
-        call = ToolCall(call_id, name, {} if arguments is None else arguments)
+        if arguments is None:
+            arguments = {}
         if self._table is not None:  # as ``_own`` does at every call: the table may have grown
             host.secrets.update(value for value in self._table.values() if isinstance(value, str))
         pipeline = host._pipeline
@@ -994,8 +1000,9 @@ class ContextCaller:
                 and _process_id == host._pid:
             values = host.secrets.values
             if values is self._checked or self._still_fine(values):
-                return await pipeline.run(call, self.context, True)
-        return await host._execute(call, self.context, True)  # refused there, as by ``call``
+                return await pipeline.run(call_id, name, arguments, self.context, True, host._loop)
+        # refused there, as by ``call``
+        return await host._execute(ToolCall(call_id, name, arguments), self.context, True)
 
     def _still_fine(self, values: frozenset[str]) -> bool:
         """Whether the context is one ``call`` takes, now that the host's secrets are ``values``."""
