@@ -144,6 +144,10 @@ class CallPipeline:
                 call_id, call = new_call_id(), None
             ctx = context.for_call(call_id)
             mounted = self.tools.resolve(name) if isinstance(name, str) else None
+            if mounted is not None and name != mounted.spec.name:
+                # hooks and records always see the canonical name: a call refused below (its id, a
+                # closing host) too (found by attack: its audit record named the model-facing one)
+                name, call = mounted.spec.name, None
             kept_output: Any = None
             scanned: Any = None  # the output object already scrubbed before tool_post
             scanned_with: frozenset[str] = frozenset()  # the secrets it was scrubbed of
@@ -160,15 +164,14 @@ class CallPipeline:
                 if mounted is None:
                     raise self._unknown_tool(name)
                 spec = mounted.spec
-                if name != spec.name:  # hooks and records always see the canonical name
-                    name, call = spec.name, None
                 mounted.check_arguments(arguments)
                 if events:
                     call = _made(call, call_id, name, arguments)
                     await self.hooks.tool_event("tool:pre", event_data(call, ctx))
                 if "tool_pre" in (self.hooks.present() if events else present):  # re-asked after an awaited observer
-                    call = await self.hooks.tool_pre(_made(call, call_id, name, arguments), spec, ctx,
-                                                     mounted.check_arguments)
+                    # made before the chain: one it stops (a Deny) ends with the call it saw, not a copy
+                    call = _made(call, call_id, name, arguments)
+                    call = await self.hooks.tool_pre(call, spec, ctx, mounted.check_arguments)
                     arguments = call.arguments  # a Modify's
                 for ref in spec.security.secret_refs:  # resolving registers the value host-wide
                     ctx.secret(ref)
