@@ -146,36 +146,56 @@ else:  # pragma: no cover - exercised by the py310 tox env
         return False, awaitable
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
-        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeLimitExceeded``).
+        """Await ``awaitable``, cancelling it after ``seconds`` (``TimeLimitExceeded``, also when
+        the awaitable answered that cancellation with another exception, chained to it; a value it
+        returned despite the cancellation is returned, as ``asyncio.timeout`` returns it on 3.11).
 
-        ``wait_for`` runs it in a task of its own, so here the whole coroutine must run there: a
-        first step taken in the caller's task would split it across two tasks. ``wait_for``'s own
-        ``asyncio.TimeoutError`` is told from one the awaitable raised by the clock: only once
-        ``seconds`` have passed can it be the timer's.
+        The whole coroutine runs in a task of its own (``run``): a first step taken in the caller's
+        task would split it across two tasks. Not ``wait_for``: on 3.10 it returns the run's result
+        when the run ends just as the caller is cancelled, and the caller's cancellation is lost
+        (bpo-42130; found by attack: a call cancelled as its tool finished returned its result).
+        ``asyncio.wait`` never swallows one. An ``asyncio.TimeoutError`` the awaitable raised
+        itself, the limit not run out, passes through as it is.
 
-        A second cancellation while ``wait_for`` waits for the run it cancelled ends that wait,
-        not the run (a tool that ignores cancellation): the run is then waited for to its end, each
-        further cancellation passed on to it, as 3.11's ``asyncio.timeout`` in the caller's own task
-        does (found by attack: the call was recorded and its concurrency slot given back while the
-        tool went on running)."""
+        A second cancellation while the cut run is waited for ends that wait, not the run (a tool
+        that ignores cancellation): the run is waited for to its end, each further cancellation
+        passed on to it, as 3.11's ``asyncio.timeout`` in the caller's own task does (found by
+        attack: the call was recorded and its concurrency slot given back while the tool went on
+        running)."""
         if seconds is None:
             return await awaitable
-        loop = asyncio.get_running_loop()
-        ends = loop.time() + seconds - 0.001  # the loop may run a timer up to its clock resolution early
         run = asyncio.ensure_future(awaitable)
         try:
-            return await asyncio.wait_for(run, seconds)
+            done, _ = await asyncio.wait((run,), timeout=seconds)
         except asyncio.CancelledError:
-            while not run.done():
-                try:
-                    await asyncio.wait((run,))
-                except asyncio.CancelledError:
-                    run.cancel()
+            await _run_to_end(run)
             raise
-        except Exception as exc:  # as above; ``asyncio.TimeoutError`` is no ``TimeoutError`` before 3.11
-            if loop.time() >= ends:
-                raise TimeLimitExceeded(seconds) from None if isinstance(exc, asyncio.TimeoutError) else exc
-            raise
+        if done:
+            return run.result()
+        if await _run_to_end(run):  # the caller was cancelled while the cut run ended
+            raise asyncio.CancelledError
+        try:
+            return run.result()
+        except asyncio.CancelledError:
+            raise TimeLimitExceeded(seconds) from None
+        except Exception as exc:
+            raise TimeLimitExceeded(seconds) from None if isinstance(exc, asyncio.TimeoutError) else exc
+
+    async def _run_to_end(run: asyncio.Future[Any]) -> bool:
+        """Cancel ``run`` and wait until it has ended, passing each cancellation of the caller on
+        to it; whether there was one. Its outcome is marked seen (no "exception was never
+        retrieved" for a run the caller no longer wants)."""
+        run.cancel()
+        cancelled = False
+        while not run.done():
+            try:
+                await asyncio.wait((run,))
+            except asyncio.CancelledError:
+                cancelled = True
+                run.cancel()
+        if not run.cancelled():
+            run.exception()
+        return cancelled
 
 
 #: The fields of a denial's error and trail entry the host sets itself: a ``Deny``'s ``details``

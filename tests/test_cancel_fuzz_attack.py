@@ -734,7 +734,7 @@ async def test_close_amid_50_calls_with_random_cancels(tmp_path: Path, seed: int
 
 
 async def test_a_second_cancel_does_not_leave_a_tool_that_ignores_cancellation_running(tmp_path: Path) -> None:
-    """Found by attack on 3.10, where a tool under a timeout runs in ``wait_for``'s own task: a
+    """Found by attack on 3.10, where a tool under a timeout runs in a task of its own: a
     second cancellation ended ``wait_for``'s wait for the run it had cancelled, so the call was
     recorded and its concurrency slot given back while the tool went on running (a second call
     then ran beside it, over the cap of 1). Now the call ends when the tool does, as on 3.11+."""

@@ -19,7 +19,7 @@ async def instant() -> str:
     return "done"
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10's wait_for runs the whole coroutine in a task")
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 runs the whole coroutine in a task of its own")
 async def test_a_coroutine_that_never_suspends_arms_no_timer() -> None:
     loop = asyncio.get_running_loop()
     before = len(loop._scheduled)  # type: ignore[attr-defined]
@@ -84,3 +84,37 @@ async def test_the_caller_cancelling_reaches_the_coroutine() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert cleaned.is_set()
+
+
+@pytest.mark.parametrize("ends", ["returns", "raises"])
+async def test_a_cancellation_arriving_as_the_run_ends_is_not_lost(ends: str) -> None:
+    """The caller is cancelled in the same turn of the loop as the run finishes: the caller's
+    cancellation wins, on every version (CPython 3.10's ``wait_for`` returned the run's result
+    and lost it: bpo-42130, found by attack)."""
+    release = asyncio.Event()
+
+    async def work() -> str:
+        await release.wait()
+        if ends == "raises":
+            raise ValueError("late")
+        return "done"
+
+    task = asyncio.ensure_future(run_with_timeout(work(), 10.0))
+    for _ in range(3):
+        await asyncio.sleep(0)  # the run is waiting for the release
+    release.set()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_a_run_that_returns_despite_its_cut_gives_its_value() -> None:
+    """As 3.11's ``asyncio.timeout``: a run that answers the limit's cancellation by returning."""
+    async def stubborn() -> str:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return "kept"
+        return "slept"
+
+    assert await run_with_timeout(stubborn(), 0.02) == "kept"

@@ -54,7 +54,7 @@ class Raises:
 #: Before 3.11 a tool under a timeout runs in ``wait_for``'s own task, and asyncio stops the event
 #: loop on a ``SystemExit`` or ``KeyboardInterrupt`` raised in a task (documented limit).
 _IN_A_TASK_OF_ITS_OWN = pytest.mark.skipif(sys.version_info < (3, 11),
-                                           reason="3.10 runs a tool under a timeout in wait_for's own task")
+                                           reason="3.10 runs a tool under a timeout in a task of its own")
 
 
 class LibraryStop(BaseException):
