@@ -138,7 +138,7 @@ class CallPipeline:
         try:
             requests = _cancel_requests(task) if COUNTS_CANCELS else 0  # requests pending when the call began
             started = time.perf_counter()
-            call = given  # the ToolCall hooks see, once made (``_call_of``)
+            call = given  # the ToolCall hooks see, once made (``_made``)
             refused = None if own_id else identifier_problem(call_id, self.secrets)
             if refused is not None:  # a call id the host cannot keep: the call runs under one of the host's
                 call_id, call = new_call_id(), None
@@ -352,9 +352,9 @@ class CallPipeline:
 
     def _begin(self, mounted: MountedTool, call_id: str, arguments: Any, ctx: ToolContext) -> ToolResult | _Started:
         """Start one run of the tool with ``arguments`` (the call's, checked) under ``call_id``:
-        its result if it finished without waiting (no timer, no
-        coroutine of the host's own), else the run as ``_Started``, to be awaited under the
-        limit. Raises the ``ToolError`` the run ended with."""
+        its result if it finished without waiting (no timer, no coroutine of the host's own), else
+        the run as ``_Started``, to be awaited under the limit. Raises the ``ToolError`` the run
+        ended with."""
         timeout = mounted.spec.policies.timeout_ms
         seconds = timeout / 1000.0 if timeout is not None else self.default_timeout
         by_deadline = False  # the caller's deadline, not the tool's timeout, bounds this run

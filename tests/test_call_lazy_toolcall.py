@@ -257,6 +257,23 @@ async def test_a_retried_call_runs_each_attempt_with_the_modified_arguments(
 
 # -- hooks arriving and leaving mid-call ---------------------------------------------------------
 
+async def test_a_hook_registered_mid_call_on_a_host_with_none_sees_the_whole_call(host_factory: Any) -> None:
+    """A host with no call hook makes no ``ToolCall`` for a call; one registered while the tool
+    runs still gets the caller's id, the canonical name (called by the model-facing one) and the
+    arguments, in ``tool_post`` and ``tool_complete`` alike."""
+    tool = Demo()
+    host = await host_factory(ToolsPlugin(tool))
+    task = asyncio.ensure_future(host.call("demo_slow", {"how": "ok"}, call_id="call_mine_1"))
+    await tool.started.wait()
+    watcher = Watcher()
+    host.plugin_manager.register(watcher, name="watcher")
+    tool.release.set()
+    result = await task
+    assert result.success and result.tool_call_id == "call_mine_1"
+    call = ToolCall("call_mine_1", "local::demo.slow", {"how": "ok"})
+    assert watcher.calls == [("tool_post", call), ("tool_complete", call)]
+
+
 async def test_a_hook_registered_from_another_thread_mid_call_sees_the_call(host_factory: Any) -> None:
     tool = Demo()
     host = await host_factory(ToolsPlugin(tool))
