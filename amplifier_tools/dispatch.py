@@ -125,19 +125,35 @@ if sys.version_info >= (3, 11):
         """Await ``awaitable``, cancelling it after ``seconds`` (``TimeLimitExceeded``, also when
         the awaitable answered that cancellation with another exception, chained to it); the timer
         is armed only once a coroutine actually suspends. A ``TimeoutError`` the awaitable raised
-        itself, the limit not run out, passes through as it is."""
+        itself, the limit not run out, passes through as it is.
+
+        The limit and a cancellation of the caller can reach the task in the same turn of the loop:
+        the awaitable is thrown one ``CancelledError`` for both. One that answers it by returning or
+        failing has swallowed the caller's too, and ``asyncio.timeout`` withdraws only its own: the
+        caller's still counted (``Task.cancelling``), ``CancelledError`` is raised for it, never the
+        value or ``TimeLimitExceeded`` (found by attack: a ``tool_pre`` hook returning a default when
+        cut let a cancelled call run its tool). Does not cover: before CPython 3.12.3 a task group
+        inside the awaitable whose child failed leaves a cancellation counted that nobody requested
+        (gh-116720); cut by the limit as well, that awaitable is taken for cancelled."""
         if seconds is None:
             return await awaitable
         finished, rest = _first_step(awaitable)
         if finished:
             return rest
+        task = asyncio.current_task()
+        requests = task.cancelling() if task is not None else 0
         try:
             async with asyncio.timeout(seconds) as limit:
-                return await rest
+                out = await rest
         except Exception as exc:  # the limit ran out, whatever the awaitable answered its cancellation with
             if limit.expired():
+                if task is not None and task.cancelling() > requests:
+                    raise asyncio.CancelledError from exc  # the caller's, arrived with the cut
                 raise TimeLimitExceeded(seconds) from None if isinstance(exc, TimeoutError) else exc
             raise
+        if task is not None and task.cancelling() > requests and limit.expired():
+            raise asyncio.CancelledError  # the caller's, arrived with the cut the awaitable answered
+        return out
 
 else:  # pragma: no cover - exercised by the py310 tox env
 

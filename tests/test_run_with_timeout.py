@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -118,3 +119,37 @@ async def test_a_run_that_returns_despite_its_cut_gives_its_value() -> None:
         return "slept"
 
     assert await run_with_timeout(stubborn(), 0.02) == "kept"
+
+
+async def _cut_and_cancelled_in_one_turn(run: Any, started: asyncio.Event) -> asyncio.Future[Any]:
+    """Start ``run``; once it waits, block the loop until both its limit (20 ms) and a caller's
+    cancellation (armed just after) are due, so the two reach its task in the same turn."""
+    task = asyncio.ensure_future(run)
+    await started.wait()
+    asyncio.get_running_loop().call_later(0.02, task.cancel)
+    time.sleep(0.08)  # blocks the loop: both timers fire in the loop's next turn
+    return task
+
+
+@pytest.mark.parametrize("answer", ["returns", "raises"])
+async def test_a_run_that_swallows_its_cut_does_not_swallow_the_callers_cancellation(answer: str) -> None:
+    """The limit and the caller's cancellation reach the run in the same turn of the loop; the run
+    catches the one ``CancelledError`` it is thrown and returns (or fails). The caller's
+    cancellation stands: ``CancelledError``, not the run's value nor ``TimeLimitExceeded``. Found by
+    attack on CPython 3.11, where the run shares the caller's task: a tool_pre hook that answered
+    its hook timeout with a default returned it, and the cancelled call ran its tool."""
+    started = asyncio.Event()
+
+    async def stubborn() -> str:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            if answer == "raises":
+                raise ValueError("cut") from None
+            return "kept"
+        return "slept"
+
+    task = await _cut_and_cancelled_in_one_turn(run_with_timeout(stubborn(), 0.02), started)
+    with pytest.raises(asyncio.CancelledError):
+        await task
