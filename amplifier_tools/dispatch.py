@@ -767,35 +767,39 @@ class HookDispatcher:
         cancellation of the caller (the answer: whether one arrived), within the plugin's hook
         timeout; its exception, its own cancellation or the timeout is the plugin's failure
         (``HookFailure``). A future needs no task to run in, unlike a coroutine
-        (``finish_despite_cancel``): waiting for the audit record's fsync took one per call."""
+        (``finish_despite_cancel``): waiting for the audit record's fsync took one per call.
+
+        The wait is for ``wake``, a future of this wait's own that the observer's future, once
+        done, and the timeout set (never cancel), so every ``CancelledError`` thrown into it is
+        the caller's, on every version (found by review: the timeout cancelled the wait, and a
+        cancellation of the caller arriving in the same turn of the loop was taken for it and lost:
+        the cancelled caller got the call's result)."""
         cancelled = expired = False
         if not future.done():
-            waiting: asyncio.Future[Any] | None = None
+            loop = asyncio.get_running_loop()
+            wake = loop.create_future()
+
+            def ring(_: object = None) -> None:
+                if not wake.done():
+                    wake.set_result(None)
 
             def expire() -> None:
                 nonlocal expired
                 expired = True
-                if waiting is not None:
-                    waiting.cancel()
+                ring()
 
-            timer = asyncio.get_running_loop().call_later(impl.timeout, expire) \
-                if impl.timeout is not None else None
+            future.add_done_callback(ring)
+            timer = loop.call_later(impl.timeout, expire) if impl.timeout is not None else None
             try:
-                while not future.done():
-                    waiting = asyncio.shield(future)  # a cancellation cancels this, never ``future``
+                while not (future.done() or expired):
                     try:
-                        await waiting
+                        await wake
                     except asyncio.CancelledError:
-                        if expired:
-                            break
-                        if future.done() and not (sys.version_info >= (3, 11) and being_cancelled()):
-                            break  # the future's own cancellation (the plugin's failure, below), not the caller's
                         cancelled = True  # the caller's: keep waiting, then honour it
-                    except BaseException as raised:
-                        if thrown_in(raised):  # the awaiting coroutine is being closed
-                            raise
-                        break  # the future's own: raised below, as the plugin's failure
+                        if wake.cancelled():  # the cancellation cancelled ``wake`` itself: a new one
+                            wake = loop.create_future()
             finally:
+                future.remove_done_callback(ring)
                 if timer is not None:
                     timer.cancel()
             if not future.done():

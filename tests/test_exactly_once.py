@@ -1185,3 +1185,23 @@ async def test_a_cancellation_arriving_with_a_swallowed_cut_is_honoured(tmp_path
         assert audit_records(host) == Counter({"sw1": 1})
         assert audit_record(host, "sw1")["error"]["code"] == "cancelled"
         assert not any(held_resources(host).values())
+
+
+async def test_a_cancellation_arriving_as_a_tool_complete_future_times_out_is_honoured(tmp_path: Path) -> None:
+    """A ``tool_complete`` observer's future outlives its hook timeout, and the caller's cancellation
+    arrives in the same turn of the loop: the observer's failure is recorded, and the caller still
+    gets ``CancelledError`` (found by review of the cut-and-cancel class: the one ``CancelledError``
+    the wait was thrown was taken for the timeout's, and the cancelled caller got the result)."""
+    futures, last = FutureObserver(), Last()
+    config = {"plugins": {"futures": {"hook_timeout_ms": 20}}}
+    async with ToolHost(config=config, plugins=[ToolsPlugin(Sleeps()), futures, last], builtins=["audit"],
+                        entry_points=False, working_dir=tmp_path, discover=False) as host:
+        call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="f3"))
+        while not futures.futures:
+            await asyncio.sleep(0)
+        asyncio.get_running_loop().call_later(0.02, call.cancel)
+        time.sleep(0.08)  # blocks the loop: the observer's timeout and the cancellation are due in one turn
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert last.seen == ["f3"]
+        assert audit_record(host, "f3")["error"]["code"] == "hook_timeout"
