@@ -44,15 +44,7 @@ from typing import Any, Final
 
 from .amplifier_hooks import event_data, result_data
 from .content import canonical_base64, withhold_redacted
-from .dispatch import (
-    HookDispatcher,
-    TimeLimitExceeded,
-    being_cancelled,
-    finish_despite_cancel,
-    first_step,
-    run_with_timeout,
-    thrown_in,
-)
+from .dispatch import HookDispatcher, being_cancelled, finish_despite_cancel, thrown_in
 from .errors import ContractError, ExecutionError, PolicyError, ToolError, ToolSystemError
 from .models import MAX_CALL_ID, Decision, ToolCall, ToolContext, ToolResult, identifier_problem, new_call_id
 from .redaction import SecretSet, chain_without_secrets, redact
@@ -60,6 +52,7 @@ from .registry import MountedTool, ToolRegistry
 from .results import error_dict, error_from_exception, error_from_result, normalize_result
 from .retry import retry_allowed, run_with_retries
 from .spec import ToolSpec
+from .timeouts import TimeLimitExceeded, first_step, run_with_timeout
 
 log = logging.getLogger("amplifier_tools")
 
@@ -275,7 +268,7 @@ class CallPipeline:
         if self._idle is None or self._idle.is_set():  # shared by every close() waiting at once
             self._idle = asyncio.Event()                # (found by attack: a second one left the first waiting)
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            await run_with_timeout(self._idle.wait(), timeout)
         except (asyncio.TimeoutError, TimeoutError):
             return not self.in_flight
         return True

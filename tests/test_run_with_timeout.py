@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from amplifier_tools.dispatch import run_with_timeout
+from amplifier_tools.timeouts import run_with_timeout
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
 

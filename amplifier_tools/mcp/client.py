@@ -37,6 +37,7 @@ from ..errors import ConfigError, ContractError, ExecutionError, PolicyError, To
 from ..models import ToolContext, ToolResult, output_text
 from ..redaction import SecretSet, redact_text
 from ..spec import ToolSpec
+from ..timeouts import TimeLimitExceeded, run_with_timeout
 from .cancels import LetGoCancels
 from .confinement import sandbox_wrap, server_cwd
 from .contract import build_spec
@@ -162,7 +163,7 @@ class ServerConnection:
         self._stop = asyncio.Event()
         self._task = asyncio.create_task(self._run(ready, self._stop), name=f"mcp-server-{self.name}")
         try:
-            await asyncio.wait_for(asyncio.shield(ready), self.settings.startup_timeout_ms / 1000.0)
+            await run_with_timeout(asyncio.shield(ready), self.settings.startup_timeout_ms / 1000.0)
         except BaseException as exc:
             if not ready.done() and self._task is not None:  # still starting: stop it now (close() would
                 self._task.cancel()                             # wait its whole bound for the start to end)
@@ -172,7 +173,7 @@ class ServerConnection:
                 # was never retrieved, and asyncio logged "Future exception was never retrieved")
                 if ready.done() and not ready.cancelled():
                     ready.exception()  # retrieved: the start's own failure is what is raised below
-            if isinstance(exc, asyncio.TimeoutError):
+            if isinstance(exc, TimeLimitExceeded):
                 raise ExecutionError(
                     f"MCP server {self.name!r} did not start within "
                     f"{self.settings.startup_timeout_ms:g} ms", code="mcp_start_timeout") from None

@@ -38,6 +38,7 @@ import attrs
 
 from ...spawning import for_loop, retry_racing
 from ...termination import KILL_WAIT, Others, kill_group, signal_group, signal_pids
+from ...timeouts import run_with_timeout
 from .capture import StreamCapture
 
 DRAIN_AFTER_EXIT: Final = 2.0  # how long to wait for pipe EOF once the group is gone
@@ -191,14 +192,14 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
         if cancelled:
             raise asyncio.CancelledError
         try:  # the deadline starts once the process exists, not before the spawn
-            await asyncio.wait_for(protocol.exited.wait(), timeout)
+            await run_with_timeout(protocol.exited.wait(), timeout)
         except (asyncio.TimeoutError, TimeoutError):
             outcome.timed_out = True
         # Whatever is left of the group (background children, or everything on timeout) goes now.
         outcome.killed_group = await kill_group(pgid, 0.0 if not outcome.timed_out else grace, others)
         await protocol.exited.wait()
         try:  # writers are dead; what is still in the pipes arrives now (unless an escapee holds them)
-            await asyncio.wait_for(protocol.closed.wait(), DRAIN_AFTER_EXIT)
+            await run_with_timeout(protocol.closed.wait(), DRAIN_AFTER_EXIT)
         except (asyncio.TimeoutError, TimeoutError):
             pass
     except BaseException:  # cancellation: nothing may survive the call
@@ -214,7 +215,7 @@ async def run(argv: Sequence[str], *, env: dict[str, str], cwd: str, timeout: fl
 async def _cancelled_cleanup(pgid: int, grace: float, protocol: _Protocol, others: Others | None) -> None:
     try:
         await kill_group(pgid, grace, others)
-        await asyncio.wait_for(protocol.exited.wait(), KILL_WAIT)
+        await run_with_timeout(protocol.exited.wait(), KILL_WAIT)
     except BaseException:  # cancelled again, or the wait ran out: kill without further waiting
         signal_group(pgid, signal.SIGKILL)
         if others is not None:
