@@ -109,11 +109,17 @@ if sys.version_info >= (3, 11):
         try:
             async with asyncio.timeout(seconds) as limit:
                 out = await rest
-        except Exception as exc:  # the limit ran out, whatever the awaitable answered its cancellation with
+        except (asyncio.CancelledError, KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:  # the limit ran out, whatever the awaitable answered its cancellation with
             if limit.expired():
                 if task is not None and task.cancelling() > requests:
-                    raise asyncio.CancelledError from exc  # the caller's, arrived with the cut
-                raise TimeLimitExceeded(seconds) from None if isinstance(exc, TimeoutError) else exc
+                    # the caller's, arrived with the cut; also when answered with an exception that is
+                    # no ``Exception`` (found by attack: a ``SystemExit``, a library's own
+                    # ``BaseException``, lost it, and after a ``tool_pre`` hook the tool ran)
+                    raise asyncio.CancelledError from exc
+                if isinstance(exc, Exception):
+                    raise TimeLimitExceeded(seconds) from None if isinstance(exc, TimeoutError) else exc
             raise
         if task is not None and task.cancelling() > requests and limit.expired():
             raise asyncio.CancelledError  # the caller's, arrived with the cut the awaitable answered

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -1123,85 +1122,3 @@ async def test_a_cancelled_call_sends_tool_event_observers_its_tool_error_event(
             await task
     assert events.seen == [("tool:pre", "c1", None), ("tool:error", "c1", "cancelled")]
 
-
-class AnswersItsCut:
-    """An async ``tool_pre`` hook that answers its hook timeout's cancellation with a default."""
-
-    name = "answers_cut"
-
-    def __init__(self) -> None:
-        self.waiting = asyncio.Event()
-
-    @hookimpl
-    async def tool_pre(self, call: Any) -> None:
-        self.waiting.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            return None
-
-
-class SwallowsItsCut:
-    name = "swallows_cut"
-    description = "Waits, and answers a cancellation with a success."
-
-    def __init__(self) -> None:
-        self.waiting = asyncio.Event()
-
-    async def execute(self, input: dict[str, Any]) -> ToolResult:
-        self.waiting.set()
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            return ToolResult(True, "kept")
-        return ToolResult(True, "slept")
-
-
-@pytest.mark.parametrize("cut", ["tool_pre hook", "tool"])
-async def test_a_cancellation_arriving_with_a_swallowed_cut_is_honoured(tmp_path: Path, cut: str) -> None:
-    """A hook or tool answers its time limit's cancellation with a value, and the caller's
-    cancellation reaches the call's task in the same turn of the loop: the caller gets
-    ``CancelledError``, the call is recorded once as cancelled, and after a tool_pre hook the tool
-    never starts. Found by attack on CPython 3.11 (the hook runs in the caller's task): the
-    cancelled call went on to run its tool and returned a success."""
-    hook, sleeps, tool = AnswersItsCut(), Sleeps(), SwallowsItsCut()
-    plugins: list[Any] = [ToolsPlugin(sleeps, tool), Counting()]
-    config: dict[str, Any] = {"plugins": {}, "tools": {"swallows_cut": {"policies": {"timeout_ms": 20}}}}
-    if cut == "tool_pre hook":
-        plugins.append(hook)
-        config["plugins"]["answers_cut"] = {"hook_timeout_ms": 20}
-        name, arguments, waiting = "sleeps", {"seconds": 0}, hook.waiting
-    else:
-        name, arguments, waiting = "swallows_cut", {}, tool.waiting
-    async with ToolHost(config=config, plugins=plugins, builtins=["policy", "audit"], entry_points=False,
-                        working_dir=tmp_path, discover=False) as host:
-        task = asyncio.ensure_future(host.call(name, arguments, call_id="sw1"))
-        await waiting.wait()
-        asyncio.get_running_loop().call_later(0.02, task.cancel)
-        time.sleep(0.08)  # blocks the loop: both the limit and the cancellation are due in one turn
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        assert sleeps.started == 0
-        assert audit_records(host) == Counter({"sw1": 1})
-        assert audit_record(host, "sw1")["error"]["code"] == "cancelled"
-        assert not any(held_resources(host).values())
-
-
-async def test_a_cancellation_arriving_as_a_tool_complete_future_times_out_is_honoured(tmp_path: Path) -> None:
-    """A ``tool_complete`` observer's future outlives its hook timeout, and the caller's cancellation
-    arrives in the same turn of the loop: the observer's failure is recorded, and the caller still
-    gets ``CancelledError`` (found by review of the cut-and-cancel class: the one ``CancelledError``
-    the wait was thrown was taken for the timeout's, and the cancelled caller got the result)."""
-    futures, last = FutureObserver(), Last()
-    config = {"plugins": {"futures": {"hook_timeout_ms": 20}}}
-    async with ToolHost(config=config, plugins=[ToolsPlugin(Sleeps()), futures, last], builtins=["audit"],
-                        entry_points=False, working_dir=tmp_path, discover=False) as host:
-        call = asyncio.ensure_future(host.call("sleeps", {"seconds": 0}, call_id="f3"))
-        while not futures.futures:
-            await asyncio.sleep(0)
-        asyncio.get_running_loop().call_later(0.02, call.cancel)
-        time.sleep(0.08)  # blocks the loop: the observer's timeout and the cancellation are due in one turn
-        with pytest.raises(asyncio.CancelledError):
-            await call
-        assert last.seen == ["f3"]
-        assert audit_record(host, "f3")["error"]["code"] == "hook_timeout"

@@ -121,15 +121,6 @@ async def test_a_run_that_returns_despite_its_cut_gives_its_value() -> None:
     assert await run_with_timeout(stubborn(), 0.02) == "kept"
 
 
-async def _cut_and_cancelled_in_one_turn(run: Any, started: asyncio.Event) -> asyncio.Future[Any]:
-    """Start ``run``; once it waits, block the loop until both its limit (20 ms) and a caller's
-    cancellation (armed just after) are due, so the two reach its task in the same turn."""
-    task = asyncio.ensure_future(run)
-    await started.wait()
-    asyncio.get_running_loop().call_later(0.02, task.cancel)
-    time.sleep(0.08)  # blocks the loop: both timers fire in the loop's next turn
-    return task
-
 
 @pytest.mark.parametrize("answer", ["returns", "raises"])
 async def test_a_run_that_swallows_its_cut_does_not_swallow_the_callers_cancellation(answer: str) -> None:
@@ -137,10 +128,15 @@ async def test_a_run_that_swallows_its_cut_does_not_swallow_the_callers_cancella
     catches the one ``CancelledError`` it is thrown and returns (or fails). The caller's
     cancellation stands: ``CancelledError``, not the run's value nor ``TimeLimitExceeded``. Found by
     attack on CPython 3.11, where the run shares the caller's task: a tool_pre hook that answered
-    its hook timeout with a default returned it, and the cancelled call ran its tool."""
+    its hook timeout with a default returned it, and the cancelled call ran its tool.
+
+    The run arms the caller's cancellation in the step before its 20 ms limit is armed, and the test
+    then blocks the loop: both are due in the loop's next turn, whatever the machine's load."""
     started = asyncio.Event()
+    caller: list[asyncio.Future[Any]] = []
 
     async def stubborn() -> str:
+        asyncio.get_running_loop().call_later(0.02, caller[0].cancel)
         started.set()
         try:
             await asyncio.sleep(10)
@@ -150,6 +146,8 @@ async def test_a_run_that_swallows_its_cut_does_not_swallow_the_callers_cancella
             return "kept"
         return "slept"
 
-    task = await _cut_and_cancelled_in_one_turn(run_with_timeout(stubborn(), 0.02), started)
+    caller.append(asyncio.ensure_future(run_with_timeout(stubborn(), 0.02)))
+    await started.wait()
+    time.sleep(0.08)  # blocks the loop: both timers fire in its next turn
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await caller[0]
