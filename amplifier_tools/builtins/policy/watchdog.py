@@ -16,6 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
+
+if sys.version_info >= (3, 11):
+
+    def _requests(task: asyncio.Task[object]) -> int:
+        """The cancellation requests standing on ``task``."""
+        return task.cancelling()
+
+else:  # pragma: no cover - exercised by the py310 tox env
+
+    def _requests(task: asyncio.Task[object]) -> int:
+        """Not counted before CPython 3.11."""
+        return 0
 
 
 class Watchdog:
@@ -24,8 +37,10 @@ class Watchdog:
     __slots__ = ("_at", "_due", "_expired", "_handle")
 
     def __init__(self) -> None:
-        self._due: dict[asyncio.Task[object], float] = {}
-        self._expired: set[asyncio.Task[object]] = set()
+        #: Task -> (its deadline, its cancellation requests standing when it entered).
+        self._due: dict[asyncio.Task[object], tuple[float, int]] = {}
+        #: Tasks the watchdog cancelled -> their requests standing when they entered.
+        self._expired: dict[asyncio.Task[object], int] = {}
         self._handle: asyncio.TimerHandle | None = None
         self._at = math.inf
 
@@ -33,7 +48,7 @@ class Watchdog:
         """Bound ``task``'s next awaits by ``deadline`` (``loop.time()`` clock) until ``leave``."""
         if task in self._due:
             raise RuntimeError("a task is in one bounded operation at a time")
-        self._due[task] = deadline
+        self._due[task] = (deadline, _requests(task))
         if deadline < self._at:
             self._arm(deadline)
 
@@ -43,11 +58,15 @@ class Watchdog:
         ``CancelledError``. On 3.11+ the watchdog's cancellation is withdrawn from the task's
         count, as ``asyncio.timeout`` does; a cancellation from elsewhere still propagates."""
         self._due.pop(task, None)
-        if task not in self._expired:
+        before = self._expired.pop(task, None)
+        if before is None:
             return False
-        self._expired.discard(task)
         uncancel = getattr(task, "uncancel", None)  # Python 3.11+
-        return uncancel is None or uncancel() == 0
+        # Compared with the requests standing when the operation began, as ``asyncio.timeout`` does:
+        # one left over from earlier (a cancellation caught and never withdrawn, a task group's on
+        # CPython before 3.12.3) is no cancellation of this operation (found by review: compared
+        # with zero, such a task's expiry was raised as a cancellation, not the store's error).
+        return uncancel is None or uncancel() <= before
 
     def _arm(self, deadline: float) -> None:
         if self._handle is not None:
@@ -59,11 +78,11 @@ class Watchdog:
         self._handle, self._at = None, math.inf
         now = asyncio.get_running_loop().time()
         earliest = math.inf
-        for task, deadline in list(self._due.items()):
+        for task, (deadline, before) in list(self._due.items()):
             if deadline <= now:
                 del self._due[task]
                 if not task.done():
-                    self._expired.add(task)
+                    self._expired[task] = before
                     task.cancel()
             elif deadline < earliest:
                 earliest = deadline
