@@ -128,7 +128,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised by the py310 tox env
 
     def first_step(awaitable: Any) -> tuple[bool, Any]:
-        """Takes no step: ``wait_for`` must run the whole coroutine in its own task."""
+        """Takes no step: ``run_with_timeout`` runs the whole coroutine in a task of its own."""
         return False, awaitable
 
     async def run_with_timeout(awaitable: Any, seconds: float | None) -> Any:
