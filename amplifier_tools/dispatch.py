@@ -59,6 +59,12 @@ def thrown_in(exc: BaseException) -> bool:
 _OWN_FIELDS: Final = frozenset({"plugin", "hook", "action", "reason", "code", "message"})
 
 
+def _seen(future: asyncio.Future[Any]) -> None:
+    """A done callback marking ``future``'s exception retrieved (a future no one waits for any more)."""
+    if not future.cancelled():
+        future.exception()
+
+
 def _denial(impl: Impl, hook: str, deny: Deny, context: ToolContext) -> ToolError:
     """The error a plugin's ``Deny`` ends the call with, recorded in the trail as ``deny``.
 
@@ -643,6 +649,11 @@ class HookDispatcher:
                 if timer is not None:
                     timer.cancel()
             if not future.done():
+                # Given up on, never cancelled: its outcome, when it comes, is seen here (found by
+                # attack: a future failing after its wait timed out, as the audit's fsync wait does
+                # when the fsync fails late, kept an exception nobody retrieved; asyncio logs "Future
+                # exception was never retrieved" once such a future is collected).
+                future.add_done_callback(_seen)
                 raise self._failure_meanwhile(impl, TimeLimitExceeded(impl.timeout), cancelled)
         if future.cancelled():
             raise self._failure_meanwhile(impl, _OwnCancellation("its future was cancelled"), cancelled)
