@@ -50,6 +50,7 @@ from .dispatch import (
     PluginManager,
     PluginSettings,
     being_cancelled,
+    finish_despite_cancel,
     thrown_in,
     works_for,
 )
@@ -408,10 +409,17 @@ class ToolHost:
         awaiting it, then cut it and run the cleanups before the call was recorded (found by attack:
         15 s, and the record lost). ``asyncio.ensure_future(host.close())`` closes the host once
         the call has ended.
+
+        Cancelled itself (``task.cancel()``, Ctrl-C under ``asyncio.run``), it still finishes: the
+        calls' grace ends at once (as ``grace_ms=0``), they are cut and recorded, every cleanup runs
+        in a task of its own, then ``CancelledError`` is raised (found by attack: it ended where it
+        was, the host half-closed and no cleanup run). A cleanup that never returns holds it, as
+        it holds an uncancelled ``close()``.
         """
         starting = self._starting
         if starting is not None and not starting.is_set() and self._starter is not asyncio.current_task():
             await starting.wait()  # a start under way ends first (found by attack: it then mounted on a closed host)
+        cancelled = False
         pipeline = self._pipeline
         elsewhere = self._elsewhere("close() was awaited") if pipeline is not None else None
         if elsewhere is not None:
@@ -427,13 +435,17 @@ class ToolHost:
             pipeline.closing = True
             configured = self.config.get("shutdown_grace_ms", DEFAULT_SHUTDOWN_GRACE_MS)
             grace = (configured if grace_ms is None else grace_ms) / 1000.0
-            if not await pipeline.wait_idle(grace):
-                count = pipeline.cut_in_flight()
-                log.warning("closing: cancelled %d call(s) still running after shutdown_grace_ms", count)
-                # Cut calls record themselves through their hooks, each bounded by its hook timeout.
-                if not await pipeline.wait_idle(self.dispatcher.default_timeout or 10.0):
-                    log.error("closing: %d call(s) did not finish recording; cleanups run anyway",
-                              len(pipeline.in_flight))
+            try:
+                idle = await pipeline.wait_idle(grace)
+            except asyncio.CancelledError:
+                # This close() cancelled while calls finish: their grace ends now, as with grace_ms=0;
+                # they are cut and recorded and the cleanups run, then the cancellation is raised
+                # (found by attack: a cancelled close() left the host half-closed, its calls running
+                # on and no cleanup run, the audit writer's among them).
+                cancelled, idle = True, False
+            if not idle:
+                _, late = await finish_despite_cancel(self._end_calls(pipeline, cancelled))
+                cancelled = cancelled or late
         self._pipeline = None
         if pipeline is not None:
             self._closed = True
@@ -444,7 +456,25 @@ class ToolHost:
             return  # a cleanup closing its own host: the close running it goes on with the rest
         while self._cleaning is not None:
             await self._cleaning.wait()
-        self._cleaning, self._cleaner = asyncio.Event(), asyncio.current_task()
+        # In a task of their own, which nobody cancels: a cancellation of this close() is raised once
+        # every cleanup has run, never between two of them.
+        self._cleaning, self._cleaner = asyncio.Event(), None  # taken before the task runs: a second close waits
+        _, late = await finish_despite_cancel(self._run_cleanups())
+        if cancelled or late:
+            raise asyncio.CancelledError
+
+    async def _end_calls(self, pipeline: CallPipeline, cancelled: bool) -> None:
+        """Cut the calls still in flight and wait while they record themselves."""
+        count = pipeline.cut_in_flight()
+        log.warning("closing: cancelled %d call(s) still running %s", count,
+                    "as close() was cancelled" if cancelled else "after shutdown_grace_ms")
+        # Cut calls record themselves through their hooks, each bounded by its hook timeout.
+        if not await pipeline.wait_idle(self.dispatcher.default_timeout or 10.0):
+            log.error("closing: %d call(s) did not finish recording; cleanups run anyway", len(pipeline.in_flight))
+
+    async def _run_cleanups(self) -> None:
+        """Run the cleanups, last registered first; a failure is logged and the next one runs."""
+        self._cleaner = asyncio.current_task()
         try:
             while self.cleanups:
                 plugin, cleanup = self.cleanups.pop()
@@ -465,6 +495,7 @@ class ToolHost:
                     log.error("cleanup of plugin %r failed", plugin,
                               exc_info=chain_without_secrets(exc, self.secrets))
         finally:
+            assert self._cleaning is not None
             self._cleaning.set()
             self._cleaning = self._cleaner = None
 
