@@ -410,11 +410,11 @@ class ToolHost:
         15 s, and the record lost). ``asyncio.ensure_future(host.close())`` closes the host once
         the call has ended.
 
-        Cancelled itself (``task.cancel()``, Ctrl-C under ``asyncio.run``), it still finishes: the
-        calls' grace ends at once (as ``grace_ms=0``), they are cut and recorded, every cleanup runs
-        in a task of its own, then ``CancelledError`` is raised (found by attack: it ended where it
-        was, the host half-closed and no cleanup run). A cleanup that never returns holds it, as
-        it holds an uncancelled ``close()``.
+        Cancelled while calls use their grace (``task.cancel()``, Ctrl-C under ``asyncio.run``), it
+        still finishes: the grace ends at once (as ``grace_ms=0``), the calls are cut and recorded,
+        the cleanups run, then ``CancelledError`` is raised (found by attack: it ended where it was,
+        the host half-closed and no cleanup run). Cleanups run in the task of ``close()``: a second
+        cancellation while they run stops them, as it stops any awaited code.
         """
         starting = self._starting
         if starting is not None and not starting.is_set() and self._starter is not asyncio.current_task():
@@ -456,11 +456,11 @@ class ToolHost:
             return  # a cleanup closing its own host: the close running it goes on with the rest
         while self._cleaning is not None:
             await self._cleaning.wait()
-        # In a task of their own, which nobody cancels: a cancellation of this close() is raised once
-        # every cleanup has run, never between two of them.
-        self._cleaning, self._cleaner = asyncio.Event(), None  # taken before the task runs: a second close waits
-        _, late = await finish_despite_cancel(self._run_cleanups())
-        if cancelled or late:
+        # In this task, as ever: a cleanup may exit what its mount entered in it (an anyio scope, an
+        # exit stack), and a cleanup that hangs can still be cut. Another cancellation arriving while
+        # they run stops them, as before.
+        await self._run_cleanups()
+        if cancelled:
             raise asyncio.CancelledError
 
     async def _end_calls(self, pipeline: CallPipeline, cancelled: bool) -> None:
@@ -474,7 +474,7 @@ class ToolHost:
 
     async def _run_cleanups(self) -> None:
         """Run the cleanups, last registered first; a failure is logged and the next one runs."""
-        self._cleaner = asyncio.current_task()
+        self._cleaning, self._cleaner = asyncio.Event(), asyncio.current_task()
         try:
             while self.cleanups:
                 plugin, cleanup = self.cleanups.pop()
@@ -495,7 +495,6 @@ class ToolHost:
                     log.error("cleanup of plugin %r failed", plugin,
                               exc_info=chain_without_secrets(exc, self.secrets))
         finally:
-            assert self._cleaning is not None
             self._cleaning.set()
             self._cleaning = self._cleaner = None
 
