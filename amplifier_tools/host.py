@@ -441,7 +441,12 @@ class ToolHost:
                 # This close() cancelled while calls finish: their grace ends now, as with grace_ms=0;
                 # they are cut and recorded and the cleanups run, then the cancellation is raised
                 # (found by attack: a cancelled close() left the host half-closed, its calls running
-                # on and no cleanup run, the audit writer's among them).
+                # on and no cleanup run, the audit writer's among them). Withdrawn while it finishes, as
+                # asyncio.timeout withdraws what it handles: a request left standing made a cleanup's own
+                # CancelledError read as this close()'s, and the cleanups after it were skipped.
+                current = asyncio.current_task()
+                if current is not None and sys.version_info >= (3, 11):
+                    current.uncancel()
                 cancelled, idle = True, False
             if not idle:
                 _, late = await finish_despite_cancel(self._end_calls(pipeline, cancelled))

@@ -346,3 +346,46 @@ async def test_a_cancelled_close_still_cuts_records_and_cleans_up_then_raises(wo
     assert result.error["code"] == "host_closing"
     assert [r["call_id"] for r in _records(work) if r.get("kind") == "call"] == ["w1"]
     assert (await host.call("quick", {"x": 1})).error["code"] == "host_closing"
+
+
+class RaisesCancelledInCleanup:
+    """A plugin whose cleanup raises ``CancelledError`` of its own (something it awaited was cancelled)."""
+
+    name = "raises_cancelled"
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        self.log = log
+
+    @hookimpl
+    def mount(self, coordinator: Any, config: Any) -> Any:
+        async def cleanup() -> None:
+            self.log.append(("start", self.name))
+            raise asyncio.CancelledError
+
+        return cleanup
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 cannot tell a cleanup's own CancelledError apart")
+async def test_a_cancelled_close_takes_a_cleanups_own_cancelled_error_for_its_failure(work: Path) -> None:
+    """After ``close()`` caught its own cancellation (in the grace), a cleanup raising
+    ``CancelledError`` itself is that cleanup's failure and the cleanups after it still run. Found
+    by review: the caught request was left standing on the task, so the cleanup's error read as a
+    second cancellation of close(), and the later cleanups (the audit writer's last) were skipped."""
+    log: list[tuple[str, str]] = []
+    waits = Waits()
+    host = ToolHost(config={"state_dir": str(work / "state"), "shutdown_grace_ms": 30_000},
+                    plugins=[ToolsPlugin(Quick(), waits), SlowCleanup("first", 0.01, log),
+                             RaisesCancelledInCleanup(log)],
+                    builtins=["audit", "policy"], entry_points=False, working_dir=work / "work", discover=False)
+    await host.start()
+    call = asyncio.ensure_future(host.call("waits", {}, call_id="w2"))
+    await waits.running.wait()
+    closing = asyncio.ensure_future(host.close())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert log == [("start", "raises_cancelled"), ("start", "first"), ("end", "first")]
+    assert (await call).error["code"] == "host_closing"
+    assert [r["call_id"] for r in _records(work) if r.get("kind") == "call"] == ["w2"]
