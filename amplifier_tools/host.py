@@ -280,6 +280,8 @@ class ToolHost:
         self._closed = False
         #: Set once the host's one ``start`` has ended (None: never begun); the task running it.
         self._starting: asyncio.Event | None = None
+        #: A ``close()`` awaited while the start was under way was cancelled: the start closes the host.
+        self._close_when_started = False
         self._starter: asyncio.Task[Any] | None = None
         #: The event loop the host's calls run on, and the process it was started in (``_elsewhere``).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -352,6 +354,8 @@ class ToolHost:
         finally:
             self._starting.set()
             self._starter = None
+        if self._close_when_started:  # a close() awaited meanwhile was cancelled: it is done here
+            await self.close()
 
     async def _start(self) -> None:
         """``start``'s work, run once."""
@@ -402,7 +406,8 @@ class ToolHost:
         A cleanup failure (any exception but ``KeyboardInterrupt``) is logged and the next cleanup
         still runs. Two ``close()`` at once: one runs
         the cleanups, the other returns once they have all run. Awaited while ``start`` is
-        under way, it waits for that start to end, then closes what it started.
+        under way, it waits for that start to end, then closes what it started; cancelled while it
+        waits, it raises ``CancelledError`` at once and the start closes the host when it ends.
 
         Awaited from inside one of this host's own calls (a tool or a hook), it raises
         ``ToolSystemError`` ``close_inside_call`` and changes nothing: it would wait for the call
@@ -418,7 +423,14 @@ class ToolHost:
         """
         starting = self._starting
         if starting is not None and not starting.is_set() and self._starter is not asyncio.current_task():
-            await starting.wait()  # a start under way ends first (found by attack: it then mounted on a closed host)
+            try:
+                await starting.wait()  # a start under way ends first (found by attack: it mounted on a closed host)
+            except asyncio.CancelledError:
+                # The start may take long (a slow mount): the cancellation is honoured now and the close
+                # left to the start, which closes the host once it has ended (found by attack: the start
+                # went on and left the host open, its cleanups never run, although close() was awaited).
+                self._close_when_started = True
+                raise
         cancelled = False
         pipeline = self._pipeline
         elsewhere = self._elsewhere("close() was awaited") if pipeline is not None else None

@@ -389,3 +389,65 @@ async def test_a_cancelled_close_takes_a_cleanups_own_cancelled_error_for_its_fa
     assert log == [("start", "raises_cancelled"), ("start", "first"), ("end", "first")]
     assert (await call).error["code"] == "host_closing"
     assert [r["call_id"] for r in _records(work) if r.get("kind") == "call"] == ["w2"]
+
+
+class MountRecorder:
+    """A plugin whose ``mount`` takes a while and whose cleanup says it ran."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.cleaned = False
+
+    @hookimpl
+    async def mount(self, coordinator: Any, config: Any) -> None:
+        coordinator.register_cleanup(self._cleanup)
+        await asyncio.sleep(0.2)
+
+    def _cleanup(self) -> None:
+        self.cleaned = True
+
+
+async def test_a_close_cancelled_while_the_start_is_under_way_still_leaves_the_host_closed(work: Path) -> None:
+    recorder = MountRecorder()
+    host = _host(work, recorder)
+    starting = asyncio.ensure_future(host.start())
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(host.close())
+    await asyncio.sleep(0.05)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing  # the cancellation is honoured at once: the start may take long
+    await starting
+    # Was: the start went on and left the host started and open, its plugins' cleanups never run,
+    # although close() had been awaited.
+    assert not host.started
+    assert recorder.cleaned
+    result = await host.call("quick", {"x": 1})
+    assert result.error is not None and result.error["code"] == "host_closing"
+    await host.close()  # closing again is harmless
+
+
+async def test_a_close_cancelled_while_a_failing_start_is_under_way_leaves_its_error_to_the_start(
+        work: Path) -> None:
+    class FailingMount(SlowMount):
+        name = "failing"
+
+        @hookimpl
+        async def mount(self, coordinator: Any, config: Any) -> None:
+            await asyncio.sleep(0.2)
+            raise RuntimeError("no mount today")
+
+    host = ToolHost(config={"state_dir": str(work / "state")},
+                    plugins=[ToolsPlugin(Quick()), FailingMount()], builtins=["audit"], entry_points=False,
+                    working_dir=work / "work", discover=False)
+    starting = asyncio.ensure_future(host.start())
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(host.close())
+    await asyncio.sleep(0.05)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    with pytest.raises(Exception, match="no mount today"):
+        await starting
+    assert not host.started
