@@ -23,6 +23,7 @@ import operator
 import sys
 import weakref
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar, Token
 from typing import Any, Final
 
 import attrs
@@ -323,12 +324,35 @@ class _OwnCancellation(Exception):
     """A hook raised ``CancelledError`` although its task was not cancelled."""
 
 
+#: The task a call, start or close runs in, with the cancellation requests it found pending there
+#: when it began (CPython 3.11+; set only when there were some): ``being_cancelled`` counts beyond them.
+_PENDING_BEFORE: ContextVar[tuple[asyncio.Task[Any], int] | None] = ContextVar("_PENDING_BEFORE", default=None)
+
+
 if sys.version_info >= (3, 11):
 
     def being_cancelled() -> bool:
-        """Whether the current task has a cancellation request pending."""
+        """Whether the current task has a cancellation request pending that arrived since the call,
+        start or close running in it began (``counting_from_here``). A request already pending then
+        is not this work's cancellation: a cancel caught and never withdrawn, or one a ``TaskGroup``
+        whose child failed left behind before CPython 3.12.3 (gh-116720). Found by review: with one
+        standing, a tool's or hook's own ``CancelledError`` was taken for the caller's cancellation,
+        and ``host.call`` raised it into a caller nobody had cancelled."""
         task = asyncio.current_task()
-        return task is None or task.cancelling() > 0
+        if task is None:
+            return True
+        requests = task.cancelling()
+        if not requests:
+            return False
+        before = _PENDING_BEFORE.get()
+        return before is None or before[0] is not task or requests > before[1]
+
+    def counting_from_here(task: asyncio.Task[Any] | None) -> Token[Any] | None:
+        """Make ``being_cancelled`` count only the cancellation requests of ``task`` beyond those
+        pending as work begins in it, until ``stop_counting`` of what this returns (``None`` when
+        none were pending: one call to ``Task.cancelling``)."""
+        requests = task.cancelling() if task is not None else 0
+        return count_beyond(task, requests) if requests else None
 
 else:  # pragma: no cover - exercised by the py310 tox env
 
@@ -338,6 +362,22 @@ else:  # pragma: no cover - exercised by the py310 tox env
         an async ``tool_error`` hook or ``tool_complete`` observer raising ``CancelledError`` made
         ``host.call`` raise it, and the call was never recorded)."""
         return asyncio.current_task() not in _UNCANCELLED
+
+    def counting_from_here(task: asyncio.Task[Any] | None) -> Token[Any] | None:
+        """3.10 counts no cancellation requests: ``None``."""
+        return None
+
+
+def count_beyond(task: Any, requests: int) -> Token[Any]:
+    """Make ``being_cancelled`` in ``task`` count only the cancellation requests beyond ``requests``
+    (those pending as a call, start or close began in it), until ``stop_counting`` of the token."""
+    return _PENDING_BEFORE.set((task, requests))
+
+
+def stop_counting(token: Token[Any] | None) -> None:
+    """End what ``counting_from_here`` began (nothing for ``None``)."""
+    if token is not None:
+        _PENDING_BEFORE.reset(token)
 
 
 #: ``finish_despite_cancel``'s tasks before 3.11 (``being_cancelled``): those tasks alone, not the

@@ -50,7 +50,9 @@ from .dispatch import (
     PluginManager,
     PluginSettings,
     being_cancelled,
+    counting_from_here,
     finish_despite_cancel,
+    stop_counting,
     thrown_in,
     works_for,
 )
@@ -349,9 +351,11 @@ class ToolHost:
                                   code="host_closed")
         self._starting = asyncio.Event()
         self._starter = asyncio.current_task()
+        counting = counting_from_here(self._starter)  # a cancellation pending already is not the start's
         try:
             await self._start()
         finally:
+            stop_counting(counting)
             self._starting.set()
             self._starter = None
         if self._close_when_started:  # a close() awaited meanwhile was cancelled: it is done here
@@ -419,8 +423,19 @@ class ToolHost:
         still finishes: the grace ends at once (as ``grace_ms=0``), the calls are cut and recorded,
         the cleanups run, then ``CancelledError`` is raised (found by attack: it ended where it was,
         the host half-closed and no cleanup run). Cleanups run in the task of ``close()``: a second
-        cancellation while they run stops them, as it stops any awaited code.
+        cancellation while they run stops them, as it stops any awaited code. A cancellation already
+        requested when ``close()`` began (``async with host:`` left by a cancellation, a close in an
+        ``except CancelledError`` block) is not one of this close (CPython 3.11+): a cleanup's own
+        ``CancelledError`` is then its failure, and the cleanups after it run.
         """
+        counting = counting_from_here(asyncio.current_task())
+        try:
+            await self._close(grace_ms)
+        finally:
+            stop_counting(counting)
+
+    async def _close(self, grace_ms: float | None) -> None:
+        """``close``'s work."""
         starting = self._starting
         if starting is not None and not starting.is_set() and self._starter is not asyncio.current_task():
             try:

@@ -44,7 +44,14 @@ from typing import Any, Final
 
 from .amplifier_hooks import event_data, result_data
 from .content import canonical_base64, withhold_redacted
-from .dispatch import HookDispatcher, being_cancelled, finish_despite_cancel, thrown_in
+from .dispatch import (
+    HookDispatcher,
+    being_cancelled,
+    count_beyond,
+    finish_despite_cancel,
+    stop_counting,
+    thrown_in,
+)
 from .errors import ContractError, ExecutionError, PolicyError, ToolError, ToolSystemError
 from .models import MAX_CALL_ID, Decision, ToolCall, ToolContext, ToolResult, identifier_problem, new_call_id
 from .redaction import SecretSet, chain_without_secrets, redact
@@ -58,15 +65,14 @@ log = logging.getLogger("amplifier_tools")
 
 _SWALLOWED_NOTE: Final = "the call was cancelled, and the tool or a hook caught the cancellation and went on"
 
+#: Whether a task counts its cancellation requests (``Task.cancelling``): CPython 3.11+.
+COUNTS_REQUESTS: Final = sys.version_info >= (3, 11)
+
 #: Whether a swallowed cancellation can be told (``_swallowed``): from CPython 3.12.3. Before, the
 #: call sites skip asking (two calls a call fewer, ≈ 4 % of the bare host's time on 3.11).
 COUNTS_CANCELS: Final = sys.version_info >= (3, 12, 3)
 
 if sys.version_info >= (3, 11) and sys.version_info >= (3, 12, 3):  # (3, 11): for mypy
-
-    def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
-        """How many cancellations of ``task`` are requested and not yet withdrawn (``uncancel``)."""
-        return task.cancelling() if task is not None else 0
 
     def _swallowed(ctx: ToolContext, task: asyncio.Task[Any] | None, requests: int) -> bool:
         """Whether the call's task was cancelled and the tool or a hook caught the ``CancelledError``
@@ -81,15 +87,11 @@ if sys.version_info >= (3, 11) and sys.version_info >= (3, 12, 3):  # (3, 11): f
 
 else:  # pragma: no cover - exercised by the py310 and py311 tox envs
 
-    def _cancel_requests(task: asyncio.Task[Any] | None) -> int:
-        """Not counted reliably before CPython 3.12.3: a ``TaskGroup`` whose child failed while it
-        waited for them cancelled its task and never withdrew it (gh-116720; found by attack: a
-        tool that handled its own task group's failure was reported cancelled). A swallowed
-        cancellation cannot be told from that leftover, so it is not looked for."""
-        return 0
-
     def _swallowed(ctx: ToolContext, task: asyncio.Task[Any] | None, requests: int) -> bool:
-        """Never seen before CPython 3.12.3 (``_cancel_requests``)."""
+        """Never seen before CPython 3.12.3: a ``TaskGroup`` whose child failed while it waited for
+        them cancelled its task and never withdrew it (gh-116720; found by attack: a tool that
+        handled its own task group's failure during the call was reported cancelled). A swallowed
+        cancellation cannot be told from that leftover, so it is not looked for."""
         return False
 
 
@@ -128,8 +130,12 @@ class CallPipeline:
         ``in_flight`` around the body cost a coroutine per call."""
         number = next(self._numbers)
         task = self.in_flight[number] = asyncio.current_task(loop)
+        counting = None
         try:
-            requests = _cancel_requests(task) if COUNTS_CANCELS else 0  # requests pending when the call began
+            # requests pending when the call began: not this call's (``being_cancelled`` counts beyond them)
+            requests = task.cancelling() if COUNTS_REQUESTS and task is not None else 0  # type: ignore[attr-defined]
+            if requests:
+                counting = count_beyond(task, requests)
             started = time.perf_counter()
             call = given  # the ToolCall hooks see, once made (``_made``)
             refused = None if own_id else identifier_problem(call_id, self.secrets)
@@ -256,6 +262,8 @@ class CallPipeline:
             # A cancellation arriving in here is honoured only once every tool_complete observer has run.
             return await self._observed(_made(call, call_id, name, arguments), mounted, ctx, result, number, requests)
         finally:
+            if counting is not None:
+                stop_counting(counting)
             del self.in_flight[number]
             self.cut.discard(number)
             if self._idle is not None and not self.in_flight:
