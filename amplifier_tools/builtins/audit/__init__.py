@@ -297,8 +297,14 @@ class AuditPlugin:
         writer = self.writer
         if writer is None:
             return False
+        altered: list[str] = []
         record = {"v": SCHEMA_VERSION, "kind": "event", "ts": timestamp(), "event": event,
-                  "data": redact(encodable(data, []), secrets=self.secrets, patterns=self.settings.redact_patterns)}
+                  "data": redact(encodable(data, altered), secrets=self.secrets,
+                                 patterns=self.settings.redact_patterns)}
+        if altered:  # as a call's record says it (found by attack: the notes were dropped)
+            record["altered"] = redact([note.replace("/", "/data/", 1) if note.startswith("/") else note
+                                        for note in altered],
+                                       secrets=self.secrets, patterns=self.settings.redact_patterns)
         try:
             writer.append(encode_record(record))
         except AuditWriteError as exc:

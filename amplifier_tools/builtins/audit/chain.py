@@ -343,6 +343,12 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
             return failed(None, None, f"the log was {what}: the anchor says {head.records} record(s) in "
                                       f"{head.size} bytes ending in {head.hash[:16]}…, the file has {have} bytes")
         after = count - anchored_at
+        if head.closed and torn and not after:
+            # No writer ran after the close to be killed mid-write: the bytes were appended since (the
+            # writer's next start calls them tampering; found by attack: verify passed them as torn).
+            count, prev = anchored_at, head.hash
+            return failed(files[-1], anchored_line + 1, "an incomplete line follows the end its last writer "
+                                                        "closed the log at: appended while no writer ran")
         if head.closed and after:  # the first of them named (found by attack: no line was)
             count, prev = anchored_at, head.hash  # what verified: the chain up to the closed end
             return failed(files[-1], anchored_line + 1, f"{after} record(s) follow the end its last writer "

@@ -138,6 +138,7 @@ def _anchor_without_log(path: Path) -> str | None:
     attack: the log replaced by an empty directory, or deleted and its directory verified, passed
     as "0 records"; with rotated files beside it, the last of them was taken for the live file and
     its missing anchor reported instead of the deleted log)."""
+    path = Path(os.path.abspath(path))  # ``.`` has no name to put ``.anchor`` after (found by attack: ValueError)
     if path.is_dir() and anchor_path(path).is_file():
         return f"the log {path} is a directory, not the file its anchor ({anchor_path(path)}) was written for"
     orphans = sorted(anchor for anchor in path.glob("*.jsonl.anchor")

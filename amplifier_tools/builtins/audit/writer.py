@@ -200,6 +200,8 @@ class AuditWriter:
         #: otherwise (the audit plugin's fail_closed / fail_open), or None to resolve it.
         self.judge_failure: Callable[[AuditWriteError], BaseException | None] = lambda error: error
         self._retired: list[int] = []
+        #: The encoded ``tamper`` record of a fresh segment, until it is written (``_fresh_segment``).
+        self._pending_tamper: bytes | None = None
         self._stop = False
         with self._lock:
             try:
@@ -339,6 +341,15 @@ class AuditWriter:
         with self._lock:
             if self._stop:
                 return
+            if self._pending_tamper is not None and self._fd is not None:
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX)
+                    try:
+                        self._write_pending_tamper()
+                    finally:
+                        self._unlock()
+                except OSError as exc:
+                    log.error("audit log %s: the tamper record is still not written: %s", self.path, exc)
             if self.checkpoint_key is not None and self._fd is not None:
                 try:
                     fcntl.flock(self._fd, fcntl.LOCK_EX)
@@ -729,18 +740,37 @@ class AuditWriter:
                                       "moved_to": moved}
             if trusted is not None:
                 record["trusted"] = {"hash": trusted.hash, "records": trusted.records, "size": trusted.size}
-            self._write_line(fd, encode_body(record))
-            if self.checkpoint_key is not None:  # signed at once: only a writer with the key starts a
-                self._write_checkpoint()           # segment that others join (``_join``); anchors it too
-            else:
-                self._write_anchor()
+            # Kept until written: a fresh segment never starts with anything but its ``tamper`` record
+            # (found by attack: with the disk full when the tampering was found, the tamper record's
+            # write failed, the next call's record became the segment's first, and nothing was
+            # reported: the live log verified, the tampering visible only in the file set aside).
+            self._pending_tamper = encode_body(record)
+            try:
+                self._write_pending_tamper()
+            except OSError:  # reported all the same: the record is written before the next one
+                self._report_tamper(reason, moved)
+                raise
         finally:
             if old is not None:
                 self._retire(old)
+        self._report_tamper(reason, moved)
+
+    def _report_tamper(self, reason: str, moved: str | None) -> None:
         log.error("audit log tampering: %s; a fresh segment was started%s", reason,
                   f", the untrusted file was kept as {moved}" if moved else "")
         if self.on_tamper is not None:
             self.on_tamper(reason, moved)
+
+    def _write_pending_tamper(self) -> None:
+        """Write the fresh segment's ``tamper`` record (``_fresh_segment``), signed (with a key) or
+        anchored; until it is written, every append tries it first."""
+        assert self._fd is not None and self._pending_tamper is not None
+        self._write_line(self._fd, self._pending_tamper)
+        self._pending_tamper = None
+        if self.checkpoint_key is not None:  # signed at once: only a writer with the key starts a
+            self._write_checkpoint()           # segment that others join (``_join``); anchors it too
+        else:
+            self._write_anchor()
 
     def _inode_on_path(self) -> int | None:
         try:
@@ -805,6 +835,8 @@ class AuditWriter:
                     self._catch_up()
                 except _Tampered as tampered:
                     self._fresh_segment(tampered.reason)
+            if self._pending_tamper is not None:
+                self._write_pending_tamper()
             fd = self._fd
             assert fd is not None
             self._write_line(fd, body)
@@ -1036,8 +1068,8 @@ class AuditWriter:
         """At close: anchor our head marked ``closed`` if the file still ends there, so records
         appended before the next writer adopts the log read as tampering (and are never signed)."""
         head, fd = self._head, self._fd
-        if head is None or fd is None or self._dir_fd is None:
-            return
+        if head is None or fd is None or self._dir_fd is None or self._pending_tamper is not None:
+            return  # (a fresh segment whose tamper record is unwritten keeps the old anchor: tampering still)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -1052,7 +1084,7 @@ class AuditWriter:
     def _anchor_if_current(self) -> None:
         """From the thread (under the lock): anchor our head if the file still ends there."""
         head, fd = self._head, self._fd
-        if head is None or fd is None or self._anchored == (head.inode, head.size):
+        if head is None or fd is None or self._anchored == (head.inode, head.size) or self._pending_tamper is not None:
             return
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:

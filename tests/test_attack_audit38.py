@@ -1,0 +1,153 @@
+"""Attacks on the audit log's tamper evidence (audit38, 2026-12-02).
+
+1. A disk full at the moment the writer finds tampering: the fresh segment's ``tamper`` record
+   could not be written, the next call's record became the segment's first, nothing was reported
+   (no stderr line, no ``audit:tamper`` event) and the live log verified — the tampering visible
+   only in the file set aside. Reproduced for real on a 64 KiB tmpfs; here the ENOSPC is injected.
+2. An incomplete line appended after the end a writer *closed* the log at: ``verify`` passed it as
+   a torn tail ("a writer was killed mid-write") while the next writer calls the same bytes
+   tampering — no writer ran to be killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_audit_trust import TamperEvents, anchor_of, call, lines, log_path, make
+
+from amplifier_tools.builtins.audit import writer as writer_module
+from amplifier_tools.builtins.audit.chain import read_anchor, verify
+
+
+@pytest.mark.parametrize("mode", ["fail_open", "fail_closed"])
+async def test_a_full_disk_when_tampering_is_found_never_loses_the_tamper_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], mode: str) -> None:
+    events = TamperEvents()
+    host = await make(tmp_path, events=events, mode=mode)
+    log = log_path(tmp_path)
+    try:
+        for i in range(3):
+            assert (await call(host, f"t{i}")).success
+        with open(log, "ab") as handle:  # a forged line that does not chain
+            handle.write(b'{"forged":1}\n')
+        real_write = os.write
+        full = {"on": True}
+
+        def write(fd: int, data: bytes) -> int:  # the disk is full while the tamper record is written
+            if full["on"] and b'"kind":"tamper"' in bytes(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_write(fd, data)
+
+        monkeypatch.setattr(writer_module.os, "write", write)
+        await call(host, "during-full")
+        full["on"] = False  # space freed
+        for i in range(2):
+            await call(host, f"after{i}")
+        await asyncio.sleep(0.1)  # the audit:tamper event is emitted from a task
+    finally:
+        await host.close()
+    records = lines(log)
+    assert records[0]["kind"] == "tamper", [r.get("kind") for r in records]
+    assert "TAMPERING" in capsys.readouterr().err
+    assert events.events, "no audit:tamper event"
+    assert not verify(log, head=read_anchor(anchor_of(tmp_path))).ok
+
+
+async def test_an_incomplete_line_after_a_closed_end_fails_verify(tmp_path: Path) -> None:
+    host = await make(tmp_path)
+    try:
+        for i in range(3):
+            assert (await call(host, f"t{i}")).success
+    finally:
+        await host.close()
+    log = log_path(tmp_path)
+    with open(log, "ab") as handle:  # appended while no writer ran; no newline, so it reads as "torn"
+        handle.write(b'{"forged":"appended after the close"')
+    report = verify(log, head=read_anchor(anchor_of(tmp_path)))
+    assert not report.ok, report
+    assert report.records == 3 and report.bad_line == 4
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cli = subprocess.run([sys.executable, "-m", "amplifier_tools", "audit", "verify", str(log)],
+                         capture_output=True, text=True, env=environ, timeout=120)
+    assert cli.returncode != 0, cli.stdout
+    # ...and the writer agrees: the next start calls the same bytes tampering.
+    host = await make(tmp_path)
+    try:
+        await call(host, "restart")
+        assert host is not None
+    finally:
+        await host.close()
+    assert lines(log)[0]["kind"] == "tamper"
+
+
+async def test_verify_of_the_current_directory_with_its_live_log_deleted_reports_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """3. ``audit verify .`` (the log's directory given as ``.``) with the live log deleted crashed with
+    ``ValueError: PosixPath('.') has an empty name`` instead of naming the deleted log."""
+    host = await make(tmp_path, rotate_bytes=1500)
+    try:
+        for i in range(8):
+            assert (await call(host, f"t{i}")).success
+    finally:
+        await host.close()
+    log_path(tmp_path).unlink()
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cli = subprocess.run([sys.executable, "-m", "amplifier_tools", "audit", "verify", "."], capture_output=True,
+                         text=True, env=environ, timeout=120, cwd=log_path(tmp_path).parent)
+    assert cli.returncode == 1
+    assert "TAMPERED" in cli.stdout and "no log beside the anchor" in cli.stdout, cli.stdout + cli.stderr
+
+
+async def test_an_event_record_says_what_was_altered_in_its_data(tmp_path: Path) -> None:
+    """4. ``audit.event`` escaped a lone surrogate, NaN and a non-string key in ``data`` but dropped the
+    notes: the record had no ``altered``, unlike a call's (docs/audit.md, "Every call is recorded")."""
+    host = await make(tmp_path)
+    try:
+        record = host.capabilities.get("audit.event")
+        assert record("refused", {"bad": "\udc80x", "n": float("nan"), 1: "int key"})
+    finally:
+        await host.close()
+    event = lines(log_path(tmp_path))[-1]
+    assert event["kind"] == "event" and event["data"]["bad"] == "\\udc80x"
+    assert any(note.startswith("/data/bad") for note in event.get("altered", ())), event
+    assert verify(log_path(tmp_path), head=read_anchor(anchor_of(tmp_path))).ok
+
+
+async def test_a_tamper_record_the_full_disk_kept_out_until_close_is_not_forgotten_at_restart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1b. As 1, the disk still full when the host closes: the empty fresh segment must not be
+    anchored (as "closed" at 0 bytes), or the next start takes it for a new log and the tampering
+    is in no chain at all."""
+    host = await make(tmp_path, mode="fail_closed")
+    log = log_path(tmp_path)
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if b'"kind":"tamper"' in bytes(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    try:
+        for i in range(2):
+            assert (await call(host, f"t{i}")).success
+        await asyncio.sleep(0.3)  # anchored at two records
+        with open(log, "ab") as handle:
+            handle.write(b'{"forged":1}\n')
+        monkeypatch.setattr(writer_module.os, "write", write)
+        assert not (await call(host, "during-full")).success
+        await asyncio.sleep(0.3)  # the fsync thread's anchor refreshes
+    finally:
+        await host.close()
+    monkeypatch.setattr(writer_module.os, "write", real_write)
+    host = await make(tmp_path, mode="fail_open")
+    try:
+        await call(host, "restart")
+    finally:
+        await host.close()
+    assert lines(log)[0]["kind"] == "tamper", lines(log)
