@@ -123,9 +123,20 @@ async def test_missing_bwrap_is_a_system_error_and_nothing_runs(tmp_path: Path,
         await host.close()
 
 
+@pytest.fixture(params=["json-status", "start-probe"])
+def status_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways a setup failure is told from the command's exit: bwrap's own ``--json-status-fd``
+    (bubblewrap 0.5.0+, this machine's), and the start probe kept for older bubblewraps."""
+    from amplifier_tools import sandbox as engine
+
+    if request.param == "start-probe":
+        monkeypatch.setattr(engine, "reports_exit", lambda bwrap: False)
+    return str(request.param)
+
+
 @needs_bwrap
 async def test_bwrap_that_fails_to_start_is_a_system_error_and_nothing_runs(
-        dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+        dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, status_kind: str) -> None:
     from amplifier_tools.builtins.bash import sandbox
 
     work, _ = dirs
@@ -147,7 +158,8 @@ async def test_bwrap_that_fails_to_start_is_a_system_error_and_nothing_runs(
 
 
 @needs_bwrap
-async def test_the_start_probe_runs_in_bash_when_no_single_digit_descriptor_is_free(dirs: tuple[Path, Path]) -> None:
+async def test_the_start_probe_runs_in_bash_when_no_single_digit_descriptor_is_free(
+        dirs: tuple[Path, Path], status_kind: str) -> None:
     from amplifier_tools.builtins.bash import sandbox
 
     work, _ = dirs
@@ -180,9 +192,13 @@ shells = []
 real = sandbox.bwrap_argv
 def spy(*args, **kwargs):
     argv = real(*args, **kwargs)
-    shells.append(argv[argv.index("--") + 1])
+    after = argv[argv.index("--") + 1:]
+    shells.append(after[0] if after else "-")
     return argv
 sandbox.bwrap_argv = spy
+if sys.argv[2] == "start-probe":
+    from amplifier_tools import sandbox as engine
+    engine.reports_exit = lambda bwrap: False
 
 async def main():
     config = {"plugins": {"bash": {"sandbox": "bubblewrap"}}}
@@ -195,12 +211,84 @@ asyncio.run(main())
 
 
 @needs_bwrap
-def test_the_start_probe_runs_in_sh_in_a_fresh_process(dirs: tuple[Path, Path]) -> None:
+@pytest.mark.parametrize("kind", ["json-status", "start-probe"])
+def test_the_start_probe_runs_in_sh_in_a_fresh_process_and_none_runs_with_json_status(
+        dirs: tuple[Path, Path], kind: str) -> None:
+    """With a bubblewrap that reports the exit (0.5.0+, this machine's), nothing runs before the
+    command (it follows ``--``: one exec fewer a call); an older one's start probe runs in sh."""
     import subprocess
     import sys
 
     work, _ = dirs
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(work)], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert out.stdout.split() == ["/bin/sh", "True", "inside"], out.stdout + out.stderr
+    out = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(work), kind], capture_output=True, text=True,
+                         env=env, timeout=120)
+    first = "-" if kind == "json-status" else "/bin/sh"
+    assert out.stdout.split() == [first, "True", "inside"], out.stdout + out.stderr
+
+
+@needs_bwrap
+async def test_a_bwrap_killed_while_its_command_runs_reports_the_signal_not_a_failed_start(
+        dirs: tuple[Path, Path], status_kind: str) -> None:
+    """bwrap itself killed (the OOM killer, an operator) writes no exit code: the command did run,
+    and the call says it was killed, never "the sandbox failed to start ... was not run"."""
+    import asyncio
+    import signal
+
+    work, _ = dirs
+    tag = marker()
+    host = await bash_host(work, sandbox="bubblewrap")
+    try:
+        call = asyncio.ensure_future(host.call("bash", {"command": f"touch ran; sleep 30 # {tag}"}))
+        for _ in range(200):
+            bwraps = [pid for pid in processes_with(tag) if _is_bwrap(pid)]
+            if bwraps and (work / "ran").exists():
+                break
+            await asyncio.sleep(0.05)
+        assert bwraps, "the sandbox never started"
+        os.kill(min(bwraps), signal.SIGKILL)  # the outer bwrap: the first started
+        result = await asyncio.wait_for(call, 30)
+        assert result.error is not None and result.error["code"] == "nonzero_exit", result.error
+        assert result.output["signal"] == "SIGKILL" and result.output["exit_code"] is None
+    finally:
+        await host.close()
+
+
+def _is_bwrap(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return os.path.basename(f.read().split(b"\0")[0]) == b"bwrap"
+    except OSError:
+        return False
+
+
+@needs_bwrap
+def test_a_bubblewrap_without_json_status_is_probed_working_and_gets_the_start_probe(tmp_path: Path) -> None:
+    """A bubblewrap before 0.5.0 refuses ``--json-status-fd`` ("Unknown option"): the probe tries
+    again without it, the sandbox works, and its commands get the start probe."""
+    from amplifier_tools import sandbox as engine
+    from amplifier_tools.builtins.bash import sandbox
+
+    real = shutil.which("bwrap")
+    assert real is not None
+    old = tmp_path / "bwrap-0.4"
+    old.write_text("#!/bin/sh\n"
+                   'for a in "$@"; do [ "$a" = --json-status-fd ] && { echo "bwrap: Unknown option $a" >&2; exit 1; }; '
+                   f"done\nexec {real} \"$@\"\n")
+    old.chmod(0o755)
+    assert engine.probe(str(old)) is None
+    assert not engine.reports_exit(str(old))
+    assert engine.probe(real) is None and engine.reports_exit(real)  # this machine's bubblewrap is 0.8
+    view = View(cwd=str(tmp_path), writable=(str(tmp_path),))
+    assert "--json-status-fd" not in sandbox.bwrap_argv(str(old), view, status_fd=5, bash="/bin/bash")
+    assert "--json-status-fd" in sandbox.bwrap_argv(real, view, status_fd=5, bash="/bin/bash", reports_exit=True)
+
+
+def test_the_exit_code_is_read_from_bwraps_json_status_lines() -> None:
+    from amplifier_tools import sandbox as engine
+
+    child = '{ "child-pid": 12, "pid-namespace": 4026532184 }'
+    assert engine.exit_reported(f'{child}\n{{ "exit-code": 3 }}\n') == 3
+    assert engine.exit_reported(f"{child}\n") is None  # the setup or the exec failed
+    assert engine.exit_reported("") is None
+    assert engine.exit_reported('{ "exit-code": true }\nnot json\n[1]\n') is None

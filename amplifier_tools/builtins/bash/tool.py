@@ -218,18 +218,21 @@ class BashTool:
         missing = [entry for root in (*writable, *s.sandbox_write_paths) for entry in protected.inside(root)
                    if entry.key is None and not os.path.lexists(entry.path)]
         status_r = status_w = info_r = info_w = seccomp_r = -1
+        reports_exit = False
         captures: list[StreamCapture] = []
         sandbox_processes: engine.SandboxProcesses | None = None  # which the signals to bwrap's group miss
         try:
             if view is not None and s.bwrap is not None:
                 status_r, status_w = os.pipe()
-                status_w = sandbox.low_status_fd(status_w)
+                reports_exit = engine.reports_exit(s.bwrap)
+                if not reports_exit:  # the start probe's dash takes single-digit descriptors only
+                    status_w = sandbox.low_status_fd(status_w)
                 info_r, info_w = os.pipe()
                 sandbox_processes = engine.SandboxProcesses(info_r)
                 seccomp_r = filter_fd()
                 # Raises (sandbox_failed) for a protected path it cannot hide, before anything is made.
                 argv = sandbox.bwrap_argv(s.bwrap, view, status_fd=status_w, bash=s.bash, info_fd=info_w,
-                                          seccomp_fd=seccomp_r) + argv
+                                          seccomp_fd=seccomp_r, reports_exit=reports_exit) + argv
                 popen["pass_fds"] = (status_w, info_w, seccomp_r)
             out_spill = err_spill = None
             if s.spill_dir is not None:  # fails the call, before anything runs, when the files cannot be made safely
@@ -260,7 +263,8 @@ class BashTool:
                 status_w = -1
                 if not outcome.timed_out:  # a timeout that cut bwrap's setup is the timeout (found by CI:
                     # "the sandbox failed to start" for a 1e-6 s timeout, one call in thirty)
-                    sandbox.check_started(engine.read_pipe(status_r), stderr.text())
+                    sandbox.check_started(engine.read_pipe(status_r), stderr.text(), reports_exit=reports_exit,
+                                          returncode=outcome.returncode)
                 outcome.returncode = sandbox.returncode(outcome.returncode)
         finally:
             for capture in captures:
