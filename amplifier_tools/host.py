@@ -436,17 +436,25 @@ class ToolHost:
 
     async def _close(self, grace_ms: float | None) -> None:
         """``close``'s work."""
+        cancelled = False
         starting = self._starting
         if starting is not None and not starting.is_set() and self._starter is not asyncio.current_task():
             try:
                 await starting.wait()  # a start under way ends first (found by attack: it mounted on a closed host)
             except asyncio.CancelledError:
-                # The start may take long (a slow mount): the cancellation is honoured now and the close
-                # left to the start, which closes the host once it has ended (found by attack: the start
-                # went on and left the host open, its cleanups never run, although close() was awaited).
-                self._close_when_started = True
-                raise
-        cancelled = False
+                if not starting.is_set():
+                    # The start may take long (a slow mount): the cancellation is honoured now and the close
+                    # left to the start, which closes the host once it has ended (found by attack: the start
+                    # went on and left the host open, its cleanups never run, although close() was awaited).
+                    self._close_when_started = True
+                    raise
+                # The start ended in the turn this close() was cancelled: it no longer looks for a close
+                # left to it (found by attack: the host stayed open, its cleanups never run). Closed here,
+                # as by a close() cancelled in the grace: the calls are cut, then CancelledError.
+                current = asyncio.current_task()
+                if current is not None and sys.version_info >= (3, 11):
+                    current.uncancel()
+                cancelled = True
         pipeline = self._pipeline
         elsewhere = self._elsewhere("close() was awaited") if pipeline is not None else None
         if elsewhere is not None:
@@ -461,7 +469,7 @@ class ToolHost:
                     code="close_inside_call")
             pipeline.closing = True
             configured = self.config.get("shutdown_grace_ms", DEFAULT_SHUTDOWN_GRACE_MS)
-            grace = (configured if grace_ms is None else grace_ms) / 1000.0
+            grace = 0.0 if cancelled else (configured if grace_ms is None else grace_ms) / 1000.0
             try:
                 idle = await pipeline.wait_idle(grace)
             except asyncio.CancelledError:

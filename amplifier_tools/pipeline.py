@@ -49,6 +49,7 @@ from .dispatch import (
     being_cancelled,
     count_beyond,
     finish_despite_cancel,
+    requests_before,
     stop_counting,
     thrown_in,
 )
@@ -134,8 +135,9 @@ class CallPipeline:
         try:
             # requests pending when the call began: not this call's (``being_cancelled`` counts beyond them)
             requests = task.cancelling() if COUNTS_REQUESTS and task is not None else 0  # type: ignore[attr-defined]
-            if requests:
-                counting = count_beyond(task, requests)
+            if requests:  # one not yet thrown in (the task cancelled itself) is the caller's: not counted
+                requests = requests_before(task)
+                counting = count_beyond(task, requests) if requests else None
             started = time.perf_counter()
             call = given  # the ToolCall hooks see, once made (``_made``)
             refused = None if own_id else identifier_problem(call_id, self.secrets)
