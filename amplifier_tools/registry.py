@@ -9,6 +9,7 @@ then costs one dict lookup.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
@@ -217,7 +218,11 @@ class ToolRegistry:
             output_validator=output_validator,
             execute=execute,
             takes_context=_takes_context(execute),
-            seed=seed,
+            # A ``@tool`` function mounted by a seed-style module is ours, not Amplifier's: its
+            # parameters are its input schema, and a ``_tool_call_id`` keyword would fail every call
+            # with TypeError (found by a newcomer's trial: ``coordinator.mount("tools", f)`` in a
+            # ``[[modules]]`` module).
+            seed=seed and not _is_function_tool(tool),
         )
         self._tools[spec.name] = mounted
         self._by_model_name[short] = spec.name
@@ -263,3 +268,10 @@ class ToolRegistry:
 
     def __len__(self) -> int:
         return len(self._tools)
+
+
+def _is_function_tool(tool: Any) -> bool:
+    """Whether ``tool`` is an ``@amplifier_tools.tool`` function (its module is only looked at when
+    it was imported: a host that mounts none does not pay for the import)."""
+    module = sys.modules.get("amplifier_tools.function_tool")
+    return module is not None and isinstance(tool, module.FunctionTool)

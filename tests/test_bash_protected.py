@@ -268,3 +268,16 @@ def test_mask_arguments_hide_each_existing_protected_path_once(base: Path) -> No
     with pytest.raises(ToolSystemError) as info:
         mask_argv(View(cwd=str(work), writable=(str(work),), protected=(str(work / "conf" / "deep" / "tools.toml"),)))
     assert info.value.code == "sandbox_failed" and "tools.toml" in info.value.message
+
+
+def test_a_spill_dir_that_cannot_be_created_names_the_setting(tmp_path: Path) -> None:
+    """Found by a newcomer's trial: ``spill_dir = "/proc/x"`` failed every bash call with the path
+    alone, and the command line's hint was the generic one; the error names the setting now."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ToolSystemError) as info:
+        open_spill_files(str(blocker / "spill"), "call")
+    assert info.value.code == "spill_failed" and str(blocker / "spill") in info.value.message
+    assert info.value.details["setting"] == "plugins.bash.spill_dir"
+    assert "[plugins.bash] spill_dir" in info.value.details["hint"]
+

@@ -235,3 +235,6 @@ async def test_an_mcp_server_cwd_that_does_not_exist_is_named_not_its_command(tm
     message = str(info.value)
     assert f"its working directory {tmp_path.resolve() / 'missing'} does not exist" in message
     assert "plugins.mcp.servers.fx.cwd" in message and "no executable" not in message
+    # found by a newcomer's trial: the message went on "(check plugins.mcp.servers.fx: command and
+    # args)", the settings docs/mcp.md says it does not name
+    assert "command and args" not in message and "(check plugins.mcp.servers.fx: cwd)" in message

@@ -988,7 +988,8 @@ def start_error(connection: ServerConnection, exc: Exception) -> Exception:
         return ExecutionError(redact_text(exc.message + _stderr_tail(connection), connection.secrets), code=exc.code)
     # The SDK's or the OS's own error: say which server, and where it is set.
     server = connection.name
-    where = "url and headers" if connection.settings.url is not None else "command and args"
+    where = ("url and headers" if connection.settings.url is not None
+             else "cwd" if _missing_cwd(connection, exc) is not None else "command and args")
     message = (f"MCP server {server!r} could not start: {_start_failure(connection, exc)} "
                f"(check plugins.mcp.servers.{server}: {where}){_stderr_tail(connection)}")
     return ExecutionError(redact_text(message, connection.secrets), code="mcp_start_failed",
@@ -1012,8 +1013,8 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
         return f"HTTP {status} from {url}{why}"
     s = connection.settings
     process = connection._process
-    cwd = server_cwd(s, connection.working_dir) if s.command is not None else None
-    if isinstance(exc, FileNotFoundError) and process is None and cwd is not None and not os.path.isdir(cwd):
+    cwd = _missing_cwd(connection, exc)
+    if cwd is not None:
         # found by attack: a cwd that does not exist was reported as the command missing from PATH
         what = (f"its working directory {cwd} does not exist; set plugins.mcp.servers.{connection.name}.cwd "
                 "to an existing directory (relative to the host's working directory)")
@@ -1040,6 +1041,16 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
     else:
         what = f"{type(exc).__name__}: {exc}"
     return what
+
+
+def _missing_cwd(connection: ServerConnection, exc: BaseException) -> str | None:
+    """The working directory a stdio server could not be started in because it does not exist
+    (the spawn's ``FileNotFoundError``), or None when that is not what stopped it."""
+    s = connection.settings
+    if not isinstance(exc, FileNotFoundError) or connection._process is not None or s.command is None:
+        return None
+    cwd = server_cwd(s, connection.working_dir)
+    return None if os.path.isdir(cwd) else cwd
 
 
 def _stderr_tail(connection: ServerConnection) -> str:

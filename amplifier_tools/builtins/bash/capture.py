@@ -145,6 +145,10 @@ def open_spill_files(directory: str, call_id: str) -> tuple[tuple[str, BinaryIO]
             os.close(dir_fd)
     except OSError as exc:
         found = "it already exists (planted?)" if isinstance(exc, FileExistsError) else exc.strerror
+        # The setting is named (found by a newcomer's trial: a spill_dir that cannot be created
+        # failed every call with only the path and the command line's generic hint).
         raise ToolSystemError(f"cannot create the spill file {path}: {found}; the command was not run",
-                              code="spill_failed", path=path) from None
+                              code="spill_failed", path=path, setting="plugins.bash.spill_dir",
+                              hint="[plugins.bash] spill_dir (relative to state_dir) must name a directory "
+                                   "this user owns or can create") from None
     return opened[0], opened[1]
