@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import leave_a_cancellation_pending
 from test_host_lifecycle_attack import MountRecorder
 from test_host_lifecycle_attack import _host as _lifecycle_host
 from test_pending_cancel import Cleanup, _host, _records
@@ -63,11 +64,7 @@ async def test_a_caller_with_a_request_caught_that_cancels_itself_again_is_cance
         async def caller() -> ToolResult:
             task = asyncio.current_task()
             assert task is not None
-            task.cancel()
-            try:
-                await asyncio.sleep(0)
-            except asyncio.CancelledError:
-                pass  # one caught and never withdrawn: not the call's
+            await leave_a_cancellation_pending()  # one caught and never withdrawn: not the call's
             task.cancel()  # this one is
             return await host.call("sleeps", {}, call_id="s2")
 
@@ -156,13 +153,7 @@ async def test_a_call_coroutine_closed_from_another_context_leaves_no_call_in_fl
         contextvars.Context().run(coro.close)
 
     async def runner() -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        task.cancel()
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            pass
+        await leave_a_cancellation_pending()
         await work()
 
     await asyncio.ensure_future(runner())

@@ -408,17 +408,23 @@ class MountRecorder:
         self.cleaned = True
 
 
-async def test_a_close_cancelled_while_the_start_is_under_way_still_leaves_the_host_closed(work: Path) -> None:
-    recorder = MountRecorder()
-    host = _host(work, recorder)
+async def _close_cancelled_while_starting(host: ToolHost) -> asyncio.Future[None]:
+    """Start ``host``, await ``close()`` in another task while the start is under way, cancel that
+    close and check it raises at once (the start may take long); the start, still going on."""
     starting = asyncio.ensure_future(host.start())
     await asyncio.sleep(0.05)
     closing = asyncio.ensure_future(host.close())
     await asyncio.sleep(0.05)
     closing.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await closing  # the cancellation is honoured at once: the start may take long
-    await starting
+        await closing
+    return starting
+
+
+async def test_a_close_cancelled_while_the_start_is_under_way_still_leaves_the_host_closed(work: Path) -> None:
+    recorder = MountRecorder()
+    host = _host(work, recorder)
+    await (await _close_cancelled_while_starting(host))
     # Was: the start went on and left the host started and open, its plugins' cleanups never run,
     # although close() had been awaited.
     assert not host.started
@@ -441,13 +447,7 @@ async def test_a_close_cancelled_while_a_failing_start_is_under_way_leaves_its_e
     host = ToolHost(config={"state_dir": str(work / "state")},
                     plugins=[ToolsPlugin(Quick()), FailingMount()], builtins=["audit"], entry_points=False,
                     working_dir=work / "work", discover=False)
-    starting = asyncio.ensure_future(host.start())
-    await asyncio.sleep(0.05)
-    closing = asyncio.ensure_future(host.close())
-    await asyncio.sleep(0.05)
-    closing.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await closing
+    starting = await _close_cancelled_while_starting(host)
     with pytest.raises(Exception, match="no mount today"):
         await starting
     assert not host.started

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import ToolsPlugin
+from helpers import ToolsPlugin, leave_a_cancellation_pending
 
 from amplifier_tools import ToolHost, ToolResult, hookimpl
 
@@ -36,11 +36,7 @@ async def with_a_request_pending(work: Callable[[], Awaitable[T]]) -> tuple[T, i
     async def runner() -> tuple[T, int]:
         task = asyncio.current_task()
         assert task is not None
-        task.cancel()
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            pass  # caught; the request stays counted
+        await leave_a_cancellation_pending()
         assert task.cancelling() == 1
         out = await work()
         return out, task.cancelling()

@@ -7,6 +7,7 @@ import sys
 import time
 
 import pytest
+from helpers import leave_a_cancellation_pending
 
 from amplifier_tools.builtins.policy.watchdog import Watchdog
 
@@ -41,11 +42,7 @@ async def test_a_cancellation_left_over_from_before_is_not_the_operations() -> N
     async def leftover_then_bounded() -> bool:
         task = asyncio.current_task()
         assert task is not None
-        task.cancel()
-        try:
-            await asyncio.sleep(0)
-        except asyncio.CancelledError:
-            pass  # caught, not withdrawn: cancelling() stays 1
+        await leave_a_cancellation_pending()  # caught, not withdrawn: cancelling() stays 1
         assert task.cancelling() == 1
         return await _bounded(watchdog, 0.01)
 
