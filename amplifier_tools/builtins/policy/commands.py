@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -22,6 +23,17 @@ from ...hoststate import HostFileError
 from ...plugin_settings import structure_settings
 from .settings import PolicySettings
 from .store import StoreUnavailable, open_store
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that JSON cannot hold (``inf``, ``nan``) as its text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _value(row: dict[str, Any]) -> str:
@@ -46,6 +58,12 @@ async def _status(store: str, prefix: str, timeout: float, state_dir: str) -> tu
     for row in rows:  # idempotency records show their state, never the stored result
         if row["key"].startswith("idem:") and isinstance(row["value"], dict):
             row["value"] = "stored" if "value" in row["value"] else "running"
+        # Found by attack: a record that never expires (a breaker with cooldown_ms = 1e308 on SQLite)
+        # was listed with ``expires_in: Infinity``, and a counter of ``inf``/``nan`` written under the
+        # prefix as such: not JSON, so ``--json`` output was refused whole by strict readers.
+        if isinstance(row["expires_in"], float) and not math.isfinite(row["expires_in"]):
+            row["expires_in"] = None
+        row["value"] = _finite(row["value"])
     return f"{shared.kind} {shared.where}", rows
 
 

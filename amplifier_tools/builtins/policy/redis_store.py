@@ -225,7 +225,11 @@ MAX_TTL_MS: Final = 10**15
 
 
 def _ms(seconds: float) -> int:
-    return min(max(int(seconds * 1000), 1), MAX_TTL_MS)
+    # Compared before ``int``: a TTL past a float's range (twice a window or cooldown of 1e308 ms)
+    # is infinite, and ``int`` of it raised in every release (found by attack: a time budget's
+    # reservations were never settled, a breaker's failures never recorded).
+    milliseconds = seconds * 1000
+    return MAX_TTL_MS if not milliseconds < MAX_TTL_MS else max(int(milliseconds), 1)
 
 
 class RedisStore:
@@ -349,8 +353,11 @@ class RedisStore:
                     value = {k.decode(): v.decode()[:80] for k, v in fields.items()}
                 else:
                     continue
+                # PTTL -1: a key without an expiry (never ours: every key we write has one) is shown
+                # as never expiring, not as expiring now (found by attack: "0 s").
+                left = await client.pttl(full)
                 rows.append({"key": full[len(self.prefix):], "kind": kind, "value": value,
-                             "expires_in": round(max(await client.pttl(full), 0) / 1000.0, 3)})
+                             "expires_in": None if left == -1 else round(max(left, 0) / 1000.0, 3)})
         except (RedisError, OSError) as exc:
             raise StoreUnavailable(f"Redis store {self.where}: {exc}") from exc
         return sorted(rows, key=lambda row: row["key"])

@@ -49,6 +49,10 @@ log = logging.getLogger("amplifier_tools.policy")
 SWEEP_EVERY: Final = 500
 SQLITE_BUSY: Final = 5  # result codes (sqlite3 names them only from Python 3.11)
 SQLITE_LOCKED: Final = 6
+#: The largest integer SQLite binds: a rate limit above it (the contract sets no upper bound) is cut
+#: to it, which no window's count reaches (found by attack: a limit of 2**63 failed every call of
+#: the tool with ``hook_failed``, ``OverflowError``).
+SQLITE_MAX_INTEGER: Final = 2**63 - 1
 #: With RETURNING (SQLite 3.35+) a rate-limit decision is one statement, its own transaction.
 ONE_STATEMENT: Final = sqlite3.sqlite_version_info >= (3, 35, 0)
 TAKE: Final = ("INSERT INTO counters VALUES (?, 1, ?) ON CONFLICT(key) DO UPDATE SET value = value + 1 "
@@ -309,7 +313,8 @@ class SQLiteStore:
             try:
                 db = self._connection()
                 # fetchall: the statement must run to its end, else its implicit transaction stays open
-                taken = db.execute(TAKE, (f"{self.prefix}{key}@{window}", (window + 2) * interval, limit)).fetchall()
+                taken = db.execute(TAKE, (f"{self.prefix}{key}@{window}", (window + 2) * interval,
+                                          min(limit, SQLITE_MAX_INTEGER))).fetchall()
                 self._ops += 1
             except sqlite3.Error as exc:
                 raise self._unavailable(exc) from exc
