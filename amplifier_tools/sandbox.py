@@ -427,18 +427,30 @@ def reports_exit(bwrap: str) -> bool:
     return bwrap in _reporting
 
 
-def exit_reported(status: str) -> int | None:
-    """The command's exit code from what a ``bwrap`` wrote to its ``--json-status-fd`` (JSON lines),
-    or None if it wrote none (its setup or the command's exec failed, or it was killed)."""
+def _status_field(status: str, key: str) -> int | None:
+    """The first integer ``key`` among the JSON lines a ``bwrap`` wrote to its ``--json-status-fd``."""
     for line in status.splitlines():
         try:
             data = json.loads(line)
         except ValueError:
             continue
-        code = data.get("exit-code") if isinstance(data, dict) else None
-        if isinstance(code, int) and not isinstance(code, bool):
-            return code
+        value = data.get(key) if isinstance(data, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
     return None
+
+
+def exit_reported(status: str) -> int | None:
+    """The command's exit code from what a ``bwrap`` wrote to its ``--json-status-fd`` (JSON lines),
+    or None if it wrote none (its setup or the command's exec failed, or it was killed)."""
+    return _status_field(status, "exit-code")
+
+
+def child_reported(status: str) -> bool:
+    """Whether a ``bwrap`` wrote its sandbox's first process (``{"child-pid": N}``) to its
+    ``--json-status-fd``: it does just before it lets that process set the sandbox up and run the
+    command, so without it the command cannot have run."""
+    return _status_field(status, "child-pid") is not None
 
 
 def probe(bwrap: str) -> str | None:

@@ -55,14 +55,17 @@ def low_status_fd(fd: int) -> int:
 
 def check_started(status: str, stderr_text: str, *, reports_exit: bool = False, returncode: int | None = None) -> None:
     """``ToolSystemError`` when bwrap never started the command: with ``reports_exit``, it wrote no
-    exit code to its status pipe and was not itself killed by a signal (``returncode`` < 0: the
-    command may have run, and is reported killed); else the start probe did not report."""
+    exit code to its status pipe and was not itself killed by a signal once it had released the
+    sandbox's first process (``returncode`` < 0 after a ``child-pid`` line: the command may have
+    run, and is reported killed; before it, nothing ran); else the start probe did not report."""
     if reports_exit:
-        started = engine.exit_reported(status) is not None or (returncode is not None and returncode < 0)
+        killed = returncode is not None and returncode < 0 and engine.child_reported(status)
+        started = engine.exit_reported(status) is not None or killed
     else:
         started = status == "started"
     if not started:
-        detail = stderr_text.strip().splitlines()[-1] if stderr_text.strip() else "no message"
+        detail = stderr_text.strip().splitlines()[-1] if stderr_text.strip() else \
+            f"bwrap was killed by signal {-returncode}" if returncode is not None and returncode < 0 else "no message"
         raise ToolSystemError(f"the bubblewrap sandbox failed to start ({detail}); the command was not run",
                               code="sandbox_failed")
 

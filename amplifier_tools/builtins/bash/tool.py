@@ -208,6 +208,14 @@ class BashTool:
                                read_only=(*engine.SYSTEM_PATHS, *s.sandbox_read_paths),
                                protected=tuple(entry.path for entry in protected if not entry.alias),
                                network=s.sandbox_network)
+            # bwrap's own exec of a program missing from the view is a failed setup, but not prlimit's exec
+            # of bash (exit 127), nor the start probe's (found by attack: "command exited with code 127")
+            for program in (s.bash, *([s.prlimit] if s.prlimit is not None and s.limits.items() else [])):
+                places = (os.path.abspath(program), os.path.realpath(program))
+                if not all(engine.visible(path, view) for path in places):
+                    raise ToolSystemError(f"{program} is not in the sandbox's view (add its directory to "
+                                          "[plugins.bash] sandbox_read_paths); the command was not run",
+                                          code="sandbox_failed", path=program)
             holder = engine.writable_by_commands(s.bwrap, (*view.writable, *s.session_writable), resolve=False)
             if holder is not None:  # a path added since the start (an MCP server's write path) holds it
                 raise ToolSystemError(f"the sandbox's bwrap {s.bwrap} lies inside {holder}, which commands may "
