@@ -130,6 +130,13 @@ def check(state_dir: Path, config_file: str | None, roots: Sequence[str], *,
         return state
     if trusted == state:
         return None
+    raise _refusal(trusted, state, state_dir)
+
+
+def _refusal(trusted: dict[str, Any], state: dict[str, Any], state_dir: Path,
+             load_error: ConfigError | None = None) -> ConfigError:
+    """The error for a start on ``state``, which is not the ``trusted`` one (``load_error``: the
+    error that loading the file ended in, said too)."""
     before, now = trusted.get("path"), state["path"]
     if now is None:
         change = f"the configuration {before} the host started with last time is gone"
@@ -139,8 +146,41 @@ def check(state_dir: Path, config_file: str | None, roots: Sequence[str], *,
         change = f"the configuration moved from {before} to {now}"
     else:
         change = f"the configuration file {now} changed since the host last started"
-    raise ConfigError(f"{change}; tools can write the working directory, so the host will not take it on "
+    if load_error is not None:
+        fault = f"{load_error.key}: {load_error.detail}" if load_error.key else load_error.detail
+        also = f"; {load_error.hint}" if load_error.hint else ""
+        return ConfigError(f"{change}; tools can write the working directory, so the host will not take it on "
+                           f"trust, and it cannot be loaded either: {fault}. Review it (a tool may have written it), "
+                           f"fix or remove it, then accept it with: amplifier-tools trust "
+                           f"(remembered in {state_dir / TRUST_FILE})", file=now,
+                           hint=f"review {now}: a tool may have written it; fix or remove it{also}; then run: "
+                                "amplifier-tools trust")
+    return ConfigError(f"{change}; tools can write the working directory, so the host will not take it on "
                       "trust. Review it, then accept it with: amplifier-tools trust "
                       f"(remembered in {state_dir / TRUST_FILE})", file=now or before,
                       hint=f"review {now}, then run: amplifier-tools trust" if now is not None else
                       "if its removal was meant, accept it with: amplifier-tools trust")
+
+
+def unloadable(error: ConfigError, state_dir: Path, config_file: str, roots: Sequence[str], *,
+               sha256: str | None) -> ConfigError:
+    """The error to raise for a configuration file that could not be loaded (``error``: not valid
+    TOML, a key refused, ...): when the file is not the trusted one — it appeared, moved or changed
+    since the last start — the trust check's refusal, saying ``error`` too, so the operator learns
+    first that the file is new and may be a tool's (found by a newcomer's trial: a bash command
+    wrote an invalid ``amplifier-tools.toml``, and the next start said only "not valid TOML ... fix
+    the configuration"); ``error`` itself otherwise (a first start, the trusted bytes, a file not
+    read: too large or no regular file, or a damaged record, which ``amplifier-tools trust`` could
+    not mend while the file cannot be loaded). ``sha256``: the digest of the bytes read, if any."""
+    if sha256 is None:
+        return error
+    state = config_state(config_file, roots, sha256=sha256)
+    if state is None:
+        return error
+    try:
+        trusted = _read(state_dir)
+    except ConfigError:
+        return error
+    if trusted is None or trusted == state:
+        return error
+    return _refusal(trusted, state, state_dir, error)

@@ -206,7 +206,18 @@ class ToolHost:
             self.config_file = os.fspath(config)
             substituted: set[str] = set()
             digests: list[str] = []
-            self.config = load_config_file(config, substituted=substituted, sha256=digests)
+            try:
+                self.config = load_config_file(config, substituted=substituted, sha256=digests)
+            except ConfigError as exc:
+                # A file that cannot be loaded is still judged by the trust check first (the working
+                # directory the file names is not known: only the one the host was started in).
+                root = str(Path(working_dir or os.getcwd()).expanduser().resolve())
+                refused = config_trust.unloadable(
+                    exc, config_trust.record_dir(root, self.config_file, discovered=self.discovered_config),
+                    self.config_file, (root,), sha256=digests[0] if digests else None)
+                if refused is exc:
+                    raise
+                raise refused from None
             self.config_sha256 = digests[0] if digests else None
             self.secrets.update(substituted)
         else:
@@ -717,7 +728,11 @@ class ToolHost:
         # Logged and listed (``plugins``) as it is: what the plugin said may quote a secret it
         # resolved (found by attack); a required plugin's error is cleaned by ``start``.
         reason = redact_text(reason, self.secrets, patterns=False)
-        log.warning("plugin %r %s; continuing without it", name, reason)
+        # How to silence it: the warning comes back at every start until the plugin is fixed,
+        # uninstalled or disabled (found by a newcomer's trial: it said none of these).
+        skip = f"{ENV_DISABLE}={name}, or " if self._plugin_env else ""
+        log.warning("plugin %r %s; continuing without it (fix or uninstall it, or skip it: %sdisable_plugins = "
+                    "[%r] in the configuration)", name, reason, skip, name)
         self.failed_plugins.append(FailedPlugin(name, source, reason))
 
     def _on_error_note(self, name: str) -> str:

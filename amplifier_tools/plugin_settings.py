@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import os
 import re
 import threading
@@ -117,11 +118,16 @@ class Invalid(ValueError):
     """A setting refused by a rule: ``message`` follows the key; ``at`` locates it below the
     table being structured (a validator of a class names its field this way)."""
 
-    def __init__(self, message: str, *, at: tuple[str | int, ...] = (), hint: str | None = None) -> None:
+    def __init__(self, message: str, *, at: tuple[str | int, ...] = (), hint: str | None = None,
+                 expected: str | None = None, got: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.at = at
         self.hint = hint
+        #: What the setting must be, and, when the value is of another type, what it is ("a string"):
+        #: the hint made of them when ``hint`` is None (``_config_error``).
+        self.expected = expected
+        self.got = got
 
 
 def _positive(value: float) -> bool:
@@ -233,12 +239,53 @@ def _field_hook(t: Any) -> Callable[[Any, Any], Any]:
         if value is None and optional:
             return None
         if expect is not None and expect.parse is not None:
-            return expect.parse(value)
+            try:
+                return expect.parse(value)
+            except Invalid as exc:
+                if exc.hint is None and exc.expected is None:
+                    exc.expected, exc.got = description, _wrong_kind(value, inner)
+                raise
         if not _fits(value, base) or (expect is not None and expect.check is not None and not expect.check(value)):
-            raise Invalid(f"must be {description}, got {_shown(value)}", hint=expect.hint if expect else None)
+            raise Invalid(f"must be {description}, got {_shown(value)}", hint=expect.hint if expect else None,
+                          expected=description, got=_wrong_kind(value, inner))
         return _build(value, base)
 
     return hook
+
+
+def _takes_strings(t: Any) -> bool:
+    """Whether some strings are of type ``t``: a string refused there is refused by a rule (one of
+    a ``Literal``'s choices, say), not for its type."""
+    t = _split(t)[1]
+    if t is str or _choices(t) is not None:
+        return True
+    return _is_union(t) and any(_takes_strings(member) for member in get_args(t))
+
+
+#: What a value is, as TOML and JSON name it, for a hint ("got a string").
+_KINDS: Final = ((bool, "a boolean"), (int, "an integer"), (float, "a float"), (str, "a string"),
+                 (list, "a list"), (tuple, "a list"), (Mapping, "a table"), (type(None), "nothing"))
+
+
+def _wrong_kind(value: Any, t: Any) -> str | None:
+    """What ``value`` is ("a string"), when it is not of the type ``t`` at all; None when it is
+    (a rule of ``t`` refused it, not its type), or for a type settings never hold. A string that
+    would fit without its quotes says so."""
+    try:
+        if _fits(value, _split(t)[1]) or (isinstance(value, str) and _takes_strings(t)):
+            return None
+    except TypeError:
+        return None
+    kind = next((name for cls, name in _KINDS if isinstance(value, cls)), type(value).__name__)
+    if isinstance(value, str):
+        try:
+            unquoted = json.loads(value)
+        except ValueError:
+            return kind
+        with contextlib.suppress(TypeError):
+            if not isinstance(unquoted, str) and unquoted == unquoted and _fits(unquoted, t):  # NaN: no
+                return f"{kind}: write it without quotes"  # max_timeout = "600"
+    return kind
 
 
 # -- types -------------------------------------------------------------------------------------
@@ -441,7 +488,14 @@ def _config_error(exc: BaseException, where: str) -> ConfigError:
         return ConfigError(f"unknown key (expected one of {expected})",
                            key=_key(where, (*path, sorted(problem.extra_fields)[0])), expected=expected)
     if isinstance(problem, Invalid):
-        return ConfigError(problem.message, key=_key(where, (*path, *problem.at)), hint=problem.hint)
+        key = _key(where, (*path, *problem.at))
+        hint = problem.hint
+        if hint is None and problem.expected is not None:
+            # What the key takes, never "set <key>" (found by a newcomer's trial: the command line's
+            # generic hint said to set a key that was set, and to disable the plugin).
+            hint = (f"{key} must be {problem.expected}, got {problem.got}" if problem.got is not None
+                    else f"change {key} to {problem.expected}")
+        return ConfigError(problem.message, key=key, hint=hint)
     if isinstance(problem, KeyError) and path:  # cattrs: a required key is missing
         return ConfigError(f"missing {path[-1]!r}: must be {_describe(t)}", key=_key(where, path))
     return ConfigError(f"invalid: {problem}", key=_key(where, path))

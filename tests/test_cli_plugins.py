@@ -14,7 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli
+from cli_helpers import EXAMPLE_PLUGIN_NAMES, cli
 
 import amplifier_tools
 
@@ -132,6 +132,23 @@ def test_plugins_text_lists_hooks_distributions_and_failures(site: Path, project
     assert "failed to load: ModuleNotFoundError: No module named 'fixture_no_such_module'" in broken
     # A plugin that fails to load is not required: a warning, and the other plugins still run.
     assert "plugin 'fixture-broken' failed to load" in out.stderr
+
+
+def test_a_broken_plugins_warning_says_how_to_silence_it(site: Path, project: Path) -> None:
+    """Found by a newcomer's trial: the warning came at every command ("continuing without it")
+    without saying how to stop it. Both ways it names do."""
+    out = cli(project, "list", site=site)
+    assert out.returncode == 0, out.stderr
+    assert ("No module named 'fixture_no_such_module'; continuing without it (fix or uninstall it, or skip it: "
+            "AMPLIFIER_TOOLS_DISABLE_PLUGINS=fixture-broken, or disable_plugins = ['fixture-broken'] in the "
+            "configuration)") in out.stderr
+    disabled = cli(project, "list", site=site,
+                   env={"AMPLIFIER_TOOLS_DISABLE_PLUGINS": f"{EXAMPLE_PLUGIN_NAMES},fixture-broken"})
+    assert disabled.returncode == 0 and "fixture-broken" not in disabled.stderr, disabled.stderr
+    config = project.parent / "elsewhere.toml"
+    config.write_text("disable_plugins = ['fixture-broken']\n[plugins.fixture-echo]\nprefix = '> '\n")
+    configured = cli(project, "--config", str(config), "list", site=site)
+    assert configured.returncode == 0 and "fixture-broken" not in configured.stderr, configured.stderr
 
 
 def test_plugins_json(site: Path, project: Path) -> None:

@@ -1178,3 +1178,60 @@ async def test_a_token_ref_error_names_the_configuration_file(tmp_path: Path) ->
     message = str(refused.value)
     assert message.startswith(f"{file}: plugins.mcp.serve.clients[0].token_ref: the token_ref is not a key"), message
     assert "ci_token" not in message
+
+
+# -- found by a newcomer's trial (2026-12-02): serve-mcp errors that named no file --------------
+
+
+@pytest.mark.parametrize(("client", "key", "message"), [
+    ({"token_ref": "alice_token", "principal": "a", "tools": ["fs_raed_file"]},
+     "plugins.mcp.serve.clients[0].tools", "names no mounted tool 'fs_raed_file'"),
+    ({"token_ref": "short", "principal": "a"}, "plugins.mcp.serve.clients[0].token_ref",
+     "the token of 'short' is 11 characters; at least 16 are needed"),
+])
+async def test_a_client_error_names_the_configuration_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           client: dict[str, Any], key: str, message: str) -> None:
+    """A client's ``tools`` typo or a too-short token named the key but not the file."""
+    monkeypatch.setenv("TEST_SHORT", "short-token")
+    cfg = config(tmp_path, clients=[client])
+    cfg["secrets"]["short"] = "TEST_SHORT"
+    del cfg["plugins"]["audit"]
+    file = tmp_path / "host.toml"
+    file.write_text(json_to_toml(cfg))
+    with pytest.raises((ConfigError, PluginLoadError)) as refused:
+        async with ToolHost(config=file, builtins=["filesystem", "mcp"], entry_points=False, discover=False) as host:
+            await serve_http(host, serve_settings(host), ready=lambda url: None)
+    assert str(refused.value) == f"{file}: {key}: {message}"
+    assert refused.value.hint  # type: ignore[union-attr]
+
+
+def test_a_port_without_transport_names_the_configuration_file(tmp_path: Path) -> None:
+    from cli_helpers import cli
+
+    file = tmp_path / "cfg.toml"
+    file.write_text('[plugins.mcp.serve]\ntools = ["*"]\n')
+    done = cli(tmp_path, "--config", str(file), "serve-mcp", "--port", "8765")
+    assert done.returncode == 2, done.stderr
+    assert f"error: {file}: plugins.mcp.serve.transport: --port set where to listen for HTTP" in done.stderr
+    assert f'hint: add --transport streamable-http (or set transport = "streamable-http" in [plugins.mcp.serve] ' \
+           f"of {file})" in done.stderr
+
+
+@pytest.mark.parametrize("where", ["flag", "file"])
+def test_a_port_in_use_names_the_option_or_the_file_that_set_it(tmp_path: Path, where: str) -> None:
+    """A port in use named ``plugins.mcp.serve.port`` alone: neither the file that set it, nor
+    ``--port`` when the command line had."""
+    import socket
+
+    from cli_helpers import cli
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        file = tmp_path / "cfg.toml"
+        file.write_text('[plugins.mcp.serve]\ntools = ["*"]\nallow_anonymous = true\ntransport = "streamable-http"\n'
+                        + (f"port = {port}\n" if where == "file" else ""))
+        done = cli(tmp_path, "--config", str(file), "serve-mcp", *(["--port", str(port)] if where == "flag" else []))
+    assert done.returncode == 2, done.stderr
+    named = f"--port {port}" if where == "flag" else f"{file}: plugins.mcp.serve.port"
+    assert f"error: {named}: cannot listen on 127.0.0.1:{port}: " in done.stderr, done.stderr
+    assert "hint: choose a free port (--port, or port in [plugins.mcp.serve]; 0 for any)" in done.stderr

@@ -370,3 +370,41 @@ def test_a_child_forked_while_another_thread_resolves_settings_can_resolve_them(
         release.set()
         holder.join()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# -- found by a newcomer's trial (2026-12-02): the hint of a value refused ----------------------
+
+
+@pytest.mark.parametrize(("plugin", "table", "hint"), [
+    ("bash", {"max_timeout": "600"},
+     "plugins.bash.max_timeout must be a positive number of seconds, got a string: write it without quotes"),
+    ("filesystem", {"max_size": True}, "plugins.filesystem.max_size must be a positive integer, got a boolean"),
+    ("bash", {"max_memory_bytes": 1.5}, "plugins.bash.max_memory_bytes must be a positive integer, got a float"),
+    ("bash", {"allow": "rm"}, "plugins.bash.allow must be a list of non-empty strings, got a string"),
+    ("mcp", server(command=5), "plugins.mcp.servers.fs.command must be the command that starts a stdio server "
+                               "(a non-empty string), got an integer"),
+    ("mcp", {"serve": {"port": "80"}}, "plugins.mcp.serve.port must be a TCP port number (0 to 65535; 0 picks a "
+                                       "free one), got a string: write it without quotes"),
+    # of the right type, refused by a rule: what to change it to
+    ("bash", {"default_timeout": -2}, "change plugins.bash.default_timeout to a positive number of seconds"),
+    ("policy", {"rules": [{"action": "alow"}]}, "change plugins.policy.rules[0].action to 'allow' or 'deny'"),
+])
+def test_a_refused_value_hints_at_what_the_key_takes(plugin: str, table: dict[str, Any], hint: str) -> None:
+    """The hint was the command line's generic one, "set plugins.bash.max_timeout in the
+    configuration, or skip the plugin with AMPLIFIER_TOOLS_DISABLE_PLUGINS=bash": the key was set,
+    and for a server's key it offered to disable the whole ``mcp`` plugin."""
+    assert refused(plugin, table).hint == hint
+
+
+def test_the_command_line_prints_what_a_wrongly_typed_key_takes(tmp_path: Path) -> None:
+    from cli_helpers import cli
+
+    config = tmp_path / "elsewhere.toml"
+    config.write_text('[plugins.bash]\nmax_timeout = "600"\n')
+    work = tmp_path / "work"
+    work.mkdir()
+    out = cli(work, "--config", str(config), "list")
+    assert out.returncode == 2
+    assert "plugins.bash.max_timeout: must be a positive number of seconds, got '600'" in out.stderr
+    assert out.stderr.endswith("hint: plugins.bash.max_timeout must be a positive number of seconds, got a string: "
+                               "write it without quotes\n"), out.stderr

@@ -367,3 +367,35 @@ async def test_two_projects_named_with_config_from_one_directory_keep_their_own_
     with pytest.raises(ConfigError, match="changed since the host last started"):
         await ToolHost(config=configs[0], plugins=[ToolsPlugin(EchoTool())], builtins=False,
                        entry_points=False).start()
+
+
+def test_an_invalid_config_that_appeared_is_reported_as_untrusted_first(tmp_path: Path) -> None:
+    """Found by a newcomer's trial: after a bash command wrote an invalid ``amplifier-tools.toml``,
+    the next start said only "not valid TOML ... fix the configuration": the operator was not told
+    that the file was new since the last trusted start, and may be a tool's."""
+    from cli_helpers import cli
+
+    work = tmp_path / "project"
+    work.mkdir()
+    planted = work / "amplifier-tools.toml"
+    planted.write_text("x = [\n")
+    first = cli(work, "list")  # a first start has nothing to compare with: the file's own error
+    assert first.returncode == 2 and "not valid TOML" in first.stderr and "appeared" not in first.stderr
+    planted.unlink()
+    assert cli(work, "list").returncode == 0  # no configuration: remembered as such
+    planted.write_text("x = [\n")
+    for command in ("list", "trust"):  # ``trust`` cannot accept it as it is: it says so, and why
+        out = cli(work, command)
+        assert out.returncode == 2, out.stderr
+        assert (f"error: {planted}: a configuration file appeared in the working directory: {planted}; tools can "
+                "write the working directory, so the host will not take it on trust, and it cannot be loaded "
+                "either: not valid TOML: ") in out.stderr, out.stderr
+        assert (f"hint: review {planted}: a tool may have written it; fix or remove it; then run: "
+                "amplifier-tools trust") in out.stderr
+    planted.write_text("default_timeout_ms = 1234\n")  # fixed: still to be trusted
+    assert "appeared in the working directory" in cli(work, "list").stderr
+    assert cli(work, "trust").returncode == 0 and cli(work, "list").returncode == 0
+    planted.write_text("default_timeout_ms = 'x'\n")  # the trusted file edited: a value refused
+    edited = cli(work, "list")
+    assert edited.returncode == 2 and "changed since the host last started" in edited.stderr
+    assert "cannot be loaded either: default_timeout_ms: 'x' is not of type 'number'" in edited.stderr

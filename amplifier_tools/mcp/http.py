@@ -100,12 +100,12 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
     if not settings.clients:
         if not settings.allow_anonymous:
             raise ConfigError("an HTTP server needs at least one client with a bearer token",
-                              key=f"{key}.clients",
+                              key=f"{key}.clients", file=host.config_file,
                               hint=f"add [[{key}.clients]] with token_ref (a [secrets] reference) and principal; "
                                    f"or set {key}.allow_anonymous = true on a loopback host")
         if not is_loopback(settings.host):
             raise ConfigError(f"allow_anonymous serves without authentication; {settings.host!r} is not a "
-                              "loopback address", key=f"{key}.allow_anonymous",
+                              "loopback address", key=f"{key}.allow_anonymous", file=host.config_file,
                               hint=f"set {key}.host = \"127.0.0.1\", or configure clients with tokens")
         anonymous = Caller.of(host, caller_context(host, settings, None, "mcp-http"),
                               exposed_tools(host, settings.tools, f"{key}.tools"))
@@ -115,7 +115,8 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
         return (lambda: anonymous), None
     if settings.allow_anonymous:
         raise ConfigError("allow_anonymous and clients exclude each other: with clients, every request must "
-                          "carry a client's token", key=f"{key}.allow_anonymous")
+                          "carry a client's token", key=f"{key}.allow_anonymous", file=host.config_file,
+                          hint=f"remove {key}.allow_anonymous, or the [[{key}.clients]] entries")
     resolve = host.capabilities["session.secret"]
     by_digest: dict[bytes, str] = {}
     callers: dict[str, Caller] = {}
@@ -127,17 +128,19 @@ def http_callers(host: ToolHost, settings: ServeSettings) -> tuple[Callable[[], 
             raise _unresolved(host, client.token_ref, f"{where}.token_ref") from None
         if len(token) < MIN_TOKEN_LENGTH:
             raise ConfigError(f"the token of {client.token_ref!r} is {len(token)} characters; at least "
-                              f"{MIN_TOKEN_LENGTH} are needed", key=f"{where}.token_ref",
+                              f"{MIN_TOKEN_LENGTH} are needed", key=f"{where}.token_ref", file=host.config_file,
                               hint="generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'")
         if not all("!" <= char <= "~" for char in token):
             raise ConfigError(f"the token of {client.token_ref!r} holds a space, a control character or a "
                               "character beyond ASCII: an Authorization header cannot carry it as it is, so "
-                              "no request could ever match it", key=f"{where}.token_ref",
+                              "no request could ever match it", key=f"{where}.token_ref", file=host.config_file,
                               hint="generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'")
         digest = _digest(token)
         if digest in by_digest:
             raise ConfigError(f"the token of {client.token_ref!r} is also {by_digest[digest]!r}'s; each "
-                              "client needs its own", key=f"{where}.token_ref")
+                              "client needs its own", key=f"{where}.token_ref", file=host.config_file,
+                              hint="give one of the two variables another token; generate one with: "
+                                   "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
         by_digest[digest] = client.token_ref
         tools = client.tools if client.tools is not None else settings.tools
         setting = f"{where}.tools" if client.tools is not None else f"{key}.tools"
@@ -549,17 +552,19 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
     return Gate(quota, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch)
 
 
-def _listen(settings: ServeSettings) -> socket.socket:
-    """The listening socket (bound here, so a port in use is a ``ConfigError``, not uvicorn's exit)."""
+def _listen(settings: ServeSettings, file: str | None = None) -> socket.socket:
+    """The listening socket (bound here, so a port in use is a ``ConfigError``, not uvicorn's exit),
+    the error naming the configuration ``file`` and the key (``serve_configured`` names the
+    command-line option instead when the value came from there)."""
     try:
         family = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)[0][0]
         return socket.create_server((settings.host, settings.port), family=family)
     except OSError as exc:
         raise ConfigError(f"cannot listen on {_url_host(settings.host)}:{settings.port}: {exc.strerror or exc}",
                           key=f"plugins.{PLUGIN}.serve.port" if isinstance(exc, PermissionError)
-                          or exc.errno == errno.EADDRINUSE else f"plugins.{PLUGIN}.serve.host",
-                          hint="choose a free port (--port, or 0 for any), and an address of this machine "
-                               "(--host)") from None
+                          or exc.errno == errno.EADDRINUSE else f"plugins.{PLUGIN}.serve.host", file=file,
+                          hint=f"choose a free port (--port, or port in [plugins.{PLUGIN}.serve]; 0 for any), and "
+                               f"an address of this machine (--host, or host in [plugins.{PLUGIN}.serve])") from None
 
 
 async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[str], None] | None = None,
@@ -583,7 +588,7 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
             yield
 
     app = build_app(host, settings)
-    sock = _listen(settings)
+    sock = _listen(settings, host.config_file)
     # proxy_headers off: X-Forwarded-For from any local client would otherwise set the address
     # the audit events show.
     server = Server(uvicorn.Config(app, log_level="warning", lifespan="on", proxy_headers=False,

@@ -109,7 +109,7 @@ def caller_context(host: ToolHost, settings: ServeSettings, client: ServeClient 
         where = f"plugins.{PLUGIN}.serve"
         if client is not None:
             where += f".clients[{settings.clients.index(client)}]" if client in settings.clients else ".clients"
-        raise ConfigError(str(wrong), key=f"{where}.{wrong.field}",
+        raise ConfigError(str(wrong), key=f"{where}.{wrong.field}", file=host.config_file,
                           hint="a principal, role or environment is a name, a scope a short token: printable "
                                "characters, no credential (docs/contract.md, 'Identifiers')") from None
 
@@ -135,7 +135,8 @@ class Caller:
 
 def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> frozenset[str]:
     """The contract names ``names`` (a ``tools`` setting) exposes: none for None, every mounted
-    tool for ``["*"]``. ``ConfigError`` naming ``key`` when a name is not mounted."""
+    tool for ``["*"]``. ``ConfigError`` naming ``key`` (and the host's configuration file) when a
+    name is not mounted."""
     mounted = {spec.name for spec in host.specs}
     if names is None:
         return frozenset()
@@ -146,7 +147,7 @@ def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> fr
             by_model_name = {mounted.model_name: mounted.spec.name for mounted in host.tools}
             hint = (f"'tools' takes contract names: {by_model_name[name]!r} (clients see it as {name!r})"
                     if name in by_model_name else "'amplifier-tools list' shows the mounted tools' names")
-            raise ConfigError(f"names no mounted tool {name!r}", key=key, hint=hint)
+            raise ConfigError(f"names no mounted tool {name!r}", key=key, hint=hint, file=host.config_file)
     return frozenset(names)
 
 
@@ -747,11 +748,31 @@ async def serve_configured(
             settings = attrs.evolve(settings, **overrides)
             listening = sorted(f"--{name}" for name in ("host", "port") if name in overrides)
             if listening and settings.transport == "stdio":
+                # The transport is the setting at fault: named with its file (found by a newcomer's
+                # trial: the error named neither), and the flags are named by the message.
                 raise ConfigError(f"{' and '.join(listening)} set where to listen for HTTP, but the transport is "
-                                  "stdio", key=f"plugins.{PLUGIN}.serve.transport",
+                                  "stdio", key=f"plugins.{PLUGIN}.serve.transport", file=host.config_file,
                                   hint="add --transport streamable-http (or set transport = \"streamable-http\" "
-                                       f"in [plugins.{PLUGIN}.serve])")
-        await serve(host, settings, freeze_heap=freeze_heap)
+                                       f"in [plugins.{PLUGIN}.serve]"
+                                       + (f" of {host.config_file})" if host.config_file else ")"))
+        try:
+            await serve(host, settings, freeze_heap=freeze_heap)
+        except ConfigError as exc:
+            given = overrides or {}
+            flag = _flag_at_fault(exc, given)
+            if flag is None:
+                raise
+            # The value came from the command line, not from the file: the option is named, not the
+            # file's key (found by a newcomer's trial: "--port 8765" in use named neither).
+            raise ConfigError(exc.detail, key=f"--{flag} {given[flag]}", hint=exc.hint) from None
+
+
+def _flag_at_fault(exc: ConfigError, overrides: Mapping[str, Any]) -> str | None:
+    """The command-line option (``port``, ``host``) whose value ``exc`` refuses, when it set that
+    ``[plugins.mcp.serve]`` field; else None."""
+    prefix = f"plugins.{PLUGIN}.serve."
+    field = exc.key[len(prefix):] if exc.key and exc.key.startswith(prefix) else None
+    return field if field in ("host", "port") and field in overrides else None
 
 
 async def serve_stdio(
