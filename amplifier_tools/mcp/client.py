@@ -198,13 +198,19 @@ class ServerConnection:
                 bound_body(response, s.max_message_bytes)
 
             async def bound(request: httpx2.Request) -> None:
+                # Each bound is on the whole answer (``WholeAnswerTimeout``), not only on each
+                # network read: found by attack, a server trickling a header line every 0.7 s held a
+                # cancellation's POST (and so the session's writer) for good, and the DELETE until
+                # ``close_bound()``.
                 if request.method == "DELETE":  # the session's end, sent as the connection closes
                     request.extensions["timeout"] = httpx2.Timeout(SESSION_END_TIMEOUT_S).as_dict()
+                    request.extensions[WHOLE_ANSWER_TIMEOUT] = SESSION_END_TIMEOUT_S
                 # ``aread``, not ``content``: a redirect's re-sent request has its body as a stream not
                 # yet read, and ``content`` raised (found by test: a redirect loop's typed error became
                 # ``mcp_server_died``); the SDK's bodies are bytes in memory, read again at no cost.
                 elif request.method == "POST" and carries_no_request(await request.aread()):
                     request.extensions["timeout"] = httpx2.Timeout(NOTIFICATION_READ_TIMEOUT_S).as_dict()
+                    request.extensions[WHOLE_ANSWER_TIMEOUT] = NOTIFICATION_READ_TIMEOUT_S
 
             self.http_refusal = None
             self.session_lost = self.session_served = False
@@ -221,6 +227,7 @@ class ServerConnection:
             client = create_mcp_http_client(headers={"Accept-Encoding": "identity", **self.headers},
                                             timeout=httpx2.Timeout(30.0, read=None))
             client.event_hooks["request"] = [bound]
+            whole_answer_timeouts(client)
             client.event_hooks["response"] = [note]
             async with client as http, \
                     streamable_http_client(s.url, http_client=http, max_sse_event_size=s.max_message_bytes) as streams:
@@ -673,6 +680,72 @@ def guard_sdk_client_log() -> None:
 
 #: Marks the error put in place of a body past ``max_message_bytes`` (``BodyTooLarge``).
 BODY_TOO_LARGE_MARK: Final = "amplifier-tools/body-too-large"
+
+
+#: A request extension: seconds its whole answer (status, headers and body) may take to come.
+WHOLE_ANSWER_TIMEOUT: Final = "amplifier_tools.whole_answer_timeout"
+
+
+class _DeadlineBody(httpx2.AsyncByteStream):
+    """A response body that fails with ``httpx2.ReadTimeout`` once its deadline (``anyio`` time) passed."""
+
+    def __init__(self, stream: Any, deadline: float, request: httpx2.Request) -> None:
+        self._stream = stream
+        self._deadline = deadline
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = self._stream.__aiter__()
+        while True:
+            try:
+                with anyio.fail_after(max(0.0, self._deadline - anyio.current_time())):
+                    chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise httpx2.ReadTimeout("the answer did not come whole in time", request=self._request) from None
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class WholeAnswerTimeout(httpx2.AsyncBaseTransport):
+    """A transport bounding the whole answer of a request carrying ``WHOLE_ANSWER_TIMEOUT``: httpx's
+    own timeouts bound each network read, which a server sending a byte at a time restarts."""
+
+    def __init__(self, transport: httpx2.AsyncBaseTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        seconds = request.extensions.get(WHOLE_ANSWER_TIMEOUT)
+        if seconds is None:
+            return await self._transport.handle_async_request(request)
+        deadline = anyio.current_time() + seconds
+        try:
+            with anyio.fail_after(seconds):
+                response = await self._transport.handle_async_request(request)
+        except TimeoutError:
+            raise httpx2.ReadTimeout("no answer came in time", request=request) from None
+        response.stream = _DeadlineBody(response.stream, deadline, request)
+        return response
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+def whole_answer_timeouts(client: httpx2.AsyncClient) -> None:
+    """Put ``WholeAnswerTimeout`` in front of ``client``'s transports (its own, and a proxy's).
+    httpx has no public way to wrap a client's transports; an httpx2 without these attributes
+    leaves the bounds to httpx's per-read timeouts, with a warning (a test fails then)."""
+    if not hasattr(client, "_transport") or not isinstance(getattr(client, "_mounts", None), dict):
+        log.warning("mcp: this httpx2 (%s) hides its transports: a server trickling its answers can hold a "
+                    "cancellation's request longer than %s s", getattr(httpx2, "__version__", "?"),
+                    NOTIFICATION_READ_TIMEOUT_S)
+        return
+    client._transport = WholeAnswerTimeout(client._transport)
+    client._mounts = {pattern: None if transport is None else WholeAnswerTimeout(transport)
+                      for pattern, transport in client._mounts.items()}
 
 
 class BodyTooLarge(httpx2.StreamError):

@@ -552,6 +552,60 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
     return Gate(quota, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch)
 
 
+#: Seconds a connection gets to send a whole request head, from its start or from the end of its
+#: last answer; then it is closed.
+REQUEST_HEAD_TIMEOUT_S: Final = 10.0
+
+
+def _head_timed_protocol() -> type:
+    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head within
+    ``REQUEST_HEAD_TIMEOUT_S``. Found by attack, before any token is checked: uvicorn has no such
+    timeout (its keep-alive timer runs only between requests, and any byte received stops it), so
+    connections that sent half a request head were held for ever; under ``ulimit -n 256``, 300 of
+    them from a client without a token made the accept loop fail (``EMFILE``) and a client with a
+    valid token got no answer until the attacker let go."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def _arm_head_timer(self) -> None:
+            self._disarm_head_timer()
+            self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
+
+        def _disarm_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_head_timer()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            cycle = self.cycle
+            super().data_received(data)
+            if self.cycle is not cycle:  # a whole request head came: its request runs
+                self._disarm_head_timer()
+
+        def on_response_complete(self) -> None:
+            cycle = self.cycle
+            super().on_response_complete()
+            if self.cycle is cycle and not self.transport.is_closing():  # waiting for the next head
+                self._arm_head_timer()
+
+    return HeadTimedH11Protocol
+
+
 def _listen(settings: ServeSettings, file: str | None = None) -> socket.socket:
     """The listening socket (bound here, so a port in use is a ``ConfigError``, not uvicorn's exit),
     the error naming the configuration ``file`` and the key (``serve_configured`` names the
@@ -591,7 +645,8 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
     sock = _listen(settings, host.config_file)
     # proxy_headers off: X-Forwarded-For from any local client would otherwise set the address
     # the audit events show.
-    server = Server(uvicorn.Config(app, log_level="warning", lifespan="on", proxy_headers=False,
+    server = Server(uvicorn.Config(app, http=_head_timed_protocol(), log_level="warning", lifespan="on",
+                                   proxy_headers=False,
                                    timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S)))
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []

@@ -308,8 +308,12 @@ class ProgressRelay:
 
 def _number(value: Any) -> float | None:
     """``value`` as a finite float, else None (JSON has no NaN, and bool is no number here)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int past the float range (found by attack: it raised here)
+            return None
+        return number if math.isfinite(number) else None
     return None
 
 
