@@ -114,7 +114,14 @@ class HookRegistry:
         return unregister
 
     def unregister(self, event: str, name: str | None = None, handler: Handler | None = None) -> int:
-        """Remove handlers of ``event`` by name or function (all of them when neither); how many."""
+        """Remove handlers of ``event`` by name or function (all of them when neither); how many.
+
+        ``unregister(name)`` alone, amplifier-core's spelling, removes the handlers of that name
+        from every event when no handler is registered for an event so called (found by attack:
+        the name was taken for an event, nothing was removed, and the handler kept running)."""
+        if name is None and handler is None and not self._handlers.get(event):
+            return sum(self.unregister(e, event) for e in list(self._handlers)
+                       if any(r.name == event for r in self._handlers[e]))
         handlers = self._handlers.get(event, [])
         gone = [r for r in handlers if (name is None or r.name == name) and (handler is None or r.handler is handler)]
         for r in gone:
@@ -171,13 +178,14 @@ class HookRegistry:
         return _hook_result(action, current if action == "modify" else None, reason)
 
     async def _run_handler(self, r: Registration, event: str, data: dict[str, Any]) -> Parsed | None:
-        """``r``'s handler on ``event``: what it answered, or None when it failed (logged)."""
+        """``r``'s handler on ``event``: what it answered, or None when it failed (logged). An answer
+        that cannot be read is a ``deny``, as amplifier-core's ``emit`` makes it (found by attack: it
+        was skipped, and a module asking ``emit`` whether to go on went on)."""
         out = None
         try:
             out = r.handler(event, data)
             if inspect.isawaitable(out):
                 out = await out
-            return parse_result(out)
         except BaseException as exc:  # its traceback without the host's secrets
             if isinstance(exc, KeyboardInterrupt) or thrown_in(exc):  # thrown_in: the emitter is being closed
                 raise
@@ -190,6 +198,13 @@ class HookRegistry:
             log.error("%s", redact_text(f"event handler {r.name!r} of {r.owner!r} failed on {event!r}", secrets,
                                         patterns=False), exc_info=chain_without_secrets(exc, secrets))
             return None
+        try:
+            return parse_result(out)
+        except Exception as exc:  # ValueError, or an answer whose attributes raise
+            reason = redact_text(f"event handler {r.name!r} of {r.owner!r} returned an answer that cannot be read "
+                                 f"on {event!r} ({exc}); denied", self._host.secrets, patterns=False)
+            log.error("%s", reason)
+            return Parsed("deny", reason)
 
     def starting(self) -> None:
         """The host begins mounting its plugins: keep what is emitted until ``started``."""
@@ -269,8 +284,18 @@ def parse_result(out: Any) -> Parsed:
     action = get("action", "continue")
     if action not in ACTIONS:
         raise ValueError(f"returned unknown action {action!r} (expected one of {sorted(ACTIONS)})")
-    return Parsed(action, get("reason", None), get("data", None), get("context_injection", None),
-                  get("context_injection_role", "system") or "system", bool(get("ephemeral", False)),
+    text, role, ephemeral = (get("context_injection", None), get("context_injection_role", "system") or "system",
+                             bool(get("ephemeral", False)))
+    items = get("context_injections", None)
+    if text is None and isinstance(items, (list, tuple)) and items:
+        # amplifier-core 2.x's lossless form; its registry projects the scalar fields from it as here
+        # (found by attack: the injected text was lost, the trail entry had none).
+        def field(item: Any, key: str, default: Any) -> Any:
+            return item.get(key, default) if isinstance(item, dict) else getattr(item, key, default)
+        text = "\n\n".join(str(field(item, "content", "")) for item in items)
+        role = field(items[0], "role", "system") or "system"
+        ephemeral = bool(field(items[0], "ephemeral", False))
+    return Parsed(action, get("reason", None), get("data", None), text, role, ephemeral,
                   get("approval_prompt", None), get("approval_options", None),
                   get("approval_default", "deny") or "deny")
 

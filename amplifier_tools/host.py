@@ -593,7 +593,7 @@ class ToolHost:
                 self._queue(ep.name, functools.partial(instantiate, ep.load), "entry_point",
                             dist.name if dist else None,
                             dist.version if dist else None, required=self._required(ep.name))
-        planned = {entry["module"]: entry for entry in self.config.get("modules", [])}
+        planned = self._planned_modules()
         if self._entry_points:  # without the scan, an entry point's name cannot be told from a typo
             self._check_plugin_names({*BUILTIN_PLUGINS, *map(plugin_name, self._extra_plugins), *planned,
                                       *(ep.name for group in (installed or {}).values() for ep in group)})
@@ -646,6 +646,22 @@ class ToolHost:
                                           f"(installed: {', '.join(sorted(known))})", key=where,
                                           file=None if where == variable else self.config_file,
                                           hint=hint or "amplifier-tools plugins lists what is installed")
+
+    def _planned_modules(self) -> dict[str, Mapping[str, Any]]:
+        """The mount plan's entries (``modules``, and the ``tools``/``hooks`` lists) by module name.
+        A module named twice with different settings stops the start (found by attack: the earlier
+        entry was dropped without a word, so a deny rule configured there never ran; Amplifier
+        mounts each entry, and one plugin name here takes one); an entry repeated as it is mounts once."""
+        planned: dict[str, Mapping[str, Any]] = {}
+        for entry in self.config.get("modules", []):
+            name = entry["module"]
+            first = planned.setdefault(name, entry)
+            if first is not entry and first != entry:
+                raise ConfigError(f"module {name!r} is named twice in the mount plan (modules/tools/hooks), "
+                                  "with different settings; only one would be mounted", key="modules",
+                                  file=self.config_file,
+                                  hint="keep one entry, or merge the two entries' config into it")
+        return planned
 
     def _check_one_config_source(self, name: str, entry: Mapping[str, Any]) -> None:
         """A module's config comes from one place: the mount plan entry or ``[plugins.NAME]``."""
