@@ -274,6 +274,25 @@ async def test_a_nul_in_the_command_is_the_callers_contract_error(host: ToolHost
     assert result.error is not None and (result.error["type"], result.error["pointer"]) == ("ContractError", "/command")
 
 
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+async def test_a_command_longer_than_one_program_argument_can_be_is_the_callers_contract_error(
+        tmp_path: Path, sandbox: str) -> None:
+    """Linux passes at most 128 KiB in one argument (MAX_ARG_STRLEN). Found by attack: a longer
+    command failed as ``sandbox_failed`` "could not start bwrap" (as ``spawn_failed`` unconfined),
+    blaming the sandbox or the system for the caller's input."""
+    host = await bash_host(tmp_path, sandbox=sandbox)
+    try:
+        fits = await host.call("bash", {"command": "echo " + "x" * 131_000 + " | wc -c"})
+        assert fits.success and fits.output["stdout"].strip() == "131001", fits.error
+        result = await host.call("bash", {"command": "echo " + "é" * 70_000})  # 140,005 bytes in UTF-8
+        assert result.error is not None
+        assert (result.error["type"], result.error["code"], result.error["pointer"]) == (
+            "ContractError", "invalid_input", "/command")
+        assert "140,005 bytes" in result.error["message"] and "bash script.sh" in result.error["hint"]
+    finally:
+        await host.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="running commands as another user needs a root host")
 @pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
 @pytest.mark.parametrize("sandbox", ["auto", "off"])

@@ -38,6 +38,8 @@ VERSION: Final = "1.0.0"
 BASE_ENV: Final = ("PATH", "HOME", "LANG", "TERM")
 DEFAULT_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 MESSAGE_TAIL: Final = 600  # characters of stderr/stdout quoted in a failure message
+#: Linux's MAX_ARG_STRLEN (32 pages of 4 KiB): the most bytes one program argument holds, its NUL included.
+MAX_ARGUMENT_BYTES: Final = 131_072
 
 
 @attrs.frozen
@@ -185,6 +187,11 @@ class BashTool:
         if "\x00" in command:  # found by attack: exec refused it as an untyped ValueError
             raise ContractError("the command holds a NUL character, which no program argument can",
                                 code="invalid_input", pointer="/command")
+        size = len(os.fsencode(command))
+        if size >= MAX_ARGUMENT_BYTES:  # found by attack: exec's E2BIG read as the sandbox's or the system's failure
+            raise ContractError(f"the command is {size:,} bytes; Linux passes at most {MAX_ARGUMENT_BYTES - 1:,} bytes "
+                                "in one program argument (MAX_ARG_STRLEN)", code="invalid_input", pointer="/command",
+                                hint="write the script to a file in the working directory and run that: bash script.sh")
         s.rules.check(command)
         cwd, writable, protected = self.working_directory(input.get("cwd"))
         env = self.environment(context)
