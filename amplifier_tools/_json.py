@@ -180,13 +180,21 @@ def _note(altered: list[str], where: str, what: str) -> None:
         altered.append("...: more values were altered")
 
 
-def _text(value: str, altered: list[str], where: str) -> str:
+def utf8_text(value: str) -> str:
+    """``value`` with its lone surrogates escaped as ``\\udXXX`` (the very object when it has none):
+    text that UTF-8 can encode, as the audit record and what the adapters hand a model need."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        _note(altered, where, "lone surrogates escaped as \\udXXX")
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     return value
+
+
+def _text(value: str, altered: list[str], where: str) -> str:
+    escaped = utf8_text(value)
+    if escaped is not value:
+        _note(altered, where, "lone surrogates escaped as \\udXXX")
+    return escaped
 
 
 def _encodable(value: Any, altered: list[str], where: str, depth: int) -> Any:

@@ -15,17 +15,27 @@ from typing import Any, TypeVar, Union
 
 import attrs
 
+from .._json import utf8_text
 from ..content import Part, blocks_of, is_base64, render
 from ..content import model_parts as content_parts
 from ..definitions import model_name
 from ..host import ToolHost
-from ..models import MAX_CALL_ID, ToolCall, ToolContext, ToolResult, new_call_id, output_text, truncate_text
+from ..models import (
+    MAX_CALL_ID,
+    ContextFieldError,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    new_call_id,
+    output_text,
+    truncate_text,
+)
 from ..redaction import RecordingResolver
 from ..spec import ToolSpec
 
 __all__ = ["ContextSource", "call_context", "call_host", "framework_call_id", "is_strict_schema", "missing_extra",
            "media_block", "model_parts", "model_text", "parse_arguments", "require_started", "rich_result",
-           "select_specs"]
+           "select_specs", "sendable"]
 
 log = logging.getLogger("amplifier_tools.integrations")
 
@@ -95,7 +105,22 @@ def call_context(host: ToolHost, source: ContextSource[F], framework_context: F,
             raise TypeError(f"the context function {getattr(source, '__qualname__', source)!r} returned "
                             f"{type(context).__name__}, not a ToolContext")
     if trace_id is not None and context.trace_id is None:
-        context = attrs.evolve(context, trace_id=trace_id)
+        try:
+            context = attrs.evolve(context, trace_id=trace_id if isinstance(trace_id, str) else str(trace_id))
+        except ContextFieldError as wrong:
+            # Found by attack: the Agents SDK takes any ``RunConfig(trace_id=...)`` and LangGraph any
+            # ``config={"run_id": ...}``; one the host refuses as a trace id (300 characters, a
+            # non-ASCII letter) raised here, so every tool call of the run failed (the Agents SDK's
+            # ``UserError``, LangGraph's run ended) and none was recorded. Its bounded stand-in
+            # (``framework_call_id``'s) is used instead, or none.
+            if wrong.field != "trace_id":
+                raise
+            bounded = framework_call_id(str(trace_id))
+            try:
+                context = attrs.evolve(context, trace_id=bounded)
+            except ContextFieldError:
+                log.warning("the framework's trace id is no id the host takes (%s); the call runs without one",
+                            wrong)
     return context
 
 
@@ -160,13 +185,23 @@ def model_text(result: ToolResult, max_chars: int | None = None, parse_problem: 
     sanitized one, which names the offending field for a contract error.
     """
     if result.success:
-        return result.get_serialized_output(max_chars)
+        return sendable(result.get_serialized_output(max_chars))
     error = result.error or {}
     text = f"Error ({error.get('type', 'SystemError')}, {error.get('code', 'error')}): " \
            f"{error.get('message', 'unknown error')}"
     if parse_problem is not None and error.get("type") == "ContractError":
         text += f" ({parse_problem})"
-    return truncate_text(text, max_chars)
+    return sendable(truncate_text(text, max_chars))
+
+
+def sendable(text: str) -> str:
+    """``text`` with its lone surrogates escaped (``\\udcff``), as the audit record escapes them:
+    text a framework's HTTP client can encode as UTF-8. Found by attack: a tool that echoes what the
+    model sent (JSON ``"\\ud83d"``, half an emoji) or lists a file whose name is not UTF-8
+    (``fs.glob``: Python's ``surrogateescape`` names) returned a lone surrogate, the adapters
+    handed it on, and the next model request of the run raised ``UnicodeEncodeError`` in the
+    OpenAI client (Agents SDK, Pydantic AI): the whole agent run ended, the call recorded ``ok``."""
+    return text if text.isascii() else utf8_text(text)
 
 
 def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] | None:
@@ -195,6 +230,10 @@ def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] 
                 budget = 0
             else:
                 budget -= len(text)
+        if part[0] == "text":
+            part = ("text", sendable(part[1]), None, None)
+        elif isinstance(part[3], str):
+            part = (part[0], part[1], part[2], sendable(part[3]))
         shown.append(part)
     return shown
 

@@ -55,6 +55,7 @@ from ._common import (
     parse_arguments,
     rich_result,
     select_specs,
+    sendable,
 )
 
 __all__ = ["function_tools", "host_tool"]
@@ -79,7 +80,7 @@ def function_tools(host: ToolHost, *, context: ToolContext | ContextFunction | N
         strict = is_strict_schema(schema) and _sdk_keeps(schema)
         made.append(FunctionTool(
             name=model_name(spec.name),
-            description=spec.description or spec.title or spec.name,
+            description=sendable(spec.description or spec.title or spec.name),
             params_json_schema=schema,
             on_invoke_tool=_Invoker(host, spec.name, context, max_output_chars),
             strict_json_schema=strict,

@@ -61,6 +61,7 @@ from ._common import (
     model_text,
     parse_arguments,
     select_specs,
+    sendable,
 )
 
 __all__ = ["AmplifierToolset"]
@@ -130,7 +131,7 @@ class AmplifierToolset(AbstractToolset[Any]):
             # strict=False, not None, for a schema that is not strict: with None Pydantic AI's OpenAI
             # models add additionalProperties: false to every object (strict mode or not), so a
             # free-form object argument reached the model as "empty object only" (found by attack).
-            definition = ToolDefinition(name=name, description=spec.description or spec.title or spec.name,
+            definition = ToolDefinition(name=name, description=sendable(spec.description or spec.title or spec.name),
                                         parameters_json_schema=spec.input_schema,
                                         strict=is_strict_schema(spec.input_schema),
                                         metadata={"amplifier_tools": spec.name})
