@@ -53,6 +53,13 @@ from .patterns import PathPattern, components_below
 
 MAX_PATH_BYTES: Final = 4096
 MAX_SYMLINK_HOPS: Final = 40
+#: How many missing parent directories one write may make. Each is held open (a descriptor of its
+#: parent) until the write ends, to remove it again without following a symlink if the write fails
+#: (found by attack: ``write_file`` of a 3,000-byte path ``d/d/.../f`` — 1,500 new directories —
+#: failed with ``os_error`` "Too many open files" under the common limit of 1,024 descriptors, and
+#: any other call of the host meanwhile could fail the same way). ``glob`` and ``grep`` do not
+#: look deeper than 128 levels either (``tools.MAX_WALK_DEPTH``).
+MAX_MADE_DIRS: Final = 128
 DEFAULT_WRITE_DENIED: Final = (".git", ".env*")
 
 
@@ -422,6 +429,9 @@ class PathRules:
                     if stat.S_ISDIR(st.st_mode):
                         raise ExecutionError(f"{path!r} is a directory", code="is_a_directory", path=path)
                     raise _deny(f"{path!r} is not a regular file (FIFO, socket or device)", "special_file", path)
+                if names_a_directory(original):
+                    os.close(fd)
+                    raise not_a_directory(original)
                 return fd, st, resolved
         raise _deny(f"{path!r}: too many symbolic links", "symlink_loop", path)
 
@@ -429,7 +439,7 @@ class PathRules:
                 original: str) -> str:
         """Resolve a symlink met during a walk of ``original`` (``rest``: the components after it); the
         target must be inside a root, and the path it leads to must not be protected."""
-        target = os.readlink(name, dir_fd=dir_fd)
+        target = _readlink_now(dir_fd, name, original)
         base = os.path.dirname(resolved.path) if resolved.parts else resolved.root
         absolute = os.path.normpath(os.path.join(base, target))
         leads_to = os.path.join(absolute, *rest)
@@ -467,6 +477,10 @@ class PathRules:
                     except FileNotFoundError:
                         if not create_parents:
                             raise
+                        if made is not None and len(made) >= MAX_MADE_DIRS:
+                            raise ContractError(f"{path!r} would need more than {MAX_MADE_DIRS} new directories; "
+                                                "make fewer levels at once", code="invalid_path", pointer="/path",
+                                                path=path, rule="too_many_new_directories") from None
                         os.mkdir(part, 0o777, dir_fd=fd)
                         if made is not None:
                             made.append((os.dup(fd), part))
@@ -539,11 +553,13 @@ class PathRules:
         if stat.S_ISLNK(st.st_mode):
             # Refused whatever the target; when the target is protected, say so (trying the target won't help).
             target = os.path.realpath(os.path.join(os.path.dirname(self.normalize(path)),
-                                                    os.readlink(name, dir_fd=dir_fd)))
+                                                    _readlink_now(dir_fd, name, path)))
             entry = self.protects(target)
             if entry is not None:
                 raise _protected(path, target, entry)
             raise _deny(f"{path!r} is a symbolic link; write to its target path instead", "symlink_write", path)
+        if stat.S_ISDIR(st.st_mode):  # not a "special file" refused by the rules (found by attack)
+            raise ExecutionError(f"{path!r} is a directory", code="is_a_directory", path=path)
         if not stat.S_ISREG(st.st_mode):
             raise _deny(f"{path!r} is not a regular file", "special_file", path)
         if st.st_nlink > 1 and not self.allow_hardlinks:
@@ -573,6 +589,34 @@ def _check_writable(dir_fd: int, name: str, path: str, st: os.stat_result) -> No
             return
         raise os_error(exc, path) from None
     os.close(fd)
+
+
+def names_a_directory(path: str) -> bool:
+    """Whether ``path`` ends with ``/`` (or ``/.``), which only a directory may: the lexical
+    normalization drops it, so a file tool must look at the path as given."""
+    return isinstance(path, str) and path.endswith(("/", "/."))
+
+
+def not_a_directory(path: str) -> ExecutionError:
+    """The error for a file named with a trailing slash, as the kernel's ``ENOTDIR`` (found by attack:
+    the slash was dropped, so ``read_file``/``edit_file`` of ``f.txt/`` used ``f.txt``, and
+    ``write_file`` of ``new/`` created a regular file named ``new``)."""
+    return ExecutionError(f"{path!r} ends with a slash, which names a directory; a file's path has none",
+                          code="not_a_directory", path=path)
+
+
+def _readlink_now(dir_fd: int, name: str, path: str) -> str:
+    """The target of the symbolic link ``name`` just found in ``dir_fd``; ``ExecutionError``
+    ``file_changed`` naming ``path`` when it is no longer a link (found by attack: a workspace
+    that flipped a name between a file and a symlink failed about one call in 300 with
+    ``os_error`` "Invalid argument", ``readlink``'s answer for a file, naming no rule)."""
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOENT):
+            raise
+        raise ExecutionError(f"{path!r} was replaced by another process while it was opened (a symbolic link "
+                             "became a file, or went away); try again", code="file_changed", path=path) from None
 
 
 def _is_symlink(dir_fd: int, name: str) -> bool:

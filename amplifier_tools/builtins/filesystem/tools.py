@@ -18,7 +18,7 @@ from ...errors import ContractError, ExecutionError
 from ...models import ToolResult
 from ...redaction import SecretSet, redact_cut
 from ...spec import ToolSpec
-from .paths import PathRules, os_error
+from .paths import PathRules, names_a_directory, not_a_directory, os_error
 from .settings import FilesystemSettings
 from .textio import (
     ABANDONED,
@@ -194,6 +194,8 @@ class WriteFile(FilesystemTool):
             where = f" at character {exc.start}" if isinstance(exc, UnicodeEncodeError) else ""
             raise ContractError(f"the content cannot be encoded as {encoding}{where}", code="invalid_input",
                                 pointer="/content") from None
+        if names_a_directory(path):
+            raise not_a_directory(path)
         with self.rules.open_parent(path, write=True, create=True) as (dir_fd, name, resolved):
             if not name:
                 raise ExecutionError(f"{path!r} is a directory", code="is_a_directory")
@@ -241,6 +243,8 @@ class EditFile(FilesystemTool):
         except UnicodeEncodeError as exc:  # a lone surrogate (JSON "\ud800") that no byte stands for
             raise ContractError(f"new_string cannot be encoded as utf-8 at character {exc.start}",
                                 code="invalid_input", pointer="/new_string") from None
+        if names_a_directory(path):
+            raise not_a_directory(path)
         with self.rules.open_parent(path, write=True) as (dir_fd, name, resolved), file_lock(dir_fd, name):
             existing = self.rules.check_replace(dir_fd, name, path)
             if existing is None:
@@ -446,7 +450,7 @@ def text_encoding(encoding: str) -> str:
     return encoding
 
 
-def glob_regex(pattern: str, pointer: str = "/pattern") -> re.Pattern[str]:
+def glob_regex(pattern: str, pointer: str = "/pattern") -> GlobMatcher:
     """A regex for a glob with ``**`` (any number of directories), ``*``, ``?`` and ``[...]``;
     ``ContractError`` ``invalid_pattern`` naming ``pointer`` for a class ``re`` refuses (``[z-a]``)."""
     out = []
@@ -479,9 +483,40 @@ def glob_regex(pattern: str, pointer: str = "/pattern") -> re.Pattern[str]:
     try:
         # DOTALL: a name may hold a newline, and ``**`` must match it like any other character (found
         # by attack: ``**`` silently left out every file with a newline in its path)
-        return re.compile("".join(out) + r"\Z", re.DOTALL)
+        re.compile("".join(out) + r"\Z", re.DOTALL)  # the checks (and messages) of ``re``
     except re.error as exc:
         raise ContractError(f"invalid glob {pattern!r}: {exc.msg}", code="invalid_pattern", pointer=pointer) from None
+    return GlobMatcher("".join(out), pattern, pointer)
+
+
+def _utf8(text: str) -> bytes:
+    """``text`` as UTF-8 for RE2, a lone surrogate (a byte of a non-UTF-8 name, as ``os.fsdecode``
+    gives it) as U+FFFD: one character, as ``?`` and ``*`` took it on ``re``."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text).encode("utf-8")
+
+
+class GlobMatcher:
+    """A glob's regex run by RE2: linear in the path (found by attack: on ``re``, ``fs_glob`` of
+    ``*a*a*a*a*a*a*a*b`` in a directory holding one file named with 60 ``a``s held the GIL for
+    7.6 s, freezing the host past its 1 s timeout; each more ``*a`` multiplies it, and the same
+    went for ``fs_grep``'s ``glob``)."""
+
+    def __init__(self, regex: str, pattern: str, pointer: str) -> None:
+        import re2
+
+        options = re2.Options()
+        options.log_errors = False
+        try:
+            self._regex = re2.compile(b"(?s)" + _utf8(regex) + rb"\z", options)
+        except re2.error:
+            raise ContractError(f"invalid glob {pattern!r}: RE2 cannot run it", code="invalid_pattern",
+                                pointer=pointer) from None
+
+    def match(self, rel: str) -> bool:
+        return self._regex.match(_utf8(rel)) is not None
 
 
 class Glob(FilesystemTool):
@@ -546,6 +581,7 @@ class Grep(FilesystemTool):
         max_file = self.settings.max_size
         matches: list[dict[str, Any]] = []
         searched = 0
+        shown = [0]  # characters of text in ``matches``: bounded by ``MAX_GREP_TEXT``
         start = input.get("path", ".")
         try:
             fd, st, resolved = self.rules.open_file(start)
@@ -560,10 +596,11 @@ class Grep(FilesystemTool):
                         "it: read it in pages with fs_read_file (offset and limit)",
                         code="file_too_large", size=st.st_size)
                 self._search_fd(fd, st.st_size, os.path.basename(resolved.path), regex, context, cap, matches,
-                                max_file, self.secrets)
+                                max_file, self.secrets, shown)
             finally:
                 os.close(fd)
-            return {"truncated": len(matches) >= cap, "files_searched": 1, "matches": matches}
+            return {"truncated": len(matches) >= cap or shown[0] >= MAX_GREP_TEXT, "files_searched": 1,
+                    "matches": matches}
         too_deep = [0]
         for rel, dir_fd, name in _walk(self.rules, start, too_deep):
             if only is not None and not only.match(rel):
@@ -577,13 +614,14 @@ class Grep(FilesystemTool):
                 if not stat.S_ISREG(st.st_mode) or st.st_size > max_file:  # skipped, and not counted
                     continue
                 searched += 1
-                self._search_fd(fd, st.st_size, rel, regex, context, cap, matches, max_file, self.secrets)
+                self._search_fd(fd, st.st_size, rel, regex, context, cap, matches, max_file, self.secrets, shown)
             finally:
                 os.close(fd)
-            if len(matches) >= cap:
+            if len(matches) >= cap or shown[0] >= MAX_GREP_TEXT:
                 break
         # the counts first, so a cut of the text (200 matches of 500 characters) keeps them
-        out: dict[str, Any] = {"truncated": len(matches) >= cap, "files_searched": searched}
+        out: dict[str, Any] = {"truncated": len(matches) >= cap or shown[0] >= MAX_GREP_TEXT,
+                               "files_searched": searched}
         if too_deep[0]:
             out["too_deep"] = too_deep[0]
         out["matches"] = matches
@@ -592,8 +630,8 @@ class Grep(FilesystemTool):
     @staticmethod
     def _search_fd(fd: int, size: int, rel: str, regex: Any, context: int, cap: int,
                    matches: list[dict[str, Any]], max_file: int,
-                   secrets: Collection[str] | SecretSet = ()) -> None:
-        if size > max_file:
+                   secrets: Collection[str] | SecretSet = (), shown: list[int] | None = None) -> None:
+        if size > max_file or (shown is not None and shown[0] >= MAX_GREP_TEXT):
             return
         data = os.read(fd, size + 1) if size else b""
         if not data or looks_binary(data[:SNIFF_BYTES]) or regex.search(data) is None:
@@ -607,26 +645,40 @@ class Grep(FilesystemTool):
         starts = [0]
         for line in lines[:-1]:
             starts.append(starts[-1] + len(line) + 1)
-        seen_lines: set[int] = set()
-        for match in regex.finditer(data):
-            if match.start() >= past_end:
+        # One search per matching line, the next one from the start of the line after it (found by
+        # attack: ``finditer`` went through every match, and ``x*`` matches at each byte: one line of
+        # 2 MB took 2.5 s of the worker thread, a 10 MB one 12 s past the call's timeout, since the
+        # loop never looked whether the call was abandoned)
+        pos = 0
+        while pos < past_end:
+            check_abandoned()
+            match = regex.search(data, pos)
+            if match is None or match.start() >= past_end:
                 break
             index = bisect.bisect_right(starts, match.start()) - 1
-            if index in seen_lines:
-                continue
-            seen_lines.add(index)
+            pos = starts[index + 1] if index + 1 < len(starts) else past_end
             entry: dict[str, Any] = {"file": rel, "line": index + 1, "text": _shown(lines[index], secrets)}
             if context:
                 entry["before"] = [_shown(lines[j], secrets) for j in range(max(0, index - context), index)]
                 entry["after"] = [_shown(lines[j], secrets)
                                   for j in range(index + 1, min(len(lines), index + 1 + context))]
             matches.append(entry)
+            if shown is not None:
+                shown[0] += len(entry["text"]) + sum(map(len, entry.get("before", ()))) \
+                    + sum(map(len, entry.get("after", ())))
+                if shown[0] >= MAX_GREP_TEXT:
+                    return
             if len(matches) >= cap:
                 return
 
 
 #: ``fs_grep`` shows at most this many characters of a matching line (and of a context line).
 MATCH_LINE_CHARS = 500
+#: ``fs_grep`` stops (``truncated``) once its matches hold this many characters of text, lines and
+#: context lines together (found by attack: ``context`` 20 and ``max_matches`` 10,000 over a 6 MB
+#: file of 600-character lines gave one result of 207 million characters, the process 681 MB,
+#: each line repeated in the context of 40 matches; a model is shown 50,000 characters of it).
+MAX_GREP_TEXT = 2_000_000
 
 
 def _shown(line: bytes, secrets: Collection[str] | SecretSet) -> str:
