@@ -56,8 +56,11 @@ def require_started(host: ToolHost) -> None:
     """Refuse a host that is not started: its tools are not mounted yet, so the adapter would
     silently offer none (or a closed host, whose calls all fail)."""
     if not host.started:
-        raise RuntimeError("the host is not started: start it first (`async with ToolHost(...) as host:` "
-                           "or `await host.start()`) and keep it open while the agent runs")
+        # Also for a host closed under a running agent (found by a helper: "start it first" sent the
+        # user looking for a start that had happened).
+        raise RuntimeError("the host is not started, or was closed: start it first (`async with ToolHost(...) as "
+                           "host:` or `await host.start()`) and keep it open while the agent runs; a closed host "
+                           "cannot start again: make a new ToolHost")
 
 
 def select_specs(host: ToolHost, tools: Iterable[str] | None, *, skip_unmounted: bool = False) -> list[ToolSpec]:

@@ -328,6 +328,11 @@ async def test_an_unstarted_host_is_refused_naming_start(tmp_path: Any) -> None:
     for make in (function_tools, AmplifierToolset, langchain_tools):
         with pytest.raises(RuntimeError, match="not started.*start"):
             make(unstarted)
+    async with unstarted:
+        pass
+    for make in (function_tools, AmplifierToolset, langchain_tools):  # a closed host: said so, and what to do
+        with pytest.raises(RuntimeError, match="or was closed.*make a new ToolHost"):
+            make(unstarted)
 
 
 async def test_a_call_id_too_long_or_with_control_characters_is_bounded(host: ToolHost) -> None:
