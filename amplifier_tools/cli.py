@@ -636,12 +636,15 @@ def _config_source(args: argparse.Namespace) -> str | None:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .config import discover_config_file, load_config_file
+    from .config import discover_config_file
     from .conformance import check_target
 
-    # The same configuration as every other command: the plugin is mounted with its own section.
+    # The same configuration as every other command, and only one the host itself would start
+    # from: the plugin is mounted with its own section (found by attack: a pyproject.toml planted
+    # by a tool had ``validate mcp`` start the MCP server command it named, with the secrets it
+    # named, where every other command refused the file as untrusted).
     path: str | Path | None = args.config or discover_config_file()
-    config = load_config_file(path) if path is not None else None
+    config = trusted_host(args.config).config if path is not None else None
     with _stdout_to_stderr():  # the target's own prints (at import, in mount, its examples)
         report = check_target(args.target, run_examples=not args.no_run, config=config)
     if args.json:

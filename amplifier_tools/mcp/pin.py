@@ -21,6 +21,7 @@ or nothing is written and the TOML block is printed instead. The file is replace
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -217,15 +218,20 @@ def _check_only_pins_changed(before: str, after: str, new: Mapping[str, Mapping[
                                "edit as text)")
 
 
-def write_pins(path: Path, new: Mapping[str, Mapping[str, str]]) -> str:
+def write_pins(path: Path, new: Mapping[str, Mapping[str, str]], *, loaded_sha256: str | None = None) -> str:
     """Set each server's ``pins`` in the TOML file ``path`` (atomically; ``UneditableConfig`` when
     it cannot be done exactly, ``ConfigError`` when the file changed meanwhile). Returns the text
-    written."""
+    written. ``loaded_sha256``: the digest of the bytes the host loaded (and the trust check
+    judged); a file that no longer holds them is not edited (found by attack: a server that
+    rewrote the file while it was asked had its edit written back with the pins, and trusted)."""
     prefix = PYPROJECT_PREFIX if path.name == "pyproject.toml" else ""
     fd = open_host_file(path, os.O_RDONLY)  # a regular file of this user, not a link
     with os.fdopen(fd, "rb") as file:
         original = file.read()
         mode = os.fstat(file.fileno()).st_mode & 0o7777
+    if loaded_sha256 is not None and hashlib.sha256(original).hexdigest() != loaded_sha256:
+        raise ConfigError("the file changed while the servers were asked; nothing was written", file=str(path),
+                          hint="review the file (a server or tool may have written it), then run the command again")
     edited = edit_pins(original.decode("utf-8"), new, prefix)
     temp = path.with_name(f".{path.name}.pin-{os.getpid()}.tmp")
     fd = open_host_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
@@ -309,12 +315,14 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
         print(toml_block(done, prefix), end="")
         return 1
     try:
-        write_pins(path, {r.name: r.pins for r in done})
+        written = write_pins(path, {r.name: r.pins for r in done}, loaded_sha256=host.config_sha256)
     except UneditableConfig as exc:
         print(f"error: {path} was not changed: {exc}; paste these pins into it instead:", file=sys.stderr)
         print(toml_block(done, prefix), end="")
         return 1
-    state = config_trust.config_state(str(path), host.trust_roots)
+    # The bytes written are trusted, not what the file holds when it is read again.
+    state = config_trust.config_state(str(path), host.trust_roots,
+                                      sha256=hashlib.sha256(written.encode("utf-8")).hexdigest())
     if state is not None:  # the change is the operator's own: the next start takes it
         config_trust.remember(trust_dir, state)
     for r in done:
