@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("mcp")
 
 from mcp_helpers import Completions, audited_import, call_records
+from test_mcp_http_import_attack import read_request
 
 from amplifier_tools.mcp import client
 
@@ -58,14 +59,8 @@ class Trickling:
         assert task is not None
         self._tasks.add(task)
         try:
-            while line := await reader.readline():
-                method = line.decode().split(" ", 1)[0]
-                headers: dict[str, str] = {}
-                while (header := (await reader.readline()).decode()).strip():
-                    name, value = header.split(":", 1)
-                    headers[name.strip().lower()] = value.strip()
-                body = await reader.readexactly(int(headers.get("content-length", "0")))
-                message = json.loads(body) if body else None
+            while (request := await read_request(reader)) is not None:
+                method, _, message = request
                 kind = message.get("method", "response") if isinstance(message, dict) else method
                 self.seen.append(kind)
                 if kind in self.trickle:

@@ -31,6 +31,21 @@ Answer = tuple[int, dict[str, str], bytes]
 Behave = Callable[["Hostile", str, dict[str, str], Any], Awaitable[Answer | None]]
 
 
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], Any] | None:
+    """One HTTP/1.1 request from ``reader``: its method, its headers (names lowercased) and its
+    JSON body (None without one); None once the client closed the connection."""
+    line = await reader.readline()
+    if not line:
+        return None
+    method = line.decode().split(" ", 1)[0]
+    headers: dict[str, str] = {}
+    while (header := (await reader.readline()).decode()).strip():
+        name, value = header.split(":", 1)
+        headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return method, headers, json.loads(body) if body else None
+
 class Hostile:
     """An MCP server over HTTP/1.1 written by hand: it answers ``initialize`` (a new session each
     time), ``tools/list`` and ``tools/call`` of ``echo`` as JSON, unless ``behave`` (called with the
@@ -61,14 +76,8 @@ class Hostile:
         assert task is not None
         self._handlers.add(task)
         try:
-            while line := await reader.readline():
-                method = line.decode().split(" ", 1)[0]
-                headers: dict[str, str] = {}
-                while (header := (await reader.readline()).decode()).strip():
-                    name, value = header.split(":", 1)
-                    headers[name.strip().lower()] = value.strip()
-                body = await reader.readexactly(int(headers.get("content-length", "0")))
-                message = json.loads(body) if body else None
+            while (request := await read_request(reader)) is not None:
+                method, headers, message = request
                 self.requests.append((method, headers, message))
                 answer = await self.behave(self, method, headers, message) if self.behave is not None else None
                 status, extra, payload = answer if answer is not None else self.default(method, message)
