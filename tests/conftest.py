@@ -105,3 +105,13 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store(request: pytest.FixtureRequest) -> str:
+    """The policy plugin's ``store`` setting for each kind of store (Redis: a fresh server); a test
+    module may define its own ``store`` with fewer kinds."""
+    if request.param != "redis":
+        return str(request.param)
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url

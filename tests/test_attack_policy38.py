@@ -46,12 +46,6 @@ def _host(tmp_path: Path, store: str, tool: Any) -> ToolHost:
                     discover=False, working_dir=tmp_path / "work")
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def store(request: pytest.FixtureRequest) -> str:
-    if request.param != "redis":
-        return str(request.param)
-    server: RedisServer = request.getfixturevalue("redis_server")
-    return server.url
 
 
 @pytest.mark.parametrize("limit", [2**63 - 1, 2**63, 2**70])

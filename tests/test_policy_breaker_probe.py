@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from helpers import ToolsPlugin
-from redis_server import RedisServer
 
 from amplifier_tools import ExecutionError, ToolHost, ToolResult, ToolSpec
 from amplifier_tools.builtins.policy import shared
@@ -24,14 +23,6 @@ from amplifier_tools.spec import CircuitBreakerPolicy
 
 COOLDOWN_MS = 400
 
-
-@pytest.fixture(params=["memory", "sqlite", "redis"])
-def store(request: pytest.FixtureRequest) -> str:
-    """The ``store`` setting for each kind of store (Redis: a fresh server)."""
-    if request.param != "redis":
-        return str(request.param)
-    server: RedisServer = request.getfixturevalue("redis_server")
-    return server.url
 
 
 class Probed:
