@@ -81,10 +81,9 @@ from .models import (
     ToolContext,
     ToolResult,
     context_problem,
-    identifier_problem,
     new_call_id,
 )
-from .pipeline import CallPipeline
+from .pipeline import CallPipeline, unrecorded_refusal
 from .redaction import RecordingResolver, SecretSet, chain_without_secrets, redact_text
 from .registry import ToolRegistry
 from .secrets_table import EnvironmentSecrets
@@ -497,6 +496,13 @@ class ToolHost:
             if not idle:
                 _, late = await finish_despite_cancel(self._end_calls(pipeline, cancelled))
                 cancelled = cancelled or late
+            # Calls that entered while this close() woke from its wait (refused as closing, being
+            # recorded): none enters now; those are waited for before the cleanups, the audit writer's
+            # among them (found by attack: such a call was recorded after the audit log was closed).
+            pipeline.sealed = True
+            if pipeline.in_flight:
+                _, late = await finish_despite_cancel(pipeline.wait_idle(self._recording_bound()))
+                cancelled = cancelled or late
         self._pipeline = None
         if pipeline is not None:
             self._closed = True
@@ -519,9 +525,23 @@ class ToolHost:
         count = pipeline.cut_in_flight()
         log.warning("closing: cancelled %d call(s) still running %s", count,
                     "as close() was cancelled" if cancelled else "after shutdown_grace_ms")
-        # Cut calls record themselves through their hooks, each bounded by its hook timeout.
-        if not await pipeline.wait_idle(self.dispatcher.default_timeout or 10.0):
+        # Cut calls record themselves through their hooks, each bounded by its hook timeout: the wait
+        # is bounded by the chains a cut call still runs, every async implementation's timeout in turn
+        # (found by attack: bounded by one hook timeout, two tool_error hooks that used theirs outlasted
+        # it, and the audit writer was closed before the call's record).
+        if not await pipeline.wait_idle(self._recording_bound()):
             log.error("closing: %d call(s) did not finish recording; cleanups run anyway", len(pipeline.in_flight))
+
+    def _recording_bound(self) -> float:
+        """How long a cut call may take to record itself: the tool_post or tool_error chain, then
+        tool_complete, each async implementation within its own hook timeout."""
+        default = self.dispatcher.default_timeout or 10.0
+
+        def chain(hook: str) -> float:
+            return sum((impl.timeout if impl.timeout is not None else default)
+                       for impl in self.dispatcher.impls(hook) if impl.is_async)
+
+        return max(default, max(chain("tool_post"), chain("tool_error")) + chain("tool_complete") + 0.05)
 
     async def _run_cleanups(self) -> None:
         """Run the cleanups, last registered first; a failure is logged and the next one runs."""
@@ -981,13 +1001,7 @@ class ToolHost:
             problem = _refused_context(wrong)
         if problem is not None or pipeline is None:
             assert problem is not None
-            call_id = getattr(call, "id", None)
-            if call_id is not None and identifier_problem(call_id, self.secrets) is not None:
-                call_id = None  # an id the pipeline would refuse is not handed back either
-            return ToolResult(False, None, {
-                **problem.details, "type": problem.category, "code": problem.code, "message": problem.message,
-                "retryable": False, "cause": None, "tool": getattr(call, "name", None), "call_id": call_id},
-                {}, call_id)
+            return unrecorded_refusal(problem, getattr(call, "id", None), getattr(call, "name", None), self.secrets)
         return await pipeline.run(call.id, call.name, call.arguments,
                                   self._default_context if context is None else self._own(context), own_id,
                                   self._loop, call)  # the running loop: ``_elsewhere`` found it the host's

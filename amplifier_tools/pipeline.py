@@ -96,6 +96,19 @@ else:  # pragma: no cover - exercised by the py310 and py311 tox envs
         return False
 
 
+def unrecorded_refusal(problem: ToolError, call_id: Any, name: Any, secrets: SecretSet | None) -> ToolResult:
+    """The result of a call refused before it reached the pipeline's hooks (the host not started or
+    closed, a call from the wrong loop, a malformed call): no hook sees it and no record is made.
+    ``secrets``: check ``call_id`` against them (``None``: an id the host made); an id the pipeline
+    would refuse is not handed back either."""
+    if secrets is not None and call_id is not None and identifier_problem(call_id, secrets) is not None:
+        call_id = None
+    return ToolResult(False, None, {
+        **problem.details, "type": problem.category, "code": problem.code, "message": problem.message,
+        "retryable": False, "cause": None, "tool": name if isinstance(name, str) else None, "call_id": call_id},
+        {}, call_id)
+
+
 class CallPipeline:
     """Runs calls against a tool registry through a hook dispatcher."""
 
@@ -108,6 +121,10 @@ class CallPipeline:
         self.default_timeout = default_timeout
         #: Set by ``ToolHost.close``: new calls and tools not yet started end in ``host_closing``.
         self.closing = False
+        #: Set by ``ToolHost.close`` once the calls in flight are drained, before the plugins' cleanups:
+        #: a call arriving now is refused unrecorded (found by attack: one entering while ``close``
+        #: woke from its wait was recorded after the audit writer's cleanup, and its record was lost).
+        self.sealed = False
         #: Calls in flight: a number per call -> the task running it (``close`` cancels the stragglers).
         self.in_flight: dict[int, asyncio.Task[Any] | None] = {}
         #: Calls ``close`` cut after the grace period (their cancellation becomes ``host_closing``).
@@ -129,6 +146,9 @@ class CallPipeline:
         call hook implemented, or a failure to end): a host with none makes no object nobody reads
         (≈ 0.3 µs, 5 % of a bare call). One coroutine, where a wrapper keeping the call in
         ``in_flight`` around the body cost a coroutine per call."""
+        if self.sealed:
+            return unrecorded_refusal(ToolSystemError("the host is closed", code="host_closing"), call_id, name,
+                                      None if own_id else self.secrets)
         number = next(self._numbers)
         task = self.in_flight[number] = asyncio.current_task(loop)
         counting = None
