@@ -74,7 +74,8 @@ async def _spawn_cases(work: Path, quick: bool) -> list[Row]:
         row("bash echo hi via ToolHost, sandboxed (default), vs raw bwrap with the same view", ms["sandboxed"],
             ms["raw_bwrap"], "ms", ratio=sandbox_ratio, target="≤ 1.3x raw bwrap", met=sandbox_ratio <= 1.3,
             spread=spread["sandboxed"],
-            notes=f"ours/raw bwrap = {sandbox_ratio:.2f}; {note} (ours adds the masks, the status pipe and, with a bubblewrap before 0.5.0, the start probe)"),
+            notes=f"ours/raw bwrap = {sandbox_ratio:.2f}; {note} (ours adds the masks, the status pipe and, "
+                  "with a bubblewrap before 0.5.0, the start probe)"),
         row("sandbox start cost: raw bwrap echo hi vs raw bash echo hi", ms["raw_bwrap"], ms["raw_bash"], "ms",
             ratio=ms["raw_bwrap"] / ms["raw_bash"], target="stated", met=None, spread=spread["raw_bwrap"],
             notes=f"bubblewrap's own cost: +{ms['raw_bwrap'] - ms['raw_bash']:.1f} ms per command"),
