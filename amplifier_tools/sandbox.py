@@ -419,7 +419,7 @@ _probe_lock = threading.Lock()
 
 
 def reports_exit(bwrap: str) -> bool:
-    """Whether ``bwrap``, probed working (``probe``), takes ``--json-status-fd`` (bubblewrap 0.5.0
+    """Whether ``bwrap``, probed working (``probe``), takes ``--json-status-fd`` (bubblewrap 0.3.2
     and later): it then writes ``{"exit-code": N}`` there once the command has run, and writes none
     when its own setup, or the exec of the command, failed. That tells a setup failure (exit code 1,
     like any command's) from the command's own exit without a shell started first in the sandbox to
@@ -464,7 +464,7 @@ def probe(bwrap: str) -> str | None:
         if bwrap in _working:
             return None
         reason, reporting = _run_probe(bwrap, status=True)
-        if reason is not None and reporting is None:  # a bubblewrap before 0.5.0: no --json-status-fd
+        if reason is not None and reporting is None:  # a bubblewrap before 0.3.2: no --json-status-fd
             reason, reporting = _run_probe(bwrap, status=False)
         if reason is None:
             _working.add(bwrap)

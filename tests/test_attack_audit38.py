@@ -16,13 +16,14 @@ import errno
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from test_audit_trust import TamperEvents, anchor_of, call, lines, log_path, make
 
 from amplifier_tools.builtins.audit import writer as writer_module
-from amplifier_tools.builtins.audit.chain import read_anchor, verify
+from amplifier_tools.builtins.audit.chain import GENESIS, Anchor, encode_anchor, read_anchor, verify
 
 
 @pytest.mark.parametrize("mode", ["fail_open", "fail_closed"])
@@ -151,3 +152,104 @@ async def test_a_tamper_record_the_full_disk_kept_out_until_close_is_not_forgott
     finally:
         await host.close()
     assert lines(log)[0]["kind"] == "tamper", lines(log)
+
+
+def _refuse_once(monkeypatch: pytest.MonkeyPatch, what: str) -> dict[str, bool]:
+    """The writer's ``what`` (``"create"``: the fresh segment's ``O_EXCL`` create; ``"rename"``: the
+    untrusted file's rename aside) fails with ENOSPC while ``full["on"]``."""
+    full = {"on": True}
+    real_open, real_rename = writer_module.open_host_file, os.rename
+
+    def open_host_file(name: str, flags: int, **kwargs: object) -> int:
+        if what == "create" and full["on"] and flags & os.O_EXCL and ".tmp" not in name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_open(name, flags, **kwargs)  # type: ignore[arg-type]
+
+    def rename(src: str, dst: str, **kwargs: object) -> None:
+        if what == "rename" and full["on"] and ".tampered-" in str(dst):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_rename(src, dst, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer_module, "open_host_file", open_host_file)
+    monkeypatch.setattr(writer_module.os, "rename", rename)
+    return full
+
+
+@pytest.mark.parametrize("settled", [False, True], ids=["anchor-at-start", "anchor-refreshed"])
+async def test_a_fresh_segment_the_full_disk_kept_from_being_created_is_reported_and_made_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], settled: bool) -> None:
+    """5 (found by review of 1). The untrusted file renamed aside, the fresh segment's create refused
+    (ENOSPC, EDQUOT): nothing was reported, and the next record went to a log opened anew — "deleted",
+    with neither the reason nor the file set aside, or, the anchor still at the log's start, a new log
+    with no tamper record at all that verified."""
+    events = TamperEvents()
+    host = await make(tmp_path, events=events)
+    log = log_path(tmp_path)
+    try:
+        for i in range(3):
+            assert (await call(host, f"t{i}")).success
+        await asyncio.sleep(0.3)  # the fsync thread anchors the three records
+        if not settled:  # the anchor as the log's first record left it, before the thread's refresh
+            anchor_of(tmp_path).write_bytes(encode_anchor(Anchor(file=log.name, inode=log.stat().st_ino, size=0,
+                                                                 hash=GENESIS, records=0, ts=time.time())))
+        with open(log, "r+b") as handle:  # cut short by one record's tail
+            handle.truncate(log.stat().st_size - 10)
+        full = _refuse_once(monkeypatch, "create")
+        await call(host, "during-full")
+        await asyncio.sleep(0.1)  # the audit:tamper event is emitted from a task
+        assert "TAMPERING" in capsys.readouterr().err and events.events, "not reported while the disk was full"
+        full["on"] = False
+        for i in range(2):
+            await call(host, f"after{i}")
+    finally:
+        await host.close()
+    records = lines(log)
+    assert records[0]["kind"] == "tamper" and "cut short" in records[0]["reason"], records[0]
+    assert records[0]["moved_to"] and (log.parent / records[0]["moved_to"]).exists()
+    assert [r.get("arguments", {}).get("text") for r in records[1:]] == ["after0", "after1"]
+    assert len(events.events) == 1  # reported once, not again when the segment is made
+    assert not verify(log, head=read_anchor(anchor_of(tmp_path))).ok
+
+
+async def test_a_fresh_segment_still_uncreated_at_close_is_made_by_close(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = await make(tmp_path)
+    log = log_path(tmp_path)
+    try:
+        for i in range(2):
+            assert (await call(host, f"t{i}")).success
+        with open(log, "ab") as handle:
+            handle.write(b'{"forged":1}\n')
+        full = _refuse_once(monkeypatch, "create")
+        await call(host, "during-full")
+        full["on"] = False  # space freed before the host closes
+    finally:
+        await host.close()
+    assert lines(log)[0]["kind"] == "tamper"
+
+
+async def test_a_rename_the_full_disk_refused_never_joins_the_untrusted_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The retry of 5 joins a fresh segment another writer made only once the untrusted file was set
+    aside: a live log that itself began with a ``tamper`` record, cut short, and whose rename aside
+    failed, must not be adopted as such a segment (its lost records accepted)."""
+    host = await make(tmp_path)
+    log = log_path(tmp_path)
+    try:
+        assert (await call(host, "t0")).success
+        with open(log, "ab") as handle:  # a first tampering: the live log begins with a tamper record
+            handle.write(b'{"forged":1}\n')
+        for i in range(3):
+            await call(host, f"s{i}")
+        assert lines(log)[0]["kind"] == "tamper"
+        await asyncio.sleep(0.3)
+        with open(log, "r+b") as handle:  # a second: cut to its complete first two records
+            handle.truncate(sum(len(line) for line in log.read_bytes().split(b"\n")[:2]) + 2)
+        full = _refuse_once(monkeypatch, "rename")
+        await call(host, "during-full")
+        full["on"] = False
+        await call(host, "after")
+    finally:
+        await host.close()
+    records = lines(log)
+    assert records[0]["kind"] == "tamper" and "cut short" in records[0]["reason"], records[0]

@@ -126,7 +126,7 @@ async def test_missing_bwrap_is_a_system_error_and_nothing_runs(tmp_path: Path,
 @pytest.fixture(params=["json-status", "start-probe"])
 def status_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways a setup failure is told from the command's exit: bwrap's own ``--json-status-fd``
-    (bubblewrap 0.5.0+, this machine's), and the start probe kept for older bubblewraps."""
+    (bubblewrap 0.3.2+, this machine's), and the start probe kept for older bubblewraps."""
     from amplifier_tools import sandbox as engine
 
     if request.param == "start-probe":
@@ -214,7 +214,7 @@ asyncio.run(main())
 @pytest.mark.parametrize("kind", ["json-status", "start-probe"])
 def test_the_start_probe_runs_in_sh_in_a_fresh_process_and_none_runs_with_json_status(
         dirs: tuple[Path, Path], kind: str) -> None:
-    """With a bubblewrap that reports the exit (0.5.0+, this machine's), nothing runs before the
+    """With a bubblewrap that reports the exit (0.3.2+, this machine's), nothing runs before the
     command (it follows ``--``: one exec fewer a call); an older one's start probe runs in sh."""
     import subprocess
     import sys
@@ -264,7 +264,7 @@ def _is_bwrap(pid: int) -> bool:
 
 @needs_bwrap
 def test_a_bubblewrap_without_json_status_is_probed_working_and_gets_the_start_probe(tmp_path: Path) -> None:
-    """A bubblewrap before 0.5.0 refuses ``--json-status-fd`` ("Unknown option"): the probe tries
+    """A bubblewrap before 0.3.2 refuses ``--json-status-fd`` ("Unknown option"): the probe tries
     again without it, the sandbox works, and its commands get the start probe."""
     from amplifier_tools import sandbox as engine
     from amplifier_tools.builtins.bash import sandbox

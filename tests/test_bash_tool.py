@@ -371,3 +371,27 @@ def _as_nobody(loop_kind: str, mode: int, sandbox: str, command: str) -> Any:
         return run_on(loop_kind, scenario())
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.parametrize("sandbox", ["auto", "off"])
+async def test_a_lone_surrogate_in_the_command_is_the_callers_contract_error(tmp_path: Path, sandbox: str) -> None:
+    """Found by review: JSON's ``"\\ud800"`` (no UTF-8 encoding) failed as ``tool_raised``
+    UnicodeEncodeError, like the NUL above; ``\\udc80`` is a raw byte (surrogateescape) and runs."""
+    host = await bash_host(tmp_path, sandbox=sandbox)
+    try:
+        result = await host.call("bash", {"command": "echo \ud800"})
+        assert result.error is not None
+        assert (result.error["type"], result.error["code"], result.error["pointer"]) == (
+            "ContractError", "invalid_input", "/command"), result.error
+        assert "U+D800" in result.error["message"]
+        assert (await host.call("bash", {"command": "printf \udc80 | wc -c"})).output["stdout"].strip() == "1"
+    finally:
+        await host.close()
+
+
+async def test_a_cwd_no_path_can_be_names_cwd_not_path(host: ToolHost) -> None:
+    """Found by review: the path rules' ContractError pointed at ``/path``, which the bash tool has not."""
+    for cwd in ("a\x00b", "a\ud800", "x" * 5000):
+        result = await host.call("bash", {"command": "pwd", "cwd": cwd})
+        assert result.error is not None
+        assert (result.error["type"], result.error["pointer"]) == ("ContractError", "/cwd"), result.error

@@ -202,6 +202,9 @@ class AuditWriter:
         self._retired: list[int] = []
         #: The encoded ``tamper`` record of a fresh segment, until it is written (``_fresh_segment``).
         self._pending_tamper: bytes | None = None
+        #: ``(reason, moved)`` of tampering found, reported, whose fresh segment could not be made (the
+        #: untrusted file set aside, the new one not created): the next append (or ``close``) makes it.
+        self._unstarted: tuple[str, str | None] | None = None
         self._stop = False
         with self._lock:
             try:
@@ -341,6 +344,13 @@ class AuditWriter:
         with self._lock:
             if self._stop:
                 return
+            if self._unstarted is not None and self._fd is None:
+                try:
+                    self._fresh_segment(*self._unstarted)
+                    self._unlock()
+                except (OSError, _Tampered) as exc:
+                    log.error("audit log %s: the fresh segment and its tamper record are still not written: %s",
+                              self.path, exc)
             if self._pending_tamper is not None and self._fd is not None:
                 try:
                     fcntl.flock(self._fd, fcntl.LOCK_EX)
@@ -702,29 +712,34 @@ class AuditWriter:
         first = os.pread(fd, 1 << 16, 0).split(b"\n", 1)[0]
         return not isinstance(check_line(first + b"\n", digest), str)
 
-    def _fresh_segment(self, reason: str) -> None:
+    def _fresh_segment(self, reason: str, moved_before: str | None = None) -> None:
         """Keep the untrusted file aside, start a new chain whose first record says what was found.
+        ``moved_before``: an earlier attempt (``_unstarted``) set the untrusted file aside already.
 
         The untrusted file stays locked until the fresh segment is in place, so another writer
         sharing the log, waiting for that lock, then finds the fresh segment at the path and joins
         it (``_catch_up``, ``_open_locked``) instead of judging the old file again; one that found
         the tampering at the same moment joins it here."""
         self.tampered = reason
+        reported, self._unstarted = self._unstarted is not None, None
         trusted = self._head
         old, self._fd = self._fd, None
         assert self._dir_fd is not None
         try:
             on_path = self._inode_on_path()
-            if old is not None and on_path is not None and on_path != os.fstat(old).st_ino \
+            # Another writer moved the file we locked aside first (or, once we had set it aside, made the
+            # fresh segment we could not): join it.
+            if on_path is not None and (on_path != os.fstat(old).st_ino if old is not None else moved_before) \
                     and self._joined_other_segment(reason):
-                return  # another writer moved the file we locked aside first
-            moved = None
+                return
+            moved = moved_before
             try:
                 with self._path_lock(fcntl.LOCK_EX):
                     if on_path is not None:
                         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-                        moved = f"{self._leaf}.tampered-{stamp}-{os.getpid()}"
-                        os.rename(self._leaf, moved, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+                        aside = f"{self._leaf}.tampered-{stamp}-{os.getpid()}"
+                        os.rename(self._leaf, aside, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+                        moved = moved or aside
                     fd = open_host_file(self._leaf, LOG_FLAGS | os.O_CREAT | os.O_EXCL, dir_fd=self._dir_fd)
                     fcntl.flock(fd, fcntl.LOCK_EX)
             except FileExistsError:
@@ -732,6 +747,14 @@ class AuditWriter:
                 # that does not take the directory's lock: an earlier version): join it.
                 if self._joined_other_segment(reason):
                     return
+                raise
+            except OSError:
+                # Kept, and reported now (found by review: with the create refused (ENOSPC, EDQUOT) after
+                # the rename, nothing was reported, and the next record, with an anchor not yet past
+                # the log's start, began a new log that verified: the tampering was in no chain).
+                self._unstarted = (reason, moved)
+                if not reported:
+                    self._report_tamper(reason, moved)
                 raise
             self._fd = fd
             self._head = _Head(os.fstat(fd).st_ino, 0, GENESIS, 0)
@@ -748,12 +771,14 @@ class AuditWriter:
             try:
                 self._write_pending_tamper()
             except OSError:  # reported all the same: the record is written before the next one
-                self._report_tamper(reason, moved)
+                if not reported:
+                    self._report_tamper(reason, moved)
                 raise
         finally:
             if old is not None:
                 self._retire(old)
-        self._report_tamper(reason, moved)
+        if not reported:
+            self._report_tamper(reason, moved)
 
     def _report_tamper(self, reason: str, moved: str | None) -> None:
         log.error("audit log tampering: %s; a fresh segment was started%s", reason,
@@ -825,7 +850,9 @@ class AuditWriter:
         also while the lock is kept: a process that ignores the lock (a tool replacing or truncating
         the log) is noticed before the next record is written."""
         try:
-            if self._fd is None:
+            if self._fd is None and self._unstarted is not None:
+                self._fresh_segment(*self._unstarted)  # leaves the fd locked
+            elif self._fd is None:
                 self._open_log()  # leaves the fd locked
             else:
                 if not self._flocked:

@@ -3,7 +3,7 @@
 The view, the namespaces and the masks come from the one engine, ``amplifier_tools.sandbox``;
 this module only adds a status pipe so that a setup failure of bwrap (exit code 1, like any
 command) can be told apart from the command's own exit. A ``bwrap`` that ``reports_exit``
-(bubblewrap 0.5.0+) writes the command's exit code to it (``--json-status-fd``) and nothing when
+(bubblewrap 0.3.2+) writes the command's exit code to it (``--json-status-fd``) and nothing when
 its setup failed. An older one runs a start probe first: inside the sandbox a one-line ``sh``
 writes ``started`` to the status descriptor, closes it and execs the command (one more exec a
 call, ≈ 0.7 ms here).

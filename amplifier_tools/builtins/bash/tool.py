@@ -178,8 +178,13 @@ class BashTool:
         """The resolved working directory (inside the write roots, not protected), the write roots,
         and the host's protected paths (as they are now: plugins may add to them)."""
         rules = self.path_rules()
-        with rules.open_dir(cwd or rules.working_dir, write=True) as (_, resolved):
-            return resolved.path, rules.write_roots, rules.protected
+        try:
+            with rules.open_dir(cwd or rules.working_dir, write=True) as (_, resolved):
+                return resolved.path, rules.write_roots, rules.protected
+        except ContractError as exc:  # the path rules name their own argument, /path (found by review)
+            if exc.details.get("pointer") == "/path":
+                exc.details["pointer"] = "/cwd"
+            raise
 
     async def execute(self, input: dict[str, Any], context: ToolContext) -> ToolResult:
         s = self.settings
@@ -187,7 +192,12 @@ class BashTool:
         if "\x00" in command:  # found by attack: exec refused it as an untyped ValueError
             raise ContractError("the command holds a NUL character, which no program argument can",
                                 code="invalid_input", pointer="/command")
-        size = len(os.fsencode(command))
+        try:
+            size = len(os.fsencode(command))
+        except UnicodeEncodeError as exc:  # found by review: it failed as ``tool_raised`` UnicodeEncodeError
+            raise ContractError(f"the command holds a lone surrogate (U+{ord(command[exc.start]):04X}, at character "
+                                f"{exc.start}), which no program argument can encode", code="invalid_input",
+                                pointer="/command") from None
         if size >= MAX_ARGUMENT_BYTES:  # found by attack: exec's E2BIG read as the sandbox's or the system's failure
             raise ContractError(f"the command is {size:,} bytes; Linux passes at most {MAX_ARGUMENT_BYTES - 1:,} bytes "
                                 "in one program argument (MAX_ARG_STRLEN)", code="invalid_input", pointer="/command",
