@@ -20,8 +20,8 @@ uses Amplifier's keys (``tool_name``, ``tool_input``, ``tool_call_id``, ``tool_r
 - anything else, or a raising handler -> the call fails closed, naming the module.
 
 Handlers for other events are called by ``emit`` with Amplifier's semantics (``deny`` stops the
-chain, ``modify`` chains ``data``); ``emit`` returns the outcome, and delivers the event to every
-``tool_event`` hook too.
+chain, ``modify`` chains ``data``, ``ask_user`` and ``inject_context`` are handed back); ``emit``
+returns the outcome, and delivers the event to every ``tool_event`` hook too.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -75,6 +75,12 @@ class EmitResult:
     action: str = "continue"
     data: dict[str, Any] | None = None
     reason: str | None = None
+    context_injection: str | None = None
+    context_injection_role: str = "system"
+    ephemeral: bool = False
+    approval_prompt: str | None = None
+    approval_options: list[str] | None = None
+    approval_default: str = "deny"
 
 
 class HookRegistry:
@@ -155,7 +161,9 @@ class HookRegistry:
         """Run ``event``'s handlers (deny stops, modify chains ``data``), then every ``tool_event`` hook.
 
         A failing handler is logged and skipped. Returns a ``HookResult`` (amplifier-core's when
-        installed) with the final action, data and reason.
+        installed) with the final action, data and reason, as amplifier-core's ``emit``: ``deny``,
+        else the first ``ask_user`` (its prompt, options and default), else ``inject_context`` (the
+        texts joined), else ``modify`` or ``continue``; it is the emitter's to act on them.
         """
         secrets = self._host.secrets
         # Scrubbed of the host's secrets as a tool's output is (found by attack: a local tool's
@@ -164,18 +172,35 @@ class HookRegistry:
         current = _redacted_event(dict(data), secrets)
         if self._during_start is not None:
             self._during_start.append((event, dict(current), self._order))
-        action, reason = "continue", None
+        modified = denied = False
+        reason = None
+        asking: Parsed | None = None  # the first ``ask_user``: a later ``deny`` still wins
+        injected: list[Parsed] = []
         for r in list(self._handlers.get(event, ())):
             parsed = await self._run_handler(r, event, current)
             if parsed is None:
                 continue
             if parsed.action == "deny":
-                action, reason = "deny", parsed.reason
+                denied, reason = True, parsed.reason
                 break
             if parsed.action == "modify" and isinstance(parsed.data, dict):
-                current, action = dict(parsed.data), "modify"
+                current, modified = dict(parsed.data), True
+            elif parsed.action == "ask_user" and asking is None:
+                asking = parsed
+            elif parsed.action == "inject_context" and parsed.context_injection is not None:
+                injected.append(parsed)
         await self._host.dispatcher.tool_event(event, current)
-        return _hook_result(action, current if action == "modify" else None, reason)
+        outcome_data = current if modified else None
+        if denied:
+            return _hook_result("deny", None, reason)
+        # ``ask_user`` and ``inject_context`` are handed back, as amplifier-core's ``emit`` hands them
+        # back (found by review: both became ``continue``, so a module asking ``emit`` whether to go
+        # on went on unasked, where amplifier-core would have told it to ask).
+        if asking is not None:
+            return _hook_result("ask_user", outcome_data, asking.reason, approval=asking)
+        if injected:
+            return _hook_result("inject_context", outcome_data, None, injected=injected)
+        return _hook_result("modify" if modified else "continue", outcome_data, None)
 
     async def _run_handler(self, r: Registration, event: str, data: dict[str, Any]) -> Parsed | None:
         """``r``'s handler on ``event``: what it answered, or None when it failed (logged). An answer
@@ -300,12 +325,30 @@ def parse_result(out: Any) -> Parsed:
                   get("approval_default", "deny") or "deny")
 
 
-def _hook_result(action: str, data: dict[str, Any] | None, reason: str | None) -> Any:
+def _hook_result(action: str, data: dict[str, Any] | None, reason: str | None, *, approval: Parsed | None = None,
+                 injected: Sequence[Parsed] = ()) -> Any:
+    """``emit``'s result: amplifier-core's ``HookResult`` when installed, else an ``EmitResult``;
+    with ``approval`` (an ``ask_user`` answer) its prompt, options and default, with ``injected``
+    (``inject_context`` answers) their texts joined, the first one's role and ``ephemeral``. Values
+    ``HookResult`` would refuse are left out (its defaults), so a handler's answer cannot make
+    ``emit`` raise."""
+    fields: dict[str, Any] = {}
+    if approval is not None:
+        prompt, options = approval.approval_prompt, approval.approval_options
+        fields["approval_prompt"] = prompt if isinstance(prompt, str) else None
+        fields["approval_options"] = list(options) if isinstance(options, (list, tuple)) and all(
+            isinstance(option, str) for option in options) else None
+        fields["approval_default"] = "allow" if approval.approval_default == "allow" else "deny"
+    if injected:
+        role = injected[0].context_injection_role
+        fields["context_injection"] = "\n".join(str(parsed.context_injection) for parsed in injected)
+        fields["context_injection_role"] = role if role in ("system", "user", "assistant") else "system"
+        fields["ephemeral"] = injected[0].ephemeral
     try:
         from amplifier_core.models import HookResult
     except ImportError:
-        return EmitResult(action, data, reason)
-    return HookResult(action=action, data=data, reason=reason)
+        return EmitResult(action, data, reason, **fields)
+    return HookResult(action=action, data=data, reason=reason if isinstance(reason, str) else None, **fields)
 
 
 def event_data(call: ToolCall, context: ToolContext | None = None, **extra: Any) -> dict[str, Any]:

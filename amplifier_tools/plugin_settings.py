@@ -280,7 +280,7 @@ def _wrong_kind(value: Any, t: Any) -> str | None:
     if isinstance(value, str):
         try:
             unquoted = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: ``"[[[…"`` (found by review: it became the error)
             return kind
         with contextlib.suppress(TypeError):
             if not isinstance(unquoted, str) and unquoted == unquoted and _fits(unquoted, t):  # NaN: no

@@ -460,3 +460,42 @@ async def test_events_emitted_by_a_start_that_fails_are_not_replayed(tmp_path: P
     with pytest.raises(PluginLoadError, match="cannot start"):
         await host.start()
     assert late.seen == []  # a host that did not start delivers nothing more
+
+
+@pytest.mark.parametrize("core", [True, False], ids=["amplifier-core", "no-amplifier-core"])
+async def test_emit_hands_back_ask_user_and_inject_context_as_amplifier_core_does(
+        tmp_path: Path, echo: EchoTool, core: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by review: ``emit`` turned a handler's ``ask_user`` (and ``inject_context``) into
+    ``continue``, so a module asking ``emit`` whether to go on went on unasked; amplifier-core's
+    ``emit`` hands back the first ``ask_user`` with its prompt (a later ``deny`` still wins) and
+    the injected texts. Values its ``HookResult`` refuses are left out rather than raising."""
+    if core:
+        pytest.importorskip("amplifier_core.models")
+    else:
+        import sys
+        monkeypatch.setitem(sys.modules, "amplifier_core.models", None)  # the import fails
+    answers: list[Any] = []
+
+    def answer(event: str, data: dict[str, Any]) -> Any:
+        return answers.pop(0)
+
+    async with host_with(tmp_path, echo) as host:
+        for _ in range(3):
+            host.events.register("custom:gate", answer, owner="m")
+        answers[:] = [{"action": "inject_context", "context_injection": "c1"},
+                      {"action": "ask_user", "approval_prompt": "really?", "approval_options": ["yes", 3],
+                       "approval_default": "maybe", "reason": 5},
+                      {"action": "ask_user", "approval_prompt": "second"}]
+        asked = await host.events.emit("custom:gate", {"x": 1})
+        assert (asked.action, asked.approval_prompt, asked.approval_options, asked.approval_default) == \
+            ("ask_user", "really?", None, "deny")
+        answers[:] = [{"action": "ask_user", "approval_prompt": "p"}, {"action": "deny", "reason": 5},
+                      {"action": "continue"}]
+        denied = await host.events.emit("custom:gate", {"x": 1})
+        assert denied.action == "deny"
+        answers[:] = [{"action": "inject_context", "context_injection": "c1", "context_injection_role": "user"},
+                      {"action": "modify", "data": {"x": 2}},
+                      {"action": "inject_context", "context_injection": "c2"}]
+        injected = await host.events.emit("custom:gate", {"x": 1})
+        assert (injected.action, injected.context_injection, injected.context_injection_role, injected.data) == \
+            ("inject_context", "c1\nc2", "user", {"x": 2})

@@ -178,3 +178,30 @@ async def test_a_symlink_flipped_back_to_a_file_mid_call_is_file_changed(
         "ExecutionError", "file_changed", "f"), result.error
     assert (outside / "secret").read_text() == "OUTSIDE-SECRET\n"
 
+
+
+@pytest.mark.parametrize(("pattern", "matched"), [
+    ("[[:alpha:]x", [":x", "[x"]),  # a class of [ : a l p h, then x: as on ``re``, not RE2's POSIX class
+    ("[[:alpha:]]", ["a]"]),
+    ("[[:alpha:]*", [":x", "[x", "a]"]),  # RE2 took any letter: bx, e, f
+    ("[[=e=]*", ["=", "[x", "e"]),  # the same names, without re's FutureWarning
+])
+async def test_a_bracket_inside_a_glob_class_is_the_character_as_it_was_on_re(
+        tmp_path: Path, pattern: str, matched: list[str]) -> None:
+    """Found by review: moving the glob's match from ``re`` to RE2 changed what ``[`` in a class
+    means — RE2 reads ``[:alpha:]`` (``[=e=]``, ``[.a.]``) there as a POSIX class — so
+    ``[[:alpha:]x`` and ``[[:alpha:]]`` were refused ("RE2 cannot run it") though ``re`` took them,
+    and ``[[:alpha:]*`` matched other names (``bx``, ``e``, ``f``: any letter); ``re``, which still
+    checks the pattern, also warned (``FutureWarning``, on the host's stderr) on each."""
+    import warnings
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in (":x", "[x", "bx", "a]", "b]", "=", "e", "f"):
+        (work / name).write_text("a\n")
+    async with host_for(work) as host:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            result = await host.call("fs_glob", {"pattern": pattern})
+    assert result.success, result.error
+    assert result.output["matches"] == matched

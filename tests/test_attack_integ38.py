@@ -235,3 +235,63 @@ async def test_the_shared_adapter_code_bounds_a_trace_id_and_escapes_lone_surrog
     assert model_text(result) == '["report\\udcff.txt"]'
     failed = ToolResult(success=False, error={"type": "ExecutionError", "code": "x", "message": "no \udcff"})
     assert model_text(failed) == "Error (ExecutionError, x): no \\udcff"
+
+
+class HalfEmojiSchema:
+    """An imported tool whose server's JSON input schema held ``"\\ud83d"`` (a property's
+    description, and a property's name)."""
+
+    name = "mcp::search"
+    description = "Search"
+    input_schema = {"type": "object", "properties": {"q\udcff": {"type": "string", "description": "query \ud83d",
+                                                                 "enum": ["a", "b\ud800"]}}}
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        return ToolResult(output="none")
+
+
+async def test_a_lone_surrogate_in_an_input_schema_is_escaped_in_what_each_adapter_offers(tmp_path: Path) -> None:
+    """Found by review: the adapters escaped a description's lone surrogates but handed the input
+    schema on as it was, and OpenAI's client (``ensure_ascii=False``, then UTF-8) raised
+    ``UnicodeEncodeError`` at the run's first request, for a server whose schema held
+    ``"\\ud83d"``: every agent run offered that tool ended. The contract's own schema is unchanged."""
+    from amplifier_tools.integrations._common import sendable_schema
+
+    schema = HalfEmojiSchema.input_schema
+    escaped = sendable_schema(schema)
+    json.dumps(escaped, ensure_ascii=False).encode("utf-8")
+    assert escaped["properties"]["q\\udcff"] == {"type": "string", "description": "query \\ud83d",
+                                                 "enum": ["a", "b\\ud800"]}
+    assert sendable_schema({"type": "object", "x": [1, None, True]}) == {"type": "object", "x": [1, None, True]}
+    (tmp_path / "work").mkdir()
+    async with ToolHost(plugins=[HalfEmojiSchema()], builtins=False, entry_points=False, discover=False,
+                        working_dir=tmp_path / "work", config={"state_dir": str(tmp_path / "state")}) as host:
+        offered: list[Any] = []
+        try:
+            from amplifier_tools.integrations.openai_agents import function_tools
+        except ImportError:
+            pass
+        else:
+            offered += [t.params_json_schema for t in function_tools(host)]
+        try:
+            from amplifier_tools.integrations.langchain import tools
+        except ImportError:
+            pass
+        else:
+            offered += [t.args_schema for t in tools(host)]
+        try:
+            from pydantic_ai.models.test import TestModel
+            from pydantic_ai.tools import RunContext
+            from pydantic_ai.usage import RunUsage
+
+            from amplifier_tools.integrations.pydantic_ai import AmplifierToolset
+        except ImportError:
+            pass
+        else:
+            found = await AmplifierToolset(host).get_tools(RunContext(deps=None, model=TestModel(), usage=RunUsage()))
+            offered += [t.tool_def.parameters_json_schema for t in found.values()]
+        if not offered:
+            pytest.skip("no framework installed")
+        for offer in offered:
+            json.dumps(offer, ensure_ascii=False).encode("utf-8")  # what OpenAI's client does
+        assert schema["properties"]["q\udcff"]["description"] == "query \ud83d"  # the contract's: as it was

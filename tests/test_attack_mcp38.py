@@ -196,3 +196,33 @@ async def test_a_connection_that_never_finishes_its_request_head_is_not_held_for
             for sock in held:
                 sock.close()
     assert still_open == 0, f"{still_open} connections with half a request head still held after 15 s"
+
+
+async def test_the_whole_answer_wrapper_enters_and_exits_the_transports_it_wraps() -> None:
+    """Found by review: ``whole_answer_timeouts`` put ``WholeAnswerTimeout`` in front of the
+    client's transports, whose ``__aenter__``/``__aexit__`` (``AsyncBaseTransport``'s) did not pass
+    them on: ``async with client`` no longer entered the transports (a no-op for httpcore's pool
+    today, not for a transport that sets itself up there)."""
+    import httpx2
+
+    seen: list[str] = []
+
+    class Recording(httpx2.AsyncBaseTransport):
+        async def __aenter__(self) -> Recording:
+            seen.append("enter")
+            return self
+
+        async def __aexit__(self, *exc_info: Any) -> None:
+            seen.append("exit")
+
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            return httpx2.Response(202, request=request)
+
+    http = httpx2.AsyncClient(transport=Recording())
+    client.whole_answer_timeouts(http)
+    async with http:
+        assert seen == ["enter"]
+        response = await http.post("http://127.0.0.1:9/mcp", content=b"{}",
+                                   extensions={client.WHOLE_ANSWER_TIMEOUT: 1.0})
+        assert response.status_code == 202
+    assert seen == ["enter", "exit"]

@@ -408,3 +408,12 @@ def test_the_command_line_prints_what_a_wrongly_typed_key_takes(tmp_path: Path) 
     assert "plugins.bash.max_timeout: must be a positive number of seconds, got '600'" in out.stderr
     assert out.stderr.endswith("hint: plugins.bash.max_timeout must be a positive number of seconds, got a string: "
                                "write it without quotes\n"), out.stderr
+
+
+def test_a_string_of_deeply_nested_brackets_is_refused_for_its_type() -> None:
+    """Found by review: the hint's look at what a quoted value would be unquoted (``json.loads``)
+    hit the recursion limit on ``"[[[…"``, and the RecursionError became the error ("invalid:
+    maximum recursion depth exceeded ...") with the generic hint the hint was made to replace."""
+    error = refused("filesystem", {"max_size": "[" * 100_000})
+    assert error.hint == "plugins.filesystem.max_size must be a positive integer, got a string"
+    assert "recursion" not in str(error)

@@ -35,7 +35,7 @@ from ..spec import ToolSpec
 
 __all__ = ["ContextSource", "call_context", "call_host", "framework_call_id", "is_strict_schema", "missing_extra",
            "media_block", "model_parts", "model_text", "parse_arguments", "require_started", "rich_result",
-           "select_specs", "sendable"]
+           "select_specs", "sendable", "sendable_schema"]
 
 log = logging.getLogger("amplifier_tools.integrations")
 
@@ -205,6 +205,26 @@ def sendable(text: str) -> str:
     handed it on, and the next model request of the run raised ``UnicodeEncodeError`` in the
     OpenAI client (Agents SDK, Pydantic AI): the whole agent run ended, the call recorded ``ok``."""
     return text if text.isascii() else utf8_text(text)
+
+
+def sendable_schema(value: Any) -> Any:
+    """A JSON schema (or any JSON value) with the lone surrogates of its strings and keys escaped as
+    ``sendable`` escapes them; ``value`` itself when it has none. Found by review: the adapters
+    escaped a tool's description but handed its input schema on as it was, and OpenAI's client
+    raised ``UnicodeEncodeError`` at a run's first request for a server whose schema held
+    ``"\\ud83d"`` (a property's description): every agent run offered that tool ended."""
+    if isinstance(value, str):
+        return sendable(value)
+    if isinstance(value, dict):
+        pairs = [(key, item, sendable(key) if isinstance(key, str) else key, sendable_schema(item))
+                 for key, item in value.items()]
+        if all(new_key is key and new_item is item for key, item, new_key, new_item in pairs):
+            return value
+        return {new_key: new_item for _, _, new_key, new_item in pairs}
+    if isinstance(value, list):
+        escaped = [sendable_schema(item) for item in value]
+        return value if all(new is old for new, old in zip(escaped, value, strict=True)) else escaped
+    return value
 
 
 def model_parts(result: ToolResult, max_chars: int | None = None) -> list[Part] | None:

@@ -71,6 +71,7 @@ from ._common import (
     rich_result,
     select_specs,
     sendable,
+    sendable_schema,
 )
 
 __all__ = ["AmplifierTool", "host_tool", "tools"]
@@ -98,8 +99,9 @@ def tools(host: ToolHost, *, context: ToolContext | ContextFunction | None = Non
         else:
             _note_loop_thread(loop)
     return [AmplifierTool(name=model_name(spec.name), description=sendable(spec.description or spec.title or spec.name),
-                          args_schema=spec.input_schema, host=host, tool_name=spec.name, context_source=context,
-                          host_loop=loop, max_output_chars=max_output_chars, stall_timeout=stall_timeout)
+                          args_schema=sendable_schema(spec.input_schema), host=host, tool_name=spec.name,
+                          context_source=context, host_loop=loop, max_output_chars=max_output_chars,
+                          stall_timeout=stall_timeout)
             for spec in select_specs(host, tools)]
 
 

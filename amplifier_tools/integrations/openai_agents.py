@@ -56,6 +56,7 @@ from ._common import (
     rich_result,
     select_specs,
     sendable,
+    sendable_schema,
 )
 
 __all__ = ["function_tools", "host_tool"]
@@ -76,7 +77,7 @@ def function_tools(host: ToolHost, *, context: ToolContext | ContextFunction | N
     """
     made = []
     for spec in select_specs(host, tools):  # the host must be started: its tools are mounted then
-        schema = copy.deepcopy(spec.input_schema)  # the SDK's to keep; the contract's stays as it is
+        schema = copy.deepcopy(sendable_schema(spec.input_schema))  # the SDK's to keep; the contract's stays
         strict = is_strict_schema(schema) and _sdk_keeps(schema)
         made.append(FunctionTool(
             name=model_name(spec.name),

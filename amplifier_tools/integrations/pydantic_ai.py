@@ -62,6 +62,7 @@ from ._common import (
     parse_arguments,
     select_specs,
     sendable,
+    sendable_schema,
 )
 
 __all__ = ["AmplifierToolset"]
@@ -132,7 +133,7 @@ class AmplifierToolset(AbstractToolset[Any]):
             # models add additionalProperties: false to every object (strict mode or not), so a
             # free-form object argument reached the model as "empty object only" (found by attack).
             definition = ToolDefinition(name=name, description=sendable(spec.description or spec.title or spec.name),
-                                        parameters_json_schema=spec.input_schema,
+                                        parameters_json_schema=sendable_schema(spec.input_schema),
                                         strict=is_strict_schema(spec.input_schema),
                                         metadata={"amplifier_tools": spec.name})
             offered[name] = ToolsetTool(toolset=self, tool_def=definition, max_retries=1,

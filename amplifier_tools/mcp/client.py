@@ -730,6 +730,16 @@ class WholeAnswerTimeout(httpx2.AsyncBaseTransport):
         response.stream = _DeadlineBody(response.stream, deadline, request)
         return response
 
+    # The client enters and exits its transports (``async with client``): passed on, so a transport
+    # whose ``__aenter__`` sets something up is not skipped (found by review: ``AsyncBaseTransport``'s
+    # own ``__aenter__`` does nothing, and its ``__aexit__`` only closes).
+    async def __aenter__(self) -> WholeAnswerTimeout:
+        await self._transport.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._transport.__aexit__(*exc_info)
+
     async def aclose(self) -> None:
         await self._transport.aclose()
 

@@ -474,7 +474,10 @@ def glob_regex(pattern: str, pointer: str = "/pattern") -> GlobMatcher:
                 out.append(re.escape("["))
                 i += 1
             else:
-                body = pattern[i + 1:end].replace("\\", "\\\\")
+                # ``[`` escaped too: RE2 reads ``[:alpha:]`` (``[.`` ``[=``) in a class as a POSIX class
+                # where ``re`` read the characters (found by review: ``[[:alpha:]*`` matched other
+                # names once the match moved to RE2, and ``[[:alpha:]]`` was refused as no glob)
+                body = pattern[i + 1:end].replace("\\", "\\\\").replace("[", "\\[")
                 out.append("[^" + body[1:] + "]" if body.startswith("!") else "[" + body + "]")
                 i = end + 1
         else:
