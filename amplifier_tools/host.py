@@ -429,14 +429,15 @@ class ToolHost:
         15 s, and the record lost). ``asyncio.ensure_future(host.close())`` closes the host once
         the call has ended.
 
-        Cancelled while calls use their grace (``task.cancel()``, Ctrl-C under ``asyncio.run``), it
-        still finishes: the grace ends at once (as ``grace_ms=0``), the calls are cut and recorded,
-        the cleanups run, then ``CancelledError`` is raised (found by attack: it ended where it was,
-        the host half-closed and no cleanup run). Cleanups run in the task of ``close()``: a second
-        cancellation while they run stops them, as it stops any awaited code. A cancellation already
-        requested when ``close()`` began (``async with host:`` left by a cancellation, a close in an
-        ``except CancelledError`` block) is not one of this close (CPython 3.11+): a cleanup's own
-        ``CancelledError`` is then its failure, and the cleanups after it run.
+        Cancelled while calls use their grace (``task.cancel()``, Ctrl-C under ``asyncio.run``), or
+        while the calls it cut record themselves, it still finishes: the grace ends at once (as
+        ``grace_ms=0``), the calls are cut and recorded, the cleanups run, then ``CancelledError`` is
+        raised (found by attack: it ended where it was, the host half-closed and no cleanup run).
+        Cleanups run in the task of ``close()``: a second cancellation while they run stops them, as
+        it stops any awaited code. A cancellation already requested when ``close()`` began (``async
+        with host:`` left by a cancellation, a close in an ``except CancelledError`` block) is not one
+        of this close (CPython 3.11+): a cleanup's own ``CancelledError`` is then its failure, and the
+        cleanups after it run.
         """
         counting = counting_from_here(asyncio.current_task())
         try:
@@ -493,18 +494,24 @@ class ToolHost:
                 if current is not None and sys.version_info >= (3, 11):
                     current.uncancel()
                 cancelled, idle = True, False
+            stuck: frozenset[int] = frozenset()
             if not idle:
-                _, late = await finish_despite_cancel(self._end_calls(pipeline, cancelled))
+                stuck, late = await _finished_withdrawn(self._end_calls(pipeline, cancelled))
                 cancelled = cancelled or late
             # Calls that entered while this close() woke from its wait (refused as closing, being
             # recorded): none enters now; those are waited for before the cleanups, the audit writer's
             # among them (found by attack: such a call was recorded after the audit log was closed).
+            # Not the calls already waited for through the whole bound (a tool that ignores its cut):
+            # waited for again, they doubled close()'s time (found by review).
             pipeline.sealed = True
-            if pipeline.in_flight:
-                _, late = await finish_despite_cancel(pipeline.wait_idle(self._recording_bound()))
+            if pipeline.in_flight.keys() - stuck:
+                _, late = await _finished_withdrawn(pipeline.wait_idle(self._recording_bound()))
                 cancelled = cancelled or late
         self._pipeline = None
-        if pipeline is not None:
+        if pipeline is not None or self._starting is None:
+            # Closed before any start began, too: a start scheduled before this close() (a task not yet
+            # run) is refused, where it mounted every plugin after close() returned and the host stayed
+            # open, its cleanups never run (found by review).
             self._closed = True
         # One close() runs the cleanups, one at a time; another waits for it (found by attack: a second
         # close() ran the next cleanups while the first's was still running, the audit writer's among
@@ -520,8 +527,9 @@ class ToolHost:
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _end_calls(self, pipeline: CallPipeline, cancelled: bool) -> None:
-        """Cut the calls still in flight and wait while they record themselves."""
+    async def _end_calls(self, pipeline: CallPipeline, cancelled: bool) -> frozenset[int]:
+        """Cut the calls still in flight and wait while they record themselves; the calls (their
+        numbers) still in flight once that wait is over."""
         count = pipeline.cut_in_flight()
         log.warning("closing: cancelled %d call(s) still running %s", count,
                     "as close() was cancelled" if cancelled else "after shutdown_grace_ms")
@@ -531,17 +539,22 @@ class ToolHost:
         # it, and the audit writer was closed before the call's record).
         if not await pipeline.wait_idle(self._recording_bound()):
             log.error("closing: %d call(s) did not finish recording; cleanups run anyway", len(pipeline.in_flight))
+        return frozenset(pipeline.in_flight)
 
     def _recording_bound(self) -> float:
-        """How long a cut call may take to record itself: the tool_post or tool_error chain, then
-        tool_complete, each async implementation within its own hook timeout."""
+        """How long a cut call may take to record itself: the tool_post or tool_error chain, the
+        ``tool:post`` or ``tool:error`` event to every ``tool_event`` observer, then tool_complete,
+        each async implementation within its own hook timeout (found by review: the events were left
+        out, and three observers within theirs outlasted the wait: the call was recorded after the
+        audit writer's cleanup, so not at all)."""
         default = self.dispatcher.default_timeout or 10.0
 
         def chain(hook: str) -> float:
             return sum((impl.timeout if impl.timeout is not None else default)
                        for impl in self.dispatcher.impls(hook) if impl.is_async)
 
-        return max(default, max(chain("tool_post"), chain("tool_error")) + chain("tool_complete") + 0.05)
+        ending = max(chain("tool_post"), chain("tool_error")) + chain("tool_event")
+        return max(default, ending + chain("tool_complete") + 0.05)
 
     async def _run_cleanups(self) -> None:
         """Run the cleanups, last registered first; a failure is logged and the next one runs."""
@@ -1125,6 +1138,23 @@ class ContextCaller:
             return False
         self._checked = values
         return True
+
+
+async def _finished_withdrawn(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
+    """``finish_despite_cancel`` for ``close()``: the cancellations that arrived meanwhile are
+    withdrawn (CPython 3.11+), as one arriving in the grace is; ``close()`` raises ``CancelledError``
+    once the cleanups have run. Found by review: left standing, a cleanup's own ``CancelledError``
+    read as this close()'s cancellation and the cleanups after it, the audit writer's last, never
+    ran, when close() was cancelled while the calls it cut recorded themselves."""
+    task = asyncio.current_task()
+    requests = 0
+    if sys.version_info >= (3, 11) and task is not None:
+        requests = task.cancelling()
+    out, late = await finish_despite_cancel(awaitable)
+    if sys.version_info >= (3, 11) and task is not None:
+        while late and task.cancelling() > requests:
+            task.uncancel()
+    return out, late
 
 
 def _plugins_own(exc: BaseException) -> bool:
