@@ -663,8 +663,11 @@ def _validate(args: argparse.Namespace) -> int:
         if not_found and (os.path.isfile(f"{top}.py") or os.path.isfile(os.path.join(top, "__init__.py"))):
             # The console script does not import from the current directory (an agent may write
             # there): the module the user just wrote is beside them, yet "not found" (a newcomer's pass).
+            # Not ``python -m amplifier_tools`` (found by attack: that imports from the directory for
+            # the whole run, every module a tool wrote there too; __main__ warns of it).
             hint = (f"{top!r} is in the current directory, which amplifier-tools does not import from: run "
-                    f"'python -m amplifier_tools validate {args.target}' here, or put its directory on PYTHONPATH")
+                    f"'PYTHONPATH=. amplifier-tools validate {args.target}' here (for a module of your own: "
+                    "a module a tool wrote there would be imported too)")
     elif any("needs config key" in check.message for check in failed):
         hint = "pass a config with the plugin's section: --config FILE"
     else:
@@ -690,8 +693,8 @@ def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
                     f"or skip the plugin with {ENV_DISABLE}={exc.plugin}{tail}")
         if isinstance(cause, ModuleNotFoundError) and cause.name and exc.plugin.startswith(cause.name):
             return (f"the module {cause.name!r} is not importable: install it, or put its directory on "
-                    "PYTHONPATH (a module beside the config file is found only from that directory, with "
-                    f"'python -m amplifier_tools'; the host never imports from the workspace by itself){tail}")
+                    "PYTHONPATH (the host never imports from the workspace by itself: a module there is "
+                    f"found only when you put its directory on PYTHONPATH, and so is any a tool wrote){tail}")
         return f"fix or uninstall the plugin, or skip it with {ENV_DISABLE}={exc.plugin}{tail}"
     source = _config_source(args)
     return (f"fix the configuration ({source})" if source else "check the configuration") + tail

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 from .schema import CompiledSchema, Validator, schema_problems
 
 log = logging.getLogger("amplifier_tools.config")
@@ -405,7 +405,7 @@ def pyproject_section(data: Any, file: str) -> Any:
     """``[tool.amplifier-tools]`` of a parsed ``pyproject.toml``, or None when it has none.
 
     ``ConfigError`` for a table that is meant to be ours but spelled otherwise
-    (``[tool.amplifier_tools]``, ``[tool.Amplifier-Tools]``): found by a new-user trial, such a
+    (``[tool.amplifier_tools]``, ``[tool.Amplifier-Tools]``, a look-alike): found by a new-user trial, such a
     section, rules and all, was ignored without a word and the host ran on its defaults."""
     tools = data.get("tool") if isinstance(data, dict) else None
     if not isinstance(tools, dict):
@@ -414,8 +414,17 @@ def pyproject_section(data: Any, file: str) -> Any:
     if section is not None:
         return section  # a table, or what the validation then refuses naming the file
     for key in tools:
-        if isinstance(key, str) and key.lower().replace("_", "-").replace(".", "-") == PYPROJECT_SECTION:
-            raise ConfigError(f"[tool.{key}] is not read: this host's section is [tool.{PYPROJECT_SECTION}]",
+        if not isinstance(key, str):
+            continue
+        # A look-alike too (a Cyrillic letter, a zero-width or trailing space; quoted in the file; found by
+        # attack: a tool respelled the header, the host found no configuration, and the operator, told
+        # the file they could see was "gone", accepted running on the defaults with amplifier-tools trust).
+        if key.strip().lower().replace("_", "-").replace(".", "-") == PYPROJECT_SECTION or (
+                not key.isascii() and did_you_mean(key, [PYPROJECT_SECTION]) is not None):
+            odd = sorted({f"{char!r} (U+{ord(char):04X})" for char in key if not char.isascii() or char.isspace()})
+            held = f" (its name holds {', '.join(odd)}: a look-alike, maybe a tool's)" if odd else ""
+            raise ConfigError(f"[tool.{key}] is not read{held}: this host's section is [tool.{PYPROJECT_SECTION}]",
                               file=file, key=f"tool.{key}",
-                              hint=f"rename the table to [tool.{PYPROJECT_SECTION}] (with a hyphen)")
+                              hint=f"rename the table to [tool.{PYPROJECT_SECTION}] "
+                                   f"({'in ASCII' if odd else 'with a hyphen'})")
     return None

@@ -43,7 +43,7 @@ from .config import (
     validate_config,
 )
 from .coordinator import Coordinator
-from .definitions import tool_definitions
+from .definitions import model_name, tool_definitions
 from .dispatch import (
     HookDispatcher,
     HookWrapperRefused,
@@ -867,6 +867,7 @@ class ToolHost:
             raise ConfigError(f"names no mounted tool (mounted: {', '.join(sorted(s.name for s in self.specs))})",
                               key=f"tools.{unused[0]}", file=self.config_file,
                               hint=did_you_mean(unused[0], [s.name for s in self.specs]))
+        self._check_rule_tools()
         loaded = {info.name for info in self.plugins} | {f.name for f in self.failed_plugins} | self._disabled()
         for name in self.config.get("plugins", {}):
             if name not in loaded:
@@ -877,6 +878,27 @@ class ToolHost:
                             f"name, not its entry point's (from code: {', '.join(from_code)})")
                 raise ConfigError(f"names no installed plugin (loaded: {', '.join(sorted(loaded))})",
                                   key=f"plugins.{name}", file=self.config_file, hint=hint)
+
+    def _check_rule_tools(self) -> None:
+        """A built-in policy rule's ``tools`` glob that matches no mounted tool and is a mistaken
+        spelling of one (``policy.rules.misnamed_tools``): a look-alike character, a case variant or
+        a model-facing name stops the start naming the rule (the rule would read as applying, and
+        apply to nothing); a near miss, which may be a tool mounted later, is a warning."""
+        if not any(info.name == "policy" and info.source == "builtin" for info in self.plugins):
+            return
+        rules = getattr(self.plugin_manager.get_plugin("policy"), "rules", ())
+        if not rules:
+            return
+        from .builtins.policy.rules import misnamed_tools
+
+        for rule, glob, why, certain in misnamed_tools(rules, [spec.name for spec in self.specs],
+                                                       [model_name(spec.name) for spec in self.specs]):
+            if certain:
+                raise ConfigError(f"{rule.name!r}: the tools glob {glob!r} {why}", key="plugins.policy.rules",
+                                  file=self.config_file,
+                                  hint="write the tool's canonical name as 'amplifier-tools list' shows it "
+                                       "(e.g. local::fs.write_file), in ASCII")
+            log.warning("policy rule %r: the tools glob %r %s (plugins.policy.rules)", rule.name, glob, why)
 
     def _make_state_dir(self, path: Path | None = None) -> None:
         """Create ``state_dir`` (or ``path``, the trust record's) 0700, or stop the start naming the

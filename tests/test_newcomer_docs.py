@@ -66,8 +66,8 @@ def test_validate_of_a_module_beside_the_user_says_why_it_is_not_found(tmp_path:
                           env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "No module named 'demo_tools'" in done.stdout
     assert done.stderr == ("hint: 'demo_tools' is in the current directory, which amplifier-tools does not import "
-                           "from: run 'python -m amplifier_tools validate demo_tools:greet' here, or put its "
-                           "directory on PYTHONPATH\n")
+                           "from: run 'PYTHONPATH=. amplifier-tools validate demo_tools:greet' here (for a module "
+                           "of your own: a module a tool wrote there would be imported too)\n")
     # What the hint says works.
     ok = cli(tmp_path, "validate", "demo_tools:greet")
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -23,12 +23,12 @@ every deny rule on paths and no allow rule. docs/policy.md states the semantics.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Any, Final, Literal
 
 import attrs
 
-from ...errors import ContractError
+from ...errors import ContractError, did_you_mean
 from ...plugin_settings import Expect, settings_class
 from ...spec import ToolSpec
 from ..filesystem.arguments import PathArgument, path_arguments
@@ -153,6 +153,47 @@ def _paths_match(deny: bool, patterns: Sequence[PathPattern], found: list[PathAr
             if hit == deny:
                 return deny
     return not deny
+
+
+#: What a glob on tool names may hold: what a tool name may (``spec.NAME_PATTERN``) and glob syntax.
+_TOOL_GLOB_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-:*?[]!")
+
+
+def misnamed_tools(rules: Sequence[Rule], names: Sequence[str], model_names: Sequence[str]) \
+        -> Iterator[tuple[Rule, str, str, bool]]:
+    """Each glob of a rule's ``tools`` that matches none of ``names`` (the mounted tools) and looks
+    like a mistaken spelling of one, as ``(rule, glob, why, certain)``. ``certain``: no tool could
+    ever match it (a character no tool name holds: a Cyrillic letter, a trailing or zero-width
+    space), or it differs from a mounted name only in case, or it is a mounted tool's model-facing
+    name (``fs_write_file``: rules match canonical names). Not certain: it is close to a mounted
+    name (a near miss), which may still be a tool mounted later (an MCP server that is not up,
+    ``required = false``). A glob matching nothing and close to nothing is not reported. Found by
+    attack: a deny rule on ``local::fs.write_file`` spelled with a Cyrillic ``i`` read as denying
+    writes to whoever reviewed the file, matched no tool, and every write ran."""
+    folded = [name.casefold() for name in names]
+    for rule in rules:
+        for glob in rule.tools:
+            if any(fnmatch.fnmatchcase(name, glob) for name in names):
+                continue
+            odd = sorted({char for char in glob if char not in _TOOL_GLOB_CHARS})
+            if odd:
+                shown = ", ".join(f"{char!r} (U+{ord(char):04X})" for char in odd)
+                yield rule, glob, f"holds {shown}, which no tool name can: it matches no tool", True
+                continue
+            low_glob = glob.casefold()
+            case = next((name for name, low in zip(names, folded, strict=True) if fnmatch.fnmatchcase(low, low_glob)),
+                        None)
+            if case is not None:
+                yield rule, glob, f"matches no tool (names are matched case-sensitively; did you mean {case!r}?)", True
+                continue
+            model = next((name for name, model_name in zip(names, model_names, strict=True)
+                          if fnmatch.fnmatchcase(model_name, glob)), None)
+            if model is not None:
+                yield rule, glob, f"is a model-facing name; rules match the canonical name ({model!r})", True
+                continue
+            close = did_you_mean(glob, names)
+            if close is not None:
+                yield rule, glob, f"matches no mounted tool; {close}", False
 
 
 def matches(rule: Rule, spec: ToolSpec, arguments: Any, principal: str, role: str | None, environment: str | None,
