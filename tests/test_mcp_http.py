@@ -766,6 +766,17 @@ async def test_while_draining_a_new_session_gets_503_and_the_open_one_its_result
             await asyncio.sleep(0.2)
             refused = await late.post(url.result(), json=initialize, headers=headers, timeout=10)
             assert refused.status_code == 503 and "shutting down" in refused.text
+            # a 2026-07-28 call opens no session, whatever session id it names: refused alike
+            # (found by attack: naming a made-up id, it started a new call while draining)
+            meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {}}
+            single = await late.post(url.result(), timeout=10, json={
+                "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "slow", "arguments": {}, "_meta": meta}}, headers={
+                **headers, "Authorization": f"Bearer {BOB}", "mcp-session-id": "0" * 32,
+                "mcp-protocol-version": "2026-07-28",
+                "mcp-method": "tools/call", "mcp-name": "slow"})
+            assert single.status_code == 503, single.text
             stranger = await late.post(url.result(), json=initialize, timeout=10,
                                        headers={**headers, "Authorization": "Bearer not-a-token-at-all"})
             assert stranger.status_code == 401  # authentication first: refused and recorded, draining or not

@@ -175,6 +175,66 @@ async def test_a_session_id_named_twice_does_not_end_the_counted_one(tmp_path: P
         assert (await open_session(http, url, ALICE)).status_code == 429
 
 
+#: A request of the 2026-07-28 protocol: the SDK serves it on its single-exchange path, sessionless.
+SINGLE_EXCHANGE = "2026-07-28"
+SINGLE_META = {"io.modelcontextprotocol/protocolVersion": SINGLE_EXCHANGE,
+               "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+def single_exchange(method: str, session: str | None = None) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """A 2026-07-28 request of ``method`` by alice (naming ``session``), and its headers."""
+    headers = [("Authorization", f"Bearer {ALICE}"), ("Accept", ACCEPT), ("Content-Type", "application/json"),
+               ("mcp-protocol-version", SINGLE_EXCHANGE), ("mcp-method", method)]
+    if session is not None:
+        headers.append(("mcp-session-id", session))
+    return {"jsonrpc": "2.0", "id": 7, "method": method, "params": {"_meta": SINGLE_META}}, headers
+
+
+async def test_a_single_exchange_404_naming_a_session_does_not_end_its_count(tmp_path: Path) -> None:
+    """Found by attack: the SDK answers a 2026-07-28 request with an unknown method 404 (its
+    "method not found"); naming one of its sessions in it, a client had the session taken off its
+    count while the SDK held it, opened sessions past its share until ``max_sessions`` was full,
+    and every other client's ``initialize`` was 503 (for ``session_idle_s``, 30 minutes); the audit
+    log called each 404 a session that does not exist."""
+    async with served(config(tmp_path, max_sessions_per_client=2, max_sessions=4)) as url, \
+            httpx2.AsyncClient(timeout=30) as http:
+        for _ in range(2):
+            opened = await open_session(http, url, ALICE)
+            assert opened.status_code == 200
+            body, headers = single_exchange("no/such", opened.headers["mcp-session-id"])
+            assert (await http.post(url, json=body, headers=headers)).status_code == 404
+        assert (await open_session(http, url, ALICE)).status_code == 429
+        assert (await open_session(http, url, BOB)).status_code == 200
+    events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [e for e in events if e.get("event") == "mcp.http.unauthorized"] == []
+
+
+async def test_a_client_at_its_share_still_gets_its_single_exchange_requests_answered(tmp_path: Path) -> None:
+    """A 2026-07-28 request opens no session: it was refused 429 ("already holds 1 open
+    sessions") to a client at its share, and written as a refused session."""
+    async with served(config(tmp_path, max_sessions_per_client=1)) as url, httpx2.AsyncClient(timeout=30) as http:
+        assert (await open_session(http, url, ALICE)).status_code == 200
+        body, headers = single_exchange("tools/list")
+        answer = await http.post(url, json=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert [tool["name"] for tool in answer.json()["result"]["tools"]] == ["fs_read_file"]
+        assert (await open_session(http, url, ALICE)).status_code == 429  # the share still holds
+    events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert len([e for e in events if e.get("event") == "mcp.http.sessions_refused"]) == 1
+
+
+async def test_a_client_shut_out_by_a_full_max_sessions_is_an_audit_event(tmp_path: Path) -> None:
+    """Found by attack: the SDK's 503 at ``max_sessions`` refused a client with nothing in the
+    audit log (only the SDK's warning line, without the client)."""
+    async with served(config(tmp_path, max_sessions=1)) as url, httpx2.AsyncClient(timeout=30) as http:
+        assert (await open_session(http, url, ALICE)).status_code == 200
+        assert (await open_session(http, url, BOB)).status_code == 503
+    events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    refused = [e["data"] for e in events if e.get("event") == "mcp.http.unauthorized"]
+    assert [(e["status"], e["client"]) for e in refused] == [(503, "bob_token")]
+    assert "max_sessions" in refused[0]["reason"]
+
+
 def test_a_session_is_not_idle_while_its_opening_request_is_in_flight() -> None:
     """Unit: the SDK counts the opening request among the session's requests in flight (no idle
     expiry until it ends); the count here did not, and dropped a session the SDK still held."""

@@ -120,6 +120,10 @@ async def test_a_request_body_past_max_message_bytes_is_refused_413(tmp_path: Pa
         answer = await http.post(url, content=json.dumps(call).encode(), headers=headers)
     if limit is not None:
         assert answer.status_code == 413, answer.text
+        # a refusal, in the audit log as the others are (found by attack: it was not)
+        events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+        assert [(e["data"]["status"], e["data"]["client"]) for e in events
+                if e.get("event") == "mcp.http.unauthorized"] == [(413, "alice_token")]
     else:  # read whole and answered by the server (no session yet), not refused for its size
         assert answer.status_code != 413, answer.text
 

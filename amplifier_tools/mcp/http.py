@@ -42,7 +42,7 @@ from ..errors import AuthError, ConfigError
 from ..host import ToolHost
 from ..redaction import SecretSet, redact
 from ..secrets_table import EnvironmentSecrets
-from .http_sessions import SessionQuota
+from .http_sessions import SessionQuota, single_exchange
 from .sdk_logs import redact_sdk_logs
 from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
@@ -165,11 +165,16 @@ def _unresolved(host: ToolHost, ref: str, key: str) -> ConfigError:
     return ConfigError(f"the token_ref {reason}", key=key, hint=hint, file=host.config_file)
 
 
-#: The answers recorded as refusals, and why (404 only for a request naming a session).
+#: The answers recorded as refusals, and why (404 only for a request naming a session, on the
+#: SDK's session path).
 REFUSALS: Final = {401: "no bearer token, one no client has, or more than one Authorization header",
                    403: "refused by the Origin check",
                    404: "a session that does not exist, or was opened with another token",
-                   421: "refused by the Host check (DNS rebinding protection)"}
+                   413: "a request body past max_message_bytes",
+                   421: "refused by the Host check (DNS rebinding protection)",
+                   # the SDK's; the drain's own 503 is Gate's, not watched (found by attack: a
+                   # client shut out by a full max_sessions was refused with nothing in the log)
+                   503: "max_sessions sessions are open: no new one"}
 #: Most refusal events written per second; the rest are counted in the next one written.
 MAX_REFUSAL_EVENTS_PER_S: Final = 10
 #: Longest method and path written into a refusal event (both are the client's choice).
@@ -318,7 +323,8 @@ class Gate:
       only ``/mcp``. The request then carries the SDK's ``AuthenticatedUser`` in ``scope["user"]``
       (the SDK's session manager binds each session to it: another client's token gets 404) and
       in the SDK's auth context (``get_access_token``), as the SDK's own middlewares set them.
-    - **Refusal audit**: 401, 403 (Origin), 421 (Host) and 404 for a request naming a session are
+    - **Refusal audit**: 401, 403 (Origin), 413 (body too long), 421 (Host), 503 (``max_sessions``
+      full) and 404 for a request naming a session are
       written as ``mcp.http.unauthorized`` events: the status, why, the method and path (clipped
       to ``MAX_FIELD_CHARS``), the peer's address, whether a bearer token came — never the
       token — and, past authentication, the ``client`` (its ``token_ref``). At most
@@ -381,7 +387,9 @@ class Gate:
                 await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
                 return
         counted = scope.get("method") != "GET"
-        if counted and self.draining and session is None:
+        # a 2026-07-28 request has no session, whatever id it names (found by attack: naming a made-up
+        # one, a client had new calls started while the server drained)
+        if counted and self.draining and (session is None or single_exchange(headers)):
             await send({"type": "http.response.start", "status": 503,
                         "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
             await send({"type": "http.response.body", "body": b"the server is shutting down\n"})
@@ -393,7 +401,8 @@ class Gate:
             async def watch(message: Any) -> None:
                 if message["type"] == "http.response.start":
                     status = message["status"]
-                    if status in REFUSALS and (status != 404 or session is not None):
+                    # a 404 of the SDK's single-exchange path is an unknown method, no session's
+                    if status in REFUSALS and (status != 404 or (session is not None and not single_exchange(headers))):
                         self._refused(self.budget, scope, status, authorization, user)
                 await send(message)
         else:

@@ -18,7 +18,9 @@ reach the SDK's session manager and are passed on uncounted (found by attack: a 
 router for another path, or one to a request naming an unknown id before the client's own, took
 a session the SDK still held off the count, so the limit could be slipped without end). A session
 the SDK ends for another reason (its server task crashed) is still counted until the client names
-it again (404) or it has been idle that long.
+it again (404) or it has been idle that long. A request the SDK serves on its single-exchange
+path (an ``mcp-protocol-version`` header naming no handshake version: 2026-07-28) has no session
+and is passed on uncounted, whatever ``mcp-session-id`` it names (``single_exchange``).
 Without clients (``allow_anonymous``) there is one caller and only the SDK's ``max_sessions``
 applies. The tracker holds at most ``max_sessions_per_client`` entries per configured client.
 """
@@ -28,6 +30,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from typing import Any, Final
+
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from .settings import PLUGIN
 
@@ -41,6 +45,18 @@ def _refusal_body(limit: int) -> bytes:
     return (b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"this client already holds '
             + str(limit).encode() + b' open sessions (' + SETTING.encode() + b'); end one with DELETE '
             b'before opening another, or wait for an idle one to expire"}}')
+
+
+def single_exchange(headers: Any) -> bool:
+    """Whether the SDK serves a request with these (ASGI) headers on its single-exchange path
+    (protocol 2026-07-28 and any version it does not know): its first ``mcp-protocol-version``
+    header is present and names no handshake version, read as the SDK's session manager reads
+    it. That path has no session: it never opens one, never looks one up, and its 404 is a
+    JSON-RPC "method not found", not an unknown session."""
+    for name, value in headers or ():
+        if name == b"mcp-protocol-version":
+            return value.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS
+    return False
 
 
 class _Session:
@@ -88,12 +104,21 @@ class SessionQuota:
             # anonymous, not HTTP, or not the SDK's endpoint: the SDK's own limit only
             await self.app(scope, receive, send)
             return
+        session = version = None
+        for name, value in scope.get("headers") or ():  # the first of each, as the SDK reads them
+            if name == b"mcp-session-id":
+                if session is None:
+                    session = value
+            elif name == b"mcp-protocol-version" and version is None:
+                version = value
+        if version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS:
+            # ``single_exchange``: no session. Found by attack: naming one of its sessions on this
+            # path, a client had its 404 (an unknown method) taken for the session's end, took it
+            # off the count while the SDK held it, and opened sessions without end, until every
+            # client's ``initialize`` was 503; and a client at its share had such requests refused 429.
+            await self.app(scope, receive, send)
+            return
         client: str = user.access_token.client_id
-        session = None
-        for name, value in scope.get("headers") or ():
-            if name == b"mcp-session-id":  # the first, as Starlette's ``headers.get`` in the SDK
-                session = value
-                break
         if session is None:
             await self._opening(client, scope, receive, send)
             return
