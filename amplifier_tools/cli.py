@@ -73,7 +73,10 @@ class UsageParser(argparse.ArgumentParser):
     json_requested = False
 
     def error(self, message: str) -> NoReturn:
-        hint = f"see '{self.prog} --help'"
+        self.fail(message, f"see '{self.prog} --help'")
+
+    def fail(self, message: str, hint: str) -> NoReturn:
+        """A usage error with ``hint`` of the caller's (``error``'s: this parser's help)."""
         if UsageParser.json_requested:
             print(json.dumps({"error": {"type": "UsageError", "message": message, "hint": hint,
                                         "exit_status": EXIT_USAGE}}, ensure_ascii=False))
@@ -99,7 +102,7 @@ def _config_file(value: str) -> str:
     return value
 
 
-def _parser(only: str | None = None) -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> UsageParser:
     """The command line's parser; with ``only``, the top level and that one command: what parsing a
     line that names it needs (``_command_named``), without the other dozen commands' parsers
     (≈ 2 % of ``list``'s instructions, argparse's translations and formatters mostly)."""
@@ -660,6 +663,15 @@ def _validate(args: argparse.Namespace) -> int:
                 "an entry-point name or a distribution name")
         top = args.target.partition(":")[0].partition(".")[0]
         not_found = any(f"No module named {top!r}" in check.message for check in failed)
+        misnamed = not_found or any(check.name == "importable" and check.message.startswith("AttributeError: module")
+                                    for check in failed)
+        if not misnamed:
+            # The target was found, and importing or instantiating it raised (a tool its module
+            # decorates refused, say): the TARGET syntax was not the problem (found by a newcomer's
+            # trial: that hint followed "TypeError: f(p): type ... has no JSON Schema mapping").
+            module = args.target.partition(":")[0]
+            hint = (f"{args.target} was found, and loading it raised: fix what the FAIL line says "
+                    f"(python -c 'import {module}' shows where)")
         if not_found and (os.path.isfile(f"{top}.py") or os.path.isfile(os.path.join(top, "__init__.py"))):
             # The console script does not import from the current directory (an agent may write
             # there): the module the user just wrote is beside them, yet "not found" (a newcomer's pass).
@@ -703,9 +715,22 @@ def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:
 def _trust(args: argparse.Namespace) -> int:
     """Remember the configuration this command line would use as trusted (``config_trust``)."""
     from . import config_trust
+    from .errors import ConfigError
     from .hoststate import ensure_state_dir
 
-    host = _host(args)
+    try:
+        host = _host(args)
+    except config_trust.UnloadableUntrusted as exc:
+        cause = exc.load_error
+        if cause is None:
+            raise
+        # Found by a newcomer's trial: ``trust`` on a file with a typo answered "... then accept it
+        # with: amplifier-tools trust", the very command just run, which can never accept it.
+        fault = f"{cause.key}: {cause.detail}" if cause.key else cause.detail
+        also = f"; {cause.hint}" if cause.hint else ""
+        raise ConfigError(f"not trusted: it cannot be loaded: {fault}", file=exc.file,
+                          hint=f"review it (a tool may have written it) and fix or remove it{also}; "
+                               "then run amplifier-tools trust again") from None
     state = config_trust.config_state(host.config_file, host.trust_roots, sha256=host.config_sha256)
     if state is None:
         print(f"{host.config_file} lies outside the working directory: it needs no trust")
@@ -866,7 +891,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:
         if args.command != "audit":
-            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+            parser.fail(f"unrecognized arguments: {' '.join(extras)}", _unrecognized_hint(parser, args.command, extras))
         args.audit_args = [*extras, *args.audit_args]
     if argv is None and (args.version or args.command in INSPECTION_COMMANDS):
         import gc
@@ -877,6 +902,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             gc.freeze()
     return _run_main(args)
+
+
+def _unrecognized_hint(parser: argparse.ArgumentParser, command: str | None, extras: Sequence[str]) -> str:
+    """The hint for words no parser took: the command's own help (the options are its, not the top
+    level's), and a did-you-mean for an option spelled close to one of them (found by a newcomer's
+    trial: ``call TOOL --principle bob`` said only "see 'amplifier-tools --help'", which lists no
+    option of ``call``)."""
+    import difflib
+
+    commands = next((action.choices for action in parser._actions
+                     if isinstance(action, argparse._SubParsersAction)), None)
+    own = commands.get(command) if isinstance(commands, dict) and command else None
+    where = own if isinstance(own, argparse.ArgumentParser) else parser
+    options = [option for action in where._actions for option in action.option_strings
+               if option.startswith("--")]
+    if where is not parser:
+        options += [option for action in parser._actions for option in action.option_strings
+                    if option.startswith("--")]
+    see = f"see '{where.prog} --help'"
+    for word in extras:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.partition("=")[0], options, n=1, cutoff=0.7)
+            if close:
+                return f"did you mean {close[0]!r}? {see}"
+    return see
 
 
 def _run_main(args: argparse.Namespace) -> int:

@@ -133,6 +133,13 @@ def check(state_dir: Path, config_file: str | None, roots: Sequence[str], *,
     raise _refusal(trusted, state, state_dir)
 
 
+class UnloadableUntrusted(ConfigError):
+    """The trust check's refusal of a file that also cannot be loaded: ``load_error`` says why it
+    cannot (``amplifier-tools trust`` shows that alone: trusting such a file cannot help)."""
+
+    load_error: ConfigError | None = None
+
+
 def _refusal(trusted: dict[str, Any], state: dict[str, Any], state_dir: Path,
              load_error: ConfigError | None = None) -> ConfigError:
     """The error for a start on ``state``, which is not the ``trusted`` one (``load_error``: the
@@ -149,12 +156,13 @@ def _refusal(trusted: dict[str, Any], state: dict[str, Any], state_dir: Path,
     if load_error is not None:
         fault = f"{load_error.key}: {load_error.detail}" if load_error.key else load_error.detail
         also = f"; {load_error.hint}" if load_error.hint else ""
-        return ConfigError(f"{change}; tools can write the working directory, so the host will not take it on "
-                           f"trust, and it cannot be loaded either: {fault}. Review it (a tool may have written it), "
-                           f"fix or remove it, then accept it with: amplifier-tools trust "
-                           f"(remembered in {state_dir / TRUST_FILE})", file=now,
-                           hint=f"review {now}: a tool may have written it; fix or remove it{also}; then run: "
-                                "amplifier-tools trust")
+        refusal = UnloadableUntrusted(
+            f"{change}; tools can write the working directory, so the host will not take it on trust, and it cannot "
+            f"be loaded either: {fault}. Review it (a tool may have written it), fix or remove it, then accept it "
+            f"with: amplifier-tools trust (remembered in {state_dir / TRUST_FILE})", file=now,
+            hint=f"review {now}: a tool may have written it; fix or remove it{also}; then run: amplifier-tools trust")
+        refusal.load_error = load_error
+        return refusal
     return ConfigError(f"{change}; tools can write the working directory, so the host will not take it on "
                       "trust. Review it, then accept it with: amplifier-tools trust "
                       f"(remembered in {state_dir / TRUST_FILE})", file=now or before,

@@ -76,7 +76,13 @@ def tool_definition(spec: ToolSpec, fmt: str) -> dict[str, Any]:
         annotations = mcp_annotations(spec)
         if annotations:  # an imported tool given no hints is served with none
             definition["annotations"] = annotations
-        if spec.output_schema is not None:
+        if spec.output_schema is not None and spec.output_schema.get("type") == "object":
+            # MCP sends structured output only as an object (``structuredContent``), and its
+            # ``outputSchema`` takes an object root only (before 2026-07-28 on the wire; the SDK's
+            # client, whatever the version, requires ``structuredContent`` of a tool that declares
+            # one). Found by a newcomer's trial: one served tool declaring ``{"type": "integer"}``
+            # made every ``tools/list`` fail, and the client saw no tool at all. The host still
+            # checks the output against the whole schema.
             definition["outputSchema"] = spec.output_schema
         return definition
     raise ValueError(f"unknown tool definition format {fmt!r}; expected one of {', '.join(FORMATS)}")

@@ -717,6 +717,34 @@ class FunctionTool:
         return self.func(*args, **kwargs)
 
 
+def _check_spec_fields(fields: dict[str, Any]) -> None:
+    """Refuse a keyword of ``@tool`` that is no ``ToolSpec`` field, naming where it belongs when it
+    is a field of a table below (found by a newcomer's trial: ``@tool(secret_refs=["api"])`` failed
+    the plugin's import with ``ToolSpec.__init__() got an unexpected keyword argument
+    'secret_refs'``, saying neither that it is ``security``'s nor which decorator)."""
+    import attrs
+
+    from .errors import did_you_mean
+    from .spec import Policies, Security
+
+    known = {field.name for field in attrs.fields(ToolSpec)} - {"input_schema"}
+    for key in fields:
+        if key == "input_schema":
+            raise TypeError("@tool(input_schema=...): the input schema is derived from the function's signature "
+                            "(Annotated adds constraints, docs/plugins.md); for a schema of your own, write a "
+                            "class with a ToolSpec")
+        if key in known:
+            continue
+        home = next((table for table, cls in (("security", Security), ("policies", Policies))
+                     if key in {field.name for field in attrs.fields(cls)}), None)
+        if home is not None:
+            raise TypeError(f"@tool({key}=...): {key!r} is a field of {home}, not of the contract itself: "
+                            f"write @tool({home}={{{key!r}: ...}})")
+        close = did_you_mean(key, known)
+        raise TypeError(f"@tool({key}=...): {key!r} is no ToolSpec field"
+                        + (f"; {close}" if close else f" (the fields: {', '.join(sorted(known))})"))
+
+
 def tool(
     func: Callable[..., Any] | None = None,
     *,
@@ -733,6 +761,8 @@ def tool(
     receives the call's ``ToolContext`` and is not in the schema. A
     ``functools.partial`` or a callable object works too, given a ``name``.
     """
+
+    _check_spec_fields(spec_fields)
 
     def wrap(f: Callable[..., Any]) -> FunctionTool:
         static = False

@@ -248,7 +248,7 @@ def test_usage_errors_are_one_line_and_a_hint(project: Path) -> None:
     out = cli(project, "list", "--bogus")
     assert out.returncode == 2
     assert out.stderr.splitlines() == ["error: unrecognized arguments: --bogus",
-                                       "hint: see 'amplifier-tools --help'"]
+                                       "hint: see 'amplifier-tools list --help'"]
     out = cli(project, "describe")
     assert out.returncode == 2
     assert out.stderr.splitlines() == ["error: the following arguments are required: tool",
