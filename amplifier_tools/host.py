@@ -52,6 +52,7 @@ from .dispatch import (
     being_cancelled,
     counting_from_here,
     finish_despite_cancel,
+    requests_before,
     stop_counting,
     thrown_in,
     works_for,
@@ -448,8 +449,12 @@ class ToolHost:
     async def _close(self, grace_ms: float | None) -> None:
         """``close``'s work."""
         cancelled = False
+        current = asyncio.current_task()
+        # the cancellation requests not this close()'s (pending as it began, ``requests_before``): those
+        # beyond them that reach it while it finishes are withdrawn, every one (``_withdraw``)
+        requests = requests_before(current)
         starting = self._starting
-        if starting is not None and not starting.is_set() and self._starter is not asyncio.current_task():
+        if starting is not None and not starting.is_set() and self._starter is not current:
             try:
                 await starting.wait()  # a start under way ends first (found by attack: it mounted on a closed host)
             except asyncio.CancelledError:
@@ -462,16 +467,13 @@ class ToolHost:
                 # The start ended in the turn this close() was cancelled: it no longer looks for a close
                 # left to it (found by attack: the host stayed open, its cleanups never run). Closed here,
                 # as by a close() cancelled in the grace: the calls are cut, then CancelledError.
-                current = asyncio.current_task()
-                if current is not None and sys.version_info >= (3, 11):
-                    current.uncancel()
+                _withdraw(current, requests)
                 cancelled = True
         pipeline = self._pipeline
         elsewhere = self._elsewhere("close() was awaited") if pipeline is not None else None
         if elsewhere is not None:
             raise elsewhere
         if pipeline is not None:
-            current = asyncio.current_task()
             inside = works_for(current) if current is not None else []  # a hook's task of its own too
             if any(task is each for task in pipeline.in_flight.values() for each in inside):
                 raise ToolSystemError(
@@ -489,10 +491,10 @@ class ToolHost:
                 # (found by attack: a cancelled close() left the host half-closed, its calls running
                 # on and no cleanup run, the audit writer's among them). Withdrawn while it finishes, as
                 # asyncio.timeout withdraws what it handles: a request left standing made a cleanup's own
-                # CancelledError read as this close()'s, and the cleanups after it were skipped.
-                current = asyncio.current_task()
-                if current is not None and sys.version_info >= (3, 11):
-                    current.uncancel()
+                # CancelledError read as this close()'s, and the cleanups after it were skipped. Every
+                # request is withdrawn: two made in one turn (a Ctrl-C and an asyncio.timeout) reach it
+                # as one CancelledError, and withdrawing one left the other standing (found by review).
+                _withdraw(current, requests)
                 cancelled, idle = True, False
             stuck: frozenset[int] = frozenset()
             if not idle:
@@ -516,7 +518,7 @@ class ToolHost:
         # One close() runs the cleanups, one at a time; another waits for it (found by attack: a second
         # close() ran the next cleanups while the first's was still running, the audit writer's among
         # them, and returned before it had ended).
-        if self._cleaning is not None and self._cleaner is asyncio.current_task():
+        if self._cleaning is not None and self._cleaner is current:
             return  # a cleanup closing its own host: the close running it goes on with the rest
         while self._cleaning is not None:
             await self._cleaning.wait()
@@ -528,30 +530,40 @@ class ToolHost:
             raise asyncio.CancelledError
 
     async def _end_calls(self, pipeline: CallPipeline, cancelled: bool) -> frozenset[int]:
-        """Cut the calls still in flight and wait while they record themselves; the calls (their
-        numbers) still in flight once that wait is over."""
+        """Cut the calls still in flight and wait while they record themselves; the cut calls (their
+        numbers) still in flight once that wait is over (calls that ignore their cut)."""
         count = pipeline.cut_in_flight()
         log.warning("closing: cancelled %d call(s) still running %s", count,
                     "as close() was cancelled" if cancelled else "after shutdown_grace_ms")
         # Cut calls record themselves through their hooks, each bounded by its hook timeout: the wait
-        # is bounded by the chains a cut call still runs, every async implementation's timeout in turn
+        # is bounded by the chains a cut call still runs, every implementation's timeout in turn
         # (found by attack: bounded by one hook timeout, two tool_error hooks that used theirs outlasted
         # it, and the audit writer was closed before the call's record).
-        if not await pipeline.wait_idle(self._recording_bound()):
-            log.error("closing: %d call(s) did not finish recording; cleanups run anyway", len(pipeline.in_flight))
-        return frozenset(pipeline.in_flight)
+        if await pipeline.wait_idle(self._recording_bound()):
+            # Idle once: a call in flight now entered since (refused as closing, being recorded) and is
+            # waited for by close(), where it was taken for one ignoring its cut and its record lost
+            # (found by a fuzz seed: a tool answering its cut by making another call).
+            return frozenset()
+        stuck = frozenset(number for number in pipeline.in_flight if number in pipeline.cut)
+        log.error("closing: %d call(s) did not finish recording; cleanups run anyway", len(stuck))
+        return stuck
 
     def _recording_bound(self) -> float:
         """How long a cut call may take to record itself: the tool_post or tool_error chain, the
         ``tool:post`` or ``tool:error`` event to every ``tool_event`` observer, then tool_complete,
-        each async implementation within its own hook timeout (found by review: the events were left
+        each implementation within its own hook timeout (found by review: the events were left
         out, and three observers within theirs outlasted the wait: the call was recorded after the
-        audit writer's cleanup, so not at all)."""
+        audit writer's cleanup, so not at all). A synchronous implementation counts as an async one:
+        the awaitable it may hand back (a future, as the audit's fsync wait) is awaited within its hook
+        timeout too, and which one will cannot be told before it is called (found by review: counted
+        only async ones, three such observers within theirs outlasted the wait, and the record was
+        lost). A call that ends sooner is not waited for longer: the bound only caps a call that
+        ignores its cut."""
         default = self.dispatcher.default_timeout or 10.0
 
         def chain(hook: str) -> float:
             return sum((impl.timeout if impl.timeout is not None else default)
-                       for impl in self.dispatcher.impls(hook) if impl.is_async)
+                       for impl in self.dispatcher.impls(hook))
 
         ending = max(chain("tool_post"), chain("tool_error")) + chain("tool_event")
         return max(default, ending + chain("tool_complete") + 0.05)
@@ -1162,6 +1174,16 @@ class ContextCaller:
         return True
 
 
+def _withdraw(task: asyncio.Task[Any] | None, requests: int) -> None:
+    """Withdraw every cancellation request of ``task`` beyond ``requests`` (CPython 3.11+): two
+    ``cancel()`` in one turn of the loop are thrown in as one ``CancelledError`` but counted twice
+    (found by review: ``close()`` withdrew one, and the other made a cleanup's own
+    ``CancelledError`` read as close()'s, the cleanups after it skipped, the audit writer's last)."""
+    if sys.version_info >= (3, 11) and task is not None:
+        while task.cancelling() > requests:
+            task.uncancel()
+
+
 async def _finished_withdrawn(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
     """``finish_despite_cancel`` for ``close()``: the cancellations that arrived meanwhile are
     withdrawn (CPython 3.11+), as one arriving in the grace is; ``close()`` raises ``CancelledError``
@@ -1173,9 +1195,8 @@ async def _finished_withdrawn(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
     if sys.version_info >= (3, 11) and task is not None:
         requests = task.cancelling()
     out, late = await finish_despite_cancel(awaitable)
-    if sys.version_info >= (3, 11) and task is not None:
-        while late and task.cancelling() > requests:
-            task.uncancel()
+    if late:
+        _withdraw(task, requests)
     return out, late
 
 
