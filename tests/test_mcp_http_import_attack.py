@@ -82,7 +82,8 @@ class Hostile:
                 answer = await self.behave(self, method, headers, message) if self.behave is not None else None
                 status, extra, payload = answer if answer is not None else self.default(method, message)
                 head = f"HTTP/1.1 {status} X\r\ncontent-length: {len(payload)}\r\n"
-                head += "".join(f"{name}: {value}\r\n" for name, value in extra.items())
+                head += "".join(f"{name}: {value}\r\n" for name, values in extra.items()
+                                for value in (values if isinstance(values, list) else [values]))
                 writer.write(head.encode() + b"\r\n" + payload)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -331,6 +332,24 @@ async def test_a_json_body_past_max_message_bytes_is_not_read_whole(tmp_path: Pa
     assert all(headers.get("accept-encoding") == "identity" for _, headers, _ in server.requests)
     assert [code for _, code in completions.calls] == ["mcp_message_too_large", None]
     assert len(call_records(tmp_path)) == 2
+
+
+@pytest.mark.parametrize("extra", [
+    {"content-type": ["application/json", "text/event-stream"]},
+    {"content-type": "application/json", "content-encoding": ["identity", "gzip"]},
+])
+async def test_repeated_headers_are_read_as_the_sdk_reads_them(tmp_path: Path, extra: dict[str, Any]) -> None:
+    """A type or encoding header sent twice is read joined (``Headers.get``), as the SDK reads it:
+    a JSON body is never taken for an event stream (left unbounded), nor a second encoding missed."""
+    async with hostile_server() as (server, url), importing(tmp_path, url, max_message_bytes=64 * 1024) as host:
+        async def huge(message: dict[str, Any]) -> Answer:
+            data = json.dumps({"jsonrpc": "2.0", "id": message["id"],
+                               "result": {"content": [{"type": "text", "text": "z" * (1 << 20)}]}}).encode()
+            return 200, extra, data
+
+        server.behave = on_call(huge)
+        result = await host.call("mcp::h::echo", {"text": "x"})
+        assert result.error is not None and result.error["code"] == "mcp_message_too_large", result.error
 
 
 @pytest.mark.parametrize("url", ["http://bob:pa55word-zz@127.0.0.1:9/mcp", "https://:pa55word-zz@example.com/mcp",

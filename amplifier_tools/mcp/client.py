@@ -388,6 +388,10 @@ class ServerConnection:
         self._mounted_version = self.server_info.version if self.server_info is not None else None
 
     async def _ensure(self) -> ClientSession:
+        session = self._session
+        if session is not None and self.alive and not self._lock.locked():
+            # Running and nobody restarting it: what taking the free lock would find, without it.
+            return session
         async with self._lock:
             if self.alive and self._session is not None:
                 return self._session
