@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from amplifier_tools import ToolResult
+from amplifier_tools import ToolResult, hookimpl
 from amplifier_tools.loader import ToolMount
 
 
@@ -43,6 +43,43 @@ class EchoTool:
     async def execute(self, input: dict[str, Any]) -> ToolResult:
         self.calls.append(input)
         return ToolResult(success=True, output=input["path"] * input.get("times", 1))
+
+
+class WaitsUntilCut:
+    """A tool that sets ``running`` and then sleeps 30 s: cut by a deadline, a cancellation or
+    ``close()``."""
+
+    name = "waits"
+    description = "Waits until cut."
+    input_schema = {"type": "object"}
+
+    def __init__(self) -> None:
+        self.running = asyncio.Event()
+
+    async def execute(self, input: dict[str, Any]) -> ToolResult:
+        self.running.set()
+        await asyncio.sleep(30)
+        return ToolResult(True, "slept")
+
+
+class LoggingCleanup:
+    """A plugin whose cleanup appends its name to ``log``; with ``raises``, it awaits a task it
+    cancelled and lets that task's ``CancelledError`` out (its own, not close()'s)."""
+
+    def __init__(self, name: str, log: list[str], raises: bool = False) -> None:
+        self.name, self.log, self.raises = name, log, raises
+
+    @hookimpl
+    def mount(self, coordinator: Any, config: Any) -> Any:
+        async def cleanup() -> None:
+            self.log.append(self.name)
+            if self.raises:
+                worker = asyncio.ensure_future(asyncio.sleep(10))
+                await asyncio.sleep(0)
+                worker.cancel()
+                await worker
+
+        return cleanup
 
 
 class ToolsPlugin(ToolMount):

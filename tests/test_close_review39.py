@@ -19,23 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ToolsPlugin
+from helpers import LoggingCleanup, ToolsPlugin, WaitsUntilCut
 
 from amplifier_tools import ToolHost, ToolResult, ToolSystemError, hookimpl
-
-
-class _Waits:
-    name = "waits"
-    description = "Waits until cut."
-    input_schema = {"type": "object"}
-
-    def __init__(self) -> None:
-        self.running = asyncio.Event()
-
-    async def execute(self, input: dict[str, Any]) -> ToolResult:
-        self.running.set()
-        await asyncio.sleep(30)
-        return ToolResult(True, "slept")
 
 
 class _IgnoresItsCut:
@@ -80,7 +66,7 @@ def _records(host: ToolHost) -> list[str]:
 async def test_close_waits_for_a_cut_call_whose_event_observers_use_their_timeouts(tmp_path: Path) -> None:
     """Was (3.10 to 3.13): four observers of 50 ms each outlasted a wait of 50 ms (twice), the audit
     writer was closed first: "the audit log ... is closed", and the call left no record."""
-    waits = _Waits()
+    waits = WaitsUntilCut()
     host = ToolHost(config={"hook_timeout_ms": 50, "plugins": {"audit": {"fsync": "never"}}},
                     plugins=[ToolsPlugin(waits), *(_SlowErrorEvents(f"e{n}") for n in range(4))],
                     builtins=["policy", "audit"], entry_points=False, working_dir=tmp_path, discover=False)
@@ -125,35 +111,16 @@ class _SlowErrorHook:
         await asyncio.sleep(0.2)
 
 
-class _Cleanup:
-    """A plugin whose cleanup logs itself; with ``raises``, it awaits a task it cancelled, and lets
-    that task's ``CancelledError`` out (its own, not close()'s)."""
-
-    def __init__(self, name: str, log: list[str], raises: bool = False) -> None:
-        self.name, self.log, self.raises = name, log, raises
-
-    @hookimpl
-    def mount(self, coordinator: Any, config: Any) -> Any:
-        async def cleanup() -> None:
-            self.log.append(self.name)
-            if self.raises:
-                worker = asyncio.ensure_future(asyncio.sleep(10))
-                await asyncio.sleep(0)
-                worker.cancel()
-                await worker
-
-        return cleanup
-
-
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 cannot tell a cleanup's own CancelledError apart")
 async def test_a_close_cancelled_while_cut_calls_record_themselves_still_runs_every_cleanup(tmp_path: Path) -> None:
     """As when cancelled in the grace: the calls are recorded, every cleanup runs, then close()
     raises. Was (3.11 to 3.13): the cancellation stayed counted, the second plugin's own
     ``CancelledError`` read as close()'s, and "first" never ran, nor the audit writer's cleanup."""
     log: list[str] = []
-    waits, slow = _Waits(), _SlowErrorHook()
+    waits, slow = WaitsUntilCut(), _SlowErrorHook()
     host = ToolHost(config={"plugins": {"audit": {"fsync": "never"}}},
-                    plugins=[ToolsPlugin(waits), slow, _Cleanup("first", log), _Cleanup("second", log, raises=True)],
+                    plugins=[ToolsPlugin(waits), slow,
+                             LoggingCleanup("first", log), LoggingCleanup("second", log, raises=True)],
                     builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False)
     await host.start()
     calling = asyncio.ensure_future(host.call("waits", {}, call_id="c1"))
@@ -175,9 +142,9 @@ async def test_a_close_under_a_timeout_that_fires_while_cut_calls_record_themsel
     """The withdrawn request is still raised: ``asyncio.timeout`` around close() turns it into
     ``TimeoutError``, once the call is recorded and the cleanups have run."""
     log: list[str] = []
-    waits, slow = _Waits(), _SlowErrorHook()
+    waits, slow = WaitsUntilCut(), _SlowErrorHook()
     host = ToolHost(config={"plugins": {"audit": {"fsync": "never"}}},
-                    plugins=[ToolsPlugin(waits), slow, _Cleanup("first", log)],
+                    plugins=[ToolsPlugin(waits), slow, LoggingCleanup("first", log)],
                     builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False)
     await host.start()
     calling = asyncio.ensure_future(host.call("waits", {}, call_id="c1"))
@@ -197,7 +164,7 @@ async def test_a_start_scheduled_before_close_returned_is_refused(tmp_path: Path
     start then mounted every plugin and the host stayed open, its cleanups never run (the audit
     writer's among them), although close() had been awaited."""
     log: list[str] = []
-    host = ToolHost(config={"plugins": {"audit": {"fsync": "never"}}}, plugins=[_Cleanup("first", log)],
+    host = ToolHost(config={"plugins": {"audit": {"fsync": "never"}}}, plugins=[LoggingCleanup("first", log)],
                     builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False)
     starting = asyncio.ensure_future(host.start())
     await host.close()

@@ -18,43 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ToolsPlugin
+from helpers import LoggingCleanup, ToolsPlugin, WaitsUntilCut
 
 from amplifier_tools import ToolHost, ToolResult, hookimpl
-
-
-class _Waits:
-    name = "waits"
-    description = "Waits until cut."
-    input_schema = {"type": "object"}
-
-    def __init__(self) -> None:
-        self.running = asyncio.Event()
-
-    async def execute(self, input: dict[str, Any]) -> ToolResult:
-        self.running.set()
-        await asyncio.sleep(30)
-        return ToolResult(True, "slept")
-
-
-class _Cleanup:
-    """A plugin whose cleanup logs itself; with ``raises``, it lets a task's ``CancelledError`` out
-    (its own, not close()'s)."""
-
-    def __init__(self, name: str, log: list[str], raises: bool = False) -> None:
-        self.name, self.log, self.raises = name, log, raises
-
-    @hookimpl
-    def mount(self, coordinator: Any, config: Any) -> Any:
-        async def cleanup() -> None:
-            self.log.append(self.name)
-            if self.raises:
-                worker = asyncio.ensure_future(asyncio.sleep(10))
-                await asyncio.sleep(0)
-                worker.cancel()
-                await worker
-
-        return cleanup
 
 
 class _SlowMount:
@@ -84,9 +50,10 @@ async def test_a_close_cancelled_twice_in_its_grace_still_runs_every_cleanup(tmp
     withdrawn, the other stayed counted, the second plugin's own ``CancelledError`` read as close()'s
     and "first" never ran, nor the audit writer's cleanup."""
     log: list[str] = []
-    waits = _Waits()
+    waits = WaitsUntilCut()
     host = ToolHost(config={"plugins": {"audit": {"fsync": "never"}}},
-                    plugins=[ToolsPlugin(waits), _Cleanup("first", log), _Cleanup("second", log, raises=True)],
+                    plugins=[ToolsPlugin(waits),
+                             LoggingCleanup("first", log), LoggingCleanup("second", log, raises=True)],
                     builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False)
     await host.start()
     calling = asyncio.ensure_future(host.call("waits", {}, call_id="c1"))
@@ -110,7 +77,7 @@ async def test_a_close_cancelled_twice_in_the_turn_the_start_ended_still_runs_ev
     log: list[str] = []
     slow = _SlowMount()
     host = ToolHost(config={"plugins": {"audit": {"fsync": "never"}}},
-                    plugins=[_Cleanup("first", log), _Cleanup("second", log, raises=True), slow],
+                    plugins=[LoggingCleanup("first", log), LoggingCleanup("second", log, raises=True), slow],
                     builtins=["audit"], entry_points=False, working_dir=tmp_path, discover=False)
     starting = asyncio.ensure_future(host.start())
     await slow.mounting.wait()
@@ -157,7 +124,7 @@ async def test_close_waits_for_a_cut_call_whose_sync_hooks_hand_back_awaitables(
     """Was (3.10 to 3.13): the wait counted async implementations only (here none: 50 ms), three
     awaitables of 40 ms each outlasted it, the audit writer was closed first and the cut call left
     no record."""
-    waits = _Waits()
+    waits = WaitsUntilCut()
     hooks = [(_FutureObserver if kind == "tool_complete" else _FutureErrorHook)(f"h{n}", 0.04) for n in range(3)]
     host = ToolHost(config={"hook_timeout_ms": 50, "plugins": {"audit": {"fsync": "never"}}},
                     plugins=[ToolsPlugin(waits), *hooks],

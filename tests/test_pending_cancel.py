@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import ToolsPlugin, leave_a_cancellation_pending
+from helpers import ToolsPlugin, WaitsUntilCut, leave_a_cancellation_pending
 
 from amplifier_tools import ToolHost, ToolResult, hookimpl
 
@@ -57,20 +57,6 @@ class AwaitsACancelledTask:
         inner.cancel()
         await inner
         return ToolResult(True, "unreachable")
-
-
-class Waits:
-    name = "waits"
-    description = "Waits until cut."
-    input_schema = {"type": "object"}
-
-    def __init__(self) -> None:
-        self.running = asyncio.Event()
-
-    async def execute(self, input: dict[str, Any]) -> ToolResult:
-        self.running.set()
-        await asyncio.sleep(30)
-        return ToolResult(True, "slept")
 
 
 class PreRaisesCancelled:
@@ -132,7 +118,7 @@ async def test_a_hooks_own_cancelled_error_is_its_failure_for_a_caller_with_a_re
 
 
 async def test_a_caller_with_a_request_pending_cancelled_again_is_still_cancelled(tmp_path: Path) -> None:
-    waits = Waits()
+    waits = WaitsUntilCut()
     async with _host(tmp_path, tools=(waits,)) as host:
         outcome: dict[str, Any] = {}
 
@@ -153,7 +139,7 @@ async def test_a_caller_with_a_request_pending_cancelled_again_is_still_cancelle
 
 
 async def test_a_call_cut_by_close_returns_host_closing_to_a_caller_with_a_request_pending(tmp_path: Path) -> None:
-    waits = Waits()
+    waits = WaitsUntilCut()
     host = _host(tmp_path, tools=(waits,))
     await host.start()
     calling = asyncio.ensure_future(with_a_request_pending(lambda: host.call("waits", {}, call_id="k1")))
@@ -170,7 +156,7 @@ async def test_async_with_left_by_a_cancellation_still_runs_every_cleanup(tmp_pa
     """``__aexit__`` closes the host while the task's cancellation is pending: a cleanup raising its
     own ``CancelledError`` is its failure, and the cleanups after it run, the audit writer's last."""
     log: list[str] = []
-    waits = Waits()
+    waits = WaitsUntilCut()
     entered = asyncio.Event()
 
     async def agent() -> None:
