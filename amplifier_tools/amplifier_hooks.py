@@ -68,6 +68,11 @@ class Registration:
     order: int
 
 
+#: Between injected texts joined into one, as amplifier-core joins them (its ``emit``, and its
+#: registry projecting ``context_injections``).
+INJECTION_SEPARATOR: Final = "\n\n"
+
+
 @attrs.frozen
 class EmitResult:
     """What ``emit`` returns when amplifier-core is not installed (its ``HookResult`` otherwise)."""
@@ -196,10 +201,11 @@ class HookRegistry:
         # ``ask_user`` and ``inject_context`` are handed back, as amplifier-core's ``emit`` hands them
         # back (found by review: both became ``continue``, so a module asking ``emit`` whether to go
         # on went on unasked, where amplifier-core would have told it to ask).
+        # Without ``data``, as amplifier-core hands them back (a ``modify`` before them is not).
         if asking is not None:
-            return _hook_result("ask_user", outcome_data, asking.reason, approval=asking)
+            return _hook_result("ask_user", None, asking.reason, approval=asking)
         if injected:
-            return _hook_result("inject_context", outcome_data, None, injected=injected)
+            return _hook_result("inject_context", None, None, injected=injected)
         return _hook_result("modify" if modified else "continue", outcome_data, None)
 
     async def _run_handler(self, r: Registration, event: str, data: dict[str, Any]) -> Parsed | None:
@@ -317,7 +323,7 @@ def parse_result(out: Any) -> Parsed:
         # (found by attack: the injected text was lost, the trail entry had none).
         def field(item: Any, key: str, default: Any) -> Any:
             return item.get(key, default) if isinstance(item, dict) else getattr(item, key, default)
-        text = "\n\n".join(str(field(item, "content", "")) for item in items)
+        text = INJECTION_SEPARATOR.join(str(field(item, "content", "")) for item in items)
         role = field(items[0], "role", "system") or "system"
         ephemeral = bool(field(items[0], "ephemeral", False))
     return Parsed(action, get("reason", None), get("data", None), text, role, ephemeral,
@@ -341,7 +347,7 @@ def _hook_result(action: str, data: dict[str, Any] | None, reason: str | None, *
         fields["approval_default"] = "allow" if approval.approval_default == "allow" else "deny"
     if injected:
         role = injected[0].context_injection_role
-        fields["context_injection"] = "\n".join(str(parsed.context_injection) for parsed in injected)
+        fields["context_injection"] = INJECTION_SEPARATOR.join(str(parsed.context_injection) for parsed in injected)
         fields["context_injection_role"] = role if role in ("system", "user", "assistant") else "system"
         fields["ephemeral"] = injected[0].ephemeral
     try:

@@ -498,7 +498,7 @@ class ToolHost:
                 cancelled, idle = True, False
             stuck: frozenset[int] = frozenset()
             if not idle:
-                stuck, late = await _finished_withdrawn(self._end_calls(pipeline, cancelled))
+                stuck, late = await _finished_withdrawn(self._end_calls(pipeline, cancelled), current, requests)
                 cancelled = cancelled or late
             # Calls that entered while this close() woke from its wait (refused as closing, being
             # recorded): none enters now; those are waited for before the cleanups, the audit writer's
@@ -507,7 +507,7 @@ class ToolHost:
             # waited for again, they doubled close()'s time (found by review).
             pipeline.sealed = True
             if pipeline.in_flight.keys() - stuck:
-                _, late = await _finished_withdrawn(pipeline.wait_idle(self._recording_bound()))
+                _, late = await _finished_withdrawn(pipeline.wait_idle(self._recording_bound()), current, requests)
                 cancelled = cancelled or late
         self._pipeline = None
         if pipeline is not None or self._starting is None:
@@ -1184,16 +1184,14 @@ def _withdraw(task: asyncio.Task[Any] | None, requests: int) -> None:
             task.uncancel()
 
 
-async def _finished_withdrawn(awaitable: Awaitable[Any]) -> tuple[Any, bool]:
-    """``finish_despite_cancel`` for ``close()``: the cancellations that arrived meanwhile are
-    withdrawn (CPython 3.11+), as one arriving in the grace is; ``close()`` raises ``CancelledError``
-    once the cleanups have run. Found by review: left standing, a cleanup's own ``CancelledError``
-    read as this close()'s cancellation and the cleanups after it, the audit writer's last, never
-    ran, when close() was cancelled while the calls it cut recorded themselves."""
-    task = asyncio.current_task()
-    requests = 0
-    if sys.version_info >= (3, 11) and task is not None:
-        requests = task.cancelling()
+async def _finished_withdrawn(awaitable: Awaitable[Any], task: asyncio.Task[Any] | None,
+                              requests: int) -> tuple[Any, bool]:
+    """``finish_despite_cancel`` for ``close()`` (``task``, ``requests`` pending as it began): the
+    cancellations that arrived meanwhile are withdrawn (``_withdraw``), as one arriving in the grace
+    is; ``close()`` raises ``CancelledError`` once the cleanups have run. Found by review: left
+    standing, a cleanup's own ``CancelledError`` read as this close()'s cancellation and the
+    cleanups after it, the audit writer's last, never ran, when close() was cancelled while the
+    calls it cut recorded themselves."""
     out, late = await finish_despite_cancel(awaitable)
     if late:
         _withdraw(task, requests)

@@ -72,7 +72,7 @@ def _first_step(awaitable: Any) -> tuple[bool, Any]:
 
     A tool or hook that never waits then needs no deadline timer at all (a timer armed and
     cancelled per call costs time, and until the event loop runs again it stays in its heap).
-    Only where the rest then runs in the same task (``asyncio.timeout``, 3.11+): code that binds
+    Only where the rest then runs in the same task (``run_with_timeout``, 3.11+): code that binds
     to the current task must never find itself split across two.
     """
     if type(awaitable) is not _COROUTINE:
@@ -94,11 +94,12 @@ if sys.version_info >= (3, 11):
         """Await ``awaitable``, cancelling it after ``seconds`` (``TimeLimitExceeded``, also when
         the awaitable answered that cancellation with another exception, chained to it); the timer
         is armed only once a coroutine actually suspends. A ``TimeoutError`` the awaitable raised
-        itself, the limit not run out, passes through as it is.
+        itself, the limit not run out, passes through as it is. A limit of 0 or less cuts at the
+        loop's next turn: a step the awaitable already had scheduled still runs.
 
         The limit and a cancellation of the caller can reach the task in the same turn of the loop:
         the awaitable is thrown one ``CancelledError`` for both. One that answers it by returning or
-        failing has swallowed the caller's too, and ``asyncio.timeout`` withdraws only its own: the
+        failing has swallowed the caller's too, and the limit withdraws only its own request: the
         caller's still counted (``Task.cancelling``), ``CancelledError`` is raised for it, never the
         value or ``TimeLimitExceeded`` (found by attack: a ``tool_pre`` hook returning a default when
         cut let a cancelled call run its tool). Does not cover: before CPython 3.12.3 a task group

@@ -498,4 +498,38 @@ async def test_emit_hands_back_ask_user_and_inject_context_as_amplifier_core_doe
                       {"action": "inject_context", "context_injection": "c2"}]
         injected = await host.events.emit("custom:gate", {"x": 1})
         assert (injected.action, injected.context_injection, injected.context_injection_role, injected.data) == \
-            ("inject_context", "c1\nc2", "user", {"x": 2})
+            ("inject_context", "c1\n\nc2", "user", None)
+
+
+@pytest.mark.parametrize("answers", [
+    [{"action": "inject_context", "context_injection": "c1", "context_injection_role": "user"},
+     {"action": "modify", "data": {"x": 2}}, {"action": "inject_context", "context_injection": "c2"}],
+    [{"action": "inject_context", "context_injection": "c1"}, {"action": "ask_user", "approval_prompt": "really?"},
+     {"action": "ask_user", "approval_prompt": "second"}],
+    [{"action": "ask_user", "approval_prompt": "p", "reason": "why"}, {"action": "deny", "reason": "no"}],
+], ids=["inject", "ask", "deny"])
+async def test_emit_answers_what_amplifier_cores_own_registry_answers(
+        tmp_path: Path, echo: EchoTool, answers: list[dict[str, Any]]) -> None:
+    """The same handlers' answers through amplifier-core's ``HookRegistry.emit`` and the host's:
+    the same action, texts (joined as core joins them), role, prompt, reason and data."""
+    core_hooks = pytest.importorskip("amplifier_core.hooks")
+    from amplifier_core.models import HookResult
+
+    registry = core_hooks.HookRegistry()
+    for index, fields in enumerate(answers):
+        async def core_handler(event: str, data: dict[str, Any], fields: dict[str, Any] = fields) -> Any:
+            return HookResult(**fields)
+        registry.register("custom:gate", core_handler, name=f"h{index}")
+    expected = await registry.emit("custom:gate", {"x": 1})
+
+    pending = list(answers)
+    async with host_with(tmp_path, echo) as host:
+        for _ in answers:
+            host.events.register("custom:gate", lambda event, data: pending.pop(0), owner="m")
+        got = await host.events.emit("custom:gate", {"x": 1})
+
+    def seen(result: Any) -> tuple[Any, ...]:
+        return (result.action, result.context_injection, result.context_injection_role, result.approval_prompt,
+                result.reason, result.data)
+
+    assert seen(got) == seen(expected)
