@@ -97,6 +97,24 @@ def processes_alive_together(text: str) -> int:
                if pid in first and _start_time(first[pid]) == _start_time(stat))
 
 
+def launchers_outside_sandbox(text: str) -> int:
+    """How many processes with ``text`` on their command line are bwrap in this pid namespace: the
+    sandbox's launcher, which runs as the host's child outside the namespace and the limits the
+    command gets (found in CI: a fork bomb held to 64 processes was counted 65 with it)."""
+    count = 0
+    for pid in _tagged(text):
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                comm = f.read().strip()
+            with open(f"/proc/{pid}/status", "rb") as f:
+                nspid = next((line for line in f if line.startswith(b"NSpid:")), b"")
+        except OSError:
+            continue
+        if comm == b"bwrap" and len(nspid.split()) == 2:  # one pid: not inside a nested namespace
+            count += 1
+    return count
+
+
 def describe_processes(text: str) -> str:
     """The live processes with ``text``, for an assertion message: pid, state and command."""
     lines = []
