@@ -14,6 +14,7 @@ from bash_helpers import bash_host, needs_bwrap
 from helpers import EVENT_LOOPS, run_on
 
 from amplifier_tools import ToolContext, ToolHost
+from amplifier_tools.builtins.bash.tool import MAX_ARGUMENT_BYTES
 from amplifier_tools.errors import ConfigError, PluginLoadError
 
 
@@ -282,13 +283,16 @@ async def test_a_command_longer_than_one_program_argument_can_be_is_the_callers_
     blaming the sandbox or the system for the caller's input."""
     host = await bash_host(tmp_path, sandbox=sandbox)
     try:
-        fits = await host.call("bash", {"command": "echo " + "x" * 131_000 + " | wc -c"})
-        assert fits.success and fits.output["stdout"].strip() == "131001", fits.error
-        result = await host.call("bash", {"command": "echo " + "é" * 70_000})  # 140,005 bytes in UTF-8
+        most = MAX_ARGUMENT_BYTES - 1  # 32 pages (the page size of this kernel), less the NUL
+        fits = await host.call("bash", {"command": "echo " + "x" * (most - 13) + " | wc -c"})  # `most` bytes
+        assert fits.success and fits.output["stdout"].strip() == str(most - 12), fits.error
+        too_long = "echo " + "é" * (most // 2)  # a few bytes more than fit, in UTF-8
+        result = await host.call("bash", {"command": too_long})
         assert result.error is not None
         assert (result.error["type"], result.error["code"], result.error["pointer"]) == (
             "ContractError", "invalid_input", "/command")
-        assert "140,005 bytes" in result.error["message"] and "bash script.sh" in result.error["hint"]
+        assert f"{len(too_long.encode()):,} bytes" in result.error["message"]
+        assert "bash script.sh" in result.error["hint"]
     finally:
         await host.close()
 

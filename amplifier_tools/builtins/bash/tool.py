@@ -38,8 +38,9 @@ VERSION: Final = "1.0.0"
 BASE_ENV: Final = ("PATH", "HOME", "LANG", "TERM")
 DEFAULT_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 MESSAGE_TAIL: Final = 600  # characters of stderr/stdout quoted in a failure message
-#: Linux's MAX_ARG_STRLEN (32 pages of 4 KiB): the most bytes one program argument holds, its NUL included.
-MAX_ARGUMENT_BYTES: Final = 131_072
+#: Linux's MAX_ARG_STRLEN (32 pages: 128 KiB with 4 KiB pages, 2 MiB with 64 KiB pages on some arm64
+#: and ppc64 kernels): the most bytes one program argument holds, its NUL included.
+MAX_ARGUMENT_BYTES: Final = 32 * os.sysconf("SC_PAGE_SIZE")
 
 
 @attrs.frozen
