@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_audit_trust import TamperEvents, anchor_of, call, lines, log_path, make
+from test_audit_trust import TamperEvents, anchor_of, call, cli_verify, lines, log_path, make
 
 from amplifier_tools.builtins.audit import writer as writer_module
 from amplifier_tools.builtins.audit.chain import GENESIS, Anchor, encode_anchor, read_anchor, verify
@@ -152,6 +152,85 @@ async def test_a_tamper_record_the_full_disk_kept_out_until_close_is_not_forgott
     finally:
         await host.close()
     assert lines(log)[0]["kind"] == "tamper", lines(log)
+
+
+def _refuse_tamper_records(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
+    """The writer's ``tamper`` record fails with ENOSPC while ``full["on"]`` (as in 1 and 1b)."""
+    full = {"on": True}
+    real_write = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if full["on"] and b'"kind":"tamper"' in bytes(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(writer_module.os, "write", write)
+    return full
+
+
+@pytest.mark.parametrize("change", ["appended", "deleted"])
+async def test_a_tamper_record_written_by_close_checks_the_fresh_segment_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str) -> None:
+    """1c (session 40). As 1b, the fresh segment changed before close (a line appended to it, or it
+    was deleted) and the disk freed: close() wrote the pending tamper record without checking the
+    file, after the appended line or into the deleted file, and anchored it there; ``audit verify``
+    then failed on the appended line (the tamper record's reason unread) or on a missing log, and
+    the next start set the log aside as "rewritten" (the anchor not the file's end)."""
+    host = await make(tmp_path, mode="fail_closed")
+    log = log_path(tmp_path)
+    try:
+        for i in range(2):
+            assert (await call(host, f"t{i}")).success
+        with open(log, "ab") as handle:
+            handle.write(b'{"forged":1}\n')
+        full = _refuse_tamper_records(monkeypatch)
+        assert not (await call(host, "during-full")).success
+        assert log.read_bytes() == b""  # the fresh segment, its tamper record pending
+        if change == "appended":
+            with open(log, "ab") as handle:
+                handle.write(b'{"forged":2}\n')
+        else:
+            log.unlink()
+        full["on"] = False  # space freed before the host closes
+    finally:
+        await host.close()
+    cli = cli_verify(str(log))
+    assert cli.returncode == 1 and f"{log}:1: the writer found the log tampered with" in cli.stdout, cli.stdout
+    assert read_anchor(anchor_of(tmp_path)).closed  # anchored at the live file's end
+    host = await make(tmp_path)
+    try:
+        assert (await call(host, "restart")).success  # adopted: no tampering since the close
+    finally:
+        await host.close()
+    assert [r["kind"] for r in lines(log)] == ["tamper", "call"], lines(log)
+
+
+async def test_a_fresh_segment_left_empty_beside_the_anchor_of_the_logs_start_is_tampering(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1d (session 40). As 1b, the tampering found before the fsync thread's first anchor refresh
+    (the anchor still says 0 records of the first file): the next start took the empty fresh
+    segment for a new log, and the tampering was in no chain."""
+    host = await make(tmp_path)
+    log = log_path(tmp_path)
+    try:
+        for i in range(2):
+            assert (await call(host, f"t{i}")).success
+        with open(log, "ab") as handle:
+            handle.write(b'{"forged":1}\n')
+        _refuse_tamper_records(monkeypatch)
+        anchor_of(tmp_path).write_bytes(encode_anchor(Anchor(file=log.name, inode=log.stat().st_ino, size=0,
+                                                             hash=GENESIS, records=0, ts=time.time())))
+        await call(host, "during-full")
+    finally:
+        await host.close()  # the disk still full
+    monkeypatch.undo()
+    host = await make(tmp_path)
+    try:
+        await call(host, "restart")
+    finally:
+        await host.close()
+    records = lines(log)
+    assert records[0]["kind"] == "tamper" and "replaced" in records[0]["reason"], records
 
 
 def _refuse_once(monkeypatch: pytest.MonkeyPatch, what: str) -> dict[str, bool]:

@@ -355,10 +355,20 @@ class AuditWriter:
                 try:
                     fcntl.flock(self._fd, fcntl.LOCK_EX)
                     try:
-                        self._write_pending_tamper()
+                        # Checked first, as an append does (found by attack: bytes appended to the
+                        # empty fresh segment before close, or its deletion, were not seen: the tamper
+                        # record went after them, or into the deleted file, and was anchored there;
+                        # verify then blamed the tamper record itself, and the next start set the log
+                        # aside as "rewritten").
+                        try:
+                            self._catch_up()
+                        except _Tampered as tampered:
+                            self._fresh_segment(tampered.reason)
+                        if self._pending_tamper is not None:
+                            self._write_pending_tamper()
                     finally:
                         self._unlock()
-                except OSError as exc:
+                except (OSError, _Tampered) as exc:
                     log.error("audit log %s: the tamper record is still not written: %s", self.path, exc)
             if self.checkpoint_key is not None and self._fd is not None:
                 try:
@@ -429,7 +439,10 @@ class AuditWriter:
                 raise _Tampered(f"the log {self.path} has records but no anchor ({self.anchor_path}): its history "
                                 "cannot be verified (the anchor was deleted, or the log predates anchors)")
             self._file_started = None
-            if anchor is None or (anchor.size == 0 and st.st_size == 0):  # a new log
+            # An empty anchor names this very file (found by attack: tampering found before the
+            # first anchor refresh, the disk full until close, left an empty fresh segment beside
+            # the anchor of the log's start; taken for a new log, the tampering was in no chain).
+            if anchor is None or (anchor.size == 0 and st.st_size == 0 and anchor.inode == st.st_ino):  # a new log
                 self._head = _Head(st.st_ino, 0, GENESIS, 0)
                 self._write_anchor()
             else:
