@@ -8,7 +8,8 @@ private-key blocks, passwords in URLs) and the values at configured paths
 
 A secret is found as the exact string the resolver returned and in the forms a
 launderer gets for free: JSON string escapes (a secret holding ``"``, ``\\`` or
-non-ASCII characters, escaped with or without ``ensure_ascii``, ``/`` as ``\\/`` or not),
+non-ASCII characters, escaped with or without ``ensure_ascii``, ``/`` as ``\\/`` or not), a JSON
+pointer's spelling of it (``~`` as ``~0``, ``/`` as ``~1``: a key named by an error's pointer),
 percent-encoding as the standard library writes it (``quote`` with or without ``/`` escaped,
 ``quote_plus`` and ``urlencode`` with a space as ``+``), lower- and upper-case hex of its UTF-8
 bytes, as Python writes it inside a string's or its bytes' ``repr`` (``str()`` of bytes, a set, a
@@ -60,7 +61,7 @@ DEFAULT_PATTERNS: Final = (
     r"\bAKIA[0-9A-Z]{16}\b",
     r"\bgh[pousr]_[A-Za-z0-9]{30,}\b",
     r"\bxox[abprs]-[A-Za-z0-9\-]{10,}",
-    r"(?<=://)[^/\s:@]+:[^/\s@]+(?=@)",
+    r"(?<=://)[^/\s:@]*:[^/\s@]+(?=@)",  # user:password@, or :password@ (redis://:password@host)
 )
 
 
@@ -130,6 +131,10 @@ def secret_forms(secret: str) -> set[str]:
     # ``/`` may be escaped in JSON (``\\/``: PHP's ``json_encode`` does by default); a secret holding
     # one (base64 often does) is also looked for so.
     forms.update(form.replace("/", "\\/") for form in (_json_escaped(secret), json.dumps(secret)[1:-1]))
+    # A secret used as a key is named in a JSON pointer (an error's ``pointer``, a schema violation's
+    # message), ``~`` written ``~0`` and ``/`` ``~1``. Found by attack: a base64 token as a key of a
+    # tool's output that broke its output schema came back whole in that spelling.
+    forms.add(secret.replace("~", "~0").replace("/", "~1"))
     if len(raw) * 2 >= MIN_ENCODED_LENGTH:
         forms.update((raw.hex(), raw.hex().upper()))
     forms.update(_base64_middles(raw))
@@ -536,8 +541,9 @@ def chain_without_secrets(exc: BaseException | None, secrets: Collection[str] | 
     cause, context and (for an exception group) sub-exceptions, to any depth. An exception whose
     text held a secret is replaced by a ``RedactedError``; ``exc`` itself when none did.
 
-    Limits: only exception text (``str(exc)``) is scrubbed; an attribute a handler reads (an
-    HTTP library's ``request``) is not, nor local variables a debugger shows."""
+    Limits: only exception text (``str(exc)``, and a ``SyntaxError``'s file name and source line,
+    which a traceback prints too) is scrubbed; an attribute a handler reads (an HTTP library's
+    ``request``) is not, nor local variables a debugger shows."""
     if exc is None or depth >= MAX_CHAIN_DEPTH:
         return None
     cause = chain_without_secrets(exc.__cause__, secrets, depth + 1)
@@ -550,6 +556,14 @@ def chain_without_secrets(exc: BaseException | None, secrets: Collection[str] | 
     except Exception:  # a hostile __str__: say only what it was
         text = "<its message could not be read>"
     clean_text = redact_text(text, secrets, patterns=False)
+    # A traceback prints a ``SyntaxError``'s source line (and file name) beside its message, which
+    # holds neither. Found by attack: ``ast.literal_eval`` of a text holding a secret, in a tool's
+    # chain, printed the secret whole in ``-v``'s "traceback of tool".
+    if isinstance(exc, SyntaxError):
+        shown = f"{exc.filename}: {exc.text}".rstrip()
+        clean_shown = redact_text(shown, secrets, patterns=False)
+        if clean_shown != shown:
+            clean_text += f" [{clean_shown}]"
     same_members = clean_members is None or all(a is b for a, b in zip(clean_members, members or (), strict=True))
     # ``add_note`` text is printed with the traceback (Python 3.11+): scrubbed like the message
     # (found by attack: a note quoting a header's token was printed whole by ``-v``).

@@ -574,7 +574,8 @@ def schema_problems(validator: Validator, instance: Any, *, limit: int = 5) -> l
     """Up to ``limit`` ``(JSON pointer, message)`` pairs, the offending field first.
 
     A missing required property or a disallowed extra property is reported at
-    the pointer of that property, not of its parent object.
+    the pointer of that property, not of its parent object (its name escaped as any pointer's
+    part: found by attack, ``"x/y"`` was reported at ``/x/y``, a place it is not).
     """
     problems: list[tuple[str, str]] = []
     for error in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
@@ -582,7 +583,7 @@ def schema_problems(validator: Validator, instance: Any, *, limit: int = 5) -> l
         if error.validator == "required" and isinstance(error.instance, dict):
             missing = [name for name in error.validator_value if name not in error.instance]
             for name in missing:
-                problem = (f"{pointer}/{name}", "is a required property and is missing")
+                problem = (pointer + json_pointer((name,)), "is a required property and is missing")
                 if problem not in problems:  # jsonschema reports each missing name with the full list
                     problems.append(problem)
             continue
@@ -594,7 +595,7 @@ def schema_problems(validator: Validator, instance: Any, *, limit: int = 5) -> l
         ):
             known = error.schema.get("properties", {})
             for name in error.instance:
-                problem = (f"{pointer}/{name}", "is not an allowed property")
+                problem = (pointer + json_pointer((name,)), "is not an allowed property")
                 if name not in known and problem not in problems:
                     problems.append(problem)
             continue
