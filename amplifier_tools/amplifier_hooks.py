@@ -20,8 +20,10 @@ uses Amplifier's keys (``tool_name``, ``tool_input``, ``tool_call_id``, ``tool_r
 - anything else, or a raising handler -> the call fails closed, naming the module.
 
 Handlers for other events are called by ``emit`` with Amplifier's semantics (``deny`` stops the
-chain, ``modify`` chains ``data``, ``ask_user`` and ``inject_context`` are handed back); ``emit``
-returns the outcome, and delivers the event to every ``tool_event`` hook too.
+chain, ``modify`` chains ``data``, ``ask_user`` and ``inject_context`` are handed back, else
+``continue`` with the data); ``emit`` returns the outcome, and delivers the event to every
+``tool_event`` hook too. Answers are read as amplifier-core reads them: one with a value its
+``HookResult`` cannot hold is unreadable (denied by ``emit``, failing the call in the chain).
 """
 
 from __future__ import annotations
@@ -74,6 +76,18 @@ INJECTION_SEPARATOR: Final = "\n\n"
 
 
 @attrs.frozen
+class EmitInjection:
+    """One injected text of an ``EmitResult``, as amplifier-core's ``ContextInjection``."""
+
+    content: str
+    role: str = "system"
+    ephemeral: bool = False
+    append_to_last_tool_result: bool = False
+    hook_name: str = "unknown"
+    event: str = ""
+
+
+@attrs.frozen
 class EmitResult:
     """What ``emit`` returns when amplifier-core is not installed (its ``HookResult`` otherwise)."""
 
@@ -85,7 +99,14 @@ class EmitResult:
     ephemeral: bool = False
     approval_prompt: str | None = None
     approval_options: list[str] | None = None
+    approval_timeout: float = 300.0
     approval_default: str = "deny"
+    suppress_output: bool = False
+    user_message: str | None = None
+    user_message_level: str = "info"
+    user_message_source: str | None = None
+    append_to_last_tool_result: bool = False
+    context_injections: list[EmitInjection] = attrs.field(factory=list)
 
 
 class HookRegistry:
@@ -163,13 +184,19 @@ class HookRegistry:
         return list(self._handlers.get(event, ()))
 
     async def emit(self, event: str, data: dict[str, Any]) -> Any:
-        """Run ``event``'s handlers (deny stops, modify chains ``data``), then every ``tool_event`` hook.
+        """Run ``event``'s handlers, then every ``tool_event`` hook; answer as amplifier-core's ``emit``.
 
-        A failing handler is logged and skipped. Returns a ``HookResult`` (amplifier-core's when
-        installed) with the final action, data and reason, as amplifier-core's ``emit``: ``deny``,
-        else the first ``ask_user`` (its prompt, options and default), else ``inject_context`` (the
-        texts joined), else ``modify`` or ``continue``; it is the emitter's to act on them.
-        """
+        Each handler gets its own copy of the data; a ``modify`` with ``data`` replaces what later
+        handlers get; a ``deny`` stops the chain; a failing handler is logged and skipped. Returns
+        a ``HookResult`` (amplifier-core's when installed, else an ``EmitResult``): the denying
+        handler's answer, else the first ``ask_user`` answer (found by review: it was ``continue``,
+        so a module asking ``emit`` whether to go on went on unasked), else the ``inject_context``
+        answers (one handler's whole, several joined), else ``continue`` with the data as the
+        handlers left it. It is the emitter's to act on them.
+
+        Limits: the ``deny`` for an answer that cannot be read names the handler in its reason,
+        where amplifier-core says "Hook handler returned invalid response"; the data gets no
+        ``timestamp`` (amplifier-core stamps one on it)."""
         secrets = self._host.secrets
         # Scrubbed of the host's secrets as a tool's output is (found by attack: a local tool's
         # ``tool:progress`` message reached handlers, ``serve-mcp``'s client and every ``tool_event``
@@ -177,36 +204,35 @@ class HookRegistry:
         current = _redacted_event(dict(data), secrets)
         if self._during_start is not None:
             self._during_start.append((event, dict(current), self._order))
-        modified = denied = False
-        reason = None
+        denied: Parsed | None = None
         asking: Parsed | None = None  # the first ``ask_user``: a later ``deny`` still wins
-        injected: list[Parsed] = []
+        injected: list[tuple[Registration, Parsed]] = []
         for r in list(self._handlers.get(event, ())):
-            parsed = await self._run_handler(r, event, current)
+            # A copy each (found by attack: a handler changing the data in place changed what the
+            # next handler got and what emit answered; amplifier-core hands each handler its own).
+            parsed = await self._run_handler(r, event, copy_of(current))
             if parsed is None:
                 continue
             if parsed.action == "deny":
-                denied, reason = True, parsed.reason
+                denied = parsed
                 break
-            if parsed.action == "modify" and isinstance(parsed.data, dict):
-                current, modified = dict(parsed.data), True
+            if parsed.action == "modify" and parsed.data is not None:
+                current = dict(parsed.data)
             elif parsed.action == "ask_user" and asking is None:
                 asking = parsed
-            elif parsed.action == "inject_context" and parsed.context_injection is not None:
-                injected.append(parsed)
+            elif parsed.action == "inject_context" and parsed.injections:
+                injected.append((r, parsed))
         await self._host.dispatcher.tool_event(event, current)
-        outcome_data = current if modified else None
-        if denied:
-            return _hook_result("deny", None, reason)
-        # ``ask_user`` and ``inject_context`` are handed back, as amplifier-core's ``emit`` hands them
-        # back (found by review: both became ``continue``, so a module asking ``emit`` whether to go
-        # on went on unasked, where amplifier-core would have told it to ask).
-        # Without ``data``, as amplifier-core hands them back (a ``modify`` before them is not).
+        # Found by attack: a chain of ``modify`` answers came back as ``modify`` and a chain without
+        # one without ``data``; amplifier-core answers ``continue`` with the data either way, and
+        # hands back the deciding answer whole (its ``user_message``, ``approval_timeout``, ...).
+        if denied is not None:
+            return _hook_result("deny", denied.fields)
         if asking is not None:
-            return _hook_result("ask_user", None, asking.reason, approval=asking)
+            return _hook_result("ask_user", asking.fields)
         if injected:
-            return _hook_result("inject_context", None, None, injected=injected)
-        return _hook_result("modify" if modified else "continue", outcome_data, None)
+            return _hook_result("inject_context", _injected(event, injected))
+        return _hook_result("continue", {"data": current})
 
     async def _run_handler(self, r: Registration, event: str, data: dict[str, Any]) -> Parsed | None:
         """``r``'s handler on ``event``: what it answered, or None when it failed (logged). An answer
@@ -235,7 +261,7 @@ class HookRegistry:
             reason = redact_text(f"event handler {r.name!r} of {r.owner!r} returned an answer that cannot be read "
                                  f"on {event!r} ({exc}); denied", self._host.secrets, patterns=False)
             log.error("%s", reason)
-            return Parsed("deny", reason)
+            return Parsed("deny", reason, fields={"reason": reason})
 
     def starting(self) -> None:
         """The host begins mounting its plugins: keep what is emitted until ``started``."""
@@ -287,7 +313,8 @@ class PluginHooks:
 
 @attrs.frozen
 class Parsed:
-    """A handler's result, whatever its type."""
+    """A handler's result, whatever its type: the fields the host acts on, every ``HookResult``
+    field it gave (``fields``, for ``emit`` to hand back) and what it injects (``injections``)."""
 
     action: str
     reason: str | None = None
@@ -298,63 +325,132 @@ class Parsed:
     approval_prompt: str | None = None
     approval_options: list[str] | None = None
     approval_default: str = "deny"
+    fields: dict[str, Any] = attrs.field(factory=dict)
+    injections: tuple[dict[str, Any], ...] = ()
+
+
+def _text(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _flag(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _one_of(*allowed: str) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, str) and value in allowed
+
+
+ROLES: Final = ("system", "user", "assistant")
+#: ``ContextInjection``'s fields (``content`` required), each with its check and default.
+INJECTION_FIELDS: Final[dict[str, tuple[Callable[[Any], bool], Any]]] = {
+    "content": (lambda value: isinstance(value, str), None), "role": (_one_of(*ROLES), "system"),
+    "ephemeral": (_flag, False), "append_to_last_tool_result": (_flag, False),
+    "hook_name": (lambda value: isinstance(value, str), "unknown"), "event": (lambda value: isinstance(value, str), ""),
+}
+
+
+def _checked(get: Callable[[str, Any], Any], table: dict[str, tuple[Callable[[Any], bool], Any]],
+             what: str) -> dict[str, Any]:
+    """Each field of ``table`` read with ``get`` (its default when absent); ``ValueError`` naming
+    the first one amplifier-core's registry would refuse."""
+    out = {}
+    for key, (valid, default) in table.items():
+        out[key] = value = get(key, default)
+        if not valid(value):
+            raise ValueError(f"returned {what}{key} = {value!r}, which a HookResult cannot hold")
+    return out
+
+
+def _getter(out: Any) -> Callable[[str, Any], Any]:
+    """``out``'s fields by name: a dict's keys, else its attributes."""
+    if isinstance(out, dict):
+        return out.get
+    return lambda key, default: getattr(out, key, default)
+
+
+#: ``HookResult``'s fields beside ``action``, each with the check amplifier-core's registry makes
+#: of a handler's answer and the default; an answer failing one cannot be read, and is denied as
+#: amplifier-core denies it (found by attack: ``context_injection_role = "bogus"``, a list as
+#: ``data`` or ``approval_default = "maybe"`` passed here, reshaped, where amplifier-core denies).
+RESULT_FIELDS: Final[dict[str, tuple[Callable[[Any], bool], Any]]] = {
+    "data": (lambda value: value is None or isinstance(value, dict), None),
+    "reason": (_text, None),
+    "context_injection": (_text, None),
+    "context_injection_role": (_one_of(*ROLES), "system"),
+    "ephemeral": (_flag, False),
+    "approval_prompt": (_text, None),
+    "approval_options": (lambda value: value is None or (isinstance(value, (list, tuple)) and all(
+        isinstance(option, str) for option in value)), None),
+    "approval_timeout": (lambda value: isinstance(value, (int, float)) and not isinstance(value, bool), 300.0),
+    "approval_default": (_one_of("allow", "deny"), "deny"),
+    "suppress_output": (_flag, False),
+    "user_message": (_text, None),
+    "user_message_level": (_one_of("info", "warning", "error"), "info"),
+    "user_message_source": (_text, None),
+    "append_to_last_tool_result": (_flag, False),
+    "context_injections": (lambda value: isinstance(value, (list, tuple)), ()),
+}
 
 
 def parse_result(out: Any) -> Parsed:
-    """A ``HookResult``-like object or dict -> ``Parsed``; ``ValueError`` naming what is wrong."""
+    """A ``HookResult``-like object or dict -> ``Parsed``; ``ValueError`` naming what is wrong.
+
+    Read as amplifier-core's registry reads it: unknown keys are ignored, a missing ``action`` is
+    ``continue``, a field of the wrong type or value makes the answer unreadable. What it injects
+    is its ``context_injections`` when it gives any (its ``context_injection`` is then ignored),
+    else its ``context_injection`` with its role, ``ephemeral`` and ``append_to_last_tool_result``;
+    ``context_injection`` and the role are then projected from those items (texts joined, the
+    first one's role; ``ephemeral`` when any is)."""
     if out is None:
         return Parsed("continue")
-    get: Callable[[str, Any], Any]
-    if isinstance(out, dict):
-        get = out.get
-    elif hasattr(out, "action"):
-        def get(key: str, default: Any) -> Any:
-            return getattr(out, key, default)
-    else:
+    if not isinstance(out, dict) and not hasattr(out, "action"):
         raise ValueError(f"returned {type(out).__name__}; expected a HookResult, a dict with 'action', or None")
+    get = _getter(out)
     action = get("action", "continue")
     if action not in ACTIONS:
         raise ValueError(f"returned unknown action {action!r} (expected one of {sorted(ACTIONS)})")
-    text, role, ephemeral = (get("context_injection", None), get("context_injection_role", "system") or "system",
-                             bool(get("ephemeral", False)))
-    items = get("context_injections", None)
-    if text is None and isinstance(items, (list, tuple)) and items:
-        # amplifier-core 2.x's lossless form; its registry projects the scalar fields from it as here
-        # (found by attack: the injected text was lost, the trail entry had none).
-        def field(item: Any, key: str, default: Any) -> Any:
-            return item.get(key, default) if isinstance(item, dict) else getattr(item, key, default)
-        text = INJECTION_SEPARATOR.join(str(field(item, "content", "")) for item in items)
-        role = field(items[0], "role", "system") or "system"
-        ephemeral = bool(field(items[0], "ephemeral", False))
-    return Parsed(action, get("reason", None), get("data", None), text, role, ephemeral,
-                  get("approval_prompt", None), get("approval_options", None),
-                  get("approval_default", "deny") or "deny")
+    fields = _checked(get, RESULT_FIELDS, "")
+    given = [_checked(_getter(item), INJECTION_FIELDS, "a context_injections item's ")
+             for item in fields["context_injections"]]
+    fields["context_injections"] = given
+    items = tuple(given)  # found by attack: the text given only so was lost, the trail entry had none
+    if not items and fields["context_injection"] is not None:
+        items = ({"content": fields["context_injection"], "role": fields["context_injection_role"],
+                  "ephemeral": fields["ephemeral"],
+                  "append_to_last_tool_result": fields["append_to_last_tool_result"]},)
+    if fields["approval_options"] is not None:
+        fields["approval_options"] = list(fields["approval_options"])
+    return Parsed(action, fields["reason"], fields["data"],
+                  INJECTION_SEPARATOR.join(item["content"] for item in items) if items else None,
+                  items[0]["role"] if items else fields["context_injection_role"],
+                  any(item["ephemeral"] for item in items) if items else fields["ephemeral"],
+                  fields["approval_prompt"], fields["approval_options"], fields["approval_default"], fields, items)
 
 
-def _hook_result(action: str, data: dict[str, Any] | None, reason: str | None, *, approval: Parsed | None = None,
-                 injected: Sequence[Parsed] = ()) -> Any:
-    """``emit``'s result: amplifier-core's ``HookResult`` when installed, else an ``EmitResult``;
-    with ``approval`` (an ``ask_user`` answer) its prompt, options and default, with ``injected``
-    (``inject_context`` answers) their texts joined, the first one's role and ``ephemeral``. Values
-    ``HookResult`` would refuse are left out (its defaults), so a handler's answer cannot make
-    ``emit`` raise."""
-    fields: dict[str, Any] = {}
-    if approval is not None:
-        prompt, options = approval.approval_prompt, approval.approval_options
-        fields["approval_prompt"] = prompt if isinstance(prompt, str) else None
-        fields["approval_options"] = list(options) if isinstance(options, (list, tuple)) and all(
-            isinstance(option, str) for option in options) else None
-        fields["approval_default"] = "allow" if approval.approval_default == "allow" else "deny"
-    if injected:
-        role = injected[0].context_injection_role
-        fields["context_injection"] = INJECTION_SEPARATOR.join(str(parsed.context_injection) for parsed in injected)
-        fields["context_injection_role"] = role if role in ("system", "user", "assistant") else "system"
-        fields["ephemeral"] = injected[0].ephemeral
+def _hook_result(action: str, fields: dict[str, Any]) -> Any:
+    """``emit``'s result: amplifier-core's ``HookResult`` when installed, else an ``EmitResult``."""
     try:
         from amplifier_core.models import HookResult
     except ImportError:
-        return EmitResult(action, data, reason, **fields)
-    return HookResult(action=action, data=data, reason=reason if isinstance(reason, str) else None, **fields)
+        injections = [EmitInjection(**item) for item in fields.get("context_injections", ())]
+        return EmitResult(action, **{**fields, "context_injections": injections})
+    return HookResult(action=action, **fields)
+
+
+def _injected(event: str, injected: Sequence[tuple[Registration, Parsed]]) -> dict[str, Any]:
+    """The fields of ``emit``'s ``inject_context`` answer, as amplifier-core's ``emit`` makes it:
+    one handler's answer whole, several handlers' with only the first one's ``suppress_output``;
+    each item named by its handler and the event, their texts joined, the first item's role,
+    ``ephemeral`` and ``append_to_last_tool_result`` when any item has it."""
+    fields = dict(injected[0][1].fields) if len(injected) == 1 else {
+        "suppress_output": injected[0][1].fields["suppress_output"]}
+    items = [{**item, "hook_name": r.name, "event": event} for r, parsed in injected for item in parsed.injections]
+    fields.update(context_injection=INJECTION_SEPARATOR.join(item["content"] for item in items),
+                  context_injection_role=items[0]["role"], ephemeral=any(item["ephemeral"] for item in items),
+                  append_to_last_tool_result=any(item["append_to_last_tool_result"] for item in items),
+                  context_injections=items)
+    return fields
 
 
 def event_data(call: ToolCall, context: ToolContext | None = None, **extra: Any) -> dict[str, Any]:

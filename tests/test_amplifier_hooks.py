@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from amplifier_fixtures import hook_module
 from helpers import EchoTool, ToolsPlugin
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from amplifier_tools import PluginLoadError, ToolHost, ToolResult, hookimpl
 
@@ -467,8 +469,9 @@ async def test_emit_hands_back_ask_user_and_inject_context_as_amplifier_core_doe
         tmp_path: Path, echo: EchoTool, core: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found by review: ``emit`` turned a handler's ``ask_user`` (and ``inject_context``) into
     ``continue``, so a module asking ``emit`` whether to go on went on unasked; amplifier-core's
-    ``emit`` hands back the first ``ask_user`` with its prompt (a later ``deny`` still wins) and
-    the injected texts. Values its ``HookResult`` refuses are left out rather than raising."""
+    ``emit`` hands back the first ``ask_user`` answer whole (a later ``deny`` still wins) and the
+    injected texts. An answer with values its ``HookResult`` refuses is denied, as amplifier-core
+    denies it; a ``modify`` chain answers ``continue`` with the data."""
     if core:
         pytest.importorskip("amplifier_core.models")
     else:
@@ -483,22 +486,25 @@ async def test_emit_hands_back_ask_user_and_inject_context_as_amplifier_core_doe
         for _ in range(3):
             host.events.register("custom:gate", answer, owner="m")
         answers[:] = [{"action": "inject_context", "context_injection": "c1"},
-                      {"action": "ask_user", "approval_prompt": "really?", "approval_options": ["yes", 3],
-                       "approval_default": "maybe", "reason": 5},
+                      {"action": "ask_user", "approval_prompt": "really?", "approval_options": ["yes"],
+                       "approval_timeout": 5, "user_message": "asking"},
                       {"action": "ask_user", "approval_prompt": "second"}]
         asked = await host.events.emit("custom:gate", {"x": 1})
-        assert (asked.action, asked.approval_prompt, asked.approval_options, asked.approval_default) == \
-            ("ask_user", "really?", None, "deny")
-        answers[:] = [{"action": "ask_user", "approval_prompt": "p"}, {"action": "deny", "reason": 5},
-                      {"action": "continue"}]
-        denied = await host.events.emit("custom:gate", {"x": 1})
-        assert denied.action == "deny"
+        assert (asked.action, asked.approval_prompt, asked.approval_options, asked.approval_timeout,
+                asked.user_message) == ("ask_user", "really?", ["yes"], 5, "asking")
+        answers[:] = [{"action": "ask_user", "approval_prompt": "p", "approval_default": "maybe"},
+                      {"action": "continue"}, {"action": "continue"}]
+        assert (await host.events.emit("custom:gate", {"x": 1})).action == "deny"
         answers[:] = [{"action": "inject_context", "context_injection": "c1", "context_injection_role": "user"},
                       {"action": "modify", "data": {"x": 2}},
-                      {"action": "inject_context", "context_injection": "c2"}]
+                      {"action": "inject_context", "context_injection": "c2", "ephemeral": True}]
         injected = await host.events.emit("custom:gate", {"x": 1})
-        assert (injected.action, injected.context_injection, injected.context_injection_role, injected.data) == \
-            ("inject_context", "c1\n\nc2", "user", None)
+        assert (injected.action, injected.context_injection, injected.context_injection_role, injected.ephemeral,
+                injected.data) == ("inject_context", "c1\n\nc2", "user", True, None)
+        assert [item.content for item in injected.context_injections] == ["c1", "c2"]
+        answers[:] = [{"action": "modify", "data": {"x": 2}}, {"action": "continue"}, None]
+        modified = await host.events.emit("custom:gate", {"x": 1})
+        assert (modified.action, modified.data) == ("continue", {"x": 2})
 
 
 @pytest.mark.parametrize("answers", [
@@ -533,3 +539,122 @@ async def test_emit_answers_what_amplifier_cores_own_registry_answers(
                 result.reason, result.data)
 
     assert seen(got) == seen(expected)
+
+
+async def test_tool_pre_answers_are_read_as_amplifier_core_reads_them(tmp_path: Path, echo: EchoTool) -> None:
+    """Found by the differential test below: an answer with a value ``HookResult`` cannot hold
+    (a role ``"bogus"``) was reshaped and the call went on, where amplifier-core's registry denies
+    it: the call now fails closed naming the handler. ``context_injections``, when given, are what
+    is injected (amplifier-core ignores ``context_injection`` then); the text was that scalar."""
+    answers = [{"action": "inject_context", "context_injection": "scalar",
+                "context_injections": [{"content": "first", "role": "user"}, {"content": "second", "ephemeral": True}]},
+               {"action": "inject_context", "context_injection": "c", "context_injection_role": "bogus"}]
+    async with host_with(tmp_path, echo) as host:
+        host.events.register("tool:pre", lambda event, data: answers[0], name="listed", owner="m")
+        result = await host.call("echo", {"path": "a"})
+        assert result.success
+        injected, = [entry for entry in result.metadata["trail"] if entry["action"] == "inject_context"]
+        assert (injected["reason"], injected["details"]["role"], injected["details"]["ephemeral"]) == \
+            ("first\n\nsecond", "user", True)
+        host.events.unregister("tool:pre")
+        host.events.register("tool:pre", lambda event, data: answers[1], name="gate", owner="m")
+        result = await host.call("echo", {"path": "a"})
+    assert not result.success and result.error["code"] == "hook_failed"
+    assert "'gate'" in result.error["message"] and "context_injection_role" in result.error["message"]
+
+
+def _comparable(result: Any) -> dict[str, Any]:
+    """A ``HookResult``'s fields, without the ``timestamp`` amplifier-core stamps on the data."""
+    fields = result.model_dump()
+    if isinstance(fields["data"], dict):
+        fields["data"].pop("timestamp", None)
+    return dict(fields)
+
+
+_WORDS = st.sampled_from(["", "a", "b"])
+_ROLES = st.sampled_from(["system", "user", "assistant"])
+_DATA = st.dictionaries(st.sampled_from(["x", "y"]), st.integers(0, 2), max_size=2)
+_ITEMS = st.fixed_dictionaries({"content": _WORDS}, optional={
+    "role": _ROLES, "ephemeral": st.booleans(), "append_to_last_tool_result": st.booleans(),
+    "hook_name": st.just("mine"), "event": st.just("other")})
+_FIELDS = st.fixed_dictionaries({}, optional={
+    "action": st.sampled_from(["continue", "deny", "modify", "inject_context", "ask_user"]),
+    "data": st.none() | _DATA, "reason": st.none() | _WORDS, "context_injection": st.none() | _WORDS,
+    "context_injection_role": _ROLES, "ephemeral": st.booleans(), "approval_prompt": st.none() | _WORDS,
+    "approval_options": st.none() | st.lists(_WORDS, max_size=2), "approval_timeout": st.sampled_from([1.5, 300.0]),
+    "approval_default": st.sampled_from(["allow", "deny"]), "suppress_output": st.booleans(),
+    "user_message": st.none() | _WORDS, "user_message_level": st.sampled_from(["info", "warning", "error"]),
+    "user_message_source": st.none() | _WORDS, "append_to_last_tool_result": st.booleans(),
+    "context_injections": st.lists(_ITEMS, max_size=2)})
+#: Answers amplifier-core's registry cannot read: it denies them.
+_UNREADABLE = st.sampled_from([
+    5, "deny", {"action": "nope"}, {"action": None}, {"action": "modify", "data": [1]}, {"action": "deny", "reason": 5},
+    {"action": "inject_context", "context_injection": "c", "context_injection_role": "bogus"},
+    {"action": "ask_user", "approval_default": "maybe"}, {"action": "ask_user", "approval_options": ["a", 3]},
+    {"action": "inject_context", "context_injections": [{"role": "user"}]}, {"action": "continue", "ephemeral": 1},
+    {"action": "inject_context", "context_injections": ["text"]}, {"action": "continue", "user_message_level": "x"}])
+_ANSWERS = st.one_of(st.tuples(st.just("hookresult"), _FIELDS), st.tuples(st.just("dict"), _FIELDS),
+                     st.tuples(st.just("answer"), _UNREADABLE),
+                     st.tuples(st.sampled_from(["none", "raises", "changes in place"]), st.none()))
+_CHAINS = st.lists(st.tuples(_ANSWERS, st.integers(-1, 1)), max_size=4)
+
+
+def test_emit_answers_what_amplifier_cores_registry_answers_for_any_chain(tmp_path: Path, echo: EchoTool) -> None:
+    """Differential: chains of handlers (HookResults, dicts, unreadable answers, None, raising,
+    changing the data in place; priorities) through amplifier-core's own ``HookRegistry.emit``
+    and the host's: the same answer, field for field, and each handler called in the same order
+    with the same data. Found by it: a ``modify`` chain answered ``modify`` (amplifier-core:
+    ``continue`` with the data), ``continue`` came without the data, a deny or ``ask_user`` lost
+    the answer's other fields (``user_message``, ``approval_timeout``, ...), ``context_injections``
+    were neither read first nor handed back, answers amplifier-core refuses were reshaped and
+    let through, and a handler changing the data in place changed what the next one got.
+    Limits: the reason of the deny for an unreadable answer is ours (it names the handler)."""
+    core_hooks = pytest.importorskip("amplifier_core.hooks")
+    from amplifier_core.models import HookResult
+
+    loop = asyncio.new_event_loop()
+    host = host_with(tmp_path, echo)
+    loop.run_until_complete(host.start())
+
+    def handlers(chain: list[tuple[tuple[str, Any], int]], answers: list[Any], seen: list[Any]) -> list[Any]:
+        made = []
+        for index, ((kind, _), _priority) in enumerate(chain):
+            def handler(event: str, data: dict[str, Any], index: int = index, kind: str = kind) -> Any:
+                seen.append((index, {key: value for key, value in data.items() if key != "timestamp"}))
+                if kind == "raises":
+                    raise RuntimeError("handler failed")
+                if kind == "changes in place":
+                    data["changed"] = True
+                return answers[index]
+            made.append(handler)
+        return made
+
+    async def compare(chain: list[tuple[tuple[str, Any], int]]) -> None:
+        answers = [HookResult(**value) if kind == "hookresult" else value if kind in ("dict", "answer") else None
+                   for (kind, value), _ in chain]
+        core_seen: list[Any] = []
+        registry = core_hooks.HookRegistry()
+        for index, (handler, (_, priority)) in enumerate(zip(handlers(chain, answers, core_seen), chain, strict=True)):
+            registry.register("custom:gate", handler, priority=priority, name=f"h{index}")
+        expected = _comparable(await registry.emit("custom:gate", {"x": 1}))
+        seen: list[Any] = []
+        host.events.unregister("custom:gate")
+        for index, (handler, (_, priority)) in enumerate(zip(handlers(chain, answers, seen), chain, strict=True)):
+            host.events.register("custom:gate", handler, priority, f"h{index}", owner="m")
+        got = _comparable(await host.events.emit("custom:gate", {"x": 1}))
+        assert seen == core_seen
+        if expected["reason"] == "Hook handler returned invalid response":
+            assert got["action"] == "deny" and f"h{seen[-1][0]}" in got["reason"]
+            got["reason"] = expected["reason"]
+        assert got == expected
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(chain=_CHAINS)
+    def check(chain: list[tuple[tuple[str, Any], int]]) -> None:
+        loop.run_until_complete(compare(chain))
+
+    try:
+        check()
+    finally:
+        loop.run_until_complete(host.close())
+        loop.close()
