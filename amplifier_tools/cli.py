@@ -680,12 +680,29 @@ def _validate(args: argparse.Namespace) -> int:
             hint = (f"{top!r} is in the current directory, which amplifier-tools does not import from: run "
                     f"'PYTHONPATH=. amplifier-tools validate {args.target}' here (for a module of your own: "
                     "a module a tool wrote there would be imported too)")
+        if os.path.isfile(args.target):
+            hint = _file_target_hint(args.target)
     elif any("needs config key" in check.message for check in failed):
         hint = "pass a config with the plugin's section: --config FILE"
     else:
         hint = "each FAIL line says what to fix"
     print(f"hint: {hint}", file=sys.stderr)
     return EXIT_EXECUTION
+
+
+def _file_target_hint(target: str) -> str:
+    """The hint for ``validate FILE``: TARGET is a module or a plugin, not a file (found by a newcomer's
+    trial: ``validate my_tools.py`` was told to run ``PYTHONPATH=. amplifier-tools validate my_tools.py``,
+    which then said "was found, and loading it raised"; ``validate amplifier-tools.toml`` only what a
+    TARGET may be)."""
+    directory, name = os.path.split(target)
+    module, suffix = os.path.splitext(name)
+    if suffix == ".py":
+        return (f"TARGET is an import path, not a file: run 'PYTHONPATH={directory or '.'} amplifier-tools "
+                f"validate {module}' (or {module}:NAME for one of its tools)")
+    return (f"TARGET is a module or plugin, not a file: a configuration file is checked by every command that "
+            f"loads it ('amplifier-tools --config {target} list'), and a plugin it configures by "
+            f"'amplifier-tools --config {target} validate PLUGIN'")
 
 
 def _error_hint(exc: BaseException, args: argparse.Namespace) -> str:

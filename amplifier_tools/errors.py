@@ -158,6 +158,13 @@ def did_you_mean(name: str, expected: Collection[str]) -> str | None:
     return f"did you mean {close[0]!r}?"
 
 
+def missing_extra(extra: str, error: ImportError, needs: str = "this adapter") -> ImportError:
+    """The ``ImportError`` for a module (``needs``) whose optional dependency is not installed, naming
+    the extra that installs it (``error`` is the import's own failure)."""
+    return ImportError(f"{needs} needs the {extra!r} extra ({error.name or error} is not installed): "
+                       f"pip install 'amplifier-tools[{extra}]'")
+
+
 class PluginLoadError(RuntimeError):
     """A plugin could not be imported, registered or mounted; names the plugin."""
 

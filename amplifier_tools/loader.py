@@ -188,6 +188,14 @@ def seed_from_config(entry: Mapping[str, Any]) -> Any:
     for ep in importlib.metadata.entry_points(group=SEED_ENTRY_POINT_GROUP):
         if ep.name == name:
             return SeedModule(name, mount_function(name, ep.load()), entry.get("config", {}))
+    if ":" in name:
+        # Found by a newcomer's trial: ``module = "my_tools:word_count"`` (as ``validate`` takes it)
+        # was "not importable: ... put its directory on PYTHONPATH", with the directory on it.
+        module_name, _, attribute = name.partition(":")
+        raise PluginLoadError(name, "a [[modules]] entry names a module (or an amplifier.modules entry point), "
+                                    f"not a module's attribute ({attribute!r})",
+                              hint=f"write module = {module_name!r}, a module whose 'async def mount(coordinator, "
+                                   "config)' mounts its tools, or pass the object to ToolHost(plugins=[...]) in code")
     module = importlib.import_module(name)
     if has_hookimpls(module):
         if entry.get("config"):

@@ -198,6 +198,18 @@ async def test_exposing_an_unmounted_tool_is_a_config_error(host_factory: Any) -
         build_server(host, ServeSettings(tools=("nope",)))
 
 
+@pytest.mark.parametrize("typo", ["read_fiel", "fs_raed_file", "local::fs.read_fiel"])
+async def test_a_misspelled_exposed_tool_gets_a_did_you_mean(host_factory: Any, typo: str) -> None:
+    """Found by a newcomer's trial: ``tools = ["read_fiel"]`` said only that no such tool is mounted,
+    where calling an unknown tool names the close ones; a close model name suggests the contract name."""
+    host = await host_factory(builtins=["filesystem"])
+    with pytest.raises(ConfigError, match=rf"plugins\.mcp\.serve\.tools: names no mounted tool '{typo}'") as refused:
+        build_server(host, ServeSettings(tools=(typo,)))
+    hint = refused.value.hint
+    assert hint is not None and hint.startswith("did you mean 'local::fs.read_file'"), hint
+    assert "'fs_" not in hint, hint  # the setting takes contract names: none suggested by its model name
+
+
 def test_failed_result_becomes_is_error_with_the_typed_error_as_json() -> None:
     error = ContractError("bad", code="invalid_input")
     result = ToolResult(False, None, {"type": error.category, "code": error.code, "message": error.message})

@@ -73,6 +73,31 @@ def test_validate_of_a_module_beside_the_user_says_why_it_is_not_found(tmp_path:
     assert ok.returncode == 0, ok.stdout + ok.stderr
 
 
+@pytest.mark.parametrize(("target", "hint"), [
+    ("demo_tools.py", "hint: TARGET is an import path, not a file: run 'PYTHONPATH=. amplifier-tools validate "
+                      "demo_tools' (or demo_tools:NAME for one of its tools)\n"),
+    ("amplifier-tools.toml", "hint: TARGET is a module or plugin, not a file: a configuration file is checked by "
+                             "every command that loads it ('amplifier-tools --config amplifier-tools.toml list'), "
+                             "and a plugin it configures by 'amplifier-tools --config amplifier-tools.toml "
+                             "validate PLUGIN'\n"),
+])
+def test_validate_of_a_file_says_target_is_no_file(tmp_path: Path, target: str, hint: str) -> None:
+    """``amplifier-tools validate demo_tools.py`` (the file just written) was told to run
+    ``PYTHONPATH=. amplifier-tools validate demo_tools.py``, which then failed with "demo_tools.py was
+    found, and loading it raised"; ``validate amplifier-tools.toml`` was told only what a TARGET may be."""
+    (tmp_path / "demo_tools.py").write_text("from amplifier_tools import tool\n\n"
+                                            "@tool(name='local::demo.greet', effect='Pure')\n"
+                                            "def greet(who: str) -> str:\n    '''Greet.'''\n"
+                                            "    return 'hi ' + who\n")
+    (tmp_path / "amplifier-tools.toml").write_text("[context]\nprincipal = 'me'\n")
+    done = cli(tmp_path, "validate", target)
+    assert done.returncode == 1 and "FAIL  importable" in done.stdout, done.stdout + done.stderr
+    assert done.stderr.endswith(hint), done.stderr
+    if target.endswith(".py"):  # what the hint says works
+        ok = cli(tmp_path, "validate", "demo_tools:greet")
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
 async def test_a_module_of_tools_named_in_modules_says_how_to_mount_them(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A module of ``@tool`` functions named in ``[[modules]]`` (the example configuration's "Seed-style
@@ -91,6 +116,25 @@ async def test_a_module_of_tools_named_in_modules_says_how_to_mount_them(
     assert info.value.hint is not None and "it holds tools (greet)" in info.value.hint
     assert "coordinator.mount(\"tools\", greet)" in info.value.hint
     sys.modules.pop("newcomer_tools", None)
+
+
+async def test_a_module_attribute_named_in_modules_says_modules_takes_a_module(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[[modules]] module = "newcomer_tools2:greet"`` (the ``module:Attribute`` form ``validate``
+    takes) was "not importable: install it, or put its directory on PYTHONPATH", with the module's
+    directory on ``sys.path``: the import was of a module named ``newcomer_tools2:greet``."""
+    (tmp_path / "newcomer_tools2.py").write_text("from amplifier_tools import tool\n\n"
+                                                 "@tool(name='local::demo.greet', effect='Pure')\n"
+                                                 "def greet(who: str) -> str:\n    '''Greet.'''\n"
+                                                 "    return 'hi ' + who\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    host = ToolHost({"modules": [{"module": "newcomer_tools2:greet"}]}, builtins=False, working_dir=tmp_path)
+    with pytest.raises(PluginLoadError) as info:
+        await host.start()
+    assert "names a module (or an amplifier.modules entry point), not a module's attribute ('greet')" in str(
+        info.value)
+    assert info.value.hint is not None and info.value.hint.startswith("write module = 'newcomer_tools2'")
+    assert not isinstance(info.value.__cause__, ModuleNotFoundError)
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes (PEP 678) are Python 3.11+")

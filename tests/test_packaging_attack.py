@@ -38,6 +38,8 @@ CASES = [
     ("amplifier-tools.toml", MCP_SERVER, ["list"], "mcp"),
     ("amplifier-tools.toml", MCP_SERVER, ["call", "local::fs.list_dir", "{}"], "mcp"),
     ("amplifier-tools.toml", MCP_SERVER, ["mcp", "pin"], "mcp"),
+    ("amplifier-tools.toml", '[plugins.mcp.serve]\ntools = ["*"]\n', ["serve-mcp"], "mcp"),
+    ("amplifier-tools.toml", '[plugins.policy]\nstore = "redis://127.0.0.1:1/0"\n', ["policy", "status"], "redis"),
     ("plan.yaml", "context:\n  principal: agent-1\n", ["--config", "plan.yaml", "list"], "yaml"),
     ("amplifier-tools.toml", '[plugins.policy]\nstore = "redis://127.0.0.1:1/0"\n', ["list"], "redis"),
     ("amplifier-tools.toml", "[plugins.audit]\notel = true\n", ["list"], "otel"),
@@ -154,3 +156,16 @@ def test_the_mcp_extras_floor_takes_what_the_client_passes(tmp_path: Path) -> No
              "print('max_sse_event_size' in inspect.signature(streamable_http_client).parameters)\n")
     done = subprocess.run([python, "-c", check], env=environ, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "True", (floor, done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("module", [f"amplifier_tools.mcp.{name}" for name in ("server", "http", "client")])
+def test_importing_the_mcp_modules_without_the_extra_names_it(module: str) -> None:
+    """Found by a newcomer's trial: serving from Python without the ``mcp`` extra
+    (``from amplifier_tools.mcp.server import serve``) failed with "No module named 'anyio'", naming
+    no extra; the adapters' modules name theirs (``errors.missing_extra``), and these now do too."""
+    code = f"import sys\nsys.modules.update(dict.fromkeys({HIDDEN!r}))\nimport {module}\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.splitlines()[-1]
+    assert last.startswith(f"ImportError: {module} needs the 'mcp' extra (mcp"), done.stderr
+    assert last.endswith("is not installed): pip install 'amplifier-tools[mcp]'"), done.stderr

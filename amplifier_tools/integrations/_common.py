@@ -33,9 +33,9 @@ from ..models import (
 from ..redaction import RecordingResolver
 from ..spec import ToolSpec
 
-__all__ = ["ContextSource", "call_context", "call_host", "framework_call_id", "is_strict_schema", "missing_extra",
-           "media_block", "model_parts", "model_text", "parse_arguments", "require_started", "rich_result",
-           "select_specs", "sendable", "sendable_schema"]
+__all__ = ["ContextSource", "call_context", "call_host", "framework_call_id", "is_strict_schema", "media_block",
+           "model_parts", "model_text", "parse_arguments", "require_started", "rich_result", "select_specs",
+           "sendable", "sendable_schema"]
 
 log = logging.getLogger("amplifier_tools.integrations")
 
@@ -44,12 +44,6 @@ F = TypeVar("F")
 #: Where a call's ``ToolContext`` comes from: nothing (the host's default context), one fixed
 #: context, or a function of the framework's run context (its deps, config or tool context).
 ContextSource = Union[ToolContext, Callable[[F], ToolContext], None]
-
-
-def missing_extra(extra: str, error: ImportError) -> ImportError:
-    """The ``ImportError`` for an adapter whose framework is not installed, naming the extra."""
-    return ImportError(f"this adapter needs the {extra!r} extra ({error.name or error} is not installed): "
-                       f"pip install 'amplifier-tools[{extra}]'")
 
 
 def require_started(host: ToolHost) -> None:

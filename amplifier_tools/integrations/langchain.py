@@ -44,7 +44,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
-from ._common import missing_extra
+from ..errors import missing_extra
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForToolRun, CallbackManagerForToolRun

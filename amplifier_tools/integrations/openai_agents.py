@@ -25,7 +25,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._common import missing_extra
+from ..errors import missing_extra
 
 try:
     from agents import FunctionTool, ToolOutputFileContent, ToolOutputImage, ToolOutputText

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._common import missing_extra
+from ..errors import missing_extra
 
 try:
     from pydantic_ai import BinaryContent, RunContext

@@ -14,6 +14,9 @@ from . import sdk_available
 
 SERVE_MISSING_SDK_MESSAGE = ("serve-mcp needs the 'mcp' extra, which is not installed "
                              "(pip install 'amplifier-tools[mcp]')")
+#: Its hint line, as every other missing extra's error has (found by a newcomer's trial: serve-mcp's
+#: was the one without).
+SERVE_MISSING_SDK_HINT = "pip install 'amplifier-tools[mcp]' in this environment"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,7 +44,7 @@ def run_serve(config: str | None, working_dir: str | None = None, overrides: dic
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
     if not sdk_available():
-        print(f"error: {SERVE_MISSING_SDK_MESSAGE}", file=sys.stderr)
+        print(f"error: {SERVE_MISSING_SDK_MESSAGE}\nhint: {SERVE_MISSING_SDK_HINT}", file=sys.stderr)
         return 2
     from .server import serve_configured
 

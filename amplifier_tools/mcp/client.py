@@ -23,13 +23,18 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final, TypeVar
 
-import anyio
-import httpx2
-import mcp_types
-import pydantic
-from mcp.client.session import ClientSession
-from mcp.shared.dispatcher import ProgressFnT
-from mcp.shared.exceptions import MCPError
+from ..errors import missing_extra
+
+try:
+    import anyio
+    import httpx2
+    import mcp_types
+    import pydantic
+    from mcp.client.session import ClientSession
+    from mcp.shared.dispatcher import ProgressFnT
+    from mcp.shared.exceptions import MCPError
+except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
+    raise missing_extra("mcp", exc, "amplifier_tools.mcp.client") from exc
 
 from .._version import __version__
 from ..content import render

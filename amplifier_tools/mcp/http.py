@@ -33,12 +33,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from mcp.server.auth.middleware.auth_context import auth_context_var, get_access_token
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken
-from mcp.server.transport_security import TransportSecuritySettings
+from ..errors import AuthError, ConfigError, missing_extra
 
-from ..errors import AuthError, ConfigError
+try:
+    from mcp.server.auth.middleware.auth_context import auth_context_var, get_access_token
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+    from mcp.server.transport_security import TransportSecuritySettings
+except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
+    raise missing_extra("mcp", exc, "amplifier_tools.mcp.http") from exc
+
 from ..host import ToolHost
 from ..redaction import SecretSet, redact
 from ..secrets_table import EnvironmentSecrets

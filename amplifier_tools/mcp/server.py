@@ -51,14 +51,20 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import IO, Any, Final
 
-import anyio
 import attrs
-import mcp_types
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.server.lowlevel import Server
-from mcp.shared.exceptions import MCPError
-from mcp.shared.message import SessionMessage
-from pydantic import TypeAdapter, ValidationError
+
+from ..errors import missing_extra
+
+try:  # found by a newcomer's trial: "No module named 'anyio'", naming no extra
+    import anyio
+    import mcp_types
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+    from mcp.server.lowlevel import Server
+    from mcp.shared.exceptions import MCPError
+    from mcp.shared.message import SessionMessage
+    from pydantic import TypeAdapter, ValidationError
+except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
+    raise missing_extra("mcp", exc, "amplifier_tools.mcp.server") from exc
 
 from .._json import json_text
 from ..config import plugin_section
@@ -136,7 +142,7 @@ class Caller:
 def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> frozenset[str]:
     """The contract names ``names`` (a ``tools`` setting) exposes: none for None, every mounted
     tool for ``["*"]``. ``ConfigError`` naming ``key`` (and the host's configuration file) when a
-    name is not mounted."""
+    name is not mounted, with the contract names of the tools closest to it (``ToolRegistry.suggest``)."""
     mounted = {spec.name for spec in host.specs}
     if names is None:
         return frozenset()
@@ -145,8 +151,15 @@ def exposed_tools(host: ToolHost, names: tuple[str, ...] | None, key: str) -> fr
     for name in names:
         if name not in mounted:
             by_model_name = {mounted.model_name: mounted.spec.name for mounted in host.tools}
-            hint = (f"'tools' takes contract names: {by_model_name[name]!r} (clients see it as {name!r})"
-                    if name in by_model_name else "'amplifier-tools list' shows the mounted tools' names")
+            if name in by_model_name:
+                hint = f"'tools' takes contract names: {by_model_name[name]!r} (clients see it as {name!r})"
+            else:
+                # found by a newcomer's trial: "read_fiel" had no did-you-mean, where an unknown tool
+                # called gets one (the registry's, in the contract names this setting takes)
+                close = [by_model_name.get(near, near) for near in host.tools.suggest(name)]
+                hint = "'amplifier-tools list' shows the mounted tools' names"
+                if close:
+                    hint = f"did you mean {', '.join(map(repr, close))}? ({hint})"
             raise ConfigError(f"names no mounted tool {name!r}", key=key, hint=hint, file=host.config_file)
     return frozenset(names)
 
