@@ -22,6 +22,7 @@ import math
 import os
 import re
 import stat
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -230,17 +231,27 @@ def _fold_mount_plan(data: dict[str, Any], file: str | None) -> None:
 _PLAN_ENTRY: Final = re.compile(r"(?:tools|hooks|modules)\[[0-9]+\]")
 
 
+#: The largest float: an integer past it is no number the host can compute with (``float()`` raises).
+_LARGEST_FLOAT: Final = int(sys.float_info.max)
+
+
 def _reject_unusable(value: Any, path: str, file: str | None, *, own: bool = False) -> None:
     """Values no setting can hold, wherever in the configuration they stand (plugin sections too):
     ``ConfigError`` naming the key. NaN and infinity (``window_ms = nan`` would silently disable a
-    limit); a NUL byte in a string or a key (no path, command, user or environment variable can hold
-    one: found by attack, ``working_dir = "a\\u0000b"`` ended in a bare ``ValueError``); a key that is
-    not a string (a YAML ``1:``, found by attack: it ended in a bare ``TypeError``), except in a
-    plugin's own settings (``own``: below ``plugins.<name>``, a mount-plan module's ``config``), which
-    are passed to the plugin as they are and judged by it (found by review: a plugin's
-    ``codes: {429: 5}`` that it had always been given was refused)."""
+    limit), an integer past a float's range; a NUL byte in a string or a key (no path, command, user
+    or environment variable can hold one: found by attack, ``working_dir = "a\\u0000b"`` ended in a
+    bare ``ValueError``); a key that is not a string (a YAML ``1:``, found by attack: it ended in a
+    bare ``TypeError``), except in a plugin's own settings (``own``: below ``plugins.<name>``, a
+    mount-plan module's ``config``), which are passed to the plugin as they are and judged by it
+    (found by review: a plugin's ``codes: {429: 5}`` that it had always been given was refused)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"must be a finite number, got {value!r}", key=path or None, file=file)
+    if type(value) is int and not -_LARGEST_FLOAT <= value <= _LARGEST_FLOAT:
+        # found by attack: ``shutdown_grace_ms`` of 400 digits (YAML, or a dict) started, and close()
+        # raised OverflowError; ``default_timeout_ms`` and ``hook_timeout_ms`` raised it at start
+        raise ConfigError(f"must be a finite number, got an integer of {value.bit_length()} bits (past the "
+                          "largest float, about 1.8e308)", key=path or None, file=file,
+                          hint="write a smaller number: every time and count is computed as a float")
     if isinstance(value, str) and "\x00" in value:
         raise ConfigError("must not contain a NUL byte (\\u0000)", key=path or None, file=file,
                           hint="no path, command, name or environment variable can hold a NUL byte; remove it")

@@ -177,6 +177,12 @@ class ToolRegistry:
                        "remove policies.retry")
             if override and "retry" in dict(override.get("policies", {})):
                 raise ConfigError(message, key=f"tools.{spec.name}.policies.retry")
+            if override and "effect" in override:
+                # found by attack: reported as the tool's own invalid contract, naming no key
+                raise ConfigError(f"tool {spec.name!r} declares policies.retry, which a {spec.effect.value} tool "
+                                  "must never have (it would be retried automatically)",
+                                  key=f"tools.{spec.name}.effect",
+                                  hint=f"remove tools.{spec.name}.effect, or set it to Pure or IdempotentWrite")
             raise ContractError(message, code="invalid_contract")
         if spec.name in self._tools:
             raise ContractError(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
@@ -57,6 +58,7 @@ from .state import (
 from .store import open_store
 
 PLUGIN: Final = "policy"
+log = logging.getLogger("amplifier_tools.policy")
 COUNTED_FAILURES: Final = frozenset({"ExecutionError", "SystemError"})
 #: Outcomes that are neither success nor failure: the call was cut off, not answered by the tool
 #: (so are errors attributed to a plugin).
@@ -220,7 +222,9 @@ class PolicyPlugin:
             # The command line asks for a store that outlives its one-call processes.
             store = coordinator.get_capability("policy.default_store") or store
         if store == "memory":
-            return None
+            # found by attack: nothing waited for a ``circuit:*`` event still being delivered, and
+            # close() returned with it pending (a shared store's close always waited)
+            return functools.partial(self.finish_background, timeout + 1.0)
         state_dir = coordinator.get_capability("session.state_dir")
         shared = open_store(store, settings.store_prefix, timeout, state_dir)
         protected = coordinator.get_capability("session.protected_paths")
@@ -260,6 +264,22 @@ class PolicyPlugin:
             "probes": sum(breaker.probe is not None for breaker in self._breakers.values()),
             "budget_reservations": sum(count for count, _ in self._reserved.values()),
         }
+
+    async def finish_background(self, seconds: float) -> None:
+        """At close: let what still runs in the background (event deliveries; a shared store's
+        releases) finish within ``seconds``, tasks started meanwhile included; cancel what is left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while pending := [task for task in self._tasks if not task.done()]:
+            left = deadline - loop.time()
+            if left <= 0:
+                log.warning("policy: closing; %d event delivery(ies) or store release(s) still running are cut "
+                            "off (a release's keys expire and reclaim it)", len(pending))
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+            await asyncio.wait(pending, timeout=left)
 
     def _emit_soon(self, event: str, data: dict[str, Any]) -> None:
         """Deliver a state-change event without making the deciding hook wait for observers."""

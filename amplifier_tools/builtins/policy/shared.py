@@ -309,17 +309,7 @@ class SharedPolicy:
         store timeout more, tasks started meanwhile included; cancel what is left, and only then
         close the store: nothing uses it after (found by attack: a late release opened a new
         connection after close)."""
-        deadline = asyncio.get_running_loop().time() + self.timeout + 1.0
-        while pending := [task for task in self.plugin._tasks if not task.done()]:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                log.warning("policy store: closing; %d release(s) still waiting for the store are cut off, "
-                            "their keys' expiry reclaims them", len(pending))
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                break
-            await asyncio.wait(pending, timeout=left)
+        await self.plugin.finish_background(self.timeout + 1.0)
         await self.store.close()
 
     def _background(self, work: Awaitable[Any]) -> None:
