@@ -30,7 +30,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final
 
 from ..errors import AuthError, ConfigError, missing_extra
@@ -46,7 +46,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without the
 from ..host import ToolHost
 from ..redaction import SecretSet, redact
 from ..secrets_table import EnvironmentSecrets
-from .http_sessions import SessionQuota, single_exchange
+from .http_sessions import SessionQuota, first_headers, single_exchange
 from .sdk_logs import redact_sdk_logs
 from .server import Caller, build_server, caller_context, exposed_tools, log
 from .settings import PLUGIN, ServeSettings, is_loopback
@@ -317,16 +317,23 @@ _UNAUTHORIZED_HEADERS: Final = (
 
 
 class Gate:
-    """The one ASGI middleware in front of the SDK's Streamable HTTP app. One layer, not five:
+    """The one ASGI middleware in front of the SDK's Streamable HTTP app. One layer, not six:
     the SDK's three bearer-auth middlewares (with Starlette's per-request header parsing) and our
-    refusal audit and drain as two more cost ≈ 11 µs of a ≈ 66 µs call overhead (docs/mcp.md).
+    refusal audit and drain as two more cost ≈ 11 µs of a ≈ 66 µs call overhead (docs/mcp.md); the
+    session quota as a sixth, with its own reading of the headers and its own watch of the
+    answer, ≈ 175 more bytecodes a call (docs/performance.md, session 40). It reads the headers
+    once, for all of them.
 
     - **Authentication** (with ``tokens``, i.e. clients configured): every HTTP request needs an
       ``Authorization: Bearer <token>`` of one client, else it is answered 401 with the body and
       ``WWW-Authenticate`` header the SDK's ``RequireAuthMiddleware`` sends — on every path, not
       only ``/mcp``. The request then carries the SDK's ``AuthenticatedUser`` in ``scope["user"]``
       (the SDK's session manager binds each session to it: another client's token gets 404) and
-      in the SDK's auth context (``get_access_token``), as the SDK's own middlewares set them.
+      in the SDK's auth context (``get_access_token``), as the SDK's own middlewares set them;
+      its ``Authorization`` header is taken out of the headers the SDK's app sees (the token
+      goes no further; a header pair that is not a tuple is left in).
+    - **Session quota** (``quota``, with clients): each client's share of the SDK's sessions,
+      counted as ``SessionQuota`` describes, for authenticated requests to its path.
     - **Refusal audit**: 401, 403 (Origin), 413 (body too long), 421 (Host), 503 (``max_sessions``
       full) and 404 for a request naming a session are
       written as ``mcp.http.unauthorized`` events: the status, why, the method and path (clipped
@@ -348,7 +355,7 @@ class Gate:
 
     def __init__(self, app: Any, tokens: ClientTokens | None, budget: EventBudget,
                  strangers: EventBudget | None = None, clock: Callable[[], float] = time.monotonic, *,
-                 watch_answers: bool = True) -> None:
+                 watch_answers: bool = True, quota: SessionQuota | None = None) -> None:
         self.app = app
         self.tokens = tokens
         #: Refusals of requests that passed authentication (and the tool refusals of
@@ -361,6 +368,9 @@ class Gate:
         #: Whether the app's answers are watched for refusals (403, 421, 404) to record: with an
         #: audit log; without one, the SDK's own log lines report them.
         self.watch_answers = watch_answers
+        #: Each client's share of the sessions, counted here (authenticated requests to its
+        #: ``path`` only): one layer with this one, on the headers read once.
+        self.quota = quota
         self.draining = False
         self._open = 0
         self._changed = clock()
@@ -369,16 +379,22 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = scope.get("headers") or ()
+        headers: Any = scope.get("headers") or ()
         if headers.__class__ is not list and headers.__class__ is not tuple:  # any iterable, says ASGI
             headers = scope["headers"] = list(headers)
-        # ASGI servers lowercase header names. Read by ``dict`` (each name's last value), not by a
-        # loop of our own over every header (≈ 100 bytecodes a request); only when a name came
-        # twice are the Authorization headers counted.
+        # ASGI servers lowercase header names. Read once, for authentication, the drain and the
+        # quota, by ``dict`` (in C), not by a loop of our own over every header (≈ 100 bytecodes a
+        # request); only when a name came twice are the first of each found by a loop and the
+        # Authorization headers counted.
         by_name = dict(headers)
-        authorization, session = by_name.get(b"authorization"), by_name.get(b"mcp-session-id")
-        repeated = authorization is not None and len(by_name) != len(headers) and \
-            sum(name == b"authorization" for name, _ in headers) > 1
+        authorization = by_name.get(b"authorization")
+        if len(by_name) == len(headers):
+            session, version, repeated = by_name.get(b"mcp-session-id"), by_name.get(b"mcp-protocol-version"), False
+        else:
+            session, version = first_headers(headers)
+            repeated = authorization is not None and sum(name == b"authorization" for name, _ in headers) > 1
+        # a 2026-07-28 request has no session, whatever id it names
+        single = single_exchange(version)
         reset = user = None
         if self.tokens is not None:
             # Two Authorization headers are no credential: which one a proxy adds, and which one
@@ -390,35 +406,59 @@ class Gate:
                 await send({"type": "http.response.start", "status": 401, "headers": list(_UNAUTHORIZED_HEADERS)})
                 await send({"type": "http.response.body", "body": _UNAUTHORIZED_BODY})
                 return
+            # The token goes no further than here (one header fewer for each of the SDK's header
+            # lookups to pass: found by count, ≈ 80 bytecodes a request).
+            try:
+                at = headers.index((b"authorization", authorization))
+            except ValueError:  # a pair that is no tuple (ASGI allows any iterable): left in
+                pass
+            else:
+                headers = scope["headers"] = headers[:at] + headers[at + 1:]
         counted = scope.get("method") != "GET"
-        # a 2026-07-28 request has no session, whatever id it names (found by attack: naming a made-up
-        # one, a client had new calls started while the server drained)
-        if counted and self.draining and (session is None or single_exchange(headers)):
+        # found by attack: naming a made-up session on the single-exchange path, a client had new
+        # calls started while the server drained
+        if counted and self.draining and (session is None or single):
             await send({"type": "http.response.start", "status": 503,
                         "headers": [(b"content-type", b"text/plain"), (b"connection", b"close")]})
             await send({"type": "http.response.body", "body": b"the server is shutting down\n"})
             return
+        entry = None
+        client = ""
+        quota = self.quota if user is not None and not single else None
         if user is not None:
             scope["user"] = user
             reset = auth_context_var.set(user)
-        if self.watch_answers and self.budget.record is not None:
-            async def watch(message: Any) -> None:
+            if quota is not None and (quota.path is None or scope.get("path") == quota.path):
+                client = user.access_token.client_id
+                if session is not None:
+                    entry = quota.enter(client, session)
+            else:
+                quota = None
+        watching = self.watch_answers and self.budget.record is not None
+        status = 0
+        watch: Callable[[Any], Awaitable[None]] = send
+        if watching or entry is not None:
+            def watch(message: Any) -> Awaitable[None]:
+                # Not a coroutine of its own: the app awaits ``send``'s (one frame fewer per message).
+                nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
                     # a 404 of the SDK's single-exchange path is an unknown method, no session's
-                    if status in REFUSALS and (status != 404 or (session is not None and not single_exchange(headers))):
+                    if watching and status in REFUSALS and (status != 404 or (session is not None and not single)):
                         self._refused(self.budget, scope, status, authorization, user)
-                await send(message)
-        else:
-            watch = send
+                return send(message)  # type: ignore[no-any-return]
         if counted:
-            self._open += 1
-            self._changed = self.clock()
+            self._open += 1  # ``_changed`` is set as it ends: ``idle`` waits while any is open
         try:
-            await self.app(scope, receive, watch)
+            if quota is not None and session is None:
+                await quota.opening(client, scope, receive, watch)
+            else:
+                await self.app(scope, receive, watch)
         finally:
             if reset is not None:
                 auth_context_var.reset(reset)
+            if entry is not None and quota is not None and session is not None:
+                quota.leave(client, session, entry, status, scope.get("method"))
             if counted:
                 self._open -= 1
                 self._changed = self.clock()
@@ -562,7 +602,7 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
                                      session_idle_timeout=settings.session_idle_s,
                                      max_sessions=settings.max_sessions)
     quota = SessionQuota(app, settings.max_sessions_per_client, settings.session_idle_s, budget.write, path=ENDPOINT)
-    return Gate(quota, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch)
+    return Gate(app, tokens, budget, EventBudget(record, secrets=secrets), watch_answers=watch, quota=quota)
 
 
 #: Seconds a connection gets to send a whole request head, from its start or from the end of its

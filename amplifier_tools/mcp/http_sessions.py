@@ -47,16 +47,32 @@ def _refusal_body(limit: int) -> bytes:
             b'before opening another, or wait for an idle one to expire"}}')
 
 
-def single_exchange(headers: Any) -> bool:
-    """Whether the SDK serves a request with these (ASGI) headers on its single-exchange path
-    (protocol 2026-07-28 and any version it does not know): its first ``mcp-protocol-version``
-    header is present and names no handshake version, read as the SDK's session manager reads
-    it. That path has no session: it never opens one, never looks one up, and its 404 is a
+#: The handshake versions as they come in a header (ASCII: the same bytes as latin-1 text).
+_HANDSHAKE_VERSIONS: Final = frozenset(version.encode("latin-1") for version in HANDSHAKE_PROTOCOL_VERSIONS)
+
+
+def single_exchange(version: bytes | None) -> bool:
+    """Whether the SDK serves a request whose first ``mcp-protocol-version`` header is ``version``
+    (None: no such header) on its single-exchange path (protocol 2026-07-28 and any version it
+    does not know): present and naming no handshake version, read as the SDK's session manager
+    reads it. That path has no session: it never opens one, never looks one up, and its 404 is a
     JSON-RPC "method not found", not an unknown session."""
-    for name, value in headers or ():
-        if name == b"mcp-protocol-version":
-            return value.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS
-    return False
+    return version is not None and version not in _HANDSHAKE_VERSIONS
+
+
+def first_headers(headers: Any) -> tuple[bytes | None, bytes | None]:
+    """A request's first ``mcp-session-id`` and first ``mcp-protocol-version`` header (ASGI
+    headers), as the SDK reads them. (``Gate`` reads them with one ``dict`` in C and comes here
+    only when a header name came twice: found by count, this loop over every header was ≈ 100
+    bytecodes of each request.)"""
+    session = version = None
+    for name, value in headers:
+        if name == b"mcp-session-id":
+            if session is None:
+                session = value
+        elif name == b"mcp-protocol-version" and version is None:
+            version = value
+    return session, version
 
 
 class _Session:
@@ -68,8 +84,10 @@ class _Session:
 
 
 class SessionQuota:
-    """ASGI middleware between ``Gate`` (which sets ``scope["user"]``) and the SDK's app: at most
-    ``per_client`` open sessions per authenticated client (see the module for what it counts)."""
+    """At most ``per_client`` open sessions per authenticated client (see the module for what it
+    counts). ``Gate`` runs it inline (``enter``, ``leave``, ``opening``) on the headers it has read
+    for authentication; called, it is an ASGI middleware of its own, after a layer that sets
+    ``scope["user"]``, in front of the SDK's ``app``."""
 
     def __init__(self, app: Any, per_client: int, idle_s: float,
                  record: Callable[[str, dict[str, Any]], None] | None = None,
@@ -99,32 +117,29 @@ class SessionQuota:
         return len(sessions)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        """The quota as a middleware of its own (``Gate`` does the same inline, on the headers it
+        has read already: one layer, not two)."""
         user = scope.get("user") if scope["type"] == "http" else None
         if user is None or (self.path is not None and scope.get("path") != self.path):
             # anonymous, not HTTP, or not the SDK's endpoint: the SDK's own limit only
             await self.app(scope, receive, send)
             return
-        session = version = None
-        for name, value in scope.get("headers") or ():  # the first of each, as the SDK reads them
-            if name == b"mcp-session-id":
-                if session is None:
-                    session = value
-            elif name == b"mcp-protocol-version" and version is None:
-                version = value
-        if version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS:
-            # ``single_exchange``: no session. Found by attack: naming one of its sessions on this
-            # path, a client had its 404 (an unknown method) taken for the session's end, took it
-            # off the count while the SDK held it, and opened sessions without end, until every
-            # client's ``initialize`` was 503; and a client at its share had such requests refused 429.
+        session, version = first_headers(scope.get("headers") or ())
+        if single_exchange(version):
+            # No session. Found by attack: naming one of its sessions on this path, a client had its
+            # 404 (an unknown method) taken for the session's end, took it off the count while the
+            # SDK held it, and opened sessions without end, until every client's ``initialize`` was
+            # 503; and a client at its share had such requests refused 429.
             await self.app(scope, receive, send)
             return
         client: str = user.access_token.client_id
         if session is None:
-            await self._opening(client, scope, receive, send)
+            await self.opening(client, scope, receive, send)
             return
-        entry = self._sessions.get(client, {}).get(session)
-        if entry is not None:
-            entry.open += 1
+        entry = self.enter(client, session)
+        if entry is None:  # not a session counted here: nothing to end
+            await self.app(scope, receive, send)
+            return
         status = 0
 
         async def watch(message: Any) -> None:
@@ -136,14 +151,29 @@ class SessionQuota:
         try:
             await self.app(scope, receive, watch)
         finally:
-            if entry is not None:
-                entry.open -= 1
-                entry.last = self.clock()
-                if status == 404 or (scope.get("method") == "DELETE" and 0 < status < 400):
-                    self._sessions.get(client, {}).pop(session, None)
+            self.leave(client, session, entry, status, scope.get("method"))
 
-    async def _opening(self, client: str, scope: Any, receive: Any, send: Any) -> None:
-        """A request without a session id: it opens one if the SDK answers it below 400."""
+    def enter(self, client: str, session: bytes) -> _Session | None:
+        """A request of ``client`` naming ``session`` begins (not on the single-exchange path):
+        the session's entry, now with this request in flight, or None when it is not counted here."""
+        sessions = self._sessions.get(client)
+        entry = sessions.get(session) if sessions is not None else None
+        if entry is not None:
+            entry.open += 1
+        return entry
+
+    def leave(self, client: str, session: bytes, entry: _Session, status: int, method: Any) -> None:
+        """The request ``enter`` gave ``entry`` for has ended, answered ``status`` (0: none): the
+        session is idle from now if nothing else of it is in flight, and no longer counted when
+        the answer was 404 or a ``DELETE`` below 400."""
+        entry.open -= 1
+        entry.last = self.clock()
+        if status == 404 or (method == "DELETE" and 0 < status < 400):
+            self._sessions.get(client, {}).pop(session, None)
+
+    async def opening(self, client: str, scope: Any, receive: Any, send: Any) -> None:
+        """A request of ``client`` without a session id, passed on to ``app`` (answered 429 here
+        when the client is at its share): it opens one if the SDK answers it below 400."""
         pending = self._opening_now.get(client, 0)
         if scope.get("method") == "POST" and self.open_sessions(client) + pending >= self.per_client:
             if self.record is not None:
