@@ -39,7 +39,7 @@ from .timeouts import TimeLimitExceeded, run_with_timeout
 
 log = logging.getLogger("amplifier_tools")
 
-CHAINED_HOOKS: Final = ("tool_pre", "tool_post", "tool_error", "tool_complete")
+CHAINED_HOOKS: Final = ("tool_pre", "tool_rewritten", "tool_post", "tool_error", "tool_complete")
 #: The hooks a call may run: the chained ones and the ``tool_event`` observers.
 CALL_HOOKS: Final = (*CHAINED_HOOKS, "tool_event")
 
@@ -134,6 +134,8 @@ _CHANGED_IN_PLACE: Final = {
     "tool_pre": ("arguments", "the call was not run", "hook_changed_arguments",
                  "rewrite arguments by returning Modify with a new object (a changed copy) from tool_pre: it is "
                  "checked against the input schema and recorded"),
+    "tool_rewritten": ("arguments", "the call was not run", "hook_changed_arguments",
+                       "tool_rewritten only decides (None or Deny); rewrite arguments with Modify in tool_pre"),
     "tool_post": ("output", "the output was withheld", "hook_changed_output",
                   "replace the output by returning a ToolResult with a new output (a changed copy) from tool_post: "
                   "it is checked against the output schema and recorded"),
@@ -834,8 +836,8 @@ class HookDispatcher:
         kwargs = {"call": call, "spec": spec, "context": context}
         pm, plain = self._pm, self._plain_hookexec
         given, given_print = call.arguments, fingerprint(call.arguments)
-        latest: Any = None  # the last Modify's arguments, and their fingerprint once checked
-        latest_print = b""
+        #: the last Modify's arguments, their fingerprint once checked, and the implementation that returned it
+        latest: tuple[Any, bytes, Impl] | None = None
         for impl in self.impls("tool_pre"):
             try:
                 # ``_invoke`` inlined, and ``_start``'s unmonitored path: a sync implementation
@@ -870,7 +872,7 @@ class HookDispatcher:
                 context.record(impl.plugin, "tool_pre", "modify", out.reason,
                                changed=_changed_keys(call.arguments, out.arguments))
                 call = kwargs["call"] = ToolCall(call.id, call.name, out.arguments)
-                latest, latest_print = out.arguments, fingerprint(out.arguments)
+                latest = (out.arguments, fingerprint(out.arguments), impl)
                 continue
             context.record(impl.plugin, "tool_pre", "failed", f"returned {type(out).__name__}")
             raise ToolSystemError(
@@ -879,9 +881,49 @@ class HookDispatcher:
                 code="hook_invalid_return",
                 plugin=impl.plugin,
             )
-        if fingerprint(given) != given_print or (latest is not None and fingerprint(latest) != latest_print):
+        if latest is None:
+            if fingerprint(given) != given_print:
+                raise self._changed_in_place("tool_pre", call.name, context)
+            return call
+        arguments, arguments_print, rewriter = latest
+        if fingerprint(given) != given_print or fingerprint(arguments) != arguments_print:
             raise self._changed_in_place("tool_pre", call.name, context)
+        await self._tool_rewritten(call, kwargs, rewriter, context)
+        if fingerprint(given) != given_print or fingerprint(arguments) != arguments_print:
+            raise self._changed_in_place("tool_rewritten", call.name, context)
         return call
+
+    async def _tool_rewritten(self, call: ToolCall, kwargs: dict[str, Any], rewriter: Impl,
+                              context: ToolContext) -> None:
+        """Run ``tool_rewritten`` after a ``tool_pre`` chain that rewrote the arguments (``rewriter``
+        made the last ``Modify``), for each plugin whose ``tool_pre`` did not see the final ones;
+        raise the ``ToolError`` of the first ``Deny`` or failure, as ``tool_pre`` does. Found by
+        attack: a ``trylast`` hook's ``Modify`` reached the tool unchecked by the policy's rules and
+        the filesystem's protected-path guard, which had decided on the arguments before it."""
+        pre = self.impls("tool_pre")  # a list rebuilt meanwhile (a plugin registered) lacks it: all decide
+        after = next((n + 1 for n, impl in enumerate(pre) if impl is rewriter), len(pre))
+        saw_final = {impl.plugin for impl in pre[after:]}
+        for impl in self.impls("tool_rewritten"):
+            if impl.plugin in saw_final:
+                continue
+            try:
+                out = await self._invoke(impl, "tool_rewritten", kwargs)
+            except HookFailure as failure:
+                error = self._failed(failure, context)
+                if error is not None:
+                    raise error from None
+                continue
+            if out is None:
+                continue
+            if isinstance(out, Deny):
+                raise _denial(impl, "tool_rewritten", out, context)
+            context.record(impl.plugin, "tool_rewritten", "failed", f"returned {type(out).__name__}")
+            raise ToolSystemError(
+                f"plugin {impl.plugin!r} returned {type(out).__name__} from tool_rewritten; expected None or Deny "
+                "(arguments are rewritten in tool_pre only)",
+                code="hook_invalid_return",
+                plugin=impl.plugin,
+            )
 
     def _changed_in_place(self, hook: str, tool: str, context: ToolContext) -> ToolSystemError:
         """The call's end when a ``tool_pre`` hook changed the arguments in place, or a

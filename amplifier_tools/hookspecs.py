@@ -11,8 +11,8 @@ are not supported on the chained call hooks because each implementation must
 see the value produced by the one before it; the host rejects them at
 registration with a message naming the plugin.
 
-Failure policy: an implementation of ``tool_pre``, ``tool_post`` or
-``tool_complete`` that raises or overruns its timeout fails the call closed
+Failure policy: an implementation of ``tool_pre``, ``tool_rewritten``,
+``tool_post`` or ``tool_complete`` that raises or overruns its timeout fails the call closed
 (a ``SystemError``-category error naming the plugin — ``hook_failed`` or
 ``hook_timeout``; output withheld) unless the plugin's config section sets
 ``on_error = "ignore"``. An implementation that raises one of the typed errors
@@ -74,6 +74,26 @@ def tool_pre(call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | Mod
     ``Modify(arguments=...)`` to replace the arguments; the new arguments are
     validated against the input schema at once, and an invalid rewrite is a
     ``ContractError`` attributed to this plugin.
+    """
+
+
+@hookspec
+def tool_rewritten(call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | None:
+    """Decide again on arguments a later ``tool_pre`` hook rewrote; veto the call.
+
+    Called once after the ``tool_pre`` chain, only when a hook of it returned
+    ``Modify``, with ``call`` holding the final arguments (the ones the tool
+    runs with), and only for plugins whose ``tool_pre`` did not see them: one
+    that ran before the last rewrite, or has no ``tool_pre``. A call no hook
+    rewrote never reaches it. Return ``None`` to let the call run, or
+    ``Deny(reason, code=...)`` to stop it exactly as a ``tool_pre`` denial does
+    (no later ``tool_rewritten`` runs; the trail names this plugin and
+    ``tool_rewritten``). Raising or overrunning fails the call closed as in
+    ``tool_pre``. It cannot rewrite: a ``Modify`` returned here is the
+    plugin's ``hook_invalid_return``, and arguments changed in place end the
+    call (``hook_changed_arguments``). For plugins whose ``tool_pre`` decides
+    on the arguments (rules, path guards): without it, a rewrite made after
+    them (a ``trylast`` hook) reaches the tool unchecked.
     """
 
 

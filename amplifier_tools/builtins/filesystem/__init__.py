@@ -93,3 +93,9 @@ class FilesystemPlugin:
                     code="path_protected", category="AuthError",
                     details={"path": entry.path, "hint": "host state and config are out of the tools' reach; "
                                                          "see docs/configuration.md (state_dir)"})
+
+    @hookimpl
+    def tool_rewritten(self, call: ToolCall, spec: ToolSpec) -> Deny | None:
+        """The guard again, on arguments a ``tool_pre`` hook after it rewrote. Found by attack: the
+        guard runs first (``tryfirst``), so a later ``Modify`` naming a protected path escaped it."""
+        return self.tool_pre(call, spec)

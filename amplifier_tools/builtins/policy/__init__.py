@@ -340,6 +340,15 @@ class PolicyPlugin:
             return shared.admit(call, spec, context, held)
         return self._local_pre(call, spec, context)
 
+    @hookimpl
+    def tool_rewritten(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | None:
+        """The rules again, on the arguments a ``tool_pre`` hook after this one rewrote: the ones the
+        tool runs with. Found by attack: a ``trylast`` normaliser's ``Modify`` (``~/x`` to
+        ``/root/x``) reached the tool past a deny rule the arguments this plugin saw did not match.
+        Scopes and the stateful policies do not read the arguments; idempotency keeps the digest
+        of the arguments the caller sent."""
+        return self._check_rules(call, spec, context, "tool_rewritten") if self._ruled else None
+
     def _rate_only(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Any:
         """A tool whose only stateful policy is a rate limit, in this process's memory: decided
         here, and the call is not registered (a spent token holds nothing to release, at
@@ -444,10 +453,13 @@ class PolicyPlugin:
         bound = timeout_ms / 1000.0 if timeout_ms is not None else self.default_timeout
         return None if bound is None else max(bound - (self.clock() - started), 0.0)
 
-    def _check_rules(self, call: ToolCall, spec: ToolSpec, context: ToolContext) -> Deny | None:
+    def _check_rules(self, call: ToolCall, spec: ToolSpec, context: ToolContext,
+                     hook: str = "tool_pre") -> Deny | None:
         """Any matching deny rule denies, whatever its position: the first matching deny (in config order)
         is the one reported. Allow rules never cancel a deny; they only matter under
-        ``default_action = "deny"``, where a call that no allow rule matches is denied."""
+        ``default_action = "deny"``, where a call that no allow rule matches is denied. A matching
+        allow is recorded in ``hook``; from ``tool_rewritten`` only when ``tool_pre`` recorded
+        another rule (or none)."""
         if not self.rules and self.default_action == "allow":
             return None
         engine = path_engine(self._coordinator, self._path_engines)
@@ -460,7 +472,9 @@ class PolicyPlugin:
                             details={"rule": rule.name})
         for rule in self._allow_rules:
             if matches(rule, spec, call.arguments, principal, role, environment, paths):
-                context.record(PLUGIN, "tool_pre", "allow", f"allowed by rule {rule.name!r}", rule=rule.name)
+                if hook == "tool_pre" or not any(entry.plugin == PLUGIN and entry.action == "allow"
+                                                 and entry.details.get("rule") == rule.name for entry in context.trail):
+                    context.record(PLUGIN, hook, "allow", f"allowed by rule {rule.name!r}", rule=rule.name)
                 return None
         if self.default_action == "deny":
             return Deny("no rule allows this call (default_action = 'deny')", code="rule_denied",
