@@ -789,14 +789,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from .builtins.audit.commands import main as audit_main
 
         return audit_main(args.audit_args, config=args.config)
-    if args.command == "policy":
-        from .builtins.policy.commands import status
-
-        return status(args.config, as_json=args.json)
-    if args.command == "mcp":
-        from .mcp.pin import run_pin
-
-        return run_pin(_host(args), only=args.server, print_only=args.print_only)
+    if args.command in ("policy", "mcp"):
+        return _settings_command(args)
     if args.command == "serve-mcp":
         from .mcp.__main__ import run_serve
 
@@ -804,6 +798,30 @@ def _dispatch(args: argparse.Namespace) -> int:
     import asyncio
 
     return asyncio.run(_cancel_on_sigterm(_run(args)))
+
+
+def _settings_command(args: argparse.Namespace) -> int:
+    """``policy status`` and ``mcp pin``: commands that read a plugin's settings themselves, not
+    through a started host. Their configuration errors name the file as the host's do, and their
+    other failures' hints name it as ``list``'s do (``_config_source``; found by a newcomer's trial:
+    with a discovered file, "plugins.policy.stor: unknown key" or an unreachable store's hint did
+    not say which file to fix)."""
+    from .errors import ConfigError
+
+    host = trusted_host(args.config) if args.command == "policy" else _host(args)
+    source = _config_source(args)
+    try:
+        if args.command == "policy":
+            from .builtins.policy.commands import status
+
+            return status(host, as_json=args.json, source=source)
+        from .mcp.pin import run_pin
+
+        return run_pin(host, only=args.server, print_only=args.print_only, source=source)
+    except ConfigError as exc:
+        if exc.file is not None or host.config_file is None:
+            raise
+        raise exc.located(host.config_file) from exc
 
 
 class _Terminated(Exception):

@@ -194,12 +194,28 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
                 pointer = f"/{section}{inner}"
         expected = _allowed_keys(pointer) if message.endswith("is not an allowed property") else None
         hint = _SECRETS_HINT if section == "secrets" and expected is None else None
+        if expected is not None and pointer.count("/") == 1:
+            hint = _top_level_hint(_dotted(pointer), data.get(_dotted(pointer)), expected)
         raise ConfigError(message, key=_dotted(pointer), file=file, expected=expected, hint=hint)
     if isinstance(data.get("tools"), list):
         data["modules"] = list(data.get("modules", [])) + data.pop("tools")
     if "hooks" in data:
         data["modules"] = list(data.get("modules", [])) + data.pop("hooks")
     return data
+
+
+def _top_level_hint(key: str, value: Any, expected: list[str]) -> str | None:
+    """The hint for a table at the top level that the configuration has no key for, where the
+    generic one (did-you-mean, else the keys allowed) misleads (found by a newcomer's trial):
+    ``[tool.amplifier-tools]`` pasted from a ``pyproject.toml`` was asked "did you mean 'tools'?",
+    and ``[filesystem]``, a plugin's settings, was only told to be removed. None: the generic one."""
+    if key == "tool" and isinstance(value, Mapping) and PYPROJECT_SECTION in value:
+        return (f"[tool.{PYPROJECT_SECTION}] is the table of a pyproject.toml; in a file of its own, write its keys "
+                f"at the top level ([tool.{PYPROJECT_SECTION}.plugins.bash] as [plugins.bash])")
+    if isinstance(value, Mapping) and did_you_mean(key, expected) is None:
+        return (f"if {key!r} is a plugin, its settings go in [plugins.{key}]; else remove or rename the table (the "
+                f"keys allowed here: {', '.join(sorted(expected))})")
+    return None
 
 
 #: The sections of an Amplifier mount plan that configure the agent, not its tools: read by

@@ -136,6 +136,13 @@ class ConfigError(ValueError):
                 f"remove or rename {leaf!r}; the keys allowed here: {', '.join(sorted(expected))}")
         note_hint(self, self.hint)
 
+    def located(self, file: str | None) -> ConfigError:
+        """This error as a new one naming ``file``, the configuration it is about, unless it names
+        a file already (then the new one is a copy): what the host does with a plugin's error about
+        its section, and the command line with a command's that reads the settings itself (found by
+        a newcomer's trial: ``list`` said which file held a typo, ``policy status`` did not)."""
+        return ConfigError(self.detail, key=self.key, file=self.file or file, hint=self.hint)
+
 
 def did_you_mean(name: str, expected: Collection[str]) -> str | None:
     """``"did you mean 'x'?"`` for a misspelled ``name`` among ``expected`` names, else None.
@@ -156,6 +163,21 @@ def did_you_mean(name: str, expected: Collection[str]) -> str | None:
     if not close:
         return None
     return f"did you mean {close[0]!r}?"
+
+
+def one_slip_apart(name: str, meant: str) -> bool:
+    """Whether ``name`` is ``meant`` typed with one slip: a letter left out, added or changed, two
+    adjacent letters swapped (Damerau's four kinds of single error), or only the case changed. A
+    name close by ``did_you_mean`` but further than this (``my_policy`` for ``policy``) may as well
+    be another name altogether."""
+    a, b = name.casefold(), meant.casefold()
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return (a[i + 1:] == b[i + 1:] or a[i:] == b[i + 1:] or a[i + 1:] == b[i:]
+            or (a[i:i + 2] == b[i:i + 2][::-1] and a[i + 2:] == b[i + 2:]))
 
 
 def missing_extra(extra: str, error: ImportError, needs: str = "this adapter") -> ImportError:

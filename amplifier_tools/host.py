@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -57,7 +57,15 @@ from .dispatch import (
     thrown_in,
     works_for,
 )
-from .errors import ConfigError, ContractError, PluginLoadError, ToolError, ToolSystemError, did_you_mean
+from .errors import (
+    ConfigError,
+    ContractError,
+    PluginLoadError,
+    ToolError,
+    ToolSystemError,
+    did_you_mean,
+    one_slip_apart,
+)
 from .hoststate import HostFileError, ProtectedPaths, default_state_dir, ensure_state_dir
 from .loader import (
     ENTRY_POINT_GROUP,
@@ -855,7 +863,7 @@ class ToolHost:
                                   f"{sandboxed!r}" if sandboxed else f"add {second!r} (or {first!r}) to "
                                   "disable_plugins in the configuration") from exc
             if isinstance(exc, ConfigError):
-                located = ConfigError(exc.detail, key=exc.key, file=exc.file or self.config_file, hint=exc.hint)
+                located = exc.located(self.config_file)
                 if exc.key is not None and exc.key.startswith("tools."):
                     raise located from exc  # the host's per-tool overrides: not the mounting plugin's fault
                 # A plugin that refuses its configuration never runs silently without it (that would
@@ -883,13 +891,26 @@ class ToolHost:
         loaded = {info.name for info in self.plugins} | {f.name for f in self.failed_plugins} | self._disabled()
         for name in self.config.get("plugins", {}):
             if name not in loaded:
-                hint = did_you_mean(name, loaded)
-                from_code = sorted(info.name for info in self.plugins if info.source == "code")
-                if hint is None and from_code:
-                    hint = ("a plugin passed in code goes by its 'name' attribute, else its module's or class's "
-                            f"name, not its entry point's (from code: {', '.join(from_code)})")
                 raise ConfigError(f"names no installed plugin (loaded: {', '.join(sorted(loaded))})",
-                                  key=f"plugins.{name}", file=self.config_file, hint=hint)
+                                  key=f"plugins.{name}", file=self.config_file,
+                                  hint=self._unloaded_plugin_hint(name, loaded))
+
+    def _unloaded_plugin_hint(self, name: str, loaded: Collection[str]) -> str:
+        """The hint for ``[plugins.<name>]`` naming no loaded plugin: the plugin meant when ``name``
+        is one typing slip from it, else how a plugin is mounted, with a did-you-mean when one is
+        close (found by a newcomer's trial: ``[plugins.my_policy]``, for a module of one's own not
+        in ``[[modules]]``, was answered "did you mean 'policy'?", the built-in)."""
+        meant = next((known for known in sorted(loaded) if one_slip_apart(name, known)), None)
+        if meant is not None:
+            return f"did you mean {meant!r}?"
+        hint = (f"no loaded plugin is named {name!r}: a module is mounted by a [[modules]] module = \"...\" "
+                "entry in the configuration, or by its distribution's entry point")
+        from_code = sorted(info.name for info in self.plugins if info.source == "code")
+        if from_code:
+            hint += ("; a plugin passed in code goes by its 'name' attribute, else its module's or class's "
+                     f"name, not its entry point's (from code: {', '.join(from_code)})")
+        close = did_you_mean(name, loaded)
+        return f"{hint}; or {close}" if close else hint
 
     def _check_rule_tools(self) -> None:
         """A built-in policy rule's ``tools`` glob that matches no mounted tool and is a mistaken

@@ -18,7 +18,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
+from .errors import missing_extra
+
+try:
+    import pytest
+except ImportError as exc:  # found by a newcomer's trial: a bare "No module named 'pytest'"
+    raise missing_extra("test", exc, "amplifier_tools.pytest_plugin") from exc
 
 from ._markers import hookimpl
 from .conformance import Report, check_target_async
@@ -165,6 +170,37 @@ def tool_host(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypa
 def hook_recorder() -> HookRecorder:
     """A fresh ``HookRecorder`` plugin."""
     return HookRecorder()
+
+
+#: The fixtures of this plugin that an ``async`` test uses.
+_FIXTURES = frozenset({"tool_host", "hook_recorder"})
+
+
+def _ours(item: pytest.Function) -> bool:
+    """Whether the test uses this plugin: one of its fixtures, or calls ``assert_conforms``."""
+    code = getattr(item.obj, "__code__", None)
+    return bool(_FIXTURES & set(item.fixturenames)) or (code is not None and "assert_conforms" in code.co_names)
+
+
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
+    """Fail an ``async`` test using this plugin that no async plugin ran, saying what runs
+    it (found by a newcomer's trial: with pytest-asyncio installed but ``asyncio_mode`` unset, the
+    docs' own example failed with pytest's "async def functions are not natively supported ...
+    install pytest-asyncio"). Runs after the async plugins' own ``tryfirst`` implementations (a test
+    they ran never gets here as a coroutine function), before pytest's; it runs no test itself."""
+    import inspect
+
+    if not (inspect.iscoroutinefunction(pyfuncitem.obj) and _ours(pyfuncitem)):
+        return
+    try:
+        import pytest_asyncio  # noqa: F401
+    except ImportError:
+        needs = "needs pytest-asyncio (pip install 'amplifier-tools[test]'), with"
+    else:
+        needs = "needs"
+    pytest.fail(f"{pyfuncitem.name} is async: it {needs} asyncio_mode = \"auto\" in the pytest configuration "
+                "(and asyncio_default_fixture_loop_scope = \"function\"), or @pytest.mark.asyncio on the test "
+                "(docs/plugins.md, Testing tools and plugins)", pytrace=False)
 
 
 __all__ = ["HookRecorder", "MockTool", "assert_conforms", "hook_recorder", "tool_host"]

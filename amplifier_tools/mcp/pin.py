@@ -268,11 +268,12 @@ def link_refusal(path: Path) -> str | None:
     return None
 
 
-def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) -> int:
+def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False, source: str | None = None) -> int:
     """The command: ask the servers, then write their pins into the host's configuration file (or
     print them). Exit status 0; 1 when a server could not be asked (the others are pinned) or the
     file could not be edited exactly (the TOML to paste is printed); ``ConfigError`` as at a host
-    start (an untrusted configuration file, an unknown server)."""
+    start (an untrusted configuration file, an unknown server). ``source``: the configuration as
+    the user would name it, for the hint of a server that could not be asked."""
     from .. import config_trust
     from ..hoststate import ensure_state_dir
     from . import MISSING_SDK_HINT, MISSING_SDK_MESSAGE, sdk_available
@@ -299,6 +300,10 @@ def run_pin(host: Any, *, only: Sequence[str] = (), print_only: bool = False) ->
         if result.error is not None:
             print(f"error: {result.error}", file=sys.stderr)
             status = 1
+    failed = [f"[{SERVERS_TABLE}.{_key(r.name)}]" for r in results if r.error is not None]
+    if failed:  # the command line's hint line, naming the file as ``list``'s does (found by a newcomer's trial)
+        print(f"hint: fix the server or its settings, {', '.join(failed)}{f' ({source})' if source else ''}, then "
+              "run the command again", file=sys.stderr)
     done = [r for r in results if r.error is None]
     prefix = PYPROJECT_PREFIX if path is not None and path.name == "pyproject.toml" else ""
     if print_only or not done:

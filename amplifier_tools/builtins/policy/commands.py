@@ -67,11 +67,10 @@ async def _status(store: str, prefix: str, timeout: float, state_dir: str) -> tu
     return f"{shared.kind} {shared.where}", rows
 
 
-def status(config: str | None, *, as_json: bool) -> int:
-    """Print the live policy state; 0, or 1 when the store does not answer."""
-    from ...cli import trusted_host
-
-    host = trusted_host(config)  # a planted file would name the store (and the server) to ask
+def status(host: Any, *, as_json: bool, source: str | None = None) -> int:
+    """Print the live policy state of ``host``'s configuration (a host the command line made with
+    ``cli.trusted_host``: a planted file would name the store, and the server, to ask); 0, or 1 when
+    the store does not answer. ``source``: the configuration as the user would name it, for the hint."""
     section = host.config.get("plugins", {}).get("policy") or {}
     settings = structure_settings(section, PolicySettings, "plugins.policy")
     store = settings.store if "store" in section else "sqlite"  # the command line's default
@@ -91,8 +90,8 @@ def status(config: str | None, *, as_json: bool) -> int:
             hint = ("check the file named above ([plugins.policy] store = \"sqlite\", in state_dir): another "
                     "process may hold it locked past store_timeout_ms, or it is not a policy store the host made")
         else:
-            hint = ("check the server named by [plugins.policy] store; each of its answers is awaited for "
-                    "store_timeout_ms, and the whole listing for ten times that")
+            hint = (f"check the server named by [plugins.policy] store{f' ({source})' if source else ''}; each "
+                    "of its answers is awaited for store_timeout_ms, and the whole listing for ten times that")
         # As the command line reports a failure: stderr for people, and with --json a JSON error on stdout.
         print(f"error: {message}", file=sys.stderr)
         print(f"hint: {hint}", file=sys.stderr)
