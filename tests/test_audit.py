@@ -20,6 +20,7 @@ from helpers import ToolsPlugin
 from amplifier_tools import Deny, PluginLoadError, ToolContext, ToolHost, ToolResult, ToolSpec, hookimpl
 from amplifier_tools.builtins.audit.chain import encode_body, link, verify
 from amplifier_tools.builtins.audit.commands import stats
+from amplifier_tools.builtins.audit.writer import AuditWriter
 
 CANARY = "canary-6b1e2f-do-not-leak"
 
@@ -523,6 +524,90 @@ def test_processes_sharing_a_rotating_log_keep_one_valid_chain(tmp_path: Path) -
     rotated away; one that missed several rotations took the live file for its file's successor;
     one starting mid-rotation found the path empty, or the new file not yet locked)."""
     _share_a_rotating_log(tmp_path / "shared.jsonl", processes=4, lives=4, most=80, rotate=2000)
+
+
+def _record(tag: str) -> bytes:
+    return encode_body({"v": 1, "kind": "call", "ts": time.time(), "tag": tag})
+
+
+def _quiet_writer(path: Path, key: bytes | None) -> AuditWriter:
+    """A writer whose thread does not refresh the anchor within a test (as on a loaded machine)."""
+    return AuditWriter(path, fsync="never", fsync_interval_ms=600_000, checkpoint_key=key)
+
+
+@pytest.mark.parametrize("case", ["closer_wrote_last", "closer_checkpointed", "closer_only_read"])
+def test_a_writer_at_the_end_another_closes_the_log_at_anchors_before_it_appends_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Found by the sharing test on a loaded machine: writer B was at the end writer A then closed
+    the log at (B adopted the log there as it started: after A's last record, or between A's closing
+    checkpoint and its closed anchor; or B wrote that last record, and A adopted it and closed with
+    no record), and B's next records, the log unchanged by others for all B knew, went unanchored:
+    a writer C starting before B's thread refreshed the anchor took them for ones "appended while
+    no writer ran", set the log aside, and every other writer then took it for replaced. A writer
+    now anchors with its first record at an end it read, and marks "closed" only an end it made."""
+    path = tmp_path / "shared.jsonl"
+    key = b"k" * 32 if case == "closer_checkpointed" else None
+    started: list[AuditWriter] = []
+    if case == "closer_only_read":
+        started.append(_quiet_writer(path, key))
+        started[0].append(_record("b0"))
+        _quiet_writer(path, key).close()  # adopted B's end, closed with no record of its own
+    else:
+        first = _quiet_writer(path, key)
+        first.append(_record("a0"))
+        if case == "closer_wrote_last":
+            started.append(_quiet_writer(path, key))
+            first.close()
+        else:  # B starts after the final checkpoint (one hold of the lock), before the closed anchor (another)
+            anchor_closed = AuditWriter._anchor_closed
+
+            def late(writer: AuditWriter) -> None:
+                if writer is first:
+                    started.append(_quiet_writer(path, key))
+                anchor_closed(writer)
+
+            monkeypatch.setattr(AuditWriter, "_anchor_closed", late)
+            first.close()
+            monkeypatch.undo()
+    second = started[0]
+    try:
+        for i in range(3):
+            second.append(_record(f"b{i + 1}"))
+        third = _quiet_writer(path, key)
+        assert third.tampered is None
+        third.append(_record("c0"))
+        third.close()
+    finally:
+        second.close()
+    assert not [p.name for p in tmp_path.iterdir() if ".tampered-" in p.name]
+    assert verify(path, key=key).ok
+    # Closed for real now: a record chained on after it is still tampering.
+    last = json.loads(path.read_text().splitlines()[-1])["hash"]
+    with path.open("ab") as handle:
+        handle.write(link(_record("forged"), last)[0])
+    fourth = _quiet_writer(path, key)
+    try:
+        assert fourth.tampered is not None and "appended while no writer ran" in fourth.tampered
+    finally:
+        fourth.close()
+
+
+def test_a_writer_that_adopted_a_closed_log_and_wrote_nothing_closes_it_again(tmp_path: Path) -> None:
+    """The closed end a writer adopted is the one end it did not write that it marks closed again
+    (a host that made no call): a record chained on after it is still tampering."""
+    path = tmp_path / "shared.jsonl"
+    writer = _quiet_writer(path, None)
+    writer.append(_record("a0"))
+    writer.close()
+    _quiet_writer(path, None).close()
+    last = json.loads(path.read_text().splitlines()[-1])["hash"]
+    with path.open("ab") as handle:
+        handle.write(link(_record("forged"), last)[0])
+    writer = _quiet_writer(path, None)
+    try:
+        assert writer.tampered is not None and "appended while no writer ran" in writer.tampered
+    finally:
+        writer.close()
 
 
 @pytest.mark.slow

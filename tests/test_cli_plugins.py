@@ -121,7 +121,8 @@ def test_plugins_text_lists_hooks_distributions_and_failures(site: Path, project
     assert out.returncode == 0, out.stderr
     rows = [line.split() for line in out.stdout.splitlines()]
     assert rows[0] == ["PLUGIN", "SOURCE", "DISTRIBUTION", "HOOKS"]
-    assert ["filesystem", "builtin", "amplifier-tools", amplifier_tools.__version__, "mount,", "tool_pre,", "tool_rewritten"] in rows
+    assert ["filesystem", "builtin", "amplifier-tools", amplifier_tools.__version__, "mount,", "tool_pre,",
+            "tool_rewritten"] in rows
     by_name = {line.split()[0]: line for line in out.stdout.splitlines()[1:]}
     assert by_name["fixture-echo"].split() == ["fixture-echo", "entry_point", "amplifier-tools-fixture", "0.3.1",
                                                "mount"]

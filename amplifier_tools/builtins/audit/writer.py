@@ -179,8 +179,20 @@ class AuditWriter:
         self._lost: OSError | None = None
         self._last_anchor = 0.0
         self._recheck = False
-        #: Whether the next record is anchored at once (``_catch_up`` found another process's records).
-        self._anchor_after_append = False
+        #: (inode, size) where our own last record ended. A head elsewhere was reached by reading (the
+        #: log adopted at start, another process's records, a rotation or segment joined): another
+        #: writer may have ended the log there, and may mark the anchor "closed" there as it closes.
+        #: So that end is anchored (open) before our next record, in the same hold of the lock (an
+        #: fsync only for another writer's records not yet covered), and our close marks "closed"
+        #: only an end that is ours (or the closed end we adopted: ``_closed_at``). Found by a stress
+        #: test: a writer that adopted the log at the end another then closed it at appended without
+        #: anchoring, and a writer starting before its thread's refresh took its records for ones
+        #: appended while no writer ran: false tampering, then every other writer took the log for
+        #: replaced.
+        self._wrote_to: tuple[int, int] = (-1, -1)
+        #: (inode, size) of the closed anchor adopted at start, if any: marking that end closed again
+        #: is safe (the writer of its last record has closed; every other writer there read it).
+        self._closed_at: tuple[int, int] | None = None
         #: Whether we hold the ``flock`` on ``self._fd`` between appends (``append``), and whether
         #: its release is scheduled on the appending loop.
         self._flocked = False
@@ -439,6 +451,7 @@ class AuditWriter:
                 raise _Tampered(f"the log {self.path} has records but no anchor ({self.anchor_path}): its history "
                                 "cannot be verified (the anchor was deleted, or the log predates anchors)")
             self._file_started = None
+            self._closed_at = (anchor.inode, anchor.size) if anchor is not None and anchor.closed else None
             # An empty anchor names this very file (found by attack: tampering found before the
             # first anchor refresh, the disk full until close, left an empty fresh segment beside
             # the anchor of the log's start; taken for a new log, the tampering was in no chain).
@@ -576,6 +589,7 @@ class AuditWriter:
                                               "note": "a torn final line was removed before appending",
                                               "removed_bytes": len(pending),
                                               "removed_sha256": hashlib.sha256(pending).hexdigest()}))
+            self._wrote_to = (-1, -1)  # an end read up to, as without the cut: anchored with our next record
 
     def _accept(self, raw: bytes) -> dict[str, Any]:
         """Take the complete line ``raw`` as our next record (``_extend``): its record, or ``_Tampered``."""
@@ -609,7 +623,6 @@ class AuditWriter:
             # Leaves the head at the end of the live file, locked; our old file's end checked on the way.
             self._follow_rotation(on_path)
             self._recheck = False
-            self._anchor_after_append = True  # as below: the anchor may say "closed" at another's end
             return
         fd = self._fd
         assert fd is not None
@@ -622,12 +635,11 @@ class AuditWriter:
                 raise _Tampered(f"the log {self.path} was rewritten: its record {head.records} is not the one "
                                 "this writer wrote")
             self._recheck = False
+            # Another process appended: its end is anchored before our record, in the same hold of
+            # the lock (``_wrote_to``). Its anchor may say "closed" (it closed, we did not); left so until our
+            # thread's next refresh, a writer starting meanwhile took our records for ones appended
+            # while no writer ran (found by review: 5 processes sharing a log, false tampering).
             self._extend(fd, size, live=True)
-            # Another process appended: anchor with our record, in the same hold of the lock. Its
-            # anchor may say "closed" (it closed, we did not); left so until our thread's next
-            # refresh, a writer starting meanwhile took our records for ones appended while no
-            # writer ran (found by review: 5 processes sharing a log, false tampering).
-            self._anchor_after_append = True
 
     def _follow_rotation(self, on_path: os.stat_result) -> None:
         """The path holds another file: another process rotated the log (once or more), or it was replaced.
@@ -877,12 +889,11 @@ class AuditWriter:
                     self._fresh_segment(tampered.reason)
             if self._pending_tamper is not None:
                 self._write_pending_tamper()
-            fd = self._fd
-            assert fd is not None
+            fd, head = self._fd, self._head
+            assert fd is not None and head is not None
+            if (head.inode, head.size) != self._wrote_to:  # an end we read: anchored open first (``_wrote_to``);
+                self._write_anchor()  # fsyncs only what another writer appended, as anchoring after did
             self._write_line(fd, body)
-            if self._anchor_after_append:
-                self._anchor_after_append = False
-                self._write_anchor()
             self._since_checkpoint += 1
             if self.checkpoint_key is not None and self._since_checkpoint >= self.checkpoint_every:
                 try:
@@ -913,6 +924,7 @@ class AuditWriter:
         head.size += written
         head.hash = digest
         head.records += 1
+        self._wrote_to = (head.inode, head.size)
         if self._file_started is None:
             self._file_started = time.time()
 
@@ -1106,7 +1118,13 @@ class AuditWriter:
 
     def _anchor_closed(self) -> None:
         """At close: anchor our head marked ``closed`` if the file still ends there, so records
-        appended before the next writer adopts the log read as tampering (and are never signed)."""
+        appended before the next writer adopts the log read as tampering (and are never signed).
+
+        Only an end our own record made, or the closed end we adopted (``_wrote_to``, ``_closed_at``):
+        another writer still running may be at an end we merely read, and append there without
+        anchoring. Not covered: a writer that appended nothing, on a log whose last writer did not
+        close it (killed, or still running), leaves the anchor open; with a checkpoint key the
+        close's own checkpoint is such a record."""
         head, fd = self._head, self._fd
         if head is None or fd is None or self._dir_fd is None or self._pending_tamper is not None:
             return  # (a fresh segment whose tamper record is unwritten keeps the old anchor: tampering still)
@@ -1114,7 +1132,9 @@ class AuditWriter:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 # (Not at the path: another process rotated the log, and anchors it.)
-                if self._inode_on_path() == head.inode and os.fstat(fd).st_size == head.size:
+                end = (head.inode, head.size)
+                if end in (self._wrote_to, self._closed_at) and self._inode_on_path() == head.inode \
+                        and os.fstat(fd).st_size == head.size:
                     self._write_anchor(closed=True)
             finally:
                 self._unlock()
