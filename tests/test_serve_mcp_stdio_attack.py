@@ -18,6 +18,12 @@ attack found, held.
   client waited forever for the answer to a request it sent malformed): now -32700 / -32600, id
   null unless the request's id can be read, as JSON-RPC 2.0 asks.
 
+- Two requests in flight with one id (the second sent before the first was answered): both ran
+  and both answers came under that id, the client unable to tell which was which, and
+  ``notifications/cancelled`` for the id cancelled the second. Now the second is answered -32600
+  with its id at once and never runs (``7`` and ``"7"`` are one id, as the SDK correlates them);
+  the first keeps its answer and its cancellation, and the id is free again once it is answered.
+
 And what held (kept as regression guards): such lines, bytes that are not UTF-8 and a call before
 ``initialize`` (the SDK answers -32602) neither stop the server nor reach a tool; an unknown tool
 is -32602 without an audit record; arguments that are no object are -32602; closing stdin with a
@@ -382,3 +388,68 @@ def test_an_id_that_cannot_be_written_back_gets_an_answer_with_id_null(tmp_path:
         assert "fs_read_file" in [tool["name"] for tool in messages[-1]["result"]["tools"]]
     finally:
         served.close()
+
+
+def result_text(message: dict[str, Any]) -> str:
+    return json.loads(message["result"]["content"][0]["text"])["stdout"]  # type: ignore[no-any-return]
+
+
+def test_a_request_with_the_id_of_one_in_flight_is_refused_at_once_and_the_first_keeps_its_answer(
+        served: Served) -> None:
+    served.initialize()
+    ran = served.tmp_path / "ran"
+    served.call(5, "bash", {"command": f"sleep 1; echo first; echo first >> {ran}"})
+    served.call(5, "bash", {"command": f"echo second >> {ran}"})  # before the first is answered
+    served.call("5", "bash", {"command": f"echo third >> {ran}"})  # the same id to the SDK
+    refused = [served.receive(), served.receive()]
+    assert [(m["id"], m["error"]["code"]) for m in refused if m is not None] == [(5, -32600), ("5", -32600)]
+    assert "already in use" in refused[0]["error"]["message"]  # type: ignore[index]
+    first = served.answer(5)
+    assert result_text(first) == "first\n"
+    assert served.receive(timeout=0.5) is None  # nothing more under id 5
+    served.call(5, "bash", {"command": "echo again"})  # answered: the id is free again
+    assert result_text(served.answer(5)) == "again\n"
+    assert served.process.stdin is not None
+    served.process.stdin.close()
+    assert served.wait() == 0
+    assert ran.read_text() == "first\n"
+    assert [r["arguments"]["command"] for r in served.audit()] == [
+        f"sleep 1; echo first; echo first >> {ran}", "echo again"]
+    assert "with the id of one still in flight" in served.process.stderr.read().decode()  # type: ignore[union-attr]
+
+
+def test_a_cancellation_of_a_duplicated_id_cancels_the_call_in_flight_and_frees_the_id(served: Served) -> None:
+    served.initialize()
+    child = served.tmp_path / "child.pid"
+    served.call(5, "bash", {"command": f"sleep 60 & echo $! > {child}; wait"})
+    wait_for(child)
+    served.call(5, "bash", {"command": "echo second"})
+    assert served.answer(5)["error"]["code"] == -32600
+    served.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}})
+    assert wait_dead(int(child.read_text()), 5.0)
+    deadline = time.monotonic() + 10
+    while True:  # the id is in use until the cancelled call has settled
+        served.call(5, "bash", {"command": "echo after"})
+        answer = served.answer(5)
+        if "result" in answer:
+            break
+        assert answer["error"]["code"] == -32600 and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert result_text(answer) == "after\n"
+    assert served.process.stdin is not None
+    served.process.stdin.close()
+    assert served.wait() == 0
+    assert [(r["arguments"]["command"], r["status"]) for r in served.audit()] == [
+        (f"sleep 60 & echo $! > {child}; wait", "error"), ("echo after", "ok")]
+
+
+def test_a_cancellation_naming_no_request_in_flight_cancels_nothing_and_one_id_may_serve_call_after_call(
+        served: Served) -> None:
+    served.initialize()
+    served.call(1, "bash", {"command": "sleep 0.5; echo slow"})
+    for rid in (2, "1x", 99):  # never sent, or not this call's
+        served.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": rid}})
+    assert result_text(served.answer(1)) == "slow\n"
+    for n in range(20):  # as clients that send every request with id 1 do, one after the other
+        served.call(1, "bash", {"command": f"echo {n}"})
+        assert result_text(served.answer(1)) == f"{n}\n"

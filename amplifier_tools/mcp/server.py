@@ -26,6 +26,9 @@ never reads cannot make the server buffer without bound.
 On stdio, serving ends when the client closes stdin or stdout, or at SIGINT or SIGTERM: the
 calls in flight are cancelled, each recorded once.
 
+On stdio a request whose id is that of one of the client's requests in flight is answered -32600
+at once and never runs (``request_ids``: the SDK let it take the first's place; not over HTTP).
+
 On stdio a line from the client is bounded by ``max_message_bytes`` of ``[plugins.mcp.serve]``
 (a longer one is dropped unparsed and answered -32600), and a line the SDK cannot read is answered
 -32700 or -32600 as JSON-RPC 2.0 asks, where the SDK answers nothing (``StdioPipes``).
@@ -61,7 +64,7 @@ try:  # found by a newcomer's trial: "No module named 'anyio'", naming no extra
     from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
     from mcp.server.lowlevel import Server
     from mcp.shared.exceptions import MCPError
-    from mcp.shared.message import SessionMessage
+    from mcp.shared.message import ServerMessageMetadata, SessionMessage
     from pydantic import TypeAdapter, ValidationError
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
     raise missing_extra("mcp", exc, "amplifier_tools.mcp.server") from exc
@@ -74,9 +77,10 @@ from ..errors import ConfigError
 from ..host import ContextCaller, ToolHost
 from ..models import ContextFieldError, ToolContext, ToolResult, output_text
 from ..plugin_settings import structure_settings
+from .request_ids import ID_IN_USE, StdioIds
 from .sdk_logs import redact_sdk_logs
 from .settings import DEFAULT_MAX_MESSAGE_BYTES, PLUGIN, McpSettings, ServeClient, ServeSettings
-from .transport import READ_CHUNK, loads_or_none, request_id, wire_text
+from .transport import READ_CHUNK, error_line, loads_or_none, request_id, wire_text
 
 log = logging.getLogger("amplifier_tools.mcp")
 
@@ -524,19 +528,6 @@ def response_in_head(head: bytes) -> bool:
     return False
 
 
-def _error(rid: str | int | None, code: int, message: str) -> str:
-    """A JSON-RPC error response as a line of the wire; with id null when ``rid`` is a string UTF-8
-    cannot carry (a lone surrogate, which JSON's ``\\ud800`` escapes allow: found by review, writing
-    the answer raised and ended the serving)."""
-    if isinstance(rid, str) and not rid.isascii():
-        try:
-            rid.encode()
-        except UnicodeEncodeError:
-            rid = None
-    error = mcp_types.ErrorData(code=code, message=message)
-    return wire_text(mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=error))
-
-
 def refusal(line: str, exc: Exception) -> str | None:
     """The answer to a ``line`` the SDK cannot read as a JSON-RPC message (``exc``: why), as JSON-RPC
     2.0 asks: -32700 (id null) when it is no JSON; -32600 when it is JSON but no request or
@@ -546,13 +537,14 @@ def refusal(line: str, exc: Exception) -> str | None:
     for the answer to the client's own request of that id. The SDK leaves all of them unanswered,
     so a client waited forever for the answer to a request it had sent malformed."""
     if isinstance(exc, ValidationError) and any(e["type"] == "json_invalid" for e in exc.errors()):
-        return _error(None, mcp_types.PARSE_ERROR, "Parse error")
+        return error_line(None, mcp_types.PARSE_ERROR, "Parse error")
     message = loads_or_none(line)
     if isinstance(message, list):
-        return _error(None, mcp_types.INVALID_REQUEST, "Invalid Request: a batch (MCP has no batches since 2025-06-18)")
+        return error_line(None, mcp_types.INVALID_REQUEST,
+                          "Invalid Request: a batch (MCP has no batches since 2025-06-18)")
     if isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message):
         return None
-    return _error(request_id(message), mcp_types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request "
+    return error_line(request_id(message), mcp_types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request "
                   "or notification MCP reads")
 
 
@@ -575,6 +567,9 @@ class StdioPipes:
     (``id_in_head``) — not at all when they tell a response (``response_in_head``) — and a warning
     names the setting. Found by attack: a 30 MB line was read
     whole, and a client could make the server hold as much memory as it sent in one line.
+    A request whose id is in use by one in flight is answered -32600 here and not passed on
+    (``request_ids.StdioIds``: an id is taken as a request is read, freed as its answer is written
+    or when the SDK settles it unanswered).
     Limits: once serving ends, the reading thread may still take one more line, which is dropped.
     A blank line is no message and is not answered."""
 
@@ -623,12 +618,19 @@ class StdioPipes:
         read, or one past ``max_message_bytes``, is answered here, through the same writer."""
         read_send, read = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         write, write_receive = anyio.create_memory_object_stream[SessionMessage](0)
+        ids = StdioIds()
 
         async def receive() -> None:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 async with read_send:
                     async for line in self:
                         message = self._message(line)
+                        if isinstance(message, SessionMessage) and type(message.message) is mcp_types.JSONRPCRequest:
+                            rid = message.message.id
+                            if ids.claim(rid):  # freed when answered, or when the SDK settles it unanswered
+                                message.metadata = ServerMessageMetadata(on_request_unanswered=ids.on_unanswered(rid))
+                            else:  # its id is in use: answered here, never run (``request_ids``)
+                                message = error_line(rid, mcp_types.INVALID_REQUEST, ID_IN_USE)
                         if isinstance(message, SessionMessage):
                             await read_send.send(message)
                         elif message is not None:
@@ -638,7 +640,10 @@ class StdioPipes:
             with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                 async with write_receive:
                     async for message in write_receive:
-                        await self.write(wire_text(message.message))
+                        answer = message.message
+                        if isinstance(answer, _ANSWERS) and answer.id is not None:
+                            ids.free(answer.id)
+                        await self.write(wire_text(answer))
 
         async with anyio.create_task_group() as group:
             group.start_soon(receive)
@@ -654,7 +659,7 @@ class StdioPipes:
                         " (a response: not answered)" if line.response else " and answered -32600")
             if line.response:  # as ``refusal``: a response is never answered
                 return None
-            return _error(line.id, mcp_types.INVALID_REQUEST,
+            return error_line(line.id, mcp_types.INVALID_REQUEST,
                           f"Invalid Request: message longer than {self.max_message_bytes} bytes")
         if line.isspace():
             return None
@@ -734,6 +739,10 @@ class StdioPipes:
             log.debug("serve-mcp: the client closed stdout; serving ends", exc_info=True)
             self._gone = True
             self._lines.put_nowait("")
+
+
+#: The messages that answer a request (and free its id).
+_ANSWERS: Final = (mcp_types.JSONRPCResponse, mcp_types.JSONRPCError)
 
 
 def _settle(done: asyncio.Future[None], outcome: BaseException | None) -> None:

@@ -124,6 +124,19 @@ def wire_text(message: mcp_types.JSONRPCMessage) -> str:
     return message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
 
 
+def error_line(rid: str | int | None, code: int, message: str) -> str:
+    """A JSON-RPC error response as a line of the wire; with id null when ``rid`` is a string UTF-8
+    cannot carry (a lone surrogate, which JSON's ``\\ud800`` escapes allow: found by review, writing
+    the answer raised and ended the serving)."""
+    if isinstance(rid, str) and not rid.isascii():
+        try:
+            rid.encode()
+        except UnicodeEncodeError:
+            rid = None
+    error = mcp_types.ErrorData(code=code, message=message)
+    return wire_text(mcp_types.JSONRPCError(jsonrpc="2.0", id=rid, error=error))
+
+
 def loads_or_none(line: bytes | bytearray | str) -> object:
     """``line`` parsed by the stdlib, or None when it is no JSON it can parse: nested past the
     interpreter's recursion limit, it raises ``RecursionError``, which stopped the reader (and the
