@@ -8,6 +8,14 @@ asyncio.timeout, TaskGroup siblings) and a random close(). Checked: one audit re
 tool_complete, one of post/error per call that reached the host; every caller got a result, or
 CancelledError/TimeoutError only if it was cancelled; nothing held by the policy plugin after
 close; no task left; no "never retrieved"/"destroyed" loop errors.
+
+The extended runs (``Extension``) add, from a random generator of their own: tight rate limits
+(queued or not) beside concurrency caps, small budgets, a circuit breaker, shorter tool timeouts;
+the audit log with fsync "always" / "interval"; close(grace_ms=...); an Amplifier hook module
+(handlers that deny, modify, ask for approval, raise, time out or swallow their cut; an approval
+hook and a tool_complete observer of the same kinds); hook plugins and handlers registered and
+unregistered while calls run; calls made with a context (idempotency keys a few calls share) and
+through ``execute`` as well as through ``call``'s fast path.
 """
 
 from __future__ import annotations
@@ -19,13 +27,24 @@ import logging
 import random
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers import EVENT_LOOPS, ToolsPlugin, run_on
 
-from amplifier_tools import Deny, ExecutionError, Modify, ToolHost, ToolResult, ToolSpec, hookimpl
+from amplifier_tools import (
+    Deny,
+    ExecutionError,
+    Modify,
+    ToolCall,
+    ToolContext,
+    ToolHost,
+    ToolResult,
+    ToolSpec,
+    hookimpl,
+)
 
 HOOK_TIMEOUT_MS = 80
 TRACE: dict[str, list[Any]] = {}
@@ -51,6 +70,7 @@ class Tool:
         policies = dict(POLICIES)
         if retry:
             policies["retry"] = {"max_attempts": 3, "initial_backoff_ms": 1, "max_backoff_ms": 2, "jitter": False}
+        self.policies = policies
         self.spec = ToolSpec(name=name, description=self.description, effect="Pure", policies=policies)
         self.attempts: Counter[str] = Counter()
         self.running = 0
@@ -232,6 +252,187 @@ class SyncHooks:
 PLANS = ["return", "sleep", "raise", "flaky", "ignore", "spawn", "gather", "long"]
 
 
+def _amp_behaviour(rng: random.Random, event: str, data: dict[str, Any]) -> Any:
+    """What one Amplifier handler answers for one call (sync part; ``None`` when it suspends)."""
+    kind = rng.choice(["continue", "continue", "none", "deny", "modify", "inject", "ask", "raise",
+                       "unreadable", "sleep", "hang", "swallow"])
+    TRACE.setdefault(str(data.get("tool_call_id")), []).append(("amp", event, kind))
+    if kind == "continue":
+        return {"action": "continue"}
+    if kind == "deny":
+        return {"action": "deny", "reason": "fuzz handler denies"}
+    if kind == "modify":
+        if event == "tool:pre":
+            return {"action": "modify", "data": {"tool_input": {**data.get("tool_input", {}), "plan": "return"}}}
+        return {"action": "modify", "data": {"tool_result": {"success": True, "output": "amp"}}}
+    if kind == "inject":
+        return {"action": "inject_context", "context_injection": "fuzz note"}
+    if kind == "ask":
+        return {"action": "ask_user", "approval_prompt": "run it?"}
+    if kind == "raise":
+        raise RuntimeError(f"handler for {event} broke")
+    if kind == "unreadable":
+        return {"action": "explode"}
+    return kind  # "none", or one of the suspending kinds (handled by the async handler)
+
+
+class AmplifierModule:
+    """A seed-style hook module: Amplifier handlers on ``coordinator.hooks`` (registered at mount,
+    and more of them while calls run), an approval hook behind ``ask_user``, and an async
+    ``tool_complete`` observer that suspends or raises."""
+
+    name = "fuzz_amp"
+
+    def __init__(self, seed: int, rate: float) -> None:
+        self.seed, self.rate = seed, rate
+        self.coordinator: Any = None
+        self.handlers = 0
+
+    @hookimpl
+    def mount(self, coordinator: Any) -> None:
+        self.coordinator = coordinator
+        for event in ("tool:pre", "tool:post", "tool:error"):
+            self.add(event)
+
+    def add(self, event: str) -> Callable[[], None]:
+        self.handlers += 1
+        name = f"h{self.handlers}"
+        if self.handlers % 2:
+            def handler(event: str, data: dict[str, Any]) -> Any:
+                rng = _rng_for(self.seed, "amp", name, data.get("tool_call_id"))
+                if rng.random() >= self.rate:
+                    return None
+                out = _amp_behaviour(rng, event, data)
+                return None if isinstance(out, str) else out
+        else:
+            async def handler(event: str, data: dict[str, Any]) -> Any:  # type: ignore[misc]
+                rng = _rng_for(self.seed, "amp", name, data.get("tool_call_id"))
+                if rng.random() >= self.rate:
+                    return None
+                out = _amp_behaviour(rng, event, data)
+                if out == "sleep":
+                    await asyncio.sleep(rng.choice([0, 0.001, 0.01]))
+                elif out == "hang":
+                    await asyncio.sleep(HOOK_TIMEOUT_MS / 1000 * 3)
+                elif out == "swallow":
+                    try:
+                        await asyncio.sleep(0.01)
+                    except asyncio.CancelledError:
+                        await asyncio.sleep(0.002)
+                return None if isinstance(out, str) else out
+        unregister: Callable[[], None] = self.coordinator.hooks.register(event, handler, priority=self.handlers % 3,
+                                                                         name=name)
+        return unregister
+
+    @hookimpl
+    async def tool_approval(self, call: Any) -> bool:
+        rng = _rng_for(self.seed, "approval", call.id)
+        kind = rng.choice(["yes", "yes", "no", "raise", "sleep", "hang"])
+        TRACE.setdefault(call.id, []).append(("approval", kind))
+        if kind == "raise":
+            raise RuntimeError("approval broke")
+        if kind == "sleep":
+            await asyncio.sleep(0.005)
+        if kind == "hang":
+            await asyncio.sleep(HOOK_TIMEOUT_MS / 1000 * 3)
+        return kind != "no"
+
+    @hookimpl
+    async def tool_complete(self, call: Any) -> None:
+        rng = _rng_for(self.seed, "complete", call.id)
+        kind = rng.choice(["none", "none", "sleep", "raise"])
+        if kind == "sleep":
+            await asyncio.sleep(rng.choice([0, 0.002]))
+        elif kind == "raise":
+            raise RuntimeError("observer broke")
+
+
+class Extension:
+    """The extended run's dimensions (test_fuzz_exactly_once_extended): tight rate limits with
+    queueing beside concurrency caps (queued or not), small budgets, a circuit breaker, shorter
+    tool timeouts; the audit log in every fsync mode (``always``: the shared fsync awaited by the
+    call); ``close(grace_ms=...)``; an Amplifier hook module (``AmplifierModule``); and hook
+    plugins and Amplifier handlers registered and unregistered while calls run."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.rng = rng = _rng_for(seed, "ext")
+        self.audit = {"fsync": rng.choice(["never", "interval", "always", "always"]),
+                      "fsync_interval_ms": rng.choice([1, 20, 100])}
+        self.close_grace_ms: float | None = rng.choice([None, None, 0, 5, 50])
+        self.amp = AmplifierModule(seed, rng.choice([0.0, 0.2, 0.5])) if rng.random() < 0.8 else None
+        self.late_rate = rng.choice([0.0, 0.1, 0.3])
+        self.idempotent_rate = rng.choice([0.0, 0.3, 0.7])
+        self.handles: list[asyncio.TimerHandle] = []
+        self.late: list[tuple[str, Any]] = []
+        self.chosen: list[dict[str, Any]] = []
+
+    def policies(self, base: dict[str, Any]) -> dict[str, Any]:
+        rng = self.rng
+        policies = {**base, "timeout_ms": rng.choice([50, 150, 400]),
+                    "concurrency": {"limit": rng.choice([1, 2, 3]), "queue": rng.random() < 0.7}}
+        if rng.random() < 0.6:
+            policies["rate_limit"] = {"limit": rng.choice([2, 5, 20]), "interval_ms": rng.choice([20, 100, 500]),
+                                      "queue": rng.random() < 0.6}
+        if rng.random() < 0.3:
+            policies["budgets"] = [{"per": "principal", "max_calls": rng.choice([10, 30, 1000]),
+                                    "max_seconds": rng.choice([0.2, 1, 100]), "window_ms": rng.choice([100, 1000])}]
+        if rng.random() < 0.3:
+            policies["circuit_breaker"] = {"failure_threshold": rng.choice([2, 5]), "window_ms": 1000,
+                                           "cooldown_ms": rng.choice([5, 50])}
+        self.chosen.append(policies)
+        return policies
+
+    def plugins(self) -> list[Any]:
+        return [self.amp] if self.amp is not None else []
+
+    async def call(self, host: ToolHost, name: str, args: dict[str, Any], cid: str) -> ToolResult:
+        """The call by one of the host's ways in: ``call`` (its fast path), ``call`` with a
+        context, or ``execute``; with a context, maybe an idempotency key a few calls share."""
+        rng = _rng_for(self.seed, "entry", cid)
+        entry = rng.choice(["call", "call", "context", "execute"])
+        if entry == "call":
+            return await host.call(name, args, call_id=cid)
+        key = f"key{rng.randrange(4)}" if rng.random() < self.idempotent_rate else None
+        context = ToolContext(idempotency_key=key)
+        if entry == "context":
+            return await host.call(name, args, call_id=cid, context=context)
+        return await host.execute(ToolCall(cid, name, args), context)
+
+    def meanwhile(self, host: ToolHost, cid: str) -> None:
+        """Maybe register (or unregister) a hook plugin or an Amplifier handler a little later."""
+        rng = _rng_for(self.seed, "late", cid)
+        if rng.random() >= self.late_rate:
+            return
+        what = rng.choice(["plugin", "plugin", "handler", "unregister"])
+
+        def act() -> None:
+            if what == "plugin":
+                late = AsyncHooks(self.seed + 7919, 0.5)
+                late.name = f"late_{cid}"  # type: ignore[misc]
+                host.plugin_manager.register(late, name=late.name)
+                self.late.append(("plugin", late))
+            elif what == "handler" and self.amp is not None and self.amp.coordinator is not None:
+                self.late.append(("handler", self.amp.add(rng.choice(["tool:pre", "tool:post", "tool:error"]))))
+            elif what == "unregister" and self.late:
+                kind, item = self.late.pop(rng.randrange(len(self.late)))
+                if kind == "plugin":
+                    host.plugin_manager.unregister(item)
+                else:
+                    item()
+
+        self.handles.append(asyncio.get_running_loop().call_later(rng.choice([0, 0.001, 0.005, 0.02]), act))
+
+    async def settle(self) -> None:
+        for handle in self.handles:
+            handle.cancel()
+        await asyncio.sleep(0)
+
+    def describe(self) -> dict[str, Any]:
+        return {"audit": self.audit, "close_grace_ms": self.close_grace_ms, "amp": self.amp and self.amp.rate,
+                "late_rate": self.late_rate, "idempotent_rate": self.idempotent_rate, "policies": self.chosen}
+
+
 class Outcome:
     def __init__(self, call_id: str) -> None:
         self.call_id = call_id
@@ -240,17 +441,27 @@ class Outcome:
         self.value: ToolResult | BaseException | None = None
 
 
-async def scenario(seed: int, tmp_path: Path, n_calls: int = 40) -> dict[str, Any]:
+async def scenario(seed: int, tmp_path: Path, n_calls: int = 40, extended: bool = False) -> dict[str, Any]:
+    """One seeded run; ``extended`` adds the dimensions of ``Extension`` (drawn from a random
+    generator of their own, so a seed's base run is the same either way)."""
     rng = random.Random(seed)
     TRACE.clear()
+    ext = Extension(seed) if extended else None
     tools = [Tool("fz_plain", retry=False), Tool("fz_retry", retry=True)]
+    if ext is not None:
+        for tool in tools:
+            tool.spec = ToolSpec(name=tool.name, description=tool.description, effect="Pure",
+                                 policies=ext.policies(tool.policies))
     counting = Counting()
     plugins: list[Any] = [ToolsPlugin(*tools), counting,
                           AsyncHooks(seed, rng.choice([0.0, 0.2, 0.5])), SyncHooks(seed, rng.choice([0.0, 0.1, 0.3]))]
     grace = rng.choice([0, 5, 30, 200])
-    host = ToolHost(config={"shutdown_grace_ms": grace, "hook_timeout_ms": HOOK_TIMEOUT_MS,
-                            "plugins": {"audit": {"fsync": "never"}}},
-                    plugins=plugins, builtins=["policy", "audit"], entry_points=False,
+    config: dict[str, Any] = {"shutdown_grace_ms": grace, "hook_timeout_ms": HOOK_TIMEOUT_MS,
+                              "plugins": {"audit": {"fsync": "never"}}}
+    if ext is not None:
+        plugins += ext.plugins()
+        config["plugins"]["audit"] = ext.audit
+    host = ToolHost(config=config, plugins=plugins, builtins=["policy", "audit"], entry_points=False,
                     working_dir=tmp_path, discover=False)
     await host.start()
     policy = host.plugin_manager.get_plugin("policy")
@@ -262,6 +473,8 @@ async def scenario(seed: int, tmp_path: Path, n_calls: int = 40) -> dict[str, An
 
     async def one_call(out: Outcome, tool: Tool, args: dict[str, Any]) -> ToolResult:
         out.reached = True
+        if ext is not None:
+            return await ext.call(host, tool.name, args, out.call_id)
         return await host.call(tool.name, args, call_id=out.call_id)
 
     def args_for(cid: str) -> dict[str, Any]:
@@ -283,6 +496,8 @@ async def scenario(seed: int, tmp_path: Path, n_calls: int = 40) -> dict[str, An
         if mode in ("timeout", "taskgroup") and sys.version_info < (3, 11):
             mode = "wait_for"
         delay = rng.choice([0, 0, 0.001, 0.005, 0.02, 0.05])
+        if ext is not None:
+            ext.meanwhile(host, cid)
         try:
             if mode == "plain":
                 out.value = await one_call(out, tool, args)
@@ -350,7 +565,8 @@ async def scenario(seed: int, tmp_path: Path, n_calls: int = 40) -> dict[str, An
         await asyncio.gather(*drivers)
     close_started.set()
     TRACE.setdefault("close", []).append(("close start", loop.time()))
-    close_task = asyncio.ensure_future(host.close())
+    close_task = asyncio.ensure_future(host.close() if ext is None or ext.close_grace_ms is None
+                                       else host.close(grace_ms=ext.close_grace_ms))
     close_cancelled = False
     if rng.random() < 0.2:
         await asyncio.sleep(rng.choice([0, 0.001, 0.01]))
@@ -363,6 +579,8 @@ async def scenario(seed: int, tmp_path: Path, n_calls: int = 40) -> dict[str, An
         await host.close()
     TRACE.setdefault("close", []).append(("close end", loop.time()))
     await asyncio.wait_for(asyncio.gather(*drivers), 10)
+    if ext is not None:
+        await ext.settle()
     for tool in tools:
         for child in tool.children:
             if not child.done():
@@ -418,16 +636,19 @@ async def scenario(seed: int, tmp_path: Path, n_calls: int = 40) -> dict[str, An
     await asyncio.sleep(0)
     for context in loop_errors:
         problems.append(f"loop error: {context.get('message')} {context.get('exception')!r}")
-    return {"problems": problems, "grace": grace, "close_at": close_at, "close_cancelled": close_cancelled}
+    return {"problems": problems, "grace": grace, "close_at": close_at, "close_cancelled": close_cancelled,
+            "extension": ext.describe() if ext is not None else None}
 
 
-def _run(loop_kind: str, seed: int, tmp_path: Path, caplog: pytest.LogCaptureFixture, n_calls: int = 40) -> None:
+def _run(loop_kind: str, seed: int, tmp_path: Path, caplog: pytest.LogCaptureFixture, n_calls: int = 40,
+         extended: bool = False) -> None:
     with caplog.at_level(logging.ERROR, logger="asyncio"):
-        report = run_on(loop_kind, scenario(seed, tmp_path, n_calls))
+        report = run_on(loop_kind, scenario(seed, tmp_path, n_calls, extended))
     bad = [r.getMessage() for r in caplog.records
            if "never retrieved" in r.getMessage() or "was destroyed" in r.getMessage()]
     problems = report["problems"] + bad
-    assert not problems, (seed, loop_kind, report["grace"], report["close_at"], report["close_cancelled"], problems)
+    assert not problems, (seed, loop_kind, report["grace"], report["close_at"], report["close_cancelled"],
+                          report["extension"], problems)
 
 
 @pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
@@ -436,11 +657,26 @@ def test_fuzz_exactly_once(tmp_path: Path, caplog: pytest.LogCaptureFixture, loo
     _run(loop_kind, seed, tmp_path, caplog)
 
 
+@pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
+@pytest.mark.parametrize("seed", range(8))
+def test_fuzz_exactly_once_extended(tmp_path: Path, caplog: pytest.LogCaptureFixture, loop_kind: str,
+                                    seed: int) -> None:
+    _run(loop_kind, seed, tmp_path, caplog, extended=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
 @pytest.mark.parametrize("seed", range(8, 200))
 def test_fuzz_exactly_once_long(tmp_path: Path, caplog: pytest.LogCaptureFixture, loop_kind: str, seed: int) -> None:
     _run(loop_kind, seed, tmp_path, caplog, n_calls=60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
+@pytest.mark.parametrize("seed", range(8, 200))
+def test_fuzz_exactly_once_extended_long(tmp_path: Path, caplog: pytest.LogCaptureFixture, loop_kind: str,
+                                         seed: int) -> None:
+    _run(loop_kind, seed, tmp_path, caplog, n_calls=60, extended=True)
 
 
 class _SlowTool:

@@ -372,10 +372,7 @@ class AuditWriter:
                         # record went after them, or into the deleted file, and was anchored there;
                         # verify then blamed the tamper record itself, and the next start set the log
                         # aside as "rewritten").
-                        try:
-                            self._catch_up()
-                        except _Tampered as tampered:
-                            self._fresh_segment(tampered.reason)
+                        self._catch_up_or_set_aside()
                         if self._pending_tamper is not None:
                             self._write_pending_tamper()
                     finally:
@@ -641,6 +638,14 @@ class AuditWriter:
             # while no writer ran (found by review: 5 processes sharing a log, false tampering).
             self._extend(fd, size, live=True)
 
+    def _catch_up_or_set_aside(self) -> None:
+        """``_catch_up`` under the lock; tampering found sets the log aside for a fresh segment
+        (``_fresh_segment``), whose tamper record is then pending. Raises ``OSError``."""
+        try:
+            self._catch_up()
+        except _Tampered as tampered:
+            self._fresh_segment(tampered.reason)
+
     def _follow_rotation(self, on_path: os.stat_result) -> None:
         """The path holds another file: another process rotated the log (once or more), or it was replaced.
 
@@ -883,10 +888,7 @@ class AuditWriter:
                 if not self._flocked:
                     fcntl.flock(self._fd, fcntl.LOCK_EX)
                 self._flocked = False  # until the record is written: a failure below releases it
-                try:
-                    self._catch_up()
-                except _Tampered as tampered:
-                    self._fresh_segment(tampered.reason)
+                self._catch_up_or_set_aside()
             if self._pending_tamper is not None:
                 self._write_pending_tamper()
             fd, head = self._fd, self._head
