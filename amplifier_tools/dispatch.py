@@ -902,7 +902,9 @@ class HookDispatcher:
         the filesystem's protected-path guard, which had decided on the arguments before it."""
         pre = self.impls("tool_pre")  # a list rebuilt meanwhile (a plugin registered) lacks it: all decide
         after = next((n + 1 for n, impl in enumerate(pre) if impl is rewriter), len(pre))
-        saw_final = {impl.plugin for impl in pre[after:]}
+        # a plugin's own pluggy ``tool_pre`` only: found by attack, an Amplifier handler it registered
+        # (named by it) running after the rewrite skipped its check of arguments its tool_pre never saw
+        saw_final = {impl.plugin for impl in pre[after:] if impl.hookimpl is not None}
         for impl in self.impls("tool_rewritten"):
             if impl.plugin in saw_final:
                 continue

@@ -610,6 +610,31 @@ def test_a_writer_that_adopted_a_closed_log_and_wrote_nothing_closes_it_again(tm
         writer.close()
 
 
+@pytest.mark.parametrize("refresh", ["close", "thread"])
+def test_records_of_another_writer_cut_off_back_to_an_idle_writers_end_are_found(tmp_path: Path,
+                                                                                  refresh: str) -> None:
+    """Found by attack: writer B appended after idle writer A's end and anchored (closed) there; the
+    records were cut off back to A's end; A re-anchored at its end (as it closed, or at its thread's
+    refresh), and the next start found a whole log. The anchor past A's end is now left as it is."""
+    path = tmp_path / "shared.jsonl"
+    first = _quiet_writer(path, None)
+    first.append(_record("a0"))
+    end = path.stat().st_size
+    second = _quiet_writer(path, None)
+    second.append(_record("b0"))
+    second.close()
+    os.truncate(path, end)
+    if refresh == "thread":
+        with first._lock:
+            first._anchor_if_current()
+    first.close()
+    third = _quiet_writer(path, None)
+    try:
+        assert third.tampered is not None and "cut short" in third.tampered, third.tampered  # before: None
+    finally:
+        third.close()
+
+
 @pytest.mark.slow
 def test_many_processes_sharing_a_rotating_log_keep_one_valid_chain(tmp_path: Path) -> None:
     """The stress test that found it, and more: 8 processes, each starting its writer 15 times,

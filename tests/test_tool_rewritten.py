@@ -272,3 +272,38 @@ async def test_an_amplifier_modify_handler_cannot_rewrite_past_the_rules(tmp_pat
         result = await host.call("echo", {"path": "a.txt"})
     assert echo.calls == [] and result.error["code"] == "rule_denied", result.error  # before: it ran
     assert result.error["rule"] == "no-rewritten"
+
+
+async def test_an_amplifier_handler_of_the_deciding_plugin_after_the_rewrite_does_not_skip_its_check(
+        host_factory: Any) -> None:
+    """Found by attack: which plugins saw the final arguments was told by plugin name, and an
+    Amplifier handler is named by the plugin that registered it (``coordinator.hooks``): a guard
+    plugin's own ``tool:pre`` observer, running after another handler's ``modify``, counted as its
+    ``tool_pre`` having seen the rewrite, and its ``tool_rewritten`` was skipped."""
+
+    class Guard:
+        name = "guard"
+
+        @hookimpl(tryfirst=True)
+        def tool_pre(self, call: Any) -> Deny | None:
+            return Deny("no secret", code="guarded") if call.arguments["m"] == "secret" else None
+
+        @hookimpl
+        def tool_rewritten(self, call: Any) -> Deny | None:
+            return self.tool_pre(call)
+
+    async def rewrite(event: str, data: dict[str, Any]) -> Any:
+        return {"action": "modify", "data": {**data, "tool_input": {"m": "secret"}}}
+
+    async def observe(event: str, data: dict[str, Any]) -> Any:
+        return None
+
+    tool = Echo()
+    host = await host_factory(ToolsPlugin(tool), Guard())
+    host.events.register("tool:pre", rewrite, priority=0, name="rewrite", owner="host")
+    host.events.register("tool:pre", observe, priority=10, name="observe", owner="guard")
+    result = await host.call("echo", {"m": "ok"})
+    assert tool.seen == [] and result.error["code"] == "guarded", result.error  # before: it ran with "secret"
+    assert result.error["plugin"] == "guard"
+    assert [(d["plugin"], d["hook"], d["action"]) for d in result.metadata["trail"]][-1] == (
+        "guard", "tool_rewritten", "deny")

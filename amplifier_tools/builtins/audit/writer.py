@@ -1136,12 +1136,25 @@ class AuditWriter:
                 # (Not at the path: another process rotated the log, and anchors it.)
                 end = (head.inode, head.size)
                 if end in (self._wrote_to, self._closed_at) and self._inode_on_path() == head.inode \
-                        and os.fstat(fd).st_size == head.size:
+                        and os.fstat(fd).st_size == head.size and not self._anchored_past(head):
                     self._write_anchor(closed=True)
             finally:
                 self._unlock()
         except OSError as exc:
             log.error("audit log %s: could not mark the anchor closed: %s", self.path, exc)
+
+    def _anchored_past(self, head: _Head) -> bool:
+        """Whether the anchor names a later end of the file ``head`` is in than ``head``'s, which the
+        file ends at: records another writer appended and anchored were cut off since. The anchor is
+        then left as it is, and the next start finds the log cut short. Found by attack: a writer
+        idle at its own end (or the closed end it adopted) re-anchored there, at its thread's refresh
+        or as it closed, after the records past it were cut off, and the cut went undetected. Not
+        covered: such a writer appending again (the common append reads no anchor)."""
+        try:
+            anchor = self._read_anchor()
+        except (_Tampered, OSError):
+            return False  # an anchor that cannot be read or trusted is replaced as before
+        return anchor is not None and anchor.inode == head.inode and anchor.size > head.size
 
     def _anchor_if_current(self) -> None:
         """From the thread (under the lock): anchor our head if the file still ends there."""
@@ -1151,7 +1164,7 @@ class AuditWriter:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             size = os.fstat(fd).st_size
-            if self._inode_on_path() != head.inode or size != head.size:
+            if self._inode_on_path() != head.inode or size != head.size or self._anchored_past(head):
                 return  # another process appended (it anchors its own), or tampering: the next append decides
             if head.size and not ends_with_hash(os.pread(fd, 100, max(0, head.size - 100)), head.hash):
                 self._recheck = True  # same size, other bytes: the next append treats it as tampering
