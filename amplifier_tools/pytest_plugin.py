@@ -188,13 +188,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> None:
     docs' own example failed with pytest's "async def functions are not natively supported ...
     install pytest-asyncio"). Runs after the async plugins' own ``tryfirst`` implementations (a test
     they ran never gets here as a coroutine function), before pytest's; it runs no test itself."""
+    import importlib.util
     import inspect
 
     if not (inspect.iscoroutinefunction(pyfuncitem.obj) and _ours(pyfuncitem)):
         return
-    try:
-        import pytest_asyncio  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("pytest_asyncio") is None:
         needs = "needs pytest-asyncio (pip install 'amplifier-tools[test]'), with"
     else:
         needs = "needs"
