@@ -10,10 +10,12 @@ call as a ``tool_pre`` denial does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import ToolsPlugin
 
 from amplifier_tools import Deny, Modify, ToolHost, ToolResult, ToolSpec, hookimpl
@@ -307,3 +309,46 @@ async def test_an_amplifier_handler_of_the_deciding_plugin_after_the_rewrite_doe
     assert result.error["plugin"] == "guard"
     assert [(d["plugin"], d["hook"], d["action"]) for d in result.metadata["trail"]][-1] == (
         "guard", "tool_rewritten", "deny")
+
+
+class SlowGuard:
+    """A guard whose ``tool_rewritten`` waits (an async check against a service, say)."""
+
+    name = "slow-guard"
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+
+    @hookimpl(tryfirst=True)
+    def tool_pre(self, call: Any) -> None:
+        return None
+
+    @hookimpl
+    async def tool_rewritten(self, call: Any) -> None:
+        self.entered.set()
+        await asyncio.sleep(30)
+
+
+async def test_a_call_cancelled_while_tool_rewritten_waits_ends_once_and_gives_back_its_slot(tmp_path: Path) -> None:
+    """The edge of the completion promise: cancelled in ``tool_rewritten``, the call is recorded
+    once (``cancelled``), ends in one ``tool_error`` and ``tool_complete``, never runs the tool, and
+    the concurrency slot the policy took in ``tool_pre`` is free for the next call."""
+    tool, ends, guard, log = Echo(concurrency={"limit": 1, "queue": False}), Ends(), SlowGuard(), tmp_path / "a.jsonl"
+    (tmp_path / "work").mkdir()
+    policy, normaliser = PolicyPlugin(), Rewriter("fine")
+    host = ToolHost(config={"plugins": {"policy": DENY_SECRET, "audit": {"path": str(log)}}},
+                    plugins=[ToolsPlugin(tool), policy, normaliser, ends, guard], builtins=["audit"],
+                    entry_points=False, working_dir=tmp_path / "work", discover=False)
+    async with host:
+        task = asyncio.create_task(host.call("echo", {"m": "ok"}))
+        await asyncio.wait_for(guard.entered.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert tool.seen == [] and ends.hooks == ["tool_error", "tool_complete"]
+        assert not any(policy.held_resources().values())
+        host.plugin_manager.unregister(guard)
+        again = await host.call("echo", {"m": "ok"})  # the one slot is free: not concurrency_limited
+        assert again.success and tool.seen == ["fine"], again.error
+    records = audit_records(log)
+    assert [r["error"]["code"] if r["error"] else "ok" for r in records] == ["cancelled", "ok"], records
