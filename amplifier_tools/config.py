@@ -22,13 +22,13 @@ import math
 import os
 import re
 import stat
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from .errors import ConfigError, did_you_mean
 from .schema import CompiledSchema, Validator, schema_problems
+from .spec import is_finite, shown_number
 
 log = logging.getLogger("amplifier_tools.config")
 
@@ -247,10 +247,6 @@ def _fold_mount_plan(data: dict[str, Any], file: str | None) -> None:
 _PLAN_ENTRY: Final = re.compile(r"(?:tools|hooks|modules)\[[0-9]+\]")
 
 
-#: The largest float: an integer past it is no number the host can compute with (``float()`` raises).
-_LARGEST_FLOAT: Final = int(sys.float_info.max)
-
-
 def _reject_unusable(value: Any, path: str, file: str | None, *, own: bool = False) -> None:
     """Values no setting can hold, wherever in the configuration they stand (plugin sections too):
     ``ConfigError`` naming the key. NaN and infinity (``window_ms = nan`` would silently disable a
@@ -262,11 +258,10 @@ def _reject_unusable(value: Any, path: str, file: str | None, *, own: bool = Fal
     (found by review: a plugin's ``codes: {429: 5}`` that it had always been given was refused)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"must be a finite number, got {value!r}", key=path or None, file=file)
-    if type(value) is int and not -_LARGEST_FLOAT <= value <= _LARGEST_FLOAT:
+    if type(value) is int and not is_finite(value):
         # found by attack: ``shutdown_grace_ms`` of 400 digits (YAML, or a dict) started, and close()
         # raised OverflowError; ``default_timeout_ms`` and ``hook_timeout_ms`` raised it at start
-        raise ConfigError(f"must be a finite number, got an integer of {value.bit_length()} bits (past the "
-                          "largest float, about 1.8e308)", key=path or None, file=file,
+        raise ConfigError(f"must be a finite number, got {shown_number(value)}", key=path or None, file=file,
                           hint="write a smaller number: every time and count is computed as a float")
     if isinstance(value, str) and "\x00" in value:
         raise ConfigError("must not contain a NUL byte (\\u0000)", key=path or None, file=file,

@@ -60,7 +60,7 @@ def _number(attribute: attrs.Attribute[Any], value: Any, *, integer: bool = Fals
         raise TypeError(f"{attribute.name} must be {'an integer' if integer else 'a number'}, got {value!r}")
 
 
-def _finite(value: Any) -> bool:
+def is_finite(value: Any) -> bool:
     """Whether the real number ``value`` is finite as the host computes with it: a float. Found by
     attack: an integer past a float's range (``timeout_ms = 10**400``) passed as finite, and every
     call of the tool then failed with ``OverflowError`` (``internal``, ``hook_failed``)."""
@@ -75,8 +75,8 @@ def _positive(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
     if value is None:
         return
     _number(attribute, value)
-    if not value > 0 or not _finite(value):
-        raise ValueError(f"{attribute.name} must be positive and finite, got {_shown(value)}")
+    if not value > 0 or not is_finite(value):
+        raise ValueError(f"{attribute.name} must be positive and finite, got {shown_number(value)}")
 
 
 def _positive_int(instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -89,14 +89,14 @@ def _non_negative(instance: Any, attribute: attrs.Attribute[Any], value: Any) ->
     if value is None:
         return
     _number(attribute, value)
-    if not value >= 0 or not _finite(value):
-        raise ValueError(f"{attribute.name} must not be negative, and must be finite, got {_shown(value)}")
+    if not value >= 0 or not is_finite(value):
+        raise ValueError(f"{attribute.name} must not be negative, and must be finite, got {shown_number(value)}")
 
 
-def _shown(value: Any) -> str:
+def shown_number(value: Any) -> str:
     """``value`` for a message: an integer past a float's range by its size (its digits may be more
     than ``repr`` writes: ``ValueError`` past ``sys.get_int_max_str_digits()``)."""
-    if isinstance(value, numbers.Integral) and not _finite(value):
+    if isinstance(value, numbers.Integral) and not is_finite(value):
         return f"an integer of {int(value).bit_length()} bits (past the largest float, about 1.8e308)"
     return repr(value)
 
