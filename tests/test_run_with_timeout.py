@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from helpers import EVENT_LOOPS, run_on
 
 from amplifier_tools.timeouts import run_with_timeout
 
@@ -151,3 +152,149 @@ async def test_a_run_that_swallows_its_cut_does_not_swallow_the_callers_cancella
     time.sleep(0.08)  # blocks the loop: both timers fire in its next turn
     with pytest.raises(asyncio.CancelledError):
         await caller[0]
+
+
+# -- limits of one length share one timer (``timeouts._Deadlines``) ----------------------------------
+
+needs_311 = pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 cuts a task of its own with asyncio.wait")
+
+
+@needs_311
+async def test_suspending_calls_under_one_limit_keep_one_timer_in_the_loop() -> None:
+    """A timer per call: 1,000 calls waiting under a 60 s limit kept 1,000 timers in the loop's
+    heap (and cancelled ones stayed there until it was rebuilt), and every other timer's push and
+    pop paid for them. One timer serves every limit of one length."""
+    loop = asyncio.get_running_loop()
+    seen: list[int] = []
+
+    async def yields() -> str:
+        await asyncio.sleep(0)
+        seen.append(len(loop._scheduled))  # type: ignore[attr-defined]
+        return "done"
+
+    before = len(loop._scheduled)  # type: ignore[attr-defined]
+    results = await asyncio.gather(*(run_with_timeout(yields(), 61.5) for _ in range(1_000)))
+    assert results == ["done"] * 1_000
+    assert max(seen) <= before + 1
+
+
+@needs_311
+async def test_each_call_is_cut_at_its_own_deadline_behind_a_long_running_one() -> None:
+    """Calls that began later expire later, whatever ended before them; a finished call ahead of
+    them neither cuts them nor delays their cut."""
+    cut_at: dict[str, float] = {}
+    start = time.monotonic()
+
+    async def waits(name: str, seconds: float) -> None:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            cut_at[name] = time.monotonic() - start
+            raise
+
+    async def limited(name: str, seconds: float) -> str:
+        try:
+            await run_with_timeout(waits(name, seconds), 0.3)
+        except TimeoutError:
+            return "timed out"
+        return "finished"
+
+    first = asyncio.ensure_future(limited("first", 0.01))  # ends well before its limit
+    await asyncio.sleep(0.1)
+    second = asyncio.ensure_future(limited("second", 5))  # begins 0.1 s later: cut at ≈ 0.4 s
+    assert await first == "finished"
+    assert await second == "timed out"
+    assert "first" not in cut_at
+    assert 0.38 <= cut_at["second"] < 1.0, cut_at
+
+
+@needs_311
+async def test_many_finished_calls_behind_a_running_one_are_let_go_and_later_ones_still_cut() -> None:
+    """Entries of finished calls behind one still running are compacted away (memory stays
+    bounded by the running calls), and those still running keep their deadlines."""
+    from amplifier_tools import timeouts
+
+    async def yields() -> None:
+        await asyncio.sleep(0)
+
+    blocker = asyncio.ensure_future(run_with_timeout(asyncio.sleep(30), 0.5))
+    await asyncio.sleep(0)
+    for _ in range(5_000):
+        await run_with_timeout(yields(), 0.5)
+    queue = timeouts._deadlines(asyncio.get_running_loop(), 0.5)
+    assert len(queue.entries) <= 2 * timeouts._SLACK + 2
+    late = asyncio.ensure_future(run_with_timeout(asyncio.sleep(30), 0.5))
+    with pytest.raises(TimeoutError):
+        await blocker
+    with pytest.raises(TimeoutError):
+        await late
+    assert all(entry[1] is None for entry in queue.entries)
+
+
+@needs_311
+async def test_a_nan_limit_cuts_at_the_next_turn_and_keeps_no_queue_of_its_own() -> None:
+    from amplifier_tools import timeouts
+
+    with pytest.raises(TimeoutError):
+        await run_with_timeout(asyncio.sleep(30), float("nan"))
+    with pytest.raises(TimeoutError):
+        await run_with_timeout(asyncio.sleep(30), float("nan"))
+    assert float("nan") not in timeouts._queues[asyncio.get_running_loop()]
+
+
+def test_loops_in_threads_cut_their_own_calls_and_a_closed_loop_is_let_go() -> None:
+    """Each loop has its own queues; a loop that is gone leaves none behind."""
+    import gc
+    import threading
+
+    from amplifier_tools import timeouts
+
+    outcomes: list[str] = []
+
+    def run() -> None:
+        async def main() -> None:
+            try:
+                await run_with_timeout(asyncio.sleep(30), 0.05)
+            except TimeoutError:
+                outcomes.append("cut")
+            outcomes.append(await run_with_timeout(asyncio.sleep(0.01, "ok"), 0.05))
+
+        asyncio.run(main())
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(outcomes) == ["cut"] * 4 + ["ok"] * 4
+    gc.collect()
+    assert len(timeouts._queues) == 0
+
+
+@needs_311
+@pytest.mark.parametrize("loop_kind", EVENT_LOOPS)
+def test_a_cut_runs_the_shared_timer_a_few_times_not_every_turn(loop_kind: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvloop rounds a timer to whole milliseconds of a clock it reads once a turn: the shared
+    timer ran just early, was re-armed for the fraction left, and ran again every turn until the
+    clock moved on (found by trial: 235 runs, a busy loop, for one cut at 12.3 ms)."""
+    from amplifier_tools import timeouts
+
+    runs: list[float] = []
+    fire = timeouts._Deadlines._fire
+
+    def counted(self: Any, loop: asyncio.AbstractEventLoop) -> None:
+        runs.append(loop.time())
+        fire(self, loop)
+
+    monkeypatch.setattr(timeouts._Deadlines, "_fire", counted)
+
+    async def main() -> float:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await run_with_timeout(asyncio.sleep(1), 0.0123)
+        return time.monotonic() - start
+
+    elapsed = run_on(loop_kind, main())
+    assert elapsed >= 0.0123
+    assert len(runs) <= 3, runs
