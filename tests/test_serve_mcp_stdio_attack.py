@@ -17,6 +17,9 @@ attack found, held.
 - The SDK answered nothing to a line that is not JSON, a batch, or JSON that is no request (a
   client waited forever for the answer to a request it sent malformed): now -32700 / -32600, id
   null unless the request's id can be read, as JSON-RPC 2.0 asks.
+- A request whose id is ``true``, ``1.0``, ``null``, an array or an object was read by the SDK as a
+  notification: nothing ran and nothing was answered, and the client waited forever. Now -32600,
+  id null.
 
 - Two requests in flight with one id (the second sent before the first was answered): both ran
   and both answers came under that id, the client unable to tell which was which, and
@@ -320,6 +323,31 @@ def test_lines_that_are_no_request_are_answered_as_json_rpc_2_asks(served: Serve
                                 (10, -32600), ("eleven", -32600), (None, -32600)]
     assert "batch" in messages[1]["error"]["message"]
     assert messages[-1]["result"]["tools"]
+
+
+def test_a_request_whose_id_is_no_string_or_integer_is_answered_and_never_runs(served: Served) -> None:
+    """Found by attack: the SDK read a request whose id is ``true``, ``1.0``, ``null``, an array or
+    an object as a notification (its model takes any extra member), so it ran nothing and answered
+    nothing, and a client (``1.0`` is a JSON-RPC id) waited forever. Now -32600 with id null, as
+    JSON-RPC 2.0 asks of an id it cannot tell (MCP: an id is a string or an integer, never null),
+    as an over-long line with such an id already was."""
+    served.initialize()
+    ran = served.tmp_path / "ran"
+    for rid in (True, False, 1.0, 1.5, None, [1], {"id": 1}):
+        served.send({"jsonrpc": "2.0", "id": rid, "method": "tools/call",
+                     "params": {"name": "bash", "arguments": {"command": f"echo ran >> {ran}"}}})
+    served.send(b'{"jsonrpc": "2.0", "id": 1e400, "method": "ping"}')  # past a float's range
+    served.send(b'{"jsonrpc": "2.0", "\\u0069d": true, "method": "ping"}')  # the key escaped
+    served.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 99}})  # no id
+    served.send({"jsonrpc": "2.0", "id": 13, "method": "ping"})
+    messages = served.until_answer(13)
+    assert errors(messages) == [(None, -32600)] * 9
+    assert "string or an integer" in messages[0]["error"]["message"]
+    assert messages[-1] == {"jsonrpc": "2.0", "id": 13, "result": {}}
+    assert served.process.stdin is not None
+    served.process.stdin.close()
+    assert served.wait() == 0
+    assert not ran.exists() and served.audit() == []
 
 
 @pytest.mark.parametrize(("head", "request_id"), [

@@ -31,7 +31,8 @@ at once and never runs (``request_ids``: the SDK let it take the first's place; 
 
 On stdio a line from the client is bounded by ``max_message_bytes`` of ``[plugins.mcp.serve]``
 (a longer one is dropped unparsed and answered -32600), and a line the SDK cannot read is answered
--32700 or -32600 as JSON-RPC 2.0 asks, where the SDK answers nothing (``StdioPipes``).
+-32700 or -32600 as JSON-RPC 2.0 asks, where the SDK answers nothing (``StdioPipes``), as is a
+request whose id is no string or integer, which the SDK took for a notification (``_has_id``).
 
 Limits: on stdio there is no authentication (whoever can start the process is
 the caller).
@@ -528,6 +529,20 @@ def response_in_head(head: bytes) -> bool:
     return False
 
 
+#: The answer's message to a request whose id is no string or integer (answered with id null).
+BAD_ID: Final = "Invalid Request: an id must be a string or an integer (MCP); this request has another"
+
+
+def _has_id(line: str) -> bool:
+    """Whether the JSON object ``line`` (which the SDK read as a notification) has an ``id``
+    member: a request whose id is no string or integer (``true``, ``1.0``, ``null``, an array).
+    Found by attack: the SDK's notification takes any extra member, so such a request ran nothing
+    and was answered nothing, and its client waited forever. Parsed (a notification is rare: the
+    key may be escaped), never trusted to a substring."""
+    message = loads_or_none(line)
+    return isinstance(message, dict) and "id" in message
+
+
 def refusal(line: str, exc: Exception) -> str | None:
     """The answer to a ``line`` the SDK cannot read as a JSON-RPC message (``exc``: why), as JSON-RPC
     2.0 asks: -32700 (id null) when it is no JSON; -32600 when it is JSON but no request or
@@ -664,10 +679,13 @@ class StdioPipes:
         if line.isspace():
             return None
         try:
-            return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+            message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
         except Exception as exc:  # as the SDK's reader: whatever the line makes the parser raise
             log.debug("serve-mcp: the client sent a line that is no JSON-RPC message", exc_info=True)
             return refusal(line, exc)
+        if type(message) is mcp_types.JSONRPCNotification and _has_id(line):
+            return error_line(None, mcp_types.INVALID_REQUEST, BAD_ID)
+        return SessionMessage(message)
 
     def _read(self, fd: int) -> None:
         with open(fd, "rb", buffering=READ_CHUNK) as stdin:
