@@ -44,6 +44,7 @@ from typing import Any, Final
 
 from .amplifier_hooks import event_data, result_data
 from .content import canonical_base64, withhold_redacted
+from .copies import copy_of
 from .dispatch import (
     HookDispatcher,
     being_cancelled,
@@ -450,13 +451,19 @@ class CallPipeline:
         attempt (found by review: its output went through the error's details, where a tool's own
         ``output=`` detail of a raised error was taken for it).
         An attempt that swallowed the call's cancellation ends the retries as cancelled.
+
+        Each attempt runs with a deep copy of the arguments as they were checked, taken before the
+        first (found by attack: the next attempt ran with the arguments object as it was by then,
+        past the policy's rules, which had refused it: changed by a callback a ``tool_pre`` hook had
+        scheduled, by the caller while the call ran, or inside a nested value by the first attempt).
         """
         spec = mounted.spec
+        checked = copy_of(arguments)
 
         async def attempt() -> ToolResult:
             tries[0] += 1
             try:
-                outcome = await self._execute(mounted, call_id, arguments, ctx)
+                outcome = await self._execute(mounted, call_id, copy_of(checked), ctx)
             except ToolError:
                 if _swallowed(ctx, task, requests):
                     raise asyncio.CancelledError from None
