@@ -437,7 +437,7 @@ class AuditWriter:
         try:
             anchor = self._anchor()
             missing = None
-            if anchor is not None and anchor.size:
+            if anchor is not None and anchor.size and self._last_rotated(anchor) is None:
                 missing = f"the log {self.path} was deleted (its anchor says {anchor.records} record(s))"
             self._fd = fd = self._open_locked(missing=missing)
             # Read again under the lock: another writer may have started the log (and anchored it)
@@ -521,8 +521,13 @@ class AuditWriter:
 
     def _adopt(self, fd: int, st: os.stat_result, anchor: Anchor) -> None:
         """Continue the chain of an existing file only if it still holds what the anchor says."""
-        if anchor.file != self._leaf or anchor.inode != st.st_ino:
-            raise _Tampered(f"the log {self.path} was replaced (inode {st.st_ino}, the anchor says {anchor.inode})")
+        replaced = f"the log {self.path} was replaced (inode {st.st_ino}, the anchor says {anchor.inode})"
+        if anchor.file != self._leaf:
+            raise _Tampered(replaced)
+        if anchor.inode != st.st_ino:
+            self._adopt_rotated(fd, st, anchor, replaced)
+            self._write_anchor()
+            return
         if st.st_size < anchor.size:
             what = "emptied" if st.st_size == 0 else f"cut short to {st.st_size} bytes"
             raise _Tampered(f"the log {self.path} was {what}: the anchor says {anchor.records} record(s) "
@@ -538,9 +543,60 @@ class AuditWriter:
         self._extend(fd, st.st_size, live=True, adopting=True)
         self._write_anchor()
 
-    def _extend(self, fd: int, end: int, *, live: bool, adopting: bool = False) -> None:
+    def _last_rotated(self, anchor: Anchor) -> str | None:
+        """The name of the highest numbered rotated file if it is the file ``anchor`` names, else None."""
+        assert self._dir_fd is not None
+        stem = self._stem()
+        numbered = [(int(m.group("n")), name) for name in os.listdir(self._dir_fd)
+                    if (m := ROTATED.match(name)) and m.group("stem") == stem
+                    and len(m.group("n")) <= MAX_ROTATED_DIGITS]
+        if not numbered or anchor.file != self._leaf:
+            return None
+        name = max(numbered)[1]
+        try:
+            return name if os.lstat(name, dir_fd=self._dir_fd).st_ino == anchor.inode else None
+        except FileNotFoundError:
+            return None
+
+    def _adopt_rotated(self, fd: int, st: os.stat_result, anchor: Anchor, replaced: str) -> None:
+        """At start, the anchor naming the last rotated file rather than the live one: what a writer
+        killed while rotating leaves (between renaming the live file away and anchoring the new one,
+        which is then empty, holds only its ``rotated`` record, or is missing and was created by
+        ``_open_locked``). Adopted only as that: the anchor open, the file it names the highest
+        numbered rotated file and still holding the anchored record at the anchored size, with a
+        checkpoint key no checkpoint past it (each is anchored at once, and a rotation follows it
+        only once it is), and the live file empty or chained on from that file's end. Anything
+        else is ``replaced`` (found by attack: 3 processes sharing a log rotated every 2 KB, one
+        killed with ``kill -9`` mid-rotation; the next writer to start set the log aside as
+        replaced or deleted, and every writer sharing it then reported tampering)."""
+        name = None if anchor.closed else self._last_rotated(anchor)
+        if name is None:
+            raise _Tampered(replaced)
+        try:
+            old = open_host_file(name, os.O_RDONLY, dir_fd=self._dir_fd)
+        except (HostFileError, FileNotFoundError):
+            raise _Tampered(replaced) from None
+        try:
+            size = os.fstat(old).st_size
+            if os.fstat(old).st_ino != anchor.inode or size < anchor.size or (anchor.size and not ends_with_hash(
+                    os.pread(old, 100, max(0, anchor.size - 100)), anchor.hash)):
+                raise _Tampered(replaced)
+            self._head = _Head(anchor.inode, anchor.size, anchor.hash, anchor.records)
+            if self._extend(old, size, live=False, adopting=True) == "checkpoint" and self.checkpoint_key is not None:
+                raise _Tampered(f"the anchor {self.anchor_path} is older than a signed checkpoint of the log "
+                                f"(in {name}) that records follow: the anchor was rolled back")
+        finally:
+            os.close(old)
+        if st.st_size and not self._continues(fd, self._head.hash):
+            raise _Tampered(replaced)
+        self._head = _Head(st.st_ino, 0, self._head.hash, 0)
+        self._file_started = first_timestamp(fd)
+        self._extend(fd, st.st_size, live=True, adopting=True)
+
+    def _extend(self, fd: int, end: int, *, live: bool, adopting: bool = False) -> str | None:
         """Accept what was appended after our head (by another process sharing the log) if it chains
-        from it; a torn final line (a writer killed mid-write) is cut off and marked.
+        from it; a torn final line (a writer killed mid-write) is cut off and marked. Returns the
+        kind of the last record accepted (None: none).
 
         ``adopting`` (at start, from the anchor's end), with a checkpoint key: a checkpoint past the
         anchored end with any record after it means the anchor was rolled back, since every
@@ -554,6 +610,7 @@ class AuditWriter:
         offset = head.size
         watch = adopting and self.checkpoint_key is not None
         checkpoint_at: int | None = None  # adopting: the record a checkpoint past the anchor followed
+        kind: str | None = None
         while offset < end:
             chunk = os.pread(fd, min(READ_CHUNK, end - offset), offset)
             if not chunk:
@@ -566,7 +623,8 @@ class AuditWriter:
                 if checkpoint_at is not None:
                     raise _Tampered(f"the anchor {self.anchor_path} is older than a signed checkpoint of the log "
                                     f"(after record {checkpoint_at}) that records follow: the anchor was rolled back")
-                if self._accept(bytes(pending)).get("kind") == "checkpoint" and watch:
+                kind = self._accept(bytes(pending)).get("kind")
+                if kind == "checkpoint" and watch:
                     checkpoint_at = head.records - 1
                 pending.clear()
                 begin = newline + 1
@@ -587,6 +645,8 @@ class AuditWriter:
                                               "removed_bytes": len(pending),
                                               "removed_sha256": hashlib.sha256(pending).hexdigest()}))
             self._wrote_to = (-1, -1)  # an end read up to, as without the cut: anchored with our next record
+            kind = "recovered"
+        return kind
 
     def _accept(self, raw: bytes) -> dict[str, Any]:
         """Take the complete line ``raw`` as our next record (``_extend``): its record, or ``_Tampered``."""
@@ -1148,13 +1208,24 @@ class AuditWriter:
         file ends at: records another writer appended and anchored were cut off since. The anchor is
         then left as it is, and the next start finds the log cut short. Found by attack: a writer
         idle at its own end (or the closed end it adopted) re-anchored there, at its thread's refresh
-        or as it closed, after the records past it were cut off, and the cut went undetected. Not
-        covered: such a writer appending again (the common append reads no anchor)."""
+        or as it closed, after the records past it were cut off, and the cut went undetected.
+
+        Also when the anchor names an end of this file that no longer holds the anchored record: such
+        a writer appended again after the cut (the common append reads no anchor), over the end the
+        other writer anchored. Found by attack: it then re-anchored (at its refresh or as it closed)
+        once its own records passed that end, and the cut went undetected. Not covered: that writer
+        itself reports nothing; the anchor left names the cut records, and the next start (or
+        ``verify``) finds the log rewritten."""
+        fd = self._fd
         try:
             anchor = self._read_anchor()
         except (_Tampered, OSError):
             return False  # an anchor that cannot be read or trusted is replaced as before
-        return anchor is not None and anchor.inode == head.inode and anchor.size > head.size
+        if anchor is None or anchor.inode != head.inode or fd is None:
+            return False
+        if anchor.size > head.size:
+            return True
+        return bool(anchor.size) and not ends_with_hash(os.pread(fd, 100, max(0, anchor.size - 100)), anchor.hash)
 
     def _anchor_if_current(self) -> None:
         """From the thread (under the lock): anchor our head if the file still ends there."""
