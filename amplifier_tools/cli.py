@@ -733,7 +733,6 @@ def _trust(args: argparse.Namespace) -> int:
     """Remember the configuration this command line would use as trusted (``config_trust``)."""
     from . import config_trust
     from .errors import ConfigError
-    from .hoststate import ensure_state_dir
 
     try:
         host = _host(args)
@@ -752,7 +751,8 @@ def _trust(args: argparse.Namespace) -> int:
     if state is None:
         print(f"{host.config_file} lies outside the working directory: it needs no trust")
         return EXIT_OK
-    config_trust.remember(ensure_state_dir(host.trust_dir), state)
+    host._make_state_dir(host.trust_dir)
+    config_trust.remember(host.trust_dir, state)
     print(f"trusted: {state['path'] or 'no configuration file'}"
           + (f" (sha256 {state['sha256'][:16]}…)" if state["sha256"] else ""))
     return EXIT_OK
@@ -781,6 +781,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command is None:
         _parser().print_help()
         return EXIT_USAGE
+    _check_current_directory()
     if args.command == "validate":
         return _validate(args)
     if args.command == "trust":
@@ -798,6 +799,22 @@ def _dispatch(args: argparse.Namespace) -> int:
     import asyncio
 
     return asyncio.run(_cancel_on_sigterm(_run(args)))
+
+
+def _check_current_directory() -> None:
+    """``ConfigError`` naming ``working_dir`` when the process has no current directory (it was
+    removed under the shell): every command looks for its configuration, its working directory
+    and its state there (found by a newcomer's trial: each command said only "FileNotFoundError:
+    [Errno 2] No such file or directory", with the hint that it was a bug)."""
+    from .errors import ConfigError
+
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        raise ConfigError("the current directory no longer exists (it was removed after this shell "
+                          "entered it)", key="working_dir",
+                          hint="cd to an existing directory: it is the default working directory, and where "
+                               "the configuration and the host's state are found") from None
 
 
 def _settings_command(args: argparse.Namespace) -> int:
@@ -893,10 +910,12 @@ def _main(args: argparse.Namespace) -> int:
 def _failed(args: argparse.Namespace, kind: str, message: str, hint: str, status: int) -> int:
     """Report a command that failed before it had a result: ``error:`` and ``hint:`` on stderr,
     and with ``--json`` also ``{"error": {"type", "message", "hint", "exit_status"}}`` on stdout,
-    so a script reading stdout always gets JSON."""
+    so a script reading stdout always gets JSON. ``audit`` parses its own options (``--json`` among
+    ``audit_args``): what fails before its parser has them is judged by the words given (found by a
+    newcomer's trial: ``audit verify --json`` with a configuration error printed nothing on stdout)."""
     print(f"error: {printable(message)}", file=sys.stderr)
     print(f"hint: {printable(hint)}", file=sys.stderr)
-    if getattr(args, "json", False):
+    if getattr(args, "json", False) or (getattr(args, "command", None) == "audit" and UsageParser.json_requested):
         print(json.dumps({"error": {"type": kind, "message": message, "hint": hint, "exit_status": status}},
                          ensure_ascii=False))
     return status

@@ -787,7 +787,7 @@ def tool(
             name=name or typing.cast(str, own_name),
             description=description if description is not None else doc.split("\n\n")[0].strip(),
             input_schema=schema,
-            effect=Effect(effect),
+            effect=effect,
             **spec_fields,
         )
         return FunctionTool(f, spec, takes_context, converters, on_class=on_class, static=static)

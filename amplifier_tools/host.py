@@ -943,8 +943,15 @@ class ToolHost:
             raise ConfigError(f"{exc.strerror}; remove it or set another state_dir", key="state_dir",
                               file=self.config_file) from None
         except OSError as exc:
+            # Found by a newcomer's trial: a read-only $XDG_STATE_HOME said "check the configuration"
+            # when no configuration named the directory (and ``trust`` called it a bug).
+            # The trust record stays in the default directory whatever state_dir says (``config_trust``).
+            configured = path == self.state_dir and self.config.get("state_dir")
+            hint = ("set state_dir to a directory this user can create and write" if configured else
+                    "it lies under $XDG_STATE_HOME (~/.local/state when unset): set XDG_STATE_HOME to a "
+                    "directory this user can write")
             raise ConfigError(f"cannot create the state directory {path}: {exc.strerror}",
-                              key="state_dir", file=self.config_file) from None
+                              key="state_dir", file=self.config_file, hint=hint) from None
 
     def _writable_now(self) -> list[str]:
         """Every path the host's tools and sandboxed processes may write, as the plugins mounted say."""

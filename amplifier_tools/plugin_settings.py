@@ -404,6 +404,12 @@ def _plural(t: Any) -> str:
     return "tables" if _is_settings(t) else _PLURALS.get(t, "values")
 
 
+def describe_type(t: Any) -> str:
+    """What a value of type ``t`` is, completing "must be …": the one wording of every settings and
+    contract error (``'a' or 'b'`` for an ``Enum``)."""
+    return _describe(t)
+
+
 def _one_of(words: list[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 

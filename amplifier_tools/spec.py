@@ -14,7 +14,7 @@ import math
 import numbers
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import attrs
 
@@ -49,6 +49,33 @@ class IdempotencyKeyRequirement(str, enum.Enum):
     required = "required"
     optional = "optional"
     none = "none"
+
+
+_E = TypeVar("_E", bound=enum.Enum)
+
+
+def _to_enum(cls: type[_E], field: str, value: Any) -> _E:
+    """``value`` as a member of ``cls`` (a member or its value); anything else a ``ValueError`` naming
+    ``field``, the values it takes and the one meant (found by a newcomer's trial:
+    ``effect="Puree"`` said only "'Puree' is not a valid Effect")."""
+    try:
+        return cls(value)
+    except ValueError:
+        pass
+    from .errors import did_you_mean
+    from .plugin_settings import describe_type
+
+    guess = did_you_mean(value, [member.value for member in cls]) if isinstance(value, str) else None
+    raise ValueError(f"{field} must be {describe_type(cls)}, got {value!r}" + (f" ({guess})" if guess else ""))
+
+
+def to_effect(value: Any) -> Effect:
+    """``Effect(value)``, refusing a value that is none with a ``ValueError`` that names the field."""
+    return _to_enum(Effect, "effect", value)
+
+
+def _to_idempotency_key(value: Any) -> IdempotencyKeyRequirement:
+    return _to_enum(IdempotencyKeyRequirement, "idempotency_key", value)
 
 
 def _number(attribute: attrs.Attribute[Any], value: Any, *, integer: bool = False) -> None:
@@ -336,9 +363,10 @@ class ToolSpec:
     )
     output_schema: dict[str, Any] | None = attrs.field(default=None, validator=_check_schema_type)
     examples: tuple[Example, ...] = attrs.field(default=(), converter=_to_examples)
-    effect: Effect = attrs.field(default=Effect.ExternalSideEffects, converter=Effect)
+    effect: Effect = attrs.field(default=Effect.ExternalSideEffects, converter=to_effect)
     idempotency_key: IdempotencyKeyRequirement = attrs.field(
-        default=IdempotencyKeyRequirement.none, converter=IdempotencyKeyRequirement
+        default=IdempotencyKeyRequirement.none,
+        converter=_to_idempotency_key,
     )
     policies: Policies = attrs.field(default=Policies(), converter=_to_policies)
     security: Security = attrs.field(default=Security(), converter=_to_security)

@@ -135,7 +135,11 @@ async def test_a_bash_colliding_with_the_built_in_says_which_one_is_sandboxed(tm
         ({"name": "t", "version": "1.0"}, "not a SemVer version"),
         ({"name": "t", "input_schema": {"type": "objekt"}}, "input_schema is not a valid JSON Schema at /type"),
         ({"name": "t", "input_schema": {"type": "string"}}, "input_schema must describe an object"),
-        ({"name": "t", "effect": "Sometimes"}, "'Sometimes' is not a valid Effect"),
+        ({"name": "t", "effect": "Sometimes"}, "effect must be 'Pure', 'IdempotentWrite', 'NonIdempotentWrite' or "
+                                               "'ExternalSideEffects', got 'Sometimes'"),
+        ({"name": "t", "effect": "puree"}, "got 'puree' (did you mean 'Pure'?)"),
+        ({"name": "t", "idempotency_key": "yes"},
+         "idempotency_key must be 'required', 'optional' or 'none', got 'yes'"),
     ],
 )
 async def test_invalid_contracts_are_refused_at_mount(host_factory: Any, fields: dict[str, Any], fragment: str) -> None:
@@ -152,6 +156,36 @@ async def test_invalid_contracts_are_refused_at_mount(host_factory: Any, fields:
         await host_factory(ToolsPlugin(tool))
     assert fragment in str(info.value)
     assert isinstance(info.value.__cause__, ContractError)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"effect": "Puree"}, "effect must be 'Pure', 'IdempotentWrite', 'NonIdempotentWrite' or "
+                              "'ExternalSideEffects', got 'Puree' (did you mean 'Pure'?)"),
+        ({"effect": 3}, "effect must be 'Pure', 'IdempotentWrite', 'NonIdempotentWrite' or "
+                        "'ExternalSideEffects', got 3"),
+        ({"idempotency_key": "require"}, "idempotency_key must be 'required', 'optional' or 'none', "
+                                         "got 'require' (did you mean 'required'?)"),
+    ],
+)
+def test_spec_enum_fields_name_the_field_and_its_values(fields: dict[str, Any], message: str) -> None:
+    """Found by a newcomer's trial: ``ToolSpec(effect="Puree")`` (and ``@tool(effect=...)``,
+    ``MockTool(effect=...)``) said only "'Puree' is not a valid Effect": neither the field nor the
+    values it takes."""
+    from amplifier_tools import tool
+    from amplifier_tools.pytest_plugin import MockTool
+
+    with pytest.raises(ValueError) as direct:
+        ToolSpec(name="local::x.y", **fields)
+    assert str(direct.value) == message
+    with pytest.raises(ValueError) as mocked:
+        MockTool(name="local::x.y", **fields)
+    assert str(mocked.value) == message
+    with pytest.raises(ValueError) as decorated:
+        tool(lambda: None, name="local::x.y", **fields)
+    assert str(decorated.value) == message
+    assert ToolSpec(name="t", effect="Pure", idempotency_key="optional").effect.value == "Pure"
 
 
 async def test_seed_tool_may_carry_policy_objects_as_attributes(host_factory: Any) -> None:

@@ -60,7 +60,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without the
 from ..definitions import model_name
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
-from ..spec import Effect
+from ..spec import Effect, to_effect
 from ._common import (
     call_context,
     call_host,
@@ -276,7 +276,7 @@ def host_tool(tool: BaseTool, *, name: str | None = None, effect: Effect | str =
         raise TypeError(f"host_tool: the LangChain tool {tool.name!r} takes injected arguments "
                         f"({', '.join(injected)}) the host cannot supply; wrap a tool whose arguments all come "
                         "from the model (a tool-call id, InjectedToolCallId, is fine)")
-    return _LangChainTool(tool, name or tool.name, Effect(effect))
+    return _LangChainTool(tool, name or tool.name, to_effect(effect))
 
 
 def _is_call_id(tool: BaseTool, key: str) -> bool:

@@ -42,7 +42,7 @@ from ..definitions import model_name
 from ..errors import ContractError
 from ..host import ToolHost
 from ..models import ToolContext, ToolResult
-from ..spec import Effect
+from ..spec import Effect, to_effect
 from ._common import (
     ContextSource,
     call_context,
@@ -159,7 +159,7 @@ def host_tool(tool: FunctionTool, *, name: str | None = None, effect: Effect | s
         raise ContractError(f"host_tool: the SDK tool {tool.name!r} sets {', '.join(refused)}, which the host "
                             "cannot carry out; build it without them and use the host's approval hook, "
                             "tool_pre/tool_post hooks or policies instead", code="unsupported_setting")
-    return _SDKTool(tool, tool_name, Effect(effect), context)
+    return _SDKTool(tool, tool_name, to_effect(effect), context)
 
 
 class _SDKTool:
