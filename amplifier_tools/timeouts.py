@@ -12,10 +12,8 @@ caller's cancellation is lost; the host's own waits with a bound use this module
 from __future__ import annotations
 
 import asyncio
-import collections
 import sys
 import types
-import weakref
 from collections.abc import Generator
 from typing import Any, Final
 
@@ -86,92 +84,6 @@ def _first_step(awaitable: Any) -> tuple[bool, Any]:
     return False, _Resume(awaitable, pending)
 
 
-#: How many finished entries a ``_Deadlines`` queue may hold behind a live one before it is compacted.
-_SLACK: Final = 1024
-#: The least wait before a ``_Deadlines`` timer that ran early runs again (seconds).
-_RETRY_S: Final = 0.001
-
-
-class _Deadlines:
-    """Every running limit of one length on one event loop, behind one timer.
-
-    A timer per limited call (``loop.call_later``, then ``cancel``) costs a ``TimerHandle`` and a
-    push into the loop's heap, whose order is kept by a Python ``__lt__``; a cancelled handle
-    stays in the heap until it reaches the top or the loop rebuilds the heap, so a 60 s deadline
-    per call keeps hundreds of them there, and every other timer's push and pop pays for them.
-    Limits of one length on one loop expire in the order they began (the loop's clock never goes
-    back): a queue in that order and one timer, armed for the oldest entry that may still be
-    running, serve them all. An entry is ``[deadline, task, expired]``; the call clears its task
-    when it ends (``entry[1] = None``); the timer pops cleared entries, cancels the tasks of those
-    whose deadline has come (``expired`` set first, as the one-timer cut did) and re-arms itself
-    for the next.
-    """
-
-    __slots__ = ("armed", "entries", "keep", "seconds")
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.entries: collections.deque[list[Any]] = collections.deque()
-        self.armed = False
-        self.keep = _SLACK
-
-    def add(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> list[Any]:
-        """A new entry for ``task``, its deadline ``seconds`` from now."""
-        entries = self.entries
-        while entries and entries[0][1] is None:
-            entries.popleft()
-        if len(entries) > self.keep:  # finished entries behind a long-running one
-            live = [entry for entry in entries if entry[1] is not None]
-            entries.clear()
-            entries.extend(live)
-            self.keep = 2 * len(live) + _SLACK
-        entry: list[Any] = [loop.time() + self.seconds, task, False]
-        entries.append(entry)
-        if not self.armed:
-            self.armed = True
-            loop.call_at(entry[0], self._fire, loop)
-        return entry
-
-    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.armed = False
-        entries = self.entries
-        now = loop.time()
-        while entries:
-            head = entries[0]
-            task = head[1]
-            if task is not None:
-                if head[0] > now:
-                    # Never before the deadline, and at least a millisecond on: uvloop rounds a
-                    # timer to whole milliseconds of a clock it reads once a turn, so a timer it ran
-                    # just early, re-armed for the moment left, ran again every turn until the
-                    # clock moved on (found by trial: 235 runs for one cut).
-                    self.armed = True
-                    loop.call_at(max(head[0], now + _RETRY_S), self._fire, loop)
-                    return
-                head[1] = None
-                head[2] = True
-                task.cancel()
-            entries.popleft()
-
-
-#: The ``_Deadlines`` queues of each running loop, by the limit's length in seconds.
-_queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, _Deadlines]] = weakref.WeakKeyDictionary()
-
-
-def _deadlines(loop: asyncio.AbstractEventLoop, seconds: float) -> _Deadlines:
-    """The queue of ``loop``'s limits of ``seconds``. A NaN limit cuts at the loop's next turn, as a
-    timer for NaN seconds did (``loop.call_later`` ran it at once); NaN is no key a dict finds again."""
-    if seconds != seconds:
-        seconds = 0.0
-    by_length = _queues.get(loop)
-    if by_length is None:
-        by_length = _queues[loop] = {}
-    queue = by_length.get(seconds)
-    if queue is None:
-        queue = by_length[seconds] = _Deadlines(seconds)
-    return queue
-
-
 if sys.version_info >= (3, 11):
 
     #: ``_first_step``: a caller that runs the first step itself and passes the rest to
@@ -204,15 +116,20 @@ if sys.version_info >= (3, 11):
                 return await rest
         requests = task.cancelling()
         # What ``asyncio.timeout`` does, without its object and context manager (≈ 120 bytecodes a
-        # call) and without a timer of its own (``_Deadlines``): an entry whose deadline cancels the
-        # task and says it did; when it did, its request withdrawn.
-        loop = task.get_loop()
-        entry = _deadlines(loop, seconds).add(loop, task)
+        # call): a timer that cancels the task and says it did; when it did, its request withdrawn.
+        expired = False
+
+        def cut() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = task.get_loop().call_later(seconds, cut)
         try:
             out = await rest
         except BaseException as exc:
-            entry[1] = None
-            if not entry[2]:
+            timer.cancel()
+            if not expired:
                 raise
             callers = task.uncancel() > requests  # the caller's request, arrived with the cut
             if isinstance(exc, (KeyboardInterrupt, GeneratorExit)):
@@ -230,8 +147,8 @@ if sys.version_info >= (3, 11):
             if isinstance(exc, Exception):
                 raise TimeLimitExceeded(seconds) from None if isinstance(exc, TimeoutError) else exc
             raise
-        entry[1] = None
-        if entry[2] and task.uncancel() > requests:
+        timer.cancel()
+        if expired and task.uncancel() > requests:
             raise asyncio.CancelledError  # the caller's, arrived with the cut the awaitable answered
         return out
 
