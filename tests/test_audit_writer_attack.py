@@ -146,3 +146,52 @@ def test_records_of_another_writer_cut_off_while_one_is_idle_stay_detected_after
     found: list[str] = []
     AuditWriter(path, on_tamper=lambda reason, moved: found.append(reason)).close()
     assert found and "rewritten" in found[0]
+
+
+@pytest.mark.parametrize("then", ["untouched", "rotated files deleted", "last rotated file cut short"])
+def test_an_empty_live_file_adopted_after_a_killed_rotation_keeps_the_chain(tmp_path: Path, then: str) -> None:
+    # Found by attack: a writer killed after renaming the live file away; the next writer adopted the
+    # log, anchored its empty live file and closed before its first record (a host that made no
+    # call). The writer after it chained the live file from genesis (false tampering: the log no
+    # longer verified); and verify passed the log with its rotated files cut short, or all deleted.
+    path = tmp_path / "audit.jsonl"
+    killed = subprocess.run([sys.executable, "-c", KILLED_ROTATING, str(path), "renamed", "0"],
+                            capture_output=True, text=True, env=_env(), timeout=60)
+    assert killed.returncode == 9, killed.stderr
+    found: list[str] = []
+    AuditWriter(path, on_tamper=lambda reason, moved: found.append(reason)).close()
+    assert found == [] and path.stat().st_size == 0
+    rotated = sorted(tmp_path.glob("audit.*.jsonl"), key=lambda p: int(p.name.split(".")[1]))
+    if then == "rotated files deleted":
+        for file in rotated:
+            file.unlink()
+    elif then == "last rotated file cut short":
+        lines = rotated[-1].read_bytes().splitlines(keepends=True)
+        rotated[-1].write_bytes(b"".join(lines[:-1]))
+    report = verify(path, head=read_anchor(anchor_path(path)))
+    assert report.ok is (then == "untouched"), report
+    if then == "untouched":
+        writer = AuditWriter(path, on_tamper=lambda reason, moved: found.append(reason))
+        writer.append(encode_body({"v": 1, "kind": "call", "ts": time.time(), "n": "next"}))
+        writer.close()
+        assert found == []
+        report = verify(path, head=read_anchor(anchor_path(path)))
+        assert report.ok, report
+    else:
+        assert "rotated files were cut short, deleted or replaced" in str(report.reason)
+
+
+def test_a_start_on_a_log_whose_live_file_is_there_lists_no_directory(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by attack: every start listed the log's directory to look for the last rotated file
+    # (0.5 s with 200,000 files beside the log), though it is looked for only when the live file
+    # is gone (a writer killed while rotating).
+    path = tmp_path / "audit.jsonl"
+    writer = AuditWriter(path)
+    writer.append(encode_body({"v": 1, "kind": "call", "ts": time.time(), "n": 0}))
+    writer.close()
+    listed: list[object] = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda *args: listed.append(args) or real_listdir(*args))
+    AuditWriter(path).close()
+    assert listed == []

@@ -274,6 +274,7 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
     anchored_line = 0  # the line of the live file that ends at head.size
     unanchored_checkpoint_end: int | None = None  # in the live file: the first verified checkpoint past the anchor
     live_start = offset = 0
+    live_prev = GENESIS  # the hash the live file chains from: the end of the files before it
 
     def failed(file: Path | None, number: int | None, reason: str) -> VerifyReport:
         return VerifyReport(False, count, names, prev, str(file) if file else (names[-1] if names else None),
@@ -286,7 +287,7 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
     for file in files:
         live = file is files[-1]
         if live:
-            live_start = count
+            live_start, live_prev = count, prev
         try:
             fd = os.open(file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
@@ -336,7 +337,15 @@ def verify(path: str | Path, *, anchor: str | None = None, key: bytes | None = N
     after: int | None = None
     if head is not None:
         if head.size == 0:
+            # An empty anchored end is where the files before the live one end (found by attack: a
+            # writer that adopted the log of a writer killed while rotating anchored its empty live
+            # file; the rotated files cut short, or all deleted, then verified).
             anchored_at = live_start
+            if live_prev != head.hash:
+                count, prev = live_start, live_prev
+                return failed(None, None, f"the files before the live one end in {live_prev[:16]}…, the anchor "
+                                          f"says {head.hash[:16]}…: rotated files were cut short, deleted or "
+                                          "replaced")
         if anchored_at is None:
             have = offset
             what = "emptied" if have == 0 else "cut short or rewritten"
