@@ -9,6 +9,8 @@
   its error and the audit log: cut first, the token was no longer one the redaction finds.
 - A client's token sent in its ``Origin`` or ``Host`` header reached the server's stderr in the
   SDK's refusal line (``Invalid Origin header: …``) as it came; the audit event never had it.
+- A client with a valid token that sent a request head and then stopped sending its body held its
+  connection (and the SDK's buffer of the request) for ever: the head's timeout ended with the head.
 """
 
 from __future__ import annotations
@@ -126,6 +128,53 @@ async def test_a_request_body_past_max_message_bytes_is_refused_413(tmp_path: Pa
                 if e.get("event") == "mcp.http.unauthorized"] == [(413, "alice_token")]
     else:  # read whole and answered by the server (no session yet), not refused for its size
         assert answer.status_code != 413, answer.text
+
+
+
+async def _post_trickled(port: int, body: bytes, pieces: list[tuple[bytes, float]]) -> tuple[bytes, float]:
+    """A raw HTTP POST of ``body`` to ``/mcp`` with Alice's token, its body sent as ``pieces``
+    (each sent, then a pause of its seconds): what came back until the server closed, and when."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = asyncio.get_running_loop().time()
+    try:
+        writer.write((f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {ALICE}\r\n"
+                      "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n").encode())
+        for piece, pause in pieces:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(pause)
+        answer = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        return answer, asyncio.get_running_loop().time() - started
+    finally:
+        writer.close()
+
+
+async def test_a_stalled_request_body_is_answered_408_and_a_slow_steady_one_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: a client with a valid token that sent a request head and then stopped
+    sending the body (or sent a byte now and then) held its connection, and the SDK's buffer of the
+    request, for ever; the head's timeout ended with the head. The body now has
+    ``REQUEST_BODY_TIMEOUT_S`` between two reads (nginx's ``client_body_timeout``), not for the
+    whole body: a body stalled that long is answered 408 and recorded, a slow steady one is served."""
+    from amplifier_tools.mcp import http
+
+    monkeypatch.setattr(http, "REQUEST_BODY_TIMEOUT_S", 0.5, raising=False)
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).encode()
+    async with served(config(tmp_path), ("audit", "mcp")) as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        # a byte every 0.2 s for 2 s, four times the timeout in all: served
+        steady, took = await _post_trickled(port, body, [(body[i:i + 1], 0.2) for i in range(10)] + [(body[10:], 0)])
+        assert steady.startswith(b"HTTP/1.1 200 ") and b"mcp-session-id" in steady.lower(), steady
+        assert took >= 2
+        # one byte, then nothing: cut after the timeout, not held
+        stalled, took = await _post_trickled(port, body, [(body[:1], 0)])
+        assert stalled.startswith(b"HTTP/1.1 408 "), stalled
+        assert 0.5 <= took < 5
+    events = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert [(e["data"]["status"], e["data"]["client"], e["data"]["bearer_token_sent"]) for e in events
+            if e.get("event") == "mcp.http.unauthorized"] == [(408, "alice_token", True)]
 
 
 # -- a hostile upstream: a url server that echoes the token its headers carry ----------------------

@@ -174,6 +174,8 @@ def _unresolved(host: ToolHost, ref: str, key: str) -> ConfigError:
 REFUSALS: Final = {401: "no bearer token, one no client has, or more than one Authorization header",
                    403: "refused by the Origin check",
                    404: "a session that does not exist, or was opened with another token",
+                   # answered by the server's protocol, not the app (``_read_timed_protocol``)
+                   408: "the request body stalled: no byte of it within the body timeout",
                    413: "a request body past max_message_bytes",
                    421: "refused by the Host check (DNS rebinding protection)",
                    # the SDK's; the drain's own 503 is Gate's, not watched (found by attack: a
@@ -335,7 +337,8 @@ class Gate:
     - **Session quota** (``quota``, with clients): each client's share of the SDK's sessions,
       counted as ``SessionQuota`` describes, for authenticated requests to its path.
     - **Refusal audit**: 401, 403 (Origin), 413 (body too long), 421 (Host), 503 (``max_sessions``
-      full) and 404 for a request naming a session are
+      full), 404 for a request naming a session, and 408 (a stalled body, which the server's
+      protocol answers and reports to ``body_stalled``) are
       written as ``mcp.http.unauthorized`` events: the status, why, the method and path (clipped
       to ``MAX_FIELD_CHARS``), the peer's address, whether a bearer token came — never the
       token — and, past authentication, the ``client`` (its ``token_ref``). At most
@@ -472,10 +475,18 @@ class Gate:
         secrets = budget.secrets
         data = {"status": status, "reason": REFUSALS[status], "method": _clip(scope.get("method"), secrets),
                 "path": _clip(scope.get("path"), secrets), "client_address": f"{peer[0]}:{peer[1]}" if peer else None,
-                "bearer_token_sent": authorization is not None and authorization[:7].lower() == b"bearer "}
+                "bearer_token_sent": user is not None or (authorization is not None
+                                                          and authorization[:7].lower() == b"bearer ")}
         if user is not None:
             data["client"] = user.access_token.client_id  # the token_ref of the client refused
         budget.write(UNAUTHORIZED_EVENT, data)
+
+    def body_stalled(self, scope: Any) -> None:
+        """Record that the request of ``scope`` (as this layer saw it) was answered 408 by the
+        server's protocol, its body stalled: a refusal like the others, under the budget of its
+        client's refusals (the 401s' without a client)."""
+        user = scope.get("user")
+        self._refused(self.budget if user is not None else self.strangers, scope, 408, None, user)
 
     def flush(self) -> None:
         """Count, in the log, the refusals of both budgets left out since their last event."""
@@ -608,55 +619,122 @@ def build_app(host: ToolHost, settings: ServeSettings) -> Gate:
 #: Seconds a connection gets to send a whole request head, from its start or from the end of its
 #: last answer; then it is closed.
 REQUEST_HEAD_TIMEOUT_S: Final = 10.0
+#: Seconds a request's body may go without a byte read (nginx's ``client_body_timeout``: between
+#: two reads, not for the whole body, so a slow but steady upload is not cut); then it is answered
+#: 408 and its connection closed.
+REQUEST_BODY_TIMEOUT_S: Final = 10.0
+_TIMEOUT_BODY: Final = b"no byte of the request body came for a while: the request is dropped\n"
+_TIMEOUT_HEADERS: Final = ((b"content-type", b"text/plain; charset=utf-8"), (b"connection", b"close"),
+                           (b"content-length", str(len(_TIMEOUT_BODY)).encode()))
 
 
-def _head_timed_protocol() -> type:
-    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head within
-    ``REQUEST_HEAD_TIMEOUT_S``. Found by attack, before any token is checked: uvicorn has no such
+def _read_timed_protocol(on_stalled: Callable[[Any], None] | None = None) -> type:
+    """uvicorn's h11 protocol with one read timer: a connection that has not sent a whole request
+    head within ``REQUEST_HEAD_TIMEOUT_S`` is closed, and a request whose body has had no byte for
+    ``REQUEST_BODY_TIMEOUT_S`` is answered 408 (``on_stalled`` gets its ASGI scope, to record it)
+    and its connection closed. Found by attack, before any token is checked: uvicorn has no such
     timeout (its keep-alive timer runs only between requests, and any byte received stops it), so
     connections that sent half a request head were held for ever; under ``ulimit -n 256``, 300 of
     them from a client without a token made the accept loop fail (``EMFILE``) and a client with a
-    valid token got no answer until the attacker let go."""
+    valid token got no answer until the attacker let go. Found by attack, past the token: a client
+    that sent a head and then stopped sending its body (or sent a byte now and then) held its
+    connection, and the SDK's request buffer, for ever.
+
+    Its cost on a request: what the head's timer cost before, one ``cancel`` (the head's timer
+    becomes the body's when a body is to come) and a state read as the head is in; a body in
+    several reads notes the time of each, and the timer, not re-armed per read, looks at that
+    time when it fires. Time the server is not reading (its buffer full while the app has
+    not taken it, or a ``100-continue`` not yet sent) does not count against the client."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeadTimedH11Protocol(H11Protocol):
-        _head_timer: asyncio.TimerHandle | None = None
+    class ReadTimedH11Protocol(H11Protocol):
+        _read_timer: asyncio.TimerHandle | None = None
+        #: The loop's time of the body's last read while one is awaited, else None.
+        _body_read_at: float | None = None
 
-        def _arm_head_timer(self) -> None:
-            self._disarm_head_timer()
-            self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
+        def _arm_read_timer(self, seconds: float) -> None:
+            self._disarm_read_timer()
+            self._read_timer = self.loop.call_later(seconds, self._read_timed_out)
 
-        def _disarm_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
+        def _disarm_read_timer(self) -> None:
+            self._body_read_at = None
+            if self._read_timer is not None:
+                self._read_timer.cancel()
+                self._read_timer = None
 
-        def _head_timed_out(self) -> None:
-            self._head_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
+        def _await_body(self) -> None:
+            now = self.loop.time()
+            timer = self._read_timer
+            # The head's timer, armed already, serves when it fires no later than the body's would:
+            # a request whose body comes in the read after its head makes no timer of its own, and
+            # costs one ``cancel``, as before there was a body timer.
+            if timer is None or timer.when() > now + REQUEST_BODY_TIMEOUT_S:
+                self._arm_read_timer(REQUEST_BODY_TIMEOUT_S)
+            self._body_read_at = now
+
+        def _request_began(self) -> None:
+            """A whole request head came (its request runs): the body's timer, if a body is to come."""
+            if self.conn.their_state is h11.SEND_BODY:
+                self._await_body()
+            else:
+                self._disarm_read_timer()
+
+        def _read_timed_out(self) -> None:
+            self._read_timer = None
+            if self.transport.is_closing():
+                return
+            read_at, cycle = self._body_read_at, self.cycle
+            if read_at is not None:
+                if self.flow.read_paused or cycle.waiting_for_100_continue:  # the server is not reading
+                    self._await_body()
+                    return
+                waited = self.loop.time() - read_at
+                if waited < REQUEST_BODY_TIMEOUT_S:  # read since: wait from that read
+                    self._read_timer = self.loop.call_later(REQUEST_BODY_TIMEOUT_S - waited, self._read_timed_out)
+                    return
+                if not cycle.response_started and self.conn.our_state is h11.SEND_RESPONSE:
+                    if on_stalled is not None:
+                        on_stalled(cycle.scope)
+                    for event in (h11.Response(status_code=408, headers=list(_TIMEOUT_HEADERS),
+                                               reason=b"Request Timeout"),
+                                  h11.Data(data=_TIMEOUT_BODY), h11.EndOfMessage()):
+                        self.transport.write(self.conn.send(event))
+                # the app reading the body gets ``http.disconnect``; its answer, if any, is dropped
+                cycle.disconnected = True
+                cycle.message_event.set()
+            self.transport.close()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm_head_timer()
+            self._arm_read_timer(REQUEST_HEAD_TIMEOUT_S)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_head_timer()
+            self._disarm_read_timer()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             cycle = self.cycle
             super().data_received(data)
-            if self.cycle is not cycle:  # a whole request head came: its request runs
-                self._disarm_head_timer()
+            if self.cycle is not cycle:
+                self._request_began()
+            elif self._body_read_at is not None:
+                if self.conn.their_state is h11.SEND_BODY:
+                    self._body_read_at = self.loop.time()
+                else:  # the body is in
+                    self._disarm_read_timer()
 
         def on_response_complete(self) -> None:
             cycle = self.cycle
             super().on_response_complete()
-            if self.cycle is cycle and not self.transport.is_closing():  # waiting for the next head
-                self._arm_head_timer()
+            if self.transport.is_closing():
+                return
+            if self.cycle is cycle:  # waiting for the next head (or the rest of a body nobody reads)
+                self._arm_read_timer(REQUEST_HEAD_TIMEOUT_S)
+            else:  # a pipelined request's head was waiting: it runs
+                self._request_began()
 
-    return HeadTimedH11Protocol
+    return ReadTimedH11Protocol
 
 
 def _listen(settings: ServeSettings, file: str | None = None) -> socket.socket:
@@ -698,8 +776,8 @@ async def serve_http(host: ToolHost, settings: ServeSettings, ready: Callable[[s
     sock = _listen(settings, host.config_file)
     # proxy_headers off: X-Forwarded-For from any local client would otherwise set the address
     # the audit events show.
-    server = Server(uvicorn.Config(app, http=_head_timed_protocol(), log_level="warning", lifespan="on",
-                                   proxy_headers=False,
+    server = Server(uvicorn.Config(app, http=_read_timed_protocol(app.body_stalled), log_level="warning",
+                                   lifespan="on", proxy_headers=False,
                                    timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S)))
     loop = asyncio.get_running_loop()
     handled: list[signal.Signals] = []
