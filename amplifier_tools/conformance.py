@@ -47,7 +47,7 @@ from ._json import same_json
 from ._markers import PROJECT_NAME, hookimpl
 from .builtins import BUILTIN_PLUGINS
 from .config import validate_config
-from .errors import ConfigError, ContractError, PluginLoadError
+from .errors import ConfigError, ContractError, PluginLoadError, did_you_mean
 from .host import ENV_DISABLE, ToolHost
 from .loader import SEED_ENTRY_POINT_GROUP, SeedModule, instantiate, load_target, plugin_name
 from .schema import describe_errors
@@ -128,6 +128,20 @@ def _entry_points(target: str) -> list[tuple[str, importlib.metadata.EntryPoint]
     return by_name or by_dist
 
 
+def _known_targets() -> set[str]:
+    """The names a target may be besides an import path: the built-in plugins, the installed entry
+    points and their distributions. Looked up only for a target that is none of them and no module,
+    for its did-you-mean (found by a newcomer's trial: ``validate my-plicy`` named no ``my-policy``)."""
+    names = {*BUILTIN_PLUGINS, PROJECT_NAME.replace("_", "-")}
+    for group in (PROJECT_NAME, SEED_ENTRY_POINT_GROUP):
+        for ep in importlib.metadata.entry_points(group=group):
+            names.add(ep.name)
+            dist = getattr(ep, "dist", None)
+            if dist is not None:
+                names.add(dist.name)
+    return names
+
+
 def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Candidate]:
     """The plugin objects for ``target``: an object, ``module``, ``module:Attribute``, an
     entry-point name or a distribution name. Classes are instantiated the way the host does it."""
@@ -174,7 +188,9 @@ def _resolve(target: Any, report: Report, config: Mapping[str, Any]) -> list[_Ca
     except _LOAD_FAILURES as exc:
         note = ""
         if isinstance(exc, ModuleNotFoundError) and exc.name == module_name and not attribute:
-            note = " (nor is it the name of an installed entry point or distribution)"
+            close = did_you_mean(target, _known_targets())
+            note = (" (nor is it the name of a built-in plugin, an installed entry point or distribution"
+                    f"{'; ' + close if close else ''})")
         report.add("importable", False, f"{_failure(exc)}{note}")
         return []
     report.add("importable", True, f"{'object' if attribute else 'module'} {target}")

@@ -202,10 +202,15 @@ class PluginLoadError(RuntimeError):
 def note_hint(exc: BaseException, hint: str | None) -> None:
     """Add ``hint`` to ``exc`` as a note (PEP 678), so a Python traceback and pytest show it, not
     the command line alone (found by a new-user trial: ``ToolHost(config=...)`` raised a
-    ``ConfigError`` whose traceback never said what to do). Python 3.11+; on 3.10, which has no
-    notes, the hint is the ``hint`` attribute only."""
-    if hint and hasattr(exc, "add_note"):
+    ``ConfigError`` whose traceback never said what to do). On Python 3.10, which has no
+    ``add_note``, the note is set as ``__notes__`` all the same: pytest shows it there too (through
+    the ``exceptiongroup`` backport it depends on), a plain traceback does not."""
+    if not hint:
+        return
+    if hasattr(exc, "add_note"):
         exc.add_note(f"hint: {hint}")
+    else:  # found by a newcomer's trial: on 3.10, a failing test's output never showed the hint
+        exc.__notes__ = [*getattr(exc, "__notes__", ()), f"hint: {hint}"]  # type: ignore[attr-defined]
 
 
 def _quick_ratio(a: str, b: str) -> float:

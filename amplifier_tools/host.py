@@ -753,7 +753,7 @@ class ToolHost:
                 reason += ("; this Amplifier module needs amplifier-core: pip install amplifier-core "
                            "(or disable it: disable_plugins)")
             self._fail_plugin(name, source, f"failed to load: {reason}", required, exc,
-                              exc.hint if isinstance(exc, PluginLoadError) else None)
+                              exc.hint if isinstance(exc, (PluginLoadError, ConfigError)) else None)
             return
         misfit = misfit_hooks(self.plugin_manager, plugin)
         if misfit is not None:
@@ -867,9 +867,11 @@ class ToolHost:
                 if exc.key is not None and exc.key.startswith("tools."):
                     raise located from exc  # the host's per-tool overrides: not the mounting plugin's fault
                 # A plugin that refuses its configuration never runs silently without it (that would
-                # fail open): configure it, or name it in disable_plugins.
+                # fail open): configure it, or name it in disable_plugins. Its hint is the error's too
+                # (found by a newcomer's trial: in a pytest test the PluginLoadError showed none).
                 self._fail_plugin(info.name, info.source,
-                                  f"failed to mount: ConfigError: {located}{self._on_error_note(info.name)}", True, exc)
+                                  f"failed to mount: ConfigError: {located}{self._on_error_note(info.name)}", True, exc,
+                                  located.hint)
             reason = exc.message if isinstance(exc, ToolError) else _raised_text(exc)
             hint = exc.details.get("hint") if isinstance(exc, ToolError) else None
             self._fail_plugin(info.name, info.source, f"failed to mount: {reason}{self._on_error_note(info.name)}",

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ._checked_schemas import BUILTIN_SCHEMA_DIGESTS
 from ._json import json_pointer
-from .errors import ContractError
+from .errors import ContractError, did_you_mean
 from .schema_fastpath import (
     CompiledPattern,
     PatternCompiler,
@@ -561,8 +561,9 @@ class CompiledSchema:
 
 
 def describe_errors(validator: Validator, instance: Any, *, limit: int = 5) -> tuple[str, str]:
-    """The pointer of the first problem and a message naming up to ``limit`` problems."""
-    problems = schema_problems(validator, instance, limit=limit + 1)
+    """The pointer of the first problem and a message naming up to ``limit`` problems (a
+    disallowed property's with the closest allowed one: ``schema_problems``' ``suggest``)."""
+    problems = schema_problems(validator, instance, limit=limit + 1, suggest=True)
     shown = problems[:limit]
     text = "; ".join(f"{ptr or '/'}: {msg}" for ptr, msg in shown)
     if len(problems) > limit:
@@ -570,12 +571,16 @@ def describe_errors(validator: Validator, instance: Any, *, limit: int = 5) -> t
     return shown[0][0], text
 
 
-def schema_problems(validator: Validator, instance: Any, *, limit: int = 5) -> list[tuple[str, str]]:
+def schema_problems(validator: Validator, instance: Any, *, limit: int = 5,
+                    suggest: bool = False) -> list[tuple[str, str]]:
     """Up to ``limit`` ``(JSON pointer, message)`` pairs, the offending field first.
 
     A missing required property or a disallowed extra property is reported at
     the pointer of that property, not of its parent object (its name escaped as any pointer's
-    part: found by attack, ``"x/y"`` was reported at ``/x/y``, a place it is not).
+    part: found by attack, ``"x/y"`` was reported at ``/x/y``, a place it is not). With
+    ``suggest``, a disallowed property's message ends with the closest allowed one, when one is
+    close (found by a newcomer's trial: ``{"limt": 3}`` said only "is not an allowed property");
+    the configuration, whose error gives it as its hint, leaves it out. Only a refusal pays for it.
     """
     problems: list[tuple[str, str]] = []
     for error in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
@@ -595,8 +600,12 @@ def schema_problems(validator: Validator, instance: Any, *, limit: int = 5) -> l
         ):
             known = error.schema.get("properties", {})
             for name in error.instance:
-                problem = (pointer + json_pointer((name,)), "is not an allowed property")
-                if name not in known and problem not in problems:
+                if name in known:
+                    continue
+                close = did_you_mean(name, known) if suggest and isinstance(known, dict) else None
+                problem = (pointer + json_pointer((name,)),
+                           f"is not an allowed property ({close})" if close else "is not an allowed property")
+                if problem not in problems:
                     problems.append(problem)
             continue
         problems.append((pointer, error.message))
