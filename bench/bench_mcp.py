@@ -27,7 +27,7 @@ from typing import Any
 from amplifier_tools import ToolHost, ToolResult, ToolSpec, hookimpl
 from amplifier_tools.mcp import sdk_available
 
-from .harness import Row, alternating, interleaved, isolated_state, row, run_async
+from .harness import Row, interleaved, isolated_state, paired_rounds, row, run_async
 
 FIXTURE = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_fixtures" / "fixture_server.py")
 HOSTILE = str(Path(FIXTURE).parent / "hostile_server.py")
@@ -194,32 +194,14 @@ async def _http_serve_in_process(n: int, rounds: int) -> Row:
     walks both heaps and lands on whichever side happens to be running (without freezing, three
     runs gave -73 to +330 µs for the same code). Reports the medians, the median of the rounds'
     differences and their interquartile range."""
-    import gc
-
     async with _http_sessions() as calls:
-        gc.collect()
-        gc.freeze()
-        try:
-            per_call: dict[str, list[float]] = {name: [] for name in calls}
-            order = list(calls.items())
-            for _ in range(rounds):
-                order.reverse()  # each side first every other round
-                for name, call in order:
-                    started = time.process_time()
-                    for _ in range(n):
-                        await call()
-                    per_call[name].append((time.process_time() - started) / n * 1e6)
-        finally:
-            gc.unfreeze()
-    ours_us, bare_us = statistics.median(per_call["ours"]), statistics.median(per_call["bare"])
-    differences = [o - b for o, b in zip(per_call["ours"], per_call["bare"], strict=True)]
-    added = statistics.median(differences)
-    quartiles = statistics.quantiles(differences, n=4) if len(differences) >= 2 else [added, added, added]
+        measured = await paired_rounds(calls["ours"], calls["bare"], rounds=rounds, block=n, warmup=0)
+    ours_us, bare_us, added = measured.ours, measured.reference, measured.added
     return row("mcp serve: serve-mcp vs bare SDK server (Streamable HTTP, both in process)", ours_us, bare_us,
                "µs/call", ratio=ours_us / bare_us, target="≤ +50 µs", met=added <= 50,
-               spread=quartiles[2] - quartiles[0],
+               spread=measured.high - measured.low,
                notes=f"adds {added:.0f} µs per call (median of {rounds} rounds' differences, IQR "
-                     f"{quartiles[0]:+.0f} to {quartiles[2]:+.0f}; {n} calls a round, CPU time of the one process: "
+                     f"{measured.low:+.0f} to {measured.high:+.0f}; {n} calls a round, CPU time of the one process: "
                      "the same SDK client and httpx ASGITransport both sides, heap frozen); ours = "
                      "build_app (bearer token, refusal audit, DNS-rebinding check, pipeline), reference = "
                      "the SDK's lowlevel Server on its own streamable_http_app")
@@ -333,24 +315,28 @@ async def _http_import(n: int, rounds: int) -> Row:
                     create_mcp_http_client() as http, streamable_http_client(url, http_client=http) as streams,
                     ClientSession(streams[0], streams[1]) as direct):
             await direct.initialize()
-            variants = {"host": lambda: host.call("mcp::web::add", ARGS), "sdk": sdk_call}
             # Blocks of calls, not single calls: each call leaves its HTTP connection's teardown to
             # the loop, and single calls in turn charged it to the other side (the host's task per
-            # request moved ≈ 90 µs of it from the SDK's calls to the host's; `harness.alternating`).
-            blocks = max(2, n * rounds // HTTP_BLOCK)
-            cpu = await alternating(variants, n=blocks, clock=time.process_time, block=HTTP_BLOCK)
-            wall = await alternating(variants, n=blocks, block=HTTP_BLOCK)
+            # request moved ≈ 90 µs of it from the SDK's calls to the host's). The difference of
+            # each round's two blocks, not of two medians: the load moves between rounds.
+            def host_call() -> Any:
+                return host.call("mcp::web::add", ARGS)
+
+            rounds_taken = max(2, n * rounds // HTTP_BLOCK)
+            cpu = await paired_rounds(host_call, sdk_call, rounds=rounds_taken, block=HTTP_BLOCK)
+            wall = await paired_rounds(host_call, sdk_call, rounds=max(2, rounds_taken // 4), block=HTTP_BLOCK,
+                                       clock=time.perf_counter)
     finally:
         process.terminate()
         process.wait(10)
-    added = cpu["host"][0] - cpu["sdk"][0]
-    return row("mcp import: call via host vs SDK session (Streamable HTTP, bare SDK server), CPU", cpu["host"][0],
-               cpu["sdk"][0], "µs/call", ratio=cpu["host"][0] / cpu["sdk"][0], target="≤ +50 µs", met=added <= 50,
-               spread=cpu["host"][1], notes=f"adds {added:.0f} µs of this process's CPU per call (medians of blocks of "
-                                           f"{HTTP_BLOCK} calls in turn); wall clock {wall['host'][0]:.0f} vs "
-                                           f"{wall['sdk'][0]:.0f} µs (IQR {wall['host'][1]:.0f} / "
-                                           f"{wall['sdk'][1]:.0f}); reference = the SDK's ClientSession on its HTTP "
-                                           "transport, same server (a subprocess)")
+    return row("mcp import: call via host vs SDK session (Streamable HTTP, bare SDK server), CPU", cpu.ours,
+               cpu.reference, "µs/call", ratio=cpu.ours / cpu.reference, target="≤ +50 µs", met=cpu.added <= 50,
+               spread=cpu.high - cpu.low,
+               notes=f"adds {cpu.added:.0f} µs of this process's CPU per call (median of {rounds_taken} rounds' "
+                     f"differences, IQR {cpu.low:+.0f} to {cpu.high:+.0f}; {HTTP_BLOCK} calls a side a round, heap "
+                     f"frozen); wall clock {wall.ours:.0f} vs {wall.reference:.0f} µs (adds {wall.added:.0f}, IQR "
+                     f"{wall.low:+.0f} to {wall.high:+.0f}); reference = the SDK's ClientSession on its HTTP "
+                     "transport, same server (a subprocess)")
 
 
 async def _large_messages(quick: bool) -> list[Row]:

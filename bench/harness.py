@@ -17,6 +17,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import attrs
+
 Row = dict[str, Any]
 
 
@@ -98,6 +100,59 @@ async def alternating(variants: dict[str, Callable[[], Awaitable[Any]]], *, n: i
         quartiles = statistics.quantiles(values, n=4)
         result[name] = (statistics.median(values), quartiles[2] - quartiles[0])
     return result
+
+
+@attrs.frozen
+class Paired:
+    """What ``paired_rounds`` measured: each side's median µs per call, and the median and
+    quartiles of the rounds' differences (``ours`` minus ``reference``, µs per call)."""
+
+    ours: float
+    reference: float
+    added: float
+    low: float
+    high: float
+
+
+async def paired_rounds(ours: Callable[[], Awaitable[Any]], reference: Callable[[], Awaitable[Any]], *,
+                        rounds: int, block: int, clock: Callable[[], float] = time.process_time,
+                        warmup: int = 20, frozen: bool = True) -> Paired:
+    """A layer's cost per call on a shared machine: ``rounds`` rounds of a block of ``block`` calls
+    of each side, in turn, each side first every other round; the result is the median of the
+    rounds' differences, each taken between two blocks measured moments apart (the load a round
+    sees is the same on both sides, where the difference of two medians mixes every round's load).
+    ``clock=time.process_time`` (the default) is this process's CPU time.
+
+    ``frozen``: the heap as it is after warming up is frozen for the measurement (``gc.freeze``),
+    so that a full collection, which walks the whole heap and lands on whichever side happens to
+    run, walks only what the calls made. Limits: what a call leaves to the loop after it returns
+    runs in the next call, so a block's last call's leftovers fall into the other side's block; a
+    difference of a few per cent of a call still needs a few hundred rounds to settle."""
+    import gc
+
+    for fn in (ours, reference):
+        for _ in range(warmup):
+            await fn()
+    if frozen:
+        gc.collect()
+        gc.freeze()
+    try:
+        samples: dict[int, list[float]] = {0: [], 1: []}
+        order = [(0, ours), (1, reference)]
+        for _ in range(rounds):
+            order.reverse()
+            for side, fn in order:
+                start = clock()
+                for _ in range(block):
+                    await fn()
+                samples[side].append((clock() - start) * 1e6 / block)
+    finally:
+        if frozen:
+            gc.unfreeze()
+    differences = [a - b for a, b in zip(samples[0], samples[1], strict=True)]
+    added = statistics.median(differences)
+    low, _, high = statistics.quantiles(differences, n=4) if len(differences) >= 2 else (added, added, added)
+    return Paired(statistics.median(samples[0]), statistics.median(samples[1]), added, low, high)
 
 
 def peak_rss_mb() -> float:
