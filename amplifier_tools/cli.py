@@ -94,6 +94,17 @@ def printable(text: object, keep: str = "") -> str:
     return "".join(c if c.isprintable() or c in keep else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+def printable_block(text: object) -> str:
+    """``text`` as ``printable`` gives it, but keeping each newline that starts a line indented by
+    four spaces: an error's quoted block (an MCP server's stderr tail, ``its stderr ended with:``)
+    reads as lines, as the docs show it, and an indented line cannot pass for an ``error:`` or
+    ``hint:`` line. Any other newline is escaped (found by a newcomer's trial: the tail was printed
+    as one line joined by literal ``\\n``)."""
+    first, *rest = str(text).split("\n")
+    return printable(first) + "".join(("\n" if line.startswith("    ") else "\\n") + printable(line)
+                                      for line in rest)
+
+
 def _config_file(value: str) -> str:
     """``--config``: a file name (found by attack: ``--config "$UNSET"`` silently used the discovered
     configuration instead, the workspace's own ``amplifier-tools.toml``)."""
@@ -913,7 +924,7 @@ def _failed(args: argparse.Namespace, kind: str, message: str, hint: str, status
     so a script reading stdout always gets JSON. ``audit`` parses its own options (``--json`` among
     ``audit_args``): what fails before its parser has them is judged by the words given (found by a
     newcomer's trial: ``audit verify --json`` with a configuration error printed nothing on stdout)."""
-    print(f"error: {printable(message)}", file=sys.stderr)
+    print(f"error: {printable_block(message)}", file=sys.stderr)
     print(f"hint: {printable(hint)}", file=sys.stderr)
     if getattr(args, "json", False) or (getattr(args, "command", None) == "audit" and UsageParser.json_requested):
         print(json.dumps({"error": {"type": kind, "message": message, "hint": hint, "exit_status": status}},
@@ -971,15 +982,19 @@ def _unrecognized_hint(parser: argparse.ArgumentParser, command: str | None, ext
     where = own if isinstance(own, argparse.ArgumentParser) else parser
     options = [option for action in where._actions for option in action.option_strings
                if option.startswith("--")]
-    if where is not parser:
-        options += [option for action in parser._actions for option in action.option_strings
-                    if option.startswith("--")]
+    # The top level's options are taken before the command only (found by a newcomer's trial:
+    # 'list --verbose', as "run with --verbose" reads, was answered "did you mean '--verbose'?")
+    top = [option for action in parser._actions for option in action.option_strings] if where is not parser else []
     see = f"see '{where.prog} --help'"
-    for word in extras:
-        if word.startswith("-"):
-            close = difflib.get_close_matches(word.partition("=")[0], options, n=1, cutoff=0.7)
-            if close:
-                return f"did you mean {close[0]!r}? {see}"
+    for word in (word for word in extras if word.startswith("-")):
+        name = word.partition("=")[0]
+        close = difflib.get_close_matches(name, options, n=1, cutoff=0.7) if name not in top else []
+        if close:
+            return f"did you mean {close[0]!r}? {see}"
+        before = word if name in top else next(iter(difflib.get_close_matches(name, top, n=1, cutoff=0.7)), None)
+        if before is not None:
+            return (f"{before.partition('=')[0]} is an option of amplifier-tools itself: put it before the "
+                    f"command ('amplifier-tools {before} {command} …')")
     return see
 
 

@@ -496,7 +496,11 @@ def _config_error(exc: BaseException, where: str) -> ConfigError:
     if isinstance(problem, Invalid):
         key = _key(where, (*path, *problem.at))
         hint = problem.hint
-        if hint is None and problem.expected is not None:
+        if hint is None and problem.expected == "a list of tables" and problem.got == "a table":
+            # found by a newcomer's trial: [plugins.mcp.serve.clients] for [[…]] got a hint that
+            # repeated the message ("… must be a list of tables, got a table")
+            hint = f"head each entry [[{key}]] (double brackets: a list of tables); [{key}] is one table"
+        elif hint is None and problem.expected is not None:
             # What the key takes, never "set <key>" (found by a newcomer's trial: the command line's
             # generic hint said to set a key that was set, and to disable the plugin).
             hint = (f"{key} must be {problem.expected}, got {problem.got}" if problem.got is not None

@@ -402,6 +402,51 @@ async def test_refused_credentials_name_the_status_and_the_setting(tmp_path: Pat
     assert "plugins.mcp.servers.inner: url and headers" in message and "not-a-token-at-all" not in message
 
 
+async def test_a_refused_authorization_without_a_scheme_says_bearer_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a newcomer's trial: serve-mcp's token variable holds the bare token, and the same
+    value in the importing host's variable was refused 401 with no word that 'Bearer ' was missing."""
+    monkeypatch.setenv("TEST_INNER_AUTH", ALICE)
+    async with served(config(tmp_path)) as url:
+        with pytest.raises(PluginLoadError) as refused:
+            async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
+                                working_dir=tmp_path):
+                pass
+    message = str(refused.value)
+    assert "HTTP 401" in message and "'Authorization' has no scheme" in message and "'Bearer <token>'" in message
+    assert ALICE not in message
+
+
+async def test_a_url_without_the_mcp_path_says_where_servers_serve(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a newcomer's trial: url = "http://127.0.0.1:<port>" (no /mcp) stopped the start
+    with a bare 'HTTP 404 from http://127.0.0.1:<port>'."""
+    monkeypatch.setenv("TEST_INNER_AUTH", f"Bearer {ALICE}")
+    async with served(config(tmp_path)) as url:
+        with pytest.raises(PluginLoadError) as refused:
+            async with ToolHost(config=importing(url.removesuffix("/mcp")), builtins=["mcp"], entry_points=False,
+                                discover=False, working_dir=tmp_path):
+                pass
+    message = str(refused.value)
+    assert "HTTP 404" in message and "serve MCP at /mcp" in message
+
+
+async def test_a_url_nothing_listens_at_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by a newcomer's trial: the start failed "ConnectError: All connection attempts failed",
+    naming no address."""
+    import socket
+
+    monkeypatch.setenv("TEST_INNER_AUTH", f"Bearer {ALICE}")
+    with socket.socket() as unused:  # a port bound and not listening: every connection is refused
+        unused.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{unused.getsockname()[1]}/mcp"
+        with pytest.raises(PluginLoadError) as refused:
+            async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
+                                working_dir=tmp_path):
+                pass
+    assert f"cannot connect to {url}" in str(refused.value), str(refused.value)
+
+
 async def test_a_header_whose_secret_is_missing_names_its_key(tmp_path: Path) -> None:
     with pytest.raises(PluginLoadError, match=r"plugins\.mcp\.servers\.inner\.headers\.Authorization"):
         async with ToolHost(config=importing("http://127.0.0.1:9/mcp"), builtins=["mcp"], entry_points=False,

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import random
+import shutil
 import signal
 import sys
 import time
@@ -413,3 +414,29 @@ async def test_a_sandbox_refusal_reaches_the_user_as_it_is(tmp_path: Path) -> No
     message = str(caught.value)
     assert "plugins.mcp.servers.s.sandbox_read_paths" in message and "command and args" not in message
     assert "name a directory outside the paths tools may write" in message
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed (.ci/run installs it)")
+async def test_a_sandboxed_scripts_interpreter_outside_the_view_names_sandbox_read_paths(tmp_path: Path) -> None:
+    """Found by a newcomer's trial: a virtual environment's console script (``mcp-server-time``) was
+    in ``sandbox_read_paths`` and the interpreter its ``#!`` line names (a link to the base Python)
+    was not; the start failed "the server exited with status 1 ... (check ...: command and args)"
+    with bwrap's "execvp ...: No such file or directory", naming neither."""
+    from amplifier_tools import ConfigError
+
+    work, srv, interp = tmp_path / "work", tmp_path / "srv", tmp_path / "interp"
+    for directory in (work, srv, interp):
+        directory.mkdir()
+    (interp / "python").symlink_to(os.path.realpath(sys.executable))
+    script = srv / "server"
+    script.write_text(f"#!{interp / 'python'}\nimport sys\n")
+    script.chmod(0o755)
+    config = {"plugins": {"mcp": {"servers": {"s": {"command": str(script), "sandbox": "auto",
+                                                    "sandbox_read_paths": [str(srv)]}}}}}
+    host = ToolHost(config=config, builtins=["mcp"], entry_points=False, working_dir=work, discover=False)
+    with pytest.raises((ConfigError, PluginLoadError)) as caught:
+        await host.start()
+    await host.close()
+    message = str(caught.value)
+    assert "plugins.mcp.servers.s.sandbox_read_paths" in message and "its #! line" in message, message
+    assert str(interp / "python") in message and "command and args" not in message

@@ -388,6 +388,11 @@ def test_a_child_forked_while_another_thread_resolves_settings_can_resolve_them(
     # of the right type, refused by a rule: what to change it to
     ("bash", {"default_timeout": -2}, "change plugins.bash.default_timeout to a positive number of seconds"),
     ("policy", {"rules": [{"action": "alow"}]}, "change plugins.policy.rules[0].action to 'allow' or 'deny'"),
+    # found by a newcomer's trial (2026-12-03): [plugins.mcp.serve.clients] written for [[…]]; the hint
+    # repeated the message ("… must be a list of tables, got a table")
+    ("mcp", {"serve": {"clients": {"token_ref": "ci_token"}}},
+     "head each entry [[plugins.mcp.serve.clients]] (double brackets: a list of tables); "
+     "[plugins.mcp.serve.clients] is one table"),
 ])
 def test_a_refused_value_hints_at_what_the_key_takes(plugin: str, table: dict[str, Any], hint: str) -> None:
     """The hint was the command line's generic one, "set plugins.bash.max_timeout in the

@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping
 from typing import Any, Final, TypeVar
+from urllib.parse import urlsplit
 
 from ..errors import missing_extra
 
@@ -1095,10 +1096,13 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
     valid MCP — then the last lines it wrote to stderr, which usually say why."""
     if connection.http_refusal is not None:
         status, url = connection.http_refusal
-        if status not in (401, 403):
+        if status == 404 and not urlsplit(url).path.rstrip("/").endswith("/mcp"):
+            # found by a newcomer's trial: url = "http://127.0.0.1:8765" answered a bare 404
+            why = " (nothing is served at this path: serve-mcp and the SDK's servers serve MCP at /mcp)"
+        elif status not in (401, 403):
             why = ""
         elif connection.settings.headers:
-            why = " (the credentials in headers were refused)"
+            why = " (the credentials in headers were refused" + _unschemed_authorization(connection) + ")"
         else:
             why = (" (the server wants credentials, and none were sent: configure headers, e.g. "
                    "Authorization, with a [secrets] reference)")
@@ -1119,6 +1123,9 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
         received = _body_too_large(exc)
         what = connection.body_too_large(received).message if received is not None else \
             f"it {connection.http_words(exc)[0]}"
+    elif isinstance(exc, httpx2.ConnectError) and s.url is not None:
+        # found by a newcomer's trial: "ConnectError: All connection attempts failed" named no address
+        what = f"cannot connect to {s.url} ({type(exc).__name__}: {exc}): is the server running there?"
     elif isinstance(exc, pydantic.ValidationError):
         problems = "; ".join(f"{_location(error['loc'])}: {error['msg']}" for error in exc.errors()[:3])
         what = f"it answered with data that is not valid MCP ({problems})"
@@ -1151,6 +1158,20 @@ def _stderr_tail(connection: ServerConnection) -> str:
 
     tail = connection.stderr.tail() if connection.stderr is not None else ""
     return STDERR_TAIL_MARK + "\n    " + tail.replace("\n", "\n    ") if tail else ""
+
+
+def _unschemed_authorization(connection: ServerConnection) -> str:
+    """Words for a refused ``Authorization`` header whose value has no auth scheme (a bare token):
+    the header is sent as it is, and a bearer token must be ``Bearer <token>``. Found by a newcomer's
+    trial: serve-mcp's ``token_ref`` variable holds the bare token, and the same value put in the
+    importing host's variable was refused with no word why. Never shows the value."""
+    from . import _SCHEMED
+
+    for header, value in connection.headers.items():
+        if header.lower() == "authorization" and _SCHEMED.fullmatch(value) is None:
+            return (f"; the value of header {header!r} has no scheme: a bearer token is sent as "
+                    "'Bearer <token>', so the variable its [secrets] reference names must hold that")
+    return ""
 
 
 def _location(loc: Iterable[Any]) -> str:

@@ -14,10 +14,10 @@ fixes): it never falls back to running unconfined.
 
 Limits: a server's program, interpreter and libraries must lie in the view — one installed under a
 home directory or a virtual environment elsewhere needs its directories in ``sandbox_read_paths``
-(the start fails naming the setting when the program itself is not visible; a missing library only
-shows as the server failing to start, with its stderr). The rest is the engine's (see
-``amplifier_tools/sandbox.py`` and docs/bash.md): a shared kernel, no CPU or memory limits, system
-directories readable.
+(the start fails naming the setting when the program itself, or the interpreter its ``#!`` line
+names, is not visible; a missing library only shows as the server failing to start, with its
+stderr). The rest is the engine's (see ``amplifier_tools/sandbox.py`` and docs/bash.md): a shared
+kernel, no CPU or memory limits, system directories readable.
 """
 
 from __future__ import annotations
@@ -114,7 +114,31 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
             raise ConfigError(f"the server's program {argv[0]} ({program}) lies outside the sandbox's view; add "
                               "its directories (and those of its interpreter and libraries) to "
                               "sandbox_read_paths", key=key)
+        interpreter = _interpreter(program)
+        if interpreter is not None and not (engine.visible(interpreter, view)
+                                            and engine.visible(os.path.realpath(interpreter), view)):
+            # found by a newcomer's trial: a virtual environment's console script was in the view and
+            # its interpreter (a link to the base Python) was not: bwrap's "execvp …: No such file
+            # or directory" named neither the interpreter nor this setting
+            raise ConfigError(f"the interpreter of the server's program {argv[0]} (its #! line), {interpreter} "
+                              f"({os.path.realpath(interpreter)}), lies outside the sandbox's view; add its "
+                              "directories (and those of its libraries) to sandbox_read_paths", key=key)
         check_paths()
         return engine.command(view, argv, bwrap=bwrap, info_fd=info_fd)
 
     return wrap
+
+
+def _interpreter(program: str) -> str | None:
+    """The absolute path a script's ``#!`` line names (its first word, within the 256 bytes the
+    kernel reads), None for a program without one or one that cannot be read here (or is no
+    regular file: a FIFO would block the open)."""
+    if not os.path.isfile(program):
+        return None
+    try:
+        with open(program, "rb") as file:
+            head = file.read(256)
+    except OSError:
+        return None
+    words = head[2:].split(b"\n", 1)[0].split() if head.startswith(b"#!") else []
+    return os.fsdecode(words[0]) if words and words[0].startswith(b"/") else None

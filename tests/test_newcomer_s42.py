@@ -1,0 +1,50 @@
+"""A newcomer's trial of the MCP gateway (session 42): what a new user ran into on the command
+line, each pinned by a test (the MCP ones are beside their kind in tests/test_mcp_*.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import cli
+
+
+@pytest.mark.parametrize(("words", "hint"), [
+    (["list", "--verbose"], "--verbose is an option of amplifier-tools itself: put it before the command "
+                            "('amplifier-tools --verbose list …')"),
+    (["list", "-v"], "-v is an option of amplifier-tools itself: put it before the command "
+                     "('amplifier-tools -v list …')"),
+    (["plugins", "--config=x.toml"], "--config is an option of amplifier-tools itself: put it before the "
+                                     "command ('amplifier-tools --config=x.toml plugins …')"),
+    (["list", "--verbos"], "--verbose is an option of amplifier-tools itself: put it before the command "
+                           "('amplifier-tools --verbose list …')"),
+    # the command's own options still come first
+    (["list", "--jsno"], "did you mean '--json'? see 'amplifier-tools list --help'"),
+])
+def test_a_top_level_option_after_the_command_says_to_put_it_before(tmp_path: Path, words: list[str],
+                                                                     hint: str) -> None:
+    """Found by a newcomer's trial: errors end "run with --verbose for the traceback", and
+    ``amplifier-tools list --verbose`` was answered "did you mean '--verbose'?", the word given."""
+    done = cli(tmp_path, *words, env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines()[-1] == f"hint: {hint}", done.stderr
+
+
+def test_an_mcp_servers_stderr_tail_is_printed_as_lines(tmp_path: Path) -> None:
+    """Found by a newcomer's trial: docs/mcp.md shows a failed start's stderr tail as indented lines;
+    the command line printed it joined by a literal backslash-n. A newline not followed by an
+    indented line stays escaped, and so does every control character (a forged ``hint:`` line, a
+    terminal escape)."""
+    pytest.importorskip("mcp")
+    server = ("import sys; sys.stderr.write('starting\\nfatal: no token\\nhint: forged\\x1b]0;t\\x07\\n'); "
+              "sys.exit(1)")
+    (tmp_path / "amplifier-tools.toml").write_text(
+        f"[plugins.mcp.servers.boom]\ncommand = {sys.executable!r}\nargs = ['-c', {server!r}]\n"
+        "stderr = 'discard'\n")
+    done = cli(tmp_path, "list", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert done.returncode == 2, done.stderr
+    assert "its stderr ended with:\n    starting\n    fatal: no token\n    hint: forged\\x1b]0;t\\x07\n" \
+        in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if not line.startswith("    ")] == \
+        [line for line in done.stderr.splitlines() if line.startswith(("error: ", "hint: "))]
