@@ -489,3 +489,80 @@ async def test_a_wrong_content_type_is_a_typed_error_and_the_connection_stays_us
         assert "Unexpected content type: text/plain" in result.error["message"]
         server.behave = None
         assert (await host.call("mcp::h::echo", {"text": "fine"})).success
+
+
+def test_a_json_answer_nested_past_pythons_stack_is_left_to_the_sdk() -> None:
+    """The id check parses the body with ``json``, which raises ``RecursionError`` (no
+    ``ValueError``) on deep nesting: the body goes on as it is, for the SDK's parser to refuse."""
+    from amplifier_tools.mcp.client import answered_as
+
+    deep = b'{"a":' * 200_000 + b"1" + b"}" * 200_000
+    assert answered_as(deep, b'{"jsonrpc":"2.0","id":1,"method":"tools/call"}') is deep
+
+
+@pytest.mark.parametrize("answer_id", ["other", "null"])
+async def test_a_json_answer_naming_another_calls_id_is_its_own_calls_answer(tmp_path: Path, answer_id: str) -> None:
+    """Found by attack: the SDK routes a JSON body by the id in it (an event stream's answer gets the
+    request's id), so a server answering Alice's POST with the id of Bob's call in flight gave Bob
+    Alice's result — and dropped Bob's own answer as late — while Alice waited for her deadline.
+    The answer to a POST is now that POST's request's, whatever id it names (``null`` too: the
+    call got nothing and waited for its deadline)."""
+    completions = Completions()
+    async with hostile_server() as (server, url), importing(tmp_path, url, completions, timeout_ms=3000) as host:
+        bobs: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def swap(message: dict[str, Any]) -> Answer | None:
+            text = message["params"]["arguments"]["text"]
+            if text == "bob":
+                bobs.set_result(message["id"])
+                await asyncio.sleep(0.3)  # answered after Alice's
+                return None
+            rid = await bobs if answer_id == "other" else None
+            body = {"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": "alice's"}]}}
+            return 200, {"content-type": "application/json"}, json.dumps(body).encode()
+
+        server.behave = on_call(swap)
+        bob = asyncio.ensure_future(host.call("mcp::h::echo", {"text": "bob"}))
+        await asyncio.wait_for(asyncio.shield(bobs), 5)
+        started = time.monotonic()
+        alice = await host.call("mcp::h::echo", {"text": "alice"})
+        assert time.monotonic() - started < 2, alice.error  # not her deadline
+        assert alice.success and alice.output == "alice's", alice.error
+        assert (await bob).output == "bob"
+    assert [code for _, code in completions.calls] == [None, None]
+
+
+@pytest.mark.parametrize("served", [True, False])
+async def test_a_reconnect_its_caller_cuts_is_not_counted_as_a_restart(tmp_path: Path, served: bool) -> None:
+    """Found by attack: a call cancelled by its caller (or its deadline) while it opened a new
+    session was counted against ``max_restarts`` — also when the session it replaced had expired,
+    which is never counted (the start had cleared what said so) — so a few callers cutting a slow
+    reconnect left a healthy server's tools unavailable for the host's lifetime. ``served``: the
+    forgotten session had served a call (an expiry, free) or not (the server's failure, counted)."""
+    async with hostile_server() as (server, url), \
+            importing(tmp_path, url, max_restarts=0 if served else 1) as host:
+        if served:
+            assert (await host.call("mcp::h::echo", {"text": "first"})).success
+        slow = asyncio.Event()
+
+        async def forget(srv: Hostile, method: str, headers: dict[str, str], message: Any) -> Answer | None:
+            if headers.get("mcp-session-id") == "session-1":
+                return 404, {"content-type": "text/html"}, b"<html>Not Found</html>"
+            if slow.is_set() and isinstance(message, dict) and message.get("method") == "initialize":
+                return await never()
+            return None
+
+        server.behave = forget
+        lost = await host.call("mcp::h::echo", {"text": "lost"})
+        assert lost.error is not None and lost.error["code"] == "mcp_server_died", lost.error
+        slow.set()
+        for _ in range(2):  # two callers give up on the slow reconnect once it reached the server
+            opened = len(server.posted("initialize"))
+            call = asyncio.ensure_future(host.call("mcp::h::echo", {"text": "cut"}))
+            while len(server.posted("initialize")) == opened and not call.done():
+                await asyncio.sleep(0.01)
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+        slow.clear()
+        result = await host.call("mcp::h::echo", {"text": "again"})
+        assert result.success and result.output == "again", result.error

@@ -32,7 +32,7 @@ try:
     import mcp_types
     import pydantic
     from mcp.client.session import ClientSession
-    from mcp.shared.dispatcher import ProgressFnT
+    from mcp.shared.dispatcher import ProgressFnT, coerce_request_id
     from mcp.shared.exceptions import MCPError
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
     raise missing_extra("mcp", exc, "amplifier_tools.mcp.client") from exc
@@ -423,6 +423,16 @@ class ServerConnection:
                 log.warning("restarting MCP server %r (restart %d)", self.name, self.restarts)
             try:
                 await self.start()
+            except asyncio.CancelledError:
+                # Cut by its call (the caller, the deadline) before a server was had: no restart, and a
+                # session the server forgot is still one to reopen uncounted (found by attack: three
+                # callers cancelling a slow reconnect used up max_restarts, the healthy server's tools
+                # unavailable for the host's lifetime; the new start had cleared what made a 404 free).
+                if expired:
+                    self.session_lost = self.session_served = True
+                else:
+                    self.restarts -= 1
+                raise
             except ExecutionError:
                 raise
             except Exception as exc:
@@ -806,7 +816,8 @@ def bound_body(response: httpx2.Response, limit: int) -> None:
     is an event stream (the SDK bounds each event; the stream may last). The SDK reads a JSON body
     whole with no limit: found by attack, a 200 MB answer with ``max_message_bytes`` at 1 MiB took
     16 s and 1.3 GB, and was a success. Compressed bodies are refused: ``Accept-Encoding: identity``
-    is asked, and a gzip body of a few hundred kilobytes decodes to gigabytes."""
+    is asked, and a gzip body of a few hundred kilobytes decodes to gigabytes. A JSON body is also
+    made the answer to its POST's request (``answer_its_own_request``)."""
     content_type = response.headers.get("content-type", "").lower()
     if content_type.startswith("text/event-stream"):
         return
@@ -814,6 +825,59 @@ def bound_body(response: httpx2.Response, limit: int) -> None:
         return
     encoding = response.headers.get("content-encoding", "identity").strip().lower()
     response.stream = BoundedBody(response.stream, limit, compressed=encoding not in ("", "identity"))
+    if content_type.startswith("application/json"):
+        answer_its_own_request(response)
+
+
+class _OwnAnswer(httpx2.AsyncByteStream):
+    """A JSON body answering a POST that carried a request, handed on whole as the answer to that
+    request (``answered_as``)."""
+
+    def __init__(self, stream: httpx2.AsyncByteStream, request: bytes) -> None:
+        self._stream = stream
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield answered_as(b"".join([chunk async for chunk in self._stream]), self._request)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def answer_its_own_request(response: httpx2.Response) -> None:
+    """Make the JSON body of a successful answer to a POST that carried a request the answer to that
+    request, whatever id it names, as the SDK does for an event stream's answer (it puts the
+    request's id in). Found by attack: the SDK routes a JSON body by the id in it, so a server that
+    answered one call's POST with the id of another call in flight gave that other call — another
+    caller's, perhaps — the first call's result, and the first call waited for its deadline. The
+    body is read whole, as the SDK reads it (bounded already: ``bound_body`` calls this for a JSON
+    body, whose content type it has read; an event stream's answers never come here)."""
+    if response.request.method != "POST" or not 200 <= response.status_code < 300 or response.status_code == 202:
+        return
+    try:
+        request = response.request.content
+    except httpx2.RequestNotRead:  # pragma: no cover - the request hook reads every POST's body
+        return
+    response.stream = _OwnAnswer(response.stream, request)
+
+
+def answered_as(body: bytes, request: bytes) -> bytes:
+    """``body`` (a JSON-RPC response) as the answer to ``request`` (the JSON-RPC request of its
+    POST): its id replaced by the request's when the two differ (compared as the SDK correlates
+    ids, ``7`` and ``"7"`` being one); anything else (no JSON, not a response, a POST carrying no
+    request) as it is, for the SDK to judge."""
+    try:
+        sent, answer = json.loads(request), json.loads(body)
+    except (ValueError, RecursionError):  # nested past Python's stack: the SDK's parser has its own limit
+        return body
+    if not (isinstance(sent, dict) and "method" in sent and "id" in sent and isinstance(answer, dict)
+            and ("result" in answer or "error" in answer)):
+        return body
+    theirs = answer.get("id")
+    if isinstance(theirs, (str, int)) and coerce_request_id(theirs) == coerce_request_id(sent["id"]):
+        return body
+    answer["id"] = sent["id"]
+    return json.dumps(answer).encode()
 
 
 def _body_too_large(exc: MCPError) -> str | None:
