@@ -852,7 +852,8 @@ def answer_its_own_request(response: httpx2.Response) -> None:
     caller's, perhaps — the first call's result, and the first call waited for its deadline. The
     body is read whole, as the SDK reads it (bounded already: ``bound_body`` calls this for a JSON
     body, whose content type it has read; an event stream's answers never come here)."""
-    if response.request.method != "POST" or not 200 <= response.status_code < 300 or response.status_code == 202:
+    if response.request.method != "POST" or not 200 <= response.status_code < 300 or response.status_code == 202 \
+            or not isinstance(response.stream, httpx2.AsyncByteStream):
         return
     try:
         request = response.request.content
