@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .errors import ConfigError, did_you_mean
+from .errors import ConfigError, did_you_mean, shown_value
 from .schema import CompiledSchema, Validator, schema_problems
 from .spec import is_finite, shown_number
 
@@ -181,19 +181,23 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
     _reject_unusable(data, "", file)  # after the agent's sections are dropped: they are not read here
     validator = _validator()
     if not validator.is_valid(data):
-        pointer, message = schema_problems(validator, data, limit=1)[0]
+        pointer, message = schema_problems(validator, data, limit=1, show=shown_value)[0]
         section = pointer.split("/")[1] if pointer.count("/") >= 1 else ""
         if section in ("tools", "hooks", "modules") and isinstance(data.get(section), list):
             # A mount plan's list: the list's own problems, not "not valid under any of the given schemas"
             # for the table-or-list union, and a misspelt key before the key it leaves missing (found by a
             # new-user trial: ``modul:`` said only the former).
-            problems = schema_problems(CompiledSchema(_MOUNT_PLAN_LIST), data[section], limit=5)
+            problems = schema_problems(CompiledSchema(_MOUNT_PLAN_LIST), data[section], limit=5, show=shown_value)
             if problems:
                 inner, message = next((p for p in problems if p[1].endswith("is not an allowed property")),
                                       problems[0])
                 pointer = f"/{section}{inner}"
         expected = _allowed_keys(pointer) if message.endswith("is not an allowed property") else None
         hint = _SECRETS_HINT if section == "secrets" and expected is None else None
+        if pointer.count("/") == 1 and message.endswith("is not of type 'array'") \
+                and isinstance(data.get(_dotted(pointer)), Mapping):
+            hint = (f"head each entry [[{_dotted(pointer)}]] (double brackets: a list of tables); "
+                    f"[{_dotted(pointer)}] is one table")
         if expected is not None and pointer.count("/") == 1:
             hint = _top_level_hint(_dotted(pointer), data.get(_dotted(pointer)), expected)
         raise ConfigError(message, key=_dotted(pointer), file=file, expected=expected, hint=hint)

@@ -12,7 +12,7 @@ The fifth category is serialized as ``"SystemError"``; its class is named
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, Final
 
 CONTRACT_ERROR: Final = "ContractError"
@@ -142,6 +142,21 @@ class ConfigError(ValueError):
         its section, and the command line with a command's that reads the settings itself (found by
         a newcomer's trial: ``list`` said which file held a typo, ``policy status`` did not)."""
         return ConfigError(self.detail, key=self.key, file=self.file or file, hint=self.hint)
+
+
+def shown_value(value: Any) -> str:
+    """A refused configuration value as an error shows it: a scalar or list by its ``repr``, cut
+    at 80 characters; a table (or a list holding tables) by its keys only, never its values
+    (found by a newcomer's trial: ``[plugins.mcp.serve.clients]`` written for ``[[…]]`` printed
+    the table's values, a token typed there among them)."""
+    if isinstance(value, Mapping):
+        keys = ", ".join(repr(key) for key in value)
+        text = f"a table with keys {keys}" if keys else "an empty table"
+    elif isinstance(value, (list, tuple)) and any(isinstance(item, Mapping) for item in value):
+        text = f"a list of {len(value)} items, tables among them"
+    else:
+        text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def did_you_mean(name: str, expected: Collection[str]) -> str | None:

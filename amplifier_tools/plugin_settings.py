@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar, Union
 import attrs
 from attrs import AttrsInstance
 
-from .errors import ConfigError
+from .errors import ConfigError, shown_value
 
 if TYPE_CHECKING:  # cattrs is imported where a table is structured, not by a plugin that gets none
     import cattrs
@@ -143,9 +143,9 @@ MAX_COUNT: Final = 2**63 - 1
 def _count(value: Any) -> int:
     """A ``Count``: an integer above zero and at most ``MAX_COUNT``, each refusal saying which."""
     if type(value) is not int or value <= 0:
-        raise Invalid(f"must be a positive integer, got {_shown(value)}")
+        raise Invalid(f"must be a positive integer, got {shown_value(value)}")
     if value > MAX_COUNT:
-        raise Invalid(f"must be at most {MAX_COUNT} (2**63 - 1), got {_shown(value)}")
+        raise Invalid(f"must be at most {MAX_COUNT} (2**63 - 1), got {shown_value(value)}")
     return value
 
 
@@ -182,7 +182,7 @@ def structure_settings(config: Mapping[str, Any], cls: type[T], where: str) -> T
     if cls not in _SETTINGS and cls not in _PENDING and not _is_settings(cls):
         raise TypeError(f"{cls.__name__} is not marked @settings_class, so it would not be structured strictly")
     if not isinstance(config, Mapping):
-        raise ConfigError(f"must be a table, got {_shown(config)}", key=where)
+        raise ConfigError(f"must be a table, got {shown_value(config)}", key=where)
     if not config:
         # No table: the class's defaults, which is what the converter builds from an empty one, without
         # importing cattrs (the start-up of every command); defaults the class refuses take the path below.
@@ -221,7 +221,7 @@ def register_settings_hooks(converter: cattrs.Converter) -> None:
 
         def table(value: Any, _: Any) -> Any:
             if not isinstance(value, Mapping):
-                raise Invalid(f"must be a table, got {_shown(value)}")
+                raise Invalid(f"must be a table, got {shown_value(value)}")
             return structure(value, cls)
 
         return table
@@ -246,7 +246,7 @@ def _field_hook(t: Any) -> Callable[[Any, Any], Any]:
                     exc.expected, exc.got = description, _wrong_kind(value, inner)
                 raise
         if not _fits(value, base) or (expect is not None and expect.check is not None and not expect.check(value)):
-            raise Invalid(f"must be {description}, got {_shown(value)}", hint=expect.hint if expect else None,
+            raise Invalid(f"must be {description}, got {shown_value(value)}", hint=expect.hint if expect else None,
                           expected=description, got=_wrong_kind(value, inner))
         return _build(value, base)
 
@@ -414,11 +414,6 @@ def _one_of(words: list[str]) -> str:
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
-
-
 def check_json_types(data: Mapping[str, Any], cls: type[Any], where: str) -> None:
     """Refuse any value in ``data`` (a table for the attrs class ``cls``, such as a per-tool override
     of a ``ToolSpec``) that is not of its field's JSON type as written: the converter that builds
@@ -442,13 +437,13 @@ def _check_value(value: Any, t: Any, key: str) -> None:
     nested = inner if isinstance(inner, type) and attrs.has(inner) else None
     if nested is not None:
         if not isinstance(value, Mapping):
-            raise ConfigError(f"must be a table, got {_shown(value)}", key=key)
+            raise ConfigError(f"must be a table, got {shown_value(value)}", key=key)
         _check_table(value, nested, key)
         return
     if _is_sequence(inner) and get_args(inner) and isinstance(get_args(inner)[0], type) \
             and attrs.has(get_args(inner)[0]):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"must be a list of tables, got {_shown(value)}", key=key)
+            raise ConfigError(f"must be a list of tables, got {shown_value(value)}", key=key)
         for index, item in enumerate(value):
             _check_value(item, get_args(inner)[0], f"{key}[{index}]")
         return
@@ -457,7 +452,7 @@ def _check_value(value: Any, t: Any, key: str) -> None:
     except TypeError:  # a type settings never hold: left to the converter
         return
     if not fits:
-        raise ConfigError(f"must be {_describe(t)}, got {_shown(value)}", key=key)
+        raise ConfigError(f"must be {_describe(t)}, got {shown_value(value)}", key=key)
 
 
 # -- errors ------------------------------------------------------------------------------------

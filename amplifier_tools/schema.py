@@ -571,8 +571,8 @@ def describe_errors(validator: Validator, instance: Any, *, limit: int = 5) -> t
     return shown[0][0], text
 
 
-def schema_problems(validator: Validator, instance: Any, *, limit: int = 5,
-                    suggest: bool = False) -> list[tuple[str, str]]:
+def schema_problems(validator: Validator, instance: Any, *, limit: int = 5, suggest: bool = False,
+                    show: Callable[[Any], str] | None = None) -> list[tuple[str, str]]:
     """Up to ``limit`` ``(JSON pointer, message)`` pairs, the offending field first.
 
     A missing required property or a disallowed extra property is reported at
@@ -581,6 +581,8 @@ def schema_problems(validator: Validator, instance: Any, *, limit: int = 5,
     ``suggest``, a disallowed property's message ends with the closest allowed one, when one is
     close (found by a newcomer's trial: ``{"limt": 3}`` said only "is not an allowed property");
     the configuration, whose error gives it as its hint, leaves it out. Only a refusal pays for it.
+    ``show``: how a message that begins with the refused table or list shows it instead of its
+    ``repr`` (the configuration's ``errors.shown_value``: its keys, never its values).
     """
     problems: list[tuple[str, str]] = []
     for error in sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path))):
@@ -608,7 +610,12 @@ def schema_problems(validator: Validator, instance: Any, *, limit: int = 5,
                 if problem not in problems:
                     problems.append(problem)
             continue
-        problems.append((pointer, error.message))
+        message = error.message
+        if show is not None and isinstance(error.instance, (dict, list)):
+            shown = repr(error.instance)
+            if message.startswith(shown):
+                message = show(error.instance) + message[len(shown):]
+        problems.append((pointer, message))
         if len(problems) >= limit:
             break
     if not problems:  # is_valid said no; be explicit rather than silent

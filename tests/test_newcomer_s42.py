@@ -48,3 +48,28 @@ def test_an_mcp_servers_stderr_tail_is_printed_as_lines(tmp_path: Path) -> None:
         in done.stderr, done.stderr
     assert [line for line in done.stderr.splitlines() if not line.startswith("    ")] == \
         [line for line in done.stderr.splitlines() if line.startswith(("error: ", "hint: "))]
+
+
+@pytest.mark.parametrize(("toml", "shown", "hint"), [
+    ('[modules]\nmodule = "x"\ntoken = "sk-live-0123456789abcdef"\n',
+     "modules: a table with keys 'module', 'token' is not of type 'array'",
+     "head each entry [[modules]] (double brackets: a list of tables); [modules] is one table"),
+    ('[plugins.mcp.serve.clients]\ntoken_ref = "t"\ntoken = "sk-live-0123456789abcdef"\n',
+     "plugins.mcp.serve.clients: must be a list of tables, got a table with keys 'token_ref', 'token'",
+     "head each entry [[plugins.mcp.serve.clients]] (double brackets: a list of tables); "
+     "[plugins.mcp.serve.clients] is one table"),
+    ('[plugins.mcp.serve]\ntools = [{name = "sk-live-0123456789abcdef"}]\n',
+     "got a list of 1 items, tables among them", None),
+])
+def test_a_refused_table_is_shown_by_its_keys_never_its_values(tmp_path: Path, toml: str, shown: str,
+                                                              hint: str | None) -> None:
+    """Found by a newcomer's trial: ``[plugins.mcp.serve.clients]`` written for ``[[…]]`` (and
+    ``[modules]`` for ``[[modules]]``) printed the table's values in the error, a token typed
+    there among them; the top-level one's hint said only "fix the configuration"."""
+    pytest.importorskip("mcp")
+    (tmp_path / "amplifier-tools.toml").write_text(toml)
+    done = cli(tmp_path, "plugins", env={"XDG_STATE_HOME": str(tmp_path / "state")})
+    assert done.returncode == 2, done.stderr
+    assert shown in done.stderr and "sk-live" not in done.stderr, done.stderr
+    if hint is not None:
+        assert done.stderr.splitlines()[-1] == f"hint: {hint}", done.stderr
