@@ -986,16 +986,36 @@ def _unrecognized_hint(parser: argparse.ArgumentParser, command: str | None, ext
     # 'list --verbose', as "run with --verbose" reads, was answered "did you mean '--verbose'?")
     top = [option for action in parser._actions for option in action.option_strings] if where is not parser else []
     see = f"see '{where.prog} --help'"
-    for word in (word for word in extras if word.startswith("-")):
+    # Words after '--' are not options (found by attack: 'list -- --verbose' was told to move it).
+    words = list(extras[:extras.index("--")] if "--" in extras else extras)
+    for at, word in enumerate(words):
+        if not word.startswith("-"):
+            continue
         name = word.partition("=")[0]
         close = difflib.get_close_matches(name, options, n=1, cutoff=0.7) if name not in top else []
         if close:
             return f"did you mean {close[0]!r}? {see}"
-        before = word if name in top else next(iter(difflib.get_close_matches(name, top, n=1, cutoff=0.7)), None)
-        if before is not None:
-            return (f"{before.partition('=')[0]} is an option of amplifier-tools itself: put it before the "
-                    f"command ('amplifier-tools {before} {command} …')")
+        option = name if name in top else next(iter(difflib.get_close_matches(name, top, n=1, cutoff=0.7)), None)
+        if option is not None:
+            return (f"{option} is an option of amplifier-tools itself: put it before the command "
+                    f"('amplifier-tools {_with_value(parser, option, word, words[at + 1:at + 2])} {command} …')")
     return see
+
+
+def _with_value(parser: argparse.ArgumentParser, option: str, word: str, following: Sequence[str]) -> str:
+    """``option`` as the top level takes it, with the value given after the command: a flag alone,
+    an option's value from ``word`` (``--config=x.toml``) or the next word, else its metavar (found
+    by attack: 'list --config x.toml' was told 'amplifier-tools --config list …', which reads
+    ``list`` as the config file)."""
+    action = next(action for action in parser._actions if option in action.option_strings)
+    if action.nargs == 0:
+        return option
+    _, equals, value = word.partition("=")
+    if equals:
+        return f"{option}={value}"
+    value = following[0] if following and not following[0].startswith("-") else \
+        str(action.metavar or action.dest.upper())
+    return f"{option} {value}"
 
 
 def _run_main(args: argparse.Namespace) -> int:

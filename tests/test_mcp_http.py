@@ -417,15 +417,16 @@ async def test_a_refused_authorization_without_a_scheme_says_bearer_is_missing(
     assert ALICE not in message
 
 
-async def test_a_url_without_the_mcp_path_says_where_servers_serve(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("path", ["", "/prefix/mcp", "/MCP"])
+async def test_a_url_without_the_mcp_path_says_where_servers_serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   path: str) -> None:
     """Found by a newcomer's trial: url = "http://127.0.0.1:<port>" (no /mcp) stopped the start
-    with a bare 'HTTP 404 from http://127.0.0.1:<port>'."""
+    with a bare 'HTTP 404 from http://127.0.0.1:<port>'; by attack: so did ".../prefix/mcp"."""
     monkeypatch.setenv("TEST_INNER_AUTH", f"Bearer {ALICE}")
     async with served(config(tmp_path)) as url:
         with pytest.raises(PluginLoadError) as refused:
-            async with ToolHost(config=importing(url.removesuffix("/mcp")), builtins=["mcp"], entry_points=False,
-                                discover=False, working_dir=tmp_path):
+            async with ToolHost(config=importing(url.removesuffix("/mcp") + path), builtins=["mcp"],
+                                entry_points=False, discover=False, working_dir=tmp_path):
                 pass
     message = str(refused.value)
     assert "HTTP 404" in message and "serve MCP at /mcp" in message

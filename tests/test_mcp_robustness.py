@@ -440,3 +440,57 @@ async def test_a_sandboxed_scripts_interpreter_outside_the_view_names_sandbox_re
     message = str(caught.value)
     assert "plugins.mcp.servers.s.sandbox_read_paths" in message and "its #! line" in message, message
     assert str(interp / "python") in message and "command and args" not in message
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bubblewrap is not installed (.ci/run installs it)")
+async def test_a_sandboxed_scripts_missing_interpreter_is_no_matter_of_sandbox_read_paths(tmp_path: Path) -> None:
+    """Found by attack: a ``#!`` line naming an interpreter that exists nowhere was answered "lies
+    outside the sandbox's view; add its directories to sandbox_read_paths": no path added helps."""
+    work, srv = tmp_path / "work", tmp_path / "srv"
+    for directory in (work, srv):
+        directory.mkdir()
+    script = srv / "server"
+    script.write_text("#!/nonexistent/python3\nimport sys\n")
+    script.chmod(0o755)
+    config = {"plugins": {"mcp": {"servers": {"s": {"command": str(script), "sandbox": "auto",
+                                                    "sandbox_read_paths": [str(srv)]}}}}}
+    host = ToolHost(config=config, builtins=["mcp"], entry_points=False, working_dir=work, discover=False)
+    with pytest.raises(PluginLoadError) as caught:
+        await host.start()
+    await host.close()
+    message = str(caught.value)
+    assert "its #! line" not in message and "sandbox_read_paths" not in message, message
+
+
+def test_a_shebang_cut_by_the_kernels_256_bytes_names_no_interpreter(tmp_path: Path) -> None:
+    """Found by attack: a ``#!`` path longer than the 256 bytes the kernel reads (which then refuses
+    to run the script) was named, cut, as the interpreter lying outside the view."""
+    from amplifier_tools.mcp.confinement import _interpreter
+
+    script = tmp_path / "server"
+    script.write_bytes(b"#!/opt/" + b"x" * 300 + b"\nimport sys\n")
+    assert _interpreter(str(script)) is None
+    script.write_bytes(b"#!/opt/python " + b"-X" * 200 + b"\n")  # only the arguments are cut: it runs
+    assert _interpreter(str(script)) == "/opt/python"
+
+
+def test_a_script_swapped_for_a_fifo_after_the_check_does_not_block(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by attack: ``isfile`` then ``open``: a FIFO put in the script's place between the two
+    blocked the open (and the host's event loop) until something wrote to it."""
+    import threading
+
+    from amplifier_tools.mcp.confinement import _interpreter
+
+    fifo = tmp_path / "server"
+    os.mkfifo(fifo)
+    monkeypatch.setattr(os.path, "isfile", lambda path: True)  # the swap, after isfile said "a file"
+    found: list[str | None] = []
+    reader = threading.Thread(target=lambda: found.append(_interpreter(str(fifo))), daemon=True)
+    reader.start()
+    reader.join(5)
+    blocked = reader.is_alive()
+    if blocked:  # let the blocked open go
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    assert not blocked and found == [None]

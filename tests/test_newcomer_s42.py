@@ -19,6 +19,17 @@ from cli_helpers import cli
                                      "command ('amplifier-tools --config=x.toml plugins …')"),
     (["list", "--verbos"], "--verbose is an option of amplifier-tools itself: put it before the command "
                            "('amplifier-tools --verbose list …')"),
+    # found by attack: the value given after the command goes before it with its option ('--config
+    # list' reads list as the file), a flag's '=value' is dropped, and a word after '--' is no option
+    (["list", "--config", "x.toml"], "--config is an option of amplifier-tools itself: put it before the "
+                                     "command ('amplifier-tools --config x.toml list …')"),
+    (["list", "--config"], "--config is an option of amplifier-tools itself: put it before the command "
+                           "('amplifier-tools --config CONFIG list …')"),
+    (["list", "--conf=x.toml"], "--config is an option of amplifier-tools itself: put it before the command "
+                                "('amplifier-tools --config=x.toml list …')"),
+    (["list", "--verbose=1"], "--verbose is an option of amplifier-tools itself: put it before the command "
+                              "('amplifier-tools --verbose list …')"),
+    (["list", "--", "--verbose"], "see 'amplifier-tools list --help'"),
     # the command's own options still come first
     (["list", "--jsno"], "did you mean '--json'? see 'amplifier-tools list --help'"),
 ])

@@ -1161,8 +1161,9 @@ def _start_failure(connection: ServerConnection, exc: BaseException) -> str:
     valid MCP — then the last lines it wrote to stderr, which usually say why."""
     if connection.http_refusal is not None:
         status, url = connection.http_refusal
-        if status == 404 and not urlsplit(url).path.rstrip("/").endswith("/mcp"):
-            # found by a newcomer's trial: url = "http://127.0.0.1:8765" answered a bare 404
+        if status == 404 and urlsplit(url).path.rstrip("/") != "/mcp":
+            # found by a newcomer's trial: url = "http://127.0.0.1:8765" answered a bare 404 (and by
+            # attack: ".../prefix/mcp" too, the docs saying "a url whose path is not /mcp")
             why = " (nothing is served at this path: serve-mcp and the SDK's servers serve MCP at /mcp)"
         elif status not in (401, 403):
             why = ""

@@ -23,6 +23,7 @@ kernel, no CPU or memory limits, system directories readable.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Sequence
 
 import attrs
@@ -115,8 +116,10 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
                               "its directories (and those of its interpreter and libraries) to "
                               "sandbox_read_paths", key=key)
         interpreter = _interpreter(program)
-        if interpreter is not None and not (engine.visible(interpreter, view)
-                                            and engine.visible(os.path.realpath(interpreter), view)):
+        # One that does not exist is no matter of the view (found by attack: "#!/nonexistent/python"
+        # was answered "add its directories to sandbox_read_paths"); the start fails as unconfined.
+        if interpreter is not None and os.path.exists(interpreter) and not (
+                engine.visible(interpreter, view) and engine.visible(os.path.realpath(interpreter), view)):
             # found by a newcomer's trial: a virtual environment's console script was in the view and
             # its interpreter (a link to the base Python) was not: bwrap's "execvp …: No such file
             # or directory" named neither the interpreter nor this setting
@@ -131,14 +134,24 @@ async def sandbox_wrap(name: str, settings: ServerSettings, working_dir: str, pr
 
 def _interpreter(program: str) -> str | None:
     """The absolute path a script's ``#!`` line names (its first word, within the 256 bytes the
-    kernel reads), None for a program without one or one that cannot be read here (or is no
-    regular file: a FIFO would block the open)."""
+    kernel reads), None for a program without one, one that cannot be read here or is no regular
+    file, or a first word the 256 bytes cut (the kernel refuses to run it: found by attack, the cut
+    path was named as lying outside the view). A FIFO (or one swapped in after ``isfile``: found by
+    attack) is opened without blocking and refused by its ``fstat``."""
     if not os.path.isfile(program):
         return None
     try:
-        with open(program, "rb") as file:
-            head = file.read(256)
+        descriptor = os.open(program, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    words = head[2:].split(b"\n", 1)[0].split() if head.startswith(b"#!") else []
-    return os.fsdecode(words[0]) if words and words[0].startswith(b"/") else None
+    try:
+        head = os.read(descriptor, 256) if stat.S_ISREG(os.fstat(descriptor).st_mode) else b""
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
+    line, newline, _ = head[2:].partition(b"\n") if head.startswith(b"#!") else (b"", b"", b"")
+    words = line.split()
+    if not words or not words[0].startswith(b"/") or (not newline and len(head) == 256 and line.lstrip() == words[0]):
+        return None
+    return os.fsdecode(words[0])
