@@ -389,15 +389,20 @@ async def test_an_imported_http_call_may_outlast_httpx_default_timeout_and_is_bo
             assert "done" in json.dumps(slow.output)
 
 
+async def refused_start(tmp_path: Path, url: str) -> str:
+    """The message of the ``PluginLoadError`` a host importing ``url`` stops its start with."""
+    with pytest.raises(PluginLoadError) as refused:
+        async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
+                            working_dir=tmp_path):
+            pass
+    return str(refused.value)
+
+
 async def test_refused_credentials_name_the_status_and_the_setting(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_INNER_AUTH", "Bearer not-a-token-at-all")
     async with served(config(tmp_path)) as url:
-        with pytest.raises(PluginLoadError) as refused:
-            async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
-                                working_dir=tmp_path):
-                pass
-    message = str(refused.value)
+        message = await refused_start(tmp_path, url)
     assert "HTTP 401" in message and "credentials in headers were refused" in message
     assert "plugins.mcp.servers.inner: url and headers" in message and "not-a-token-at-all" not in message
 
@@ -408,11 +413,7 @@ async def test_a_refused_authorization_without_a_scheme_says_bearer_is_missing(
     value in the importing host's variable was refused 401 with no word that 'Bearer ' was missing."""
     monkeypatch.setenv("TEST_INNER_AUTH", ALICE)
     async with served(config(tmp_path)) as url:
-        with pytest.raises(PluginLoadError) as refused:
-            async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
-                                working_dir=tmp_path):
-                pass
-    message = str(refused.value)
+        message = await refused_start(tmp_path, url)
     assert "HTTP 401" in message and "'Authorization' has no scheme" in message and "'Bearer <token>'" in message
     assert ALICE not in message
 
@@ -424,11 +425,7 @@ async def test_a_url_without_the_mcp_path_says_where_servers_serve(tmp_path: Pat
     with a bare 'HTTP 404 from http://127.0.0.1:<port>'; by attack: so did ".../prefix/mcp"."""
     monkeypatch.setenv("TEST_INNER_AUTH", f"Bearer {ALICE}")
     async with served(config(tmp_path)) as url:
-        with pytest.raises(PluginLoadError) as refused:
-            async with ToolHost(config=importing(url.removesuffix("/mcp") + path), builtins=["mcp"],
-                                entry_points=False, discover=False, working_dir=tmp_path):
-                pass
-    message = str(refused.value)
+        message = await refused_start(tmp_path, url.removesuffix("/mcp") + path)
     assert "HTTP 404" in message and "serve MCP at /mcp" in message
 
 
@@ -441,11 +438,8 @@ async def test_a_url_nothing_listens_at_is_named(tmp_path: Path, monkeypatch: py
     with socket.socket() as unused:  # a port bound and not listening: every connection is refused
         unused.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{unused.getsockname()[1]}/mcp"
-        with pytest.raises(PluginLoadError) as refused:
-            async with ToolHost(config=importing(url), builtins=["mcp"], entry_points=False, discover=False,
-                                working_dir=tmp_path):
-                pass
-    assert f"cannot connect to {url}" in str(refused.value), str(refused.value)
+        message = await refused_start(tmp_path, url)
+    assert f"cannot connect to {url}" in message, message
 
 
 async def test_a_header_whose_secret_is_missing_names_its_key(tmp_path: Path) -> None:
