@@ -20,7 +20,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -291,47 +291,66 @@ async def _http_serve(n: int, rounds: int) -> Row:
                      "conversion; reference = the SDK's lowlevel Server on its own HTTP app, same client")
 
 
-async def _http_import(n: int, rounds: int) -> Row:
-    """One call of an imported Streamable HTTP tool through the host against the SDK's own session
-    calling the same bare SDK server (tests/mcp_fixtures/bare_http_server.py, a subprocess on a
-    loopback port): the host's overhead per call over HTTP."""
+@contextlib.contextmanager
+def _bare_http_server() -> Iterator[str]:
+    """The bench's bare SDK Streamable HTTP server (tests/mcp_fixtures/bare_http_server.py) as a
+    subprocess on a loopback port: its endpoint URL."""
     import subprocess
-
-    import mcp_types
-    from mcp.client.session import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
 
     process = subprocess.Popen([sys.executable, BARE_HTTP], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         assert process.stdout is not None
         url = process.stdout.readline().strip()
         assert url.startswith("http://"), "the bare HTTP server did not start"
-        config = {"plugins": {"mcp": {"servers": {"web": {"url": url}}}}}
-        # The reference is the SDK's ClientSession on the SDK's HTTP transport sending tools/call as
-        # the host does (mcp.Client.call_tool also validates the result, listing the tools for it).
-        def sdk_call() -> Any:
-            request = mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name="add", arguments=ARGS))
-            return direct.send_request(request, mcp_types.CallToolResult)
-
-        async with (ToolHost(config=config, builtins=["mcp"], entry_points=False, discover=False) as host,
-                    create_mcp_http_client() as http, streamable_http_client(url, http_client=http) as streams,
-                    ClientSession(streams[0], streams[1]) as direct):
-            await direct.initialize()
-            # Blocks of calls, not single calls: each call leaves its HTTP connection's teardown to
-            # the loop, and single calls in turn charged it to the other side (the host's task per
-            # request moved ≈ 90 µs of it from the SDK's calls to the host's). The difference of
-            # each round's two blocks, not of two medians: the load moves between rounds.
-            def host_call() -> Any:
-                return host.call("mcp::web::add", ARGS)
-
-            rounds_taken = max(2, n * rounds // HTTP_BLOCK)
-            cpu = await paired_rounds(host_call, sdk_call, rounds=rounds_taken, block=HTTP_BLOCK)
-            wall = await paired_rounds(host_call, sdk_call, rounds=max(2, rounds_taken // 4), block=HTTP_BLOCK,
-                                       clock=time.perf_counter)
+        yield url
     finally:
         process.terminate()
         process.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def _http_import_sessions(url: str) -> AsyncIterator[dict[str, Callable[[], Awaitable[Any]]]]:
+    """The two sides of the HTTP import case on the server at ``url``: ``ours``, a call of the
+    imported tool through a host, and ``bare``, the SDK's ``ClientSession`` on the SDK's HTTP
+    transport sending tools/call as the host does (``mcp.Client.call_tool`` also validates the
+    result, listing the tools for it). Both initialized."""
+    import mcp_types
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    # A start under valgrind (``_http_instructions``) is ~50 times slower: not cut at the default 10 s.
+    config = {"plugins": {"mcp": {"servers": {"web": {"url": url, "startup_timeout_ms": 600_000}}}}}
+    request = mcp_types.CallToolRequest(params=mcp_types.CallToolRequestParams(name="add", arguments=ARGS))
+    async with (ToolHost(config=config, builtins=["mcp"], entry_points=False, discover=False) as host,
+                create_mcp_http_client() as http, streamable_http_client(url, http_client=http) as streams,
+                ClientSession(streams[0], streams[1]) as direct):
+        await direct.initialize()
+
+        def host_call() -> Any:
+            return host.call("mcp::web::add", ARGS)
+
+        def sdk_call() -> Any:
+            return direct.send_request(request, mcp_types.CallToolResult)
+
+        yield {"ours": host_call, "bare": sdk_call}
+
+
+async def _http_import(n: int, rounds: int) -> Row:
+    """One call of an imported Streamable HTTP tool through the host against the SDK's own session
+    calling the same bare SDK server (``_http_import_sessions``): the host's overhead per call over
+    HTTP, in this process's CPU time.
+
+    Blocks of calls, not single calls: each call leaves its HTTP connection's teardown to the loop,
+    and single calls in turn charged it to the other side (the host's task per request moved ≈ 90
+    µs of it from the SDK's calls to the host's). The difference of each round's two blocks, not of
+    two medians: the load moves between rounds (``paired_rounds``)."""
+    rounds_taken = max(2, n * rounds // HTTP_BLOCK)
+    with _bare_http_server() as url:
+        async with _http_import_sessions(url) as calls:
+            cpu = await paired_rounds(calls["ours"], calls["bare"], rounds=rounds_taken, block=HTTP_BLOCK)
+            wall = await paired_rounds(calls["ours"], calls["bare"], rounds=max(2, rounds_taken // 4),
+                                       block=HTTP_BLOCK, clock=time.perf_counter)
     return row("mcp import: call via host vs SDK session (Streamable HTTP, bare SDK server), CPU", cpu.ours,
                cpu.reference, "µs/call", ratio=cpu.ours / cpu.reference, target="≤ +50 µs", met=cpu.added <= 50,
                spread=cpu.high - cpu.low,
@@ -367,11 +386,16 @@ def run(quick: bool) -> list[Row]:
     return rows
 
 
-async def _http_calls(name: str, n: int) -> None:
-    """``n`` calls of one side of ``_http_sessions`` (both set up, one called), heap frozen."""
+async def _http_calls(case: str, name: str, n: int, url: str | None = None) -> None:
+    """``n`` calls of one side (``ours`` or ``bare``) of the HTTP ``serve`` case (``_http_sessions``)
+    or ``import`` case (``_http_import_sessions`` on the server at ``url``), both sides set up and
+    warm, one called, heap frozen."""
     import gc
 
-    async with _http_sessions() as calls:
+    sessions = _http_sessions() if case == "serve" else _http_import_sessions(str(url))
+    async with sessions as calls:
+        for _ in range(20):
+            await calls[name]()
         gc.collect()
         gc.freeze()
         for _ in range(n):
@@ -379,11 +403,13 @@ async def _http_calls(name: str, n: int) -> None:
         gc.unfreeze()
 
 
-def _http_instructions(n_low: int = 100, n_high: int = 300) -> None:
-    """Instructions per call of each side of the in-process HTTP serve case, counted by
-    ``valgrind --tool=callgrind`` (deterministic, unlike the CPU times on a shared machine): each side
-    runs twice, ``n_low`` and ``n_high`` calls after the same set-up; (Ir(high) - Ir(low)) / (high -
-    low) is one call's, client and server. The two sides run side by side (2 processes)."""
+def _http_instructions(case: str = "serve", n_low: int = 100, n_high: int = 300) -> None:
+    """Instructions per call of each side of an HTTP case, counted by ``valgrind --tool=callgrind``
+    (deterministic, unlike the CPU times on a shared machine): each side runs twice, ``n_low`` and
+    ``n_high`` calls after the same set-up; (Ir(high) - Ir(low)) / (high - low) is one call's. The
+    two sides run side by side (2 processes). ``serve``: the in-process serve case, client and
+    server; ``import``: the HTTP import case, the client's process only (the bare SDK server is one
+    subprocess for all four runs, not counted)."""
     import re
     import subprocess
     import tempfile
@@ -391,14 +417,15 @@ def _http_instructions(n_low: int = 100, n_high: int = 300) -> None:
     root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONHASHSEED": "0",
            "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    with tempfile.TemporaryDirectory() as directory:
+    with tempfile.TemporaryDirectory() as directory, contextlib.ExitStack() as stack:
+        where = [stack.enter_context(_bare_http_server())] if case == "import" else []
         runs = {}
         for name in ("ours", "bare"):
             for n in (n_low, n_high):
                 out = os.path.join(directory, f"callgrind.{name}.{n}")
                 runs[name, n] = (out, subprocess.Popen(
                     ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-m",
-                     "bench.bench_mcp", "--http-calls", name, str(n)],
+                     "bench.bench_mcp", "--http-calls", case, name, str(n), *where],
                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             for n in (n_low, n_high):  # two at a time: the machine has two cores
                 runs[name, n][1].wait()
@@ -417,10 +444,12 @@ def _http_instructions(n_low: int = 100, n_high: int = 300) -> None:
 
 if __name__ == "__main__":
     with isolated_state():
-        if sys.argv[1:2] == ["--http-calls"]:
-            run_async(_http_calls(sys.argv[2], int(sys.argv[3])))
-        elif sys.argv[1:2] == ["--http-instructions"]:
-            _http_instructions(*(int(a) for a in sys.argv[2:4]))
+        if sys.argv[1:2] == ["--http-calls"]:  # CASE NAME N [URL]
+            run_async(_http_calls(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6]))
+        elif sys.argv[1:2] == ["--http-instructions"]:  # [serve|import] [N_LOW N_HIGH]
+            given = sys.argv[2:]
+            chosen = given.pop(0) if given and given[0] in ("serve", "import") else "serve"
+            _http_instructions(chosen, *(int(a) for a in given[:2]))
         else:
             for r in run(quick=False):
                 print(r)
