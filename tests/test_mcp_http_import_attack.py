@@ -500,6 +500,37 @@ def test_a_json_answer_nested_past_pythons_stack_is_left_to_the_sdk() -> None:
     assert answered_as(deep, b'{"jsonrpc":"2.0","id":1,"method":"tools/call"}') is deep
 
 
+@pytest.mark.parametrize(("text", "encoding"), [
+    ('{"jsonrpc":"2.0","id":ID,"result":{}}', "utf-8-sig"),  # a byte order mark
+    ('{"jsonrpc":"2.0","id":ID,"result":{}}', "utf-16"),
+    ('{"jsonrpc":"2.0","id":ID,"result":{}}', "utf-32-le"),
+    ('{"jsonrpc":"2.0","id":ID,"result":{"x":' + "1" * 5000 + '.5}}', "utf-8"),  # a float of 5,000 digits
+    ('{"jsonrpc":"2.0","id":ID,"result":{"x":NaN,"y":-Infinity,"z":1e400}}', "utf-8"),
+    ('{"jsonrpc":"2.0","id":9,"result":{},"id":ID}', "utf-8"),  # duplicate keys: the last, for both parsers
+    ('{"jsonrpc":"2.0","id":ID,"result":{},"error":{"code":1,"message":"m"}}', "utf-8"),
+    ('{"jsonrpc":"2.0","id":ID,"method":"ping","result":{}}', "utf-8"),  # a request to the host
+])
+def test_a_json_answer_naming_another_id_is_judged_as_it_would_be_naming_its_own(text: str, encoding: str) -> None:
+    """Found by attack: the id check parsed the body with ``json``, laxer than the SDK's parser (it
+    takes a byte order mark, UTF-16 and UTF-32, a float of any length), and wrote it again as plain
+    JSON: a body the SDK refuses naming its request's id (a parse error, at once) was a success
+    naming another call's; and ``true`` passed for id 1, and was refused. Naming another id now
+    changes only the id the SDK reads."""
+    from mcp_types import jsonrpc_message_adapter
+
+    from amplifier_tools.mcp.client import answered_as
+
+    def verdict(answer_id: str) -> str:
+        request = b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}'
+        body = answered_as(text.replace("ID", answer_id).encode(encoding), request)
+        try:
+            return repr(jsonrpc_message_adapter.validate_json(body, by_name=False))  # repr: NaN != NaN
+        except ValueError:
+            return "refused"
+
+    assert verdict("8") == verdict("true") == verdict("1")  # true is no id to the SDK, not 1
+
+
 @pytest.mark.parametrize("answer_id", ["other", "null"])
 async def test_a_json_answer_naming_another_calls_id_is_its_own_calls_answer(tmp_path: Path, answer_id: str) -> None:
     """Found by attack: the SDK routes a JSON body by the id in it (an event stream's answer gets the

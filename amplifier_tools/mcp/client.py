@@ -32,7 +32,7 @@ try:
     import mcp_types
     import pydantic
     from mcp.client.session import ClientSession
-    from mcp.shared.dispatcher import ProgressFnT, coerce_request_id
+    from mcp.shared.dispatcher import ProgressFnT, as_request_id, coerce_request_id
     from mcp.shared.exceptions import MCPError
 except ImportError as exc:  # pragma: no cover - exercised in a venv without the extra
     raise missing_extra("mcp", exc, "amplifier_tools.mcp.client") from exc
@@ -829,6 +829,10 @@ def bound_body(response: httpx2.Response, limit: int) -> None:
         answer_its_own_request(response)
 
 
+#: JSON as the SDK parses a message (pydantic's parser, its limits: 200 levels, 4,300 digits).
+_JSON: Final = pydantic.TypeAdapter(Any)
+
+
 class _OwnAnswer(httpx2.AsyncByteStream):
     """A JSON body answering a POST that carried a request, handed on whole as the answer to that
     request (``answered_as``)."""
@@ -865,17 +869,20 @@ def answer_its_own_request(response: httpx2.Response) -> None:
 def answered_as(body: bytes, request: bytes) -> bytes:
     """``body`` (a JSON-RPC response) as the answer to ``request`` (the JSON-RPC request of its
     POST): its id replaced by the request's when the two differ (compared as the SDK correlates
-    ids, ``7`` and ``"7"`` being one); anything else (no JSON, not a response, a POST carrying no
-    request) as it is, for the SDK to judge."""
+    ids, ``7`` and ``"7"`` being one, ``true`` no id); anything else (no JSON, not a response, a
+    POST carrying no request) as it is, for the SDK to judge. The body is parsed by the SDK's
+    parser (``_JSON``): found by attack, ``json`` is laxer (a byte order mark, UTF-16 and UTF-32,
+    numbers of any length), and a body the SDK refused naming its request's id was a success
+    naming another's."""
     try:
-        sent, answer = json.loads(request), json.loads(body)
-    except (ValueError, RecursionError):  # nested past Python's stack: the SDK's parser has its own limit
+        sent, answer = json.loads(request), _JSON.validate_json(body)
+    except (ValueError, RecursionError):  # pydantic's ValidationError is a ValueError; json's request
         return body
     if not (isinstance(sent, dict) and "method" in sent and "id" in sent and isinstance(answer, dict)
             and ("result" in answer or "error" in answer)):
         return body
-    theirs = answer.get("id")
-    if isinstance(theirs, (str, int)) and coerce_request_id(theirs) == coerce_request_id(sent["id"]):
+    theirs = as_request_id(answer.get("id"))  # not ``true``, which the SDK refuses (found by attack: as 1)
+    if theirs is not None and coerce_request_id(theirs) == coerce_request_id(sent["id"]):
         return body
     answer["id"] = sent["id"]
     return json.dumps(answer).encode()
