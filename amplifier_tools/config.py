@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .errors import ConfigError, did_you_mean, shown_value
+from .errors import ConfigError, did_you_mean, double_bracket_hint, shown_value
 from .schema import CompiledSchema, Validator, schema_problems
 from .spec import is_finite, shown_number
 
@@ -196,8 +196,7 @@ def validate_config(raw: Any, *, file: str | None = None) -> dict[str, Any]:
         hint = _SECRETS_HINT if section == "secrets" and expected is None else None
         if pointer.count("/") == 1 and message.endswith("is not of type 'array'") \
                 and isinstance(data.get(_dotted(pointer)), Mapping):
-            hint = (f"head each entry [[{_dotted(pointer)}]] (double brackets: a list of tables); "
-                    f"[{_dotted(pointer)}] is one table")
+            hint = double_bracket_hint(_dotted(pointer))
         if expected is not None and pointer.count("/") == 1:
             hint = _top_level_hint(_dotted(pointer), data.get(_dotted(pointer)), expected)
         raise ConfigError(message, key=_dotted(pointer), file=file, expected=expected, hint=hint)

@@ -152,11 +152,22 @@ def shown_value(value: Any) -> str:
     if isinstance(value, Mapping):
         keys = ", ".join(repr(key) for key in value)
         text = f"a table with keys {keys}" if keys else "an empty table"
-    elif isinstance(value, (list, tuple)) and any(isinstance(item, Mapping) for item in value):
+    elif _holds_table(value):
         text = f"a list of {len(value)} items, tables among them"
     else:
         text = repr(value)
     return text if len(text) <= 80 else f"{text[:77]}..."
+
+
+def _holds_table(value: Any) -> bool:
+    """Whether ``value`` is a list holding a table, at any depth (a list of lists of tables too)."""
+    return isinstance(value, (list, tuple)) and any(isinstance(item, Mapping) or _holds_table(item)
+                                                    for item in value)
+
+
+def double_bracket_hint(key: str) -> str:
+    """The hint for a table ``[key]`` written where a list of tables ``[[key]]`` is wanted."""
+    return f"head each entry [[{key}]] (double brackets: a list of tables); [{key}] is one table"
 
 
 def did_you_mean(name: str, expected: Collection[str]) -> str | None:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeVar, Union
 import attrs
 from attrs import AttrsInstance
 
-from .errors import ConfigError, shown_value
+from .errors import ConfigError, double_bracket_hint, shown_value
 
 if TYPE_CHECKING:  # cattrs is imported where a table is structured, not by a plugin that gets none
     import cattrs
@@ -494,7 +494,7 @@ def _config_error(exc: BaseException, where: str) -> ConfigError:
         if hint is None and problem.expected == "a list of tables" and problem.got == "a table":
             # found by a newcomer's trial: [plugins.mcp.serve.clients] for [[…]] got a hint that
             # repeated the message ("… must be a list of tables, got a table")
-            hint = f"head each entry [[{key}]] (double brackets: a list of tables); [{key}] is one table"
+            hint = double_bracket_hint(key)
         elif hint is None and problem.expected is not None:
             # What the key takes, never "set <key>" (found by a newcomer's trial: the command line's
             # generic hint said to set a key that was set, and to disable the plugin).

@@ -492,8 +492,9 @@ async def test_a_wrong_content_type_is_a_typed_error_and_the_connection_stays_us
 
 
 def test_a_json_answer_nested_past_pythons_stack_is_left_to_the_sdk() -> None:
-    """The id check parses the body with ``json``, which raises ``RecursionError`` (no
-    ``ValueError``) on deep nesting: the body goes on as it is, for the SDK's parser to refuse."""
+    """A body nested past the SDK parser's limit (200 levels) fails the id check's parse, which is
+    that parser: the body goes on as it is, for the SDK to refuse as it would any such body (with
+    ``json`` first, deep nesting raised ``RecursionError``, no ``ValueError``)."""
     from amplifier_tools.mcp.client import answered_as
 
     deep = b'{"a":' * 200_000 + b"1" + b"}" * 200_000

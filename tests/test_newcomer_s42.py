@@ -71,6 +71,8 @@ def test_an_mcp_servers_stderr_tail_is_printed_as_lines(tmp_path: Path) -> None:
      "[plugins.mcp.serve.clients] is one table"),
     ('[plugins.mcp.serve]\ntools = [{name = "sk-live-0123456789abcdef"}]\n',
      "got a list of 1 items, tables among them", None),
+    ('[plugins.mcp.serve]\ntools = [[{name = "sk-live-0123456789abcdef"}]]\n',  # a table deeper down
+     "got a list of 1 items, tables among them", None),
 ])
 def test_a_refused_table_is_shown_by_its_keys_never_its_values(tmp_path: Path, toml: str, shown: str,
                                                               hint: str | None) -> None:

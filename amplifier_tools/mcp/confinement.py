@@ -136,10 +136,9 @@ def _interpreter(program: str) -> str | None:
     """The absolute path a script's ``#!`` line names (its first word, within the 256 bytes the
     kernel reads), None for a program without one, one that cannot be read here or is no regular
     file, or a first word the 256 bytes cut (the kernel refuses to run it: found by attack, the cut
-    path was named as lying outside the view). A FIFO (or one swapped in after ``isfile``: found by
-    attack) is opened without blocking and refused by its ``fstat``."""
-    if not os.path.isfile(program):
-        return None
+    path was named as lying outside the view). The file is opened without blocking and judged by
+    its ``fstat``, not by a check before the open: found by attack, a FIFO swapped in after
+    ``isfile`` blocked the open, and the host's event loop."""
     try:
         descriptor = os.open(program, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
